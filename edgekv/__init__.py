@@ -1,0 +1,21 @@
+"""edgekv: what a GGUF model costs on your machine under llama.cpp, with the evidence.
+
+>>> import edgekv
+>>> p = edgekv.predict("model.gguf", n_ctx=32768, type_k="q4_0")   # doctest: +SKIP
+>>> p.kv_bytes, p.to_dict()["caches"]                               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .api import LoadedModel, load_model  # noqa: E402
+from .api import predict as _predict_model  # noqa: E402
+from .errors import EdgekvError  # noqa: E402
+from .predict import ContextParams, KVPrediction  # noqa: E402
+
+# ``edgekv.predict`` is the function; the module stays importable as ``edgekv.predict`` through
+# ``from edgekv.predict import ...`` (it is in sys.modules).
+predict = _predict_model
+
+__all__ = ["ContextParams", "EdgekvError", "KVPrediction", "LoadedModel", "load_model", "predict", "__version__"]

@@ -1,0 +1,65 @@
+"""High-level functions shared by the CLI and by ``import edgekv``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .arch import shape_from_metadata
+from .gguf_header import GGUFHeader, read_header_file
+from .predict import STATUS_OK, ContextParams, KVPrediction
+from .predict import predict as _predict
+from .shape import ModelShape
+from .sources import ModelRef, resolve_model
+
+
+@dataclass
+class LoadedModel:
+    ref: ModelRef
+    header: GGUFHeader
+    shape: ModelShape
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.header.weights_bytes
+
+
+def load_model(spec: str | None) -> LoadedModel:
+    """Resolve a MODEL argument and read its header and shape (no llama.cpp involved)."""
+    ref = resolve_model(spec)
+    header = read_header_file(ref.path)
+    shape = shape_from_metadata(header.metadata, ref.path, header.value_types)
+    return LoadedModel(ref, header, shape)
+
+
+def predict(model: str | LoadedModel | ModelShape | None = None, n_ctx: int = 4096, type_k: str = "f16",
+            type_v: str | None = None, flash_attn: str = "auto", swa_full: bool = False, n_seq_max: int = 1,
+            kv_unified: bool = False, n_batch: int = 2048, n_ubatch: int = 512) -> KVPrediction:
+    """Predict llama.cpp's cache bytes for a model file (path or known name) at one setting.
+
+    Defaults are llama.cpp's command-line defaults.  ``type_v`` follows ``type_k`` when omitted.
+    """
+    if isinstance(model, ModelShape):
+        shape = model
+    elif isinstance(model, LoadedModel):
+        shape = model.shape
+    else:
+        shape = load_model(model).shape
+    params = ContextParams(n_ctx=n_ctx, type_k=type_k, type_v=type_v or type_k, flash_attn=flash_attn,
+                           swa_full=swa_full, n_seq_max=n_seq_max, kv_unified=kv_unified, n_batch=n_batch,
+                           n_ubatch=n_ubatch)
+    return _predict(shape, params)
+
+
+# llama-cpp-python's Llama() differs from llama.cpp's command line (reference §5.1):
+# flash_attn=False (an explicit DISABLE: V padded, quantized V refused) and swa_full=True.
+LLAMA_PY_DEFAULTS: dict[str, Any] = {"flash_attn": "off", "swa_full": True}
+
+
+def llama_python_defaults_cost(shape: ModelShape, params: ContextParams) -> tuple[int, int] | None:
+    """(bytes with llama.cpp CLI defaults, bytes with Llama() defaults) when they differ, else None."""
+    a = _predict(shape, params)
+    b = _predict(shape, replace(params, **LLAMA_PY_DEFAULTS))
+    if a.status != STATUS_OK or b.status != STATUS_OK or a.total_bytes == b.total_bytes:
+        return None
+    return a.total_bytes, b.total_bytes

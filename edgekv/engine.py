@@ -1,0 +1,308 @@
+"""llama.cpp's own answer: a dry run through llama-cpp-python.
+
+The model is loaded with ``no_alloc=True, load_mode=NONE``: llama.cpp reads the header, builds
+every tensor and simulates every allocation, but reads no weights and allocates nothing.  Creating
+a context then prints the exact ``llama_kv_cache: size = ...`` lines, the recurrent-state line,
+and the compute and output buffer sizes that a real run would allocate.  We capture the log through
+``llama_log_set`` and parse it (:mod:`edgekv.llamalog`).
+
+The dry run runs in a child process (:func:`dry_run`): an assertion inside llama.cpp aborts the
+whole process, and edgekv must report that, not die of it.  :func:`dry_run_inprocess` is what the
+child executes.  This module and :mod:`edgekv.worker` are the only ones that import ``llama_cpp``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .cachetypes import cache_type
+from .errors import EngineError
+from .gguf_header import GGUFHeader, read_header_file
+from .llamalog import LlamaMemoryLog, parse_memory_log
+from .predict import ContextParams
+
+FLASH_ATTN_C = {"auto": -1, "off": 0, "on": 1}   # enum llama_flash_attn_type
+LOG_LEVEL_ERROR = 4
+LOG_LEVEL_WARN = 3
+
+
+# -- child side ---------------------------------------------------------------------------------------
+
+class LogCapture:
+    """Collects llama.cpp/ggml log messages, joining continuation pieces into lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, str]] = []
+        self._partial = ""
+        self._level = 0
+        self._cb = None
+
+    def install(self) -> None:
+        import llama_cpp
+
+        def on_log(level: int, text: bytes, _ud: Any) -> None:
+            s = text.decode("utf-8", "replace") if text else ""
+            if level != 5:  # GGML_LOG_LEVEL_CONT continues the previous message
+                self._level = level
+            self._partial += s
+            while "\n" in self._partial:
+                line, self._partial = self._partial.split("\n", 1)
+                self.lines.append((self._level, line))
+
+        self._cb = llama_cpp.llama_log_callback(on_log)   # keep a reference: ctypes must not free it
+        llama_cpp.llama_log_set(self._cb, ctypes.c_void_p(0))
+
+    def take(self) -> list[tuple[int, str]]:
+        out, self.lines = self.lines, []
+        if self._partial:
+            out.append((self._level, self._partial))
+            self._partial = ""
+        return out
+
+
+def model_params(n_gpu_layers: int, dry: bool):
+    import llama_cpp
+
+    mp = llama_cpp.llama_model_default_params()
+    mp.n_gpu_layers = n_gpu_layers
+    if dry:
+        mp.no_alloc = True
+        mp.load_mode = 0      # LLAMA_LOAD_MODE_NONE: with mmap, no_alloc asserts (reference §8)
+    return mp
+
+
+def context_params(p: ContextParams, n_threads: int | None = None):
+    import llama_cpp
+
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx = p.n_ctx
+    cp.n_batch = p.n_batch
+    cp.n_ubatch = p.n_ubatch
+    cp.n_seq_max = p.n_seq_max
+    cp.type_k = cache_type(p.type_k).ggml_id
+    cp.type_v = cache_type(p.type_v).ggml_id
+    cp.flash_attn_type = FLASH_ATTN_C[p.flash_attn]
+    cp.swa_full = p.swa_full
+    cp.kv_unified = p.kv_unified
+    if hasattr(cp, "n_rs_seq"):
+        cp.n_rs_seq = p.n_rs_seq
+    if n_threads:
+        cp.n_threads = n_threads
+        cp.n_threads_batch = n_threads
+    return cp
+
+
+def _errors(lines: list[tuple[int, str]]) -> list[str]:
+    return [t.strip() for lvl, t in lines if lvl == LOG_LEVEL_ERROR and t.strip()]
+
+
+class DryRunner:
+    """Child side: one model loaded with no_alloc, contexts created on request."""
+
+    def __init__(self) -> None:
+        import llama_cpp
+
+        self.llama_cpp = llama_cpp
+        self.cap = LogCapture()
+        self.cap.install()
+        llama_cpp.llama_backend_init()
+        self.model = None
+
+    def load(self, model_path: str, n_gpu_layers: int = -1) -> dict[str, Any]:
+        lc = self.llama_cpp
+        self.cap.take()
+        self.model = lc.llama_model_load_from_file(model_path.encode(), model_params(n_gpu_layers, dry=True))
+        lines = self.cap.take()
+        if not self.model:
+            errs = _errors(lines)
+            return {"ok": False, "error": errs[-1] if errs else "llama.cpp could not load the model", "errors": errs}
+        log = parse_memory_log([t for _, t in lines])
+        return {
+            "ok": True,
+            "model_size_bytes": int(lc.llama_model_size(self.model)),
+            "n_params": int(lc.llama_model_n_params(self.model)),
+            "model_buffers_mib": log.model_buffers,
+            "gpu_layers": log.gpu_layers,
+        }
+
+    def context(self, p: ContextParams, keep_log: bool = False) -> dict[str, Any]:
+        lc = self.llama_cpp
+        self.cap.take()
+        ctx = lc.llama_init_from_model(self.model, context_params(p))
+        lines = self.cap.take()
+        log = parse_memory_log([t for _, t in lines])
+        r: dict[str, Any] = {"ok": bool(ctx), "log": log.to_dict()}
+        if ctx:
+            r["n_ctx"] = int(lc.llama_n_ctx(ctx))
+            r["n_ctx_seq"] = int(lc.llama_n_ctx_seq(ctx)) if hasattr(lc, "llama_n_ctx_seq") else None
+            r["n_batch"] = int(lc.llama_n_batch(ctx))
+            r["n_ubatch"] = int(lc.llama_n_ubatch(ctx))
+            r["n_seq_max"] = int(lc.llama_n_seq_max(ctx))
+            lc.llama_free(ctx)
+            self.cap.take()
+        else:
+            errs = _errors(lines)
+            r["error"] = errs[-1] if errs else "llama_init_from_model returned NULL"
+        if keep_log:
+            r["raw_log"] = [t for lvl, t in lines if lvl >= 2]
+        return r
+
+    def close(self) -> None:
+        if self.model:
+            self.llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+
+# -- parent side --------------------------------------------------------------------------------------
+
+@dataclass
+class EngineResult:
+    """llama.cpp's dry-run figures for one context configuration."""
+
+    params: ContextParams
+    ok: bool
+    error: str | None
+    log: LlamaMemoryLog
+    n_ctx: int | None = None
+    n_ctx_seq: int | None = None
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    n_seq_max: int | None = None
+    raw_log: list[str] | None = None
+
+    @property
+    def kv_mib(self) -> float:
+        return self.log.kv_mib_total
+
+    @property
+    def compute_mib(self) -> float:
+        return self.log.compute_mib_total
+
+    @property
+    def output_mib(self) -> float:
+        return self.log.output_mib_total
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["params"] = asdict(self.params)
+        return d
+
+
+@dataclass
+class EngineReport:
+    model_path: str
+    ok: bool
+    error: str | None
+    model_size_bytes: int | None
+    n_params: int | None
+    results: list[EngineResult] = field(default_factory=list)
+    sparse: bool = False
+
+
+@contextlib.contextmanager
+def loadable_path(path: str, header: GGUFHeader | None = None) -> Iterator[tuple[str, bool]]:
+    """Yield a path llama.cpp can load for a dry run, and whether it is a sparse stand-in.
+
+    A header-only file (cut after the tensor-info table) fails llama.cpp's bounds check; a sparse
+    file of the full size with the same header passes it and costs only the header on disk.
+    """
+    header = header or read_header_file(path)
+    size = os.path.getsize(path)
+    if size >= header.file_size:
+        yield path, False
+        return
+    tmpdir = tempfile.mkdtemp(prefix="edgekv-sparse-")
+    try:
+        sparse = os.path.join(tmpdir, os.path.basename(path) or "model.gguf")
+        with open(path, "rb") as src, open(sparse, "wb") as dst:
+            shutil.copyfileobj(src, dst, length=1 << 20)
+            dst.truncate(header.file_size)
+        yield sparse, True
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _engine_result(c: ContextParams, r: dict[str, Any]) -> EngineResult:
+    from .llamalog import KVCacheLine
+
+    raw = dict(r["log"])
+    caches = [KVCacheLine(**x) for x in raw.pop("caches")]
+    log = LlamaMemoryLog(**raw)
+    log.caches = caches
+    res = EngineResult(params=c, ok=r["ok"], error=r.get("error"), log=log, n_ctx=r.get("n_ctx"),
+                       n_ctx_seq=r.get("n_ctx_seq"), n_batch=r.get("n_batch"), n_ubatch=r.get("n_ubatch"),
+                       n_seq_max=r.get("n_seq_max"))
+    if "raw_log" in r:
+        res.raw_log = r["raw_log"]
+    return res
+
+
+class EngineSession:
+    """Parent side: a child process holding one dry-run model; ask it about any number of contexts.
+
+    >>> with EngineSession(path) as eng:
+    ...     results = eng.run([ContextParams(n_ctx=4096), ContextParams(n_ctx=8192, type_k="q8_0")])
+    """
+
+    def __init__(self, model_path: str, n_gpu_layers: int = -1, header: GGUFHeader | None = None,
+                 timeout: float = 600.0):
+        self.model_path = model_path
+        self.n_gpu_layers = n_gpu_layers
+        self.header = header
+        self.timeout = timeout
+        self.model_size_bytes: int | None = None
+        self.n_params: int | None = None
+        self.sparse = False
+        self._stack = contextlib.ExitStack()
+        self._child = None
+
+    def __enter__(self) -> EngineSession:
+        from .process import ChildDied, ChildSession, worker_argv
+
+        try:
+            path, self.sparse = self._stack.enter_context(loadable_path(self.model_path, self.header))
+            self._child = self._stack.enter_context(ChildSession(worker_argv("engine")))
+            info = self._child.request({"op": "load", "model_path": path, "n_gpu_layers": self.n_gpu_layers},
+                                       timeout=self.timeout)
+        except ChildDied as e:
+            self._stack.close()
+            raise EngineError(f"{self.model_path}: llama.cpp dry run failed: {e}") from None
+        except BaseException:
+            self._stack.close()
+            raise
+        if not info.get("ok"):
+            self._stack.close()
+            raise EngineError(f"{self.model_path}: llama.cpp refused to load it: {info.get('error')}")
+        self.model_size_bytes = info.get("model_size_bytes")
+        self.n_params = info.get("n_params")
+        self.model_info = info
+        return self
+
+    def run(self, configs: list[ContextParams], keep_log: bool = False) -> list[EngineResult]:
+        from .process import ChildDied
+
+        assert self._child is not None, "use EngineSession as a context manager"
+        try:
+            data = self._child.request({"op": "contexts", "configs": [asdict(c) for c in configs],
+                                        "keep_log": keep_log}, timeout=self.timeout)
+        except ChildDied as e:
+            raise EngineError(f"{self.model_path}: llama.cpp dry run failed: {e}") from None
+        return [_engine_result(c, r) for c, r in zip(configs, data["results"])]
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
+
+
+def dry_run(model_path: str, configs: list[ContextParams], n_gpu_layers: int = -1,
+            header: GGUFHeader | None = None, timeout: float = 600.0, keep_log: bool = False) -> EngineReport:
+    """Ask llama.cpp (in a child process) what it would allocate for each configuration."""
+    with EngineSession(model_path, n_gpu_layers, header, timeout) as eng:
+        results = eng.run(configs, keep_log=keep_log)
+        return EngineReport(model_path, True, None, eng.model_size_bytes, eng.n_params, results, eng.sparse)

@@ -1,0 +1,176 @@
+"""Parse what llama.cpp says about memory in its log.
+
+Pure functions over text.  The format strings are quoted next to each pattern, with their place in
+the llama.cpp tree vendored by llama-cpp-python 0.3.36.  Patterns use ``re.search`` so that the
+timestamps and level letters that common-based tools (llama-cli, llama-bench -v) put in front of
+each line do not matter.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MIB = 1024 * 1024
+
+# src/llama-kv-cache.cpp:301-304
+# "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB"
+RE_KV_SIZE = re.compile(
+    r"llama_kv_cache: size = +(?P<mib>[\d.]+) MiB \( *(?P<cells>\d+) cells, +(?P<layers>\d+) layers, +"
+    r"(?P<seqs>\d+)/(?P<streams>\d+) seqs\), K \((?P<type_k>\w+)\): +(?P<k_mib>[\d.]+) MiB, "
+    r"V \((?P<type_v>\w+)\): +(?P<v_mib>[\d.]+) MiB")
+# src/llama-memory-recurrent.cpp:133-136
+# "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u seqs %2u rs_seq), R (%s): %7.2f MiB, S (%s): %7.2f MiB, P (%s): %7.2f MiB"
+RE_RS_SIZE = re.compile(
+    r"llama_memory_recurrent: size = +(?P<mib>[\d.]+) MiB \( *(?P<cells>\d+) cells, +(?P<layers>\d+) layers, +"
+    r"(?P<seqs>\d+) seqs +(?P<rs_seq>\d+) rs_seq\), R \((?P<type_r>\w+)\): +(?P<r_mib>[\d.]+) MiB, "
+    r"S \((?P<type_s>\w+)\): +(?P<s_mib>[\d.]+) MiB(?:, P \((?P<type_p>\w+)\): +(?P<p_mib>[\d.]+) MiB)?")
+# src/llama-kv-cache-iswa.cpp:83,100  "creating non-SWA KV cache, size = %u cells" / "creating     SWA KV cache, ..."
+RE_ISWA_CREATE = re.compile(r"llama_kv_cache_iswa: creating +(?P<which>non-SWA|SWA) KV cache, size = (?P<cells>\d+) cells")
+RE_SWA_FULL = re.compile(r"using full-size SWA cache")
+# src/llama-kv-cache.cpp:291 "%s: %10s KV buffer size = %8.2f MiB"
+RE_KV_BUFFER = re.compile(r"llama_kv_cache: +(?P<dev>\S+) KV buffer size = +(?P<mib>[\d.]+) MiB")
+# src/llama-memory-recurrent.cpp:124 "%s: %10s RS buffer size = %8.2f MiB"
+RE_RS_BUFFER = re.compile(r"llama_memory_recurrent: +(?P<dev>\S+) RS buffer size = +(?P<mib>[\d.]+) MiB")
+# src/llama-context.cpp:740 "%s: %10s compute buffer size = %8.2f MiB"
+RE_COMPUTE = re.compile(
+    r"(?:sched_reserve|llama_context|graph_reserve)\w*: +(?P<dev>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
+# src/llama-context.cpp:381 "%s: %10s  output buffer size = %8.2f MiB"
+RE_OUTPUT = re.compile(r"llama_context: +(?P<dev>\S+) +output buffer size = +(?P<mib>[\d.]+) MiB")
+# src/llama-model.cpp:1930 "%s: %12s model buffer size = %8.2f MiB"
+RE_MODEL_BUFFER = re.compile(r"load_tensors: +(?P<dev>\S+) model buffer size = +(?P<mib>[\d.]+) MiB")
+# src/llama-context.cpp:306-318 "%s: n_ctx                 = %u"
+RE_CTX_PARAM = re.compile(
+    r"llama_context: (?P<key>n_seq_max|n_ctx|n_ctx_seq|n_batch|n_ubatch|causal_attn|flash_attn|kv_unified|n_rs_seq)"
+    r" +=\s+(?P<val>\S+)")
+# src/llama-kv-cache.cpp:159
+RE_V_PAD = re.compile(r"padding V cache to (?P<width>\d+)")
+# src/llama-context.cpp:550-554 "%s: %s not supported, set to disabled" / "%s: %s enabled"
+RE_FA_RESOLVED = re.compile(r"Flash Attention (?P<state>enabled|not supported, set to disabled)")
+RE_FA_FORCED = re.compile(r"enabling flash_attn since it is required for quantized V cache")
+RE_GPU_OFFLOAD = re.compile(r"load_tensors: offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
+
+
+def mib_to_bytes(mib: float) -> int:
+    return round(mib * MIB)
+
+
+@dataclass
+class KVCacheLine:
+    kind: str            # "kv" for an attention cache, "recurrent" for recurrent state
+    role: str | None     # for iSWA: "full" or "swa"; else None
+    mib: str             # the figure as printed ("68.91")
+    cells: int
+    layers: int
+    seqs: int
+    streams: int | None
+    type_k: str | None = None
+    type_v: str | None = None
+    k_mib: str | None = None
+    v_mib: str | None = None
+    r_mib: str | None = None
+    s_mib: str | None = None
+    p_mib: str | None = None
+    rs_seq: int | None = None
+
+
+@dataclass
+class LlamaMemoryLog:
+    """Everything memory-related one llama.cpp model load + context creation said."""
+
+    caches: list[KVCacheLine] = field(default_factory=list)
+    iswa_cells: dict[str, int] = field(default_factory=dict)
+    swa_full_warned: bool = False
+    kv_buffers: dict[str, float] = field(default_factory=dict)
+    rs_buffers: dict[str, float] = field(default_factory=dict)
+    compute_buffers: dict[str, float] = field(default_factory=dict)
+    output_buffers: dict[str, float] = field(default_factory=dict)
+    model_buffers: dict[str, float] = field(default_factory=dict)
+    context: dict[str, str] = field(default_factory=dict)
+    v_padding: int | None = None
+    fa_resolved: str | None = None      # "enabled" | "disabled" | None (not auto, or not reached)
+    fa_forced_for_quantized_v: bool = False
+    gpu_layers: tuple[int, int] | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def kv_mib_total(self) -> float:
+        return sum(float(c.mib) for c in self.caches if c.kind == "kv")
+
+    @property
+    def recurrent_mib_total(self) -> float:
+        return sum(float(c.mib) for c in self.caches if c.kind == "recurrent")
+
+    @property
+    def compute_mib_total(self) -> float:
+        return sum(self.compute_buffers.values())
+
+    @property
+    def output_mib_total(self) -> float:
+        return sum(self.output_buffers.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _add(d: dict[str, float], dev: str, mib: str) -> None:
+    d[dev] = round(d.get(dev, 0.0) + float(mib), 2)
+
+
+def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
+    """Parse llama.cpp log text (a string or a list of lines)."""
+    lines = text.splitlines() if isinstance(text, str) else [x for chunk in text for x in chunk.splitlines()]
+    out = LlamaMemoryLog()
+    pending_role: str | None = None
+    for line in lines:
+        m = RE_ISWA_CREATE.search(line)
+        if m:
+            pending_role = "full" if m["which"] == "non-SWA" else "swa"
+            out.iswa_cells[pending_role] = int(m["cells"])
+            continue
+        m = RE_KV_SIZE.search(line)
+        if m:
+            out.caches.append(KVCacheLine(
+                kind="kv", role=pending_role, mib=m["mib"], cells=int(m["cells"]), layers=int(m["layers"]),
+                seqs=int(m["seqs"]), streams=int(m["streams"]), type_k=m["type_k"], type_v=m["type_v"],
+                k_mib=m["k_mib"], v_mib=m["v_mib"]))
+            pending_role = None
+            continue
+        m = RE_RS_SIZE.search(line)
+        if m:
+            out.caches.append(KVCacheLine(
+                kind="recurrent", role=None, mib=m["mib"], cells=int(m["cells"]), layers=int(m["layers"]),
+                seqs=int(m["seqs"]), streams=None, type_k=m["type_r"], type_v=m["type_s"],
+                r_mib=m["r_mib"], s_mib=m["s_mib"], p_mib=m["p_mib"], rs_seq=int(m["rs_seq"])))
+            continue
+        if RE_SWA_FULL.search(line):
+            out.swa_full_warned = True
+            continue
+        for rx, target in ((RE_KV_BUFFER, out.kv_buffers), (RE_RS_BUFFER, out.rs_buffers),
+                           (RE_COMPUTE, out.compute_buffers), (RE_OUTPUT, out.output_buffers),
+                           (RE_MODEL_BUFFER, out.model_buffers)):
+            m = rx.search(line)
+            if m:
+                _add(target, m["dev"], m["mib"])
+                break
+        else:
+            m = RE_CTX_PARAM.search(line)
+            if m:
+                out.context[m["key"]] = m["val"]
+                continue
+            m = RE_V_PAD.search(line)
+            if m:
+                out.v_padding = int(m["width"])
+                continue
+            m = RE_FA_RESOLVED.search(line)
+            if m:
+                out.fa_resolved = "enabled" if m["state"] == "enabled" else "disabled"
+                continue
+            if RE_FA_FORCED.search(line):
+                out.fa_forced_for_quantized_v = True
+                continue
+            m = RE_GPU_OFFLOAD.search(line)
+            if m:
+                out.gpu_layers = (int(m["n"]), int(m["total"]))
+    return out

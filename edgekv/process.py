@@ -1,0 +1,427 @@
+"""The one module that starts processes.
+
+A child runs ``python -m edgekv.worker SUBCOMMAND`` with a JSON payload on stdin.  It reports
+through a dedicated pipe (not stdout, which native code may write to): one JSON object per line,
+``{"event": ...}``.  The parent samples the child's memory every few milliseconds on a thread,
+reads the kernel's own peak (``os.wait4``), enforces a timeout, and turns a crash, an abort, an
+OOM kill or a timeout into a :class:`ChildResult` with the reason instead of an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+EVENT_FD_ENV = "EDGEKV_EVENT_FD"
+SAMPLE_INTERVAL_S = 0.005
+
+
+@dataclass
+class MemorySample:
+    t: float
+    rss: int
+    anon: int | None = None
+    file: int | None = None
+    footprint: int | None = None
+    gpu: int | None = None
+
+
+@dataclass
+class ChildResult:
+    returncode: int | None
+    signal: int | None
+    timed_out: bool
+    wall_s: float
+    events: list[dict[str, Any]]
+    result: dict[str, Any] | None
+    stderr_tail: str
+    peak_rss_bytes: int | None = None
+    peak_anon_bytes: int | None = None       # anonymous part of RSS at the RSS peak (Linux)
+    peak_file_bytes: int | None = None       # file-backed part of RSS at the RSS peak (Linux)
+    peak_footprint_bytes: int | None = None  # macOS phys_footprint peak
+    peak_gpu_bytes: int | None = None        # NVML per-process GPU memory peak
+    kernel_maxrss_bytes: int | None = None   # os.wait4 ru_maxrss
+    n_samples: int = 0
+    sample_interval_max_s: float | None = None
+    phase_peaks: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.result is not None and not self.timed_out
+
+    def failure_reason(self) -> str | None:
+        if self.ok:
+            return None
+        if self.timed_out:
+            return f"timed out after {self.wall_s:.0f} s"
+        if self.signal is not None:
+            name = signal.Signals(self.signal).name if self.signal in signal.Signals._value2member_map_ else str(self.signal)
+            hint = " (killed: out of memory?)" if self.signal == signal.SIGKILL else ""
+            if self.signal == signal.SIGABRT:
+                hint = " (llama.cpp aborted)"
+            last = _last_meaningful_line(self.stderr_tail)
+            return f"child died with {name}{hint}" + (f": {last}" if last else "")
+        if self.result is None:
+            last = _last_meaningful_line(self.stderr_tail)
+            return f"child exited with code {self.returncode} without a result" + (f": {last}" if last else "")
+        return f"child exited with code {self.returncode}"
+
+
+_NOISE = ("No such file or directory", "warning: File ", "auto-load", "[Inferior", "#0 ", "#1 ")
+
+
+def _last_meaningful_line(text: str) -> str:
+    """The line that explains a death: a GGML_ASSERT/abort/exception first, else the last real line."""
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    for line in reversed(lines):
+        if any(k in line for k in ("GGML_ASSERT", "GGML_ABORT", "terminate called", "what():", "Error:", "error:")):
+            return line[:400]
+    for line in reversed(lines):
+        if not line.startswith("Traceback") and not any(n in line for n in _NOISE):
+            return line[:400]
+    return ""
+
+
+def _smaps_rollup(pid: int) -> tuple[int, int] | None:
+    """(anonymous, file-backed) resident bytes from /proc/PID/smaps_rollup, Linux only."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    anon = file_ = None
+    rss = None
+    for line in data.splitlines():
+        if line.startswith(b"Rss:"):
+            rss = int(line.split()[1]) * 1024
+        elif line.startswith(b"Anonymous:"):
+            anon = int(line.split()[1]) * 1024
+    if rss is None or anon is None:
+        return None
+    file_ = rss - anon
+    return anon, file_
+
+
+class _Sampler(threading.Thread):
+    def __init__(self, pid: int, gpu_probe: Callable[[int], int | None] | None):
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.gpu_probe = gpu_probe
+        self.stop_evt = threading.Event()
+        self.peak_rss = 0
+        self.peak_anon: int | None = None
+        self.peak_file: int | None = None
+        self.peak_footprint: int | None = None
+        self.peak_gpu: int | None = None
+        self.n = 0
+        self.max_gap = 0.0
+        self.phase = "start"
+        self.phase_peaks: dict[str, int] = {}
+        try:
+            self.proc = psutil.Process(pid)
+        except psutil.Error:
+            self.proc = None
+
+    def sample_once(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            mi = self.proc.memory_info()
+        except psutil.Error:
+            return
+        rss = mi.rss
+        self.n += 1
+        if sys.platform == "darwin":
+            try:
+                fp = self.proc.memory_full_info()
+                footprint = getattr(fp, "phys_footprint", None) or getattr(fp, "uss", None)
+            except psutil.Error:
+                footprint = None
+            if footprint is not None:
+                self.peak_footprint = max(self.peak_footprint or 0, footprint)
+        if rss > self.peak_rss:
+            self.peak_rss = rss
+            split = _smaps_rollup(self.pid) if sys.platform.startswith("linux") else None
+            if split:
+                self.peak_anon, self.peak_file = split
+        if rss > self.phase_peaks.get(self.phase, 0):
+            self.phase_peaks[self.phase] = rss
+        if self.gpu_probe is not None:
+            g = self.gpu_probe(self.pid)
+            if g is not None:
+                self.peak_gpu = max(self.peak_gpu or 0, g)
+
+    def run(self) -> None:
+        last = time.perf_counter()
+        while not self.stop_evt.is_set():
+            self.sample_once()
+            now = time.perf_counter()
+            self.max_gap = max(self.max_gap, now - last)
+            last = now
+            self.stop_evt.wait(SAMPLE_INTERVAL_S)
+
+
+def worker_argv(subcommand: str) -> list[str]:
+    return [sys.executable, "-m", "edgekv.worker", subcommand]
+
+
+def run_child(
+    argv: list[str],
+    payload: dict[str, Any] | None = None,
+    *,
+    timeout: float | None = None,
+    env: dict[str, str] | None = None,
+    sample_memory: bool = False,
+    gpu_probe: Callable[[int], int | None] | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    stdin_data: bytes | None = None,
+) -> ChildResult:
+    """Run a child; collect its events, memory peaks and exit status.  Never raises for child failures."""
+    r_fd, w_fd = os.pipe()
+    child_env = dict(os.environ if env is None else env)
+    child_env[EVENT_FD_ENV] = str(w_fd)
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    child_env.setdefault("GGML_NO_BACKTRACE", "1")   # an abort should not spend seconds in gdb
+    data = stdin_data if stdin_data is not None else json.dumps(payload or {}).encode()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        pass_fds=(w_fd,), env=child_env, start_new_session=True,
+    )
+    os.close(w_fd)
+    sampler = _Sampler(proc.pid, gpu_probe) if sample_memory else None
+    if sampler:
+        sampler.start()
+
+    events: list[dict[str, Any]] = []
+    stderr_chunks: list[bytes] = []
+
+    def pump_stderr() -> None:
+        assert proc.stderr is not None
+        for chunk in iter(lambda: proc.stderr.read(65536), b""):
+            stderr_chunks.append(chunk)
+            if len(stderr_chunks) > 64:
+                del stderr_chunks[:-32]
+
+    def pump_events() -> None:
+        with os.fdopen(r_fd, "rb") as r:
+            for raw in r:
+                try:
+                    ev = json.loads(raw)
+                except ValueError:
+                    continue
+                events.append(ev)
+                if sampler is not None and ev.get("event") == "phase":
+                    sampler.sample_once()
+                    sampler.phase = str(ev.get("phase"))
+                if on_event is not None:
+                    try:
+                        on_event(ev)
+                    except Exception:  # a display callback must never kill a measurement
+                        pass
+
+    t_err = threading.Thread(target=pump_stderr, daemon=True)
+    t_ev = threading.Thread(target=pump_events, daemon=True)
+    t_err.start()
+    t_ev.start()
+    try:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(data)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        timed_out = False
+        status = None
+        rusage = None
+        deadline = None if timeout is None else t0 + timeout
+        while True:
+            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if deadline is not None and time.perf_counter() > deadline:
+                timed_out = True
+                _kill_group(proc.pid)
+                pid, status, rusage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.002)
+    except BaseException:
+        _kill_group(proc.pid)
+        try:
+            os.wait4(proc.pid, 0)
+        except ChildProcessError:
+            pass
+        raise
+    finally:
+        if sampler:
+            sampler.stop_evt.set()
+            sampler.join()
+    proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
+    wall = time.perf_counter() - t0
+    t_ev.join(timeout=5)
+    t_err.join(timeout=5)
+
+    sig = -proc.returncode if proc.returncode is not None and proc.returncode < 0 else None
+    result = None
+    for ev in events:
+        if ev.get("event") == "result":
+            result = ev.get("data")
+    maxrss = None
+    if rusage is not None:
+        maxrss = rusage.ru_maxrss if sys.platform == "darwin" else rusage.ru_maxrss * 1024
+    res = ChildResult(
+        returncode=proc.returncode, signal=sig, timed_out=timed_out, wall_s=wall, events=events, result=result,
+        stderr_tail=b"".join(stderr_chunks)[-8000:].decode("utf-8", "replace"),
+        kernel_maxrss_bytes=maxrss,
+    )
+    if sampler:
+        res.peak_rss_bytes = sampler.peak_rss or None
+        res.peak_anon_bytes = sampler.peak_anon
+        res.peak_file_bytes = sampler.peak_file
+        res.peak_footprint_bytes = sampler.peak_footprint
+        res.peak_gpu_bytes = sampler.peak_gpu
+        res.n_samples = sampler.n
+        res.sample_interval_max_s = sampler.max_gap
+        res.phase_peaks = dict(sampler.phase_peaks)
+    return res
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# -- child side ---------------------------------------------------------------------------------------
+
+class EventWriter:
+    """Used inside the child to talk to the parent."""
+
+    def __init__(self) -> None:
+        fd = os.environ.get(EVENT_FD_ENV)
+        self.f = os.fdopen(int(fd), "w", buffering=1) if fd else None
+
+    def emit(self, event: str, **data: Any) -> None:
+        if self.f is None:
+            return
+        self.f.write(json.dumps({"event": event, **data}) + "\n")
+        self.f.flush()
+
+    def result(self, data: Any) -> None:
+        self.emit("result", data=data)
+
+
+class ChildDied(RuntimeError):
+    pass
+
+
+class ChildSession:
+    """A long-lived child answering JSON requests (one per line on stdin) with ``response`` events."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None):
+        import queue
+
+        r_fd, w_fd = os.pipe()
+        child_env = dict(os.environ if env is None else env)
+        child_env[EVENT_FD_ENV] = str(w_fd)
+        child_env.setdefault("GGML_NO_BACKTRACE", "1")
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            pass_fds=(w_fd,), env=child_env, start_new_session=True,
+        )
+        os.close(w_fd)
+        self._q: queue.Queue = queue.Queue()
+        self._stderr: list[bytes] = []
+
+        def pump_events() -> None:
+            with os.fdopen(r_fd, "rb") as r:
+                for raw in r:
+                    try:
+                        self._q.put(json.loads(raw))
+                    except ValueError:
+                        continue
+            self._q.put(None)
+
+        def pump_stderr() -> None:
+            assert self.proc.stderr is not None
+            for chunk in iter(lambda: self.proc.stderr.read(65536), b""):
+                self._stderr.append(chunk)
+                if len(self._stderr) > 64:
+                    del self._stderr[:-32]
+
+        threading.Thread(target=pump_events, daemon=True).start()
+        threading.Thread(target=pump_stderr, daemon=True).start()
+
+    def stderr_tail(self) -> str:
+        return b"".join(self._stderr)[-8000:].decode("utf-8", "replace")
+
+    def _died(self) -> ChildDied:
+        try:
+            rc = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        res = ChildResult(returncode=rc, signal=-rc if rc is not None and rc < 0 else None, timed_out=False,
+                          wall_s=0.0, events=[], result=None, stderr_tail=self.stderr_tail())
+        return ChildDied(res.failure_reason() or "child exited")
+
+    def request(self, obj: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        import queue
+
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._died() from None
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            try:
+                ev = self._q.get(timeout=wait)
+            except queue.Empty:
+                self.kill()
+                raise ChildDied(f"no answer within {timeout:.0f} s") from None
+            if ev is None:
+                raise self._died()
+            if ev.get("event") == "response":
+                return ev.get("data") or {}
+            if ev.get("event") == "error":
+                raise ChildDied(ev.get("error", "child error"))
+
+    def kill(self) -> None:
+        _kill_group(self.proc.pid)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(b'{"op": "quit"}\n')
+                self.proc.stdin.flush()
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                self.kill()
+
+    def __enter__(self) -> ChildSession:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

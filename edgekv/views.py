@@ -1,0 +1,293 @@
+"""Terminal views for ``inspect`` and ``predict``: JSON-ready dicts and rich tables.
+
+Measures nothing; every figure is labelled with where it comes from (formula, engine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from .api import LoadedModel, llama_python_defaults_cost
+from .predict import MIB, STATUS_OK, ContextParams, KVPrediction, llama_mib, predict
+from .shape import MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_RECURRENT, ModelShape
+
+MEMORY_DESCRIPTION = {
+    "kv": "one KV cache",
+    "iswa": "a full-context KV cache plus a sliding-window KV cache",
+    "hybrid": "a KV cache for the attention layers plus f32 recurrent state",
+    "hybrid_iswa": "full and sliding-window KV caches plus f32 recurrent state",
+    "recurrent": "f32 recurrent state only (no KV cache)",
+    "none": "no cache (llama.cpp creates none for this architecture)",
+    "unsupported": "a cache layout edgekv does not model",
+}
+
+
+def ranges(ids: list[int]) -> str:
+    """[0,1,2,5,7,8] -> '0-2,5,7-8'."""
+    if not ids:
+        return "-"
+    out, start, prev = [], ids[0], ids[0]
+    for i in ids[1:] + [None]:  # type: ignore[list-item]
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if i is not None:
+            start = prev = i
+    return ",".join(out)
+
+
+def fmt_mib(n_bytes: int | float | None, digits: int = 2) -> str:
+    if n_bytes is None:
+        return "-"
+    return f"{n_bytes / MIB:,.{digits}f}"
+
+
+# -- inspect ------------------------------------------------------------------------------------------
+
+def inspect_dict(m: LoadedModel) -> dict[str, Any]:
+    h, s = m.header, m.shape
+    return {
+        "model": m.ref.path,
+        "name": s.name or m.ref.name,
+        "source": m.ref.source,
+        "gguf": {
+            "version": h.version, "n_tensors": len(h.tensors), "n_metadata": len(h.metadata),
+            "alignment": h.alignment, "header_bytes": h.header_bytes, "data_offset": h.data_offset,
+            "file_size": h.file_size, "file_type": h.metadata.get("general.file_type"),
+        },
+        "weights_bytes": h.weights_bytes,
+        "weights_by_type": h.weights_by_type(),
+        "shape": s.to_dict(),
+        "layer_roles": {role: s.layers_where(role) for role in sorted({x.role for x in s.layers})},
+    }
+
+
+def render_inspect(con, m: LoadedModel) -> None:
+    from rich.table import Table
+
+    h, s = m.header, m.shape
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("Model", f"{m.ref.path}" + (f"  ({s.name})" if s.name else ""))
+    t.add_row("Architecture", f"{s.arch}: {MEMORY_DESCRIPTION.get(s.memory, s.memory)}")
+    if s.unsupported_reason:
+        t.add_row("Not modelled", s.unsupported_reason)
+    nextn = f", {s.n_layer_nextn} NextN/MTP" if s.n_layer_nextn else ""
+    t.add_row("Layers", f"{s.n_layer_all} ({s.n_layer} trunk{nextn})")
+    t.add_row("Embedding", f"{s.n_embd}, vocab {s.n_vocab or '?'}, trained context {s.n_ctx_train}")
+    if s.layers:
+        heads = sorted({x.n_head for x in s.layers})
+        kv_heads = sorted({x.n_head_kv for x in s.layers})
+        t.add_row("Heads", f"{_set(heads)} query, {_set(kv_heads)} KV" + _gqa(heads, kv_heads))
+        hk = sorted({x.head_k for x in s.layers if x.attn_cache or not s.layers[0].attn_cache})
+        hv = sorted({x.head_v for x in s.layers if x.attn_cache or not s.layers[0].attn_cache})
+        t.add_row("Head dims", f"K {_set(hk)}, V {_set(hv)}")
+    roles = {role: s.layers_where(role) for role in ("full", "swa", "shared", "recurrent", "attn+recurrent", "nextn", "none")}
+    for role, label in (("full", "Full attention"), ("swa", "Sliding window"), ("shared", "Shared KV"),
+                        ("recurrent", "Recurrent"), ("attn+recurrent", "Attn+recurrent"), ("nextn", "NextN/MTP"),
+                        ("none", "No cache")):
+        ids = roles[role]
+        if not ids:
+            continue
+        extra = ""
+        if role == "swa":
+            extra = f"  (window {s.n_swa}, {s.swa_type})"
+        elif role == "shared":
+            reuse = sorted({x.reuses for x in s.layers if x.reuses is not None})
+            extra = f"  (reuse layer {_set(reuse)}; no bytes of their own)"
+        elif role in ("recurrent", "attn+recurrent"):
+            extra = f"  (f32 state: {s.n_embd_r} + {s.n_embd_s} floats per layer per sequence)"
+        t.add_row(label, f"{len(ids)} layers: {ranges(ids)}{extra}")
+    if s.is_mla:
+        t.add_row("MLA", f"K only, {s.layers[0].k_width} elements per cell (latent + rope); "
+                         f"key_length_mla {s.head_k_mla}, value_length_mla {s.head_v_mla}")
+    by_type = ", ".join(f"{k} {fmt_mib(v)} MiB" for k, v in h.weights_by_type().items())
+    t.add_row("Weights", f"{fmt_mib(h.weights_bytes)} MiB ({by_type})")
+    t.add_row("GGUF", f"v{h.version}, {len(h.tensors)} tensors, {len(h.metadata)} keys, header "
+                      f"{fmt_mib(h.header_bytes)} MiB, file {fmt_mib(h.file_size)} MiB")
+    for note in s.notes:
+        t.add_row("Note", note)
+    con.print(t)
+
+
+def _set(vals: list[int]) -> str:
+    return str(vals[0]) if len(vals) == 1 else "/".join(map(str, vals))
+
+
+def _gqa(heads: list[int], kv: list[int]) -> str:
+    if len(heads) == 1 and len(kv) == 1 and kv[0]:
+        r = heads[0] // kv[0] if heads[0] % kv[0] == 0 else None
+        if kv[0] == heads[0]:
+            return " (MHA)"
+        if kv[0] == 1:
+            return " (MQA)"
+        if r:
+            return f" (GQA {r}:1)"
+    return ""
+
+
+# -- predict ------------------------------------------------------------------------------------------
+
+def _engine_block(pred: KVPrediction, res, weights_bytes: int) -> dict[str, Any]:
+    from .crosscheck import compare, engine_lines
+
+    diffs = compare(pred, res)
+    d: dict[str, Any] = {"ok": res.ok, "error": res.error, "match": not diffs, "diffs": diffs}
+    if res.ok:
+        d.update({
+            "caches": engine_lines(res),
+            "kv_mib": round(res.log.kv_mib_total, 2),
+            "recurrent_mib": round(res.log.recurrent_mib_total, 2),
+            "compute_mib": res.log.compute_buffers,
+            "output_mib": res.log.output_buffers,
+            "flash_attn_resolved": res.log.fa_resolved,
+            "n_ctx": res.n_ctx,
+            "total_bytes": int(weights_bytes + pred.total_bytes
+                               + (res.log.compute_mib_total + res.log.output_mib_total) * MIB),
+        })
+    return d
+
+
+def predict_rows(m: LoadedModel, configs: list[ContextParams], engine: bool = False, n_gpu_layers: int = -1,
+                 with_layers: bool = False) -> list[dict[str, Any]]:
+    shape = m.shape
+    preds = [predict(shape, c) for c in configs]
+    f16_cache: dict[tuple, KVPrediction] = {}
+    engine_results = None
+    if engine:
+        from .engine import EngineSession
+
+        # settings llama.cpp aborts on would take the whole dry-run process down: never send them
+        runnable = [c for c, p in zip(configs, preds) if not p.aborts]
+        with EngineSession(m.ref.path, n_gpu_layers=n_gpu_layers, header=m.header) as eng:
+            done = iter(eng.run(runnable)) if runnable else iter(())
+            engine_results = [None if p.aborts else next(done) for p in preds]
+    rows = []
+    for i, (c, p) in enumerate(zip(configs, preds)):
+        key = (c.n_ctx,)
+        if key not in f16_cache:
+            f16_cache[key] = predict(shape, replace(c, type_k="f16", type_v="f16"))
+        base = f16_cache[key]
+        row = {"model": m.ref.path, "arch": shape.arch, **p.to_dict(with_layers=with_layers),
+               "weights_bytes": m.weights_bytes, "source": "formula"}
+        row["saving_vs_f16"] = (round(base.total_bytes / p.total_bytes, 3)
+                                if p.status == STATUS_OK and base.status == STATUS_OK and p.total_bytes else None)
+        if engine_results is not None:
+            res = engine_results[i]
+            row["engine"] = (_engine_block(p, res, m.weights_bytes) if res is not None else
+                             {"ok": False, "error": "not run: llama.cpp would abort", "match": True, "diffs": []})
+        rows.append(row)
+    return rows
+
+
+def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str, Any]], engine: bool, layers: bool) -> None:
+    from rich.table import Table
+
+    shape = m.shape
+    has_rec = shape.memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA)
+    title = f"{shape.name or m.ref.name} ({shape.arch}): cache memory predicted from the GGUF header"
+    t = Table(title=title, title_justify="left")
+    t.add_column("n_ctx", justify="right")
+    t.add_column("K/V", justify="left")
+    t.add_column("KV MiB\n(formula)", justify="right")
+    if has_rec:
+        t.add_column("state MiB\n(formula)", justify="right")
+    t.add_column("vs f16", justify="right")
+    if engine:
+        t.add_column("KV MiB\n(llama.cpp)", justify="right")
+        t.add_column("same", justify="center")
+        t.add_column("compute MiB\n(llama.cpp)", justify="right")
+        t.add_column("total MiB\n(weights+all)", justify="right")
+    t.add_column("note")
+    warn_ctx = False
+    for r in rows:
+        kv = r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
+        n = str(r["n_ctx"]) if r["n_ctx_padded"] == r["n_ctx"] else f"{r['n_ctx']}→{r['n_ctx_padded']}"
+        note = ""
+        if r["status"] != STATUS_OK:
+            note = f"[yellow]{r['status']}: {r['reason']}[/]"
+        elif r["n_ctx_seq"] > shape.n_ctx_train and shape.n_ctx_train:
+            note = "beyond trained context"
+            warn_ctx = True
+        cells = [n, kv]
+        if r["status"] == STATUS_OK:
+            cells.append(llama_mib(r["kv_bytes"]))
+            if has_rec:
+                cells.append(llama_mib(r["recurrent_bytes"]))
+            cells.append(f"{r['saving_vs_f16']:.2f}×" if r["saving_vs_f16"] else "-")
+        else:
+            cells += ["-"] * (3 if has_rec else 2)
+        if engine:
+            e = r["engine"]
+            if e["ok"]:
+                cells += [f"{e['kv_mib']:.2f}", "[green]✓[/]" if e["match"] else "[red]✗[/]",
+                          f"{sum(e['compute_mib'].values()):.2f}", fmt_mib(e["total_bytes"])]
+                if not e["match"]:
+                    note = (note + " " if note else "") + "[red]" + "; ".join(e["diffs"][:2]) + "[/]"
+            else:
+                cells += ["-", "[green]✓[/]" if e["match"] else "[red]✗[/]", "-", "-"]
+                if r["status"] == STATUS_OK:
+                    note = f"[red]llama.cpp: {e['error']}[/]"
+        cells.append(note)
+        t.add_row(*cells)
+    con.print(t)
+    fa_note = {"auto": "-fa auto", "on": "-fa on", "off": "-fa off"}[base.flash_attn]
+    con.print(f"Settings: {fa_note}, --swa-full {'on' if base.swa_full else 'off'}, -np {base.n_seq_max}"
+              f"{', --kv-unified' if base.kv_unified else ''}, -ub {base.n_ubatch}, -b {base.n_batch} "
+              f"(llama.cpp's command-line defaults unless given).")
+    con.print(f"Weights: {fmt_mib(m.weights_bytes)} MiB from the tensor table. MiB figures are printed the way "
+              "llama.cpp prints its `llama_kv_cache: size` line.")
+    if engine:
+        con.print("llama.cpp columns come from its own dry run (no weights read, nothing allocated); "
+                  "✓ means every figure in its cache lines equals the formula's.")
+    ok_rows = [r for r in rows if r["status"] == STATUS_OK]
+    if ok_rows:
+        last = max(ok_rows, key=lambda r: r["n_ctx_padded"])
+        cost = llama_python_defaults_cost(shape, replace(base, n_ctx=last["n_ctx"], type_k="f16", type_v="f16"))
+        if cost:
+            con.print(f"Note: llama-cpp-python's Llama() defaults (flash_attn=False, swa_full=True) would allocate "
+                      f"{llama_mib(cost[1])} MiB instead of {llama_mib(cost[0])} MiB at n_ctx {last['n_ctx']} with f16.")
+    if warn_ctx:
+        con.print(f"Note: the model was trained for {shape.n_ctx_train} tokens; llama.cpp allocates larger "
+                  "contexts anyway and warns.")
+    for note in sorted({n for r in rows for n in r.get("notes", [])}):
+        con.print(f"Note: {note}")
+    if layers:
+        first = next((r for r in rows if r["status"] == STATUS_OK), None)
+        if first:
+            render_layers(con, shape, replace(base, n_ctx=first["n_ctx"], type_k=first["type_k"], type_v=first["type_v"]))
+
+
+def render_layers(con, shape: ModelShape, params: ContextParams) -> None:
+    from rich.table import Table
+
+    p = predict(shape, params)
+    t = Table(title=f"Per layer at n_ctx {params.n_ctx}, {params.type_k}/{params.type_v}", title_justify="left")
+    for col in ("layer", "role", "cache", "cells", "K width", "V width", "K bytes", "V bytes", "R+S bytes"):
+        t.add_column(col, justify="right" if col not in ("role", "cache") else "left")
+    for lp in p.layers:
+        t.add_row(str(lp.index), lp.role, lp.cache or "-", str(lp.cells or "-"), str(lp.k_width), str(lp.v_width),
+                  f"{lp.k_bytes:,}", f"{lp.v_bytes:,}", f"{lp.r_bytes + lp.s_bytes:,}")
+    con.print(t)
+
+
+def render_budget(con, m: LoadedModel, budget_bytes: int, rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"Largest context within {fmt_mib(budget_bytes)} MiB (weights + caches + compute + output)",
+              title_justify="left")
+    for col in ("K/V", "max n_ctx", "KV MiB", "compute MiB", "total MiB", "note"):
+        t.add_column(col, justify="left" if col in ("K/V", "note") else "right")
+    for r in rows:
+        kv = r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
+        if r["max_n_ctx"]:
+            t.add_row(kv, str(r["max_n_ctx"]), fmt_mib(r["cache_bytes"]),
+                      "-" if r["compute_bytes"] is None else fmt_mib(r["compute_bytes"]),
+                      fmt_mib(r["total_bytes"]), r.get("note") or "")
+        else:
+            t.add_row(kv, "does not fit", "-", "-", "-", r.get("note") or "")
+    con.print(t)
+

@@ -1,0 +1,60 @@
+"""Code that runs inside a child process started by :mod:`edgekv.process`.
+
+``python -m edgekv.worker SUBCOMMAND`` reads a JSON payload on stdin and reports on the event pipe.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+from .process import EventWriter
+
+
+def _engine(_payload: dict, ev: EventWriter) -> None:
+    """A dry-run session: requests arrive one JSON object per line on stdin."""
+    from .engine import DryRunner
+    from .predict import ContextParams
+
+    runner = DryRunner()
+    try:
+        for raw in sys.stdin.buffer:
+            req = json.loads(raw)
+            op = req.get("op")
+            if op == "quit":
+                break
+            if op == "load":
+                ev.emit("response", data=runner.load(req["model_path"], req.get("n_gpu_layers", -1)))
+            elif op == "contexts":
+                keep = bool(req.get("keep_log"))
+                results = [runner.context(ContextParams(**c), keep) for c in req["configs"]]
+                ev.emit("response", data={"results": results})
+            else:
+                ev.emit("error", error=f"unknown op {op!r}")
+    finally:
+        runner.close()
+
+
+SUBCOMMANDS = {"engine": _engine}
+STREAMING = {"engine"}   # these read requests from stdin themselves
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in SUBCOMMANDS:
+        print(f"usage: python -m edgekv.worker {{{','.join(SUBCOMMANDS)}}}", file=sys.stderr)
+        return 2
+    ev = EventWriter()
+    payload = {} if argv[0] in STREAMING else json.loads(sys.stdin.buffer.read() or b"{}")
+    try:
+        SUBCOMMANDS[argv[0]](payload, ev)
+    except Exception as e:  # reported to the parent, which decides what to show
+        ev.emit("error", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        print(traceback.format_exc(), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

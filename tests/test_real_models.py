@@ -1,0 +1,55 @@
+"""Formula vs llama.cpp's own dry run on the two real models, over a grid of settings."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from edgekv.api import load_model
+from edgekv.crosscheck import compare
+from edgekv.engine import EngineSession
+from edgekv.errors import EngineError
+from edgekv.predict import STATUS_OK, ContextParams, predict
+
+GRID = [
+    ContextParams(n_ctx=n, type_k=tk, type_v=tv, flash_attn=fa, swa_full=sf, n_seq_max=ns, kv_unified=u)
+    for n, (tk, tv), fa, sf, ns, u in itertools.product(
+        (1, 1000, 4096, 8448),
+        (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16"), ("f32", "bf16"), ("iq4_nl", "q5_1")),
+        ("auto", "on", "off"),
+        (False, True),
+        (1, 2),
+        (False, True),
+    )
+]
+
+
+@pytest.mark.parametrize("fixture", ["smollm2_path", "gemma3_path"])
+def test_formula_equals_engine_on_real_models(fixture, request):
+    path = request.getfixturevalue(fixture)
+    m = load_model(str(path))
+    preds = [predict(m.shape, c) for c in GRID]
+    runnable = [(c, p) for c, p in zip(GRID, preds) if not p.aborts]
+    with EngineSession(str(path), header=m.header) as eng:
+        results = eng.run([c for c, _ in runnable])
+        assert eng.model_size_bytes == m.header.weights_bytes
+    n_ok = 0
+    for (c, p), r in zip(runnable, results):
+        assert compare(p, r) == [], c
+        n_ok += p.status == STATUS_OK
+    # the grid includes refusals (quantized V with FA off) and successes
+    assert 0 < n_ok < len(runnable)
+
+
+def test_predicted_aborts_really_abort(smollm2_path):
+    """n_ctx=1 with 2 sequences: the formula says llama.cpp aborts; the engine's child must die of it."""
+    m = load_model(str(smollm2_path))
+    c = ContextParams(n_ctx=1, n_seq_max=2)
+    p = predict(m.shape, c)
+    assert p.status == "invalid" and p.aborts
+    with pytest.raises(EngineError, match="GGML_ASSERT"), EngineSession(str(smollm2_path), header=m.header) as eng:
+        eng.run([c])
+    # and a session keeps working for the runnable neighbour
+    with EngineSession(str(smollm2_path), header=m.header) as eng:
+        assert eng.run([ContextParams(n_ctx=2, n_seq_max=2)])[0].ok
