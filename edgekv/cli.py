@@ -47,7 +47,11 @@ JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
 def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    # messages on stderr never wrap (one line stays one line); tables on stdout get room when piped
+    con = Console(stderr=stderr, highlight=False, soft_wrap=stderr)
+    if not stderr and not con.is_terminal and "COLUMNS" not in os.environ:
+        con = Console(highlight=False, soft_wrap=False, width=160)
+    return con
 
 
 def _model(arg: Optional[str], opt: Optional[str]) -> Optional[str]:
@@ -146,14 +150,104 @@ def predict(
         render_budget(con, m, budget_bytes, budget_rows)
 
 
+# -- bench --------------------------------------------------------------------------------------------
+
+def default_contexts(n_ctx_train: int) -> list[int]:
+    """4K/16K/32K where the model was trained for them; otherwise its trained context, /2 and /4."""
+    base = [4096, 16384, 32768]
+    fit = [c for c in base if not n_ctx_train or c <= n_ctx_train]
+    if len(fit) >= 2:
+        return fit
+    top = max(256, n_ctx_train // 256 * 256)
+    return sorted({max(256, top // 4 // 256 * 256), max(256, top // 2 // 256 * 256), top})
+
+
+@app.command()
+def bench(
+    model: Optional[str] = MODEL_ARG,
+    model_opt: Optional[str] = MODEL_OPT,
+    ctx_size: Optional[str] = typer.Option(None, "-c", "--ctx-size", show_default=False,
+                                           help="Context sizes (default: 4096,16384,32768 within the trained context)."),
+    cache_type_k: str = CTK_OPT,
+    cache_type_v: Optional[str] = CTV_OPT,
+    flash_attn: str = typer.Option("auto", "-fa", "--flash-attn", help="on, off, auto (a list sweeps them)."),
+    n_gpu_layers: int = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers to offload (-1: all)."),
+    threads: int = typer.Option(0, "-t", "--threads", help="Threads (default: physical cores, like llama.cpp)."),
+    depths: Optional[str] = typer.Option(None, "-d", "--n-depth", show_default=False,
+                                         help="KV depths to test at (default: context minus max(-p, -n))."),
+    n_prompt: int = typer.Option(512, "-p", "--n-prompt", help="Prompt tokens per prefill test."),
+    n_gen: int = typer.Option(128, "-n", "--n-gen", help="Tokens per decode test."),
+    repetitions: int = typer.Option(5, "-r", "--repetitions", help="Repetitions of each test."),
+    batch_size: int = B_OPT,
+    ubatch_size: int = UB_OPT,
+    swa_full: bool = SWA_FULL_OPT,
+    no_warmup: bool = typer.Option(False, "--no-warmup", help="Skip the warm-up run."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", show_default=False,
+                                         help="Results JSONL (appended; rerun the same command to resume)."),
+    llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
+                                              help="Run your own llama-bench binary instead of llama-cpp-python."),
+    quality: bool = typer.Option(False, "--quality", help="Add perplexity and KL divergence vs f16 to each result."),
+    timeout: float = typer.Option(3600.0, "--timeout", help="Seconds allowed per configuration."),
+    force: bool = typer.Option(False, "--force", help="Append to a results file from another environment."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
+    from .api import load_model
+    from .benchview import Progress, case_work, render_summary
+    from .options import parse_fa_list
+    from .sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, SweepSpec, run_sweep
+
+    pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
+                       parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
+    fas = parse_fa_list(flash_attn)
+    for name, v, lo in (("-p", n_prompt, 0), ("-n", n_gen, 0), ("-r", repetitions, 1), ("-t", threads, 0),
+                        ("-b", batch_size, 1), ("-ub", ubatch_size, 1)):
+        if v < lo:
+            raise UsageError(f"{name} must be at least {lo}")
+    if n_prompt == 0 and n_gen == 0:
+        raise UsageError("-p and -n cannot both be 0: there would be nothing to measure")
+    if llama_bench is not None and not (os.path.isfile(llama_bench) and os.access(llama_bench, os.X_OK)):
+        raise UsageError(f"--llama-bench: {llama_bench} is not an executable file")
+    m = load_model(_model(model, model_opt))
+    ctxs = parse_int_list(ctx_size, "-c/--ctx-size") if ctx_size else default_contexts(m.shape.n_ctx_train)
+    deps = parse_int_list(depths, "-d/--n-depth", minimum=0) if depths else None
+    spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, flash_attn=fas, depths=deps, n_prompt=n_prompt,
+                     n_gen=n_gen, repetitions=repetitions, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                     n_batch=batch_size, n_ubatch=ubatch_size, swa_full=swa_full, warmup=not no_warmup,
+                     timeout_s=timeout, engine=ENGINE_LLAMA_BENCH if llama_bench else ENGINE_PYTHON,
+                     llama_bench=llama_bench, quality={"enabled": True} if quality else None)
+    err = _console(stderr=True)
+    prog = Progress(err)
+
+    def on_event(kind: str, data: dict) -> None:
+        if kind == "start":
+            if data["existing"]:
+                err.print(f"Resuming {data['output']}: {data['existing']} of {data['total']} configurations already done.")
+            prog.on_event(kind, data)
+            prog.on_event("plan", {"work": sum(case_work(c.settings) for c in data["todo_cases"]) or 1})
+            return
+        prog.on_event(kind, data)
+
+    with prog:
+        res = run_sweep(spec, output=output, force=force, on_event=on_event)
+    if as_json:
+        _print_json(res.records)
+    else:
+        render_summary(_console(), res.records, str(res.output))
+    if res.interrupted:
+        err.print(f"Interrupted: {len(res.records) - res.skipped_existing} configurations saved to {res.output}; "
+                  "run the same command again to resume.")
+        raise typer.Exit(130)
+
+
 # -- entry point --------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("EDGEKV_DEBUG", "") not in ("", "0")
     cmd = typer.main.get_command(app)
     try:
-        cmd.main(args=argv, prog_name="edgekv", standalone_mode=False)
-        return 0
+        rc = cmd.main(args=argv, prog_name="edgekv", standalone_mode=False)
+        return rc if isinstance(rc, int) else 0
     except typer.Exit as e:
         return e.exit_code
     except typer.Abort:

@@ -54,6 +54,8 @@ class ChildResult:
     n_samples: int = 0
     sample_interval_max_s: float | None = None
     phase_peaks: dict[str, int] = field(default_factory=dict)
+    stdout: str | None = None
+    stderr: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -142,11 +144,9 @@ class _Sampler(threading.Thread):
         rss = mi.rss
         self.n += 1
         if sys.platform == "darwin":
-            try:
-                fp = self.proc.memory_full_info()
-                footprint = getattr(fp, "phys_footprint", None) or getattr(fp, "uss", None)
-            except psutil.Error:
-                footprint = None
+            from .environment import macos_footprint
+
+            footprint = macos_footprint(self.pid)
             if footprint is not None:
                 self.peak_footprint = max(self.peak_footprint or 0, footprint)
         if rss > self.peak_rss:
@@ -185,8 +185,14 @@ def run_child(
     gpu_probe: Callable[[int], int | None] | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     stdin_data: bytes | None = None,
+    capture_output: bool = False,
+    cwd: str | None = None,
 ) -> ChildResult:
-    """Run a child; collect its events, memory peaks and exit status.  Never raises for child failures."""
+    """Run a child; collect its events, memory peaks and exit status.  Never raises for child failures.
+
+    ``capture_output`` keeps the child's whole stdout and stderr (for external programs such as
+    llama-bench, whose results and logs arrive there) in ``ChildResult.stdout``/``stderr``.
+    """
     r_fd, w_fd = os.pipe()
     child_env = dict(os.environ if env is None else env)
     child_env[EVENT_FD_ENV] = str(w_fd)
@@ -195,11 +201,18 @@ def run_child(
     data = stdin_data if stdin_data is not None else json.dumps(payload or {}).encode()
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        pass_fds=(w_fd,), env=child_env, start_new_session=True,
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE if capture_output else subprocess.DEVNULL,
+        stderr=subprocess.PIPE, pass_fds=(w_fd,), env=child_env, start_new_session=True, cwd=cwd,
     )
     os.close(w_fd)
+    if on_event is not None:
+        try:
+            on_event({"event": "spawned", "pid": proc.pid})
+        except Exception:
+            pass
     sampler = _Sampler(proc.pid, gpu_probe) if sample_memory else None
+    stdout_chunks: list[bytes] = []
+    all_stderr: list[bytes] = []
     if sampler:
         sampler.start()
 
@@ -210,8 +223,15 @@ def run_child(
         assert proc.stderr is not None
         for chunk in iter(lambda: proc.stderr.read(65536), b""):
             stderr_chunks.append(chunk)
+            if capture_output:
+                all_stderr.append(chunk)
             if len(stderr_chunks) > 64:
                 del stderr_chunks[:-32]
+
+    def pump_stdout() -> None:
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.read(65536), b""):
+            stdout_chunks.append(chunk)
 
     def pump_events() -> None:
         with os.fdopen(r_fd, "rb") as r:
@@ -234,6 +254,9 @@ def run_child(
     t_ev = threading.Thread(target=pump_events, daemon=True)
     t_err.start()
     t_ev.start()
+    t_out = threading.Thread(target=pump_stdout, daemon=True) if capture_output else None
+    if t_out:
+        t_out.start()
     try:
         assert proc.stdin is not None
         try:
@@ -270,6 +293,8 @@ def run_child(
     wall = time.perf_counter() - t0
     t_ev.join(timeout=5)
     t_err.join(timeout=5)
+    if t_out:
+        t_out.join(timeout=5)
 
     sig = -proc.returncode if proc.returncode is not None and proc.returncode < 0 else None
     result = None
@@ -284,6 +309,9 @@ def run_child(
         stderr_tail=b"".join(stderr_chunks)[-8000:].decode("utf-8", "replace"),
         kernel_maxrss_bytes=maxrss,
     )
+    if capture_output:
+        res.stdout = b"".join(stdout_chunks).decode("utf-8", "replace")
+        res.stderr = b"".join(all_stderr).decode("utf-8", "replace")
     if sampler:
         res.peak_rss_bytes = sampler.peak_rss or None
         res.peak_anon_bytes = sampler.peak_anon

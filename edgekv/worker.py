@@ -36,7 +36,19 @@ def _engine(_payload: dict, ev: EventWriter) -> None:
         runner.close()
 
 
-SUBCOMMANDS = {"engine": _engine}
+def _bench(payload: dict, ev: EventWriter) -> None:
+    from .workload import bench
+
+    bench(payload, ev)
+
+
+def _env(payload: dict, ev: EventWriter) -> None:
+    from .workload import env_info
+
+    env_info(payload, ev)
+
+
+SUBCOMMANDS = {"engine": _engine, "bench": _bench, "env": _env}
 STREAMING = {"engine"}   # these read requests from stdin themselves
 
 

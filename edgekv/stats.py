@@ -1,0 +1,58 @@
+"""Summary statistics for repeated measurements (pure; scipy for the t distribution)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+UNSTABLE_CV = 0.10   # pyperf warns when the standard deviation is at least 10 % of the mean
+
+
+def summarize(samples: Sequence[float]) -> dict[str, Any]:
+    """mean, sample standard deviation, 95 % confidence interval of the mean (Student t), and a
+    stability flag.  Every sample is kept by the caller; this only summarises."""
+    from scipy import stats as st
+
+    xs = [float(x) for x in samples]
+    n = len(xs)
+    if n == 0:
+        return {"n": 0, "mean": None, "stdev": None, "ci95": None, "cv": None, "unstable": False}
+    mean = sum(xs) / n
+    if n < 2:
+        return {"n": 1, "mean": mean, "stdev": None, "ci95": None, "cv": None, "unstable": False}
+    var = sum((x - mean) ** 2 for x in xs) / (n - 1)
+    sd = math.sqrt(var)
+    half = float(st.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    cv = sd / mean if mean else None
+    return {
+        "n": n, "mean": mean, "stdev": sd, "ci95": [mean - half, mean + half], "cv": cv,
+        "unstable": bool(cv is not None and cv >= UNSTABLE_CV),
+    }
+
+
+def welch(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """Welch's t-test of mean(b) vs mean(a): relative change, its 95 % interval, and the p-value."""
+    from scipy import stats as st
+
+    a = [float(x) for x in a]
+    b = [float(x) for x in b]
+    if len(a) < 2 or len(b) < 2:
+        return {"p_value": None, "change": (sum(b) / len(b)) / (sum(a) / len(a)) - 1 if a and b else None,
+                "change_ci95": None, "test": "none (fewer than 2 samples)"}
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    va = sum((x - ma) ** 2 for x in a) / (len(a) - 1)
+    vb = sum((x - mb) ** 2 for x in b) / (len(b) - 1)
+    se = math.sqrt(va / len(a) + vb / len(b))
+    if se == 0:
+        p = 0.0 if ma != mb else 1.0
+        lo = hi = mb - ma
+    else:
+        df = (va / len(a) + vb / len(b)) ** 2 / (
+            (va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2 / (len(b) - 1))
+        t = (mb - ma) / se
+        p = float(2 * st.t.sf(abs(t), df))
+        half = float(st.t.ppf(0.975, df)) * se
+        lo, hi = mb - ma - half, mb - ma + half
+    return {"p_value": p, "change": mb / ma - 1 if ma else None,
+            "change_ci95": [lo / ma, hi / ma] if ma else None, "test": "welch"}

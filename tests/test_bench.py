@@ -1,0 +1,206 @@
+"""`edgekv bench`: real sweeps on both real models, isolation, resume, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from edgekv import results as R
+from edgekv.api import load_model
+from edgekv.predict import MIB
+from edgekv.sweep import SweepSpec, run_sweep
+
+TINY = {"n_prompt": 32, "n_gen": 8, "repetitions": 2, "n_threads": 2}
+
+
+def by(records, *keys):
+    return {tuple(r["settings"][k] for k in keys): r for r in records}
+
+
+@pytest.fixture(scope="module")
+def smol_records(smollm2_path, tmp_path_factory):
+    m = load_model(str(smollm2_path))
+    spec = SweepSpec(model=m, contexts=[512, 2048], pairs=[("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "f16")],
+                     depths=[256], **TINY)
+    out = tmp_path_factory.mktemp("smol") / "r.jsonl"
+    res = run_sweep(spec, output=out)
+    assert not res.interrupted
+    assert R.load(out) == res.records
+    return res.records
+
+
+def test_every_configuration_measured_and_matches_prediction(smol_records):
+    assert len(smol_records) == 6
+    assert len({r["config_key"] for r in smol_records}) == 6
+    for r in smol_records:
+        assert r["status"] == "ok", r.get("reason")
+        assert r["schema_version"] == R.SCHEMA_VERSION
+        d = r["differences"]
+        assert d["llama_kv_matches_formula"], d.get("llama_kv_diffs")
+        assert abs(d["kv_buffer_minus_formula_mib"]) <= 0.01      # the real KV allocation, at its printed resolution
+        assert r["prediction"]["engine"]["match"]                 # and its dry run agreed beforehand
+        for test in ("pp", "tg"):
+            sp = r["speed"][test]
+            assert len(sp["samples_ns"]) == 2 and all(x > 0 for x in sp["samples_ts"])
+            assert sp["mean_ts"] > 0
+        mem = r["memory"]
+        assert mem["kernel_maxrss_bytes"] >= mem["anon_after_fill_bytes"]
+        assert mem["sample_interval_max_s"] < 0.25
+        assert r["effective"]["n_ctx"] == r["settings"]["n_ctx"]
+        assert r["settings"]["n_depth"] == 256
+        env = r["environment"]
+        for k in ("edgekv", "llama_cpp_python", "llama_cpp_commit", "cpu_model", "cpu_count_logical", "ram_bytes", "os",
+                  "backends", "argv", "time_utc"):
+            assert env.get(k) is not None, k
+        assert r["model"]["sha256"] and len(r["model"]["sha256"]) == 64
+
+
+def test_memory_follows_the_predicted_kv(smol_records):
+    recs = by(smol_records, "n_ctx", "type_k", "type_v")
+    for kv in (("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "f16")):
+        small, big = recs[(512,) + kv], recs[(2048,) + kv]
+        assert big["memory"]["peak_rss_bytes"] > small["memory"]["peak_rss_bytes"]
+    for n in (512, 2048):
+        f16, q4 = recs[(n, "f16", "f16")], recs[(n, "q4_0", "q4_0")]
+        pred = (f16["prediction"]["formula"]["kv_bytes"] - q4["prediction"]["formula"]["kv_bytes"])
+        meas = (f16["differences"]["context_anon_growth_bytes"] - q4["differences"]["context_anon_growth_bytes"])
+        assert abs(meas - pred) <= 0.05 * pred + 2 * MIB, (n, meas, pred)
+    # the cache is resident as soon as the context exists: growth = KV + small buffers
+    for r in smol_records:
+        extra = r["differences"]["context_anon_growth_minus_formula_bytes"]
+        assert -1 * MIB <= extra <= 8 * MIB, extra
+
+
+def test_sliding_window_model(gemma3_path, tmp_path):
+    m = load_model(str(gemma3_path))
+    spec = SweepSpec(model=m, contexts=[1024, 4096], pairs=[("f16", "f16"), ("q8_0", "q8_0")], depths=[256], **TINY)
+    res = run_sweep(spec, output=tmp_path / "g.jsonl")
+    recs = by(res.records, "n_ctx", "type_k")
+    for r in res.records:
+        assert r["status"] == "ok", r.get("reason")
+        assert r["differences"]["llama_kv_matches_formula"]
+        assert [c["role"] for c in r["llama_log"]["kv"]] == ["full", "swa"]
+        assert r["restore"] == "snapshot"        # a SWA cache cannot be truncated back to depth exactly
+    # only the 3 full-attention layers grow with context; the SWA cache stays 1024 cells
+    grow = recs[(4096, "f16")]["differences"]["context_anon_growth_bytes"] - \
+        recs[(1024, "f16")]["differences"]["context_anon_growth_bytes"]
+    pred = recs[(4096, "f16")]["prediction"]["formula"]["kv_bytes"] - recs[(1024, "f16")]["prediction"]["formula"]["kv_bytes"]
+    assert pred == 3 * 256 * 2 * 2 * (4096 - 1024)
+    assert abs(grow - pred) <= 0.05 * pred + 2 * MIB
+
+
+def test_default_depth_and_invalid_combination(smollm2_path, tmp_path):
+    m = load_model(str(smollm2_path))
+    spec = SweepSpec(model=m, contexts=[512], pairs=[("q4_0", "q4_0"), ("f16", "f16")], flash_attn=["off"], **TINY)
+    res = run_sweep(spec, output=tmp_path / "x.jsonl")
+    recs = by(res.records, "type_k")
+    assert recs[("q4_0",)]["status"] == "skipped"
+    assert "flash_attn" in recs[("q4_0",)]["reason"]
+    ok = recs[("f16",)]
+    assert ok["status"] == "ok"
+    assert ok["effective"]["flash_attn"] == "disabled"
+    assert ok["settings"]["n_depth"] == 512 - 32      # default: the context minus the larger test
+    assert ok["differences"]["llama_kv_matches_formula"]
+
+
+def test_killed_child_is_a_recorded_failure_and_the_sweep_goes_on(smollm2_path, tmp_path):
+    m = load_model(str(smollm2_path))
+    spec = SweepSpec(model=m, contexts=[512], pairs=[("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")], depths=[64],
+                     **TINY)
+    state = {"case": -1, "pid": None}
+
+    def on_event(kind, data):
+        if kind == "case":
+            state["case"] = data["i"]
+        elif kind == "child" and data.get("event") == "spawned":
+            state["pid"] = data["pid"]
+        elif kind == "child" and data.get("phase") == "warmup" and state["case"] == 1:
+            os.kill(state["pid"], signal.SIGKILL)       # what the OOM killer does
+
+    res = run_sweep(spec, output=tmp_path / "k.jsonl", on_event=on_event)
+    st = [r["status"] for r in res.records]
+    assert st == ["ok", "failed", "ok"]
+    assert "SIGKILL" in res.records[1]["reason"]
+    assert res.records[1]["memory"]["peak_rss_bytes"] > 0      # what was measured before it died is kept
+
+
+def test_interrupted_sweep_resumes_without_repeating(smollm2_path, tmp_path):
+    m = load_model(str(smollm2_path))
+    spec = SweepSpec(model=m, contexts=[512], pairs=[("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")], depths=[64],
+                     **TINY)
+    out = tmp_path / "i.jsonl"
+
+    def stop_after_first(kind, data):
+        if kind == "done" and data["i"] == 0:
+            raise KeyboardInterrupt
+
+    first = run_sweep(spec, output=out, on_event=stop_after_first)
+    assert first.interrupted and len(R.load(out)) == 1
+    with open(out, "ab") as f:                    # power loss in the middle of writing the next line
+        f.write(b'{"schema_version": 1, "config_key": "torn')
+    seen = []
+    second = run_sweep(spec, output=out, on_event=lambda k, d: seen.append(d["i"]) if k == "case" else None)
+    assert not second.interrupted and second.skipped_existing == 1 and seen == [0, 1]
+    recs = R.load(out)
+    assert len(recs) == 3 and len({r["config_key"] for r in recs}) == 3
+    assert recs[0] == first.records[0]
+
+
+def _cli(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "edgekv.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kw)
+
+
+def test_ctrl_c_then_rerun_resumes(tmp_path):
+    out = tmp_path / "cli.jsonl"
+    args = ["bench", "-c", "512", "-d", "32", "-ctk", "f16,q8_0,q4_0", "-p", "16", "-n", "4", "-r", "1", "-t", "2",
+            "-o", str(out)]
+    p = _cli(*args)
+    deadline = time.time() + 300
+    while time.time() < deadline and (not out.exists() or out.read_bytes().count(b"\n") < 1):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "run the same command again to resume" in err
+    n_before = len(R.load(out))
+    assert 1 <= n_before < 3
+    p = _cli(*args, "--json")
+    stdout, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    assert "Resuming" in err
+    recs = R.load(out)
+    assert len(recs) == 3 and len({r["config_key"] for r in recs}) == 3
+    assert len(json.loads(stdout)) == 3
+
+
+@pytest.mark.parametrize("make_args, code, words", [
+    (lambda t: ["bench", str(t / "corrupt.gguf")], 1, "not a GGUF file"),
+    (lambda t: ["bench", "-ctk", "q7_0"], 2, "-ctk"),
+    (lambda t: ["bench", "-c", "0"], 2, "-c/--ctx-size"),
+    (lambda t: ["bench", "-c", "512", "-d", "600"], 2, "does not fit"),
+    (lambda t: ["bench", "-p", "0", "-n", "0"], 2, "nothing to measure"),
+    (lambda t: ["bench", "--llama-bench", str(t / "nope")], 2, "--llama-bench"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, make_args, code, words):
+    (tmp_path / "corrupt.gguf").write_bytes(b"GGML" + os.urandom(100))
+    p = _cli(*make_args(tmp_path))
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and lines[0].startswith("edgekv: error:"), err
+
+
+def test_results_file_from_the_future_is_refused(tmp_path):
+    p = tmp_path / "future.jsonl"
+    p.write_text(json.dumps({"schema_version": 99}) + "\n")
+    with pytest.raises(R.ResultsError, match="newer edgekv"):
+        R.load(p)
+    assert Path(p).exists()
