@@ -612,7 +612,7 @@ def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | 
                 if ref:
                     return ref
     if commit is None:
-        raise _offline_error(display, f"no header of {f.repo}/{f.filename} at '{f.revision}' is cached under "
+        raise _offline_error(display, f"the header of {f.repo}/{f.filename} at '{f.revision}' is not cached under "
                              f"{_hf_repo_dir(f.repo)}", why_offline or "the revision is unknown")
 
     # 3. the header, cached or fetched

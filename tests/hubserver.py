@@ -12,7 +12,8 @@ does not follow the redirect on its HEAD) serves the bytes with ``Accept-Ranges`
 * ``/page.html``     an HTML page (not a GGUF).
 
 Every request is logged and every body byte sent is counted, per path, so tests can assert how much
-of a model crossed the wire.
+of a model crossed the wire.  ``cut_after[sha256] = n`` drops the next whole-file download of a blob
+after ``n`` bytes, to exercise resuming.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.plain: dict[str, Path] = {}
         self.blobs: dict[str, Path] = {}        # sha256 -> file, served by the CDN
+        self.cut_after: dict[str, int] = {}     # sha256 -> drop the next whole-file GET after this many bytes
         self.sent: Counter[str] = Counter()     # body bytes sent, by request path (without query)
         self.log: list[tuple[str, str, str | None]] = []    # (method, path, Range header)
         self.lock = threading.Lock()
@@ -159,7 +161,11 @@ class _Handler(BaseHTTPRequestHandler):
             m = re.fullmatch(r"/cdn/([0-9a-f]{64})", path)
             if not m or m[1] not in self.fake.blobs:
                 return self._simple(404, b'{"error":"no such blob"}', head=head)
-            return self._serve_file(path, self.fake.blobs[m[1]], head, ranges=True, etag=f'"{m[1]}"')
+            cut = None
+            if not head and not self.headers.get("Range"):
+                with self.fake.lock:
+                    cut = self.fake.cut_after.pop(m[1], None)
+            return self._serve_file(path, self.fake.blobs[m[1]], head, ranges=True, etag=f'"{m[1]}"', cut=cut)
         if path.startswith("/files/"):
             p = self.fake.plain.get(unquote(path[len("/files/"):]))
             if p is None:
@@ -192,7 +198,8 @@ class _Handler(BaseHTTPRequestHandler):
             "ETag": f'"{hashlib.sha1(sha.encode()).hexdigest()}"',
         }, head)
 
-    def _serve_file(self, path: str, p: Path, head: bool, ranges: bool, etag: str | None) -> None:
+    def _serve_file(self, path: str, p: Path, head: bool, ranges: bool, etag: str | None,
+                    cut: int | None = None) -> None:
         size = os.path.getsize(p)
         start, end, status = 0, size - 1, 200
         rng = self.headers.get("Range") if ranges else None
@@ -218,9 +225,15 @@ class _Handler(BaseHTTPRequestHandler):
         with open(p, "rb") as f:
             f.seek(start)
             left = end - start + 1
+            if cut is not None:         # a dropped connection in the middle of the body
+                left = cut
             while left > 0:
                 b = f.read(min(left, 1 << 16))
                 if not b or not self._write(path, b):
                     self.close_connection = True
                     return
                 left -= len(b)
+        if cut is not None:
+            self.wfile.flush()
+            self.connection.shutdown(2)
+            self.close_connection = True
