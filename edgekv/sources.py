@@ -104,7 +104,7 @@ def hf_endpoint() -> str:
 
 def hf_cache_dir() -> str:
     """The Hugging Face hub cache: HF_HUB_CACHE, else HF_HOME/hub, else huggingface-hub's default."""
-    env = os.environ.get("HF_HUB_CACHE")
+    env = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if env:
         return os.path.expanduser(env)
     home = os.environ.get("HF_HOME")
@@ -309,11 +309,21 @@ def _http_error(status: int, reason: str, display: str) -> SourceError:
     return SourceError(f"{display}: HTTP {status} {reason}".rstrip())
 
 
+class _ServerUnavailable(SourceError):
+    """HTTP 5xx from the hub: like a network failure, edgekv falls back to what is cached."""
+
+
+def _unreachable(host: str, e: BaseException) -> str:
+    if isinstance(e, _ServerUnavailable):
+        return f"{host} answered {e}"
+    return f"{host} cannot be reached ({type(e).__name__}: {e})"
+
+
 def _network_errors() -> tuple[type[BaseException], ...]:
     import httpx2
     from huggingface_hub.errors import OfflineModeIsEnabled
 
-    return (httpx2.TransportError, OfflineModeIsEnabled)
+    return (httpx2.TransportError, OfflineModeIsEnabled, _ServerUnavailable)
 
 
 class RangeReader:
@@ -543,6 +553,8 @@ def _hf_head(f: HfFile, display: str):
         raise SourceError(f"{display}: {f.filename} not found in {f.repo} at revision {f.revision}") from None
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else 0
+        if status >= 500:
+            raise _ServerUnavailable(f"HTTP {status}") from None
         raise _http_error(status, "", display) from None
     if not meta.commit_hash:
         raise SourceError(f"{display}: {ep} did not send X-Repo-Commit; is HF_ENDPOINT a Hugging Face hub?")
@@ -603,7 +615,7 @@ def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | 
         try:
             head = _hf_head(f, display)
         except _network_errors() as e:
-            why_offline = f"{urlsplit(hf_endpoint()).netloc} cannot be reached ({type(e).__name__}: {e})"
+            why_offline = _unreachable(urlsplit(hf_endpoint()).netloc, e)
         else:
             commit = head[0]
             if not is_commit:
@@ -683,8 +695,10 @@ def _url_head(url: str, display: str) -> tuple[str | None, int | None]:
 
     r = get_session().head(url, headers={"Accept-Encoding": "identity"}, timeout=HTTP_TIMEOUT_S,
                            follow_redirects=True)
-    if r.status_code in (405, 501):
-        return None, None
+    if r.status_code in (403, 405, 501):
+        return None, None   # no HEAD (signed URLs answer 403 to it): the GET reports any real error
+    if r.status_code >= 500:
+        raise _ServerUnavailable(f"HTTP {r.status_code}")
     if r.status_code >= 400:
         raise _http_error(r.status_code, r.reason_phrase, display)
     size = r.headers.get("Content-Length")
@@ -704,7 +718,7 @@ def _resolve_url(url: str, spec: str) -> ModelRef:
         try:
             etag, size = _url_head(url, display)
         except _network_errors() as e:
-            why = f"{urlsplit(url).netloc} cannot be reached ({type(e).__name__}: {e})"
+            why = _unreachable(urlsplit(url).netloc, e)
     stats: list[dict[str, Any]] = []
     notes: list[str] = []
     usable = cached is not None and (why is not None or (etag is not None and cached.get("etag") == etag

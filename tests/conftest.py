@@ -89,4 +89,6 @@ def remote(hub, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     hub.reset()
-    return hub
+    yield hub
+    hub.fail_with = None
+    hub.cut_after.clear()

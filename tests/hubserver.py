@@ -52,6 +52,7 @@ class FakeHub:
         self.plain: dict[str, Path] = {}
         self.blobs: dict[str, Path] = {}        # sha256 -> file, served by the CDN
         self.cut_after: dict[str, int] = {}     # sha256 -> drop the next whole-file GET after this many bytes
+        self.fail_with: int | None = None       # answer every hub /resolve/ request with this status (5xx)
         self.sent: Counter[str] = Counter()     # body bytes sent, by request path (without query)
         self.log: list[tuple[str, str, str | None]] = []    # (method, path, Range header)
         self.lock = threading.Lock()
@@ -181,6 +182,8 @@ class _Handler(BaseHTTPRequestHandler):
         m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if not m:
             return self._simple(404, b'{"error":"not found"}', head=head)
+        if self.fake.fail_with:
+            return self._simple(self.fake.fail_with, b'{"error":"unavailable"}', head=head)
         repo_id, rev, filename = unquote(m[1]), unquote(m[2]), unquote(m[3])
         repo = self.fake.repos.get(repo_id)
         if repo is None:

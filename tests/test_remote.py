@@ -234,6 +234,12 @@ def test_unreachable_network_falls_back_to_the_cache(remote, monkeypatch, capsys
     assert m.ref.path == online.ref.path
     err = _one_line_error(capsys, ["inspect", f"hf://{GEMMA_REPO}/{GEMMA_FILE}"])
     assert "127.0.0.1:9 cannot be reached" in err and "not cached" in err
+    # a hub that answers 503 is treated the same way
+    monkeypatch.setenv("HF_ENDPOINT", remote.endpoint)
+    remote.fail_with = 503
+    assert load_model(spec).ref.path == online.ref.path
+    err = _one_line_error(capsys, ["inspect", f"hf://{GEMMA_REPO}/{GEMMA_FILE}"])
+    assert "answered HTTP 503" in err and "not cached" in err
 
 
 # -- models pull -----------------------------------------------------------------------------------------
