@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         code = getattr(e, "exit_code", 2)
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
+        if not msg.strip():     # no arguments: the help was printed (click's NoArgsIsHelpError)
+            return code
         ctx = getattr(e, "ctx", None)
         where = f"'{ctx.command_path} --help'" if ctx is not None else "'edgekv --help'"
         sys.stderr.write(f"edgekv: error: {msg} (see {where})\n")

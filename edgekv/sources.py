@@ -662,7 +662,10 @@ def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | 
             if offline() or why_offline:
                 raise _offline_error(display, f"the header of {sib.filename} is not cached",
                                      why_offline or "HF_HUB_OFFLINE is set")
-            shead = _hf_head(sib, sdisplay)
+            try:
+                shead = _hf_head(sib, sdisplay)
+            except _network_errors() as e:
+                raise SourceError(f"{sdisplay}: {_unreachable(urlsplit(hf_endpoint()).netloc, e)}") from None
             _, sdata, sst = fetch_header(shead[3], shead[4], sdisplay)
             _store_header(p, sdata, {"source": sdisplay, "commit": commit, "etag": shead[1], "size": shead[2], **sst})
             stats.append(sst)
