@@ -28,6 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+# huggingface-hub (2.x) asks the endpoint for its agent-harness list once per process, on its own
+TELEMETRY = "/api/agent-harnesses"
 HTML = b"<!DOCTYPE html><html><head><title>Not a model</title></head><body>hello</body></html>\n"
 
 
@@ -109,11 +111,13 @@ class FakeHub:
 
     def bytes_sent(self, prefix: str = "") -> int:
         with self.lock:
-            return sum(v for k, v in self.sent.items() if k.startswith(prefix))
+            return sum(v for k, v in self.sent.items() if k.startswith(prefix) and k != TELEMETRY)
 
     def requests(self, prefix: str = "", method: str | None = None) -> list[tuple[str, str, str | None]]:
+        """Requests logged since the last reset, leaving out huggingface-hub's own telemetry call."""
         with self.lock:
-            return [x for x in self.log if x[1].startswith(prefix) and (method is None or x[0] == method)]
+            return [x for x in self.log if x[1].startswith(prefix) and (method is None or x[0] == method)
+                    and x[1] != TELEMETRY]
 
 
 class _Handler(BaseHTTPRequestHandler):
