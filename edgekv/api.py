@@ -6,11 +6,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .arch import shape_from_metadata
-from .gguf_header import GGUFHeader, read_header_file
+from .gguf_header import GGUFHeader, merge_split_headers, read_header_file, split_count
 from .predict import STATUS_OK, ContextParams, KVPrediction
 from .predict import predict as _predict
 from .shape import ModelShape
-from .sources import ModelRef, resolve_model
+from .sources import ModelRef, local_split_paths, resolve_model
 
 
 @dataclass
@@ -25,9 +25,17 @@ class LoadedModel:
 
 
 def load_model(spec: str | None) -> LoadedModel:
-    """Resolve a MODEL argument and read its header and shape (no llama.cpp involved)."""
+    """Resolve a MODEL argument and read its header and shape (no llama.cpp involved).
+
+    MODEL is a path, a models.toml name, ``hf://OWNER/REPO/FILE.gguf[@REV]`` or an https URL; remote
+    models need only their header (see :mod:`edgekv.sources`).  A split GGUF is read as one model.
+    """
     ref = resolve_model(spec)
     header = read_header_file(ref.path)
+    n = split_count(header)
+    if n > 1:
+        paths = ref.shards or local_split_paths(ref.path, n)
+        header = merge_split_headers([header] + [read_header_file(p) for p in paths[1:]])
     shape = shape_from_metadata(header.metadata, ref.path, header.value_types)
     return LoadedModel(ref, header, shape)
 

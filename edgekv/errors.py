@@ -52,6 +52,10 @@ class SourceError(EdgekvError, OSError):
     """Reading a remote source failed (HTTP error, no range support, offline)."""
 
 
+class RegistryError(EdgekvError, ValueError):
+    """models.toml is malformed, or an entry cannot be used as asked (e.g. an unverified download)."""
+
+
 class EngineError(EdgekvError, RuntimeError):
     """llama.cpp itself refused or crashed (dry run or measured run)."""
 

@@ -16,6 +16,7 @@ kept, and absurd counts or lengths raise :class:`GGUFFormatError` before anythin
 from __future__ import annotations
 
 import os
+import re
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -97,13 +98,22 @@ class GGUFHeader:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def shards(self) -> list[GGUFHeader]:
+        """The per-file headers of a split model (:func:`merge_split_headers`); empty for one file."""
+        return self.extra.get("shards", [])
+
+    @property
     def tensor_data_bytes(self) -> int:
-        """Bytes the tensor data section spans (the last tensor's end)."""
+        """Bytes the tensor data section spans (the last tensor's end; summed over a split's files)."""
+        if self.shards:
+            return sum(s.tensor_data_bytes for s in self.shards)
         return max((t.offset + t.n_bytes for t in self.tensors), default=0)
 
     @property
     def file_size(self) -> int:
-        """The size a complete file must have for llama.cpp to accept it."""
+        """The size a complete file must have for llama.cpp to accept it (all files of a split)."""
+        if self.shards:
+            return sum(s.file_size for s in self.shards)
         return self.data_offset + self.tensor_data_bytes
 
     @property
@@ -394,6 +404,83 @@ def read_header_file(path: str | os.PathLike) -> GGUFHeader:
         h = read_header(f, name=p, size_hint=size)
     h.extra["available_bytes"] = size
     return h
+
+
+# -- split GGUFs ---------------------------------------------------------------------------------------
+# llama.cpp's llama_split_path(): "%s-%05d-of-%05d.gguf"; gguf-split writes split.no / split.count /
+# split.tensors.count into every file, and the full metadata only into the first.
+
+KEY_SPLIT_NO = "split.no"
+KEY_SPLIT_COUNT = "split.count"
+KEY_SPLIT_TENSORS = "split.tensors.count"
+_SPLIT_NAME = re.compile(r"(?P<prefix>.*)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf")
+
+
+def split_file_name(prefix: str, index: int, count: int) -> str:
+    """Name of split file ``index`` (0-based), as llama.cpp's llama_split_path() spells it."""
+    return f"{prefix}-{index + 1:05d}-of-{count:05d}.gguf"
+
+
+def parse_split_name(name: str) -> tuple[str, int, int] | None:
+    """(prefix, 0-based index, count) for a name like ``x-00002-of-00003.gguf``, else None."""
+    m = _SPLIT_NAME.fullmatch(name)
+    if not m:
+        return None
+    no, count = int(m["no"]), int(m["count"])
+    if not 1 <= no <= count:
+        return None
+    return m["prefix"], no - 1, count
+
+
+def split_count(header: GGUFHeader) -> int:
+    """split.count of a header (1 for an ordinary single-file model)."""
+    v = header.metadata.get(KEY_SPLIT_COUNT)
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 1 else 1
+
+
+def merge_split_headers(headers: list[GGUFHeader]) -> GGUFHeader:
+    """One model from the headers of all files of a split GGUF, in order.
+
+    Metadata comes from the first file (llama.cpp reads it from there); tensors from every file;
+    ``file_size`` and ``tensor_data_bytes`` sum over the files; ``shards`` keeps each file's header.
+    The checks are llama.cpp's: the first file is split 0, each file says its own index and the same
+    count, and the files hold exactly ``split.tensors.count`` distinct tensors.
+    """
+    if not headers:
+        raise GGUFFormatError("no split files given")
+    first = headers[0]
+    n = split_count(first)
+    if len(headers) == 1 and n == 1:
+        return first
+    if n != len(headers):
+        raise GGUFFormatError(f"{first.source}: split.count is {n} but {len(headers)} files were given")
+    seen: dict[str, str] = {}
+    tensors: list[TensorInfo] = []
+    for i, h in enumerate(headers):
+        no = h.metadata.get(KEY_SPLIT_NO)
+        cnt = h.metadata.get(KEY_SPLIT_COUNT)
+        if no != i:
+            raise GGUFFormatError(
+                f"{h.source}: {KEY_SPLIT_NO} is {no!r}, expected {i}"
+                + ("; pass the first file (-00001-of-...) of a split model" if i == 0 else ""))
+        if cnt != n:
+            raise GGUFFormatError(f"{h.source}: {KEY_SPLIT_COUNT} is {cnt!r}, the first file says {n}")
+        for t in h.tensors:
+            if t.name in seen:
+                raise GGUFFormatError(f"{h.source}: tensor '{t.name}' is also in {seen[t.name]}")
+            seen[t.name] = h.source
+            tensors.append(t)
+    expected = first.metadata.get(KEY_SPLIT_TENSORS)
+    if isinstance(expected, int) and expected != len(tensors):
+        raise GGUFFormatError(
+            f"{first.source}: {KEY_SPLIT_TENSORS} is {expected} but the {n} files hold {len(tensors)} tensors")
+    return GGUFHeader(
+        source=first.source, version=first.version, metadata=first.metadata, value_types=first.value_types,
+        tensors=tensors, alignment=first.alignment, header_bytes=sum(h.header_bytes for h in headers),
+        data_offset=first.data_offset,
+        extra={"shards": list(headers),
+               "available_bytes": sum(h.extra.get("available_bytes", h.file_size) for h in headers)},
+    )
 
 
 def iter_metadata(meta: Mapping[str, Any], max_items: int = 8) -> Iterator[tuple[str, str]]:

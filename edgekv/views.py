@@ -52,6 +52,9 @@ def inspect_dict(m: LoadedModel) -> dict[str, Any]:
         "model": m.ref.path,
         "name": s.name or m.ref.name,
         "source": m.ref.source,
+        "origin": m.ref.origin or None,
+        "complete": m.ref.complete,
+        "files": [sh.source for sh in h.shards] or [m.ref.path],
         "gguf": {
             "version": h.version, "n_tensors": len(h.tensors), "n_metadata": len(h.metadata),
             "alignment": h.alignment, "header_bytes": h.header_bytes, "data_offset": h.data_offset,
@@ -72,6 +75,10 @@ def render_inspect(con, m: LoadedModel) -> None:
     t.add_column(style="bold")
     t.add_column()
     t.add_row("Model", f"{m.ref.path}" + (f"  ({s.name})" if s.name else ""))
+    if m.ref.origin:
+        t.add_row("From", m.ref.origin + ("" if m.ref.complete else "  (header only; weights not downloaded)"))
+    if h.shards:
+        t.add_row("Split", f"{len(h.shards)} files read as one model")
     t.add_row("Architecture", f"{s.arch}: {MEMORY_DESCRIPTION.get(s.memory, s.memory)}")
     if s.unsupported_reason:
         t.add_row("Not modelled", s.unsupported_reason)
