@@ -59,6 +59,15 @@ def predict(model: str | LoadedModel | ModelShape | None = None, n_ctx: int = 40
     return _predict(shape, params)
 
 
+def registry_sweep_defaults(spec: str | None):
+    """The models.toml sweep defaults for a registry name (the default model included), else None."""
+    from .sources import DEFAULT_MODEL, _registry
+
+    reg = _registry()
+    entry = reg.get(spec or DEFAULT_MODEL) if reg is not None else None
+    return entry.sweep if entry is not None else None
+
+
 # llama-cpp-python's Llama() differs from llama.cpp's command line (reference §5.1):
 # flash_attn=False (an explicit DISABLE: V padded, quantized V refused) and swa_full=True.
 LLAMA_PY_DEFAULTS: dict[str, Any] = {"flash_attn": "off", "swa_full": True}

@@ -176,8 +176,10 @@ def bench(
     model: Optional[str] = MODEL_ARG,
     model_opt: Optional[str] = MODEL_OPT,
     ctx_size: Optional[str] = typer.Option(None, "-c", "--ctx-size", show_default=False,
-                                           help="Context sizes (default: 4096,16384,32768 within the trained context)."),
-    cache_type_k: str = CTK_OPT,
+                                           help="Context sizes (default: the model's models.toml sweep, else "
+                                                "4096,16384,32768 within the trained context)."),
+    cache_type_k: Optional[str] = typer.Option(None, "-ctk", "--cache-type-k", show_default=False,
+                                               help="K cache types (default: models.toml sweep, else f16,q8_0,q5_0,q4_0)."),
     cache_type_v: Optional[str] = CTV_OPT,
     flash_attn: str = typer.Option("auto", "-fa", "--flash-attn", help="on, off, auto (a list sweeps them)."),
     n_gpu_layers: int = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers to offload (-1: all)."),
@@ -201,11 +203,16 @@ def bench(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
-    from .api import load_model
+    from .api import load_model, registry_sweep_defaults
     from .benchview import Progress, case_work, render_summary
+    from .cachetypes import DEFAULT_SWEEP_TYPES
     from .options import parse_fa_list
     from .sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, SweepSpec, run_sweep
 
+    spec_name = _model(model, model_opt)
+    reg_defaults = registry_sweep_defaults(spec_name)
+    if cache_type_k is None:
+        cache_type_k = ",".join(reg_defaults.cache_types if reg_defaults else DEFAULT_SWEEP_TYPES)
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
                        parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
     fas = parse_fa_list(flash_attn)
@@ -217,8 +224,13 @@ def bench(
         raise UsageError("-p and -n cannot both be 0: there would be nothing to measure")
     if llama_bench is not None and not (os.path.isfile(llama_bench) and os.access(llama_bench, os.X_OK)):
         raise UsageError(f"--llama-bench: {llama_bench} is not an executable file")
-    m = load_model(_model(model, model_opt))
-    ctxs = parse_int_list(ctx_size, "-c/--ctx-size") if ctx_size else default_contexts(m.shape.n_ctx_train)
+    m = load_model(spec_name)
+    if ctx_size:
+        ctxs = parse_int_list(ctx_size, "-c/--ctx-size")
+    elif reg_defaults is not None:
+        ctxs = list(reg_defaults.contexts)
+    else:
+        ctxs = default_contexts(m.shape.n_ctx_train)
     deps = parse_int_list(depths, "-d/--n-depth", minimum=0) if depths else None
     spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, flash_attn=fas, depths=deps, n_prompt=n_prompt,
                      n_gen=n_gen, repetitions=repetitions, n_threads=threads, n_gpu_layers=n_gpu_layers,
