@@ -250,6 +250,9 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
     if engine:
         con.print("llama.cpp columns come from its own dry run (no weights read, nothing allocated); "
                   "✓ means every figure in its cache lines equals the formula's.")
+        if any(len(r.get("caches") or []) > 1 for r in rows):
+            con.print("This model has several cache objects: llama.cpp prints one size line per cache, each rounded "
+                      "to 0.01 MiB, so its column (their sum) can differ by 0.01 from the formula's exact total.")
     ok_rows = [r for r in rows if r["status"] == STATUS_OK]
     if ok_rows:
         last = max(ok_rows, key=lambda r: r["n_ctx_padded"])

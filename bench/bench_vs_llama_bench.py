@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""edgekv bench vs llama-bench: same llama.cpp source, same configurations, same threads.
+
+Target (issue #3): edgekv's prefill and decode tokens/s are at least 0.97x what llama-bench
+reports, and the harness's own time is a small share of the sweep's wall time.
+
+For every configuration (context, cache type) the script runs, in alternating order over
+``--rounds`` rounds, one ``edgekv bench`` case (a fresh child process, exactly what a user gets)
+and ``llama-bench`` built from the llama.cpp tree vendored in the installed llama-cpp-python
+(bench/llama_tools.py), with the same depth, -p, -n, -r, -t, -b, -ub and -fa.  All samples of all
+rounds are pooled per side; the ratio is edgekv mean / llama-bench mean with a Welch test.
+
+    python bench/bench_vs_llama_bench.py                    # SmolLM2, 2048/4096, f16/q8_0/q4_0
+    python bench/bench_vs_llama_bench.py -c 4096 -ctk f16 --rounds 3 --out bench/results/x.json
+
+Run it on a quiet machine: on 2 shared cores the noise is larger than the effect being measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from llama_tools import tool, tool_env  # noqa: E402
+
+from edgekv.api import load_model  # noqa: E402
+from edgekv.environment import cpu_model  # noqa: E402
+from edgekv.process import run_child  # noqa: E402
+from edgekv.stats import summarize, welch  # noqa: E402
+from edgekv.sweep import SweepSpec, default_depth, run_sweep  # noqa: E402
+
+
+def run_edgekv(m, n_ctx, t, args, env) -> dict:
+    spec = SweepSpec(model=m, contexts=[n_ctx], pairs=[(t, t)], n_prompt=args.p, n_gen=args.n, repetitions=args.r,
+                     n_threads=args.t, flash_attn=[args.fa])
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        res = run_sweep(spec, output=Path(d) / "r.jsonl", env=env)
+        sweep_wall = time.perf_counter() - t0
+    rec = res.records[-1]
+    if rec["status"] != "ok":
+        raise SystemExit(f"edgekv failed: {rec['reason']}")
+    return {"pp": rec["speed"]["pp"]["samples_ts"], "tg": rec["speed"]["tg"]["samples_ts"],
+            "case_wall_s": rec["timing"]["wall_s"], "llama_s": rec["timing"]["llama_s"],
+            "harness_s": rec["timing"]["harness_s"], "sweep_wall_s": sweep_wall}
+
+
+def run_llama_bench(exe, model_path, n_ctx, t, args) -> dict:
+    d = default_depth(n_ctx, args.p, args.n)
+    argv = [str(exe), "-m", model_path, "-p", str(args.p), "-n", str(args.n), "-d", str(d), "-ctk", t, "-ctv", t,
+            "-fa", args.fa, "-t", str(args.t), "-r", str(args.r), "-b", "2048", "-ub", "512", "-o", "jsonl"]
+    res = run_child(argv, stdin_data=b"", capture_output=True, env=tool_env(exe), timeout=3600)
+    if res.returncode != 0:
+        raise SystemExit(f"llama-bench failed: {res.failure_reason()}\n{res.stderr_tail}")
+    rows = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+    out = {"wall_s": res.wall_s, "build_commit": rows[0]["build_commit"]}
+    for row in rows:
+        out["pp" if row["n_prompt"] > 0 else "tg"] = row["samples_ts"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("-c", default="2048,4096")
+    ap.add_argument("-ctk", default="f16,q8_0,q4_0")
+    ap.add_argument("-p", type=int, default=512)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-r", type=int, default=5)
+    ap.add_argument("-t", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("-fa", default="auto")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=str(HERE / "results" / "bench_vs_llama_bench.json"))
+    args = ap.parse_args()
+
+    from edgekv.environment import collect
+
+    m = load_model(args.model)
+    exe = tool("llama-bench")
+    env = collect()
+    ctxs = [int(x) for x in args.c.split(",")]
+    types = args.ctk.split(",")
+    rows = []
+    for n_ctx in ctxs:
+        for t in types:
+            ek = {"pp": [], "tg": []}
+            lb = {"pp": [], "tg": []}
+            walls = {"case": 0.0, "llama": 0.0, "harness": 0.0, "sweep": 0.0, "lb": 0.0}
+            commit = None
+            for rnd in range(args.rounds):
+                order = ("edgekv", "llama-bench") if rnd % 2 == 0 else ("llama-bench", "edgekv")
+                for who in order:
+                    if who == "edgekv":
+                        r = run_edgekv(m, n_ctx, t, args, env)
+                        walls["case"] += r["case_wall_s"]
+                        walls["llama"] += r["llama_s"]
+                        walls["harness"] += r["harness_s"]
+                        walls["sweep"] += r["sweep_wall_s"]
+                        dst = ek
+                    else:
+                        r = run_llama_bench(exe, os.path.abspath(m.ref.path), n_ctx, t, args)
+                        walls["lb"] += r["wall_s"]
+                        commit = r["build_commit"]
+                        dst = lb
+                    for k in ("pp", "tg"):
+                        dst[k] += r[k]
+                print(f"  {n_ctx} {t} round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+            row = {"n_ctx": n_ctx, "type": t, "depth": default_depth(n_ctx, args.p, args.n),
+                   "llama_bench_commit": commit, "walls_s": walls}
+            for k in ("pp", "tg"):
+                a, b = summarize(lb[k]), summarize(ek[k])
+                w = welch(lb[k], ek[k])
+                row[k] = {"llama_bench": lb[k], "edgekv": ek[k], "llama_bench_mean": a["mean"], "edgekv_mean": b["mean"],
+                          "ratio": b["mean"] / a["mean"], "ratio_ci95": [1 + x for x in w["change_ci95"]] if w["change_ci95"] else None,
+                          "p_value": w["p_value"]}
+            rows.append(row)
+            print(f"{n_ctx:>6} {t:<5} pp {row['pp']['edgekv_mean']:8.1f} vs {row['pp']['llama_bench_mean']:8.1f}"
+                  f" = {row['pp']['ratio']:.3f}   tg {row['tg']['edgekv_mean']:7.1f} vs {row['tg']['llama_bench_mean']:7.1f}"
+                  f" = {row['tg']['ratio']:.3f}", flush=True)
+    case_wall = sum(r["walls_s"]["case"] for r in rows)
+    sweep_wall = sum(r["walls_s"]["sweep"] for r in rows)
+    harness = sum(r["walls_s"]["harness"] for r in rows)
+    summary = {
+        "pp_ratio_geomean": math.exp(sum(math.log(r["pp"]["ratio"]) for r in rows) / len(rows)),
+        "tg_ratio_geomean": math.exp(sum(math.log(r["tg"]["ratio"]) for r in rows) / len(rows)),
+        "pp_ratio_min": min(r["pp"]["ratio"] for r in rows),
+        "tg_ratio_min": min(r["tg"]["ratio"] for r in rows),
+        "harness_share_of_case_wall": harness / case_wall,
+        "harness_share_of_sweep_wall": (harness + sweep_wall - case_wall) / sweep_wall,
+    }
+    out = {"machine": {"cpu": cpu_model(), "cores_logical": os.cpu_count(), "os": platform.platform()},
+           "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "settings": vars(args), "rows": rows,
+           "summary": summary}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    print(f"written: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
