@@ -120,9 +120,9 @@ def main() -> None:
             for k in ("pp", "tg"):
                 a, b = summarize(lb[k]), summarize(ek[k])
                 w = welch(lb[k], ek[k])
+                ci = [1 + x for x in w["change_ci95"]] if w["change_ci95"] else None
                 row[k] = {"llama_bench": lb[k], "edgekv": ek[k], "llama_bench_mean": a["mean"], "edgekv_mean": b["mean"],
-                          "ratio": b["mean"] / a["mean"], "ratio_ci95": [1 + x for x in w["change_ci95"]] if w["change_ci95"] else None,
-                          "p_value": w["p_value"]}
+                          "ratio": b["mean"] / a["mean"], "ratio_ci95": ci, "p_value": w["p_value"]}
             rows.append(row)
             print(f"{n_ctx:>6} {t:<5} pp {row['pp']['edgekv_mean']:8.1f} vs {row['pp']['llama_bench_mean']:8.1f}"
                   f" = {row['pp']['ratio']:.3f}   tg {row['tg']['edgekv_mean']:7.1f} vs {row['tg']['llama_bench_mean']:7.1f}"
