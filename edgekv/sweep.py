@@ -236,6 +236,7 @@ def memory_block(child, res: dict[str, Any]) -> dict[str, Any]:
         "peak_gpu_bytes": child.peak_gpu_bytes,
         "phase_peaks_bytes": peaks,
         "n_samples": child.n_samples,
+        "sample_interval_mean_s": child.wall_s / child.n_samples if child.n_samples else None,
         "sample_interval_max_s": child.sample_interval_max_s,
     }
     for name, cp in cps.items():
