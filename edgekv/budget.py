@@ -13,7 +13,7 @@ from typing import Any
 
 from .api import LoadedModel
 from .errors import EngineError
-from .predict import KV_PAD, MIB, STATUS_OK, ContextParams, max_context_for_budget, predict
+from .predict import KV_PAD, MIB, STATUS_OK, ContextParams, largest_fitting, max_context_for_budget, predict
 
 
 def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str]], budget_bytes: int,
@@ -45,18 +45,7 @@ def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str
                 ok, cache_b, extra = probe.measure(n)
                 return ok and m.weights_bytes + cache_b + extra <= budget_bytes
 
-            best = 0
-            if upper >= KV_PAD and fits(KV_PAD):
-                lo, hi = KV_PAD, upper
-                if fits(hi):
-                    lo = hi
-                while hi - lo > KV_PAD:
-                    mid = (lo + hi) // 2 // KV_PAD * KV_PAD
-                    if fits(mid):
-                        lo = mid
-                    else:
-                        hi = mid
-                best = lo
+            best = largest_fitting(fits, KV_PAD, upper)
             if best:
                 _, cache_b, extra = probe.measure(best)
                 row.update({"max_n_ctx": best, "cache_bytes": cache_b, "compute_bytes": extra,

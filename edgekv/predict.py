@@ -362,6 +362,23 @@ def predict(shape: ModelShape, params: ContextParams | None = None, **overrides:
     return pred
 
 
+def largest_fitting(fits, step: int, hi: int) -> int:
+    """Largest multiple of ``step`` in [step, hi] for which the monotone predicate ``fits`` holds; 0 if none."""
+    hi = hi // step * step
+    if hi < step or not fits(step):
+        return 0
+    if fits(hi):
+        return hi
+    lo = step
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def max_context_for_budget(shape: ModelShape, budget_bytes: int, fixed_bytes: int, params: ContextParams,
                            step: int = KV_PAD, upper: int | None = None) -> int:
     """Largest n_ctx (multiple of ``step``) whose fixed_bytes + predicted cache bytes fit the budget.
@@ -370,22 +387,9 @@ def max_context_for_budget(shape: ModelShape, budget_bytes: int, fixed_bytes: in
     Returns 0 when not even ``step`` tokens fit.  Cache bytes never shrink as n_ctx grows, so a
     binary search is exact.
     """
-    hi = upper or max(shape.n_ctx_train * 4, 1 << 20)
-    hi = hi // step * step
 
     def fits(n: int) -> bool:
         pr = predict(shape, replace(params, n_ctx=n))
         return pr.status == STATUS_OK and fixed_bytes + pr.total_bytes <= budget_bytes
 
-    if not fits(step):
-        return 0
-    lo = step
-    if fits(hi):
-        return hi
-    while hi - lo > step:
-        mid = (lo + hi) // 2 // step * step
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return largest_fitting(fits, step, upper or max(shape.n_ctx_train * 4, 1 << 20))
