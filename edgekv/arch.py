@@ -438,13 +438,13 @@ def _rwkv(h: _HParams) -> None:
 
 def _jamba(h: _HParams) -> None:
     _mamba1(h)
-    h.recr_by_head_count_kv()
+    h.recr_by_head_count_kv(upto=h.n_layer)     # jamba.cpp:11-13: only trunk layers (il < n_layer())
 
 
 def _mamba2_hybrid(h: _HParams) -> None:
     """granitehybrid: mamba2 layers are those with head_count_kv == 0."""
     _mamba2(h)
-    h.recr_by_head_count_kv()
+    h.recr_by_head_count_kv(upto=h.n_layer)     # granite-hybrid.cpp:23-25: il < n_layer() only
 
 
 def _plamo2(h: _HParams) -> None:
@@ -500,7 +500,9 @@ def _kda(h: _HParams, v_is_lora_rank: bool) -> None:
     h.n_embd_head_kda = h.u32(K_KDA_HEAD_DIM, required=True)
     if v_is_lora_rank:
         h.head_v_full = h.u32(K_KV_LORA_RANK, required=True)
-    h.recr_by_head_count_kv()
+    # kimi-linear.cpp:17-19, kimi-k3.cpp:31-33, bailingmoe3.cpp:36-38: il < n_layer() only; NextN layers
+    # keep is_recr = 0 and so fall into the hybrid attention filter (!is_recr)
+    h.recr_by_head_count_kv(upto=h.n_layer)
 
 
 def _nanbeige(h: _HParams) -> None:
