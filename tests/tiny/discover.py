@@ -249,6 +249,13 @@ FAMILIES: dict[str, dict[str, Any]] = {
                    attention__key_length=96, attention__value_length=64, attention__key_length_mla=64,
                    attention__value_length_mla=64, attention__kv_lora_rank=64, rope__dimension_count=32,
                    ssm__conv_kernel=4, kda__head_dim=64, moe=True),
+    "jamba-nextn": fam("jamba", "jamba + 1 NextN layer: llama.cpp marks recurrent layers only below n_layer(), so the "
+                       "NextN layer (head_count_kv 0) lands in the attention cache with 0-width K/V", "hybrid",
+                       nextn_predict_layers=1, attention__head_count_kv=[0, 1, 0, 0], ssm__conv_kernel=4,
+                       ssm__inner_size=256, ssm__state_size=16, ssm__time_step_rank=8),
+    "granitehybrid-nextn": fam("granitehybrid", "granitehybrid + 1 NextN layer (head_count_kv 0)", "hybrid",
+                               nextn_predict_layers=1, attention__head_count_kv=[0, 2, 0, 0], ssm__conv_kernel=4,
+                               ssm__inner_size=256, ssm__state_size=16, ssm__time_step_rank=8, ssm__group_count=1),
     # -- pure recurrent -------------------------------------------------------------------------------
     "mamba": fam("mamba", "mamba1 state", "recurrent", attention__head_count=0, ssm__conv_kernel=4,
                  ssm__inner_size=256, ssm__state_size=16, ssm__time_step_rank=8),
