@@ -17,12 +17,12 @@ import pytest
 from edgekv.api import load_model
 from edgekv.crosscheck import compare
 from edgekv.engine import EngineSession
-from edgekv.errors import EngineError
+from edgekv.errors import EngineError, MetadataError
 from edgekv.predict import STATUS_OK, ContextParams, predict
 from tests.tiny.writer import write_spec
 
 SPECS = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["families"]
-MODELLED = sorted(n for n, s in SPECS.items() if s["memory"] != "unsupported")
+MODELLED = sorted(n for n, s in SPECS.items() if s["memory"] not in ("unsupported", "aborts"))
 UNSUPPORTED = sorted(n for n, s in SPECS.items() if s["memory"] == "unsupported")
 
 # n_ctx: 1 (n_batch and n_ubatch shrink to 1), small non-multiples of 256, a mid size, and a large one
@@ -61,9 +61,14 @@ def _family_path(family_dir: Path, name: str) -> Path:
 
 
 def test_every_family_has_a_spec():
+    from importlib.metadata import version
+
     from tests.tiny.discover import FAMILIES
 
-    assert sorted(SPECS) == sorted(FAMILIES), "regenerate tests/tiny/specs.json: python -m tests.tiny.discover"
+    hint = "regenerate tests/tiny/specs.json: python -m tests.tiny.discover"
+    assert sorted(SPECS) == sorted(FAMILIES), hint
+    spec_version = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["llama_cpp_python"]
+    assert spec_version == version("llama-cpp-python"), hint
 
 
 @pytest.mark.parametrize("name", MODELLED)
@@ -178,3 +183,28 @@ def test_abort_neighbours_run(name, config, family_dir):
     with EngineSession(str(path), header=m.header) as eng:
         r = eng.run([config])[0]
     assert r.ok and compare(p, r) == []
+
+
+def test_shared_kv_reuse_of_the_other_kind_aborts(family_dir):
+    """Gemma 4 with a shared SWA layer whose reuse target is a full-attention layer: edgekv refuses the
+    model, and llama.cpp loads it but aborts creating any context."""
+    path = _family_path(family_dir, "gemma4-bad-reuse")
+    with pytest.raises(MetadataError, match="shared-KV layer 4 .SWA. would reuse layer 2"):
+        load_model(str(path))
+    # "aborted" comes from the SIGABRT itself; the GGML_ASSERT line may not have been read yet
+    with EngineSession(str(path)) as eng, pytest.raises(EngineError, match="GGML_ASSERT|aborted"):
+        eng.run([ContextParams(n_ctx=4096)])
+
+
+def test_gemma4_too_many_shared_layers_is_refused(tmp_path):
+    """shared_kv_layers >= block_count - 1 leaves fewer than 2 KV layers: llama.cpp asserts (even when the
+    subtraction goes negative and every layer would otherwise own KV)."""
+    spec = json.loads(json.dumps(SPECS["gemma4"]))
+    for shared in (5, 9):
+        for e in spec["metadata"]:
+            if e[0] == "gemma4.attention.shared_kv_layers":
+                e[2] = shared
+        path = tmp_path / f"gemma4-shared{shared}.gguf"
+        write_spec(path, spec)
+        with pytest.raises(MetadataError, match="llama.cpp needs at least 2"):
+            load_model(str(path))
