@@ -256,6 +256,12 @@ def _refusal(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, 
         return (f"llama.cpp aborts: {p.n_seq_max} sequences need {p.n_seq_max} outputs but the batch holds "
                 f"{n_batch} (min of n_ctx and -b)")
     n_seq = max(1, p.n_seq_max)
+    if shape.arch == "t5" and not p.kv_unified and n_seq > 1:
+        # the T5 decoder adds a relative-position bias of n_tokens rows to KQ (src/models/t5.cpp:146-151,
+        # llama-graph.cpp:2717-2720), but build_attn_mha splits KQ into k->ne[3] = n_seq streams of
+        # n_tokens / n_seq rows (llama-graph.cpp:2630-2635): ggml_add asserts ggml_can_repeat
+        return (f"llama.cpp aborts: the t5 decoder's position bias cannot be split over {n_seq} KV streams; "
+                "use --kv-unified or one sequence")
     n_tokens = min(n_ctx, n_ubatch)     # sched_reserve's worst case (src/llama-context.cpp:629)
     if (shape.arch in RESERVE_ONE_SEQ_ARCHS and not p.kv_unified and n_tokens % n_seq
             and any(lay.attn_cache for lay in shape.layers)):
