@@ -25,9 +25,9 @@ SPECS = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())[
 MODELLED = sorted(n for n, s in SPECS.items() if s["memory"] not in ("unsupported", "aborts"))
 UNSUPPORTED = sorted(n for n, s in SPECS.items() if s["memory"] == "unsupported")
 
-# n_ctx: 1 (n_batch and n_ubatch shrink to 1), small non-multiples of 256, a mid size, and a large one
-# where one byte per cell is far above the 0.01 MiB printing resolution, so agreement pins bytes exactly.
-N_CTX = (1, 1000, 4600, 262144)
+# n_ctx: 1 (n_batch and n_ubatch shrink to 1), a small non-multiple of 256 (5000 below, too), and a large
+# one where one byte per cell is far above the 0.01 MiB printing resolution, so agreement pins bytes exactly.
+N_CTX = (1, 1000, 262144)
 # every cache type llama.cpp accepts appears as K and as V, quantized and not, equal and mixed
 TYPES = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16"), ("f32", "bf16"),
          ("iq4_nl", "q5_1"), ("q5_0", "q4_1"), ("bf16", "q8_0"))
@@ -152,6 +152,8 @@ ABORTS = [
                                  n_seq_max=2)),                               # refused first: no abort
     ("kimi-linear", ContextParams(n_ctx=5000, n_seq_max=3)),                  # 512 % 3 != 0
     ("minimax-01", ContextParams(n_ctx=1000, n_seq_max=5, n_ubatch=512)),
+    ("t5", ContextParams(n_ctx=4096, n_seq_max=2)),                           # decoder position bias
+    ("t5", ContextParams(n_ctx=4096, n_seq_max=4, flash_attn="on")),
 ]
 
 
@@ -173,6 +175,7 @@ def test_predicted_aborts_really_abort(name, config, family_dir):
     ("kimi-linear", ContextParams(n_ctx=5000, n_seq_max=3, kv_unified=True)),
     ("kimi-linear", ContextParams(n_ctx=5000, n_seq_max=3, n_ubatch=384)),
     ("minimax-01", ContextParams(n_ctx=1000, n_seq_max=4)),
+    ("t5", ContextParams(n_ctx=4096, n_seq_max=2, kv_unified=True)),
 ])
 def test_abort_neighbours_run(name, config, family_dir):
     """Right next to a predicted abort, the formula predicts a context and llama.cpp creates it."""
