@@ -280,9 +280,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "rwkv7": fam("rwkv7", "RWKV7 token shift + WKV state", "recurrent", attention__head_count=0, wkv__head_size=64,
                  attention__gate_lora_rank=32),
     # -- no cache -------------------------------------------------------------------------------------
-    "bert": fam("bert", "encoder: no KV cache", "none", tokenizer__ggml__token_type_count=2),
+    "bert": fam("bert", "encoder: no KV cache", "none", tokenizer__ggml__token_type_count=2, attention__causal=False),
     "modern-bert": fam("modern-bert", "encoder with symmetric SWA: no KV cache", "none",
-                       attention__sliding_window=128),
+                       attention__sliding_window=128, attention__causal=False),
     "gemma-embedding": fam("gemma-embedding", "embedding model: no KV cache", "none", attention__sliding_window=128),
     "dream": fam("dream", "diffusion LM: no KV cache", "none"),
     # -- caches edgekv does not model: the formula must say "unsupported" ---------------------------
