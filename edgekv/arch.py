@@ -438,13 +438,13 @@ def _rwkv(h: _HParams) -> None:
 
 def _jamba(h: _HParams) -> None:
     _mamba1(h)
-    h.recr_by_head_count_kv()
+    h.recr_by_head_count_kv(upto=h.n_layer)     # jamba.cpp:11-13: only trunk layers (il < n_layer())
 
 
 def _mamba2_hybrid(h: _HParams) -> None:
     """granitehybrid: mamba2 layers are those with head_count_kv == 0."""
     _mamba2(h)
-    h.recr_by_head_count_kv()
+    h.recr_by_head_count_kv(upto=h.n_layer)     # granite-hybrid.cpp:23-25: il < n_layer() only
 
 
 def _plamo2(h: _HParams) -> None:
@@ -500,7 +500,9 @@ def _kda(h: _HParams, v_is_lora_rank: bool) -> None:
     h.n_embd_head_kda = h.u32(K_KDA_HEAD_DIM, required=True)
     if v_is_lora_rank:
         h.head_v_full = h.u32(K_KV_LORA_RANK, required=True)
-    h.recr_by_head_count_kv()
+    # kimi-linear.cpp:17-19, kimi-k3.cpp:31-33, bailingmoe3.cpp:36-38: il < n_layer() only; NextN layers
+    # keep is_recr = 0 and so fall into the hybrid attention filter (!is_recr)
+    h.recr_by_head_count_kv(upto=h.n_layer)
 
 
 def _nanbeige(h: _HParams) -> None:
@@ -750,7 +752,10 @@ def _finish(h: _HParams, name: Any, memory: str, reason: str | None) -> ModelSha
     attn = _attn_filter(h, memory) if memory not in (MEMORY_NONE, MEMORY_UNSUPPORTED, MEMORY_RECURRENT) else (lambda il: False)
     recr = _recr_filter(h, memory) if memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA) else (lambda il: False)
     kv_from = h.n_layer_kv_from_start
-    if memory != MEMORY_UNSUPPORTED and kv_from >= 0 and kv_from < n and kv_from < 2:
+    shares_kv = memory != MEMORY_UNSUPPORTED and h.arch in ("gemma3n", "gemma4")
+    if shares_kv and kv_from < 2:
+        # create_memory's reuse callback runs for every layer and first asserts n_layer_kv_from_start >= 2
+        # (src/llama-model.cpp:2780-2782); gemma4 sets it to block_count - shared_kv_layers (gemma4.cpp:8-11)
         raise MetadataError(
             f"{h.source}: only {kv_from} layers own a KV cache ('{h.k(K_SHARED_KV_LAYERS)}'); llama.cpp needs at least 2")
     layers = []
@@ -775,6 +780,16 @@ def _finish(h: _HParams, name: Any, memory: str, reason: str | None) -> ModelSha
             recr_state=recr(il),
             reuses=reuses,
         ))
+    if shares_kv:
+        # A shared layer reads layer kv_from-2 if it is SWA, else kv_from-1, from the iSWA sub-cache of its
+        # own kind; a target of the other kind is not in that sub-cache and llama_kv_cache's reuse pass
+        # asserts (src/llama-kv-cache.cpp:268, src/llama-kv-cache-iswa.cpp:53-67).
+        for lay in layers:
+            if lay.reuses is not None and layers[lay.reuses].is_swa != lay.is_swa:
+                kind = "SWA" if lay.is_swa else "full-attention"
+                raise MetadataError(
+                    f"{h.source}: shared-KV layer {lay.index} ({kind}) would reuse layer {lay.reuses}, which is "
+                    f"not {kind} ('{h.k(K_SLIDING_WINDOW_PATTERN)}', '{h.k(K_SHARED_KV_LAYERS)}'); llama.cpp aborts")
     notes = list(h.notes)
     if memory == MEMORY_NONE:
         notes.append(f"{h.arch}: llama.cpp creates no KV cache for this architecture")

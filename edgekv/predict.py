@@ -223,8 +223,13 @@ def resolve_context(shape: ModelShape, p: ContextParams) -> tuple[int, int, int,
     return n_ctx, n_ctx_seq, n_stream, n_batch, n_ubatch
 
 
+# Architectures whose last worst-case graph reservation uses a single-sequence ubatch of n_tokens
+# tokens (llama_context::sched_reserve, [TAG_RESERVE_DIAG_DECAY], src/llama-context.cpp:716-722).
+RESERVE_ONE_SEQ_ARCHS = frozenset({"kimi-linear", "minimax-01"})
+
+
 def _refusal(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, fa: str,
-             n_batch: int) -> str | None:
+             n_ctx: int, n_batch: int, n_ubatch: int) -> str | None:
     """The reason llama_init_from_model() would return NULL (or abort) for these settings, or None."""
     if p.n_seq_max > LLAMA_MAX_SEQ:
         return f"n_seq_max must be <= {LLAMA_MAX_SEQ}"
@@ -250,6 +255,21 @@ def _refusal(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, 
         # where n_outputs_max defaults to the resolved batch size min(n_ctx, n_batch) (llama-context.cpp:2273)
         return (f"llama.cpp aborts: {p.n_seq_max} sequences need {p.n_seq_max} outputs but the batch holds "
                 f"{n_batch} (min of n_ctx and -b)")
+    n_seq = max(1, p.n_seq_max)
+    if shape.arch == "t5" and not p.kv_unified and n_seq > 1:
+        # the T5 decoder adds a relative-position bias of n_tokens rows to KQ (src/models/t5.cpp:146-151,
+        # llama-graph.cpp:2717-2720), but build_attn_mha splits KQ into k->ne[3] = n_seq streams of
+        # n_tokens / n_seq rows (llama-graph.cpp:2630-2635): ggml_add asserts ggml_can_repeat
+        return (f"llama.cpp aborts: the t5 decoder's position bias cannot be split over {n_seq} KV streams; "
+                "use --kv-unified or one sequence")
+    n_tokens = min(n_ctx, n_ubatch)     # sched_reserve's worst case (src/llama-context.cpp:629)
+    if (shape.arch in RESERVE_ONE_SEQ_ARCHS and not p.kv_unified and n_tokens % n_seq
+            and any(lay.attn_cache for lay in shape.layers)):
+        # graph_reserve(n_tokens, 1, ...) does not round n_tokens to a multiple of the KV streams, while
+        # build_attn_mha splits q into k->ne[3] = n_seq streams of n_tokens / n_seq tokens
+        # (src/llama-graph.cpp:2630-2635): the attention output loses rows and the residual add asserts.
+        return (f"llama.cpp aborts: {shape.arch} reserves a {n_tokens}-token graph over {n_seq} KV streams "
+                f"({n_tokens} is not a multiple of {n_seq}); use --kv-unified or a -ub divisible by -np")
     return None
 
 
@@ -279,7 +299,7 @@ def predict(shape: ModelShape, params: ContextParams | None = None, **overrides:
     if shape.memory == MEMORY_UNSUPPORTED:
         pred.status, pred.reason = STATUS_UNSUPPORTED, f"{shape.arch}: {shape.unsupported_reason}; measure it instead"
         return pred
-    refusal = _refusal(shape, p, tk, tv, fa, n_batch)
+    refusal = _refusal(shape, p, tk, tv, fa, n_ctx, n_batch, n_ubatch)
     if refusal:
         pred.status, pred.reason = STATUS_INVALID, refusal
         pred.aborts = refusal.startswith("llama.cpp aborts")
