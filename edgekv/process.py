@@ -392,7 +392,8 @@ class ChildSession:
                     del self._stderr[:-32]
 
         threading.Thread(target=pump_events, daemon=True).start()
-        threading.Thread(target=pump_stderr, daemon=True).start()
+        self._t_err = threading.Thread(target=pump_stderr, daemon=True)
+        self._t_err.start()
 
     def stderr_tail(self) -> str:
         return b"".join(self._stderr)[-8000:].decode("utf-8", "replace")
@@ -402,6 +403,8 @@ class ChildSession:
             rc = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             rc = None
+        # the stderr reader may still hold the last lines (the GGML_ASSERT): let it drain first
+        self._t_err.join(timeout=5)
         res = ChildResult(returncode=rc, signal=-rc if rc is not None and rc < 0 else None, timed_out=False,
                           wall_s=0.0, events=[], result=None, stderr_tail=self.stderr_tail())
         return ChildDied(res.failure_reason() or "child exited")
