@@ -270,6 +270,8 @@ def report(
                                              "edgekv predict --json output; several are read as one."),
     output: str = typer.Option(..., "-o", "--output", show_default=False, help="Folder to write the report into."),
     title: Optional[str] = typer.Option(None, "--title", show_default=False, help="Report title (default: the models)."),
+    note: Optional[str] = typer.Option(None, "--note", show_default=False,
+                                       help="Markdown text (or @FILE) placed under the title, e.g. where the data came from."),
     no_plots: bool = typer.Option(False, "--no-plots", help="Skip the PNG plots (and their place in the HTML)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
@@ -277,7 +279,14 @@ def report(
     from .inputs import load_many
     from .report import write_report
 
-    res = write_report(load_many(results), output, title=title, plots=not no_plots)
+    if note is not None and note.startswith("@"):
+        try:
+            from pathlib import Path
+
+            note = Path(note[1:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"--note {note}: cannot read it ({e.strerror})") from None
+    res = write_report(load_many(results), output, title=title, plots=not no_plots, note=note)
     if as_json:
         _print_json(res)
     else:

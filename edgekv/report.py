@@ -218,12 +218,17 @@ def fmt_pct(x: float | None, nd: int = 1) -> str:
     return DASH if x is None else f"{x:+.{nd}f}%"
 
 
+def _f1(x: float) -> str:
+    s = f"{x:,.1f}"
+    return "0.0" if s == "-0.0" else s
+
+
 def fmt_ts(mean: float | None, lo: float | None, hi: float | None, unstable: bool = False) -> str:
     if mean is None:
         return DASH
     if lo is None or hi is None:
-        return f"{mean:,.1f} (1 sample)"
-    return f"{mean:,.1f} [{lo:,.1f}, {hi:,.1f}]" + (" !" if unstable else "")
+        return f"{_f1(mean)} (1 sample)"
+    return f"{_f1(mean)} [{_f1(lo)}, {_f1(hi)}]" + (" !" if unstable else "")
 
 
 def kv_label(row: dict[str, Any]) -> str:
@@ -454,7 +459,8 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
                   "(the KV cache plus small output and scheduler buffers), from the OS. Error = measured − predicted, "
                   "relative to the prediction")
     intro += "."
-    tables = [Table("KV cache: predicted, llama.cpp, measured", intro, heads, body, _align(cols, len(heads) - len(cols)))]
+    ttl = "KV cache: predicted" + (", llama.cpp" if has_engine or has_run else "") + (", measured" if has_meas else "")
+    tables = [Table(ttl, intro, heads, body, _align(cols, len(heads) - len(cols)))]
     proc = [r for r in ok if r["peak_rss_bytes"] is not None]
     if proc:
         pcols = _setting_cols(proc, depth_matters)
@@ -598,9 +604,11 @@ class Document:
     predicted_only: bool
     sections: list[Section]
     plots: dict[str, bytes]
+    note: str | None = None
 
 
-def build(records: Sequence[dict[str, Any]], title: str | None = None, plots: bool = True) -> Document:
+def build(records: Sequence[dict[str, Any]], title: str | None = None, plots: bool = True,
+          note: str | None = None) -> Document:
     if not records:
         from .errors import ResultsError
 
@@ -633,7 +641,7 @@ def build(records: Sequence[dict[str, Any]], title: str | None = None, plots: bo
         sec.bullets = _problems(mrows, mrecs)
         sections.append(sec)
     sections.append(_legend(recs, predicted_only))
-    return Document(title, predicted_only, sections, images)
+    return Document(title, predicted_only, sections, images, note.strip() if note and note.strip() else None)
 
 
 def _slug(s: str) -> str:
@@ -686,6 +694,8 @@ def render_markdown(doc: Document) -> str:
     if doc.predicted_only:
         out += ["> **Predicted only.** Nothing in this report was measured: the figures are computed from GGUF metadata.",
                 ""]
+    if doc.note:
+        out += [doc.note, ""]
     for sec in doc.sections:
         out += [f"## {sec.title}", ""]
         for p in sec.paragraphs:
@@ -763,6 +773,8 @@ def render_html(doc: Document) -> str:
     if doc.predicted_only:
         out.append('<p class="note"><strong>Predicted only.</strong> Nothing in this report was measured: the figures '
                    "are computed from GGUF metadata.</p>")
+    if doc.note:
+        out += [f"<p>{_inline_md(p)}</p>" for p in doc.note.split("\n\n")]
     for sec in doc.sections:
         out.append(f"<h2>{html.escape(sec.title)}</h2>")
         for p in sec.paragraphs:
@@ -807,7 +819,7 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def write_report(records: Sequence[dict[str, Any]], outdir: str | os.PathLike, title: str | None = None,
-                 plots: bool = True) -> dict[str, Any]:
+                 plots: bool = True, note: str | None = None) -> dict[str, Any]:
     """Render every file of a report into ``outdir``; returns what was written."""
     out = Path(outdir)
     if out.exists() and not out.is_dir():
@@ -815,7 +827,7 @@ def write_report(records: Sequence[dict[str, Any]], outdir: str | os.PathLike, t
 
         raise UsageError(f"-o {out}: exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    doc = build(records, title=title, plots=plots)
+    doc = build(records, title=title, plots=plots, note=note)
     rows = flat_rows(records)
     for old in out.iterdir():      # plots of an earlier report that this one no longer has
         if _PLOT_RE.match(old.name) and old.name not in doc.plots:
