@@ -87,8 +87,9 @@ that Bonsai 8B shares (Qwen/Qwen3-8B `config.json`): 36 layers, hidden size 4096
 head dim 128, context 40960. `predictions.json` is `edgekv predict Bonsai-8B-shape.gguf -c 4096,8192,16384,32768,65536 \
 -ctk f16,q8_0,q5_0,q4_0 --json`, with llama.cpp's command-line defaults (flash attention auto, 1 sequence). \
 It reproduces the published figures: **4,608.00 MiB of KV with f16 and 1,296.00 MiB with q4_0 at 32K (3.56×)**. \
-The KV size depends only on this shape, not on the 1-bit weights. With the real file, \
-`edgekv predict bonsai-8b --engine` reads its header over HTTP and asks llama.cpp too."""
+The KV size depends only on this shape, not on the 1-bit weights. With network access, \
+`edgekv predict bonsai-8b` reads the real file's header over HTTP (its Q1_0 weights need a llama.cpp with Q1_0 \
+support for `--engine`)."""
 
 GEMMA_NOTE = """\
 **Where the numbers come from.** `gemma-4-E4B-shape.gguf` in this folder is a metadata-only GGUF header (no \

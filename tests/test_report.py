@@ -190,24 +190,36 @@ def _chromium() -> str | None:
     return None
 
 
-def test_html_is_self_contained_and_renders_in_headless_chromium(written, tmp_path):
-    html = (written / "report.html").read_text()
-    assert "<script" not in html                    # nothing to throw a JS error
-    assert "http://" not in html and "https://" not in html and "src=\"data:image/png;base64," in html
-    assert html.count("<img ") == 2
+def _screenshot(page: Path, shot: Path, height: int = 4200) -> list[str]:
+    """Open ``page`` in headless Chromium, screenshot it, and return the page's console messages."""
     exe = _chromium()
     if exe is None:
         if os.environ.get("CI"):
             pytest.fail("Debian's chromium is needed for this test: apt-get install -y chromium")
         pytest.skip("chromium not installed (apt-get install -y chromium)")
-    shot = tmp_path / "report.png"
-    profile = tmp_path / "profile"
-    argv = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={profile}",
-            "--enable-logging=stderr", "--v=0", "--window-size=1280,4200", f"--screenshot={shot}",
-            (written / "report.html").resolve().as_uri()]
+    argv = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            f"--user-data-dir={shot.parent / (shot.stem + '-profile')}", "--enable-logging=stderr", "--v=0",
+            f"--window-size=1280,{height}", f"--screenshot={shot}", page.resolve().as_uri()]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    console = [line for line in r.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
+    return [line for line in r.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+
+
+def test_the_chromium_check_sees_console_errors(tmp_path):
+    """The console check below is not vacuous: a page with a script error is caught."""
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><html><body><p>x</p><script>undefined_fn();</script></body></html>')
+    console = _screenshot(bad, tmp_path / "bad.png", height=300)
+    assert any("undefined_fn is not defined" in line for line in console), console
+
+
+def test_html_is_self_contained_and_renders_in_headless_chromium(written, tmp_path):
+    html = (written / "report.html").read_text()
+    assert "<script" not in html                    # nothing to throw a JS error
+    assert "http://" not in html and "https://" not in html and "src=\"data:image/png;base64," in html
+    assert html.count("<img ") == 2
+    shot = tmp_path / "report.png"
+    console = _screenshot(written / "report.html", shot)
     assert not console, console
     # the screenshot shows the page and the embedded plots: the exact colours of the f16 and q4_0 series
     from matplotlib.image import imread
