@@ -261,6 +261,88 @@ def bench(
         raise typer.Exit(130)
 
 
+# -- report, compare, merge ------------------------------------------------------------------------------
+
+@app.command()
+def report(
+    results: list[str] = typer.Argument(..., metavar="RESULTS...", show_default=False,
+                                        help="edgekv results (.jsonl), llama-bench -o json/jsonl output, or "
+                                             "edgekv predict --json output; several are read as one."),
+    output: str = typer.Option(..., "-o", "--output", show_default=False, help="Folder to write the report into."),
+    title: Optional[str] = typer.Option(None, "--title", show_default=False, help="Report title (default: the models)."),
+    note: Optional[str] = typer.Option(None, "--note", show_default=False,
+                                       help="Markdown text (or @FILE) placed under the title, e.g. where the data came from."),
+    no_plots: bool = typer.Option(False, "--no-plots", help="Skip the PNG plots (and their place in the HTML)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Write README.md, results.csv, results.json, PNG plots and a self-contained report.html."""
+    from .inputs import load_many
+    from .report import write_report
+
+    if note is not None and note.startswith("@"):
+        try:
+            from pathlib import Path
+
+            note = Path(note[1:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"--note {note}: cannot read it ({e.strerror})") from None
+    res = write_report(load_many(results), output, title=title, plots=not no_plots, note=note)
+    if as_json:
+        _print_json(res)
+    else:
+        con = _console()
+        con.print(f"{res['title']}: {res['records']} configurations -> {res['output']}/")
+        for f in res["files"]:
+            con.print(f"  {f}")
+
+
+@app.command("compare")
+def compare_cmd(
+    base: str = typer.Argument(..., metavar="BASE", help="Baseline results (edgekv .jsonl or llama-bench json/jsonl)."),
+    cand: str = typer.Argument(..., metavar="CAND", help="Candidate results, same formats."),
+    threshold: Optional[str] = typer.Option(None, "--threshold", show_default=False,
+                                            help="Regression thresholds over the defaults tg=5%,pp=5%,rss=3%,kv=0%,"
+                                                 "kld=0.001,ppl=1% (N% relative, a bare number absolute)."),
+    alpha: float = typer.Option(0.05, "--alpha", help="Significance level of each test."),
+    force: bool = typer.Option(False, "--force", help="Compare even when the environments differ on checked keys."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """Pair configurations, test every metric, print Markdown; exit 1 on a significant regression."""
+    from .compare import compare, render_markdown
+
+    res = compare(base, cand, thresholds=threshold, force=force, alpha=alpha)
+    if as_json:
+        _print_json(res)
+    else:
+        sys.stdout.write(render_markdown(res))
+    if res["exit_code"]:
+        raise typer.Exit(res["exit_code"])
+
+
+@app.command()
+def merge(
+    inputs: list[str] = typer.Argument(..., metavar="RESULTS...", show_default=False,
+                                       help="Results files from one or more machines."),
+    output: str = typer.Option(..., "-o", "--output", show_default=False, help="Merged results file (.jsonl)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Several machines' results into one file: every row kept, each with its machine."""
+    from .inputs import device_label, merge_files
+
+    recs = merge_files(inputs, output)
+    devices: dict[str, int] = {}
+    for r in recs:
+        devices[device_label(r)] = devices.get(device_label(r), 0) + 1
+    res = {"output": output, "inputs": list(inputs), "records": len(recs), "devices": dict(sorted(devices.items()))}
+    if as_json:
+        _print_json(res)
+    else:
+        con = _console()
+        con.print(f"{len(recs)} records from {len(inputs)} files -> {output}")
+        for d, n in res["devices"].items():
+            con.print(f"  {n:4d}  {d}")
+
+
 # -- models -------------------------------------------------------------------------------------------
 
 models_app = typer.Typer(no_args_is_help=True, help="The models.toml registry: list, show, pull.")

@@ -91,7 +91,8 @@ def host_side(argv: list[str] | None = None) -> dict[str, Any]:
         "llama_cpp_python": lcp,
         "llama_cpp_commit": VENDORED_LLAMA_CPP.get(lcp or ""),
         "python": platform.python_version(),
-        "machine_id": socket.gethostname(),
+        # EDGEKV_MACHINE_ID names a machine class whose host name changes (CI runners), so its runs pair
+        "machine_id": os.environ.get("EDGEKV_MACHINE_ID") or socket.gethostname(),
         "cpu_model": cpu_model(),
         "cpu_count_logical": psutil.cpu_count(logical=True),
         "cpu_count_physical": psutil.cpu_count(logical=False),

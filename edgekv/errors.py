@@ -66,3 +66,9 @@ class RunFailed(EdgekvError, RuntimeError):
 
 class ResultsError(EdgekvError, ValueError):
     """A results file cannot be read or does not fit the schema."""
+
+
+class EnvironmentMismatch(ResultsError):
+    """Results to be compared come from environments that differ on checked keys (exit 2; --force overrides)."""
+
+    exit_code = 2

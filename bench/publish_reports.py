@@ -1,0 +1,104 @@
+"""Measure and publish the committed reports of the two real models: reports/smollm2-135m/, reports/gemma3-270m/.
+
+For each model: a measured sweep (``edgekv bench``: f16/q8_0/q5_0/q4_0 x several contexts, each in a
+fresh process, with the formula and llama.cpp's own figures beside the OS measurements; with
+``--quality`` too when ``edgekv.quality`` is part of this build), its raw results kept as
+``reports/NAME/sweep.jsonl``, then ``edgekv report`` renders the folder.  The sweep resumes: run the
+same command again after an interruption.
+
+Run it on a quiet machine (nothing else running): the timings are part of the report.
+
+    .venv/bin/python bench/publish_reports.py                    # both models, full settings (~30-60 min on 2 cores)
+    .venv/bin/python bench/publish_reports.py --models smollm2-135m
+    .venv/bin/python bench/publish_reports.py --quick --out /tmp/r  # tiny settings, to check the pipeline
+
+Full settings: llama-bench's test sizes (-p 512 -n 128 -r 5) at the contexts of models.toml's sweep
+(SmolLM2: 2048/4096/8192, Gemma 3 270M: 4096/16384/32768); the KV depth is each context minus 512, so
+"context C" really holds about C tokens when the timed tests run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TYPES = "f16,q8_0,q5_0,q4_0"
+
+MODELS = {
+    "smollm2-135m": {"title": "SmolLM2-135M-Instruct (Q4_1): KV cache types measured", "contexts": "2048,4096,8192"},
+    "gemma3-270m": {"title": "Gemma 3 270M (Q4_K_M): KV cache types measured", "contexts": "4096,16384,32768"},
+}
+FULL = {"n_prompt": 512, "n_gen": 128, "repetitions": 5}
+QUICK = {"n_prompt": 16, "n_gen": 8, "repetitions": 2, "contexts": "512,1024", "types": "f16,q4_0"}
+
+
+def quality_available() -> bool:
+    """edgekv bench --quality measures only when edgekv.quality provides the sweep's entry point."""
+    try:
+        from edgekv import quality
+    except ImportError:
+        return False
+    return hasattr(quality, "for_sweep")
+
+
+def edgekv(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgekv.cli", *args], cwd=ROOT, check=True, text=True,
+                          stdout=subprocess.PIPE)
+
+
+def publish(name: str, out_root: Path, quick: bool, with_quality: bool, contexts: str | None) -> dict:
+    cfg = MODELS[name]
+    d = out_root / name
+    d.mkdir(parents=True, exist_ok=True)
+    sweep = d / "sweep.jsonl"
+    s = QUICK if quick else FULL
+    ctxs = contexts or (QUICK["contexts"] if quick else cfg["contexts"])
+    types = QUICK["types"] if quick else TYPES
+    shown = ["bench", name, "-c", ctxs, "-ctk", types, "-p", str(s["n_prompt"]), "-n", str(s["n_gen"]),
+             "-r", str(s["repetitions"])] + (["--quality"] if with_quality else [])
+    print(f"{name}: edgekv {' '.join(shown)} -o {sweep}", flush=True)
+    edgekv(*shown, "-o", str(sweep), "--json")
+    quality_note = ("Quality (perplexity and KL divergence against the f16 cache) was measured in the same sweep "
+                    "(`--quality`)." if with_quality else
+                    "Quality was **not measured**: this build of edgekv has no `edgekv.quality` sweep integration; "
+                    "rerun this script once it has.")
+    note = (f"Measured with `edgekv {' '.join(shown)} -o sweep.jsonl` (each configuration in a fresh process; the raw results "
+            f"are `sweep.jsonl` in this folder, and `edgekv report sweep.jsonl -o .` renders this folder again). "
+            f"{quality_note} Produced by `bench/publish_reports.py`.")
+    if quick:
+        note = "**Quick settings (a pipeline check, not figures to publish).** " + note
+    res = json.loads(edgekv("report", str(sweep), "-o", str(d), "--title", cfg["title"], "--note", note,
+                            "--json").stdout)
+    print(f"{name}: {res['records']} configurations -> {d}", flush=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS), help="comma list of: " + ", ".join(MODELS))
+    ap.add_argument("--out", type=Path, default=ROOT / "reports", help="folder holding one folder per model")
+    ap.add_argument("--quick", action="store_true", help="tiny settings: checks the pipeline, figures not for publishing")
+    ap.add_argument("--contexts", help="override the contexts (comma list)")
+    ap.add_argument("--no-quality", action="store_true", help="skip the quality pass even when available")
+    a = ap.parse_args(argv)
+    names = [n.strip() for n in a.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if not a.quick and load > 0.5:
+        print(f"warning: load average {load:.2f}: other work is running, the timings will be too low and noisy",
+              file=sys.stderr)
+    with_quality = quality_available() and not a.no_quality
+    for n in names:
+        publish(n, a.out, a.quick, with_quality, a.contexts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

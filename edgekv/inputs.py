@@ -1,0 +1,161 @@
+"""Reading what ``report``, ``compare`` and ``merge`` are given, and writing merged files.
+
+Three kinds of input file are accepted, detected from their content (never from their name):
+
+* edgekv results (JSONL, :mod:`edgekv.results`; strict loading with upgrades),
+* llama-bench ``-o json`` / ``-o jsonl`` output (through :func:`edgekv.llamabench.load_llama_bench_file`:
+  speed only, no memory),
+* ``edgekv predict --json`` output (a JSON list of prediction rows, or ``{"predictions": [...]}``):
+  records of kind ``predict`` that hold a prediction and nothing measured.
+
+Every record that comes back has the same layout (``settings``, ``model``, ``environment``, ...), so the
+presentation code never has to know where it came from, and knows from ``kind`` what was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import results as R
+from .errors import ResultsError
+
+KIND_BENCH = "bench"
+KIND_LLAMA_BENCH = "llama-bench"
+KIND_PREDICT = "predict"
+
+
+def load_any(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Load one input file of any accepted kind as a list of records."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ResultsError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise ResultsError(f"{p}: is a directory; pass a results file (.jsonl)") from None
+    except UnicodeDecodeError:
+        raise ResultsError(f"{p}: not a text file; pass edgekv results, llama-bench JSON/JSONL or edgekv predict --json")\
+            from None
+    first = _first_object(text)
+    if first is None:
+        raise ResultsError(f"{p}: empty; no results in it")
+    if isinstance(first, list):
+        items = first
+        if items and all(isinstance(x, dict) and x.get("source") == "formula" for x in items):
+            return predict_records(items, p)
+        if items and all(isinstance(x, dict) and "samples_ts" in x for x in items):
+            from .llamabench import load_llama_bench_file
+
+            return load_llama_bench_file(p)
+        if not items:
+            raise ResultsError(f"{p}: an empty JSON list; no results in it")
+        raise ResultsError(f"{p}: a JSON list that is neither llama-bench output nor edgekv predict --json output")
+    if isinstance(first, dict):
+        if "schema_version" in first:
+            return R.load(p)
+        if "samples_ts" in first:
+            from .llamabench import load_llama_bench_file
+
+            return load_llama_bench_file(p)
+        if isinstance(first.get("predictions"), list):
+            return predict_records(first["predictions"], p)
+    raise ResultsError(f"{p}: neither edgekv results, llama-bench JSON/JSONL nor edgekv predict --json output")
+
+
+def _first_object(text: str) -> Any:
+    """The whole file as JSON if it is one JSON document, else its first line's object (JSONL)."""
+    s = text.strip()
+    if not s:
+        return None
+    try:
+        return json.loads(s)
+    except ValueError:
+        pass
+    line = s.split("\n", 1)[0]
+    try:
+        return json.loads(line)
+    except ValueError:
+        return "not json"
+
+
+def load_many(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for p in paths:
+        out.extend(load_any(p))
+    return out
+
+
+_FORMULA_SKIP = ("model", "arch", "weights_bytes", "source", "saving_vs_f16", "engine", "layers")
+
+
+def predict_records(rows: Iterable[dict[str, Any]], source: str | os.PathLike) -> list[dict[str, Any]]:
+    """``edgekv predict --json`` rows as records of kind ``predict`` (prediction only, nothing measured)."""
+    out = []
+    for i, r in enumerate(rows, 1):
+        if not isinstance(r, dict) or "n_ctx" not in r or "type_k" not in r:
+            raise ResultsError(f"{source}: prediction {i} has no n_ctx/type_k; not edgekv predict --json output")
+        formula = {k: v for k, v in r.items() if k not in _FORMULA_SKIP}
+        model_path = str(r.get("model") or "")
+        settings = {k: None for k in R.KEY_SETTINGS}
+        settings.update({k: r.get(k) for k in ("n_ctx", "type_k", "type_v", "flash_attn", "swa_full", "n_seq_max",
+                                               "kv_unified", "n_batch", "n_ubatch")})
+        prediction: dict[str, Any] = {"formula": formula}
+        if r.get("engine") is not None:
+            prediction["engine"] = r["engine"]
+        out.append({
+            "schema_version": R.SCHEMA_VERSION, "kind": KIND_PREDICT, "config_key": None,
+            "status": "ok" if r.get("status") == "ok" else "skipped", "reason": r.get("reason"),
+            "source_file": str(source),
+            "model": {"path": model_path, "name": Path(model_path).stem if model_path else None, "arch": r.get("arch"),
+                      "sha256": None, "size_bytes": r.get("weights_bytes")},
+            "settings": settings,
+            "prediction": prediction,
+            "environment": {},
+        })
+    return out
+
+
+# -- machines ----------------------------------------------------------------------------------------
+
+def machine_label(rec: dict[str, Any]) -> str | None:
+    """The machine a record was measured on: the ``machine`` column merge keeps, else the host name."""
+    m = rec.get("machine")
+    if m:
+        return str(m)
+    env = rec.get("environment") or {}
+    return env.get("machine_id") or None
+
+
+def device_label(rec: dict[str, Any]) -> str:
+    """'machine: devices (backends)', the column a multi-machine report shows; '-' for predictions."""
+    if rec.get("kind") == KIND_PREDICT:
+        return "-"
+    env = rec.get("environment") or {}
+    devs = env.get("devices")
+    devs = ", ".join(str(d) for d in devs) if isinstance(devs, list) else (devs or env.get("cpu_model") or "?")
+    back = env.get("backends")
+    back = "+".join(str(b) for b in back) if isinstance(back, list) else back
+    name = machine_label(rec)
+    s = f"{devs} ({back})" if back else str(devs)
+    return f"{name}: {s}" if name else s
+
+
+def merge_files(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -> list[dict[str, Any]]:
+    """Several machines' results into one file: every row kept, in input order, each with a ``machine``.
+
+    The output is written atomically (temp file + rename), so it may also be one of the inputs.
+    """
+    records: list[dict[str, Any]] = []
+    for p in paths:
+        for r in load_any(p):
+            if not r.get("machine"):
+                label = machine_label(r)
+                if label:
+                    r = {**r, "machine": label}
+            records.append(r)
+    R.write_all(output, records)
+    return records

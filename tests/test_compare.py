@@ -1,0 +1,271 @@
+"""`edgekv compare` and `edgekv merge` on real sweep records.
+
+The candidates are built from the real samples of ``tests/data/smollm2-sweep.jsonl`` (SmolLM2 on a
+busy 2-core machine): the same configuration, its decode samples scaled by a planted change, with
+jitter of the size that record itself measured (its own coefficient of variation).  So the tests ask
+what matters: does a 20% slowdown stand out of *this* noise, and does 1% stay inside it?  The procedure
+is also checked over many seeds, and against records too noisy to tell a 20% change from chance.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgekv import results as R
+from edgekv.compare import compare_records, parse_thresholds
+from edgekv.errors import EnvironmentMismatch, UsageError
+from edgekv.inputs import load_any
+
+FIXTURE = Path(__file__).parent / "data" / "smollm2-sweep.jsonl"
+THR = parse_thresholds(None)
+
+
+@pytest.fixture(scope="module")
+def records():
+    return load_any(FIXTURE)
+
+
+def cv(samples):
+    m = sum(samples) / len(samples)
+    return (sum((x - m) ** 2 for x in samples) / (len(samples) - 1)) ** 0.5 / m
+
+
+def stable(records):
+    """Configurations whose decode samples vary by less than 10% (pyperf's 'stable')."""
+    return [r for r in records if cv(r["speed"]["tg"]["samples_ts"]) < 0.10]
+
+
+def planted(rec, factor, seed=None, jitter=None):
+    """The same configuration measured again, decode changed by ``factor`` (samples: real ones, scaled;
+    with a seed, a fresh sample around the scaled mean with the record's own noise)."""
+    r = copy.deepcopy(rec)
+    xs = rec["speed"]["tg"]["samples_ts"]
+    if seed is None:
+        new = [x * factor for x in reversed(xs)]
+    else:
+        rng = random.Random(seed)
+        m = sum(xs) / len(xs)
+        sd = (jitter if jitter is not None else cv(xs)) * m
+        new = [m * factor + rng.gauss(0.0, sd) for _ in xs]
+    r["speed"]["tg"]["samples_ts"] = new
+    r["speed"]["tg"]["mean_ts"] = sum(new) / len(new)
+    return r
+
+
+def tg_result(res, rec):
+    s = rec["settings"]
+    for p in res["pairs"]:
+        if p["settings"]["n_ctx"] == s["n_ctx"] and p["settings"]["type_k"] == s["type_k"]:
+            return next(m for m in p["metrics"] if m["metric"] == "tg")
+    raise AssertionError("configuration not paired")
+
+
+def test_fixture_has_stable_and_noisy_configurations(records):
+    assert len(stable(records)) >= 4
+    assert any(cv(r["speed"]["tg"]["samples_ts"]) > 0.2 for r in records)
+
+
+def test_planted_20pct_decode_slowdown_is_a_significant_regression(records):
+    for rec in stable(records):
+        res = compare_records([rec], [planted(rec, 0.80)], THR)
+        m = tg_result(res, rec)
+        assert m["test"] == "welch" and m["n_base"] == m["n_cand"] == len(rec["speed"]["tg"]["samples_ts"])
+        assert m["verdict"] == "worse" and m["regression"], m
+        assert m["p_value"] < 0.01
+        assert m["change"] == pytest.approx(-0.20, abs=1e-9)
+        assert m["change_ci95"][0] < -0.20 < m["change_ci95"][1]
+        assert res["exit_code"] == 1
+        # the same change the other way is an improvement, not a failure
+        up = compare_records([rec], [planted(rec, 1.25)], THR)
+        assert tg_result(up, rec)["verdict"] == "better" and up["exit_code"] == 0
+
+
+def test_1pct_change_stays_within_the_noise(records):
+    for rec in stable(records):
+        res = compare_records([rec], [planted(rec, 0.99)], THR)
+        m = tg_result(res, rec)
+        assert m["verdict"] == "not significant" and not m["regression"], m
+        assert res["exit_code"] == 0
+
+
+def test_over_many_seeds(records):
+    """With fresh noise of each record's own size (5 samples, cv 1.6-8.7%): a 20% slowdown is caught nearly always;
+    a 1% one almost never fails the build (its sample mean must land beyond -5% by chance AND test significant)
+    and is rarely even called worse (each test is at 5%, one-sided it is 2.5% plus a little power)."""
+    for rec in stable(records):
+        where = (rec["settings"]["n_ctx"], rec["settings"]["type_k"])
+        caught = sum(compare_records([rec], [planted(rec, 0.80, seed=s)], THR)["exit_code"] == 1 for s in range(100))
+        assert caught >= 90, (where, caught)
+        res1 = [compare_records([rec], [planted(rec, 0.99, seed=s)], THR) for s in range(100)]
+        assert sum(r["exit_code"] for r in res1) <= 3, where
+        assert sum(tg_result(r, rec)["verdict"] == "worse" for r in res1) <= 15, where
+
+
+def test_noise_decides_not_the_ratio_of_means(records):
+    """A 20% drop on a record whose samples spread over ±80% is not evidence (a ratio of means would say -20%)."""
+    noisy = max(records, key=lambda r: cv(r["speed"]["tg"]["samples_ts"]))
+    assert cv(noisy["speed"]["tg"]["samples_ts"]) > 0.5
+    m = tg_result(compare_records([noisy], [planted(noisy, 0.80)], THR), noisy)
+    assert m["change"] == pytest.approx(-0.20) and m["verdict"] == "not significant" and not m["regression"]
+
+
+def test_repeated_runs_are_pooled(records):
+    rec = stable(records)[0]
+    res = compare_records([rec, planted(rec, 1.0, seed=1)], [planted(rec, 0.8, seed=2), planted(rec, 0.8, seed=3)], THR)
+    m = tg_result(res, rec)
+    n = len(rec["speed"]["tg"]["samples_ts"])
+    assert m["n_base"] == m["n_cand"] == 2 * n
+    rss = next(x for x in res["pairs"][0]["metrics"] if x["metric"] == "rss")
+    assert rss["test"] == "welch" and rss["n_base"] == 2
+
+
+def test_memory_by_threshold_and_kv_exactly(records):
+    rec = stable(records)[0]
+    more = copy.deepcopy(rec)
+    more["memory"]["peak_rss_bytes"] = int(rec["memory"]["peak_rss_bytes"] * 1.05)
+    m = next(x for x in compare_records([rec], [more], THR)["pairs"][0]["metrics"] if x["metric"] == "rss")
+    assert m["test"].startswith("threshold only") and m["verdict"] == "worse" and m["regression"]
+    slight = copy.deepcopy(rec)
+    slight["memory"]["peak_rss_bytes"] = int(rec["memory"]["peak_rss_bytes"] * 1.02)
+    m = next(x for x in compare_records([rec], [slight], THR)["pairs"][0]["metrics"] if x["metric"] == "rss")
+    assert m["verdict"] == "not significant" and not m["regression"]
+    kv = copy.deepcopy(rec)
+    kv["llama_log"]["kv_mib"] += 0.25
+    res = compare_records([rec], [kv], THR)
+    m = next(x for x in res["pairs"][0]["metrics"] if x["metric"] == "kv")
+    assert m["test"] == "exact (deterministic)" and m["regression"] and res["exit_code"] == 1
+
+
+def test_quality_by_z_test(records):
+    rec = stable(records)[0]
+
+    def q(kld, err):
+        r = copy.deepcopy(rec)
+        r["quality"] = {"status": "ok", "quality": {"kld_mean": kld, "kld_mean_err": err}}
+        return r
+    m = next(x for x in compare_records([q(0.010, 0.0002)], [q(0.015, 0.0002)], THR)["pairs"][0]["metrics"]
+             if x["metric"] == "kld")
+    assert m["test"].startswith("z-test") and m["verdict"] == "worse" and m["regression"]
+    m = next(x for x in compare_records([q(0.010, 0.002)], [q(0.0105, 0.002)], THR)["pairs"][0]["metrics"]
+             if x["metric"] == "kld")
+    assert m["verdict"] == "not significant"
+
+
+def test_failed_in_candidate_is_a_regression(records):
+    rec = stable(records)[0]
+    failed = {**copy.deepcopy(rec), "status": "failed", "reason": "child killed by signal 9"}
+    res = compare_records([rec], [failed], THR)
+    assert res["failed_in_cand"] and res["exit_code"] == 1
+
+
+def test_refuses_other_environments_unless_forced(records):
+    base = stable(records)[:2]
+    cand = []
+    for r in base:
+        c = copy.deepcopy(r)
+        c["environment"]["llama_cpp_commit"] = "abc1234"
+        cand.append(c)
+    with pytest.raises(EnvironmentMismatch, match="llama_cpp_commit: '0c1e570' vs 'abc1234'"):
+        compare_records(base, cand, THR)
+    res = compare_records(base, cand, THR, force=True)
+    assert res["forced"] and res["exit_code"] == 0 and len(res["pairs"]) == 2
+    # another host: one machine on each side pairs, and the check names it
+    other = [{**copy.deepcopy(r), "environment": {**r["environment"], "machine_id": "laptop"}} for r in base]
+    with pytest.raises(EnvironmentMismatch, match="machine_id"):
+        compare_records(base, other, THR)
+
+
+def test_nothing_pairs_is_a_usage_error(records):
+    other = copy.deepcopy(records[0])
+    other["settings"]["n_threads"] = 1
+    with pytest.raises(UsageError, match="no configuration"):
+        compare_records([records[0]], [other], THR)
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "edgekv.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_exit_codes_and_markdown(records, tmp_path):
+    rec = stable(records)[0]
+    base, slow, same, env = (tmp_path / f"{n}.jsonl" for n in ("base", "slow", "same", "env"))
+    R.write_all(base, records)
+    R.write_all(slow, [planted(r, 0.80) if r is rec else r for r in records])
+    R.write_all(same, [planted(r, 0.99) for r in records])
+    R.write_all(env, [{**r, "environment": {**r["environment"], "cpu_model": "Apple M2"}} for r in records])
+    r = cli("compare", str(base), str(slow))
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.startswith("## edgekv compare") and "🔴 **regression** (beyond 5%)" in r.stdout
+    assert "| configuration | metric | BASE | CAND |" in r.stdout
+    r = cli("compare", str(base), str(same), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["regressions"] == 0 and len(out["pairs"]) == len(records)
+    r = cli("compare", str(base), str(env))
+    assert r.returncode == 2 and "cpu_model: 'AMD EPYC' vs 'Apple M2'" in r.stderr and "--force" in r.stderr
+    assert r.stderr.count("\n") == 1
+    r = cli("compare", str(base), str(env), "--force")
+    assert r.returncode == 0 and "Compared with --force although the environments differ" in r.stdout
+    r = cli("compare", str(base), str(same), "--threshold", "tg=abc")
+    assert r.returncode == 2 and "--threshold" in r.stderr
+    r = cli("compare", str(base), str(same), "--threshold", "speed=5%")
+    assert r.returncode == 2 and "METRIC=VALUE" in r.stderr
+
+
+def test_llama_bench_files_compare(tmp_path):
+    def row(ts, commit="0c1e570"):
+        return {"build_commit": commit, "build_number": 1, "cpu_info": "AMD EPYC", "gpu_info": "", "backends": "CPU",
+                "model_filename": "/m/SmolLM2.gguf", "model_type": "llama 135M Q4_1", "model_size": 96576768,
+                "n_batch": 2048, "n_ubatch": 512, "n_threads": 2, "type_k": "q8_0", "type_v": "q8_0",
+                "n_gpu_layers": 99, "flash_attn": True, "n_prompt": 0, "n_gen": 32, "n_depth": 0,
+                "samples_ns": [1] * len(ts), "samples_ts": ts, "avg_ts": sum(ts) / len(ts)}
+    a, b = tmp_path / "a.json", tmp_path / "b.jsonl"
+    a.write_text(json.dumps([row([80.1, 81.0, 79.5, 80.7, 80.2])]))                       # -o json
+    b.write_text(json.dumps(row([64.3, 63.9, 64.8, 64.1, 63.5])) + "\n")                  # -o jsonl
+    r = cli("compare", str(a), str(b), "--json")
+    assert r.returncode == 1, r.stderr
+    m = json.loads(r.stdout)["pairs"][0]["metrics"][0]
+    assert m["metric"] == "tg" and m["verdict"] == "worse" and m["regression"]
+    b.write_text(json.dumps(row([64.3, 63.9, 64.8, 64.1, 63.5], commit="deadbee")) + "\n")
+    assert cli("compare", str(a), str(b)).returncode == 2
+
+
+# -- merge ------------------------------------------------------------------------------------------------
+
+def test_merge_keeps_every_row_and_reports_a_device_column(records, tmp_path):
+    linux = tmp_path / "linux.jsonl"
+    mac = tmp_path / "mac.jsonl"
+    R.write_all(linux, records)
+    macs = []
+    for r in records[:4]:
+        m = copy.deepcopy(r)
+        m["environment"].update(machine_id="mac-mini", cpu_model="Apple M2", backends=["Metal", "CPU"],
+                                devices=["Apple M2"], os="Darwin 24.1.0")
+        macs.append(m)
+    R.write_all(mac, macs)
+    out = tmp_path / "all.jsonl"
+    r = cli("merge", str(linux), str(mac), str(linux), "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    merged = R.load(out)
+    assert len(merged) == 2 * len(records) + len(macs)                 # every row, duplicates included
+    assert [x["machine"] for x in merged].count("mac-mini") == len(macs)
+    assert {x["machine"] for x in merged} == {"vm", "mac-mini"}
+    info = json.loads(r.stdout)
+    assert info["records"] == len(merged) and len(info["devices"]) == 2
+    rep = tmp_path / "rep"
+    assert cli("report", str(out), "-o", str(rep), "--no-plots").returncode == 0
+    md = (rep / "README.md").read_text()
+    assert "| device | n_ctx |" in md
+    assert "mac-mini: Apple M2 (Metal+CPU)" in md and "vm: AMD EPYC (CPU)" in md
+    assert "| | machine 1 | machine 2 |" in md.replace("|  |", "| |")
+    # merging again is stable and the machine column is kept, not recomputed
+    out2 = tmp_path / "again.jsonl"
+    assert cli("merge", str(out), "-o", str(out2)).returncode == 0
+    assert R.load(out2) == merged

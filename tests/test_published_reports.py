@@ -1,0 +1,65 @@
+"""The committed predicted-only reports reproduce the published figures and are what the script makes;
+the real-model publishing script works end to end (with tiny settings)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORTS = ROOT / "reports"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("predicted")
+    assert _load("predicted_reports").main(out) == 0           # 0: every published figure matched
+    return out
+
+
+@pytest.mark.parametrize("name,figures", [
+    ("bonsai-8b-predicted", {("32768", "f16"): "4608.0", ("32768", "q4_0"): "1296.0"}),
+    ("gemma4-e4b-predicted", {("4096", "f16"): "104.0", ("16384", "f16"): "296.0", ("32768", "f16"): "552.0",
+                              ("4096", "q4_0"): "29.25", ("16384", "q4_0"): "83.25", ("32768", "q4_0"): "155.25"}),
+])
+def test_committed_predicted_reports(name, figures, regenerated):
+    d = REPORTS / name
+    rows = {(r["n_ctx"], r["type_k"]): r for r in csv.DictReader(io.StringIO((d / "results.csv").read_text()))}
+    for key, mib in figures.items():
+        assert rows[key]["kv_predicted_mib"] == mib, key
+        assert rows[key]["kind"] == "predict" and rows[key]["peak_rss_bytes"] == ""     # nothing measured
+    md = (d / "README.md").read_text()
+    assert "**Predicted only.**" in md and "Where the numbers come from" in md
+    # the committed files are exactly what the script makes today
+    for f in ("README.md", "results.csv", "results.json"):
+        assert (regenerated / name / f).read_text() == (d / f).read_text(), f"{name}/{f}: rerun bench/predicted_reports.py"
+    gguf_file = next(d.glob("*.gguf"))
+    assert gguf_file.stat().st_size < 4096                                            # a header, no tensors
+
+
+def test_publish_script_quick(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "publish_reports.py"), "--quick", "--models", "smollm2-135m",
+                        "--contexts", "512", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = tmp_path / "smollm2-135m"
+    assert {"README.md", "results.csv", "results.json", "report.html", "sweep.jsonl", "memory_vs_context.png",
+            "speed_vs_depth.png"} <= {p.name for p in d.iterdir()}
+    md = (d / "README.md").read_text()
+    assert "Quick settings" in md and "edgekv bench smollm2-135m -c 512 -ctk f16,q4_0" in md
+    res = json.loads((d / "results.json").read_text())
+    assert [(x["n_ctx"], x["type_k"], x["status"]) for x in res["rows"]] == [(512, "f16", "ok"), (512, "q4_0", "ok")]
+    assert all(x["peak_rss_bytes"] and x["tg_ts_mean"] and x["kv_llama_matches_formula"] for x in res["rows"])

@@ -1,0 +1,236 @@
+"""`edgekv report`: golden Markdown and CSV, determinism, labels, inputs of every kind, and the HTML in Chromium.
+
+The fixture ``tests/data/smollm2-sweep.jsonl`` is a real ``edgekv bench`` run of SmolLM2-135M
+(512/1024/2048 x f16/q8_0/q4_0, -p 32 -n 16 -r 5) on a busy 2-core machine: its speed figures are noisy
+on purpose-free grounds, which the report must show (``!``) rather than hide.  Regenerate the golden
+files after an intended rendering change with ``EDGEKV_UPDATE_GOLDEN=1 pytest tests/test_report.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgekv import report as REP
+from edgekv.cli import main
+from edgekv.inputs import load_any
+
+DATA = Path(__file__).parent / "data"
+GOLDEN = Path(__file__).parent / "golden" / "smollm2-sweep"
+FIXTURE = DATA / "smollm2-sweep.jsonl"
+
+
+def _golden(name: str, got: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("EDGEKV_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(got)
+    assert path.exists(), f"{path} missing: run with EDGEKV_UPDATE_GOLDEN=1 once"
+    assert got == path.read_text(), f"{name} differs from {path} (EDGEKV_UPDATE_GOLDEN=1 to accept an intended change)"
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "smollm2"
+    assert main(["report", str(FIXTURE), "-o", str(out)]) == 0
+    return out
+
+
+def test_golden_markdown_and_csv(written):
+    _golden("README.md", (written / "README.md").read_text())
+    _golden("results.csv", (written / "results.csv").read_text())
+
+
+def test_every_file_is_written(written):
+    names = sorted(p.name for p in written.iterdir())
+    assert names == ["README.md", "memory_vs_context.png", "report.html", "results.csv", "results.json",
+                     "speed_vs_depth.png"]
+    for png in written.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert b"Software" not in png.read_bytes()[:4096]       # no matplotlib version stamp
+
+
+def test_rendering_is_deterministic(written, tmp_path):
+    again = tmp_path / "again"
+    # another order of the same records, through the CLI with --json
+    recs = load_any(FIXTURE)
+    shuffled = tmp_path / "shuffled.jsonl"
+    shuffled.write_text("".join(json.dumps(r) + "\n" for r in reversed(recs)))
+    assert main(["report", str(shuffled), "-o", str(again)]) == 0
+    for name in ("README.md", "results.csv", "results.json", "memory_vs_context.png", "speed_vs_depth.png",
+                 "report.html"):
+        assert (again / name).read_bytes() == (written / name).read_bytes(), name
+
+
+def test_environment_heads_the_report_and_sources_are_labelled(written):
+    md = (written / "README.md").read_text()
+    sections = [line for line in md.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## Environment"
+    env = md.split("## Environment", 1)[1].split("## Model", 1)[0]
+    for words in ("commit 0c1e570", "llama-cpp-python 0.3.36", "AMD EPYC", "edgekv bench -c 512,1024,2048"):
+        assert words in env
+    # every memory figure says where it comes from
+    for head in ("KV MiB, predicted (formula)", "KV MiB, llama.cpp dry run", "KV MiB, llama.cpp in the run",
+                 "context memory MiB, measured (OS)", "peak RSS MiB", "KV saving vs f16, predicted",
+                 "peak RSS saving vs f16, measured", "[95% CI]"):
+        assert head in md, head
+    assert "Quality" not in md             # the fixture has no quality block: no invented table
+
+
+def test_figures_are_the_records_figures(written):
+    recs = {(r["settings"]["n_ctx"], r["settings"]["type_k"]): r for r in load_any(FIXTURE)}
+    rows = list(csv.DictReader(io.StringIO((written / "results.csv").read_text())))
+    assert len(rows) == len(recs) == 9
+    for row in rows:
+        r = recs[(int(row["n_ctx"]), row["type_k"])]
+        assert int(row["kv_predicted_bytes"]) == r["prediction"]["formula"]["total_bytes"]
+        assert int(row["peak_rss_bytes"]) == r["memory"]["peak_rss_bytes"]
+        assert float(row["tg_ts_mean"]) == pytest.approx(r["speed"]["tg"]["mean_ts"], abs=1e-3)
+        assert int(row["tg_samples"]) == len(r["speed"]["tg"]["samples_ts"])
+        growth = r["memory"]["anon_after_context_bytes"] - r["memory"]["anon_after_load_bytes"]
+        assert int(row["context_growth_measured_bytes"]) == growth
+        f16 = recs[(int(row["n_ctx"]), "f16")]
+        assert float(row["kv_saving_vs_f16_predicted"]) == pytest.approx(
+            f16["prediction"]["formula"]["total_bytes"] / r["prediction"]["formula"]["total_bytes"], abs=1e-3)
+    js = json.loads((written / "results.json").read_text())
+    assert js["rows"] == json.loads(json.dumps(REP.flat_rows(load_any(FIXTURE))))
+    assert js["columns"] == list(REP.COLUMNS)
+
+
+def test_nothing_unmeasured_is_shown_as_measured(tmp_path):
+    """A record without OS memory (e.g. from a run that died) shows dashes, not the prediction."""
+    recs = load_any(FIXTURE)
+    broken = copy.deepcopy(recs[0])
+    broken["memory"] = {}
+    broken.pop("llama_log")
+    out = tmp_path / "r"
+    REP.write_report([broken], out, plots=False)
+    row = next(csv.DictReader(io.StringIO((out / "results.csv").read_text())))
+    assert row["kv_predicted_bytes"] and row["peak_rss_bytes"] == "" and row["context_growth_measured_bytes"] == ""
+    md = (out / "README.md").read_text()
+    assert "Process memory, measured" not in md and "context memory MiB, measured" not in md
+
+
+def _with_quality(rec, kld, ppl, base_ppl):
+    r = copy.deepcopy(rec)
+    # the layout edgekv.quality.measure() returns per row (test data, not a measurement)
+    r["quality"] = {"status": "ok", "error": None, "quality": {
+        "ppl": ppl, "ppl_err": 0.05, "base_ppl": base_ppl, "kld_mean": kld, "kld_mean_err": kld / 20 if kld else 0.0,
+        "kld_p99": kld * 8, "same_top_rate": 0.99 - kld}}
+    return r
+
+
+def test_quality_table_and_plot_when_quality_blocks_exist(tmp_path):
+    recs = [r for r in load_any(FIXTURE) if r["settings"]["n_ctx"] == 1024]
+    q = {"f16": (0.0, 10.0), "q8_0": (0.002, 10.01), "q4_0": (0.03, 10.4)}
+    recs = [_with_quality(r, q[r["settings"]["type_k"]][0], q[r["settings"]["type_k"]][1], 10.0) for r in recs]
+    recs.append({**copy.deepcopy(recs[0]), "quality": {"status": "unavailable", "reason": "edgekv.quality is not installed"}})
+    recs[-1]["settings"] = {**recs[-1]["settings"], "n_ctx": 2048}
+    out = tmp_path / "q"
+    res = REP.write_report(recs, out)
+    md = (out / "README.md").read_text()
+    assert "### Quality, measured" in md
+    assert "| 1024 | q4_0 | 10.4000 ± 0.0500 | +4.00% | 0.030000 ± 0.001500 |" in md
+    assert "quality unavailable: edgekv.quality is not installed" in md
+    assert any(f.endswith("kld.png") for f in res["files"])
+
+
+def test_predict_json_and_llama_bench_inputs(tmp_path, smollm2_path):
+    preds = tmp_path / "p.json"
+    with open(preds, "w") as f:
+        subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-c", "4096,16384", "--json"],
+                       stdout=f, check=True, timeout=120)
+    out = tmp_path / "pred"
+    assert main(["report", str(preds), "-o", str(out), "--no-plots"]) == 0
+    md = (out / "README.md").read_text()
+    assert "**Predicted only.**" in md and "Nothing in this report was measured" in md
+    assert "measured" not in md.split("## Model", 1)[1].split("## How to read", 1)[0].replace("Nothing", "")
+    # llama-bench JSONL: speed only
+    lb = tmp_path / "lb.jsonl"
+    row = {"build_commit": "0c1e570", "build_number": 1, "cpu_info": "AMD EPYC", "gpu_info": "", "backends": "CPU",
+           "model_filename": "m.gguf", "model_type": "llama 135M", "model_size": 1, "n_batch": 2048, "n_ubatch": 512,
+           "n_threads": 2, "type_k": "f16", "type_v": "f16", "n_gpu_layers": 99, "flash_attn": False, "n_prompt": 0,
+           "n_gen": 16, "n_depth": 0, "samples_ns": [1, 2], "samples_ts": [50.0, 52.0]}
+    lb.write_text(json.dumps(row) + "\n")
+    out2 = tmp_path / "lb"
+    assert main(["report", str(lb), "-o", str(out2), "--no-plots"]) == 0
+    md = (out2 / "README.md").read_text()
+    assert "decode t/s (tg16)" in md and "51.0 [" in md and "llama-bench measures no memory" in md
+
+
+@pytest.mark.parametrize("make,code,words", [
+    (lambda d: d / "nope.jsonl", 1, "no such file"),
+    (lambda d: (d / "x.jsonl").write_text("hello\n") and d / "x.jsonl", 1, "neither edgekv results"),
+    (lambda d: (d / "e.jsonl").write_text("") or d / "e.jsonl", 1, "empty"),
+])
+def test_bad_inputs_are_one_line(tmp_path, make, code, words):
+    p = make(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "report", str(p), "-o", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == code
+    assert words in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+# -- the HTML in a real browser -------------------------------------------------------------------------
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        p = shutil.which(name)
+        if p:
+            return p
+    return None
+
+
+def _screenshot(page: Path, shot: Path, height: int = 4200) -> list[str]:
+    """Open ``page`` in headless Chromium, screenshot it, and return the page's console messages."""
+    exe = _chromium()
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("Debian's chromium is needed for this test: apt-get install -y chromium")
+        pytest.skip("chromium not installed (apt-get install -y chromium)")
+    argv = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            f"--user-data-dir={shot.parent / (shot.stem + '-profile')}", "--enable-logging=stderr", "--v=0",
+            f"--window-size=1280,{height}", f"--screenshot={shot}", page.resolve().as_uri()]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
+    return [line for line in r.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+
+
+def test_the_chromium_check_sees_console_errors(tmp_path):
+    """The console check below is not vacuous: a page with a script error is caught."""
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><html><body><p>x</p><script>undefined_fn();</script></body></html>')
+    console = _screenshot(bad, tmp_path / "bad.png", height=300)
+    assert any("undefined_fn is not defined" in line for line in console), console
+
+
+def test_html_is_self_contained_and_renders_in_headless_chromium(written, tmp_path):
+    html = (written / "report.html").read_text()
+    assert "<script" not in html                    # nothing to throw a JS error
+    assert "http://" not in html and "https://" not in html and "src=\"data:image/png;base64," in html
+    assert html.count("<img ") == 2
+    shot = tmp_path / "report.png"
+    console = _screenshot(written / "report.html", shot)
+    assert not console, console
+    # the screenshot shows the page and the embedded plots: the exact colours of the f16 and q4_0 series
+    from matplotlib.image import imread
+
+    img = imread(shot)
+    assert img.shape[0] >= 4000 and img.shape[1] >= 1200
+    rgb = (img[..., :3] * 255).round().astype(int)
+    flat = rgb[..., 0] * 65536 + rgb[..., 1] * 256 + rgb[..., 2]
+    colours = set(flat.ravel().tolist())
+    for hexcol in ("1f77b4", "d62728", "2ca02c"):          # f16, q4_0, q8_0 in the plots
+        assert int(hexcol, 16) in colours, hexcol
+    assert len(colours) > 200                      # text, tables and plots, not a blank page
+    if os.environ.get("EDGEKV_KEEP_SCREENSHOT"):
+        shutil.copy(shot, os.environ["EDGEKV_KEEP_SCREENSHOT"])
