@@ -17,6 +17,7 @@ import typer
 from . import __version__
 from .errors import EdgekvError, UsageError
 from .options import pair_types, parse_flash_attn, parse_int_list, parse_size, parse_type_list
+from .quality_cli import quality as _quality_command
 
 app = typer.Typer(
     add_completion=False,
@@ -144,6 +145,11 @@ def predict(
     render_predict(con, m, base, rows, engine=engine, layers=layers)
     if budget_rows is not None:
         render_budget(con, m, budget_bytes, budget_rows)
+
+
+# -- quality (edgekv/quality_cli.py) -------------------------------------------------------------------
+
+app.command(name="quality")(_quality_command)
 
 
 # -- entry point --------------------------------------------------------------------------------------

@@ -36,7 +36,13 @@ def _engine(_payload: dict, ev: EventWriter) -> None:
         runner.close()
 
 
-SUBCOMMANDS = {"engine": _engine}
+def _quality(payload: dict, ev: EventWriter) -> None:
+    from .quality_child import run
+
+    run(payload, ev)
+
+
+SUBCOMMANDS = {"engine": _engine, "quality": _quality}
 STREAMING = {"engine"}   # these read requests from stdin themselves
 
 
