@@ -72,7 +72,10 @@ def build_llama_perplexity(build_root: Path, jobs: int) -> Path:
                             f"llama-cpp-python=={ver}", "-d", tmp], check=True)
             (sdist,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
             with tarfile.open(sdist) as t:
-                t.extractall(tmp, filter="data")
+                try:
+                    t.extractall(tmp, filter="data")
+                except TypeError:           # Python without extraction filters (< 3.10.12)
+                    t.extractall(tmp)  # noqa: S202
             shutil.move(str(Path(tmp) / f"llama_cpp_python-{ver}"), src)
     llama = src / "vendor" / "llama.cpp"
     build = build_root / f"build-{ver}"

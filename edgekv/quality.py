@@ -143,6 +143,8 @@ def measure(
     ctxs = [int(n_ctx)] if isinstance(n_ctx, int) else [int(n) for n in n_ctx]
     if not ctxs or min(ctxs) < 2:
         raise UsageError("-c/--ctx-size: each context size must be at least 2 tokens")
+    if chunks is not None and chunks < 1:
+        raise UsageError("--chunks must be at least 1")
     if n_batch < 1 or n_ubatch < 1:
         raise UsageError("-b and -ub must be at least 1")
     cfgs = [_as_config(c, flash_attn) for c in configs]

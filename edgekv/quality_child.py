@@ -261,7 +261,7 @@ def run(payload: dict[str, Any], ev: EventWriter) -> None:
         tokens = tokenize(lc, vocab, data)
         n_ctxs = [int(n) for n in payload["n_ctx"]]
         ev.emit("tokens", n_tokens=int(tokens.size), add_bos=bool(lc.llama_vocab_get_add_bos(vocab)),
-                load_s=time.perf_counter() - t0)
+                load_s=time.perf_counter() - t0, pid=os.getpid())
         for n in n_ctxs:
             if tokens.size < 2 * n:
                 raise PassError("corpus_too_short",

@@ -34,7 +34,7 @@ def cli_rows(smollm2_path):
     return {r["type_k"]: r for r in json.loads(buf.getvalue())}
 
 
-def _reference(model_path, corpus_path, type_k: str):
+def _reference(model_path, corpus_path, type_k: str, chunks: int = CHUNKS):
     """Per-chunk scored log-probs with llama-perplexity's rules, from raw logits of llama_cpp.Llama."""
     import llama_cpp
     from scipy.special import log_softmax
@@ -48,7 +48,7 @@ def _reference(model_path, corpus_path, type_k: str):
     tokens = llm.tokenize(data, add_bos=True, special=False)
     add_bos = llama_cpp.llama_vocab_get_add_bos(llm._model.vocab)
     out = []
-    for c in range(CHUNKS):
+    for c in range(chunks):
         chunk = tokens[c * N_CTX:(c + 1) * N_CTX]
         inp = list(chunk)
         if add_bos:
@@ -139,3 +139,33 @@ def test_bad_corpus_is_one_clear_line(tmp_path, capsys, smollm2_path, content, m
     err = capsys.readouterr().err
     assert rc == 1
     assert err.count("\n") == 1 and err.startswith("edgekv: error: ") and message in err, err
+
+
+def test_a_dying_pass_is_a_clean_error(smollm2_path):
+    """llama.cpp aborting (here: SIGABRT sent to the child once it has tokenized) is one RunFailed line."""
+    import os
+    import signal
+
+    from edgekv.errors import RunFailed
+
+    def kill(ev):
+        if ev.get("event") == "tokens":
+            os.kill(ev["pid"], signal.SIGABRT)
+
+    with pytest.raises(RunFailed, match="SIGABRT") as e:
+        measure(smollm2_path, ["q8_0"], None, N_CTX, 2, on_event=kill)
+    assert "\n" not in str(e.value)
+
+
+def test_bos_model_against_independent_recomputation(gemma3_path):
+    """Gemma 3 adds BOS: the first token of every chunk is replaced by BOS (llama-perplexity's rule)."""
+    corpus = resolve_corpus(None)
+    rows = {r["type_k"]: r for r in measure(gemma3_path, ["f16", "q8_0"], corpus, N_CTX, 2, n_threads=2)}
+    assert rows["q8_0"]["pass"]["add_bos"] is True
+    ref = {t: _reference(gemma3_path, corpus.path, t, chunks=2) for t in ("f16", "q8_0")}
+    for t in ("f16", "q8_0"):
+        nll = np.concatenate([-lp[np.arange(len(y)), y] for lp, y in ref[t]])
+        assert rows[t]["quality"]["ppl"] == pytest.approx(math.exp(nll.mean()), rel=1e-6), t
+    kld = np.concatenate([(np.exp(b) * (b - q)).sum(axis=1) for (b, _), (q, _) in zip(ref["f16"], ref["q8_0"])])
+    assert rows["q8_0"]["quality"]["kld_mean"] == pytest.approx(kld.mean(), rel=1e-6)
+    assert rows["f16"]["quality"]["kld_max"] == 0.0
