@@ -17,7 +17,9 @@ def case_label(s: dict[str, Any]) -> str:
 def case_work(s: dict[str, Any]) -> int:
     """Rough work units (tokens) of one configuration, for the ETA; model load counts as 300."""
     warm = (s["n_prompt"] + 1) if s["warmup"] else 0
-    return 300 + warm + s["n_depth"] + s["repetitions"] * (s["n_prompt"] + 4 * s["n_gen"])
+    q = s.get("quality") or {}
+    quality = 2 * s["n_ctx"] * (q.get("chunks") or 0)     # its share of the group's pass (baseline + its own context)
+    return 300 + warm + s["n_depth"] + s["repetitions"] * (s["n_prompt"] + 4 * s["n_gen"]) + quality
 
 
 class Progress:
@@ -73,6 +75,12 @@ class Progress:
             return
         phase = ev.get("phase", "")
         done = self.base + 300
+        if phase == "quality":
+            if ev.get("event") == "progress":
+                self._desc(f"quality -c {ev.get('n_ctx')}: chunk {ev.get('chunks_done')}/{ev.get('n_chunks')}")
+            elif ev.get("event") == "phase":
+                self._desc("quality (perplexity, KLD vs f16)")
+            return
         if ev.get("event") == "progress" and phase == "fill":
             done += ((s["n_prompt"] + 1) if s["warmup"] else 0) + ev.get("done", 0)
             self._desc(f"fill {ev.get('done')}/{ev.get('total')}")
@@ -99,6 +107,15 @@ def _ts(speed: dict[str, Any] | None, test: str) -> str:
     return f"{v['mean_ts']:.1f}{half}{warn}"
 
 
+def _quality_cells(q: dict[str, Any] | None) -> list[str]:
+    if not q:
+        return ["-", "-"]
+    if q.get("status") != "ok" or not q.get("quality"):
+        return ["-", f"[yellow]{q.get('status')}[/]"]
+    v = q["quality"]
+    return [f"{v['ppl']:.4f}", f"{v['kld_mean']:.6f} ± {v['kld_mean_err']:.6f}"]
+
+
 def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
     from rich.table import Table
 
@@ -110,6 +127,10 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
                    ("KV MiB\nllama.cpp", "right"), ("same", "center"), ("peak RSS\nMiB", "right"),
                    ("anon\nMiB", "right"), ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left")):
         t.add_column(col, justify=j)
+    with_quality = any(r.get("quality") for r in records)
+    if with_quality:
+        t.add_column("PPL", justify="right")
+        t.add_column("KLD vs f16", justify="right")
     unstable = False
     for r in records:
         s = r["settings"]
@@ -126,13 +147,18 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
         status = r["status"] if r["status"] == "ok" else f"[yellow]{r['status']}: {r.get('reason')}[/]"
         sp = r.get("speed") or {}
         unstable |= any(v.get("unstable") for v in sp.values())
-        t.add_row(str(s["n_ctx"]), str(s["n_depth"]), kv, formula_mib, llama_kv, same, peak, anon, _ts(sp, "pp"),
-                  _ts(sp, "tg"), status)
+        row = [str(s["n_ctx"]), str(s["n_depth"]), kv, formula_mib, llama_kv, same, peak, anon, _ts(sp, "pp"),
+               _ts(sp, "tg"), status]
+        if with_quality:
+            row += _quality_cells(r.get("quality"))
+        t.add_row(*row)
     con.print(t)
     con.print("KV MiB: formula = predicted from the GGUF header; llama.cpp = its own `llama_kv_cache: size` lines in this "
               "run. Peak RSS = OS-measured peak of the run's process (sampled every 5 ms); anon = its anonymous pages "
               "after the cache was filled (KV, compute and output buffers; the weights are file-backed). t/s: mean ± "
-              "95% interval over the repetitions.")
+              "95% interval over the repetitions." + (
+                  " PPL and KLD: perplexity and mean KL divergence against the f16 cache on the same tokens "
+                  "(llama-perplexity's method; edgekv quality)." if with_quality else ""))
     if unstable:
         con.print("[yellow]! marks results whose standard deviation is at least 10% of the mean: the machine was busy "
                   "or the run too short; rerun with more repetitions (-r) on a quiet machine.[/]")

@@ -17,6 +17,7 @@ import typer
 from . import __version__
 from .errors import EdgekvError, UsageError
 from .options import pair_types, parse_flash_attn, parse_int_list, parse_size, parse_type_list
+from .quality_cli import quality as _quality_command
 
 app = typer.Typer(
     add_completion=False,
@@ -197,7 +198,12 @@ def bench(
                                          help="Results JSONL (appended; rerun the same command to resume)."),
     llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
                                               help="Run your own llama-bench binary instead of llama-cpp-python."),
-    quality: bool = typer.Option(False, "--quality", help="Add perplexity and KL divergence vs f16 to each result."),
+    quality: bool = typer.Option(False, "--quality", help="Add perplexity and KL divergence vs f16 to each result "
+                                                          "(edgekv quality's pass, through llama-cpp-python)."),
+    corpus: Optional[str] = typer.Option(None, "--corpus", show_default=False,
+                                         help="With --quality: pydoc (default, offline), wikitext-2 or a text file."),
+    chunks: Optional[int] = typer.Option(None, "--chunks", show_default=False,
+                                         help="With --quality: chunks per context size (default: 2)."),
     timeout: float = typer.Option(3600.0, "--timeout", help="Seconds allowed per configuration."),
     force: bool = typer.Option(False, "--force", help="Append to a results file from another environment."),
     as_json: bool = JSON_OPT,
@@ -222,6 +228,10 @@ def bench(
             raise UsageError(f"{name} must be at least {lo}")
     if n_prompt == 0 and n_gen == 0:
         raise UsageError("-p and -n cannot both be 0: there would be nothing to measure")
+    if (corpus is not None or chunks is not None) and not quality:
+        raise UsageError("--corpus and --chunks choose the quality pass: add --quality")
+    if chunks is not None and chunks < 1:
+        raise UsageError("--chunks must be at least 1")
     if llama_bench is not None and not (os.path.isfile(llama_bench) and os.access(llama_bench, os.X_OK)):
         raise UsageError(f"--llama-bench: {llama_bench} is not an executable file")
     m = load_model(spec_name)
@@ -236,7 +246,7 @@ def bench(
                      n_gen=n_gen, repetitions=repetitions, n_threads=threads, n_gpu_layers=n_gpu_layers,
                      n_batch=batch_size, n_ubatch=ubatch_size, swa_full=swa_full, warmup=not no_warmup,
                      timeout_s=timeout, engine=ENGINE_LLAMA_BENCH if llama_bench else ENGINE_PYTHON,
-                     llama_bench=llama_bench, quality={"enabled": True} if quality else None)
+                     llama_bench=llama_bench, quality={"enabled": True, "corpus": corpus, "chunks": chunks} if quality else None)
     err = _console(stderr=True)
     prog = Progress(err)
 
@@ -398,6 +408,11 @@ def models_pull(
         _print_json(r.to_dict())
     else:
         render_pull(_console(), r)
+
+
+# -- quality (edgekv/quality_cli.py) -------------------------------------------------------------------
+
+app.command(name="quality")(_quality_command)
 
 
 # -- entry point --------------------------------------------------------------------------------------

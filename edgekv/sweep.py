@@ -110,7 +110,9 @@ def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
 def _quality_key(q: dict[str, Any] | None) -> Any:
     if not q:
         return None
-    return {k: q.get(k) for k in ("corpus", "n_ctx", "chunks")}
+    from .quality import SWEEP_CHUNKS
+
+    return {"corpus": q.get("corpus") or "pydoc", "chunks": int(q.get("chunks") or SWEEP_CHUNKS)}
 
 
 def default_output(spec: SweepSpec, cases: list[Case]) -> Path:
@@ -339,6 +341,11 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
     gpu_probe = nvml_process_probe()
     records: list[dict[str, Any]] = []
     interrupted = False
+    quality = None
+    if spec.quality:
+        from .quality import for_sweep
+
+        quality = for_sweep(spec, todo)
     try:
         for i, case in enumerate(todo):
             emit("case", {"i": i, "n": len(todo), "case": case})
@@ -366,8 +373,8 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
                     status = "failed"
                     reason = res.get("reason") if child.ok else child.failure_reason()
                 rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
-            if spec.quality and rec["status"] == "ok":
-                rec["quality"] = _quality(spec, case, emit)
+            if quality is not None and rec["status"] == "ok":
+                rec["quality"] = quality(case, emit)
             R.append(output, rec)
             records.append(rec)
             emit("done", {"i": i, "n": len(todo), "record": rec})
@@ -390,14 +397,6 @@ def _dry_runs(spec: SweepSpec, todo: list[Case]) -> dict[str, EngineResult]:
     except EngineError:
         return {}
     return {c.key: r for c, r in zip(run, res)}
-
-
-def _quality(spec: SweepSpec, case: Case, emit) -> dict[str, Any]:
-    try:
-        from . import quality
-    except ImportError:  # quality lands separately
-        return {"status": "unavailable", "reason": "edgekv.quality is not installed"}
-    return quality.for_sweep(spec, case, emit)
 
 
 def spec_summary(spec: SweepSpec) -> dict[str, Any]:

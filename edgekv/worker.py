@@ -48,7 +48,13 @@ def _env(payload: dict, ev: EventWriter) -> None:
     env_info(payload, ev)
 
 
-SUBCOMMANDS = {"engine": _engine, "bench": _bench, "env": _env}
+def _quality(payload: dict, ev: EventWriter) -> None:
+    from .quality_child import run
+
+    run(payload, ev)
+
+
+SUBCOMMANDS = {"engine": _engine, "bench": _bench, "env": _env, "quality": _quality}
 STREAMING = {"engine"}   # these read requests from stdin themselves
 
 

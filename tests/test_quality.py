@@ -1,0 +1,199 @@
+"""edgekv quality on the real SmolLM2 model, checked against an independent reference.
+
+The reference below uses llama-cpp-python's high-level ``Llama`` API and scipy directly: it shares
+no code with edgekv's quality pass (not its tokenizer call, batches, softmax or statistics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgekv.cli import main
+from edgekv.corpus import resolve_corpus
+from edgekv.quality import measure
+
+N_CTX = 128
+CHUNKS = 4
+
+
+@pytest.fixture(scope="module")
+def cli_rows(smollm2_path):
+    """One real pass through the CLI (--json): f16, q8_0 and q4_0 against the f16 baseline."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["quality", str(smollm2_path), "-c", str(N_CTX), "--chunks", str(CHUNKS), "-ctk", "f16,q8_0,q4_0",
+                   "-t", "2", "--json"])
+    assert rc == 0, buf.getvalue()
+    return {r["type_k"]: r for r in json.loads(buf.getvalue())}
+
+
+def _reference(model_path, corpus_path, type_k: str, chunks: int = CHUNKS):
+    """Per-chunk scored log-probs with llama-perplexity's rules, from raw logits of llama_cpp.Llama."""
+    import llama_cpp
+    from scipy.special import log_softmax
+
+    ggml = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
+                          flash_attn=True, type_k=ggml[type_k], type_v=ggml[type_k], n_threads=2, verbose=False)
+    data = Path(corpus_path).read_bytes()
+    if data.endswith(b"\n"):          # llama-perplexity -f drops one trailing newline
+        data = data[:-1]
+    tokens = llm.tokenize(data, add_bos=True, special=False)
+    add_bos = llama_cpp.llama_vocab_get_add_bos(llm._model.vocab)
+    out = []
+    for c in range(chunks):
+        chunk = tokens[c * N_CTX:(c + 1) * N_CTX]
+        inp = list(chunk)
+        if add_bos:
+            inp[0] = llm.token_bos()
+        llm.reset()
+        llm.eval(inp)
+        logits = np.array(llm.scores[:N_CTX], dtype=np.float64)
+        first = N_CTX // 2
+        lp = log_softmax(logits[first:N_CTX - 1], axis=1)          # predicts tokens first+1 .. n_ctx-1
+        out.append((lp, np.array(chunk[first + 1:N_CTX])))
+    llm.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_path):
+    corpus = resolve_corpus(None)
+    return {t: _reference(smollm2_path, corpus.path, t) for t in ("f16", "q8_0")}
+
+
+def test_f16_against_f16_is_zero(cli_rows):
+    q = cli_rows["f16"]["quality"]
+    assert cli_rows["f16"]["status"] == "ok"
+    assert abs(q["kld_mean"]) < 1e-9 and q["kld_max"] < 1e-9
+    assert q["same_top_rate"] == 1.0
+    assert q["ppl"] == pytest.approx(q["base_ppl"], rel=1e-12)
+    assert q["n_tokens_scored"] == CHUNKS * (N_CTX - 1 - N_CTX // 2)
+
+
+def test_quantized_caches_diverge_in_order(cli_rows):
+    k8, k4 = cli_rows["q8_0"]["quality"]["kld_mean"], cli_rows["q4_0"]["quality"]["kld_mean"]
+    assert k4 > k8 > 0
+    assert cli_rows["q4_0"]["quality"]["same_top_rate"] < 1.0
+    for r in cli_rows.values():
+        q = r["quality"]
+        assert q["kld_median"] <= q["kld_p90"] <= q["kld_p95"] <= q["kld_p99"] <= q["kld_p999"] <= q["kld_max"]
+        assert q["baseline"] == {"type_k": "f16", "type_v": "f16"}
+        assert q["method"] == "llama-perplexity"
+
+
+def test_result_records_corpus_and_settings(cli_rows):
+    corpus = resolve_corpus(None)
+    q = cli_rows["q8_0"]["quality"]
+    assert q["corpus"]["name"].startswith("pydoc-")
+    assert q["corpus"]["sha256"] == corpus.sha256 and q["corpus"]["n_bytes"] == corpus.n_bytes
+    assert q["corpus"]["n_tokens"] > 100_000
+    assert (q["n_chunks"], cli_rows["q8_0"]["n_ctx"]) == (CHUNKS, N_CTX)
+    assert q["n_seq"] == 2048 // N_CTX and q["n_batch"] == 2048
+    assert q["flash_attn_resolved"] == "on" and q["attn_rot_k"] is True
+    p = cli_rows["q8_0"]["pass"]
+    assert p["n_contexts"] == 4 and p["peak_rss_bytes"] > 0
+
+
+def test_ppl_equals_independent_recomputation(cli_rows, reference):
+    for t in ("f16", "q8_0"):
+        nll = np.concatenate([-lp[np.arange(len(y)), y] for lp, y in reference[t]])
+        ppl = math.exp(nll.mean())
+        err = ppl * math.sqrt(nll.var() / (nll.size - 1))
+        q = cli_rows[t]["quality"]
+        assert q["ppl"] == pytest.approx(ppl, rel=1e-6), t     # bitwise-equal logits give ~1e-15 on CPU
+        assert q["ppl_err"] == pytest.approx(err, rel=1e-6), t
+
+
+def test_kld_equals_independent_recomputation(cli_rows, reference):
+    kld = np.concatenate([(np.exp(b) * (b - q)).sum(axis=1) for (b, _), (q, _) in zip(reference["f16"], reference["q8_0"])])
+    q = cli_rows["q8_0"]["quality"]
+    assert q["kld_mean"] == pytest.approx(kld.mean(), rel=1e-6)
+    assert q["kld_max"] == pytest.approx(kld.max(), rel=1e-6)
+
+
+def test_invalid_config_is_reported_not_run(smollm2_path):
+    """Quantized V with flash attention off: llama.cpp refuses it; edgekv says so without starting a pass."""
+    rows = measure(smollm2_path, [("f16", "q4_0")], None, N_CTX, 2, flash_attn="off")
+    assert rows[0]["status"] == "invalid" and "flash" in rows[0]["error"].lower()
+    assert rows[0]["quality"] is None
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty"),
+    (b"PK\x03\x04\x00\x00binary\x00\xff", "not a text file"),
+    (b"\xff\xfe\xfa not utf-8", "not UTF-8"),
+    ("A short text. " * 20, "needs at least 256"),
+])
+def test_bad_corpus_is_one_clear_line(tmp_path, capsys, smollm2_path, content, message):
+    f = tmp_path / "corpus.txt"
+    f.write_bytes(content.encode() if isinstance(content, str) else content)
+    rc = main(["quality", str(smollm2_path), "-c", str(N_CTX), "-ctk", "q8_0", "--corpus", str(f)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.count("\n") == 1 and err.startswith("edgekv: error: ") and message in err, err
+
+
+def test_a_dying_pass_is_a_clean_error(smollm2_path):
+    """llama.cpp aborting (here: SIGABRT sent to the child once it has tokenized) is one RunFailed line."""
+    import os
+    import signal
+
+    from edgekv.errors import RunFailed
+
+    def kill(ev):
+        if ev.get("event") == "tokens":
+            os.kill(ev["pid"], signal.SIGABRT)
+
+    with pytest.raises(RunFailed, match="SIGABRT") as e:
+        measure(smollm2_path, ["q8_0"], None, N_CTX, 2, on_event=kill)
+    assert "\n" not in str(e.value)
+
+
+def test_bos_model_against_independent_recomputation(gemma3_path):
+    """Gemma 3 adds BOS: the first token of every chunk is replaced by BOS (llama-perplexity's rule)."""
+    corpus = resolve_corpus(None)
+    rows = {r["type_k"]: r for r in measure(gemma3_path, ["f16", "q8_0"], corpus, N_CTX, 2, n_threads=2)}
+    assert rows["q8_0"]["pass"]["add_bos"] is True
+    ref = {t: _reference(gemma3_path, corpus.path, t, chunks=2) for t in ("f16", "q8_0")}
+    for t in ("f16", "q8_0"):
+        nll = np.concatenate([-lp[np.arange(len(y)), y] for lp, y in ref[t]])
+        assert rows[t]["quality"]["ppl"] == pytest.approx(math.exp(nll.mean()), rel=1e-6), t
+    kld = np.concatenate([(np.exp(b) * (b - q)).sum(axis=1) for (b, _), (q, _) in zip(ref["f16"], ref["q8_0"])])
+    assert rows["q8_0"]["quality"]["kld_mean"] == pytest.approx(kld.mean(), rel=1e-6)
+    assert rows["f16"]["quality"]["kld_max"] == 0.0
+
+
+def test_bench_quality_joins_each_record(smollm2_path, tmp_path, cli_rows):
+    """edgekv bench --quality: one pass per context, its rows in each record, equal to edgekv quality's own."""
+    out = tmp_path / "q.jsonl"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["bench", str(smollm2_path), "-c", str(N_CTX), "-ctk", "f16,q8_0,q4_0", "-p", "16", "-n", "4",
+                   "-r", "1", "-t", "2", "--quality", "--chunks", str(CHUNKS), "-o", str(out), "--json"])
+    assert rc == 0, buf.getvalue()
+    recs = {r["settings"]["type_k"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(recs) == {"f16", "q8_0", "q4_0"}
+    for t, r in recs.items():
+        assert r["status"] == "ok" and r["quality"]["status"] == "ok", r["quality"]
+        assert r["settings"]["quality"] == {"corpus": "pydoc", "chunks": CHUNKS}
+        q, ref = r["quality"]["quality"], cli_rows[t]["quality"]
+        # same model, tokens, chunks and contexts as the CLI pass: the same figures
+        for k in ("ppl", "kld_mean", "kld_max", "same_top_rate"):
+            assert q[k] == pytest.approx(ref[k], rel=1e-9, abs=1e-12), (t, k)
+    # the three rows came from one pass (the baseline evaluated once for the group)
+    assert len({r["quality"]["pass"]["wall_s"] for r in recs.values()}) == 1
+    assert recs["q4_0"]["quality"]["quality"]["kld_mean"] > recs["q8_0"]["quality"]["quality"]["kld_mean"] > 0
+
+
+def test_bench_quality_options_need_quality(capsys):
+    assert main(["bench", "--chunks", "2"]) == 2   # a usage error, like click's
+    err = capsys.readouterr().err
+    assert err.startswith("edgekv: error: ") and "--quality" in err and err.count("\n") == 1
