@@ -9,6 +9,9 @@ For every configuration (context, cache type) the script runs, in alternating or
 and ``llama-bench`` built from the llama.cpp tree vendored in the installed llama-cpp-python
 (bench/llama_tools.py), with the same depth, -p, -n, -r, -t, -b, -ub and -fa.  All samples of all
 rounds are pooled per side; the ratio is edgekv mean / llama-bench mean with a Welch test.
+By default llama-bench runs on llama-cpp-python's own libllama/libggml (``--libs python``), so both
+sides execute the same machine code and the ratio isolates the harness; ``--libs own`` uses the
+libraries built beside llama-bench (same source, possibly different compiler flags).
 
     python bench/bench_vs_llama_bench.py                    # SmolLM2, 2048/4096, f16/q8_0/q4_0
     python bench/bench_vs_llama_bench.py -c 4096 -ctk f16 --rounds 3 --out bench/results/x.json
@@ -55,11 +58,28 @@ def run_edgekv(m, n_ctx, t, args, env) -> dict:
             "harness_s": rec["timing"]["harness_s"], "sweep_wall_s": sweep_wall}
 
 
+def python_libdir() -> str:
+    import llama_cpp
+
+    return os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+
+
+def llama_bench_env(exe, libs: str) -> dict:
+    """``--libs python``: llama-bench runs on the very libllama/libggml that edgekv loads (llama-cpp-python's
+    build of the same source), so the comparison measures the harness, not two builds' compiler flags.
+    ``--libs own``: the libraries built beside llama-bench."""
+    env = tool_env(exe)
+    if libs == "python":
+        key = "DYLD_LIBRARY_PATH" if sys.platform == "darwin" else "LD_LIBRARY_PATH"
+        env[key] = python_libdir() + os.pathsep + env[key]
+    return env
+
+
 def run_llama_bench(exe, model_path, n_ctx, t, args) -> dict:
     d = default_depth(n_ctx, args.p, args.n)
     argv = [str(exe), "-m", model_path, "-p", str(args.p), "-n", str(args.n), "-d", str(d), "-ctk", t, "-ctv", t,
             "-fa", args.fa, "-t", str(args.t), "-r", str(args.r), "-b", "2048", "-ub", "512", "-o", "jsonl"]
-    res = run_child(argv, stdin_data=b"", capture_output=True, env=tool_env(exe), timeout=3600)
+    res = run_child(argv, stdin_data=b"", capture_output=True, env=llama_bench_env(exe, args.libs), timeout=3600)
     if res.returncode != 0:
         raise SystemExit(f"llama-bench failed: {res.failure_reason()}\n{res.stderr_tail}")
     rows = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
@@ -80,6 +100,8 @@ def main() -> None:
     ap.add_argument("-t", type=int, default=os.cpu_count() or 2)
     ap.add_argument("-fa", default="auto")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--libs", choices=("python", "own"), default="python",
+                    help="llama-bench on llama-cpp-python's own shared libraries (default) or on those built beside it")
     ap.add_argument("--out", default=str(HERE / "results" / "bench_vs_llama_bench.json"))
     args = ap.parse_args()
 

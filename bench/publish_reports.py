@@ -2,7 +2,7 @@
 
 For each model: a measured sweep (``edgekv bench``: f16/q8_0/q5_0/q4_0 x several contexts, each in a
 fresh process, with the formula and llama.cpp's own figures beside the OS measurements; with
-``--quality`` too when ``edgekv.quality`` is part of this build), its raw results kept as
+and the quality pass, ``--quality``), its raw results kept as
 ``reports/NAME/sweep.jsonl``, then ``edgekv report`` renders the folder.  The sweep resumes: run the
 same command again after an interruption.
 
@@ -37,21 +37,13 @@ FULL = {"n_prompt": 512, "n_gen": 128, "repetitions": 5}
 QUICK = {"n_prompt": 16, "n_gen": 8, "repetitions": 2, "contexts": "512,1024", "types": "f16,q4_0"}
 
 
-def quality_available() -> bool:
-    """edgekv bench --quality measures only when edgekv.quality provides the sweep's entry point."""
-    try:
-        from edgekv import quality
-    except ImportError:
-        return False
-    return hasattr(quality, "for_sweep")
-
-
 def edgekv(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "edgekv.cli", *args], cwd=ROOT, check=True, text=True,
                           stdout=subprocess.PIPE)
 
 
-def publish(name: str, out_root: Path, quick: bool, with_quality: bool, contexts: str | None) -> dict:
+def publish(name: str, out_root: Path, quick: bool, with_quality: bool, contexts: str | None,
+            chunks: int | None = None) -> dict:
     cfg = MODELS[name]
     d = out_root / name
     d.mkdir(parents=True, exist_ok=True)
@@ -61,12 +53,13 @@ def publish(name: str, out_root: Path, quick: bool, with_quality: bool, contexts
     types = QUICK["types"] if quick else TYPES
     shown = ["bench", name, "-c", ctxs, "-ctk", types, "-p", str(s["n_prompt"]), "-n", str(s["n_gen"]),
              "-r", str(s["repetitions"])] + (["--quality"] if with_quality else [])
+    if with_quality and chunks:
+        shown += ["--chunks", str(chunks)]
     print(f"{name}: edgekv {' '.join(shown)} -o {sweep}", flush=True)
     edgekv(*shown, "-o", str(sweep), "--json")
-    quality_note = ("Quality (perplexity and KL divergence against the f16 cache) was measured in the same sweep "
-                    "(`--quality`)." if with_quality else
-                    "Quality was **not measured**: this build of edgekv has no `edgekv.quality` sweep integration; "
-                    "rerun this script once it has.")
+    quality_note = ("Quality (perplexity and KL divergence against the f16 cache, on the built-in pydoc corpus) was "
+                    "measured in the same sweep (`--quality`)." if with_quality else
+                    "Quality was not measured (`--no-quality`).")
     note = (f"Measured with `edgekv {' '.join(shown)} -o sweep.jsonl` (each configuration in a fresh process; the raw results "
             f"are `sweep.jsonl` in this folder, and `edgekv report sweep.jsonl -o .` renders this folder again). "
             f"{quality_note} Produced by `bench/publish_reports.py`.")
@@ -84,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "reports", help="folder holding one folder per model")
     ap.add_argument("--quick", action="store_true", help="tiny settings: checks the pipeline, figures not for publishing")
     ap.add_argument("--contexts", help="override the contexts (comma list)")
-    ap.add_argument("--no-quality", action="store_true", help="skip the quality pass even when available")
+    ap.add_argument("--no-quality", action="store_true", help="skip the quality pass")
+    ap.add_argument("--chunks", type=int, help="quality chunks per context (edgekv bench's default: 2)")
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
@@ -94,9 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     if not a.quick and load > 0.5:
         print(f"warning: load average {load:.2f}: other work is running, the timings will be too low and noisy",
               file=sys.stderr)
-    with_quality = quality_available() and not a.no_quality
     for n in names:
-        publish(n, a.out, a.quick, with_quality, a.contexts)
+        publish(n, a.out, a.quick, not a.no_quality, a.contexts, a.chunks)
     return 0
 
 

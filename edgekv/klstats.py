@@ -212,15 +212,20 @@ def mean_and_error(x: np.ndarray) -> tuple[float, float]:
 
 
 def percentile(x_sorted: np.ndarray, fraction: float) -> float:
-    """llama's percentile(): linear interpolation at fraction*(N-1) of the sorted values."""
+    """llama's percentile(): linear interpolation at fraction*(N-1) of the sorted values.
+
+    The position is computed as llama-perplexity computes it, in float32 from a float32 fraction
+    (``percentile(kld_values, 0.999f)``): 0.999f is 0.99900001..., which at a few thousand tokens moves
+    the interpolation weight enough to show in the sixth decimal it prints.
+    """
     if fraction <= 0:
         return float(x_sorted[0])
     if fraction >= 1:
         return float(x_sorted[-1])
-    p = fraction * (x_sorted.size - 1)
+    p = np.float32(fraction) * np.float32(x_sorted.size - 1)
     ip = int(p)
-    p -= ip
-    return float((1 - p) * x_sorted[ip] + p * x_sorted[min(ip + 1, x_sorted.size - 1)])
+    w = float(np.float32(p - np.float32(ip)))
+    return float((1 - w) * x_sorted[ip] + w * x_sorted[min(ip + 1, x_sorted.size - 1)])
 
 
 def summarize(nll: np.ndarray, nll_base: np.ndarray, kld: np.ndarray, dp: np.ndarray, same: np.ndarray) -> dict[str, Any]:

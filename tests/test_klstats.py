@@ -94,3 +94,12 @@ def test_percentile_is_llamas_interpolation():
     x = np.array([0.0, 1.0, 2.0, 10.0])
     assert K.percentile(x, 0.5) == 1.5 and K.percentile(x, 0.999) == pytest.approx(2 + 8 * 0.997)
     assert K.percentile(x, 0) == 0 and K.percentile(x, 1) == 10
+
+
+def test_percentile_position_is_computed_in_float32_like_llama():
+    """0.999f * 4079 in float32 is 4074.9216..., not 4074.921: on sorted values 0..N-1 the percentile
+    is the position itself, so the float32 arithmetic is visible (llama prints 6 decimals)."""
+    x = np.arange(4080, dtype=np.float64)
+    pos32 = np.float32(0.999) * np.float32(4079)
+    assert K.percentile(x, 0.999) == pytest.approx(float(pos32), abs=1e-9)
+    assert abs(K.percentile(x, 0.999) - 0.999 * 4079) > 1e-5
