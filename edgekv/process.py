@@ -24,6 +24,7 @@ import psutil
 
 EVENT_FD_ENV = "EDGEKV_EVENT_FD"
 SAMPLE_INTERVAL_S = 0.005
+SPLIT_INTERVAL_S = 0.05
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -130,6 +131,8 @@ class _Sampler(threading.Thread):
         self.max_gap = 0.0
         self.phase = "start"
         self.phase_peaks: dict[str, int] = {}
+        self.split_t = 0.0
+        self.split_rss = 0
         self.statm: int | None = None
         self.proc = None
         try:   # Linux: one pread of /proc/PID/statm per sample (what psutil reads, without its overhead)
@@ -158,7 +161,7 @@ class _Sampler(threading.Thread):
             os.close(self.statm)
             self.statm = None
 
-    def sample_once(self) -> None:
+    def sample_once(self, force_split: bool = False) -> None:
         rss = self._rss()
         if rss is None:
             return
@@ -171,9 +174,22 @@ class _Sampler(threading.Thread):
                 self.peak_footprint = max(self.peak_footprint or 0, footprint)
         if rss > self.peak_rss:
             self.peak_rss = rss
-            split = _smaps_rollup(self.pid) if sys.platform.startswith("linux") else None
+            # smaps_rollup walks the page tables (~0.1-1 ms): while RSS climbs (a fill touches new KV
+            # pages every sample) read it at most every SPLIT_INTERVAL_S, and at every phase change.
+            now = time.perf_counter()
+            if sys.platform.startswith("linux") and (force_split or now - self.split_t >= SPLIT_INTERVAL_S):
+                split = _smaps_rollup(self.pid)
+                self.split_t = now
+                if split:
+                    self.peak_anon, self.peak_file = split
+                    self.split_rss = rss
+        elif force_split and self.split_rss < self.peak_rss and sys.platform.startswith("linux"):
+            # the last peak was not split yet: what is resident now is the closest reading of it
+            split = _smaps_rollup(self.pid)
+            self.split_t = time.perf_counter()
             if split:
                 self.peak_anon, self.peak_file = split
+                self.split_rss = self.peak_rss
         if rss > self.phase_peaks.get(self.phase, 0):
             self.phase_peaks[self.phase] = rss
         if self.gpu_probe is not None:
@@ -262,7 +278,7 @@ def run_child(
                     continue
                 events.append(ev)
                 if sampler is not None and ev.get("event") == "phase":
-                    sampler.sample_once()
+                    sampler.sample_once(force_split=True)
                     sampler.phase = str(ev.get("phase"))
                 if on_event is not None:
                     try:
