@@ -179,6 +179,14 @@ def test_ctrl_c_then_rerun_resumes(tmp_path):
     recs = R.load(out)
     assert len(recs) == 3 and len({r["config_key"] for r in recs}) == 3
     assert len(json.loads(stdout)) == 3
+    # all done: a third run measures nothing and prints the summary table of all three
+    p = _cli(*args, env={**os.environ, "COLUMNS": "200"})
+    stdout, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert "3 of 3 configurations already done" in err
+    assert "measured, beside the prediction" in stdout and f"Results: {out}" in stdout
+    rows = [ln for ln in stdout.splitlines() if ln.lstrip("│ ").startswith("512 ")]
+    assert [r.split("│")[3].strip() for r in rows] == ["f16", "q8_0", "q4_0"], stdout
 
 
 @pytest.mark.parametrize("make_args, code, words", [
