@@ -43,7 +43,7 @@ COLUMNS = (
     "model", "model_sha256", "arch", "device", "kind", "status", "reason",
     "n_ctx", "n_depth", "type_k", "type_v", "flash_attn", "flash_attn_effective", "n_threads", "n_gpu_layers",
     "n_batch", "n_ubatch", "n_prompt", "n_gen", "repetitions",
-    "kv_predicted_bytes", "kv_predicted_mib", "kv_engine_mib", "kv_llama_run_mib", "kv_buffer_mib",
+    "kv_predicted_bytes", "kv_predicted_mib", "kv_engine_mib", "kv_llama_run_mib", "kv_llama_cache_lines", "kv_buffer_mib",
     "kv_llama_matches_formula", "kv_saving_vs_f16_predicted",
     "context_growth_measured_bytes", "context_growth_minus_predicted_bytes", "context_growth_error_pct",
     "peak_rss_bytes", "kernel_maxrss_bytes", "anon_after_fill_bytes", "file_after_fill_bytes", "peak_gpu_bytes",
@@ -159,7 +159,8 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
         "repetitions": s.get("repetitions"),
         "kv_predicted_bytes": kv_pred, "kv_predicted_mib": _r(kv_pred / MIB, 2) if kv_pred is not None else None,
         "kv_engine_mib": _r(eng.get("kv_mib") + (eng.get("recurrent_mib") or 0), 2) if eng.get("kv_mib") is not None else None,
-        "kv_llama_run_mib": _r(kv_run, 2), "kv_buffer_mib": _r(kv_buf, 2),
+        "kv_llama_run_mib": _r(kv_run, 2), "kv_llama_cache_lines": len(log.get("kv") or []) or None,
+        "kv_buffer_mib": _r(kv_buf, 2),
         "kv_llama_matches_formula": diff.get("llama_kv_matches_formula"), "kv_saving_vs_f16_predicted": None,
         "context_growth_measured_bytes": growth, "context_growth_minus_predicted_bytes": gmp,
         "context_growth_error_pct": _r(100.0 * gmp / kv_pred, 2) if gmp is not None and kv_pred else None,
@@ -459,6 +460,10 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
                   "(the KV cache plus small output and scheduler buffers), from the OS. Error = measured − predicted, "
                   "relative to the prediction")
     intro += "."
+    if any((r.get("kv_llama_cache_lines") or 0) > 1 for r in ok):
+        intro += (" This model has several cache objects (e.g. full and sliding-window layers): llama.cpp prints one "
+                  "size line per cache, each rounded to 0.01 MiB, so its columns (their sum) can differ by 0.01 from "
+                  "the formula's exact total; the check against the formula compares each line and the cell counts.")
     ttl = "KV cache: predicted" + (", llama.cpp" if has_engine or has_run else "") + (", measured" if has_meas else "")
     tables = [Table(ttl, intro, heads, body, _align(cols, len(heads) - len(cols)))]
     proc = [r for r in ok if r["peak_rss_bytes"] is not None]
