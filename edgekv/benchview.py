@@ -127,6 +127,11 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
                    ("KV MiB\nllama.cpp", "right"), ("same", "center"), ("peak RSS\nMiB", "right"),
                    ("anon\nMiB", "right"), ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left")):
         t.add_column(col, justify=j)
+    with_gpu = any((r.get("memory") or {}).get("peak_gpu_bytes") or (r.get("differences") or {}).get("context_gpu_growth_bytes")
+                   is not None for r in records)
+    if with_gpu:
+        t.add_column("GPU MiB\npeak", justify="right")
+        t.add_column("GPU MiB\ncontext", justify="right")
     with_quality = any(r.get("quality") for r in records)
     if with_quality:
         t.add_column("PPL", justify="right")
@@ -149,6 +154,9 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
         unstable |= any(v.get("unstable") for v in sp.values())
         row = [str(s["n_ctx"]), str(s["n_depth"]), kv, formula_mib, llama_kv, same, peak, anon, _ts(sp, "pp"),
                _ts(sp, "tg"), status]
+        if with_gpu:
+            g, gc = mem.get("peak_gpu_bytes"), diff.get("context_gpu_growth_bytes")
+            row += [f"{g / MIB:.1f}" if g else "-", f"{gc / MIB:.1f}" if gc is not None else "-"]
         if with_quality:
             row += _quality_cells(r.get("quality"))
         t.add_row(*row)
@@ -157,6 +165,9 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
               "run. Peak RSS = OS-measured peak of the run's process (sampled every 5 ms); anon = its anonymous pages "
               "after the cache was filled (KV, compute and output buffers; the weights are file-backed). t/s: mean ± "
               "95% interval over the repetitions." + (
+                  " GPU MiB: peak = the process's GPU memory (NVML, sampled); context = device memory the context "
+                  "added (KV and compute buffers), read by the run right after the load and after the context."
+                  if with_gpu else "") + (
                   " PPL and KLD: perplexity and mean KL divergence against the f16 cache on the same tokens "
                   "(llama-perplexity's method; edgekv quality)." if with_quality else ""))
     if unstable:

@@ -174,3 +174,13 @@ def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
             if m:
                 out.gpu_layers = (int(m["n"]), int(m["total"]))
     return out
+
+
+def is_host_buffer(name: str) -> bool:
+    """llama.cpp buffer names: CPU, CPU_Mapped, CPU_REPACK and <backend>_Host live in host memory; the rest
+    (CUDA0, Vulkan0, ROCm0, MTL0, ...) on a device."""
+    return name.startswith("CPU") or name.endswith("_Host")
+
+
+def device_mib(buffers: dict[str, float] | None) -> float:
+    return sum(v for k, v in (buffers or {}).items() if not is_host_buffer(k))

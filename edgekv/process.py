@@ -56,6 +56,7 @@ class ChildResult:
     n_samples: int = 0
     sample_interval_max_s: float | None = None
     phase_peaks: dict[str, int] = field(default_factory=dict)
+    gpu_phase_peaks: dict[str, int] = field(default_factory=dict)   # NVML, per phase of the child
     stdout: str | None = None
     stderr: str | None = None
 
@@ -131,6 +132,7 @@ class _Sampler(threading.Thread):
         self.max_gap = 0.0
         self.phase = "start"
         self.phase_peaks: dict[str, int] = {}
+        self.gpu_phase_peaks: dict[str, int] = {}
         self.split_t = 0.0
         self.split_rss = 0
         self.statm: int | None = None
@@ -196,6 +198,8 @@ class _Sampler(threading.Thread):
             g = self.gpu_probe(self.pid)
             if g is not None:
                 self.peak_gpu = max(self.peak_gpu or 0, g)
+                if g > self.gpu_phase_peaks.get(self.phase, -1):
+                    self.gpu_phase_peaks[self.phase] = g
 
     def run(self) -> None:
         last = time.perf_counter()
@@ -207,8 +211,19 @@ class _Sampler(threading.Thread):
             self.stop_evt.wait(SAMPLE_INTERVAL_S)
 
 
+# Every child loads libllama (``import llama_cpp``) before anything imports numpy.  With numpy 2.5.2
+# imported first, a CUDA build of llama.cpp (H100, CUDA 13, GCC 13) died with SIGSEGV inside std::regex
+# while loading a model's tokenizer; with llama_cpp imported first the same process loads and runs.
+# ``python -m edgekv.worker`` would import the edgekv package (and so gguf and numpy) first.
+_WORKER_BOOT = ("import sys\n"
+                "try:\n    import llama_cpp  # noqa: F401  (first: see edgekv.process.worker_argv)\n"
+                "except Exception:\n    pass  # the worker reports a missing or broken llama-cpp-python itself\n"
+                "from edgekv.worker import main\n"
+                "sys.exit(main(sys.argv[1:]))\n")
+
+
 def worker_argv(subcommand: str) -> list[str]:
-    return [sys.executable, "-m", "edgekv.worker", subcommand]
+    return [sys.executable, "-c", _WORKER_BOOT, subcommand]
 
 
 def run_child(
@@ -371,6 +386,7 @@ def run_child(
         res.n_samples = sampler.n
         res.sample_interval_max_s = sampler.max_gap
         res.phase_peaks = dict(sampler.phase_peaks)
+        res.gpu_phase_peaks = dict(sampler.gpu_phase_peaks)
     return res
 
 

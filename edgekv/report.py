@@ -32,6 +32,7 @@ from typing import Any
 from . import results as R
 from .cachetypes import CACHE_TYPES
 from .inputs import KIND_BENCH, KIND_LLAMA_BENCH, KIND_PREDICT, device_label, machine_label
+from .llamalog import device_mib
 from .predict import MIB
 
 REPORT_FORMAT = 1
@@ -46,6 +47,8 @@ COLUMNS = (
     "kv_predicted_bytes", "kv_predicted_mib", "kv_engine_mib", "kv_llama_run_mib", "kv_llama_cache_lines", "kv_buffer_mib",
     "kv_llama_matches_formula", "kv_saving_vs_f16_predicted",
     "context_growth_measured_bytes", "context_growth_minus_predicted_bytes", "context_growth_error_pct",
+    "kv_on_device", "context_gpu_growth_bytes", "gpu_compute_buffer_mib", "context_gpu_growth_minus_predicted_bytes",
+    "context_gpu_growth_error_pct",
     "peak_rss_bytes", "kernel_maxrss_bytes", "anon_after_fill_bytes", "file_after_fill_bytes", "peak_gpu_bytes",
     "peak_footprint_bytes", "compute_buffer_mib", "peak_rss_saving_vs_f16_measured",
     "pp_n_tokens", "pp_ts_mean", "pp_ts_ci95_low", "pp_ts_ci95_high", "pp_ts_cv", "pp_samples",
@@ -144,7 +147,13 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
         kv_buf = (_mib_sum(log.get("kv_buffers_mib")) or 0) + (_mib_sum(log.get("rs_buffers_mib")) or 0)
     a_load, a_ctx = mem.get("anon_after_load_bytes"), mem.get("anon_after_context_bytes")
     growth = a_ctx - a_load if a_load is not None and a_ctx is not None else None
-    gmp = growth - kv_pred if growth is not None and kv_pred is not None else None
+    # KV on a GPU: the host's anonymous memory does not hold it, so it is not compared with the prediction;
+    # the GPU's (NVML) growth minus llama.cpp's device compute buffers is
+    kv_on_device = bool(device_mib(log.get("kv_buffers_mib")) + device_mib(log.get("rs_buffers_mib"))) if log else None
+    gmp = growth - kv_pred if growth is not None and kv_pred is not None and not kv_on_device else None
+    g_growth = diff.get("context_gpu_growth_bytes")
+    g_compute = diff.get("gpu_compute_buffer_bytes")
+    g_gmp = diff.get("context_gpu_growth_minus_compute_minus_formula_bytes")
     pp, tg = _speed(r, "pp"), _speed(r, "tg")
     qs, _, q = quality_block(r)
     q = q or {}
@@ -164,6 +173,10 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
         "kv_llama_matches_formula": diff.get("llama_kv_matches_formula"), "kv_saving_vs_f16_predicted": None,
         "context_growth_measured_bytes": growth, "context_growth_minus_predicted_bytes": gmp,
         "context_growth_error_pct": _r(100.0 * gmp / kv_pred, 2) if gmp is not None and kv_pred else None,
+        "kv_on_device": kv_on_device, "context_gpu_growth_bytes": g_growth,
+        "gpu_compute_buffer_mib": _r(g_compute / MIB, 2) if g_compute is not None else None,
+        "context_gpu_growth_minus_predicted_bytes": g_gmp,
+        "context_gpu_growth_error_pct": _r(100.0 * g_gmp / kv_pred, 2) if g_gmp is not None and kv_pred else None,
         "peak_rss_bytes": mem.get("peak_rss_bytes"), "kernel_maxrss_bytes": mem.get("kernel_maxrss_bytes"),
         "anon_after_fill_bytes": mem.get("anon_after_fill_bytes"), "file_after_fill_bytes": mem.get("file_after_fill_bytes"),
         "peak_gpu_bytes": mem.get("peak_gpu_bytes"), "peak_footprint_bytes": mem.get("peak_footprint_bytes"),
@@ -436,6 +449,10 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
         heads += ["KV MiB, llama.cpp in the run", "KV buffer MiB, llama.cpp"]
     if has_meas:
         heads += ["context memory MiB, measured (OS)", "measured − predicted MiB", "error"]
+    has_gpu = any(r["context_gpu_growth_bytes"] is not None for r in ok)
+    if has_gpu:
+        heads += ["context GPU memory MiB, measured (device)", "GPU compute buffers MiB, llama.cpp",
+                  "GPU − compute − predicted MiB", "GPU error"]
     heads.append("KV saving vs f16, predicted")
     body = []
     for r in ok:
@@ -448,6 +465,10 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
             g = r["context_growth_measured_bytes"]
             d = r["context_growth_minus_predicted_bytes"]
             cells += [fmt_mib_b(g), DASH if d is None else f"{d / MIB:+,.2f}", fmt_pct(r["context_growth_error_pct"])]
+        if has_gpu:
+            gd = r["context_gpu_growth_minus_predicted_bytes"]
+            cells += [fmt_mib_b(r["context_gpu_growth_bytes"]), fmt_mib(r["gpu_compute_buffer_mib"]),
+                      DASH if gd is None else f"{gd / MIB:+,.2f}", fmt_pct(r["context_gpu_growth_error_pct"])]
         cells.append(fmt_x(r["kv_saving_vs_f16_predicted"]))
         body.append(cells)
     intro = ("KV cache by context and cache type. *Predicted* is edgekv's formula from the GGUF header")
@@ -459,6 +480,13 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
         intro += ("; *measured* is the growth of the process's anonymous memory when llama.cpp created the context "
                   "(the KV cache plus small output and scheduler buffers), from the OS. Error = measured − predicted, "
                   "relative to the prediction")
+    if any(r["context_gpu_growth_bytes"] is not None for r in ok):
+        intro += ("; where the cache lives on a GPU, *context GPU memory* is how much the device memory in use "
+                  "(read by the run itself through ggml, e.g. cudaMemGetInfo, right after the load and right after "
+                  "the context) grew when llama.cpp created the context: the KV buffers plus the compute buffers ggml "
+                  "allocates whole on the device, so llama.cpp's device compute buffers are subtracted before the "
+                  "comparison with the prediction; the device rounds each allocation up (CUDA on an H100: 2 MiB "
+                  "steps), so a few MiB remain (the host-side measured columns then hold no KV and show no error)")
     intro += "."
     if any((r.get("kv_llama_cache_lines") or 0) > 1 for r in ok):
         intro += (" This model has several cache objects (e.g. full and sliding-window layers): llama.cpp prints one "

@@ -24,7 +24,7 @@ from .api import LoadedModel
 from .crosscheck import compare, engine_lines
 from .engine import EngineResult
 from .errors import ResultsError, UsageError
-from .llamalog import KVCacheLine, LlamaMemoryLog
+from .llamalog import KVCacheLine, LlamaMemoryLog, device_mib
 from .predict import MIB, STATUS_OK, ContextParams, KVPrediction, predict
 from .shape import MEMORY_KV
 from .sources import edgekv_home, verified_sha256
@@ -237,6 +237,7 @@ def memory_block(child, res: dict[str, Any]) -> dict[str, Any]:
         "peak_footprint_bytes": child.peak_footprint_bytes,
         "peak_gpu_bytes": child.peak_gpu_bytes,
         "phase_peaks_bytes": peaks,
+        "gpu_phase_peaks_bytes": dict(getattr(child, "gpu_phase_peaks", None) or {}) or None,
         "n_samples": child.n_samples,
         "sample_interval_mean_s": child.wall_s / child.n_samples if child.n_samples else None,
         "sample_interval_max_s": child.sample_interval_max_s,
@@ -244,6 +245,8 @@ def memory_block(child, res: dict[str, Any]) -> dict[str, Any]:
     for name, cp in cps.items():
         m[f"rss_{name}_bytes"] = cp.get("rss")
         m[f"anon_{name}_bytes"] = cp.get("anon")
+        if cp.get("gpu_used") is not None:
+            m[f"gpu_used_{name}_bytes"] = cp["gpu_used"]
     if cps.get("after_fill"):
         rss, anon = cps["after_fill"].get("rss"), cps["after_fill"].get("anon")
         if rss is not None and anon is not None:
@@ -280,6 +283,18 @@ def differences(case: Case, rec: dict[str, Any]) -> dict[str, Any]:
             d["context_anon_growth_bytes"] = a_ctx - a_load
             d["context_anon_growth_minus_formula_bytes"] = (a_ctx - a_load) - pred.total_bytes
         compute = sum((log.get("compute_mib") or {}).values())
+        # KV on a GPU (CUDA, Vulkan, ...): the device memory in use (read by the child itself right after the
+        # load and right after the context) grows by the KV buffers and the compute buffers, which ggml
+        # allocates whole on a device (no lazy pages there)
+        g_load, g_ctx = mem.get("gpu_used_after_load_bytes"), mem.get("gpu_used_after_context_bytes")
+        dev_kv = device_mib(log.get("kv_buffers_mib")) + device_mib(log.get("rs_buffers_mib"))
+        if dev_kv and g_load is not None and g_ctx is not None:
+            dev_compute = device_mib(log.get("compute_mib"))
+            growth = g_ctx - g_load
+            d["context_gpu_growth_bytes"] = growth
+            d["gpu_compute_buffer_bytes"] = int(round(dev_compute * MIB))
+            d["context_gpu_growth_minus_compute_minus_formula_bytes"] = (
+                growth - d["gpu_compute_buffer_bytes"] - pred.total_bytes)
         if a_ctx is not None and a_fill is not None:
             d["fill_anon_growth_bytes"] = a_fill - a_ctx
             if compute:

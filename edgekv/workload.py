@@ -42,6 +42,48 @@ def _mem() -> dict[str, int | None]:
     return {"rss": rss, "anon": anon}
 
 
+class DeviceMemory:
+    """Memory in use on the process's accelerators (every ggml device that is not the CPU), from
+    ``ggml_backend_dev_memory`` (CUDA: cudaMemGetInfo): total minus free, summed.  Read synchronously at the
+    run's checkpoints, so what llama.cpp allocated between two of them is their difference (a parent sampling
+    the child cannot tell which side of a phase change an allocation fell on).  The device-wide figure
+    includes other processes' memory: on a shared GPU the differences are what to read."""
+
+    def __init__(self) -> None:
+        self.lib, self.devs = None, []
+        try:
+            import llama_cpp
+
+            libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+            cands = [p for pat in ("libggml.so", "libggml.dylib", "ggml.dll") for p in glob.glob(os.path.join(libdir, pat))]
+            if not cands:
+                return
+            lib = ctypes.CDLL(cands[0])
+            lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+            lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+            lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+            lib.ggml_backend_dev_type.restype = ctypes.c_int
+            lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+            lib.ggml_backend_dev_memory.restype = None
+            lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                                    ctypes.POINTER(ctypes.c_size_t)]
+            devs = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
+            self.devs = [d for d in devs if lib.ggml_backend_dev_type(d) in (1, 2)]   # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
+            self.lib = lib
+        except (OSError, AttributeError, ImportError):
+            self.lib, self.devs = None, []
+
+    def used(self) -> int | None:
+        if self.lib is None or not self.devs:
+            return None
+        total_used = 0
+        for d in self.devs:
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            self.lib.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
+            total_used += total.value - free.value
+        return total_used
+
+
 # -- ggml device registry (not bound by llama-cpp-python; a few functions through ctypes) ------------
 
 def ggml_devices() -> dict[str, Any]:
@@ -179,6 +221,8 @@ def bench(payload: dict, ev: EventWriter) -> None:
         ev.result({"status": "failed", "reason": f"llama.cpp could not load the model: {errs[-1] if errs else '?'}"})
         return
     checkpoints["after_load"] = _mem()
+    devmem = DeviceMemory()          # after the load: reading a CUDA device's memory creates its context
+    checkpoints["after_load"]["gpu_used"] = devmem.used()
 
     ev.emit("phase", phase="context")
     cp = ContextParams(n_ctx=s["n_ctx"], type_k=s["type_k"], type_v=s["type_v"], flash_attn=s["flash_attn"],
@@ -202,6 +246,7 @@ def bench(payload: dict, ev: EventWriter) -> None:
         L.llama_model_free(model)
         return
     checkpoints["after_context"] = _mem()
+    checkpoints["after_context"]["gpu_used"] = devmem.used()
     effective = {"n_ctx": int(L.llama_n_ctx(ctx)), "n_batch": int(L.llama_n_batch(ctx)),
                  "n_ubatch": int(L.llama_n_ubatch(ctx)), "n_seq_max": int(L.llama_n_seq_max(ctx))}
     if hasattr(L, "llama_n_ctx_seq"):
@@ -239,6 +284,7 @@ def bench(payload: dict, ev: EventWriter) -> None:
                 ev.emit("progress", phase="fill", done=done, total=d)
         timing["fill_s"] = time.perf_counter() - t
         checkpoints["after_fill"] = _mem()
+        checkpoints["after_fill"]["gpu_used"] = devmem.used()
 
         state = None
         if d > 0 and restore == "snapshot":
@@ -284,6 +330,7 @@ def bench(payload: dict, ev: EventWriter) -> None:
     finally:
         runner.close()
     checkpoints["end"] = _mem()
+    checkpoints["end"]["gpu_used"] = devmem.used()
     timing["child_total_s"] = time.perf_counter() - t_begin
     timed = sum(sum(v["samples_ns"]) for v in samples.values()) / 1e9
     timing["timed_s"] = timed

@@ -52,6 +52,9 @@ def test_every_configuration_measured_and_matches_prediction(smol_records):
             assert sp["mean_ts"] > 0
         mem = r["memory"]
         assert mem["kernel_maxrss_bytes"] >= mem["anon_after_fill_bytes"]
+        # a CPU-only llama.cpp: the KV lives in host buffers, no device memory is read or compared
+        assert set(r["llama_log"]["kv_buffers_mib"]) == {"CPU"}
+        assert not [k for k in mem if k.startswith("gpu_used_")] and "context_gpu_growth_bytes" not in d
         assert mem["sample_interval_max_s"] < 0.25
         assert r["effective"]["n_ctx"] == r["settings"]["n_ctx"]
         assert r["settings"]["n_depth"] == 256

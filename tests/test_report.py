@@ -234,3 +234,46 @@ def test_html_is_self_contained_and_renders_in_headless_chromium(written, tmp_pa
     assert len(colours) > 200                      # text, tables and plots, not a blank page
     if os.environ.get("EDGEKV_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["EDGEKV_KEEP_SCREENSHOT"])
+
+
+def test_kv_on_a_gpu_is_compared_with_device_memory(tmp_path):
+    """Records of a real CUDA sweep (H100, recorded): the report compares the device memory the context added,
+    less llama.cpp's device compute buffers, with the prediction, and shows no host-side error for a cache
+    that is not in host memory."""
+    from edgekv.llamalog import device_mib, is_host_buffer
+
+    assert [n for n in ("CPU", "CPU_Mapped", "CPU_REPACK", "CUDA_Host", "Vulkan_Host", "CUDA0", "MTL0", "Vulkan1")
+            if not is_host_buffer(n)] == ["CUDA0", "MTL0", "Vulkan1"]
+    src = DATA / "cuda-h100-smollm2.jsonl"
+    recs = [json.loads(x) for x in src.read_text().splitlines()]
+    assert main(["report", str(src), "-o", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert len(rows) == len(recs) == 8
+    for rec, row in zip(recs, rows):
+        mem, log = rec["memory"], rec["llama_log"]
+        growth = mem["gpu_used_after_context_bytes"] - mem["gpu_used_after_load_bytes"]
+        want = growth - round(device_mib(log["compute_mib"]) * REP.MIB) - rec["prediction"]["formula"]["total_bytes"]
+        assert row["kv_on_device"] is True and row["context_gpu_growth_bytes"] == growth
+        assert row["context_gpu_growth_minus_predicted_bytes"] == want
+        assert 0 < want < 8 * REP.MIB                 # device rounding: a few MiB, never the KV itself
+        assert row["context_growth_minus_predicted_bytes"] is None and row["context_growth_error_pct"] is None
+        assert row["kv_llama_matches_formula"] is True
+    md = (tmp_path / "README.md").read_text()
+    assert "context GPU memory MiB, measured (device)" in md and "GPU − compute − predicted MiB" in md
+    f16_8k = next(r for r in rows if r["n_ctx"] == 8192 and r["type_k"] == "f16")
+    assert f"| {f16_8k['context_gpu_growth_minus_predicted_bytes'] / REP.MIB:+,.2f} |" in md
+
+
+def test_bench_summary_shows_gpu_columns(capsys):
+    from rich.console import Console
+
+    from edgekv.benchview import render_summary
+
+    recs = [json.loads(x) for x in (DATA / "cuda-h100-smollm2.jsonl").read_text().splitlines()]
+    con = Console(width=250, force_terminal=False)
+    render_summary(con, recs, "x.jsonl")
+    out = capsys.readouterr().out
+    assert "GPU MiB" in out and "peak" in out and "context" in out
+    r = recs[4]
+    assert f"{r['memory']['peak_gpu_bytes'] / REP.MIB:.1f}" in out
+    assert f"{r['differences']['context_gpu_growth_bytes'] / REP.MIB:.1f}" in out
