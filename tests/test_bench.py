@@ -165,7 +165,9 @@ def test_ctrl_c_then_rerun_resumes(tmp_path):
     out = tmp_path / "cli.jsonl"
     args = ["bench", "-c", "512", "-d", "32", "-ctk", "f16,q8_0,q4_0", "-p", "16", "-n", "4", "-r", "1", "-t", "2",
             "-o", str(out)]
-    p = _cli(*args)
+    # A shell that starts a job in the background (CI wrappers, nohup ... &) hands it SIGINT ignored, and
+    # Python then installs no Ctrl-C handler in its children: restore the default so the CLI sees Ctrl-C.
+    p = _cli(*args, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while time.time() < deadline and (not out.exists() or out.read_bytes().count(b"\n") < 1):
         time.sleep(0.2)
