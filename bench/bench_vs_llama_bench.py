@@ -34,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from llama_tools import tool, tool_env  # noqa: E402
+from llama_tools import llama_cpp_python_version, tool, tool_env, write_section  # noqa: E402
 
 from edgekv.api import load_model  # noqa: E402
 from edgekv.environment import cpu_model  # noqa: E402
@@ -89,6 +89,80 @@ def run_llama_bench(exe, model_path, n_ctx, t, args) -> dict:
     return out
 
 
+BEGIN, END = "<!-- perf:begin -->", "<!-- perf:end -->"
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    mid = len(ys) // 2
+    return ys[mid] if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2
+
+
+def stats_row(lb: list[float], ek: list[float], lb_rounds: list[list[float]], ek_rounds: list[list[float]]) -> dict:
+    """Pooled ratio of means with Welch's 95 % interval, and the per-round paired ratios (each round ran both
+    sides back to back, so a round disturbed by something else on the machine moves both or shows up alone)."""
+    a, b = summarize(lb), summarize(ek)
+    w = welch(lb, ek)
+    per_round = [_mean(e) / _mean(q) for e, q in zip(ek_rounds, lb_rounds)]
+    return {"llama_bench": lb, "edgekv": ek, "llama_bench_mean": a["mean"], "edgekv_mean": b["mean"],
+            "ratio": b["mean"] / a["mean"], "ratio_ci95": [1 + x for x in w["change_ci95"]] if w["change_ci95"] else None,
+            "p_value": w["p_value"], "round_ratios": per_round, "round_ratio_median": _median(per_round)}
+
+
+def markdown(out: dict) -> str:
+    st, sm = out["settings"], out["summary"]
+    lines = [
+        BEGIN,
+        "## Speed: `edgekv bench` against `llama-bench` (issue 3, target ≥ 0.97×)",
+        "",
+        "Written by `bench/bench_vs_llama_bench.py` (edit by rerunning it). Command:",
+        "",
+        f"    {out['command']}",
+        "",
+        f"- Model {st['model']}, `-p {st['p']} -n {st['n']} -r {st['r']} -t {st['t']} -fa {st['fa']} -b 2048 -ub 512`, "
+        "depth = context − max(p, n) on both sides.",
+        f"- llama-bench: commit `{out['rows'][0]['llama_bench_commit']}`, built from the llama.cpp tree vendored in "
+        f"llama-cpp-python {out['llama_cpp_python']}, run on "
+        + ("llama-cpp-python's own libllama/libggml (`--libs python`: both sides execute the same machine code)."
+           if st["libs"] == "python" else "the libraries built beside it (`--libs own`)."),
+        f"- Each of {st['rounds']} rounds runs one `edgekv bench` case (a fresh child process through `run_sweep`, "
+        "memory sampling on: what a user gets) and one `llama-bench` run back to back, alternating which goes "
+        "first; every sample is kept.",
+        f"- Machine: {out['machine']['cpu']}, {out['machine']['cores_logical']} logical CPUs, {out['machine']['os']}; "
+        f"1-minute load average before each run: {min(out['load1'])}–{max(out['load1'])}.",
+        "",
+        "| ctx | depth | K/V | test | edgekv t/s | llama-bench t/s | ratio of means [95 % CI] | per-round ratios "
+        "| median round |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in out["rows"]:
+        for k in ("pp", "tg"):
+            x = r[k]
+            ci = f"[{x['ratio_ci95'][0]:.3f}, {x['ratio_ci95'][1]:.3f}]" if x["ratio_ci95"] else ""
+            rr = ", ".join(f"{v:.3f}" for v in x["round_ratios"])
+            test = f"pp{st['p']}" if k == "pp" else f"tg{st['n']}"
+            lines.append(f"| {r['n_ctx']} | {r['depth']} | {r['type']} | {test} | {x['edgekv_mean']:.1f} | "
+                         f"{x['llama_bench_mean']:.1f} | {x['ratio']:.3f} {ci} | {rr} | {x['round_ratio_median']:.3f} |")
+    lines += [
+        "",
+        f"Geometric mean of the ratios of means: prefill **{sm['pp_ratio_geomean']:.3f}**, decode "
+        f"**{sm['tg_ratio_geomean']:.3f}**; of the median round ratios: prefill {sm['pp_round_median_geomean']:.3f}, "
+        f"decode {sm['tg_round_median_geomean']:.3f}. Lowest ratio of means: prefill {sm['pp_ratio_min']:.3f}, "
+        f"decode {sm['tg_ratio_min']:.3f}.",
+        "",
+        f"Harness share: **{100 * sm['harness_share_of_case_wall']:.1f} %** of each case's wall time (process start, "
+        "imports, result assembly: everything outside llama.cpp calls), "
+        f"**{100 * sm['harness_share_of_sweep_wall']:.1f} %** of the sweep's wall time (adding the llama.cpp dry run "
+        "that gives the engine's own figures).",
+        END,
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -103,6 +177,7 @@ def main() -> None:
     ap.add_argument("--libs", choices=("python", "own"), default="python",
                     help="llama-bench on llama-cpp-python's own shared libraries (default) or on those built beside it")
     ap.add_argument("--out", default=str(HERE / "results" / "bench_vs_llama_bench.json"))
+    ap.add_argument("--readme", help="write the Markdown section into this file (between perf markers)")
     args = ap.parse_args()
 
     from edgekv.environment import collect
@@ -112,39 +187,39 @@ def main() -> None:
     env = collect()
     ctxs = [int(x) for x in args.c.split(",")]
     types = args.ctk.split(",")
-    rows = []
+    rows, load1 = [], []
     for n_ctx in ctxs:
         for t in types:
             ek = {"pp": [], "tg": []}
             lb = {"pp": [], "tg": []}
+            ek_rounds = {"pp": [], "tg": []}
+            lb_rounds = {"pp": [], "tg": []}
             walls = {"case": 0.0, "llama": 0.0, "harness": 0.0, "sweep": 0.0, "lb": 0.0}
             commit = None
             for rnd in range(args.rounds):
                 order = ("edgekv", "llama-bench") if rnd % 2 == 0 else ("llama-bench", "edgekv")
                 for who in order:
+                    load1.append(round(os.getloadavg()[0], 2))
                     if who == "edgekv":
                         r = run_edgekv(m, n_ctx, t, args, env)
                         walls["case"] += r["case_wall_s"]
                         walls["llama"] += r["llama_s"]
                         walls["harness"] += r["harness_s"]
                         walls["sweep"] += r["sweep_wall_s"]
-                        dst = ek
+                        dst, dst_rounds = ek, ek_rounds
                     else:
                         r = run_llama_bench(exe, os.path.abspath(m.ref.path), n_ctx, t, args)
                         walls["lb"] += r["wall_s"]
                         commit = r["build_commit"]
-                        dst = lb
+                        dst, dst_rounds = lb, lb_rounds
                     for k in ("pp", "tg"):
                         dst[k] += r[k]
-                print(f"  {n_ctx} {t} round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+                        dst_rounds[k].append(r[k])
+                print(f"  {n_ctx} {t} round {rnd + 1}/{args.rounds} done (load {load1[-1]})", file=sys.stderr, flush=True)
             row = {"n_ctx": n_ctx, "type": t, "depth": default_depth(n_ctx, args.p, args.n),
                    "llama_bench_commit": commit, "walls_s": walls}
             for k in ("pp", "tg"):
-                a, b = summarize(lb[k]), summarize(ek[k])
-                w = welch(lb[k], ek[k])
-                ci = [1 + x for x in w["change_ci95"]] if w["change_ci95"] else None
-                row[k] = {"llama_bench": lb[k], "edgekv": ek[k], "llama_bench_mean": a["mean"], "edgekv_mean": b["mean"],
-                          "ratio": b["mean"] / a["mean"], "ratio_ci95": ci, "p_value": w["p_value"]}
+                row[k] = stats_row(lb[k], ek[k], lb_rounds[k], ek_rounds[k])
             rows.append(row)
             print(f"{n_ctx:>6} {t:<5} pp {row['pp']['edgekv_mean']:8.1f} vs {row['pp']['llama_bench_mean']:8.1f}"
                   f" = {row['pp']['ratio']:.3f}   tg {row['tg']['edgekv_mean']:7.1f} vs {row['tg']['llama_bench_mean']:7.1f}"
@@ -152,21 +227,30 @@ def main() -> None:
     case_wall = sum(r["walls_s"]["case"] for r in rows)
     sweep_wall = sum(r["walls_s"]["sweep"] for r in rows)
     harness = sum(r["walls_s"]["harness"] for r in rows)
+
+    def geo(xs: list[float]) -> float:
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
     summary = {
-        "pp_ratio_geomean": math.exp(sum(math.log(r["pp"]["ratio"]) for r in rows) / len(rows)),
-        "tg_ratio_geomean": math.exp(sum(math.log(r["tg"]["ratio"]) for r in rows) / len(rows)),
+        "pp_ratio_geomean": geo([r["pp"]["ratio"] for r in rows]),
+        "tg_ratio_geomean": geo([r["tg"]["ratio"] for r in rows]),
+        "pp_round_median_geomean": geo([r["pp"]["round_ratio_median"] for r in rows]),
+        "tg_round_median_geomean": geo([r["tg"]["round_ratio_median"] for r in rows]),
         "pp_ratio_min": min(r["pp"]["ratio"] for r in rows),
         "tg_ratio_min": min(r["tg"]["ratio"] for r in rows),
         "harness_share_of_case_wall": harness / case_wall,
         "harness_share_of_sweep_wall": (harness + sweep_wall - case_wall) / sweep_wall,
     }
     out = {"machine": {"cpu": cpu_model(), "cores_logical": os.cpu_count(), "os": platform.platform()},
-           "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "settings": vars(args), "rows": rows,
-           "summary": summary}
+           "command": " ".join(["python"] + [os.path.relpath(sys.argv[0])] + sys.argv[1:]), "settings": vars(args),
+           "llama_cpp_python": llama_cpp_python_version(), "load1": load1, "rows": rows, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     print(f"written: {args.out}")
+    if args.readme:
+        write_section(Path(args.readme), BEGIN, END, markdown(out))
+        print(f"written: {args.readme}")
 
 
 if __name__ == "__main__":

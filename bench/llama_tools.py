@@ -75,3 +75,17 @@ def tool_env(exe: Path) -> dict[str, str]:
     key = "DYLD_LIBRARY_PATH" if sys.platform == "darwin" else "LD_LIBRARY_PATH"
     env[key] = libdir + (os.pathsep + env[key] if env.get(key) else "")
     return env
+
+
+def write_section(path: Path, begin: str, end: str, section: str) -> None:
+    """Replace the text between ``begin`` and ``end`` markers in ``path`` (or append the section), atomically.
+    ``section`` includes both markers."""
+    text = path.read_text() if path.exists() else "# edgekv benchmarks\n"
+    if begin in text and end in text:
+        a, b = text.index(begin), text.index(end) + len(end)
+        text = text[:a] + section.rstrip("\n") + text[b:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

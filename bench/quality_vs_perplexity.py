@@ -18,8 +18,8 @@ KLD(exact): mean KLD within ``mean|d_t|``, every order statistic (median, percen
 llama's print rounding.
 
 llama-perplexity comes from ``--llama-perplexity PATH`` or ``$EDGEKV_LLAMA_PERPLEXITY``, a build
-directory (``--llama-build DIR`` or ``$EDGEKV_LLAMA_BUILD``), a previous build of this script, or is
-built here from the llama-cpp-python sdist whose version is installed (pip download; cmake; ninja).
+directory (``--llama-build DIR`` or ``$EDGEKV_LLAMA_BUILD``), or is built once from the llama.cpp tree
+vendored in the installed llama-cpp-python's sdist (``bench/llama_tools.py``).
 
     python bench/quality_vs_perplexity.py -c 512,4096 --chunks 32,4 -t 2 --readme bench/README.md
 """
@@ -32,10 +32,8 @@ import os
 import platform
 import re
 import resource
-import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -44,47 +42,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "bench"))
+
+from llama_tools import llama_cpp_python_version, tool, write_section  # noqa: E402
+
 from edgekv.corpus import resolve_corpus  # noqa: E402
 from edgekv.quality import measure, plan  # noqa: E402
-from edgekv.sources import edgekv_home, resolve_model  # noqa: E402
+from edgekv.sources import resolve_model  # noqa: E402
 
 BEGIN, END = "<!-- quality:begin -->", "<!-- quality:end -->"
 PPL_TOL = 1e-4          # 0.01 %
 
 
 # -- llama-perplexity: find or build ------------------------------------------------------------------
-
-def _llama_cpp_python_version() -> str:
-    from importlib.metadata import version
-
-    return version("llama-cpp-python")
-
-
-def build_llama_perplexity(build_root: Path, jobs: int) -> Path:
-    """pip download the sdist of the installed llama-cpp-python, build llama-perplexity from its vendored tree."""
-    ver = _llama_cpp_python_version()
-    src = build_root / f"llama_cpp_python-{ver}"
-    if not (src / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
-        build_root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=build_root) as tmp:
-            print(f"downloading the llama-cpp-python {ver} sdist ...", file=sys.stderr)
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                            f"llama-cpp-python=={ver}", "-d", tmp], check=True)
-            (sdist,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
-            with tarfile.open(sdist) as t:
-                try:
-                    t.extractall(tmp, filter="data")
-                except TypeError:           # Python without extraction filters (< 3.10.12)
-                    t.extractall(tmp)  # noqa: S202
-            shutil.move(str(Path(tmp) / f"llama_cpp_python-{ver}"), src)
-    llama = src / "vendor" / "llama.cpp"
-    build = build_root / f"build-{ver}"
-    print(f"building llama-perplexity from {llama} in {build} ...", file=sys.stderr)
-    subprocess.run(["cmake", "-S", str(llama), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF"], check=True)
-    subprocess.run(["cmake", "--build", str(build), f"-j{jobs}", "--target", "llama-perplexity"], check=True)
-    return build / "bin" / "llama-perplexity"
-
 
 def find_llama_perplexity(args: argparse.Namespace) -> Path:
     exe = args.llama_perplexity or os.environ.get("EDGEKV_LLAMA_PERPLEXITY")
@@ -99,11 +69,7 @@ def find_llama_perplexity(args: argparse.Namespace) -> Path:
             if cand.is_file():
                 return cand
         sys.exit(f"quality_vs_perplexity: no llama-perplexity under {build} (looked in bin/)")
-    root = edgekv_home() / "llama.cpp"
-    cached = root / f"build-{_llama_cpp_python_version()}" / "bin" / "llama-perplexity"
-    if cached.is_file():
-        return cached
-    return build_llama_perplexity(root, args.jobs)
+    return tool("llama-perplexity")          # built once from the vendored tree under bench/.build/
 
 
 # -- running and parsing llama-perplexity ---------------------------------------------------------------
@@ -343,18 +309,6 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_readme(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# edgekv benchmarks\n"
-    if BEGIN in text and END in text:
-        a, b = text.index(BEGIN), text.index(END) + len(END)
-        text = text[:a] + section.rstrip("\n") + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -367,7 +321,6 @@ def main() -> int:
     ap.add_argument("-ub", "--ubatch", type=int, default=512)
     ap.add_argument("--llama-perplexity", help="path of a llama-perplexity binary (else $EDGEKV_LLAMA_PERPLEXITY)")
     ap.add_argument("--llama-build", help="a llama.cpp build directory (else $EDGEKV_LLAMA_BUILD)")
-    ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs when building")
     ap.add_argument("--no-plain", action="store_true", help="skip the plain llama-perplexity PPL runs")
     ap.add_argument("--machine-note", default="", help="e.g. 'busy shared machine: indicative timings'")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "quality_vs_perplexity.json"))
@@ -401,7 +354,7 @@ def main() -> int:
         "model": model.path, "model_name": model.name, "corpus": corpus.to_dict(),
         "batch": args.batch, "ubatch": args.ubatch, "threads": args.threads,
         "llama_perplexity": str(exe), "llama_perplexity_version": ver_line,
-        "llama_cpp_python": _llama_cpp_python_version(),
+        "llama_cpp_python": llama_cpp_python_version(),
         "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, "
                    f"{psutil.virtual_memory().total / 2**30:.0f} GiB, {platform.system()} {platform.release()}, "
                    f"load average {os.getloadavg()[0]:.1f} at the end",
@@ -416,7 +369,7 @@ def main() -> int:
     md = markdown(report)
     print(md)
     if args.readme:
-        write_readme(Path(args.readme), md)
+        write_section(Path(args.readme), BEGIN, END, md)
     print(f"agreement: {'OK' if report['ok'] else 'FAILED'}; results in {out}", file=sys.stderr)
     return 0 if report["ok"] else 1
 
