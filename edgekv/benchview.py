@@ -31,7 +31,9 @@ class Progress:
         self.enabled = console.is_terminal
         self.p = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                           TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
-                          disable=not self.enabled, transient=False)
+                          disable=not self.enabled, transient=False,
+                          # one redraw a second: each redraw is CPU taken from llama.cpp's threads while it is timed
+                          refresh_per_second=1)
         self.task = None
         self.lock = threading.Lock()
         self.base = 0
@@ -162,7 +164,8 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
         t.add_row(*row)
     con.print(t)
     con.print("KV MiB: formula = predicted from the GGUF header; llama.cpp = its own `llama_kv_cache: size` lines in this "
-              "run. Peak RSS = OS-measured peak of the run's process (sampled every 5 ms); anon = its anonymous pages "
+              "run. Peak RSS = OS-measured peak of the run's process (sampled every 5 ms; during the timed tests read "
+              "by the process itself after each repetition); anon = its anonymous pages "
               "after the cache was filled (KV, compute and output buffers; the weights are file-backed). t/s: mean ± "
               "95% interval over the repetitions." + (
                   " GPU MiB: peak = the process's GPU memory (NVML, sampled); context = device memory the context "

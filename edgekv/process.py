@@ -54,7 +54,9 @@ class ChildResult:
     peak_gpu_bytes: int | None = None        # NVML per-process GPU memory peak
     kernel_maxrss_bytes: int | None = None   # os.wait4 ru_maxrss
     n_samples: int = 0
-    sample_interval_max_s: float | None = None
+    sample_interval_max_s: float | None = None      # outside the timed tests
+    timed_unsampled_s: float = 0.0                  # time the child spent in timed tests (the parent did not sample)
+    n_child_samples: int = 0                        # readings the child took of itself after timed repetitions
     phase_peaks: dict[str, int] = field(default_factory=dict)
     gpu_phase_peaks: dict[str, int] = field(default_factory=dict)   # NVML, per phase of the child
     stdout: str | None = None
@@ -131,6 +133,14 @@ class _Sampler(threading.Thread):
         self.n = 0
         self.max_gap = 0.0
         self.phase = "start"
+        # While the child runs a timed test it says so (a phase event with "timed": true) and this thread does
+        # not wake at all: on a machine whose cores all run llama.cpp threads, every wake-up preempts one of
+        # them and the other stalls at the next barrier (5 ms sampling cost 5 % of decode speed on 2 cores).
+        # The child reads its own RSS after each timed repetition instead ("mem" events, record_child).
+        self.timed = False
+        self.timed_s = 0.0
+        self.n_child = 0
+        self.wake = threading.Event()
         self.phase_peaks: dict[str, int] = {}
         self.gpu_phase_peaks: dict[str, int] = {}
         self.split_t = 0.0
@@ -201,9 +211,41 @@ class _Sampler(threading.Thread):
                 if g > self.gpu_phase_peaks.get(self.phase, -1):
                     self.gpu_phase_peaks[self.phase] = g
 
+    def set_phase(self, phase: str, timed: bool) -> None:
+        """Called by the event pump at each phase change of the child."""
+        if not timed:
+            self.sample_once(force_split=True)   # the boundary: close the previous phase's peak
+        self.phase = phase
+        self.timed = timed
+        self.wake.set()
+
+    def record_child(self, rss: int | None, footprint: int | None = None) -> None:
+        """The child's own reading of its memory, taken right after a timed repetition (outside the timing).
+        llama.cpp frees nothing while it computes a batch, so the RSS after a repetition is that repetition's
+        peak; the kernel's maximum (wait4) remains the independent check."""
+        if rss is None:
+            return
+        self.n_child += 1
+        self.peak_rss = max(self.peak_rss, rss)
+        if rss > self.phase_peaks.get(self.phase, 0):
+            self.phase_peaks[self.phase] = rss
+        if footprint is not None:
+            self.peak_footprint = max(self.peak_footprint or 0, footprint)
+
+    def stop(self) -> None:
+        self.stop_evt.set()
+        self.wake.set()
+
     def run(self) -> None:
         last = time.perf_counter()
         while not self.stop_evt.is_set():
+            if self.timed:
+                t = time.perf_counter()
+                self.wake.wait()
+                self.wake.clear()
+                last = time.perf_counter()
+                self.timed_s += last - t
+                continue
             self.sample_once()
             now = time.perf_counter()
             self.max_gap = max(self.max_gap, now - last)
@@ -292,9 +334,11 @@ def run_child(
                 except ValueError:
                     continue
                 events.append(ev)
-                if sampler is not None and ev.get("event") == "phase":
-                    sampler.sample_once(force_split=True)
-                    sampler.phase = str(ev.get("phase"))
+                if sampler is not None:
+                    if ev.get("event") == "phase":
+                        sampler.set_phase(str(ev.get("phase")), bool(ev.get("timed")))
+                    elif ev.get("event") == "mem":
+                        sampler.record_child(ev.get("rss"), ev.get("footprint"))
                 if on_event is not None:
                     try:
                         on_event(ev)
@@ -351,7 +395,7 @@ def run_child(
         raise
     finally:
         if sampler:
-            sampler.stop_evt.set()
+            sampler.stop()
             sampler.join()
             sampler.close()
     proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
@@ -385,6 +429,8 @@ def run_child(
         res.peak_gpu_bytes = sampler.peak_gpu
         res.n_samples = sampler.n
         res.sample_interval_max_s = sampler.max_gap
+        res.timed_unsampled_s = sampler.timed_s
+        res.n_child_samples = sampler.n_child
         res.phase_peaks = dict(sampler.phase_peaks)
         res.gpu_phase_peaks = dict(sampler.gpu_phase_peaks)
     return res

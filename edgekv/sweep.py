@@ -3,7 +3,8 @@
 For each configuration the parent records three sources side by side (see
 ../shared/design/architecture.md): the **formula** prediction, **llama.cpp's** own figures (a dry
 run before the sweep, and the log of the measured run itself), and what the **OS measured** (peak
-RSS sampled every 5 ms, the kernel's own maximum from ``os.wait4``, anonymous vs file-backed pages,
+RSS sampled every 5 ms (during the timed tests the child reads its own after each repetition, so that
+sampling never slows them), the kernel's own maximum from ``os.wait4``, anonymous vs file-backed pages,
 macOS footprint, NVML GPU memory).  Each record is appended atomically as soon as its configuration
 finishes, so an interrupted sweep resumes where it stopped, repeating nothing.
 """
@@ -223,13 +224,16 @@ def build_record(spec: SweepSpec, case: Case, env: dict[str, Any], model: dict[s
     return rec
 
 
+HARNESS_PHASES = frozenset({"snapshot", "restore"})   # the harness's own state save/restore, not the model's
+
+
 def memory_block(child, res: dict[str, Any]) -> dict[str, Any]:
     cps = res.get("checkpoints") or {}
     peaks = dict(child.phase_peaks)
-    # The working set of a model in use at this context: every phase except the harness's own state
-    # snapshot (taken only for caches that cannot be truncated back to depth) and the tests after it.
-    exclude = {"snapshot", "pp", "tg"} if res.get("restore") == "snapshot" else {"snapshot"}
-    work = [v for k, v in peaks.items() if k not in exclude]
+    # The working set of a model in use at this context: every phase of the run (load, context, warm-up,
+    # fill, the timed tests) except the moments the harness saves and restores its depth state (caches
+    # that cannot be truncated back to depth), when llama.cpp passes one layer's rows through a buffer.
+    work = [v for k, v in peaks.items() if k not in HARNESS_PHASES]
     m = {
         "peak_rss_bytes": max(work) if work else child.peak_rss_bytes,
         "peak_rss_all_phases_bytes": child.peak_rss_bytes,
@@ -241,6 +245,10 @@ def memory_block(child, res: dict[str, Any]) -> dict[str, Any]:
         "n_samples": child.n_samples,
         "sample_interval_mean_s": child.wall_s / child.n_samples if child.n_samples else None,
         "sample_interval_max_s": child.sample_interval_max_s,
+        # during the timed tests the parent does not sample (it would slow llama.cpp down); the child reads its
+        # own RSS after each repetition instead
+        "timed_unsampled_s": getattr(child, "timed_unsampled_s", None),
+        "n_child_samples": getattr(child, "n_child_samples", None),
     }
     for name, cp in cps.items():
         m[f"rss_{name}_bytes"] = cp.get("rss")

@@ -7,7 +7,8 @@ loop): random tokens with BOS first, prompt processing in ``n_batch`` chunks fol
 run and one warm-up token, and every repetition timed from a cache holding exactly ``n_depth``
 tokens.  Between repetitions the cache goes back to that depth by removing the tokens the test added
 (plain caches) or, where that cannot be exact (sliding-window and recurrent caches), by restoring a
-state snapshot taken after the fill, as llama-bench always does.  The parent samples memory; phase
+state snapshot taken after the fill, as llama-bench always does (kept in a file under ``TMPDIR`` so
+that it never counts in the measured memory).  The parent samples memory; phase
 events tell it which part of the run each peak belongs to.
 """
 
@@ -17,7 +18,9 @@ import ctypes
 import glob
 import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -40,6 +43,27 @@ def _mem() -> dict[str, int | None]:
         except OSError:
             pass
     return {"rss": rss, "anon": anon}
+
+
+def self_memory() -> dict[str, int | None]:
+    """This process's resident memory (and macOS phys_footprint) now: one read of /proc/self/statm on Linux."""
+    rss = None
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/self/statm", "rb") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            rss = None
+    if rss is None:
+        import psutil
+
+        rss = psutil.Process().memory_info().rss
+    footprint = None
+    if sys.platform == "darwin":
+        from .environment import macos_footprint
+
+        footprint = macos_footprint(os.getpid())
+    return {"rss": rss, "footprint": footprint}
 
 
 class DeviceMemory:
@@ -262,6 +286,7 @@ def bench(payload: dict, ev: EventWriter) -> None:
     samples: dict[str, Any] = {}
     restore = payload.get("restore", "snapshot")
     snapshot_bytes = None
+    state_path: str | None = None
     try:
         if s["warmup"]:
             ev.emit("phase", phase="warmup")
@@ -286,20 +311,27 @@ def bench(payload: dict, ev: EventWriter) -> None:
         checkpoints["after_fill"] = _mem()
         checkpoints["after_fill"]["gpu_used"] = devmem.used()
 
-        state = None
         if d > 0 and restore == "snapshot":
+            # The depth state goes to a file, not to memory: an in-memory copy is as large as the cache and
+            # would sit in the measured RSS for the rest of the run.  Saving and restoring pass through one
+            # layer's rows at a time; those two phases are the only ones the peak leaves out.
             ev.emit("phase", phase="snapshot")
-            size = int(L.llama_state_seq_get_size(ctx, 0))
-            state = (ctypes.c_uint8 * size)()
-            snapshot_bytes = int(L.llama_state_seq_get_data(ctx, state, size, 0))
+            state_dir = tempfile.mkdtemp(prefix="edgekv-state-")
+            state_path = os.path.join(state_dir, "depth.state")
+            if L.llama_state_seq_save_file(ctx, state_path.encode(), 0, (L.llama_token * 1)(), 0) == 0:
+                raise RuntimeError(f"llama.cpp could not save the depth state to {state_path}: "
+                                   "free disk space there or point TMPDIR elsewhere")
+            snapshot_bytes = os.path.getsize(state_path)
 
         def back_to_depth() -> None:
             if d == 0:
                 L.llama_memory_clear(mem, True)
-            elif state is not None:
+            elif state_path is not None:
                 L.llama_memory_clear(mem, False)
-                if L.llama_state_seq_set_data(ctx, state, snapshot_bytes, 0) == 0:
-                    raise RuntimeError("llama.cpp could not restore the depth state")
+                n_tok = ctypes.c_size_t(0)
+                if L.llama_state_seq_load_file(ctx, state_path.encode(), 0, (L.llama_token * 1)(), 1,
+                                               ctypes.byref(n_tok)) == 0:
+                    raise RuntimeError(f"llama.cpp could not restore the depth state from {state_path}")
             elif not L.llama_memory_seq_rm(mem, 0, d, -1):
                 raise RuntimeError("llama.cpp could not remove the tokens added after the depth fill")
 
@@ -309,8 +341,12 @@ def bench(payload: dict, ev: EventWriter) -> None:
             ns: list[int] = []
             t_test = time.perf_counter()
             for r in range(reps):
-                ev.emit("phase", phase=test, rep=r + 1, reps=reps)
+                if state_path is not None:
+                    ev.emit("phase", phase="restore")
                 back_to_depth()
+                # timed: the parent stops sampling until the next phase (its wake-ups would take CPU from
+                # llama.cpp's threads); this process reads its own memory after the repetition instead
+                ev.emit("phase", phase=test, rep=r + 1, reps=reps, timed=True)
                 if test == "pp":
                     work = runner.prompt_chunks(count)
                     t0 = time.perf_counter_ns()
@@ -321,6 +357,7 @@ def bench(payload: dict, ev: EventWriter) -> None:
                     t0 = time.perf_counter_ns()
                     runner.run_gen(toks, pos0)
                 ns.append(time.perf_counter_ns() - t0)
+                ev.emit("mem", **self_memory())
             timing[f"{test}_s"] = time.perf_counter() - t_test
             samples[test] = {"n_tokens": count, "samples_ns": ns, "samples_ts": [count * 1e9 / x for x in ns]}
     except RuntimeError as e:
@@ -329,6 +366,8 @@ def bench(payload: dict, ev: EventWriter) -> None:
         return
     finally:
         runner.close()
+        if state_path is not None:
+            shutil.rmtree(os.path.dirname(state_path), ignore_errors=True)
     checkpoints["end"] = _mem()
     checkpoints["end"]["gpu_used"] = devmem.used()
     timing["child_total_s"] = time.perf_counter() - t_begin
