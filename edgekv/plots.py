@@ -97,10 +97,13 @@ def memory_plot(rows: list[dict[str, Any]]) -> bytes | None:
             if pts:
                 ax.plot([x for x, _ in pts], [y / MIB for _, y in pts], markers[di % len(markers)], color=_color(kv),
                         ms=5, ls="none", mfc="none",
-                        label=f"{kv} measured" + (f" ({dev.split(':')[0]})" if len(devices) > 1 else ""))
+                        label=f"{kv} context growth" + (f" ({dev.split(':')[0]})" if len(devices) > 1 else ""))
     _ctx_axis(ax, sorted({r["n_ctx"] for r in ok}))
     ax.set_ylabel("MiB")
-    ax.set_title("KV cache: predicted (lines) vs measured (points)" if measured else "KV cache, predicted")
+    # the points are what creating the context added to the process (KV + output and scheduler buffers),
+    # measured by the OS: the KV cache alone is never measured on its own
+    ax.set_title("Predicted KV (lines) vs measured context growth (points)" if measured
+                 else "KV cache, predicted")
     ax.legend(fontsize=7, ncol=2)
     if measured:
         ax = axes[1]

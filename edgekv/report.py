@@ -519,8 +519,10 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
                 cells.append(fmt_mib_b(r["peak_footprint_bytes"]))
             cells += [fmt_mib(r["compute_buffer_mib"]), fmt_x(r["peak_rss_saving_vs_f16_measured"])]
             body.append(cells)
-        intro = ("Whole-process memory of each run, measured by the OS: the peak resident set while the model was loaded, "
-                 "the context created and the cache filled to the test depth (sampled every 5 ms); its anonymous "
+        intro = ("Whole-process memory of each run, measured by the OS: the peak resident set over the whole run (model "
+                 "loaded, context created, cache filled to the test depth: sampled every 5 ms; the timed tests: read by "
+                 "the process itself after each repetition, so that sampling never slows them), leaving out only the "
+                 "moments the harness saves or restores its depth state; its anonymous "
                  "(KV, compute and output buffers) and file-backed (memory-mapped weights) parts after the fill. "
                  "Compute buffers are llama.cpp's reservations; only the pages a graph touches become resident.")
         tables.append(Table("Process memory, measured", intro, heads, body, _align(pcols, len(heads) - len(pcols))))
