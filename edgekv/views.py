@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from .api import LoadedModel, llama_python_defaults_cost
-from .predict import MIB, STATUS_OK, ContextParams, KVPrediction, llama_mib, predict
+from .predict import MIB, STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, llama_mib, predict
 from .shape import MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_RECURRENT, ModelShape
 
 MEMORY_DESCRIPTION = {
@@ -141,9 +141,15 @@ def _gqa(heads: list[int], kv: list[int]) -> str:
 def _engine_block(pred: KVPrediction, res, weights_bytes: int) -> dict[str, Any]:
     from .crosscheck import compare, engine_lines
 
-    diffs = compare(pred, res)
-    d: dict[str, Any] = {"ok": res.ok, "error": res.error, "match": not diffs, "diffs": diffs}
+    if pred.status == STATUS_UNSUPPORTED:
+        # edgekv does not model this cache: nothing to compare, llama.cpp's own figures stand alone
+        d: dict[str, Any] = {"ok": res.ok, "error": res.error, "match": None, "diffs": []}
+    else:
+        diffs = compare(pred, res)
+        d = {"ok": res.ok, "error": res.error, "match": not diffs, "diffs": diffs}
     if res.ok:
+        caches = (pred.total_bytes if pred.status == STATUS_OK
+                  else (res.log.kv_mib_total + res.log.recurrent_mib_total) * MIB)
         d.update({
             "caches": engine_lines(res),
             "kv_mib": round(res.log.kv_mib_total, 2),
@@ -152,10 +158,16 @@ def _engine_block(pred: KVPrediction, res, weights_bytes: int) -> dict[str, Any]
             "output_mib": res.log.output_buffers,
             "flash_attn_resolved": res.log.fa_resolved,
             "n_ctx": res.n_ctx,
-            "total_bytes": int(weights_bytes + pred.total_bytes
-                               + (res.log.compute_mib_total + res.log.output_mib_total) * MIB),
+            # weights (tensor table) + caches (the formula's bytes; llama.cpp's printed MiB where edgekv does not
+            # model the cache) + llama.cpp's compute and output buffers
+            "total_bytes": int(weights_bytes + caches + (res.log.compute_mib_total + res.log.output_mib_total) * MIB),
+            "total_caches_from": "formula" if pred.status == STATUS_OK else "llama.cpp",
         })
     return d
+
+
+def _same_cell(match: bool | None) -> str:
+    return "n/a" if match is None else "[green]✓[/]" if match else "[red]✗[/]"
 
 
 def predict_rows(m: LoadedModel, configs: list[ContextParams], engine: bool = False, n_gpu_layers: int = -1,
@@ -230,12 +242,12 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
         if engine:
             e = r["engine"]
             if e["ok"]:
-                cells += [f"{e['kv_mib']:.2f}", "[green]✓[/]" if e["match"] else "[red]✗[/]",
+                cells += [f"{e['kv_mib']:.2f}", _same_cell(e["match"]),
                           f"{sum(e['compute_mib'].values()):.2f}", fmt_mib(e["total_bytes"])]
-                if not e["match"]:
+                if e["match"] is False:
                     note = (note + " " if note else "") + "[red]" + "; ".join(e["diffs"][:2]) + "[/]"
             else:
-                cells += ["-", "[green]✓[/]" if e["match"] else "[red]✗[/]", "-", "-"]
+                cells += ["-", _same_cell(e["match"]), "-", "-"]
                 if r["status"] == STATUS_OK:
                     note = f"[red]llama.cpp: {e['error']}[/]"
         cells.append(note)
@@ -250,6 +262,8 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
     if engine:
         con.print("llama.cpp columns come from its own dry run (no weights read, nothing allocated); "
                   "✓ means every figure in its cache lines equals the formula's.")
+        if any(r["status"] == STATUS_UNSUPPORTED for r in rows):
+            con.print("n/a: edgekv does not model this cache; the KV and total columns are llama.cpp's own figures.")
         if any(len(r.get("caches") or []) > 1 for r in rows):
             con.print("This model has several cache objects: llama.cpp prints one size line per cache, each rounded "
                       "to 0.01 MiB, so its column (their sum) can differ by 0.01 from the formula's exact total.")

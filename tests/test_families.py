@@ -143,6 +143,25 @@ def test_unsupported_family(name, family_dir):
         assert sum(x.kind == "kv" for x in r.log.caches) >= 2
 
 
+def test_predict_engine_on_an_unsupported_family_shows_llama_cpp_figures(family_dir, capsys):
+    """`edgekv predict --engine` on a cache edgekv does not model: nothing is compared (no false mismatch), and
+    the total is built from llama.cpp's own cache figure, labelled as such."""
+    from edgekv.cli import main
+
+    path = _family_path(family_dir, "glm-dsa")
+    assert main(["predict", str(path), "-c", "4096", "-ctk", "f16", "--engine", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    e = row["engine"]
+    assert row["status"] == "unsupported" and row["kv_bytes"] is None
+    assert e["ok"] and e["match"] is None and e["diffs"] == [] and e["total_caches_from"] == "llama.cpp"
+    assert e["kv_mib"] > 0
+    extra = sum(e["compute_mib"].values()) + sum(e["output_mib"].values())
+    assert abs(e["total_bytes"] - (row["weights_bytes"] + (e["kv_mib"] + e["recurrent_mib"] + extra) * 2**20)) < 1
+    assert main(["predict", str(path), "-c", "4096", "-ctk", "f16", "--engine"]) == 0
+    table = capsys.readouterr().out
+    assert "n/a" in table and "✗" not in table and "llama.cpp's own figures" in table
+
+
 # Settings the formula says make llama.cpp abort (not just refuse): each must really kill the process.
 # They are never sent to the shared sessions above.
 ABORTS = [
