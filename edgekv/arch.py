@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gguf import Keys
+
 from .errors import GGUFFormatError, MetadataError, UnsupportedArchitecture
 from .gguf_header import ArraySummary
 from .shape import (
@@ -34,41 +36,42 @@ from .shape import (
 
 LLAMA_MAX_LAYERS = 512   # src/llama-hparams.h
 
-# Metadata keys, spelled as llama.cpp spells them (src/llama-arch.cpp LLM_KV_NAMES).
-K_ARCH = "general.architecture"
-K_NAME = "general.name"
-K_CONTEXT_LENGTH = "{arch}.context_length"
-K_EMBEDDING_LENGTH = "{arch}.embedding_length"
-K_BLOCK_COUNT = "{arch}.block_count"
-K_NEXTN = "{arch}.nextn_predict_layers"
-K_FF = "{arch}.feed_forward_length"
-K_VOCAB_SIZE = "{arch}.vocab_size"
-K_HEAD_COUNT = "{arch}.attention.head_count"
-K_HEAD_COUNT_KV = "{arch}.attention.head_count_kv"
-K_KEY_LENGTH = "{arch}.attention.key_length"
-K_VALUE_LENGTH = "{arch}.attention.value_length"
-K_KEY_LENGTH_SWA = "{arch}.attention.key_length_swa"
-K_VALUE_LENGTH_SWA = "{arch}.attention.value_length_swa"
-K_KEY_LENGTH_MLA = "{arch}.attention.key_length_mla"
-K_VALUE_LENGTH_MLA = "{arch}.attention.value_length_mla"
-K_KV_LORA_RANK = "{arch}.attention.kv_lora_rank"
-K_CAUSAL = "{arch}.attention.causal"
-K_SLIDING_WINDOW = "{arch}.attention.sliding_window"
-K_SLIDING_WINDOW_PATTERN = "{arch}.attention.sliding_window_pattern"
-K_SHARED_KV_LAYERS = "{arch}.attention.shared_kv_layers"
-K_RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
-K_FULL_ATTENTION_INTERVAL = "{arch}.full_attention_interval"
-K_INDEXER_TOP_K = "{arch}.attention.indexer.top_k"
-K_NUM_LOOPS = "{arch}.num_loops"
-K_SSM_CONV_KERNEL = "{arch}.ssm.conv_kernel"
-K_SSM_INNER_SIZE = "{arch}.ssm.inner_size"
-K_SSM_STATE_SIZE = "{arch}.ssm.state_size"
-K_SSM_GROUP_COUNT = "{arch}.ssm.group_count"
-K_WKV_HEAD_SIZE = "{arch}.wkv.head_size"
-K_TOKEN_SHIFT_COUNT = "{arch}.token_shift_count"
-K_SHORTCONV_L_CACHE = "{arch}.shortconv.l_cache"
-K_KDA_HEAD_DIM = "{arch}.kda.head_dim"
-K_TOKENS = "tokenizer.ggml.tokens"
+# Metadata keys: gguf-py's constants (the same spelling as llama.cpp's src/llama-arch.cpp LLM_KV_NAMES), with an
+# {arch} placeholder; the three gguf 0.19 does not define are spelled out.
+K_ARCH = Keys.General.ARCHITECTURE
+K_NAME = Keys.General.NAME
+K_CONTEXT_LENGTH = Keys.LLM.CONTEXT_LENGTH
+K_EMBEDDING_LENGTH = Keys.LLM.EMBEDDING_LENGTH
+K_BLOCK_COUNT = Keys.LLM.BLOCK_COUNT
+K_NEXTN = Keys.LLM.NEXTN_PREDICT_LAYERS
+K_FF = Keys.LLM.FEED_FORWARD_LENGTH
+K_VOCAB_SIZE = Keys.LLM.VOCAB_SIZE
+K_HEAD_COUNT = Keys.Attention.HEAD_COUNT
+K_HEAD_COUNT_KV = Keys.Attention.HEAD_COUNT_KV
+K_KEY_LENGTH = Keys.Attention.KEY_LENGTH
+K_VALUE_LENGTH = Keys.Attention.VALUE_LENGTH
+K_KEY_LENGTH_SWA = Keys.Attention.KEY_LENGTH_SWA
+K_VALUE_LENGTH_SWA = Keys.Attention.VALUE_LENGTH_SWA
+K_KEY_LENGTH_MLA = Keys.Attention.KEY_LENGTH_MLA
+K_VALUE_LENGTH_MLA = Keys.Attention.VALUE_LENGTH_MLA
+K_KV_LORA_RANK = Keys.Attention.KV_LORA_RANK
+K_CAUSAL = Keys.Attention.CAUSAL
+K_SLIDING_WINDOW = Keys.Attention.SLIDING_WINDOW
+K_SLIDING_WINDOW_PATTERN = Keys.Attention.SLIDING_WINDOW_PATTERN
+K_SHARED_KV_LAYERS = Keys.Attention.SHARED_KV_LAYERS
+K_RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"   # not in gguf.Keys (gguf 0.19)
+K_FULL_ATTENTION_INTERVAL = Keys.LLM.FULL_ATTENTION_INTERVAL
+K_INDEXER_TOP_K = "{arch}.attention.indexer.top_k"   # not in gguf.Keys (gguf 0.19)
+K_NUM_LOOPS = "{arch}.num_loops"   # not in gguf.Keys (gguf 0.19)
+K_SSM_CONV_KERNEL = Keys.SSM.CONV_KERNEL
+K_SSM_INNER_SIZE = Keys.SSM.INNER_SIZE
+K_SSM_STATE_SIZE = Keys.SSM.STATE_SIZE
+K_SSM_GROUP_COUNT = Keys.SSM.GROUP_COUNT
+K_WKV_HEAD_SIZE = Keys.WKV.HEAD_SIZE
+K_TOKEN_SHIFT_COUNT = Keys.LLM.TOKEN_SHIFT_COUNT
+K_SHORTCONV_L_CACHE = Keys.ShortConv.L_CACHE
+K_KDA_HEAD_DIM = Keys.KDA.HEAD_DIM
+K_TOKENS = Keys.Tokenizer.LIST
 
 # Every architecture name llama.cpp 0.3.36's vendored tree knows (src/llama-arch.cpp LLM_ARCH_NAMES).
 LLAMA_ARCHITECTURES: frozenset[str] = frozenset({

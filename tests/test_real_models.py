@@ -16,7 +16,9 @@ GRID = [
     ContextParams(n_ctx=n, type_k=tk, type_v=tv, flash_attn=fa, swa_full=sf, n_seq_max=ns, kv_unified=u)
     for n, (tk, tv), fa, sf, ns, u in itertools.product(
         (1, 1000, 4096, 8448),
-        (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16"), ("f32", "bf16"), ("iq4_nl", "q5_1")),
+        # every cache type llama.cpp accepts appears as K and as V (q5_0 and q4_1 paired with each other both ways)
+        (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16"), ("f32", "bf16"), ("iq4_nl", "q5_1"),
+         ("q5_0", "q4_1"), ("q4_1", "q5_0")),
         ("auto", "on", "off"),
         (False, True),
         (1, 2),
