@@ -30,6 +30,18 @@ def gemma3_path() -> Path:
     return Path(resolve_model("gemma3-270m").path)
 
 
+@pytest.fixture(scope="session")
+def llama_bench_exe() -> Path:
+    """llama.cpp's own llama-bench, built once from the tree vendored in the installed llama-cpp-python's sdist
+    (bench/llama_tools.py: pip download, cmake; about 4 minutes on 2 cores, reused afterwards)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from llama_tools import tool
+
+    return tool("llama-bench")
+
+
 def write_split(src: Path, out: Path, max_tensors: int) -> list[Path]:
     """Split a real GGUF with gguf-py's own writer (split.no / split.count / split.tensors.count)."""
     import gguf

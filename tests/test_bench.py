@@ -83,7 +83,7 @@ def test_memory_follows_the_predicted_kv(smol_records):
 
 def test_sliding_window_model(gemma3_path, tmp_path):
     m = load_model(str(gemma3_path))
-    spec = SweepSpec(model=m, contexts=[1024, 4096], pairs=[("f16", "f16"), ("q8_0", "q8_0")], depths=[256], **TINY)
+    spec = SweepSpec(model=m, contexts=[1024, 4096], pairs=[("f16", "f16"), ("q8_0", "q8_0")], depths=[900], **TINY)
     res = run_sweep(spec, output=tmp_path / "g.jsonl")
     recs = by(res.records, "n_ctx", "type_k")
     for r in res.records:
@@ -91,12 +91,51 @@ def test_sliding_window_model(gemma3_path, tmp_path):
         assert r["differences"]["llama_kv_matches_formula"]
         assert [c["role"] for c in r["llama_log"]["kv"]] == ["full", "swa"]
         assert r["restore"] == "snapshot"        # a SWA cache cannot be truncated back to depth exactly
+        # the depth state (900 tokens x 18 layers: 8-16 MiB) is kept in a file: the timed tests run without it in
+        # memory, and the peak covers them like any other phase; only the save/restore moments are left out
+        mem = r["memory"]
+        assert r["snapshot_bytes"] > 4 * MIB
+        assert mem["anon_end_bytes"] - mem["anon_after_fill_bytes"] < r["snapshot_bytes"] / 4
+        peaks = mem["phase_peaks_bytes"]
+        assert {"fill", "pp", "tg", "restore"} <= set(peaks)
+        assert mem["peak_rss_bytes"] == max(v for k, v in peaks.items() if k not in ("snapshot", "restore"))
     # only the 3 full-attention layers grow with context; the SWA cache stays 1024 cells
     grow = recs[(4096, "f16")]["differences"]["context_anon_growth_bytes"] - \
         recs[(1024, "f16")]["differences"]["context_anon_growth_bytes"]
     pred = recs[(4096, "f16")]["prediction"]["formula"]["kv_bytes"] - recs[(1024, "f16")]["prediction"]["formula"]["kv_bytes"]
     assert pred == 3 * 256 * 2 * 2 * (4096 - 1024)
     assert abs(grow - pred) <= 0.05 * pred + 2 * MIB
+
+
+def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
+    """--llama-bench: the user's own binary (here built from the same vendored llama.cpp) runs each configuration,
+    its process memory is sampled from outside, its speed samples, build commit and own KV lines land in the same
+    schema; a cache type llama-bench does not accept is a skip, not a crash."""
+    out = tmp_path / "lb.jsonl"
+    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "bench", str(smollm2_path), "--llama-bench", str(llama_bench_exe),
+                        "-c", "1024", "-ctk", "f16,q4_0,f32", "-p", "32", "-n", "8", "-r", "2", "-t", "2", "-o", str(out),
+                        "--json"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = by(R.load(out), "type_k")
+    assert recs[("f32",)]["status"] == "skipped" and "llama-bench does not accept" in recs[("f32",)]["reason"]
+    for t in ("f16", "q4_0"):
+        rec = recs[(t,)]
+        assert rec["status"] == "ok", rec.get("reason")
+        assert rec["settings"]["engine"] == "llama-bench" and rec["schema_version"] == R.SCHEMA_VERSION
+        lb = rec["llama_bench"]
+        assert lb["build_commit"] == rec["environment"]["llama_cpp_commit"]    # the same vendored source
+        assert lb["model_size"] == rec["model"]["size_bytes"]                 # the tensor table's weight bytes
+        # llama-bench sizes each test's context itself (depth + test tokens): its KV lines match the formula there
+        assert [c["test"] for c in lb["contexts"]] == ["pp", "tg"] and all(c["matches_formula"] for c in lb["contexts"])
+        assert rec["differences"]["llama_kv_matches_formula"]
+        for test in ("pp", "tg"):
+            assert len(rec["speed"][test]["samples_ts"]) == 2 and rec["speed"][test]["mean_ts"] > 0
+        mem = rec["memory"]
+        # measured from outside: the mapped weights (92 MiB) and the cache are resident; the sampled peak and the
+        # kernel's own maximum agree to a few pages
+        assert mem["peak_rss_bytes"] > 92 * MIB
+        assert abs(mem["peak_rss_bytes"] - mem["kernel_maxrss_bytes"]) < 4 * MIB
+    assert recs[("f16",)]["memory"]["peak_rss_bytes"] > recs[("q4_0",)]["memory"]["peak_rss_bytes"]
 
 
 def test_default_depth_and_invalid_combination(smollm2_path, tmp_path):
