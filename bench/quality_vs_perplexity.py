@@ -288,6 +288,17 @@ def markdown(report: dict[str, Any]) -> str:
                      f"(CPU time ratio {s['ratio_vs_plain_cpu']:.2f})"
                      if "ratio_vs_plain_wall" in s else "") + ".",
                   ""]
+        raw = report["raw"][c["n_ctx"]]
+        pass_rss = next((r["pass"]["peak_rss_bytes"] for r in raw["edgekv"]["rows"].values()
+                         if r.get("pass") and r["pass"].get("peak_rss_bytes")), None)
+        base_bytes = raw["llama_base"].get("base_file_bytes")
+        if pass_rss and base_bytes:
+            lines[-1:] = [f"Memory: edgekv's pass (one process: the model, the f16 context and {len(c['types'])} candidate "
+                          f"contexts, one batch of logits each) peaked at {pass_rss / 2**20:.0f} MiB RSS and writes no "
+                          f"file; llama-perplexity's KLD workflow wrote a {base_bytes / 2**20:.0f} MiB base-logits file "
+                          f"for these {c['chunks'] * c['n_ctx']:,} tokens, which grows with the corpus "
+                          f"({base_bytes / (c['chunks'] * (c['n_ctx'] - 1 - c['n_ctx'] // 2)):,.0f} bytes per scored "
+                          "token here).", ""]
     lines += [
         "How to read it:",
         "- PPL must agree within 0.01 %: the logits are the same (same library, same batches), so the",

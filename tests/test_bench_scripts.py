@@ -1,0 +1,66 @@
+"""The benchmark scripts in bench/ run end to end on tiny settings (pipeline checks: their figures are not
+asserted against targets here; bench/README.md holds the measured ones).  Both compare edgekv with llama.cpp's
+own tools built from the same vendored source."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def llama_bin(llama_bench_exe) -> Path:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from llama_tools import tool
+
+    tool("llama-perplexity")          # same build tree: only the missing target is built
+    return llama_bench_exe.parent
+
+
+def _run(script: str, args: list[str], bin_dir: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "EDGEKV_LLAMA_CPP_BIN": str(bin_dir)}
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True, env=env,
+                       timeout=900, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    return r
+
+
+def test_speed_script_against_llama_bench(llama_bin, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# bench\n\nbefore\n\n<!-- perf:begin -->\nold\n<!-- perf:end -->\n\nafter\n")
+    out = tmp_path / "speed.json"
+    _run("bench_vs_llama_bench.py", ["-c", "512", "-ctk", "f16,q4_0", "-p", "32", "-n", "8", "-r", "2", "-t", "2",
+                                     "--rounds", "2", "--out", str(out), "--readme", str(readme)], llama_bin)
+    res = json.loads(out.read_text())
+    assert [(r["n_ctx"], r["type"], r["depth"]) for r in res["rows"]] == [(512, "f16", 480), (512, "q4_0", 480)]
+    for r in res["rows"]:
+        assert r["llama_bench_commit"] == "0c1e570"
+        for k in ("pp", "tg"):
+            x = r[k]
+            assert len(x["edgekv"]) == len(x["llama_bench"]) == 4 and len(x["round_ratios"]) == 2
+            assert x["ratio"] == pytest.approx(x["edgekv_mean"] / x["llama_bench_mean"]) and x["ratio_ci95"]
+    assert 0 < res["summary"]["harness_share_of_case_wall"] < 1 and len(res["load1"]) == 8
+    md = readme.read_text()
+    assert md.startswith("# bench\n\nbefore\n\n<!-- perf:begin -->") and md.endswith("<!-- perf:end -->\n\nafter\n")
+    assert "old" not in md and "| 512 | 480 | q4_0 | tg8 |" in md and "Harness share" in md
+
+
+def test_quality_script_against_llama_perplexity(llama_bin, tmp_path):
+    readme = tmp_path / "README.md"
+    out = tmp_path / "quality.json"
+    _run("quality_vs_perplexity.py", ["-c", "256", "--chunks", "2", "-ctk", "f16,q4_0", "-t", "2", "--no-plain",
+                                      "--out", str(out), "--readme", str(readme)], llama_bin)
+    res = json.loads(out.read_text())
+    assert res["ok"], json.dumps(res["contexts"], indent=1)[-3000:]
+    (ctx,) = res["contexts"]
+    assert ctx["n_ctx"] == 256 and set(ctx["types"]) == {"f16", "q4_0"}
+    md = readme.read_text()
+    assert "<!-- quality:begin -->" in md and "### -c 256, 2 chunks" in md
+    assert "base-logits file" in md and "MiB RSS" in md
