@@ -75,7 +75,15 @@ def _notes(m) -> None:
 @app.callback(invoke_without_command=True)
 def _root(
     version: bool = typer.Option(False, "--version", help="Print edgekv's version and exit."),
+    fetch_timeout: Optional[float] = typer.Option(
+        None, "--fetch-timeout", metavar="SECONDS", show_default=False,
+        help="Deadline for reading one remote model's header (HEAD + range requests); default 60, "
+             "or $EDGEKV_FETCH_TIMEOUT."),
 ) -> None:
+    if fetch_timeout is not None:
+        if not 0 < fetch_timeout <= 86400:
+            raise UsageError(f"--fetch-timeout {fetch_timeout:g}: give a number of seconds, more than 0")
+        os.environ["EDGEKV_FETCH_TIMEOUT"] = repr(fetch_timeout)
     if version:
         typer.echo(f"edgekv {__version__}")
         raise typer.Exit(0)

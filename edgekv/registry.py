@@ -151,6 +151,16 @@ class _Checker:
             raise self.fail(f"{where} {key}", f"{v!r} is not {what}")
         return v
 
+    def safe_parts(self, where: str, hf_repo: str, file: str) -> None:
+        """The repo id by huggingface-hub's validator, the file name as safe path segments (edgekv.safepath)."""
+        from .safepath import UnsafePath, check_relpath, check_repo_id
+
+        try:
+            check_repo_id(hf_repo, "hf_repo")
+            check_relpath(file, "file")
+        except UnsafePath as e:
+            raise self.fail(where, str(e)) from None
+
     def unknown_keys(self, where: str, table: dict[str, Any], allowed: set[str] | tuple[str, ...]) -> None:
         extra = sorted(set(table) - set(allowed))
         if extra:
@@ -212,6 +222,7 @@ class _Checker:
         file = self.string(where, "file", v["file"])
         if not file.endswith(".gguf") or file.startswith("/") or ".." in file.split("/"):
             raise self.fail(f"{where} file", f"{file!r} must be a relative path to a .gguf file in the repo")
+        self.safe_parts(where, hf_repo, file)
         revision = self.string(where, "revision", v["revision"])
         if revision != UNKNOWN and not _COMMIT_RE.fullmatch(revision):
             raise self.fail(f"{where} revision",

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
 from .errors import EdgekvError, ModelNotFound, RegistryError, SourceError, UsageError
+from .safepath import check_commit, check_relpath, check_repo_id, check_revision, inside, ref_name, safe_segment
 from .gguf_header import (
     GGUFHeader,
     parse_split_name,
@@ -50,7 +51,11 @@ DEFAULT_MODEL = "smollm2-135m"
 FIRST_RANGE_BYTES = 2 * 1024 * 1024      # first range request; the header of most models fits
 MAX_RANGE_BYTES = 32 * 1024 * 1024       # largest single range request
 MAX_HEADER_BYTES = 512 * 1024 * 1024     # give up: no real GGUF header is this large
-HTTP_TIMEOUT_S = 30.0
+HTTP_TIMEOUT_S = 30.0                    # read timeout of one socket read (and of huggingface-hub's HEAD)
+CONNECT_TIMEOUT_S = 10.0
+DEFAULT_FETCH_TIMEOUT_S = 60.0           # the whole header fetch of one model (HEAD + range GETs)
+FETCH_TIMEOUT_ENV = "EDGEKV_FETCH_TIMEOUT"
+MAX_REDIRECTS = 20                       # httpx's cap, which huggingface-hub's session keeps
 
 _COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -277,7 +282,15 @@ def parse_hf_spec(spec: str) -> HfFile:
     parts = body.split("/")
     if len(parts) < 3 or not all(parts) or not rev:
         raise UsageError(f"'{spec}': write hf://OWNER/REPO/FILE.gguf or hf://OWNER/REPO/FILE.gguf@REVISION")
-    return HfFile("/".join(parts[:2]), "/".join(parts[2:]), rev)
+    return checked_hf_file(HfFile("/".join(parts[:2]), "/".join(parts[2:]), rev), spec)
+
+
+def checked_hf_file(f: HfFile, what: str) -> HfFile:
+    """``f`` after validating every part that becomes a path (repo, revision, file name)."""
+    check_repo_id(f.repo, what)
+    check_revision(f.revision, what)
+    check_relpath(f.filename, what)
+    return f
 
 
 def _hf_file_from_url(url: str) -> HfFile | None:
@@ -291,8 +304,99 @@ def _hf_file_from_url(url: str) -> HfFile | None:
         return None
     parts = [unquote(p) for p in u.path.split("/") if p]
     if len(parts) >= 5 and parts[2] in ("resolve", "blob"):
-        return HfFile(f"{parts[0]}/{parts[1]}", "/".join(parts[4:]), parts[3])
+        return checked_hf_file(HfFile(f"{parts[0]}/{parts[1]}", "/".join(parts[4:]), parts[3]), url)
     return None
+
+
+# -- deadlines ----------------------------------------------------------------------------------------
+
+def fetch_timeout() -> float:
+    """The overall deadline of one header fetch: $EDGEKV_FETCH_TIMEOUT seconds (``--fetch-timeout``), else 60."""
+    v = os.environ.get(FETCH_TIMEOUT_ENV, "").strip()
+    if not v:
+        return DEFAULT_FETCH_TIMEOUT_S
+    try:
+        t = float(v)
+    except ValueError:
+        t = -1.0
+    if not (0 < t <= 86400):
+        raise UsageError(f"{FETCH_TIMEOUT_ENV}={v!r}: give a number of seconds, more than 0 (--fetch-timeout)")
+    return t
+
+
+class Deadline:
+    """The time left for all network operations of one model's header (HEAD and range GETs).
+
+    Every operation runs in a helper thread the caller waits on for at most the time left, so a
+    server that drips its status line, its headers or its body one byte at a time (which resets a
+    socket read timeout forever) still ends in one line at the deadline.  The helper thread never
+    writes anything: storing into the cache happens in the caller, after the operation returned.
+    """
+
+    def __init__(self, seconds: float | None = None):
+        self.seconds = fetch_timeout() if seconds is None else seconds
+        self.t0 = time.monotonic()
+        self.received = 0            # body bytes received so far (for the message)
+        self.expired = False
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - self.t0)
+
+    def timeout(self):
+        import httpx2
+
+        left = max(self.left(), 0.05)
+        return httpx2.Timeout(connect=min(CONNECT_TIMEOUT_S, left), read=min(HTTP_TIMEOUT_S, left),
+                              write=min(HTTP_TIMEOUT_S, left), pool=min(CONNECT_TIMEOUT_S, left))
+
+    def give_up(self, display: str) -> SourceError:
+        self.expired = True
+        return SourceError(f"{display}: the server sent {self.received:,} bytes in {self.seconds:g} s; giving up "
+                           f"(the deadline is set with --fetch-timeout or {FETCH_TIMEOUT_ENV})")
+
+    def check(self, display: str) -> None:
+        if self.expired or self.left() <= 0:
+            raise self.give_up(display)
+
+    def run(self, display: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` in a helper thread, waited on until the deadline."""
+        import threading
+
+        self.check(display)
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                box["error"] = e
+
+        t = threading.Thread(target=target, name="edgekv-fetch", daemon=True)
+        t.start()
+        t.join(max(self.left(), 0.0))
+        if t.is_alive():
+            raise self.give_up(display)
+        if "error" in box:
+            raise _translate_http_error(box["error"], display)
+        return box.get("value")
+
+
+def _translate_http_error(e: BaseException, display: str) -> BaseException:
+    """httpx failures that are not network outages, as one line; anything else unchanged."""
+    import httpx2
+
+    if isinstance(e, httpx2.TooManyRedirects):
+        return SourceError(f"{display}: redirect loop: the server redirected more than {MAX_REDIRECTS} times "
+                           f"({str(e)[:120]})")
+    if isinstance(e, httpx2.DecodingError):
+        return SourceError(f"{display}: the server sent a body that cannot be decoded ({e})")
+    if isinstance(e, (httpx2.InvalidURL, httpx2.UnsupportedProtocol)):
+        return SourceError(f"{display}: unusable URL ({e})")
+    if isinstance(e, httpx2.RemoteProtocolError):
+        return SourceError(f"{display}: the server broke the HTTP protocol ({e})")
+    if isinstance(e, UnicodeError):
+        return SourceError(f"{display}: the server sent undecodable text ({type(e).__name__})")
+    return e
 
 
 # -- HTTP range reading -------------------------------------------------------------------------------
@@ -319,6 +423,12 @@ def _unreachable(host: str, e: BaseException) -> str:
     return f"{host} cannot be reached ({type(e).__name__}: {e})"
 
 
+def _timeout_errors() -> tuple[type[BaseException], ...]:
+    import httpx2
+
+    return (httpx2.TimeoutException,)
+
+
 def _network_errors() -> tuple[type[BaseException], ...]:
     import httpx2
     from huggingface_hub.errors import OfflineModeIsEnabled
@@ -334,7 +444,9 @@ class RangeReader:
     fetched is exactly the prefix to cache.  ``received`` counts body bytes, ``requests`` requests.
     """
 
-    def __init__(self, url: str, headers: dict[str, str], display: str, first: int = FIRST_RANGE_BYTES):
+    def __init__(self, url: str, headers: dict[str, str], display: str, first: int = FIRST_RANGE_BYTES,
+                 deadline: Deadline | None = None):
+        self.deadline = deadline or Deadline()
         self.url = url
         self.headers = headers
         self.display = display
@@ -354,30 +466,45 @@ class RangeReader:
             end = min(end, self.total - 1)
         headers = {**self.headers, "Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"}
         data = bytearray()
-        with get_session().stream("GET", self.url, headers=headers, timeout=HTTP_TIMEOUT_S,
+        dl = self.deadline
+        with get_session().stream("GET", self.url, headers=headers, timeout=dl.timeout(),
                                   follow_redirects=True) as r:
             self.requests += 1
             if r.status_code >= 400:
                 raise _http_error(r.status_code, r.reason_phrase, self.display)
+            enc = r.headers.get("Content-Encoding", "identity").strip().lower()
+            if enc not in ("", "identity"):
+                raise SourceError(f"{self.display}: the server sent a compressed body (Content-Encoding: {enc[:40]}) "
+                                  "to a range request for raw bytes; edgekv refuses to guess the offsets")
+            expect = None
             if r.status_code == 206:
                 cr = r.headers.get("Content-Range", "")
                 m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", cr.strip())
-                if not m or int(m[1]) != start:
+                if (not m or int(m[1]) != start or int(m[2]) < int(m[1]) or int(m[2]) > end
+                        or (m[3] != "*" and int(m[2]) >= int(m[3]))
+                        or (m[3] != "*" and self.total is not None and int(m[3]) != self.total)):
                     raise SourceError(f"{self.display}: the server answered a range request with "
-                                      f"Content-Range '{cr}' (asked for bytes {start}-{end})")
+                                      f"Content-Range '{cr[:80]}' (asked for bytes {start}-{end})")
                 if m[3] != "*":
                     self.total = int(m[3])
+                expect = int(m[2]) - start + 1
                 limit = end - start + 1
             elif r.status_code == 200 and start == 0:
                 limit = end + 1     # a small file sent whole is fine; a large one means no range support
             else:
                 raise SourceError(f"{self.display}: unexpected HTTP {r.status_code} to a range request")
             self.etag = self.etag or r.headers.get("ETag")
-            for chunk in r.iter_bytes(1 << 16):
+            for chunk in r.iter_raw():      # as it arrives: the deadline is checked between chunks
                 data += chunk
                 self.received += len(chunk)
+                dl.received += len(chunk)
                 if len(data) > limit:
                     break
+                dl.check(self.display)
+            if expect is not None and len(data) != expect:
+                raise SourceError(f"{self.display}: the server sent {len(data):,} body bytes for Content-Range "
+                                  f"bytes {start}-{start + expect - 1} ({expect:,} bytes); Content-Length or "
+                                  "Content-Range is wrong")
             if r.status_code == 200:
                 if len(data) > limit:
                     raise SourceError(
@@ -407,11 +534,20 @@ class RangeReader:
         return b
 
 
-def fetch_header(url: str, headers: dict[str, str], display: str, first: int = FIRST_RANGE_BYTES
-                 ) -> tuple[GGUFHeader, bytes, dict[str, Any]]:
-    """Read a remote GGUF header with range requests: (header, the bytes to cache, transfer stats)."""
+def fetch_header(url: str, headers: dict[str, str], display: str, first: int = FIRST_RANGE_BYTES,
+                 deadline: Deadline | None = None) -> tuple[GGUFHeader, bytes, dict[str, Any]]:
+    """Read a remote GGUF header with range requests: (header, the bytes to cache, transfer stats).
+
+    Bounded by ``deadline`` (default: a new :class:`Deadline` of :func:`fetch_timeout` seconds).
+    """
+    dl = deadline or Deadline()
+    return dl.run(display, _fetch_header, url, headers, display, first, dl)
+
+
+def _fetch_header(url: str, headers: dict[str, str], display: str, first: int, dl: Deadline
+                  ) -> tuple[GGUFHeader, bytes, dict[str, Any]]:
     t0 = time.perf_counter()
-    rd = RangeReader(url, headers, display, first)
+    rd = RangeReader(url, headers, display, first, dl)
     try:
         rd.read(8)      # the first request: learn the size (and whether ranges work)
         rd.pos = 0
@@ -419,6 +555,9 @@ def fetch_header(url: str, headers: dict[str, str], display: str, first: int = F
     except EdgekvError:
         raise
     except _network_errors() as e:
+        if isinstance(e, _timeout_errors()):
+            raise SourceError(f"{display}: the server sent {dl.received:,} bytes and then nothing for "
+                              f"{min(HTTP_TIMEOUT_S, dl.seconds):g} s ({type(e).__name__}); giving up") from None
         raise SourceError(f"{display}: network error while reading the header: {e}") from None
     seconds = time.perf_counter() - t0
     total = rd.total
@@ -438,17 +577,27 @@ def _headers_root() -> Path:
 
 
 def _hf_repo_dir(repo: str) -> Path:
+    check_repo_id(repo, repo)
     return _headers_root() / "hf" / repo.replace("/", "--")
 
 
 def _hf_header_path(f: HfFile, commit: str) -> Path:
-    return _hf_repo_dir(f.repo) / commit / f.filename
+    what = f"hf://{f.repo}/{f.filename}"
+    p = _hf_repo_dir(f.repo) / check_commit(commit, what) / check_relpath(f.filename, what)
+    inside(_headers_root(), p, what)
+    return p
+
+
+def url_file_name(url: str) -> str:
+    """The file name a URL ends with, when it is one safe path segment, else 'model.gguf'."""
+    return safe_segment(unquote(urlsplit(url).path.rsplit("/", 1)[-1]), "model.gguf")
 
 
 def _url_header_path(url: str) -> Path:
-    name = unquote(urlsplit(url).path.rsplit("/", 1)[-1]) or "model.gguf"
-    key = hashlib.sha256(url.encode()).hexdigest()[:24]
-    return _headers_root() / "url" / key / name
+    key = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    p = _headers_root() / "url" / key / url_file_name(url)
+    inside(_headers_root(), p, url)
+    return p
 
 
 def _meta_path(p: Path) -> Path:
@@ -457,6 +606,7 @@ def _meta_path(p: Path) -> Path:
 
 def _cached_header(p: Path) -> dict[str, Any] | None:
     """The metadata of a complete cached header file, or None."""
+    inside(_headers_root(), p, str(p))
     try:
         meta = json.loads(_meta_path(p).read_text())
         if p.stat().st_size != meta["stored_bytes"]:
@@ -467,7 +617,9 @@ def _cached_header(p: Path) -> dict[str, Any] | None:
 
 
 def _atomic_write(p: Path, data: bytes) -> None:
+    inside(_headers_root(), p, str(p))     # before anything is created
     p.parent.mkdir(parents=True, exist_ok=True)
+    inside(_headers_root(), p, str(p))     # again: a directory on the way may be a symlink
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
@@ -483,7 +635,10 @@ def _store_header(p: Path, data: bytes, meta: dict[str, Any]) -> None:
 
 
 def _ref_file(repo: str, revision: str) -> Path:
-    return _hf_repo_dir(repo) / "refs" / quote(revision, safe="")
+    check_revision(revision, f"{repo}@{revision}")
+    p = _hf_repo_dir(repo) / "refs" / ref_name(revision)
+    inside(_headers_root(), p, f"{repo}@{revision}")
+    return p
 
 
 def _cached_commit(repo: str, revision: str) -> str | None:
@@ -525,7 +680,12 @@ def _hf_cached_file(f: HfFile, revision: str | None = None) -> str | None:
     return p if isinstance(p, str) and os.path.isfile(p) else None
 
 
-def _hf_head(f: HfFile, display: str):
+def _hf_head(f: HfFile, display: str, deadline: Deadline | None = None):
+    dl = deadline or Deadline()
+    return dl.run(display, _hf_head_now, f, display, dl)
+
+
+def _hf_head_now(f: HfFile, display: str, dl: Deadline):
     """The hub's HEAD for a file: (commit, etag, size, location, headers for the range GETs)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import (
@@ -540,7 +700,7 @@ def _hf_head(f: HfFile, display: str):
     ep = hf_endpoint()
     url = hf_hub_url(f.repo, f.filename, revision=f.revision, endpoint=ep)
     try:
-        meta = get_hf_file_metadata(url, timeout=HTTP_TIMEOUT_S, endpoint=ep)
+        meta = get_hf_file_metadata(url, timeout=min(HTTP_TIMEOUT_S, max(dl.left(), 0.05)), endpoint=ep)
     except GatedRepoError:
         raise SourceError(f"{display}: {f.repo} is gated; accept its terms on the website, then 'hf auth login' "
                           "or set HF_TOKEN") from None
@@ -558,6 +718,7 @@ def _hf_head(f: HfFile, display: str):
         raise _http_error(status, "", display) from None
     if not meta.commit_hash:
         raise SourceError(f"{display}: {ep} did not send X-Repo-Commit; is HF_ENDPOINT a Hugging Face hub?")
+    check_commit(meta.commit_hash, f"{display}: X-Repo-Commit from {ep}")
     headers = build_hf_headers()
     if urlsplit(meta.location).netloc != urlsplit(ep).netloc:
         headers.pop("authorization", None)   # never send the token to a CDN
@@ -573,6 +734,8 @@ def _offline_error(display: str, what: str, why: str) -> SourceError:
 def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | None = None,
                 display_name: str | None = None, display: str | None = None) -> ModelRef:
     display = display or (spec if spec.startswith("hf://") else f.spec)
+    checked_hf_file(f, display)
+    dl = Deadline()
     name = display_name or f.filename.rsplit("/", 1)[-1]
     is_commit = bool(_COMMIT_RE.fullmatch(f.revision))
 
@@ -613,7 +776,7 @@ def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | 
         why_offline = "HF_HUB_OFFLINE is set"
     elif not (is_commit and _cached_header(_hf_header_path(f, f.revision))):
         try:
-            head = _hf_head(f, display)
+            head = _hf_head(f, display, dl)
         except _network_errors() as e:
             why_offline = _unreachable(urlsplit(hf_endpoint()).netloc, e)
         else:
@@ -638,7 +801,7 @@ def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | 
         if head is None:
             raise _offline_error(display, f"its header is not cached under {first_path.parent}",
                                  why_offline or "no network")
-        h, data, st = fetch_header(head[3], head[4], display)
+        h, data, st = fetch_header(head[3], head[4], display, deadline=dl)
         _store_header(first_path, data, {"source": display, "commit": commit, "etag": head[1],
                                          "size": head[2], **st})
         stats.append(st)
@@ -663,10 +826,10 @@ def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | 
                 raise _offline_error(display, f"the header of {sib.filename} is not cached",
                                      why_offline or "HF_HUB_OFFLINE is set")
             try:
-                shead = _hf_head(sib, sdisplay)
+                shead = _hf_head(sib, sdisplay, dl)
             except _network_errors() as e:
                 raise SourceError(f"{sdisplay}: {_unreachable(urlsplit(hf_endpoint()).netloc, e)}") from None
-            _, sdata, sst = fetch_header(shead[3], shead[4], sdisplay)
+            _, sdata, sst = fetch_header(shead[3], shead[4], sdisplay, deadline=dl)
             _store_header(p, sdata, {"source": sdisplay, "commit": commit, "etag": shead[1], "size": shead[2], **sst})
             stats.append(sst)
     fetch = _merge_stats(stats)
@@ -692,11 +855,16 @@ def _check_identity(display: str, etag: str | None, size: int | None, sha256: st
 
 # -- plain URLs -----------------------------------------------------------------------------------
 
-def _url_head(url: str, display: str) -> tuple[str | None, int | None]:
+def _url_head(url: str, display: str, deadline: Deadline | None = None) -> tuple[str | None, int | None]:
     """ETag and size from a HEAD request; (None, None) when the server does not answer HEAD."""
+    dl = deadline or Deadline()
+    return dl.run(display, _url_head_now, url, display, dl)
+
+
+def _url_head_now(url: str, display: str, dl: Deadline) -> tuple[str | None, int | None]:
     from huggingface_hub import get_session
 
-    r = get_session().head(url, headers={"Accept-Encoding": "identity"}, timeout=HTTP_TIMEOUT_S,
+    r = get_session().head(url, headers={"Accept-Encoding": "identity"}, timeout=dl.timeout(),
                            follow_redirects=True)
     if r.status_code in (403, 405, 501):
         return None, None   # no HEAD (signed URLs answer 403 to it): the GET reports any real error
@@ -710,8 +878,9 @@ def _url_head(url: str, display: str) -> tuple[str | None, int | None]:
 
 def _resolve_url(url: str, spec: str) -> ModelRef:
     display = url
-    name = unquote(urlsplit(url).path.rsplit("/", 1)[-1]) or url
+    name = url_file_name(url)
     path = _url_header_path(url)
+    dl = Deadline()
     cached = _cached_header(path)
     etag = size = None
     why = None
@@ -719,7 +888,7 @@ def _resolve_url(url: str, spec: str) -> ModelRef:
         why = "HF_HUB_OFFLINE is set"
     else:
         try:
-            etag, size = _url_head(url, display)
+            etag, size = _url_head(url, display, dl)
         except _network_errors() as e:
             why = _unreachable(urlsplit(url).netloc, e)
     stats: list[dict[str, Any]] = []
@@ -729,7 +898,7 @@ def _resolve_url(url: str, spec: str) -> ModelRef:
     if not usable:
         if why is not None:
             raise _offline_error(display, f"its header is not cached under {path.parent}", why)
-        h, data, st = fetch_header(url, {}, display)
+        h, data, st = fetch_header(url, {}, display, deadline=dl)
         _store_header(path, data, {"source": url, **st, "etag": st.get("etag") or etag})
         stats.append(st)
     else:
@@ -753,7 +922,7 @@ def _resolve_url(url: str, spec: str) -> ModelRef:
                 continue
             if why is not None:
                 raise _offline_error(display, f"the header of {sname} is not cached", why)
-            _, sdata, sst = fetch_header(surl, {}, surl)
+            _, sdata, sst = fetch_header(surl, {}, surl, deadline=dl)
             _store_header(sp, sdata, {"source": surl, **sst})
             stats.append(sst)
     fetch = _merge_stats(stats)
@@ -782,7 +951,7 @@ def resolve_entry(entry: ModelEntry, spec: str | None = None) -> ModelRef:
         p = pypi_model_path(entry)
         return ModelRef(spec=spec, path=str(p), name=entry.name, source="pypi", complete=True,
                         origin=f"pypi:{entry.pypi.package}")
-    f = HfFile(entry.hf_repo, entry.file, entry.hf_revision)
+    f = checked_hf_file(HfFile(entry.hf_repo, entry.file, entry.hf_revision), f"models.toml: [models.\"{entry.name}\"]")
     sha = entry.sha256 if entry.sha256_known else None
     return _resolve_hf(f, spec, sha256=sha, size=entry.size_bytes, display_name=entry.name,
                        display=f"{entry.name} ({f.spec})")
@@ -907,7 +1076,7 @@ def pull_model(spec: str, allow_unverified: bool = False) -> PullResult:
                                 "the sha256 it computes so it can be recorded)")
         if not entry.pinned:
             notes.append(f"revision not pinned in models.toml: downloading the current '{entry.hf_revision}'")
-        f = HfFile(entry.hf_repo, entry.file, entry.hf_revision)
+        f = checked_hf_file(HfFile(entry.hf_repo, entry.file, entry.hf_revision), f"models.toml: [models.\"{entry.name}\"]")
         expected = entry.sha256 if entry.sha256_known else None
         name = entry.name
     elif spec.startswith("hf://"):

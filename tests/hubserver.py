@@ -14,14 +14,29 @@ does not follow the redirect on its HEAD) serves the bytes with ``Accept-Ranges`
 Every request is logged and every body byte sent is counted, per path, so tests can assert how much
 of a model crossed the wire.  ``cut_after[sha256] = n`` drops the next whole-file download of a blob
 after ``n`` bytes, to exercise resuming.
+
+Hostile behaviour, for tests/test_hostile.py (everything still on 127.0.0.1 only):
+
+* ``/any/ANYTHING``           ``any_file`` with ranges, whatever the (URL-encoded) name says;
+* ``/drip/NAME``              a normal status line and headers, then the body one byte every ``drip_s``;
+* ``/driphead/NAME``          the status line and headers themselves one byte every ``drip_s`` (HEAD too);
+* ``/loop/NAME``              a 302 to itself, forever;
+* ``/gzip/NAME``              the range gzip-compressed, with ``Content-Encoding: gzip``;
+* ``/badcr/MODE/NAME``        a 206 whose Content-Range does not match: MODE start, end, total or star
+                              (``star``: ``bytes a-b/*``, which is legal and must work);
+* ``/lielen/MODE/NAME``       a 206 whose Content-Length lies: MODE short or long;
+* hub ``commit_override``     the X-Repo-Commit the hub sends for every repo (``../../x``, ``/etc``);
+* hub ``drip_head``           the hub's /resolve/ answer dripped like ``/driphead/``.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import re
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -55,6 +70,10 @@ class FakeHub:
         self.blobs: dict[str, Path] = {}        # sha256 -> file, served by the CDN
         self.cut_after: dict[str, int] = {}     # sha256 -> drop the next whole-file GET after this many bytes
         self.fail_with: int | None = None       # answer every hub /resolve/ request with this status (5xx)
+        self.any_file: Path | None = None       # served by /any/ANYTHING
+        self.drip_s = 1.0                       # seconds between bytes of /drip/ and /driphead/
+        self.commit_override: str | None = None
+        self.drip_head = False
         self.sent: Counter[str] = Counter()     # body bytes sent, by request path (without query)
         self.log: list[tuple[str, str, str | None]] = []    # (method, path, Range header)
         self.lock = threading.Lock()
@@ -183,11 +202,16 @@ class _Handler(BaseHTTPRequestHandler):
             return self._serve_file(path, p, head, ranges=False, etag=None)
         if path == "/page.html":
             return self._simple(200, HTML, head=head, ctype="text/html")
+        hostile = self._hostile(path, head)
+        if hostile is not False:
+            return None
         m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if not m:
             return self._simple(404, b'{"error":"not found"}', head=head)
         if self.fake.fail_with:
             return self._simple(self.fake.fail_with, b'{"error":"unavailable"}', head=head)
+        if self.fake.drip_head:
+            return self._drip_head()
         repo_id, rev, filename = unquote(m[1]), unquote(m[2]), unquote(m[3])
         repo = self.fake.repos.get(repo_id)
         if repo is None:
@@ -201,7 +225,8 @@ class _Handler(BaseHTTPRequestHandler):
         size = os.path.getsize(repo.files[filename])
         self._simple(302, b"", {
             "Location": f"{self.fake.cdn}/cdn/{sha}?name={filename.rsplit('/', 1)[-1]}",
-            "X-Repo-Commit": repo.commit, "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(size),
+            "X-Repo-Commit": self.fake.commit_override or repo.commit, "X-Linked-Etag": f'"{sha}"',
+            "X-Linked-Size": str(size),
             "ETag": f'"{hashlib.sha1(sha.encode()).hexdigest()}"',
         }, head)
 
@@ -244,3 +269,84 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.connection.shutdown(2)
             self.close_connection = True
+
+    # -- hostile answers ---------------------------------------------------------------------------
+
+    def _plain_file(self, name: str) -> Path | None:
+        return self.fake.plain.get(unquote(name))
+
+    def _drip(self, data: bytes, path: str) -> None:
+        for i in range(len(data)):
+            time.sleep(self.fake.drip_s)
+            try:
+                self.wfile.write(data[i:i + 1])
+                self.wfile.flush()
+            except OSError:
+                break
+            with self.fake.lock:
+                self.fake.sent[path] += 1
+        self.close_connection = True
+
+    def _drip_head(self) -> None:
+        head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nX-Padding: "
+                + b"x" * 4000 + b"\r\n\r\n")
+        self._drip(head, urlsplit(self.path).path)
+
+    def _hostile(self, path: str, head: bool) -> bool | None:
+        """Serve a hostile route; False when ``path`` is not one."""
+        parts = path.split("/", 3)     # '', route, a, rest
+        route = parts[1] if len(parts) > 1 else ""
+        if route == "any":
+            if self.fake.any_file is None:
+                return self._simple(404, b"", head=head) or None
+            return self._serve_file(path, self.fake.any_file, head, ranges=True, etag='"any"') or None
+        if route == "loop":
+            return self._simple(302, b"", {"Location": path}, head) or None
+        if route == "driphead":
+            return self._drip_head()
+        if route not in ("drip", "gzip", "badcr", "lielen"):
+            return False
+        mode = parts[2] if route in ("badcr", "lielen") else ""
+        name = (parts[3] if route in ("badcr", "lielen") else "/".join(parts[2:])) if len(parts) > 2 else ""
+        p = self._plain_file(name)
+        if p is None:
+            return self._simple(404, b"Not Found", head=head, ctype="text/plain") or None
+        size = os.path.getsize(p)
+        if route == "drip" and head:
+            return self._serve_file(path, p, head=True, ranges=True, etag='"drip"') or None
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", (self.headers.get("Range") or "").strip())
+        start = int(m[1]) if m else 0
+        end = min(int(m[2]) if m and m[2] else size - 1, size - 1)
+        with open(p, "rb") as f:
+            f.seek(start)
+            body = f.read(end - start + 1)
+        headers = {"Accept-Ranges": "bytes", "Content-Range": f"bytes {start}-{end}/{size}"}
+        if route == "gzip":
+            body = gzip.compress(body, 1)
+            headers["Content-Encoding"] = "gzip"
+        elif route == "badcr":
+            headers["Content-Range"] = {
+                "start": f"bytes {start + 1}-{end}/{size}",
+                "end": f"bytes {start}-{end + 4096}/{size + 4096}",
+                "total": f"bytes {start}-{end}/{end}",
+                "star": f"bytes {start}-{end}/*",
+            }[mode]
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        n = len(body)
+        if route == "lielen":
+            n = n - 1000 if mode == "short" else n + 1000
+        self.send_header("Content-Length", str(n))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if head:
+            return None
+        if route == "drip":
+            self._drip(body, path)
+            return None
+        self._write(path, body)
+        if route == "lielen":
+            self.wfile.flush()
+            self.close_connection = True
+        return None
