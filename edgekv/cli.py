@@ -15,7 +15,7 @@ from typing import Any, Optional
 import typer
 
 from . import __version__
-from .errors import EdgekvError, UsageError
+from .errors import EdgekvError, ResultsError, UsageError
 from .options import pair_types, parse_flash_attn, parse_int_list, parse_size, parse_type_list
 from .quality_cli import quality as _quality_command
 
@@ -70,6 +70,14 @@ def _notes(m) -> None:
     """Where the model's bytes came from (remote header fetched or cached), on stderr."""
     for n in m.ref.notes:
         sys.stderr.write(f"edgekv: {n}\n")
+
+
+def _warn_lines(lines: list[str], most: int = 10) -> None:
+    """One line each on stderr (at most ``most``, then a count)."""
+    for x in lines[:most]:
+        sys.stderr.write(f"edgekv: warning: {x}\n")
+    if len(lines) > most:
+        sys.stderr.write(f"edgekv: warning: and {len(lines) - most} more such lines\n")
 
 
 @app.callback(invoke_without_command=True)
@@ -259,6 +267,9 @@ def bench(
     prog = Progress(err)
 
     def on_event(kind: str, data: dict) -> None:
+        if kind == "note":      # one line each, e.g. the repair of a results file's last line
+            err.print(f"edgekv: {data['message']}", markup=False, highlight=False)
+            return
         if kind == "start":
             if data["existing"]:
                 err.print(f"Resuming {data['output']}: {data['existing']} of {data['total']} configurations already done.")
@@ -304,7 +315,15 @@ def report(
             note = Path(note[1:]).read_text(encoding="utf-8")
         except OSError as e:
             raise UsageError(f"--note {note}: cannot read it ({e.strerror})") from None
-    res = write_report(load_many(results), output, title=title, plots=not no_plots, note=note)
+    skipped: list = []
+    records = load_many(results, skipped)
+    if skipped:
+        _warn_lines([f"{x}; skipped" for x in skipped])
+        if not records:
+            raise ResultsError(f"no usable records: all {len(skipped)} result lines were skipped (first: {skipped[0]})")
+        why = "; ".join(f"`{x}`" for x in skipped[:10]) + (f"; and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+        note = (note + "\n\n" if note else "") + f"**Skipped {len(skipped)} unusable input line(s)**: {why}."
+    res = write_report(records, output, title=title, plots=not no_plots, note=note)
     if as_json:
         _print_json(res)
     else:
@@ -327,8 +346,10 @@ def compare_cmd(
 ) -> None:
     """Pair configurations, test every metric, print Markdown; exit 1 on a significant regression."""
     from .compare import compare, render_markdown
+    from .inputs import drain_notes
 
     res = compare(base, cand, thresholds=threshold, force=force, alpha=alpha)
+    _warn_lines(drain_notes())
     if as_json:
         _print_json(res)
     else:
@@ -345,9 +366,10 @@ def merge(
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
     """Several machines' results into one file: every row kept, each with its machine."""
-    from .inputs import device_label, merge_files
+    from .inputs import device_label, drain_notes, merge_files
 
     recs = merge_files(inputs, output)
+    _warn_lines(drain_notes())
     devices: dict[str, int] = {}
     for r in recs:
         devices[device_label(r)] = devices.get(device_label(r), 0) + 1

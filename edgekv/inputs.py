@@ -27,12 +27,26 @@ KIND_BENCH = "bench"
 KIND_LLAMA_BENCH = "llama-bench"
 KIND_PREDICT = "predict"
 
+# Torn last lines (an interrupted write) left out by strict loads, for the CLI to print one line each.
+NOTES: list[str] = []
 
-def load_any(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Load one input file of any accepted kind as a list of records."""
+
+def drain_notes() -> list[str]:
+    out = list(NOTES)
+    NOTES.clear()
+    return out
+
+
+def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None) -> list[dict[str, Any]]:
+    """Load one input file of any accepted kind as a list of records.
+
+    Without ``skipped`` an unusable line of an edgekv results file refuses the file with one line
+    naming ``file:line`` (a torn last line is left out and noted in :data:`NOTES`); with a list,
+    unusable lines are left out and described there (``report`` says how many and why).
+    """
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(errors="replace")
     except FileNotFoundError:
         raise ResultsError(f"{p}: no such file") from None
     except IsADirectoryError:
@@ -56,7 +70,7 @@ def load_any(path: str | os.PathLike) -> list[dict[str, Any]]:
         raise ResultsError(f"{p}: a JSON list that is neither llama-bench output nor edgekv predict --json output")
     if isinstance(first, dict):
         if "schema_version" in first:
-            return R.load(p)
+            return _load_results(p, skipped)
         if "samples_ts" in first:
             from .llamabench import load_llama_bench_file
 
@@ -66,8 +80,21 @@ def load_any(path: str | os.PathLike) -> list[dict[str, Any]]:
     raise ResultsError(f"{p}: neither edgekv results, llama-bench JSON/JSONL nor edgekv predict --json output")
 
 
+def _load_results(p: Path, skipped: list[R.Skipped] | None) -> list[dict[str, Any]]:
+    if skipped is not None:
+        return R.load(p, skipped=skipped)
+    mine: list[R.Skipped] = []
+    recs = R.load(p, skipped=mine)
+    bad = [x for x in mine if not x.why.startswith("torn last line")]
+    if bad:
+        more = f" (and {len(bad) - 1} more unusable lines)" if len(bad) > 1 else ""
+        raise ResultsError(f"{bad[0]}{more}; fix or remove the line ('edgekv report' skips such lines and says so)")
+    NOTES.extend(f"{x}: left out" for x in mine)
+    return recs
+
+
 def _first_object(text: str) -> Any:
-    """The whole file as JSON if it is one JSON document, else its first line's object (JSONL)."""
+    """The whole file as JSON if it is one JSON document, else its first JSON object line (JSONL)."""
     s = text.strip()
     if not s:
         return None
@@ -75,17 +102,20 @@ def _first_object(text: str) -> Any:
         return json.loads(s)
     except ValueError:
         pass
-    line = s.split("\n", 1)[0]
-    try:
-        return json.loads(line)
-    except ValueError:
-        return "not json"
+    for line in s.split("\n")[:50]:      # past a damaged first line or two
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return "not json"
 
 
-def load_many(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+def load_many(paths: Sequence[str | os.PathLike], skipped: list[R.Skipped] | None = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for p in paths:
-        out.extend(load_any(p))
+        out.extend(load_any(p, skipped))
     return out
 
 

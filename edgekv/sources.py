@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
 from .errors import EdgekvError, ModelNotFound, RegistryError, SourceError, UsageError
-from .safepath import check_commit, check_relpath, check_repo_id, check_revision, inside, ref_name, safe_segment
 from .gguf_header import (
     GGUFHeader,
     parse_split_name,
@@ -42,6 +41,7 @@ from .gguf_header import (
     split_count,
     split_file_name,
 )
+from .safepath import check_commit, check_relpath, check_repo_id, check_revision, inside, ref_name, safe_segment
 
 if TYPE_CHECKING:
     from .registry import ModelEntry, PypiSource

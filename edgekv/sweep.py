@@ -339,9 +339,6 @@ def check_resumable(existing: list[dict[str, Any]], env: dict[str, Any], model_s
 
 def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] | None = None, force: bool = False,
               on_event: Callable[[str, dict[str, Any]], None] | None = None) -> SweepResult:
-    from .environment import collect, nvml_process_probe
-    from .process import run_child, worker_argv
-
     t0 = time.perf_counter()
     emit = on_event or (lambda kind, data: None)
     m = spec.model
@@ -351,8 +348,25 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
     sha = verified_sha256(m.ref.path)
     cases = expand(spec, sha)
     output = Path(output) if output else default_output(spec, cases)
+    writer = R.ResultsWriter(output)    # writable, locked for the whole sweep, tail repaired: before measuring
+    try:
+        return _run_locked(spec, writer, cases, sha, env, force, emit, t0)
+    finally:
+        writer.close()
+
+
+def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha: str | None,
+                env: dict[str, Any] | None, force: bool, emit: Callable[[str, dict[str, Any]], None],
+                t0: float) -> SweepResult:
+    from .environment import collect, nvml_process_probe
+    from .process import run_child, worker_argv
+
+    m = spec.model
+    output = writer.path
+    for note in writer.notes:
+        emit("note", {"message": note})
     env = env or collect()
-    existing = R.load(output) if output.exists() else []
+    existing = writer.existing
     check_resumable(existing, env, sha, output, force)
     done_keys = {r.get("config_key") for r in existing}
     todo = [c for c in cases if c.key not in done_keys]
@@ -398,7 +412,7 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
                 rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
             if quality is not None and rec["status"] == "ok":
                 rec["quality"] = quality(case, emit)
-            R.append(output, rec)
+            writer.append(rec)
             records.append(rec)
             emit("done", {"i": i, "n": len(todo), "record": rec})
     except KeyboardInterrupt:
