@@ -24,6 +24,16 @@ class LoadedModel:
         return self.header.weights_bytes
 
 
+def _checked_shape(shape: ModelShape, header) -> ModelShape:
+    """The shape with ``invalid_reason`` set when llama.cpp would refuse the file (edgekv.shapecheck)."""
+    from dataclasses import replace as _replace
+
+    from .shapecheck import validate_shape
+
+    why = validate_shape(shape, header)
+    return _replace(shape, invalid_reason=why) if why else shape
+
+
 def load_model(spec: str | None) -> LoadedModel:
     """Resolve a MODEL argument and read its header and shape (no llama.cpp involved).
 
@@ -37,6 +47,7 @@ def load_model(spec: str | None) -> LoadedModel:
         paths = ref.shards or local_split_paths(ref.path, n)
         header = merge_split_headers([header] + [read_header_file(p) for p in paths[1:]])
     shape = shape_from_metadata(header.metadata, ref.path, header.value_types)
+    shape = _checked_shape(shape, header)
     return LoadedModel(ref, header, shape)
 
 

@@ -169,11 +169,14 @@ def predict(
             _print_json({"predictions": rows, "budget": budget_rows})
         else:
             _print_json(rows)
-        return
-    con = _console()
-    render_predict(con, m, base, rows, engine=engine, layers=layers)
-    if budget_rows is not None:
-        render_budget(con, m, budget_bytes, budget_rows)
+    else:
+        con = _console()
+        render_predict(con, m, base, rows, engine=engine, layers=layers)
+        if budget_rows is not None:
+            render_budget(con, m, budget_bytes, budget_rows)
+    if m.shape.invalid_reason:      # every row says 'invalid' with the reason; no figure, and exit 1
+        sys.stderr.write(f"edgekv: error: {m.ref.spec}: {m.shape.invalid_reason}; no figure given\n")
+        raise typer.Exit(1)
 
 
 # -- bench --------------------------------------------------------------------------------------------

@@ -31,11 +31,19 @@ DEFAULT_ALIGNMENT = 32          # GGUF_DEFAULT_ALIGNMENT in ggml/src/gguf.cpp
 GGML_MAX_DIMS = 4
 GGML_MAX_NAME = 64
 
-# Sanity limits.  They are far above anything a real model has and far below what would hurt.
-MAX_STRING_BYTES = 64 * 1024 * 1024     # one metadata string (chat templates are ~100 KB)
-MAX_KV_COUNT = 1 << 20
-MAX_TENSOR_COUNT = 1 << 24
-MAX_ARRAY_LEN = 1 << 32
+# Sanity limits (issue 18), each checked before anything is allocated or walked.  They are far above
+# anything a real model has (the largest tokenizers hold ~260K tokens and ~500K merges; a 671B MoE has
+# ~1,100 tensors; chat templates are ~100 KB) and keep reading a hostile header bounded in time and
+# memory: about 100 MiB of RSS and seconds, whatever the header declares.
+MAX_STRING_BYTES = 16 * 1024 * 1024     # one metadata string
+MAX_KEPT_STRING_BYTES = 64 * 1024 * 1024    # all metadata strings kept in memory together
+MAX_KEPT_VALUES = 1 << 21               # all array items kept in memory together
+MAX_METADATA_BYTES = 512 * 1024 * 1024  # the metadata section (what is walked, kept or not)
+MAX_HEADER_BYTES = MAX_METADATA_BYTES + 64 * 1024 * 1024    # metadata + the tensor-info table
+MAX_KV_COUNT = 1 << 16
+MAX_TENSOR_COUNT = 1 << 17
+MAX_ARRAY_LEN = 1 << 24                 # items of one array of scalars or strings
+MAX_NESTED_ARRAY_LEN = 1 << 16          # items of one array of arrays
 ARRAY_KEEP_LIMIT = 8192                 # arrays longer than this are summarised, not kept
 MAX_NESTED_ARRAY_DEPTH = 2
 
@@ -148,6 +156,8 @@ class _Stream:
         self.buf = b""
         self.off = 0          # read position inside buf
         self.base = 0         # absolute offset of buf[0]
+        self.kept_bytes = 0   # metadata string bytes kept (MAX_KEPT_STRING_BYTES)
+        self.kept_values = 0  # array items kept (MAX_KEPT_VALUES)
 
     @property
     def pos(self) -> int:
@@ -163,6 +173,9 @@ class _Stream:
         avail = len(self.buf) - self.off
         if avail >= n:
             return
+        if self.pos + n > MAX_HEADER_BYTES:
+            raise GGUFFormatError(f"{self.name}: the GGUF header runs past {MAX_HEADER_BYTES >> 20} MiB ({what} at "
+                                  f"offset {self.pos}); no model has a header this large, the file is corrupt")
         if self.size_hint is not None and self.pos + n > self.size_hint:
             raise self._truncated(n, what)
         parts = [self.buf[self.off:]]
@@ -209,11 +222,16 @@ class _Stream:
     def u64(self, what: str) -> int:
         return self.unpack(_U64, what)
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, max_bytes: int = MAX_STRING_BYTES) -> str:
         at = self.pos
         n = self.u64(f"length of {what}")
-        if n > MAX_STRING_BYTES:
-            raise GGUFFormatError(f"{self.name}: absurd string length {n} for {what} at offset {at}; the file is corrupt")
+        if n > max_bytes:
+            raise GGUFFormatError(f"{self.name}: absurd string length {n} for {what} at offset {at} (at most "
+                                  f"{max_bytes} bytes); the file is corrupt")
+        self.kept_bytes += n
+        if self.kept_bytes > MAX_KEPT_STRING_BYTES:
+            raise GGUFFormatError(f"{self.name}: the metadata strings exceed {MAX_KEPT_STRING_BYTES >> 20} MiB "
+                                  f"(at {what}, offset {at}); no model has this much, the file is corrupt")
         raw = self.read(n, what)
         try:
             return raw.decode("utf-8")
@@ -269,10 +287,23 @@ def _read_value(s: _Stream, vtype: GGUFValueType, key: str, depth: int = 0) -> t
         at = s.pos
         itype = _value_type(s.u32(f"array type of '{key}'"), s.name, key, at)
         n = s.u64(f"array length of '{key}'")
-        if n > MAX_ARRAY_LEN:
-            raise GGUFFormatError(f"{s.name}: absurd array length {n} for key '{key}' at offset {at}; the file is corrupt")
+        cap = MAX_NESTED_ARRAY_LEN if itype == GGUFValueType.ARRAY else MAX_ARRAY_LEN
+        if n > cap:
+            raise GGUFFormatError(f"{s.name}: absurd array length {n} for key '{key}' at offset {at} (at most {cap} "
+                                  f"items of {itype.name.lower()}); the file is corrupt")
+        min_item = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 12}.get(itype) or struct.calcsize(
+            "<" + _SCALAR_FMT.get(itype, "B"))
+        if at + n * min_item > MAX_METADATA_BYTES or (s.size_hint is not None and at + n * min_item > s.size_hint):
+            raise GGUFFormatError(f"{s.name}: array '{key}' at offset {at} declares {n} items, at least {n * min_item} "
+                                  "bytes, more than the file or edgekv's metadata cap "
+                                  f"({MAX_METADATA_BYTES >> 20} MiB) holds; the file is corrupt")
         type_name = f"array[{itype.name.lower()}]"
         keep = n <= ARRAY_KEEP_LIMIT
+        if keep:
+            s.kept_values += n
+            if s.kept_values > MAX_KEPT_VALUES:
+                raise GGUFFormatError(f"{s.name}: the metadata arrays keep more than {MAX_KEPT_VALUES} items (at key "
+                                      f"'{key}', offset {at}); no model has this many, the file is corrupt")
         if itype in _SCALAR_FMT:
             fmt = _SCALAR_FMT[itype]
             size = struct.calcsize("<" + fmt)
@@ -284,6 +315,8 @@ def _read_value(s: _Stream, vtype: GGUFValueType, key: str, depth: int = 0) -> t
         if itype == GGUFValueType.STRING and not keep:
             s.skip_strings(n, f"array '{key}'")
             return ArraySummary("string", n), type_name
+        if not keep:
+            s.kept_values += ARRAY_KEEP_LIMIT    # what a walked (not kept) array of arrays may still hold
         values: list[Any] = []
         for _ in range(n):
             v, _t = _read_value(s, itype, key, depth + 1)
@@ -332,6 +365,9 @@ def read_header(f: BinaryIO, name: str = "<stream>", size_hint: int | None = Non
         value, tname = _read_value(s, vtype, key)
         if key in metadata:
             raise GGUFFormatError(f"{name}: duplicate metadata key '{key}'")
+        if s.pos > MAX_METADATA_BYTES:
+            raise GGUFFormatError(f"{name}: the metadata runs past {MAX_METADATA_BYTES >> 20} MiB (at key '{key}'); "
+                                  "no model has this much, the file is corrupt")
         metadata[key] = value
         value_types[key] = tname
 
@@ -345,7 +381,7 @@ def read_header(f: BinaryIO, name: str = "<stream>", size_hint: int | None = Non
     seen: set[str] = set()
     expected_offset = 0
     for i in range(n_tensors):
-        tname = s.string(f"name of tensor {i}")
+        tname = s.string(f"name of tensor {i}", max_bytes=GGML_MAX_NAME - 1)
         if len(tname.encode()) >= GGML_MAX_NAME:
             raise GGUFFormatError(f"{name}: tensor name '{tname[:80]}' is too long (ggml allows {GGML_MAX_NAME - 1} bytes)")
         n_dims = s.u32(f"dimension count of tensor '{tname}'")

@@ -299,7 +299,7 @@ def predict(shape: ModelShape, params: ContextParams | None = None, **overrides:
     if shape.memory == MEMORY_UNSUPPORTED:
         pred.status, pred.reason = STATUS_UNSUPPORTED, f"{shape.arch}: {shape.unsupported_reason}; measure it instead"
         return pred
-    refusal = _refusal(shape, p, tk, tv, fa, n_ctx, n_batch, n_ubatch)
+    refusal = shape.invalid_reason or _refusal(shape, p, tk, tv, fa, n_ctx, n_batch, n_ubatch)
     if refusal:
         pred.status, pred.reason = STATUS_INVALID, refusal
         pred.aborts = refusal.startswith("llama.cpp aborts")

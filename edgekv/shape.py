@@ -85,6 +85,7 @@ class ModelShape:
     supports_rs_rollback: bool
     layers: tuple[LayerShape, ...]
     unsupported_reason: str | None = None
+    invalid_reason: str | None = None   # why llama.cpp would refuse to load it (edgekv.shapecheck)
     notes: tuple[str, ...] = field(default=())
 
     @property

@@ -8,7 +8,6 @@ parser); the bench cases run real llama.cpp on SmolLM2-135M.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -152,9 +151,8 @@ def test_missing_final_newline_is_repaired_by_appending(tmp_path):
 
 def test_second_writer_refuses_while_the_first_holds_the_lock(tmp_path):
     p = tmp_path / "locked.jsonl"
-    with R.ResultsWriter(p):
-        with pytest.raises(ResultsError, match="another edgekv process is writing"):
-            R.ResultsWriter(p)
+    with R.ResultsWriter(p), pytest.raises(ResultsError, match="another edgekv process is writing"):
+        R.ResultsWriter(p)
     with R.ResultsWriter(p):      # released on close
         pass
     assert not p.exists()         # nothing written: no empty file left behind
