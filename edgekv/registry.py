@@ -151,13 +151,14 @@ class _Checker:
             raise self.fail(f"{where} {key}", f"{v!r} is not {what}")
         return v
 
-    def safe_parts(self, where: str, hf_repo: str, file: str) -> None:
+    def safe_parts(self, where: str, hf_repo: str | None, file: str) -> None:
         """The repo id by huggingface-hub's validator, the file name as safe path segments (edgekv.safepath)."""
         from .safepath import UnsafePath, check_relpath, check_repo_id
 
         try:
-            check_repo_id(hf_repo, "hf_repo")
-            check_relpath(file, "file")
+            if hf_repo is not None:
+                check_repo_id(hf_repo, "hf_repo")
+            check_relpath(file, "file" if hf_repo is not None else "resource")
         except UnsafePath as e:
             raise self.fail(where, str(e)) from None
 
@@ -199,6 +200,7 @@ class _Checker:
         resource = self.string(where, "resource", v["resource"])
         if resource.startswith("/") or ".." in Path(resource).parts:
             raise self.fail(f"{where} resource", f"{resource!r} must be a relative path inside the package")
+        self.safe_parts(where, None, resource)
         module = package.replace("-", "_").replace(".", "_").lower()
         if "module" in v:
             module = self.string(where, "module", v["module"], _MODULE_RE, "a Python module name")

@@ -187,7 +187,9 @@ def _assemble_from_package(module: str, resource: str, package: str, sha256: str
         raise ModelNotFound(f"the Python package '{package}' is not installed; install it with 'pip install {package}'")
     mod = importlib.import_module(module)
     expected = sha256 or getattr(mod, "EXPECTED_SHA256", None)
+    check_relpath(resource, package, "resource")
     target = edgekv_home() / "models" / resource
+    inside(edgekv_home() / "models", target, package)
     if target.is_file() and (expected is None or verified_sha256(target) == expected):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

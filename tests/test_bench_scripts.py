@@ -64,3 +64,13 @@ def test_quality_script_against_llama_perplexity(llama_bin, tmp_path):
     md = readme.read_text()
     assert "<!-- quality:begin -->" in md and "### -c 256, 2 chunks" in md
     assert "base-logits file" in md and "MiB RSS" in md
+
+
+def test_fuzz_script_runs_and_finds_no_crash(tmp_path):
+    out = tmp_path / "fuzz.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz_headers.py"), "--inputs", "400", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    res = json.loads(out.read_text())
+    assert res["inputs"] == 400 and res["crashes"] == 0 and sum(res["outcomes"].values()) == 400
+    assert res["outcomes"].get("predict:ok", 0) > 0 and res["outcomes"].get("GGUFFormatError", 0) > 0
