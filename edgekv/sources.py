@@ -1036,6 +1036,11 @@ def _hf_download(f: HfFile, display: str) -> str:
         RevisionNotFoundError,
     )
 
+    if not offline():
+        try:    # the hub's X-Repo-Commit names a folder of the cache: check it before huggingface-hub uses it
+            _hf_head(f, display)
+        except _network_errors():
+            pass    # hf_hub_download reports it (or uses the cache)
     try:
         return hf_hub_download(f.repo, f.filename, revision=f.revision, cache_dir=hf_cache_dir(),
                                endpoint=hf_endpoint(), local_files_only=offline())
@@ -1057,6 +1062,8 @@ def _hf_download(f: HfFile, display: str) -> str:
         raise _http_error(status, "", display) from None
     except _network_errors() as e:
         raise SourceError(f"{display}: download failed ({type(e).__name__}: {e}); run it again to resume") from None
+    except ValueError as e:     # huggingface-hub's own path checks (an invalid commit or file name)
+        raise SourceError(f"{display}: huggingface-hub refused the download ({str(e)[:200]})") from None
 
 
 def pull_model(spec: str, allow_unverified: bool = False) -> PullResult:
@@ -1159,6 +1166,9 @@ def hub_file(repo_id: str, filename: str, repo_type: str = "dataset", revision: 
 
     endpoint = hf_endpoint()
     where = f"{repo_id}/{filename} ({repo_type}) from {endpoint}"
+    check_repo_id(repo_id, where)
+    check_revision(revision, where)
+    check_relpath(filename, where)
     try:
         local = hf_hub_download(repo_id, filename, repo_type=repo_type, revision=revision, endpoint=endpoint,
                                 cache_dir=hf_cache_dir(), local_files_only=offline())

@@ -21,6 +21,7 @@ Hostile behaviour, for tests/test_hostile.py (everything still on 127.0.0.1 only
 * ``/drip/NAME``              a normal status line and headers, then the body one byte every ``drip_s``;
 * ``/driphead/NAME``          the status line and headers themselves one byte every ``drip_s`` (HEAD too);
 * ``/loop/NAME``              a 302 to itself, forever;
+* ``/stall/NAME``             no answer at all for a minute;
 * ``/gzip/NAME``              the range gzip-compressed, with ``Content-Encoding: gzip``;
 * ``/badcr/MODE/NAME``        a 206 whose Content-Range does not match: MODE start, end, total or star
                               (``star``: ``bytes a-b/*``, which is legal and must work);
@@ -304,6 +305,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self._simple(302, b"", {"Location": path}, head) or None
         if route == "driphead":
             return self._drip_head()
+        if route == "stall":        # accept, read the request, answer nothing for a minute
+            time.sleep(60)
+            self.close_connection = True
+            return None
         if route not in ("drip", "gzip", "badcr", "lielen"):
             return False
         mode = parts[2] if route in ("badcr", "lielen") else ""
