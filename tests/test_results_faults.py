@@ -214,3 +214,12 @@ def test_resume_keeps_a_record_without_its_newline_and_two_benches_never_share_a
     recs = R.load(x)
     assert [r["settings"]["type_k"] for r in recs] == ["f16", "q8_0"]
     assert recs[0] == R.load(base)[0]
+
+
+@pytest.mark.parametrize("case", ["garbage", "newer", "nullsettings"])
+def test_resumed_bench_refuses_an_unusable_line_before_measuring(damaged, case):
+    path, line, why = damaged[case]
+    before = path.read_bytes()
+    rc, _, err = cli("bench", "-c", "512", "-ctk", "f16", "-p", "16", "-n", "4", "-r", "1", "-t", "1", "-o", str(path))
+    one_error(rc, err, f"{path}:{line}:", why)
+    assert path.read_bytes() == before
