@@ -1036,7 +1036,7 @@ def _hf_download(f: HfFile, display: str) -> str:
         RevisionNotFoundError,
     )
 
-    if not offline():
+    if not offline() and not (_COMMIT_RE.fullmatch(f.revision) and _hf_cached_file(f)):
         try:    # the hub's X-Repo-Commit names a folder of the cache: check it before huggingface-hub uses it
             _hf_head(f, display)
         except _network_errors():
