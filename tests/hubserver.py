@@ -27,7 +27,8 @@ Hostile behaviour, for tests/test_hostile.py (everything still on 127.0.0.1 only
                               (``star``: ``bytes a-b/*``, which is legal and must work);
 * ``/lielen/MODE/NAME``       a 206 whose Content-Length lies: MODE short or long;
 * hub ``commit_override``     the X-Repo-Commit the hub sends for every repo (``../../x``, ``/etc``);
-* hub ``drip_head``           the hub's /resolve/ answer dripped like ``/driphead/``.
+* hub ``drip_head``           the hub's /resolve/ answer dripped like ``/driphead/``;
+* ``drip_cdn``                the CDN's range bodies dripped like ``/drip/``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class FakeHub:
         self.drip_s = 1.0                       # seconds between bytes of /drip/ and /driphead/
         self.commit_override: str | None = None
         self.drip_head = False
+        self.drip_cdn = False                   # the CDN's range bodies dripped like /drip/
         self.sent: Counter[str] = Counter()     # body bytes sent, by request path (without query)
         self.log: list[tuple[str, str, str | None]] = []    # (method, path, Range header)
         self.lock = threading.Lock()
@@ -190,6 +192,8 @@ class _Handler(BaseHTTPRequestHandler):
             if not head and not self.headers.get("Range"):
                 with self.fake.lock:
                     cut = self.fake.cut_after.pop(m[1], None)
+            if self.fake.drip_cdn and not head:
+                return self._drip_range(path, self.fake.blobs[m[1]])
             return self._serve_file(path, self.fake.blobs[m[1]], head, ranges=True, etag=f'"{m[1]}"', cut=cut)
         if path.startswith("/files/"):
             p = self.fake.plain.get(unquote(path[len("/files/"):]))
@@ -287,6 +291,19 @@ class _Handler(BaseHTTPRequestHandler):
             with self.fake.lock:
                 self.fake.sent[path] += 1
         self.close_connection = True
+
+    def _drip_range(self, path: str, p: Path) -> None:
+        size = os.path.getsize(p)
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", (self.headers.get("Range") or "").strip())
+        start = int(m[1]) if m else 0
+        end = min(int(m[2]) if m and m[2] else size - 1, size - 1)
+        self.send_response(206)
+        self.send_header("Content-Length", str(end - start + 1))
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.end_headers()
+        with open(p, "rb") as f:
+            f.seek(start)
+            self._drip(f.read(min(end - start + 1, 4096)), path)
 
     def _drip_head(self) -> None:
         head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nX-Padding: "

@@ -213,6 +213,16 @@ def test_dripping_hub_head_hits_the_deadline(box):
     assert wall < 45
 
 
+def test_dripping_cdn_body_hits_the_deadline(box):
+    box.hub.drip_cdn = True
+    try:
+        rc, out, err, wall = box.run("--fetch-timeout", "3", "predict", f"hf://{SMOL_REPO}/{SMOL_FILE}", "-c", "512")
+    finally:
+        box.hub.drip_cdn = False
+    one_line_error(rc, err, "giving up", "in 3 s")
+    assert wall < 45
+
+
 def test_bad_fetch_timeout_is_a_usage_error(box):
     rc, out, err, _ = box.run("--fetch-timeout", "0", "predict", "x.gguf")
     one_line_error(rc, err, "--fetch-timeout", code=2)
