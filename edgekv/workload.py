@@ -160,6 +160,20 @@ def env_info(_payload: dict, ev: EventWriter) -> None:
     ev.result(info)
 
 
+def baseline(_payload: dict, ev: EventWriter) -> None:
+    """The runtime baseline: exactly what a bench child does before it loads the model, then its RSS."""
+    import llama_cpp as L
+
+    from .engine import LogCapture
+
+    cap = LogCapture()
+    cap.install()
+    L.llama_backend_init()
+    m = _mem()
+    ev.result({"rss": m["rss"], "anon": m["anon"],
+               "system_info": L.llama_print_system_info().decode("utf-8", "replace").strip()})
+
+
 # -- the measured run ---------------------------------------------------------------------------------
 
 class _Runner:
