@@ -57,6 +57,7 @@ class SweepSpec:
     engine: str = ENGINE_PYTHON
     llama_bench: str | None = None
     quality: dict[str, Any] | None = None
+    use_mmap: bool = True
 
 
 @dataclass
@@ -103,6 +104,8 @@ def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
                         "n_depth": d, "repetitions": spec.repetitions, "warmup": spec.warmup,
                         "quality": _quality_key(spec.quality),
                     }
+                    if not spec.use_mmap:
+                        settings["no_mmap"] = True
                     cases.append(Case(len(cases), settings, params, R.config_key(model_sha, settings),
                                       predict(spec.model.shape, params)))
     return cases
@@ -361,6 +364,7 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
 
     model = model_block(m, sha)
     engine_results = _dry_runs(spec, todo) if spec.engine == ENGINE_PYTHON else {}
+    processes = process_predictions(spec, todo)
     gpu_probe = nvml_process_probe()
     records: list[dict[str, Any]] = []
     interrupted = False
@@ -396,6 +400,8 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
                     status = "failed"
                     reason = res.get("reason") if child.ok else child.failure_reason()
                 rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
+            if rec["status"] != "skipped":
+                attach_process(rec, processes.get(case.key))
             if quality is not None and rec["status"] == "ok":
                 rec["quality"] = quality(case, emit)
             R.append(output, rec)
@@ -420,6 +426,47 @@ def _dry_runs(spec: SweepSpec, todo: list[Case]) -> dict[str, EngineResult]:
     except EngineError:
         return {}
     return {c.key: r for c, r in zip(run, res)}
+
+
+def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
+    """The whole-process prediction (workload ``bench``) for every configuration to run, keyed by case key.
+
+    The runtime baseline is this environment's calibration (the llama-bench binary alone with
+    ``--llama-bench``); llama.cpp's dry run supplies the workload's compute buffers."""
+    from .calibrate import runtime_baseline
+    from .engine import EngineSession
+    from .errors import EngineError
+    from .memmodel import WORKLOAD_BENCH
+    from .procpredict import ProcessSettings, predict_processes
+
+    run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts]
+    if not run or spec.engine == ENGINE_LLAMA_BENCH:
+        return {}
+    baseline = runtime_baseline()
+    settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=run[0].settings["n_threads"],
+                               use_mmap=spec.use_mmap, n_gpu_layers=spec.n_gpu_layers)
+    try:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+            preds = predict_processes(spec.model, [c.params for c in run], settings, baseline, eng)
+    except EngineError as e:
+        return {c.key: {"error": str(e)} for c in run}
+    return {c.key: p for c, p in zip(run, preds)}
+
+
+def attach_process(rec: dict[str, Any], proc: Any) -> None:
+    """``prediction.process`` and the residual (measured - predicted) in a record."""
+    if proc is None:
+        return
+    if isinstance(proc, dict):          # the dry run failed: say so, predict nothing
+        rec["prediction"]["process"] = {"peak_rss_bytes": None, "error": proc.get("error")}
+        return
+    d = proc.to_dict()
+    rec["prediction"]["process"] = d
+    measured = (rec.get("memory") or {}).get("peak_rss_bytes")
+    if measured and d.get("peak_rss_bytes"):
+        diff = measured - d["peak_rss_bytes"]
+        rec["memory_residual"] = {"peak_rss_bytes": diff, "peak_rss_pct": round(100.0 * diff / d["peak_rss_bytes"], 3),
+                                  "workload": d["workload"]}
 
 
 def spec_summary(spec: SweepSpec) -> dict[str, Any]:

@@ -250,7 +250,10 @@ def bench(payload: dict, ev: EventWriter) -> None:
 
     ev.emit("phase", phase="load")
     t = time.perf_counter()
-    model = L.llama_model_load_from_file(payload["model_path"].encode(), model_params(s["n_gpu_layers"], dry=False))
+    mparams = model_params(s["n_gpu_layers"], dry=False)
+    if s.get("no_mmap"):
+        mparams.use_mmap = False
+    model = L.llama_model_load_from_file(payload["model_path"].encode(), mparams)
     timing["load_s"] = time.perf_counter() - t
     load_lines = cap.take()
     load_log = parse_memory_log([x for _, x in load_lines])
