@@ -60,7 +60,7 @@ def fingerprint(runtime: str = "python", binary: str | None = None) -> dict[str,
         "os": f"{platform.system()} {platform.release()}", "arch": platform.machine(), "cpu": cpu_model(),
     }
     if runtime == "python":
-        fp.update({"python": sys.version, "executable": sys.executable,
+        fp.update({"python": sys.version, "prefix": sys.prefix, "interpreter": os.path.realpath(sys.executable),
                    "llama_cpp_python": package_version("llama-cpp-python")})
         try:
             import importlib.util

@@ -30,6 +30,26 @@ class ProcessSettings:
     n_threads: int = 0
     use_mmap: bool = True
     n_gpu_layers: int = -1
+    # a run of known size (edgekv bench / llama-bench): prompt, generated tokens and cache depth.  The
+    # largest graph such a run computes has min(n_ubatch, largest batch) tokens and attends over the cells
+    # it reaches (depth + test tokens), so its compute buffer is reserved for exactly that graph.  None:
+    # a long session (full ubatches over the whole context).
+    n_prompt: int | None = None
+    n_gen: int | None = None
+    n_depth: int | None = None
+
+
+def workload_graph(params: ContextParams, settings: ProcessSettings) -> ContextParams:
+    """The context parameters whose dry-run reservation is the largest graph the workload really runs."""
+    from .predict import pad
+
+    if settings.n_prompt is None or settings.n_depth is None:
+        return params
+    p, n, d = settings.n_prompt, settings.n_gen or 0, settings.n_depth
+    tokens = max(1, min(params.n_ubatch, max(p, d, 1)))
+    reach = pad(max(d + max(p, n), 1))
+    n_ctx = min(params.n_ctx, reach) if params.n_ctx else reach
+    return replace(params, n_ctx=n_ctx, n_ubatch=tokens, n_batch=max(tokens, min(params.n_batch, n_ctx)))
 
 
 def _mib_dict_to_bytes(d: dict[str, float] | None) -> dict[str, int]:
@@ -111,7 +131,7 @@ def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings
         load_info = dict(getattr(session, "model_info", {}) or {})
         for i, c in runnable:
             n_out, _ = workload_outputs(settings.workload, preds[i].n_batch, preds[i].n_ubatch, c.n_seq_max)
-            ew, ed = session.run([c], n_outputs_max=n_out)[0], session.run([c])[0]
+            ew, ed = session.run([workload_graph(c, settings)], n_outputs_max=n_out)[0], session.run([c])[0]
             x = build_inputs(m, c, preds[i], settings, baseline, ew, ed, load_info)
             out[i] = predict_process(x)
         return out
@@ -126,3 +146,35 @@ def process_for_params(m, params: ContextParams, settings: ProcessSettings, base
 
 def with_ctx(params: ContextParams, n_ctx: int) -> ContextParams:
     return replace(params, n_ctx=n_ctx)
+
+
+def attach_process_rows(m, configs: list[ContextParams], rows: list[dict[str, Any]], settings: ProcessSettings,
+                        baseline=None) -> list[str]:
+    """Add ``process`` (the whole-process prediction) to each ``edgekv predict`` row; return notes to print.
+
+    A row whose cache is invalid/unsupported gets ``process: None``; when llama.cpp's dry run cannot run,
+    every row gets ``process: None`` and the reason is returned (never a partial sum)."""
+    from .calibrate import runtime_baseline
+    from .engine import EngineSession
+    from .errors import EngineError
+
+    notes: list[str] = []
+    baseline = baseline if baseline is not None else runtime_baseline()
+    if baseline.remeasured and baseline.note:
+        notes.append(f"runtime baseline {baseline.bytes / MIB:.1f} MiB measured now ({baseline.note})"
+                     if baseline.bytes is not None else baseline.note)
+    try:
+        with EngineSession(m.ref.path, n_gpu_layers=settings.n_gpu_layers, header=m.header) as eng:
+            procs = predict_processes(m, configs, settings, baseline, eng)
+    except EngineError as e:
+        for r in rows:
+            r["process"] = None
+        notes.append(f"whole-process memory not predicted: {e}")
+        return notes
+    for r, p in zip(rows, procs):
+        r["process"] = p.to_dict() if p is not None else None
+    if baseline.bytes is None:
+        notes.append(f"peak RSS not predicted: {baseline.note}")
+    if not m.header.tensors:
+        notes.append("metadata-only header (no tensor table): the weights are unknown and counted as 0 MiB")
+    return notes

@@ -443,14 +443,18 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
     if not run or spec.engine == ENGINE_LLAMA_BENCH:
         return {}
     baseline = runtime_baseline()
-    settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=run[0].settings["n_threads"],
-                               use_mmap=spec.use_mmap, n_gpu_layers=spec.n_gpu_layers)
+    out: dict[str, Any] = {}
     try:
         with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
-            preds = predict_processes(spec.model, [c.params for c in run], settings, baseline, eng)
+            for c in run:
+                st = c.settings
+                settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
+                                           n_gpu_layers=spec.n_gpu_layers, n_prompt=st["n_prompt"], n_gen=st["n_gen"],
+                                           n_depth=st["n_depth"])
+                out[c.key] = predict_processes(spec.model, [c.params], settings, baseline, eng)[0]
     except EngineError as e:
         return {c.key: {"error": str(e)} for c in run}
-    return {c.key: p for c, p in zip(run, preds)}
+    return out
 
 
 def attach_process(rec: dict[str, Any], proc: Any) -> None:
