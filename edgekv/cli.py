@@ -125,7 +125,7 @@ def predict(
                                  help="What the process runs: generate (llama-cli/llama-server), perplexity "
                                       "(all logits) or bench (edgekv bench / llama-bench)."),
     threads: int = typer.Option(0, "-t", "--threads", help="CPU threads (0: physical cores, llama.cpp's default)."),
-    no_mmap: bool = typer.Option(False, "--no-mmap", help="Predict for weights read into memory (llama.cpp's --no-mmap)."),
+    no_mmap: bool = typer.Option(False, "--no-mmap", help="Predict for weights read into memory (llama.cpp's `-lm none`; --no-mmap in older builds)."),
     kv_only: bool = typer.Option(False, "--kv-only", help="Caches only: skip the whole-process prediction "
                                                           "(which runs llama.cpp's dry run)."),
     as_json: bool = JSON_OPT,
@@ -232,7 +232,7 @@ def bench(
     timeout: float = typer.Option(3600.0, "--timeout", help="Seconds allowed per configuration."),
     force: bool = typer.Option(False, "--force", help="Append to a results file from another environment."),
     no_mmap: bool = typer.Option(False, "--no-mmap", help="Read the weights into memory instead of mapping the file "
-                                                          "(llama.cpp's --no-mmap)."),
+                                                          "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""

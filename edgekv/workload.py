@@ -252,7 +252,7 @@ def bench(payload: dict, ev: EventWriter) -> None:
     t = time.perf_counter()
     mparams = model_params(s["n_gpu_layers"], dry=False)
     if s.get("no_mmap"):
-        mparams.use_mmap = False
+        mparams.load_mode = 0     # LLAMA_LOAD_MODE_NONE: llama.cpp's `-lm none` (older builds: --no-mmap)
     model = L.llama_model_load_from_file(payload["model_path"].encode(), mparams)
     timing["load_s"] = time.perf_counter() - t
     load_lines = cap.take()
