@@ -225,6 +225,7 @@ class ProcessInputs:
     compute_reserved: dict[str, int] = field(default_factory=dict)   # dry run at the process's own n_outputs_max
     host_structures_bytes: int | None = None    # dry-run process growth: vocab, tensor metadata, code pages
     host_structures_note: str = ""
+    state_copy_bytes: int = 0                   # llama-bench keeps the depth state in memory (cstate.buf)
 
 
 @dataclass
@@ -304,6 +305,10 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
         if work:
             parts.append(Part("thread work buffer", work, SRC_FORMULA,
                               note=f"largest activation conversion for {x.n_ubatch} tokens, {x.n_threads} threads"))
+    if x.state_copy_bytes:
+        parts.append(Part("depth state copy", x.state_copy_bytes, SRC_FORMULA,
+                          note="llama-bench keeps llama_state_seq_get_data of the filled cache in memory "
+                               "(tools/llama-bench/llama-bench.cpp cstate.buf)"))
     parts.append(Part("output buffer", x.n_vocab * 4 * out_rows, SRC_FORMULA,
                       note=f"logits for {out_rows} row(s) of {x.n_vocab} tokens"))
     device: dict[str, int] = {}

@@ -37,6 +37,27 @@ class ProcessSettings:
     n_prompt: int | None = None
     n_gen: int | None = None
     n_depth: int | None = None
+    keeps_depth_state: bool = False    # llama-bench: the filled cache's state stays in memory
+
+
+STATE_CELL_META_BYTES = 12   # per saved cell: llama_pos + n_seq_id + one seq_id (src/llama-kv-cache.cpp state_write_meta)
+
+
+def state_seq_bytes(pred: KVPrediction, n_tokens: int) -> int:
+    """Bytes of llama_state_seq_get_data for one sequence holding ``n_tokens`` cells: the rows of those cells in
+    every cache (a sliding-window cache holds at most its own cells) plus each cell's metadata; recurrent
+    state whole."""
+    if pred.status != STATUS_OK or n_tokens <= 0:
+        return 0
+    total = 0
+    for c in pred.caches:
+        if c.kind == "recurrent":
+            total += c.bytes // max(1, c.n_stream)
+            continue
+        cells = min(n_tokens, c.cells)
+        per_cell = c.bytes // max(1, c.cells * c.n_stream)
+        total += cells * (per_cell + STATE_CELL_META_BYTES)
+    return total
 
 
 def workload_graph(params: ContextParams, settings: ProcessSettings) -> ContextParams:
@@ -99,7 +120,9 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
         host_struct = max(0, g_load + g_ctx - out_at_creation)
         struct_note = (f"dry-run process grew {g_load / MIB:.1f} MiB loading the model and "
                        f"{g_ctx / MIB:.1f} MiB creating a context (less its {out_at_creation / MIB:.2f} MiB output buffer)")
+    state = state_seq_bytes(pred, settings.n_depth or 0) if settings.keeps_depth_state else 0
     return ProcessInputs(
+        state_copy_bytes=state,
         workload=settings.workload, n_ubatch=pred.n_ubatch, n_batch=pred.n_batch, n_seq_max=params.n_seq_max,
         n_threads=settings.n_threads or default_threads(), tensors=m.header.tensors, n_vocab=shape.n_vocab,
         n_layer=n_layer, cpu_features=baseline.cpu_features if baseline is not None else (),

@@ -440,8 +440,10 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
     from .procpredict import ProcessSettings, predict_processes
 
     run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts]
-    if not run or spec.engine == ENGINE_LLAMA_BENCH:
+    if not run:
         return {}
+    if spec.engine == ENGINE_LLAMA_BENCH:
+        return _llama_bench_processes(spec, run)
     baseline = runtime_baseline()
     out: dict[str, Any] = {}
     try:
@@ -452,6 +454,43 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
                                            n_gpu_layers=spec.n_gpu_layers, n_prompt=st["n_prompt"], n_gen=st["n_gen"],
                                            n_depth=st["n_depth"])
                 out[c.key] = predict_processes(spec.model, [c.params], settings, baseline, eng)[0]
+    except EngineError as e:
+        return {c.key: {"error": str(e)} for c in run}
+    return out
+
+
+def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
+    """llama-bench runs one process per test with a context of depth + test tokens (swa_full off, one
+    sequence) and keeps the depth state in memory: the prediction is the larger of the two processes, over
+    the binary's own baseline."""
+    from .calibrate import runtime_baseline
+    from .engine import EngineSession
+    from .errors import EngineError
+    from .memmodel import WORKLOAD_BENCH
+    from .procpredict import ProcessSettings, predict_processes
+
+    baseline = runtime_baseline("binary", spec.llama_bench)
+    out: dict[str, Any] = {}
+    try:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+            for c in run:
+                st = c.settings
+                best = None
+                for test, count in (("pp", st["n_prompt"]), ("tg", st["n_gen"])):
+                    if count <= 0:
+                        continue
+                    params = replace(c.params, n_ctx=st["n_depth"] + count, swa_full=False, n_seq_max=1,
+                                     kv_unified=False)
+                    settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
+                                               n_gpu_layers=spec.n_gpu_layers,
+                                               n_prompt=count if test == "pp" else 0, n_gen=count if test == "tg" else 0,
+                                               n_depth=st["n_depth"], keeps_depth_state=st["n_depth"] > 0)
+                    p = predict_processes(spec.model, [params], settings, baseline, eng)[0]
+                    if p is not None and (best is None or (p.peak_rss_bytes or 0) > (best.peak_rss_bytes or 0)):
+                        best = p
+                if best is not None:
+                    best.notes.append("llama-bench: the larger of its pp and tg processes")
+                    out[c.key] = best
     except EngineError as e:
         return {c.key: {"error": str(e)} for c in run}
     return out

@@ -293,3 +293,18 @@ def test_context_params_untouched():
     assert workload_graph(c, ProcessSettings()) == c
     g = workload_graph(c, ProcessSettings(n_prompt=32, n_gen=8, n_depth=256))
     assert (g.n_ctx, g.n_ubatch) == (512, 256)
+
+
+def test_llama_bench_depth_state_copy(smollm2_path, gemma3_path):
+    from edgekv.predict import predict
+    from edgekv.procpredict import state_seq_bytes
+
+    smol = load_model(str(smollm2_path)).shape
+    # 30 layers x (K + V) x 3 heads x 64 x f16, per cell, plus 12 bytes of cell metadata
+    assert state_seq_bytes(predict(smol, ContextParams(n_ctx=4096)), 3584) == 3584 * (30 * 2 * 192 * 2 + 12)
+    gem = load_model(str(gemma3_path)).shape
+    pr = predict(gem, ContextParams(n_ctx=8192))
+    swa = next(c for c in pr.caches if c.kind == "swa")
+    full = next(c for c in pr.caches if c.kind == "full")
+    # the sliding-window cache saves at most its own cells
+    assert state_seq_bytes(pr, 7680) == (7680 * (full.bytes // full.cells + 12) + swa.cells * (swa.bytes // swa.cells + 12))
