@@ -169,6 +169,27 @@ def tensor_on_gpu(name: str, n_layer: int, n_gpu_layers: int) -> bool:
     return n_layer >= first            # output, output_norm: the output "layer"
 
 
+CUDA_ALIGNMENT = 128          # ggml-cuda.cu buffer type alignment
+CUDA_MATRIX_ROW_PADDING = 512  # ggml-cuda/common.cuh MATRIX_ROW_PADDING
+
+
+def device_alloc_bytes(t: Tensor, device: str) -> int:
+    """Bytes a device buffer gives a weight tensor: on CUDA a quantized tensor whose rows are not a multiple
+    of 512 gets one padded row (ggml-cuda.cu get_alloc_size), and every tensor is aligned to 128 bytes."""
+    size = t.n_bytes
+    if device.upper().startswith("CUDA"):
+        ne0 = t.shape[0] if t.shape else 0
+        n_rows = 1
+        for d in t.shape[1:]:
+            n_rows *= d
+        quantized = t.ggml_type not in (T_F32, T_F16, T_BF16)
+        if quantized and ne0 and ne0 % CUDA_MATRIX_ROW_PADDING:
+            row_bytes = t.n_bytes // n_rows
+            size += (CUDA_MATRIX_ROW_PADDING - ne0 % CUDA_MATRIX_ROW_PADDING) * row_bytes // ne0
+        size = -(-size // CUDA_ALIGNMENT) * CUDA_ALIGNMENT
+    return size
+
+
 def work_buffer_bytes(tensors: Sequence[Tensor], n_tokens: int, n_outputs: int, n_threads: int,
                       on_cpu: Any = None) -> int:
     """The CPU backend's per-graph scratch: the largest matrix product's converted activations
@@ -283,8 +304,15 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
         parts.append(Part("weights (CPU_REPACK copy)", rep_bytes, SRC_FORMULA,
                           note=f"{len(rep)} tensors re-laid for the CPU GEMM kernels"))
     if on_gpu and x.gpu_device:
-        parts.append(Part("weights", sum(t.n_bytes for t in on_gpu), SRC_FORMULA, where=x.gpu_device, kind="device",
-                          note=f"{x.n_gpu_layers} layers offloaded"))
+        dev_w = sum(device_alloc_bytes(t, x.gpu_device) for t in on_gpu)
+        tied = not any(t.name == "output.weight" for t in x.tensors)
+        note = f"{x.n_gpu_layers} layers offloaded"
+        if tied and tensor_on_gpu("output.weight", x.n_layer, x.n_gpu_layers):
+            # tied embeddings: the output layer loads token_embd again, on the output layer's device
+            emb = [t for t in x.tensors if t.name == "token_embd.weight"]
+            dev_w += sum(device_alloc_bytes(t, x.gpu_device) for t in emb)
+            note += "; token_embd duplicated there as the (tied) output layer"
+        parts.append(Part("weights", dev_w, SRC_FORMULA, where=x.gpu_device, kind="device", note=note))
     parts.append(Part("KV cache", x.kv_host_bytes, SRC_FORMULA, note="cleared at creation: all resident"))
     if x.kv_device_bytes and x.gpu_device:
         parts.append(Part("KV cache", x.kv_device_bytes, SRC_FORMULA, where=x.gpu_device, kind="device"))
@@ -312,6 +340,10 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
     parts.append(Part("output buffer", x.n_vocab * 4 * out_rows, SRC_FORMULA,
                       note=f"logits for {out_rows} row(s) of {x.n_vocab} tokens"))
     device: dict[str, int] = {}
+    if x.gpu_device:
+        notes.append(f"{x.gpu_device}: llama.cpp's buffers only (weights, KV, compute); the backend's own runtime "
+                     "(CUDA context, cuBLAS workspace, ggml-cuda's temporary pool) is not predicted (unverified: "
+                     "needs a calibration on the device)")
     for p in parts:
         if p.where != HOST:
             device[p.where] = device.get(p.where, 0) + p.bytes
