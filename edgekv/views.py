@@ -219,7 +219,7 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
         t.add_column("KV MiB\n(llama.cpp)", justify="right")
         t.add_column("same", justify="center")
         t.add_column("compute MiB\n(llama.cpp)", justify="right")
-        t.add_column("total MiB\n(weights+all)", justify="right")
+        t.add_column("reserved MiB\n(weights+all)", justify="right")
     proc_cols = process_columns(rows)
     for name in proc_cols:
         t.add_column(name, justify="right")
