@@ -271,7 +271,11 @@ def test_bench_no_mmap_is_anonymous(tmp_path, smollm2_path):
 
 # -- schema 2 --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", ["tests/data/smollm2-sweep.jsonl", "tests/data/cuda-h100-smollm2.jsonl"])
+@pytest.mark.parametrize("path", ["tests/data/smollm2-sweep.jsonl", "tests/data/cuda-h100-smollm2.jsonl",
+                                  "bench/results/cuda-h100/smollm2-135m.jsonl", "bench/results/cuda-h100/gemma3-270m.jsonl",
+                                  # the measured reports' sweeps as committed before the re-measure with schema 2
+                                  "tests/data/v1/reports-smollm2-135m-sweep.jsonl",
+                                  "tests/data/v1/reports-gemma3-270m-sweep.jsonl"])
 def test_v1_files_upgrade(path):
     raw = [json.loads(x) for x in (ROOT / path).read_text().splitlines() if x.strip()]
     assert {r["schema_version"] for r in raw} == {1}
