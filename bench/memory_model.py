@@ -2,7 +2,9 @@
 
 Runs ``edgekv bench`` (one fresh process per configuration, memory sampled every 5 ms plus the
 kernel's own maximum) on both real models -- SmolLM2-135M and Gemma 3 270M -- over f16/q8_0/q5_0/q4_0
-at three contexts, and then variants at one context: ``-ub 256``, ``-t 1``, ``--no-mmap``.  Every
+at three contexts, and then variants at one context: ``-ub 256``, ``-t 1``, ``--no-mmap`` (llama.cpp's
+``-lm none``) and ``--llama-bench`` (llama.cpp's own llama-bench built from the vendored tree; its
+baseline is that binary's own).  Every
 record carries the prediction made *before* the run (``prediction.process``, workload ``bench``) and
 the residual (measured - predicted).  The table goes into bench/README.md between the
 ``memmodel:begin/end`` markers; the raw records stay in bench/results/memory_model/.
@@ -36,6 +38,7 @@ VARIANTS = {
     "ub256": ["-ub", "256"],
     "t1": ["-t", "1"],
     "nommap": ["--no-mmap"],
+    "llamabench": ["--llama-bench"],      # the path of llama-bench built from the vendored tree is appended
 }
 VARIANT_CTX = "2048"
 VARIANT_TYPES = "f16,q4_0"
@@ -50,7 +53,13 @@ def run(model: str, variant: str) -> Path:
     out = OUT / f"{model}-{variant}.jsonl"
     ctx = MODELS[model] if variant == "base" else VARIANT_CTX
     types = TYPES if variant == "base" else VARIANT_TYPES
-    argv = edgekv() + ["bench", model, "-c", ctx, "-ctk", types, *COMMON, *VARIANTS[variant], "-o", str(out), "--json"]
+    extra = list(VARIANTS[variant])
+    if variant == "llamabench":
+        sys.path.insert(0, str(ROOT / "bench"))
+        from llama_tools import tool
+
+        extra.append(str(tool("llama-bench")))
+    argv = edgekv() + ["bench", model, "-c", ctx, "-ctk", types, *COMMON, *extra, "-o", str(out), "--json"]
     print("+", " ".join(argv[2:]), flush=True)
     subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return out
@@ -80,7 +89,8 @@ def table(rs: list[dict]) -> str:
              "|---|---|---:|---|---:|---:|---:|---:|:-:|"]
     for r in rs:
         ok = abs(r["pct"]) <= PCT_TARGET and abs(r["diff"]) <= MIB_TARGET * MIB
-        sett = {"base": "defaults", "ub256": "-ub 256", "t1": "-t 1", "nommap": "--no-mmap"}[r["variant"]]
+        sett = {"base": "defaults", "ub256": "-ub 256", "t1": "-t 1", "nommap": "--no-mmap (-lm none)",
+                "llamabench": "--llama-bench"}[r["variant"]]
         lines.append(f"| {r['model']} | {sett} | {r['n_ctx']} | {r['type']} | {r['measured'] / MIB:.1f} | "
                      f"{r['predicted'] / MIB:.1f} | {r['diff'] / MIB:+.1f} MiB | {r['pct']:+.2f} % | {'✓' if ok else '✗'} |")
     if rs:
