@@ -332,3 +332,23 @@ def test_device_weights_match_llama_cpp_cuda_buffer(smollm2_path):
     by = {(q.name, q.where): q.bytes for q in p.parts}
     assert f"{by[('weights', 'CUDA0')] / MIB:.2f}" == f"{bufs['CUDA0']:.2f}"
     assert f"{by[('weights (mmap)', 'host')] / MIB:.2f}" == f"{bufs['CPU_Mapped']:.2f}"
+
+
+def test_llama_bench_process_predicted(llama_bench_exe, smollm2_path, tmp_path, monkeypatch):
+    """--llama-bench: the prediction is made over the binary's own baseline (measured once, cached) and counts the
+    depth state llama-bench keeps in memory; the measured peak of its two processes lands within the target."""
+    from edgekv.sweep import ENGINE_LLAMA_BENCH, SweepSpec, run_sweep
+
+    monkeypatch.setenv("EDGEKV_HOME", str(tmp_path / "home"))
+    m = load_model(str(smollm2_path))
+    spec = SweepSpec(model=m, contexts=[2048], pairs=[("f16", "f16")], n_prompt=512, n_gen=8, repetitions=1,
+                     n_threads=2, engine=ENGINE_LLAMA_BENCH, llama_bench=str(llama_bench_exe))
+    (rec,) = run_sweep(spec, output=tmp_path / "lb.jsonl").records
+    assert rec["status"] == "ok", rec.get("reason")
+    proc = rec["prediction"]["process"]
+    parts = {p["name"]: p for p in proc["parts"]}
+    assert "llama-bench" in parts["runtime baseline"]["note"]
+    assert parts["depth state copy"]["bytes"] == 1536 * (30 * 2 * 192 * 2 + 12)
+    assert list((tmp_path / "home" / "calibration").glob("binary-*-baseline.json"))
+    meas = rec["memory"]["peak_rss_bytes"]
+    assert abs(meas - proc["peak_rss_bytes"]) <= min(8 * MIB, 0.03 * meas), (meas / MIB, proc["peak_rss_bytes"] / MIB)
