@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +84,8 @@ def rows() -> list[dict]:
 
 
 def table(rs: list[dict]) -> str:
-    lines = ["| model | settings | n_ctx | K/V | measured peak RSS MiB | predicted MiB | measured − predicted | % | within target |",
+    lines = ["| model | settings | n_ctx | K/V | measured peak RSS MiB | predicted MiB | measured − predicted | % "
+             "| within target |",
              "|---|---|---:|---|---:|---:|---:|---:|:-:|"]
     for r in rs:
         ok = abs(r["pct"]) <= PCT_TARGET and abs(r["diff"]) <= MIB_TARGET * MIB

@@ -125,7 +125,8 @@ def predict(
                                  help="What the process runs: generate (llama-cli/llama-server), perplexity "
                                       "(all logits) or bench (edgekv bench / llama-bench)."),
     threads: int = typer.Option(0, "-t", "--threads", help="CPU threads (0: physical cores, llama.cpp's default)."),
-    no_mmap: bool = typer.Option(False, "--no-mmap", help="Predict for weights read into memory (llama.cpp's `-lm none`; --no-mmap in older builds)."),
+    no_mmap: bool = typer.Option(False, "--no-mmap", help="Predict for weights read into memory "
+                                                          "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
     kv_only: bool = typer.Option(False, "--kv-only", help="Caches only: skip the whole-process prediction "
                                                           "(which runs llama.cpp's dry run)."),
     as_json: bool = JSON_OPT,
