@@ -97,5 +97,7 @@ def plot(recs: list[dict[str, Any]]) -> bytes | None:
     ax.set_yticklabels([x["label"] for x in rows], fontsize=7)
     ax.set_xlabel("MiB (host, resident)")
     ax.set_title("Explained memory: predicted parts vs measured peak RSS")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 1.2 / (0.32 * len(rows) + 1.6)), ncol=4)
+    top = max(max(x["measured"], x["predicted"]) for x in rows) / MIB
+    ax.set_xlim(0, top * 1.42)          # room on the right for the legend, clear of the bars
+    ax.legend(fontsize=7, loc="center right", framealpha=0.95)
     return _png(plt, fig)
