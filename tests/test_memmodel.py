@@ -352,3 +352,20 @@ def test_llama_bench_process_predicted(llama_bench_exe, smollm2_path, tmp_path, 
     assert list((tmp_path / "home" / "calibration").glob("binary-*-baseline.json"))
     meas = rec["memory"]["peak_rss_bytes"]
     assert abs(meas - proc["peak_rss_bytes"]) <= min(8 * MIB, 0.03 * meas), (meas / MIB, proc["peak_rss_bytes"] / MIB)
+
+
+def test_report_explains_memory(tmp_path):
+    # presentation only: the records are bench/memory_model.py's measured runs (the capability is tested above)
+    src = ROOT / "bench" / "results" / "memory_model" / "smollm2-135m-base.jsonl"
+    recs = R.load(src)
+    assert main(["report", str(src), "-o", str(tmp_path)]) == 0
+    md = (tmp_path / "README.md").read_text()
+    assert "### Explained memory" in md and (tmp_path / "explained_memory.png").stat().st_size > 1000
+    section = md.split("### Explained memory", 1)[1].split("\n## ", 1)[0]
+    lines = [x for x in section.splitlines() if x.startswith("| ") and not x.startswith("| configuration")]
+    assert len(lines) == len(recs)
+    cells = {x.split(" | ")[0].lstrip("| "): x.split(" | ") for x in lines}
+    r0 = recs[0]
+    row = cells[f"{r0['settings']['n_ctx']} {r0['settings']['type_k']} t{r0['settings']['n_threads']}"]
+    meas, pred = r0["memory"]["peak_rss_bytes"], r0["prediction"]["process"]["peak_rss_bytes"]
+    assert row[-2] == f"{(meas - pred) / MIB:+.1f}" and row[-4] == f"{pred / MIB:.1f}"
