@@ -162,3 +162,33 @@ def runtime_baseline(runtime: str = "python", binary: str | None = None, remeasu
         except OSError as e:
             note += f"; not cached ({e.strerror})"
     return Baseline(b, note, key, feats, remeasured=True)
+
+
+def model_key(header) -> str:
+    """Identity of a model's header for per-model measurements: tensor table, vocabulary size, file size."""
+    h = hashlib.sha256()
+    h.update(str(getattr(header, "file_size", "")).encode())
+    for t in header.tensors:
+        h.update(f"{t.name}|{tuple(t.shape)}|{t.ggml_type}|{t.offset}|{t.n_bytes};".encode())
+    arch = (header.metadata or {}).get("general.architecture")
+    h.update(str(arch).encode())
+    return h.hexdigest()[:16]
+
+
+def host_structures(header, measured: dict[str, int | None], n_gpu_layers: int = -1) -> dict[str, int | None]:
+    """llama.cpp's host structures for this model in this environment, measured once (in its dry run) and then
+    reused, so that the same model answers the same everywhere (a local file, its header over HTTP)."""
+    key = _key(fingerprint("python"))
+    path = edgekv_home() / "calibration" / f"host-{key}-{model_key(header)}-ngl{n_gpu_layers}.json"
+    try:
+        cached = json.loads(path.read_text())
+        if cached.get("load") is not None and cached.get("context") is not None:
+            return {"load": int(cached["load"]), "context": int(cached["context"])}
+    except (OSError, ValueError, TypeError):
+        pass
+    if measured.get("load") is not None and measured.get("context") is not None:
+        try:
+            _atomic_write(path, {"load": measured["load"], "context": measured["context"]})
+        except OSError:
+            pass
+    return measured

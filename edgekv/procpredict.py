@@ -110,10 +110,14 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
     dev = _gpu_device(cr, cw)
     n_gpu_eff = int(gpu_layers[0]) if gpu_layers and dev else 0
     host_kv, dev_kv = kv_split(pred, n_layer, n_gpu_eff)
+    from .calibrate import host_structures
+
     host_struct, struct_note = None, ""
-    g_load = load_info.get("host_growth_load_bytes")
     src = eng_workload if eng_workload is not None else eng_default
-    g_ctx = getattr(src, "host_growth_context_bytes", None) if src is not None else None
+    measured = {"load": load_info.get("host_growth_load_bytes"),
+                "context": getattr(src, "host_growth_context_bytes", None) if src is not None else None}
+    hs = host_structures(m.header, measured, settings.n_gpu_layers) if measured["load"] is not None else measured
+    g_load, g_ctx = hs.get("load"), hs.get("context")
     if g_load is not None and g_ctx is not None:
         _, rows_at_creation = workload_outputs(WORKLOAD_BENCH, params.n_batch, params.n_ubatch, params.n_seq_max)
         out_at_creation = shape.n_vocab * 4 * rows_at_creation
