@@ -242,7 +242,8 @@ class ProcessInputs:
     baseline_note: str = ""
     kv_host_bytes: int = 0                      # formula, layers on the CPU (or all with -nkvo)
     kv_device_bytes: int = 0                    # formula, layers on the device
-    compute_workload: dict[str, int] = field(default_factory=dict)   # dry run at the workload's n_outputs_max
+    compute_workload: dict[str, int] | None = field(default_factory=dict)   # dry run at the workload's n_outputs_max
+    compute_note: str = ""                      # why compute_workload is None
     compute_reserved: dict[str, int] = field(default_factory=dict)   # dry run at the process's own n_outputs_max
     host_structures_bytes: int | None = None    # dry-run process growth: vocab, tensor metadata, code pages
     host_structures_note: str = ""
@@ -316,7 +317,9 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
     parts.append(Part("KV cache", x.kv_host_bytes, SRC_FORMULA, note="cleared at creation: all resident"))
     if x.kv_device_bytes and x.gpu_device:
         parts.append(Part("KV cache", x.kv_device_bytes, SRC_FORMULA, where=x.gpu_device, kind="device"))
-    for buft, b in sorted(x.compute_workload.items()):
+    if x.compute_workload is None:
+        notes.append("compute buffer unknown (" + (x.compute_note or "no dry run") + "); peak_rss_bytes is not predicted")
+    for buft, b in sorted((x.compute_workload or {}).items()):
         if _is_host_buffer(buft) and not buft.endswith("_Host"):
             parts.append(Part("compute buffer", b, SRC_LLAMA,
                               note=f"{buft}: graph reserved for {n_out_ubatch} output(s) per ubatch of "
@@ -347,7 +350,8 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
     for p in parts:
         if p.where != HOST:
             device[p.where] = device.get(p.where, 0) + p.bytes
-    peak = sum(p.bytes for p in parts if p.where == HOST) if x.baseline_bytes is not None else None
+    known = x.baseline_bytes is not None and x.compute_workload is not None
+    peak = sum(p.bytes for p in parts if p.where == HOST) if known else None
     if x.host_structures_bytes is None:
         notes.append("llama.cpp's host structures were not measured (no dry run)")
     return ProcessPrediction(x.workload, peak, device, parts, notes)

@@ -105,9 +105,11 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
     load_info = load_info or {}
     gpu_layers = load_info.get("gpu_layers")
     n_layer = shape.n_layer_all - getattr(shape, "n_layer_nextn", 0) if hasattr(shape, "n_layer_nextn") else shape.n_layer_all
-    cw = _mib_dict_to_bytes(eng_workload.log.compute_buffers) if eng_workload is not None and eng_workload.ok else {}
+    cw = _mib_dict_to_bytes(eng_workload.log.compute_buffers) if eng_workload is not None and eng_workload.ok else None
+    compute_note = "" if cw is not None else (f"llama.cpp's dry run of the workload's graph failed: {eng_workload.error}"
+                                              if eng_workload is not None else "no llama.cpp dry run")
     cr = _mib_dict_to_bytes(eng_default.log.compute_buffers) if eng_default is not None and eng_default.ok else {}
-    dev = _gpu_device(cr, cw)
+    dev = _gpu_device(cr, cw or {})
     n_gpu_eff = int(gpu_layers[0]) if gpu_layers and dev else 0
     host_kv, dev_kv = kv_split(pred, n_layer, n_gpu_eff)
     from .calibrate import host_structures
@@ -133,7 +135,8 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
         use_mmap=settings.use_mmap, n_gpu_layers=n_gpu_eff, gpu_device=dev,
         baseline_bytes=baseline.bytes if baseline is not None else None,
         baseline_note=baseline.note if baseline is not None else "not calibrated",
-        kv_host_bytes=host_kv, kv_device_bytes=dev_kv, compute_workload=cw, compute_reserved=cr,
+        kv_host_bytes=host_kv, kv_device_bytes=dev_kv, compute_workload=cw, compute_note=compute_note,
+        compute_reserved=cr,
         host_structures_bytes=host_struct, host_structures_note=struct_note)
 
 

@@ -369,3 +369,8 @@ def test_report_explains_memory(tmp_path):
     row = cells[f"{r0['settings']['n_ctx']} {r0['settings']['type_k']} t{r0['settings']['n_threads']}"]
     meas, pred = r0["memory"]["peak_rss_bytes"], r0["prediction"]["process"]["peak_rss_bytes"]
     assert row[-2] == f"{(meas - pred) / MIB:+.1f}" and row[-4] == f"{pred / MIB:.1f}"
+
+
+def test_unknown_compute_is_not_a_zero():
+    p = predict_process(_inputs(compute_workload=None, compute_note="llama.cpp refused the context"))
+    assert p.peak_rss_bytes is None and any("llama.cpp refused the context" in n for n in p.notes)
