@@ -149,7 +149,7 @@ def main() -> int:
                  "`tests/data/cuda-h100-smollm2.jsonl` (SmolLM2, `-ngl` all), the model's device weights (92.17 MiB: "
                  "CUDA row padding, 128-byte alignment, the tied output's second `token_embd`) and host-mapped weights "
                  "(28.69 MiB) equal llama.cpp's own `CUDA0`/`CPU_Mapped` buffer lines (`tests/test_memmodel.py`); the "
-                 "device memory the context added was the KV + llama.cpp's compute reservation + 2.9…3.9 MiB. The CUDA "
+                 "device memory the context added was the KV + llama.cpp's compute reservation + 2.9…4.2 MiB. The CUDA "
                  "runtime (context, cuBLAS, ggml-cuda's pool: +76 MiB during the fill there) is not predicted.")
     write_readme(header + "\n" + body)
     return 0
