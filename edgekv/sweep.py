@@ -400,8 +400,7 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
                     status = "failed"
                     reason = res.get("reason") if child.ok else child.failure_reason()
                 rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
-            if rec["status"] != "skipped":
-                attach_process(rec, processes.get(case.key))
+            attach_process(rec, processes.get(case.key) if rec["status"] != "skipped" else None)
             if quality is not None and rec["status"] == "ok":
                 rec["quality"] = quality(case, emit)
             R.append(output, rec)
@@ -498,7 +497,8 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
 
 def attach_process(rec: dict[str, Any], proc: Any) -> None:
     """``prediction.process`` and the residual (measured - predicted) in a record."""
-    if proc is None:
+    if proc is None:                    # skipped, or not predictable (invalid cache): predicted nothing
+        rec["prediction"].setdefault("process", None)
         return
     if isinstance(proc, dict):          # the dry run failed: say so, predict nothing
         rec["prediction"]["process"] = {"peak_rss_bytes": None, "error": proc.get("error")}
