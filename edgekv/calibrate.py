@@ -28,7 +28,7 @@ from typing import Any
 from . import __version__
 from .sources import edgekv_home
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2   # 2: a binary's baseline read while it waits to open its model (not ru_maxrss)
 
 
 @dataclass
@@ -115,18 +115,14 @@ def measure_python() -> tuple[int | None, list[str], str]:
 
 
 def measure_binary(binary: str) -> tuple[int | None, list[str], str]:
-    """The kernel's maximum RSS of the binary started on a file that is not a model."""
-    from .process import run_child
+    """The binary's resident memory when it opens its model file, before reading any of it (a FIFO holds it
+    there: edgekv.process.rss_before_model)."""
+    from .process import rss_before_model
 
-    with tempfile.TemporaryDirectory(prefix="edgekv-calib-") as d:
-        bogus = os.path.join(d, "not-a-model.gguf")
-        Path(bogus).write_bytes(b"not a gguf")
-        res = run_child([binary, "-m", bogus, "-p", "1", "-n", "1", "-r", "1"], None, timeout=120.0,
-                        capture_output=True, sample_memory=True)
-    peak = res.kernel_maxrss_bytes or res.peak_rss_bytes
-    if not peak:
-        return None, [], f"calibration failed: {binary} gave no memory reading ({res.failure_reason()})"
-    return int(peak), [], f"{os.path.basename(binary)} with its backends, no model"
+    rss, why = rss_before_model(lambda model: [binary, "-m", model, "-p", "1", "-n", "1", "-r", "1"])
+    if rss is None:
+        return None, [], f"calibration failed: {os.path.basename(binary)} {why}"
+    return rss, [], f"{os.path.basename(binary)} with its backends, before reading a model"
 
 
 def runtime_baseline(runtime: str = "python", binary: str | None = None, remeasure: bool = False) -> Baseline:

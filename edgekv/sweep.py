@@ -469,6 +469,8 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
     from .procpredict import ProcessSettings, predict_processes
 
     baseline = runtime_baseline("binary", spec.llama_bench)
+    # the CPU features (which weights the CPU backend repacks) are the machine's: the Python runtime reports them
+    baseline.cpu_features = baseline.cpu_features or runtime_baseline().cpu_features
     out: dict[str, Any] = {}
     try:
         with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
