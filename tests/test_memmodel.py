@@ -374,3 +374,16 @@ def test_report_explains_memory(tmp_path):
 def test_unknown_compute_is_not_a_zero():
     p = predict_process(_inputs(compute_workload=None, compute_note="llama.cpp refused the context"))
     assert p.peak_rss_bytes is None and any("llama.cpp refused the context" in n for n in p.notes)
+
+
+def test_binary_baseline_is_read_before_the_model(tmp_path):
+    # any program that opens its "model": it waits on the FIFO, its RSS is read there, then it is let go
+    import sys
+
+    from edgekv.process import rss_before_model
+
+    rss, why = rss_before_model(lambda model: [sys.executable, "-S", "-c", "import sys; open(sys.argv[1]).read()", model])
+    assert rss is not None, why
+    assert 1 * MIB < rss < 64 * MIB
+    rss, why = rss_before_model(lambda model: [sys.executable, "-c", "raise SystemExit(3)"])
+    assert rss is None and "exited with code 3" in why
