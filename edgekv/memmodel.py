@@ -59,6 +59,7 @@ SRC_CALIBRATION = "measured (runtime calibration)"
 HOST = "host"
 
 CACHE_LINE_SIZE = 64          # ggml-cpu.c CACHE_LINE_SIZE (x86, arm64)
+GLIBC_MMAP_THRESHOLD_MAX = 32 * MIB   # glibc malloc: DEFAULT_MMAP_THRESHOLD_MAX on 64-bit; larger blocks are always mapped
 
 # ggml type ids (ggml/include/ggml.h enum ggml_type) used by the rules below
 T_F32, T_F16, T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_Q8_1 = 0, 1, 2, 3, 6, 7, 8, 9
@@ -248,6 +249,7 @@ class ProcessInputs:
     host_structures_bytes: int | None = None    # dry-run process growth: vocab, tensor metadata, code pages
     host_structures_note: str = ""
     state_copy_bytes: int = 0                   # llama-bench keeps the depth state in memory (cstate.buf)
+    restore_buffer_bytes: int = 0               # edgekv bench's state-file restore: the read buffer malloc keeps
 
 
 @dataclass
@@ -336,6 +338,12 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
         if work:
             parts.append(Part("thread work buffer", work, SRC_FORMULA,
                               note=f"largest activation conversion for {x.n_ubatch} tokens, {x.n_threads} threads"))
+    if x.restore_buffer_bytes:
+        parts.append(Part("depth-state read buffer", x.restore_buffer_bytes, SRC_FORMULA,
+                          note="edgekv bench restores sliding-window/recurrent caches from a state file: "
+                               "llama_state_seq_load_file reads one layer's rows at a time into a buffer "
+                               "(src/llama-context.cpp llama_io_read_file::read_to_tensor) that glibc's malloc keeps "
+                               "once its mmap threshold has risen to that size (at most 32 MiB)"))
     if x.state_copy_bytes:
         parts.append(Part("depth state copy", x.state_copy_bytes, SRC_FORMULA,
                           note="llama-bench keeps llama_state_seq_get_data of the filled cache in memory "

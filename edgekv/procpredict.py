@@ -38,9 +38,32 @@ class ProcessSettings:
     n_gen: int | None = None
     n_depth: int | None = None
     keeps_depth_state: bool = False    # llama-bench: the filled cache's state stays in memory
+    restores_state_file: bool = False  # edgekv bench on sliding-window/recurrent caches: restore from a state file
 
 
 STATE_CELL_META_BYTES = 12   # per saved cell: llama_pos + n_seq_id + one seq_id (src/llama-kv-cache.cpp state_write_meta)
+
+
+def state_read_buffer_bytes(pred: KVPrediction, n_tokens: int) -> int:
+    """The largest single read of llama_state_seq_load_file: one layer's K (or V) rows for the saved cells
+    (recurrent: one layer's R or S state).  glibc keeps it after the restore when it is at most its largest
+    mmap threshold; larger blocks are unmapped on free."""
+    from .memmodel import GLIBC_MMAP_THRESHOLD_MAX
+
+    if pred.status != STATUS_OK or n_tokens <= 0:
+        return 0
+    best = 0
+    for lp in pred.layers:
+        if lp.r_bytes or lp.s_bytes:
+            best = max(best, lp.r_bytes, lp.s_bytes)
+            continue
+        if not lp.cells:
+            continue
+        streams = max(1, pred.n_stream)
+        cells = min(n_tokens, lp.cells)
+        rows = max(lp.k_bytes, lp.v_bytes) // (lp.cells * streams)
+        best = max(best, cells * rows)
+    return best if best <= GLIBC_MMAP_THRESHOLD_MAX else 0
 
 
 def state_seq_bytes(pred: KVPrediction, n_tokens: int) -> int:
@@ -127,8 +150,9 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
         struct_note = (f"dry-run process grew {g_load / MIB:.1f} MiB loading the model and "
                        f"{g_ctx / MIB:.1f} MiB creating a context (less its {out_at_creation / MIB:.2f} MiB output buffer)")
     state = state_seq_bytes(pred, settings.n_depth or 0) if settings.keeps_depth_state else 0
+    restore = state_read_buffer_bytes(pred, settings.n_depth or 0) if settings.restores_state_file else 0
     return ProcessInputs(
-        state_copy_bytes=state,
+        state_copy_bytes=state, restore_buffer_bytes=restore,
         workload=settings.workload, n_ubatch=pred.n_ubatch, n_batch=pred.n_batch, n_seq_max=params.n_seq_max,
         n_threads=settings.n_threads or default_threads(), tensors=m.header.tensors, n_vocab=shape.n_vocab,
         n_layer=n_layer, cpu_features=baseline.cpu_features if baseline is not None else (),

@@ -451,7 +451,9 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
                 st = c.settings
                 settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
                                            n_gpu_layers=spec.n_gpu_layers, n_prompt=st["n_prompt"], n_gen=st["n_gen"],
-                                           n_depth=st["n_depth"])
+                                           n_depth=st["n_depth"],
+                                           # the worker restores these caches from a state file (run_sweep's restore)
+                                           restores_state_file=spec.model.shape.memory != MEMORY_KV and st["n_depth"] > 0)
                 out[c.key] = predict_processes(spec.model, [c.params], settings, baseline, eng)[0]
     except EngineError as e:
         return {c.key: {"error": str(e)} for c in run}

@@ -387,3 +387,15 @@ def test_binary_baseline_is_read_before_the_model(tmp_path):
     assert 1 * MIB < rss < 64 * MIB
     rss, why = rss_before_model(lambda model: [sys.executable, "-c", "raise SystemExit(3)"])
     assert rss is None and "exited with code 3" in why
+
+
+def test_state_file_read_buffer(gemma3_path, smollm2_path):
+    from edgekv.predict import predict
+    from edgekv.procpredict import state_read_buffer_bytes
+
+    gem = load_model(str(gemma3_path)).shape
+    # the largest single read: a full-attention layer's K rows for the 3584 saved cells (1 KV head x 256 x f16)
+    assert state_read_buffer_bytes(predict(gem, ContextParams(n_ctx=4096)), 3584) == 3584 * 512
+    assert state_read_buffer_bytes(predict(gem, ContextParams(n_ctx=4096, type_k="q8_0", type_v="q8_0")), 3584) == 3584 * 272
+    # beyond glibc's largest mmap threshold (32 MiB) the buffer is unmapped on free: nothing stays
+    assert state_read_buffer_bytes(predict(gem, ContextParams(n_ctx=131072)), 131072 - 512) == 0
