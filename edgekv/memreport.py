@@ -64,7 +64,10 @@ def table(recs: list[dict[str, Any]]):
         body.append([x["label"], *[f"{x['stack'][k] / MIB:.1f}" for k in STACK_ORDER], f"{x['predicted'] / MIB:.1f}",
                      f"{x['measured'] / MIB:.1f}", f"{d / MIB:+.1f}", f"{100 * d / x['predicted']:+.2f}"])
     wl = next((x.get("workload") for x in rows if x.get("workload")), "bench")
-    intro = ("Peak RSS of each run explained part by part: *predicted* before the run by edgekv's process model "
+    after = any(((r.get("prediction") or {}).get("process") or {}).get("predicted_after_measurement") for r in recs)
+    when = ("after the runs were measured (`bench/explain_reports.py`, same settings and model)" if after
+            else "before the run")
+    intro = (f"Peak RSS of each run explained part by part: *predicted* {when} by edgekv's process model "
              f"(workload `{wl}`: runtime baseline measured once per environment, llama.cpp's host structures and "
              "compute buffer from its dry run for the graph the run reaches, weights/KV/work/output by formula), "
              "*measured* by the OS; *unexplained* = measured − predicted.")
