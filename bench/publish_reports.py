@@ -43,12 +43,16 @@ def edgekv(*args: str) -> subprocess.CompletedProcess:
 
 
 def publish(name: str, out_root: Path, quick: bool, with_quality: bool, contexts: str | None,
-            chunks: int | None = None) -> dict:
+            chunks: int | None = None, repetitions: int | None = None, n_gen: int | None = None) -> dict:
     cfg = MODELS[name]
     d = out_root / name
     d.mkdir(parents=True, exist_ok=True)
     sweep = d / "sweep.jsonl"
-    s = QUICK if quick else FULL
+    s = dict(QUICK if quick else FULL)
+    if repetitions:
+        s["repetitions"] = repetitions       # a reduced re-measure: the note names the exact command
+    if n_gen:
+        s["n_gen"] = n_gen
     ctxs = contexts or (QUICK["contexts"] if quick else cfg["contexts"])
     types = QUICK["types"] if quick else TYPES
     shown = ["bench", name, "-c", ctxs, "-ctk", types, "-p", str(s["n_prompt"]), "-n", str(s["n_gen"]),
@@ -80,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contexts", help="override the contexts (comma list)")
     ap.add_argument("--no-quality", action="store_true", help="skip the quality pass")
     ap.add_argument("--chunks", type=int, help="quality chunks per context (edgekv bench's default: 2)")
+    ap.add_argument("-r", "--repetitions", type=int, help="override -r (a reduced re-measure; the report says so)")
+    ap.add_argument("-n", "--n-gen", type=int, help="override -n")
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: load average {load:.2f}: other work is running, the timings will be too low and noisy",
               file=sys.stderr)
     for n in names:
-        publish(n, a.out, a.quick, not a.no_quality, a.contexts, a.chunks)
+        publish(n, a.out, a.quick, not a.no_quality, a.contexts, a.chunks, a.repetitions, a.n_gen)
     return 0
 
 

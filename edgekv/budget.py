@@ -1,9 +1,11 @@
-"""--budget: the largest context (multiple of 256) whose weights + caches + compute + output fit.
+"""--budget: the largest context (multiple of 256) whose predicted *process peak* fits the budget.
 
-The cache bytes come from the formula (checked against llama.cpp elsewhere); the compute and output
-buffers can only come from llama.cpp, so each candidate context is dry-run through one
-:class:`~edgekv.engine.EngineSession`.  All of these grow with the context, so a binary search is
-exact.  The search stops at the model's trained context.
+The answer comes from the whole-process prediction (:mod:`edgekv.memmodel` through
+:mod:`edgekv.procpredict`): runtime baseline + llama.cpp's host structures + weights + caches + the
+compute buffer of the workload's graph + work and output buffers.  Caches and compute buffers grow with
+the context, so a binary search is exact.  The search stops at the model's trained context and every
+row says so when it stopped there.  Without llama.cpp's dry run, or without a runtime baseline, the row
+says what is missing instead of answering from a partial sum.
 """
 
 from __future__ import annotations
@@ -13,83 +15,97 @@ from typing import Any
 
 from .api import LoadedModel
 from .errors import EngineError
+from .memmodel import WORKLOAD_HELP
 from .predict import KV_PAD, MIB, STATUS_OK, ContextParams, largest_fitting, max_context_for_budget, predict
 
 
 def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str]], budget_bytes: int,
-                 n_gpu_layers: int = -1, cap: int | None = None) -> list[dict[str, Any]]:
+                 n_gpu_layers: int = -1, cap: int | None = None, workload: str = "generate", n_threads: int = 0,
+                 use_mmap: bool = True, baseline=None) -> list[dict[str, Any]]:
+    from .calibrate import runtime_baseline
     from .engine import EngineSession
+    from .procpredict import ProcessSettings, predict_processes
 
     shape = m.shape
-    cap = cap or shape.n_ctx_train or (1 << 20)
+    trained = shape.n_ctx_train or 0
+    cap = cap or trained or (1 << 20)
     cap = max(KV_PAD, cap // KV_PAD * KV_PAD)
+    baseline = baseline if baseline is not None else runtime_baseline()
+    settings = ProcessSettings(workload=workload, n_threads=n_threads, use_mmap=use_mmap, n_gpu_layers=n_gpu_layers)
+    common = {"budget_bytes": budget_bytes, "cap": cap, "workload": workload,
+              "workload_means": WORKLOAD_HELP.get(workload, "")}
+    weights_note = ("" if m.header.tensors else
+                    "metadata-only header (no tensor table): weights unknown, counted as 0 MiB")
     rows: list[dict[str, Any]] = []
+    if baseline.bytes is None:
+        for tk, tv in pairs:
+            rows.append({**common, "type_k": tk, "type_v": tv, "max_n_ctx": None, "peak_rss_bytes": None,
+                         "note": f"no answer: {baseline.note} (the runtime baseline is unknown)"})
+        return rows
+    if budget_bytes < baseline.bytes:
+        for tk, tv in pairs:
+            rows.append({**common, "type_k": tk, "type_v": tv, "max_n_ctx": 0, "peak_rss_bytes": None,
+                         "note": f"nothing fits: the runtime alone needs {baseline.bytes / MIB:.0f} MiB"})
+        return rows
     try:
         session = EngineSession(m.ref.path, n_gpu_layers=n_gpu_layers, header=m.header).__enter__()
     except EngineError as e:
-        session = None
-        engine_error = str(e)
+        # no compute buffers without llama.cpp: answer from what is known, labelled as the bound it is
+        fixed = baseline.bytes + m.weights_bytes
+        for tk, tv in pairs:
+            params = replace(base, type_k=tk, type_v=tv)
+            best = max_context_for_budget(shape, budget_bytes, fixed, params, upper=cap)
+            notes = [weights_note] if weights_note else []
+            row = {**common, "type_k": tk, "type_v": tv, "max_n_ctx": best, "peak_rss_bytes": None,
+                   "weights_bytes": m.weights_bytes, "compute_bytes": None,
+                   "source": "lower bound: runtime baseline + weights + caches (no compute buffers)"}
+            if best:
+                kv = predict(shape, replace(params, n_ctx=best)).total_bytes
+                row.update({"cache_bytes": kv, "lower_bound_bytes": fixed + kv, "total_bytes": None})
+                if best == cap:
+                    notes.append(f"capped at the trained context ({cap}): the search stops there"
+                                 if trained else f"capped at the search limit ({cap})")
+            notes.append(f"an upper bound on the context: the compute buffers are not counted, llama.cpp's dry run "
+                         f"failed ({e})")
+            row["note"] = "; ".join(notes)
+            rows.append(row)
+        return rows
     try:
         for tk, tv in pairs:
             params = replace(base, type_k=tk, type_v=tv)
-            upper = max_context_for_budget(shape, budget_bytes, m.weights_bytes, params, upper=cap)
-            row: dict[str, Any] = {"type_k": tk, "type_v": tv, "budget_bytes": budget_bytes, "cap": cap}
-            if session is None:
-                row.update(_formula_only(m, params, upper))
-                row["note"] = f"compute buffer unknown ({engine_error}); weights + caches only"
-                rows.append(row)
-                continue
-            probe = _Probe(session, shape, params)
+            seen: dict[int, Any] = {}
 
-            def fits(n: int, probe: _Probe = probe) -> bool:
-                ok, cache_b, extra = probe.measure(n)
-                return ok and m.weights_bytes + cache_b + extra <= budget_bytes
+            def proc_at(n: int, params: ContextParams = params, seen: dict[int, Any] = seen):
+                if n not in seen:
+                    seen[n] = predict_processes(m, [replace(params, n_ctx=n)], settings, baseline, session)[0]
+                return seen[n]
 
-            best = largest_fitting(fits, KV_PAD, upper)
+            def fits(n: int) -> bool:
+                p = proc_at(n)
+                return p is not None and p.peak_rss_bytes is not None and p.peak_rss_bytes <= budget_bytes
+
+            best = largest_fitting(fits, KV_PAD, cap)
+            row: dict[str, Any] = {**common, "type_k": tk, "type_v": tv, "max_n_ctx": best}
+            notes = [weights_note] if weights_note else []
             if best:
-                _, cache_b, extra = probe.measure(best)
-                row.update({"max_n_ctx": best, "cache_bytes": cache_b, "compute_bytes": extra,
-                            "weights_bytes": m.weights_bytes, "total_bytes": m.weights_bytes + cache_b + extra,
-                            "source": "formula caches + llama.cpp compute/output buffers"})
+                p = proc_at(best)
+                kv = predict(shape, replace(params, n_ctx=best))
+                parts = {q.name: q.bytes for q in p.host_parts()}
+                row.update({"peak_rss_bytes": p.peak_rss_bytes, "device_bytes": p.device_bytes,
+                            "cache_bytes": kv.total_bytes,
+                            "compute_bytes": sum(q.bytes for q in p.host_parts() if q.name == "compute buffer"),
+                            "weights_bytes": sum(v for k, v in parts.items() if k.startswith("weights")),
+                            "total_bytes": p.peak_rss_bytes, "process": p.to_dict(),
+                            "source": "whole-process prediction (memmodel)"})
                 if best == cap:
-                    row["note"] = f"capped at the trained context ({cap})"
+                    notes.append(f"capped at the trained context ({cap}): the search stops there, larger contexts "
+                                 "were not tried" if trained else f"capped at the search limit ({cap})")
             else:
-                row.update({"max_n_ctx": 0, "cache_bytes": None, "compute_bytes": None, "total_bytes": None})
+                row.update({"peak_rss_bytes": None, "cache_bytes": None, "compute_bytes": None, "total_bytes": None})
                 pr = predict(shape, replace(params, n_ctx=KV_PAD))
-                row["note"] = pr.reason if pr.status != STATUS_OK else "not even 256 tokens fit"
+                notes.append(pr.reason if pr.status != STATUS_OK else f"not even {KV_PAD} tokens fit")
+            row["note"] = "; ".join(n for n in notes if n)
             rows.append(row)
     finally:
-        if session is not None:
-            session.__exit__(None, None, None)
+        session.__exit__(None, None, None)
     return rows
-
-
-class _Probe:
-    """Cache bytes (formula) and compute + output bytes (llama.cpp) at one context, memoised."""
-
-    def __init__(self, session, shape, params: ContextParams):
-        self.session, self.shape, self.params = session, shape, params
-        self.seen: dict[int, tuple[bool, int, int]] = {}
-
-    def measure(self, n: int) -> tuple[bool, int, int]:
-        if n not in self.seen:
-            pr = predict(self.shape, replace(self.params, n_ctx=n))
-            if pr.status != STATUS_OK or pr.aborts:
-                self.seen[n] = (False, 0, 0)
-                return self.seen[n]
-            res = self.session.run([replace(self.params, n_ctx=n)])[0]
-            if not res.ok:
-                self.seen[n] = (False, 0, 0)
-            else:
-                extra = int(round((res.log.compute_mib_total + res.log.output_mib_total) * MIB))
-                self.seen[n] = (True, pr.total_bytes, extra)
-        return self.seen[n]
-
-
-def _formula_only(m: LoadedModel, params: ContextParams, upper: int) -> dict[str, Any]:
-    if not upper:
-        return {"max_n_ctx": 0, "cache_bytes": None, "compute_bytes": None, "total_bytes": None}
-    pr = predict(m.shape, replace(params, n_ctx=upper))
-    return {"max_n_ctx": upper, "cache_bytes": pr.total_bytes, "compute_bytes": None,
-            "weights_bytes": m.weights_bytes, "total_bytes": m.weights_bytes + pr.total_bytes,
-            "source": "formula (weights + caches)"}

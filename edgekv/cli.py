@@ -137,9 +137,17 @@ def predict(
     budget: Optional[str] = typer.Option(None, "--budget", show_default=False,
                                          help="Memory budget (16GiB): largest context that fits, per cache type."),
     layers: bool = typer.Option(False, "--layers", help="Per-layer breakdown (with --json: included per row)."),
+    workload: str = typer.Option("generate", "--workload",
+                                 help="What the process runs: generate (llama-cli/llama-server), perplexity "
+                                      "(all logits) or bench (edgekv bench / llama-bench)."),
+    threads: int = typer.Option(0, "-t", "--threads", help="CPU threads (0: physical cores, llama.cpp's default)."),
+    no_mmap: bool = typer.Option(False, "--no-mmap", help="Predict for weights read into memory "
+                                                          "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
+    kv_only: bool = typer.Option(False, "--kv-only", help="Caches only: skip the whole-process prediction "
+                                                          "(which runs llama.cpp's dry run)."),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Exact KV-cache bytes llama.cpp will allocate, from the GGUF header alone."""
+    """Exact KV-cache bytes from the GGUF header, and the peak memory of the whole llama.cpp process."""
     from .api import load_model
     from .predict import ContextParams
     from .views import predict_rows, render_budget, render_predict
@@ -158,12 +166,20 @@ def predict(
     m = load_model(_model(model, model_opt))
     _notes(m)
     configs = [replace(base, n_ctx=n, type_k=k, type_v=v) for n in ctxs for k, v in pairs]
+    from .memmodel import WORKLOADS
+
+    if workload not in WORKLOADS:
+        raise UsageError(f"--workload: unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")
+    if threads < 0:
+        raise UsageError("-t/--threads must be at least 0")
     rows = predict_rows(m, configs, engine=engine, n_gpu_layers=n_gpu_layers, with_layers=layers and as_json)
+    proc_notes = _process_rows(m, configs, rows, workload, threads, no_mmap, n_gpu_layers) if not kv_only else []
     budget_rows = None
     if budget_bytes is not None:
         from .budget import budget_table
 
-        budget_rows = budget_table(m, base, pairs, budget_bytes, n_gpu_layers=n_gpu_layers)
+        budget_rows = budget_table(m, base, pairs, budget_bytes, n_gpu_layers=n_gpu_layers, workload=workload,
+                                   n_threads=threads, use_mmap=not no_mmap)
     if as_json:
         if budget_rows is not None:
             _print_json({"predictions": rows, "budget": budget_rows})
@@ -172,11 +188,21 @@ def predict(
     else:
         con = _console()
         render_predict(con, m, base, rows, engine=engine, layers=layers)
+        for note in proc_notes:
+            con.print(f"Note: {note}")
         if budget_rows is not None:
             render_budget(con, m, budget_bytes, budget_rows)
     if m.shape.invalid_reason:      # every row says 'invalid' with the reason; no figure, and exit 1
         sys.stderr.write(f"edgekv: error: {m.ref.spec}: {m.shape.invalid_reason}; no figure given\n")
         raise typer.Exit(1)
+
+
+def _process_rows(m, configs, rows, workload: str, threads: int, no_mmap: bool, n_gpu_layers: int) -> list[str]:
+    """The whole-process prediction per predict row (procpredict); returns notes to print."""
+    from .procpredict import ProcessSettings, attach_process_rows
+
+    return attach_process_rows(m, configs, rows, ProcessSettings(workload=workload, n_threads=threads,
+                                                                 use_mmap=not no_mmap, n_gpu_layers=n_gpu_layers))
 
 
 # -- bench --------------------------------------------------------------------------------------------
@@ -225,6 +251,8 @@ def bench(
                                          help="With --quality: chunks per context size (default: 2)."),
     timeout: float = typer.Option(3600.0, "--timeout", help="Seconds allowed per configuration."),
     force: bool = typer.Option(False, "--force", help="Append to a results file from another environment."),
+    no_mmap: bool = typer.Option(False, "--no-mmap", help="Read the weights into memory instead of mapping the file "
+                                                          "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
@@ -265,7 +293,8 @@ def bench(
                      n_gen=n_gen, repetitions=repetitions, n_threads=threads, n_gpu_layers=n_gpu_layers,
                      n_batch=batch_size, n_ubatch=ubatch_size, swa_full=swa_full, warmup=not no_warmup,
                      timeout_s=timeout, engine=ENGINE_LLAMA_BENCH if llama_bench else ENGINE_PYTHON,
-                     llama_bench=llama_bench, quality={"enabled": True, "corpus": corpus, "chunks": chunks} if quality else None)
+                     llama_bench=llama_bench, quality={"enabled": True, "corpus": corpus, "chunks": chunks} if quality else None,
+                     use_mmap=not no_mmap)
     err = _console(stderr=True)
     prog = Progress(err)
 

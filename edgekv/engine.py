@@ -78,7 +78,7 @@ def model_params(n_gpu_layers: int, dry: bool):
     return mp
 
 
-def context_params(p: ContextParams, n_threads: int | None = None):
+def context_params(p: ContextParams, n_threads: int | None = None, n_outputs_max: int = 0):
     import llama_cpp
 
     cp = llama_cpp.llama_context_default_params()
@@ -96,7 +96,23 @@ def context_params(p: ContextParams, n_threads: int | None = None):
     if n_threads:
         cp.n_threads = n_threads
         cp.n_threads_batch = n_threads
+    if n_outputs_max and hasattr(cp, "n_outputs_max"):
+        cp.n_outputs_max = n_outputs_max     # llama.h:371: reserve the graph for this many outputs per ubatch
     return cp
+
+
+def _rss_now() -> int | None:
+    """This process's resident bytes (Linux /proc/self/statm; psutil elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError, AttributeError):
+        try:
+            import psutil
+
+            return int(psutil.Process().memory_info().rss)
+        except Exception:  # noqa: BLE001 - no reading is a None, never a zero
+            return None
 
 
 def _errors(lines: list[tuple[int, str]]) -> list[str]:
@@ -114,11 +130,15 @@ class DryRunner:
         self.cap.install()
         llama_cpp.llama_backend_init()
         self.model = None
+        self.host_growth: dict[str, int | None] = {}
 
     def load(self, model_path: str, n_gpu_layers: int = -1) -> dict[str, Any]:
         lc = self.llama_cpp
         self.cap.take()
+        rss0 = _rss_now()
         self.model = lc.llama_model_load_from_file(model_path.encode(), model_params(n_gpu_layers, dry=True))
+        rss1 = _rss_now()
+        self.host_growth = {"load": rss1 - rss0 if rss0 is not None and rss1 is not None else None}
         lines = self.cap.take()
         if not self.model:
             errs = _errors(lines)
@@ -130,15 +150,25 @@ class DryRunner:
             "n_params": int(lc.llama_model_n_params(self.model)),
             "model_buffers_mib": log.model_buffers,
             "gpu_layers": log.gpu_layers,
+            # what this process grew by while llama.cpp read the header and built its tensors (nothing of the
+            # weights is read in a dry run): vocabulary, tensor metadata, code pages -- the same in a real load
+            "host_growth_load_bytes": self.host_growth["load"],
         }
 
-    def context(self, p: ContextParams, keep_log: bool = False) -> dict[str, Any]:
+    def context(self, p: ContextParams, keep_log: bool = False, n_outputs_max: int = 0) -> dict[str, Any]:
         lc = self.llama_cpp
         self.cap.take()
-        ctx = lc.llama_init_from_model(self.model, context_params(p))
+        rss0 = _rss_now()
+        ctx = lc.llama_init_from_model(self.model, context_params(p, n_outputs_max=n_outputs_max))
+        rss1 = _rss_now()
         lines = self.cap.take()
         log = parse_memory_log([t for _, t in lines])
-        r: dict[str, Any] = {"ok": bool(ctx), "log": log.to_dict()}
+        r: dict[str, Any] = {"ok": bool(ctx), "log": log.to_dict(), "n_outputs_max": n_outputs_max}
+        if ctx and "context" not in self.host_growth and rss0 is not None and rss1 is not None:
+            # the first context's host structures (freed contexts leave their pages to malloc, so later
+            # contexts would show less): recorded once per session
+            self.host_growth["context"] = rss1 - rss0
+        r["host_growth_context_bytes"] = self.host_growth.get("context")
         if ctx:
             r["n_ctx"] = int(lc.llama_n_ctx(ctx))
             r["n_ctx_seq"] = int(lc.llama_n_ctx_seq(ctx)) if hasattr(lc, "llama_n_ctx_seq") else None
@@ -176,6 +206,8 @@ class EngineResult:
     n_ubatch: int | None = None
     n_seq_max: int | None = None
     raw_log: list[str] | None = None
+    n_outputs_max: int = 0
+    host_growth_context_bytes: int | None = None
 
     @property
     def kv_mib(self) -> float:
@@ -246,7 +278,8 @@ def _engine_result(c: ContextParams, r: dict[str, Any]) -> EngineResult:
     log.caches = caches
     res = EngineResult(params=c, ok=r["ok"], error=r.get("error"), log=log, n_ctx=r.get("n_ctx"),
                        n_ctx_seq=r.get("n_ctx_seq"), n_batch=r.get("n_batch"), n_ubatch=r.get("n_ubatch"),
-                       n_seq_max=r.get("n_seq_max"))
+                       n_seq_max=r.get("n_seq_max"), n_outputs_max=int(r.get("n_outputs_max") or 0),
+                       host_growth_context_bytes=r.get("host_growth_context_bytes"))
     if "raw_log" in r:
         res.raw_log = r["raw_log"]
     return res
@@ -290,16 +323,20 @@ class EngineSession:
             raise EngineError(f"{self.model_path}: llama.cpp refused to load it: {info.get('error')}")
         self.model_size_bytes = info.get("model_size_bytes")
         self.n_params = info.get("n_params")
+        self.host_growth_load_bytes = info.get("host_growth_load_bytes")
         self.model_info = info
         return self
 
-    def run(self, configs: list[ContextParams], keep_log: bool = False) -> list[EngineResult]:
+    def run(self, configs: list[ContextParams], keep_log: bool = False, n_outputs_max: int = 0) -> list[EngineResult]:
+        """llama.cpp's figures per configuration; ``n_outputs_max`` > 0 reserves the graph for that many
+        outputs per ubatch (a workload's graph) instead of llama.cpp's default n_batch."""
         from .process import ChildDied
 
         assert self._child is not None, "use EngineSession as a context manager"
         try:
             data = self._child.request({"op": "contexts", "configs": [asdict(c) for c in configs],
-                                        "keep_log": keep_log}, timeout=self.timeout)
+                                        "keep_log": keep_log, "n_outputs_max": n_outputs_max},
+                                       timeout=self.timeout)
         except ChildDied as e:
             raise EngineError(f"{self.model_path}: llama.cpp dry run failed: {e}") from None
         return [_engine_result(c, r) for c, r in zip(configs, data["results"])]

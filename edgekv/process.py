@@ -568,3 +568,59 @@ class ChildSession:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def rss_before_model(argv_for_model: Callable[[str], list[str]], timeout: float = 60.0) -> tuple[int | None, str]:
+    """Resident memory of a program at the moment it opens its model file, before reading any of it.
+
+    The model path handed to the program is a FIFO: opening it blocks until a writer appears, so the program
+    waits there with its libraries and backends loaded and nothing of a model read.  Its RSS is read then
+    (Linux /proc/PID/statm); the FIFO is fed a few bytes that are not a GGUF so the program gives up, and it is
+    reaped (killed after ``timeout``).  The kernel's ``ru_maxrss`` cannot serve here: it keeps the forking
+    parent's high-water mark across exec.  Returns (bytes or None, reason when None)."""
+    import tempfile
+
+    if not hasattr(os, "mkfifo") or not sys.platform.startswith("linux"):
+        return None, "needs Linux (/proc and FIFOs)"
+    with tempfile.TemporaryDirectory(prefix="edgekv-baseline-") as d:
+        fifo = os.path.join(d, "model.gguf")
+        os.mkfifo(fifo)
+        proc = subprocess.Popen(argv_for_model(fifo), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        rss: int | None = None
+        reason = ""
+        try:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < timeout:
+                if proc.poll() is not None:
+                    reason = f"exited with code {proc.returncode} before opening its model"
+                    break
+                try:
+                    with open(f"/proc/{proc.pid}/wchan") as f:
+                        waiting = f.read().strip()
+                except OSError:
+                    waiting = ""
+                if waiting == "wait_for_partner":        # blocked in open() on the FIFO
+                    with open(f"/proc/{proc.pid}/statm", "rb") as f:
+                        rss = int(f.read().split()[1]) * _PAGE
+                    break
+                time.sleep(0.01)
+            else:
+                reason = f"did not open its model within {timeout:.0f} s"
+            if rss is not None:
+                try:
+                    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                    os.write(fd, b"not a gguf\n")
+                    os.close(fd)
+                except OSError:
+                    pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc.pid)
+                proc.wait()
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc.pid)
+                proc.wait()
+        return rss, reason

@@ -666,17 +666,32 @@ def build(records: Sequence[dict[str, Any]], title: str | None = None, plots: bo
         mrecs = [recs[i] for i in idx]
         sec = _model_section(name, mrecs)
         sec.tables += _pivot_tables(mrows) + _memory_tables(mrows) + _speed_table(mrows) + _quality_table(mrows)
+        sec.tables += _explained_memory(mrecs)
         if plots:
             from . import plots as P
 
             slug = "" if len(names) == 1 else "-" + _slug(name)
-            for fname, alt, png in P.all_plots(mrows, slug):
+            for fname, alt, png in P.all_plots(mrows, slug) + _explained_plot(mrecs, slug):
                 images[fname] = png
                 sec.images.append((fname, alt))
         sec.bullets = _problems(mrows, mrecs)
         sections.append(sec)
     sections.append(_legend(recs, predicted_only))
     return Document(title, predicted_only, sections, images, note.strip() if note and note.strip() else None)
+
+
+def _explained_memory(recs: list[dict[str, Any]]) -> list[Table]:
+    """The explained-memory table (edgekv.memreport): measured peak vs the whole-process prediction's parts."""
+    from .memreport import table
+
+    return table(recs)
+
+
+def _explained_plot(recs: list[dict[str, Any]], slug: str) -> list[tuple[str, str, bytes]]:
+    from .memreport import plot
+
+    png = plot(recs)
+    return [(f"explained_memory{slug}.png", "Explained memory: predicted parts and measured peak RSS", png)] if png else []
 
 
 def _slug(s: str) -> str:
@@ -841,7 +856,7 @@ def render_html(doc: Document) -> str:
 # -- writing the folder ---------------------------------------------------------------------------------
 
 GENERATED = ("README.md", "results.csv", "results.json", "report.html")
-_PLOT_RE = re.compile(r"^(memory_vs_context|speed_vs_depth|kld)(-[a-z0-9-]+)?\.png$")
+_PLOT_RE = re.compile(r"^(memory_vs_context|speed_vs_depth|kld|explained_memory)(-[a-z0-9-]+)?\.png$")
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -6,6 +6,11 @@ Schema history (``schema_version``):
   ``prediction`` (formula + engine), ``llama_log`` (what llama.cpp reported in the measured run),
   ``memory`` (what the OS measured), ``speed`` (every sample, with summaries), ``timing``,
   ``differences``, ``environment``, optional ``quality``.
+* 2 -- the whole-process prediction: ``prediction.process`` (``workload``, ``peak_rss_bytes``,
+  ``device_bytes`` per device, ``parts``: name, bytes, source, where, kind, note; see
+  :mod:`edgekv.memmodel`) and ``memory_residual`` (measured - predicted peak RSS, bytes and %);
+  optional ``settings.no_mmap``.  v1 records are upgraded with ``prediction.process = None`` (never
+  predicted) and no residual: nothing is invented for them.
 
 Loading upgrades older records step by step (``UPGRADES``) and refuses records written by a newer
 edgekv.  Writing is append-only: each record is one ``write()`` of one line on an ``O_APPEND``
@@ -34,10 +39,21 @@ from typing import Any
 
 from .errors import ResultsError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-# v -> function upgrading a v record to v+1, in order.  Empty while there is only version 1.
-UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+def _v1_to_v2(r: dict[str, Any]) -> dict[str, Any]:
+    """v1 records predicted no whole-process memory: mark it absent (None), add no residual."""
+    r = dict(r)
+    pred = dict(r.get("prediction") or {})
+    pred.setdefault("process", None)
+    r["prediction"] = pred
+    r["schema_version"] = 2
+    return r
+
+
+# v -> function upgrading a v record to v+1, in order.
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
 
 # The settings that identify a configuration: two records with equal values describe the same
 # measurement (resume skips it; compare pairs them).
@@ -56,6 +72,8 @@ CHECKED_ENVIRONMENT = (
 
 def config_key(model_sha256: str | None, settings: dict[str, Any]) -> str:
     key = {"model_sha256": model_sha256, **{k: settings.get(k) for k in KEY_SETTINGS}}
+    if settings.get("no_mmap"):          # only when set, so the keys of earlier records stay the same
+        key["no_mmap"] = True
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 

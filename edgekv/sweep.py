@@ -57,6 +57,7 @@ class SweepSpec:
     engine: str = ENGINE_PYTHON
     llama_bench: str | None = None
     quality: dict[str, Any] | None = None
+    use_mmap: bool = True
 
 
 @dataclass
@@ -103,6 +104,8 @@ def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
                         "n_depth": d, "repetitions": spec.repetitions, "warmup": spec.warmup,
                         "quality": _quality_key(spec.quality),
                     }
+                    if not spec.use_mmap:
+                        settings["no_mmap"] = True
                     cases.append(Case(len(cases), settings, params, R.config_key(model_sha, settings),
                                       predict(spec.model.shape, params)))
     return cases
@@ -375,6 +378,7 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
 
     model = model_block(m, sha)
     engine_results = _dry_runs(spec, todo) if spec.engine == ENGINE_PYTHON else {}
+    processes = process_predictions(spec, todo)
     gpu_probe = nvml_process_probe()
     records: list[dict[str, Any]] = []
     interrupted = False
@@ -410,6 +414,7 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
                     status = "failed"
                     reason = res.get("reason") if child.ok else child.failure_reason()
                 rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
+            attach_process(rec, processes.get(case.key) if rec["status"] != "skipped" else None)
             if quality is not None and rec["status"] == "ok":
                 rec["quality"] = quality(case, emit)
             writer.append(rec)
@@ -434,6 +439,95 @@ def _dry_runs(spec: SweepSpec, todo: list[Case]) -> dict[str, EngineResult]:
     except EngineError:
         return {}
     return {c.key: r for c, r in zip(run, res)}
+
+
+def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
+    """The whole-process prediction (workload ``bench``) for every configuration to run, keyed by case key.
+
+    The runtime baseline is this environment's calibration (the llama-bench binary alone with
+    ``--llama-bench``); llama.cpp's dry run supplies the workload's compute buffers."""
+    from .calibrate import runtime_baseline
+    from .engine import EngineSession
+    from .errors import EngineError
+    from .memmodel import WORKLOAD_BENCH
+    from .procpredict import ProcessSettings, predict_processes
+
+    run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts]
+    if not run:
+        return {}
+    if spec.engine == ENGINE_LLAMA_BENCH:
+        return _llama_bench_processes(spec, run)
+    baseline = runtime_baseline()
+    out: dict[str, Any] = {}
+    try:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+            for c in run:
+                st = c.settings
+                settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
+                                           n_gpu_layers=spec.n_gpu_layers, n_prompt=st["n_prompt"], n_gen=st["n_gen"],
+                                           n_depth=st["n_depth"],
+                                           # the worker restores these caches from a state file (run_sweep's restore)
+                                           restores_state_file=spec.model.shape.memory != MEMORY_KV and st["n_depth"] > 0)
+                out[c.key] = predict_processes(spec.model, [c.params], settings, baseline, eng)[0]
+    except EngineError as e:
+        return {c.key: {"error": str(e)} for c in run}
+    return out
+
+
+def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
+    """llama-bench runs one process per test with a context of depth + test tokens (swa_full off, one
+    sequence) and keeps the depth state in memory: the prediction is the larger of the two processes, over
+    the binary's own baseline."""
+    from .calibrate import runtime_baseline
+    from .engine import EngineSession
+    from .errors import EngineError
+    from .memmodel import WORKLOAD_BENCH
+    from .procpredict import ProcessSettings, predict_processes
+
+    baseline = runtime_baseline("binary", spec.llama_bench)
+    # the CPU features (which weights the CPU backend repacks) are the machine's: the Python runtime reports them
+    baseline.cpu_features = baseline.cpu_features or runtime_baseline().cpu_features
+    out: dict[str, Any] = {}
+    try:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+            for c in run:
+                st = c.settings
+                best = None
+                for test, count in (("pp", st["n_prompt"]), ("tg", st["n_gen"])):
+                    if count <= 0:
+                        continue
+                    params = replace(c.params, n_ctx=st["n_depth"] + count, swa_full=False, n_seq_max=1,
+                                     kv_unified=False)
+                    settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
+                                               n_gpu_layers=spec.n_gpu_layers,
+                                               n_prompt=count if test == "pp" else 0, n_gen=count if test == "tg" else 0,
+                                               n_depth=st["n_depth"], keeps_depth_state=st["n_depth"] > 0)
+                    p = predict_processes(spec.model, [params], settings, baseline, eng)[0]
+                    if p is not None and (best is None or (p.peak_rss_bytes or 0) > (best.peak_rss_bytes or 0)):
+                        best = p
+                if best is not None:
+                    best.notes.append("llama-bench: the larger of its pp and tg processes")
+                    out[c.key] = best
+    except EngineError as e:
+        return {c.key: {"error": str(e)} for c in run}
+    return out
+
+
+def attach_process(rec: dict[str, Any], proc: Any) -> None:
+    """``prediction.process`` and the residual (measured - predicted) in a record."""
+    if proc is None:                    # skipped, or not predictable (invalid cache): predicted nothing
+        rec["prediction"].setdefault("process", None)
+        return
+    if isinstance(proc, dict):          # the dry run failed: say so, predict nothing
+        rec["prediction"]["process"] = {"peak_rss_bytes": None, "error": proc.get("error")}
+        return
+    d = proc.to_dict()
+    rec["prediction"]["process"] = d
+    measured = (rec.get("memory") or {}).get("peak_rss_bytes")
+    if measured and d.get("peak_rss_bytes"):
+        diff = measured - d["peak_rss_bytes"]
+        rec["memory_residual"] = {"peak_rss_bytes": diff, "peak_rss_pct": round(100.0 * diff / d["peak_rss_bytes"], 3),
+                                  "workload": d["workload"]}
 
 
 def spec_summary(spec: SweepSpec) -> dict[str, Any]:

@@ -219,7 +219,10 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
         t.add_column("KV MiB\n(llama.cpp)", justify="right")
         t.add_column("same", justify="center")
         t.add_column("compute MiB\n(llama.cpp)", justify="right")
-        t.add_column("total MiB\n(weights+all)", justify="right")
+        t.add_column("reserved MiB\n(weights+all)", justify="right")
+    proc_cols = process_columns(rows)
+    for name in proc_cols:
+        t.add_column(name, justify="right")
     t.add_column("note")
     warn_ctx = False
     for r in rows:
@@ -250,9 +253,11 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
                 cells += ["-", _same_cell(e["match"]), "-", "-"]
                 if r["status"] == STATUS_OK:
                     note = f"[red]llama.cpp: {e['error']}[/]"
+        cells += process_cells(r, proc_cols)
         cells.append(note)
         t.add_row(*cells)
     con.print(t)
+    process_legend(con, rows)
     fa_note = {"auto": "-fa auto", "on": "-fa on", "off": "-fa off"}[base.flash_attn]
     con.print(f"Settings: {fa_note}, --swa-full {'on' if base.swa_full else 'off'}, -np {base.n_seq_max}"
               f"{', --kv-unified' if base.kv_unified else ''}, -ub {base.n_ubatch}, -b {base.n_batch} "
@@ -285,6 +290,43 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
             render_layers(con, shape, replace(base, n_ctx=first["n_ctx"], type_k=first["type_k"], type_v=first["type_v"]))
 
 
+def process_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """Column titles for the whole-process prediction (peak RSS, and memory per device when offloaded)."""
+    procs = [r.get("process") for r in rows if r.get("process")]
+    if not any("process" in r for r in rows):
+        return []
+    wl = procs[0]["workload"] if procs else "generate"
+    cols = [f"peak RSS MiB\n(predicted,\n{wl})"]
+    devs = sorted({d for p in procs for d in (p.get("device_bytes") or {})})
+    cols += [f"{d} MiB\n(predicted)" for d in devs]
+    return cols
+
+
+def process_cells(r: dict[str, Any], cols: list[str]) -> list[str]:
+    if not cols:
+        return []
+    p = r.get("process")
+    if not p:
+        return ["-"] * len(cols)
+    out = [fmt_mib(p["peak_rss_bytes"]) if p.get("peak_rss_bytes") is not None else "no baseline"]
+    for c in cols[1:]:
+        dev = c.split(" MiB")[0]
+        b = (p.get("device_bytes") or {}).get(dev)
+        out.append(fmt_mib(b) if b is not None else "-")
+    return out
+
+
+def process_legend(con, rows: list[dict[str, Any]]) -> None:
+    procs = [r["process"] for r in rows if r.get("process")]
+    if not procs:
+        return
+    p = max(procs, key=lambda q: q.get("peak_rss_bytes") or 0)
+    parts = ", ".join(f"{q['name']} {fmt_mib(q['bytes'])}" + ("" if q.get("where", "host") == "host" else f" on {q['where']}")
+                      for q in p["parts"])
+    con.print(f"Peak RSS (predicted) = the whole process at its peak for the '{p['workload']}' workload: {parts} "
+              "(largest row; `--json` lists every part with its source).")
+
+
 def render_layers(con, shape: ModelShape, params: ContextParams) -> None:
     from rich.table import Table
 
@@ -301,17 +343,23 @@ def render_layers(con, shape: ModelShape, params: ContextParams) -> None:
 def render_budget(con, m: LoadedModel, budget_bytes: int, rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
-    t = Table(title=f"Largest context within {fmt_mib(budget_bytes)} MiB (weights + caches + compute + output)",
-              title_justify="left")
-    for col in ("K/V", "max n_ctx", "KV MiB", "compute MiB", "total MiB", "note"):
+    wl = rows[0].get("workload", "generate") if rows else "generate"
+    t = Table(title=f"Largest context whose predicted peak RSS fits {fmt_mib(budget_bytes)} MiB "
+                    f"(workload: {wl})", title_justify="left")
+    for col in ("K/V", "max n_ctx", "KV MiB", "weights MiB", "compute MiB", "peak RSS MiB", "note"):
         t.add_column(col, justify="left" if col in ("K/V", "note") else "right")
     for r in rows:
         kv = r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
-        if r["max_n_ctx"]:
-            t.add_row(kv, str(r["max_n_ctx"]), fmt_mib(r["cache_bytes"]),
-                      "-" if r["compute_bytes"] is None else fmt_mib(r["compute_bytes"]),
-                      fmt_mib(r["total_bytes"]), r.get("note") or "")
+        if r.get("max_n_ctx"):
+            peak = (fmt_mib(r["peak_rss_bytes"]) if r.get("peak_rss_bytes") is not None else
+                    f"≥ {fmt_mib(r['lower_bound_bytes'])}" if r.get("lower_bound_bytes") is not None else "-")
+            t.add_row(kv, str(r["max_n_ctx"]), fmt_mib(r["cache_bytes"]), fmt_mib(r.get("weights_bytes")),
+                      "-" if r.get("compute_bytes") is None else fmt_mib(r["compute_bytes"]), peak, r.get("note") or "")
         else:
-            t.add_row(kv, "does not fit", "-", "-", "-", r.get("note") or "")
+            t.add_row(kv, "does not fit" if r.get("max_n_ctx") == 0 else "no answer", "-", "-", "-", "-",
+                      r.get("note") or "")
     con.print(t)
+    if rows:
+        con.print(f"Workload '{wl}': {rows[0].get('workload_means', '')}. Peak RSS = runtime baseline + llama.cpp's "
+                  "host structures + weights + caches + the workload's compute buffer + work and output buffers.")
 

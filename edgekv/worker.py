@@ -28,7 +28,8 @@ def _engine(_payload: dict, ev: EventWriter) -> None:
                 ev.emit("response", data=runner.load(req["model_path"], req.get("n_gpu_layers", -1)))
             elif op == "contexts":
                 keep = bool(req.get("keep_log"))
-                results = [runner.context(ContextParams(**c), keep) for c in req["configs"]]
+                nom = int(req.get("n_outputs_max") or 0)
+                results = [runner.context(ContextParams(**c), keep, nom) for c in req["configs"]]
                 ev.emit("response", data={"results": results})
             else:
                 ev.emit("error", error=f"unknown op {op!r}")
@@ -48,13 +49,19 @@ def _env(payload: dict, ev: EventWriter) -> None:
     env_info(payload, ev)
 
 
+def _baseline(payload: dict, ev: EventWriter) -> None:
+    from .workload import baseline
+
+    baseline(payload, ev)
+
+
 def _quality(payload: dict, ev: EventWriter) -> None:
     from .quality_child import run
 
     run(payload, ev)
 
 
-SUBCOMMANDS = {"engine": _engine, "bench": _bench, "env": _env, "quality": _quality}
+SUBCOMMANDS = {"engine": _engine, "bench": _bench, "env": _env, "quality": _quality, "baseline": _baseline}
 STREAMING = {"engine"}   # these read requests from stdin themselves
 
 

@@ -160,6 +160,20 @@ def env_info(_payload: dict, ev: EventWriter) -> None:
     ev.result(info)
 
 
+def baseline(_payload: dict, ev: EventWriter) -> None:
+    """The runtime baseline: exactly what a bench child does before it loads the model, then its RSS."""
+    import llama_cpp as L
+
+    from .engine import LogCapture
+
+    cap = LogCapture()
+    cap.install()
+    L.llama_backend_init()
+    m = _mem()
+    ev.result({"rss": m["rss"], "anon": m["anon"],
+               "system_info": L.llama_print_system_info().decode("utf-8", "replace").strip()})
+
+
 # -- the measured run ---------------------------------------------------------------------------------
 
 class _Runner:
@@ -236,7 +250,10 @@ def bench(payload: dict, ev: EventWriter) -> None:
 
     ev.emit("phase", phase="load")
     t = time.perf_counter()
-    model = L.llama_model_load_from_file(payload["model_path"].encode(), model_params(s["n_gpu_layers"], dry=False))
+    mparams = model_params(s["n_gpu_layers"], dry=False)
+    if s.get("no_mmap"):
+        mparams.load_mode = 0     # LLAMA_LOAD_MODE_NONE: llama.cpp's `-lm none` (older builds: --no-mmap)
+    model = L.llama_model_load_from_file(payload["model_path"].encode(), mparams)
     timing["load_s"] = time.perf_counter() - t
     load_lines = cap.take()
     load_log = parse_memory_log([x for _, x in load_lines])

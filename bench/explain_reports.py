@@ -1,0 +1,96 @@
+"""Add the whole-process prediction to the committed measured reports and render them again.
+
+The sweeps behind reports/smollm2-135m/ and reports/gemma3-270m/ were measured before edgekv predicted
+the whole process (schema 1).  They hold everything the process model needs -- the model (sha256), the
+settings of every run (context, cache types, -b/-ub, threads, prompt, generated tokens, depth) -- so the
+prediction can be made for exactly those runs without measuring them again.  It is made *now*, after
+the measurement, and every record says so (``prediction.process.predicted_after_measurement``: when and
+by which edgekv); the report's explained-memory section says so too.  A fresh sweep
+(``bench/publish_reports.py``) predicts before it measures.
+
+    .venv/bin/python bench/explain_reports.py            # both reports
+    .venv/bin/python bench/explain_reports.py --models smollm2-135m
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from edgekv import __version__  # noqa: E402
+from edgekv import results as R  # noqa: E402
+from edgekv.api import load_model  # noqa: E402
+from edgekv.calibrate import runtime_baseline  # noqa: E402
+from edgekv.engine import EngineSession  # noqa: E402
+from edgekv.memmodel import WORKLOAD_BENCH  # noqa: E402
+from edgekv.predict import ContextParams  # noqa: E402
+from edgekv.procpredict import ProcessSettings, predict_processes  # noqa: E402
+from edgekv.shape import MEMORY_KV  # noqa: E402
+from edgekv.sources import verified_sha256  # noqa: E402
+from edgekv.sweep import attach_process  # noqa: E402
+
+MODELS = ("smollm2-135m", "gemma3-270m")
+AFTER_NOTE = ("The whole-process prediction in the explained-memory section was made after these runs were measured "
+              "(`bench/explain_reports.py`, from the same settings, model and llama.cpp build), not before them.")
+
+
+def explain(name: str) -> int:
+    d = ROOT / "reports" / name
+    sweep = d / "sweep.jsonl"
+    recs = R.load(sweep)
+    m = load_model(recs[0]["model"].get("spec") or name)
+    sha = verified_sha256(m.ref.path)
+    if sha != recs[0]["model"]["sha256"]:
+        raise SystemExit(f"{name}: the local model ({sha[:12]}) is not the measured one "
+                         f"({recs[0]['model']['sha256'][:12]})")
+    baseline = runtime_baseline()
+    stamp = {"edgekv": __version__, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    n = 0
+    with EngineSession(m.ref.path, header=m.header) as eng:
+        for r in recs:
+            if r.get("status") != "ok":
+                continue
+            s = r["settings"]
+            params = ContextParams(n_ctx=s["n_ctx"], type_k=s["type_k"], type_v=s["type_v"], flash_attn=s["flash_attn"],
+                                   swa_full=s["swa_full"], n_seq_max=s["n_seq_max"], kv_unified=s["kv_unified"],
+                                   n_batch=s["n_batch"], n_ubatch=s["n_ubatch"])
+            st = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=s["n_threads"], use_mmap=not s.get("no_mmap"),
+                                 n_gpu_layers=s["n_gpu_layers"], n_prompt=s["n_prompt"], n_gen=s["n_gen"],
+                                 n_depth=s["n_depth"],
+                                 restores_state_file=m.shape.memory != MEMORY_KV and s["n_depth"] > 0)
+            proc = predict_processes(m, [params], st, baseline, eng)[0]
+            if proc is None:
+                continue
+            proc.notes.append("predicted after the measurement (bench/explain_reports.py)")
+            r["prediction"]["process"] = None
+            attach_process(r, proc)
+            r["prediction"]["process"]["predicted_after_measurement"] = stamp
+            n += 1
+    R.write_all(sweep, recs)
+    md = (d / "README.md").read_text().split("\n")
+    title, note = md[0].removeprefix("# "), md[2]
+    if AFTER_NOTE not in note:
+        note = f"{note} {AFTER_NOTE}"
+    subprocess.run([sys.executable, "-m", "edgekv.cli", "report", str(sweep), "-o", str(d), "--title", title,
+                    "--note", note, "--json"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    print(f"{name}: {n} records predicted, report rendered in {d}")
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    a = ap.parse_args(argv)
+    for name in a.models.split(","):
+        explain(name.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
