@@ -46,6 +46,11 @@ GRID += [
     ContextParams(n_ctx=5000, n_seq_max=3, kv_unified=u, flash_attn=fa, n_ubatch=ub, n_batch=b)
     for u, fa, (b, ub) in itertools.product((False, True), ("auto", "off"), ((2048, 512), (300, 100), (64, 63)))
 ] + [ContextParams(n_ctx=0), ContextParams(n_ctx=0, swa_full=True, flash_attn="off", n_seq_max=2)]
+# 4. rollback snapshots (n_rs_seq): they multiply recurrent state and DeepSeek-V4's compressor states; llama.cpp
+#    clamps them to 0 for an architecture without rollback (src/llama-context.cpp:105-110)
+GRID += [ContextParams(n_ctx=5000, n_seq_max=2, n_rs_seq=1),
+         ContextParams(n_ctx=262144, n_seq_max=3, n_rs_seq=3, kv_unified=True, type_k="q8_0", type_v="q8_0"),
+         ContextParams(n_ctx=1, n_rs_seq=2, flash_attn="off", type_k="f32", type_v="f32")]
 
 
 @pytest.fixture(scope="session")
@@ -104,6 +109,13 @@ def test_formula_equals_engine(name, family_dir):
         "hybrid_iswa": {("kv", "full"), ("kv", "swa"), ("recurrent", None)},
         "recurrent": {("recurrent", None)},
         "none": set(),
+        # the caches built from several llama_kv_cache objects: each announces itself before its size line
+        "dsa": {("kv", "main"), ("kv", "indexer")},
+        "dsa_iswa": {("kv", "main"), ("kv", "indexer"), ("kv", "swa")},
+        "msa": {("kv", "main"), ("kv", "indexer")},
+        "hybrid_idx": {("kv", None), ("recurrent", None), ("kv", "indexer")},
+        "dsv4": {("kv", "full"), ("kv", "swa"), ("kv", "csa"), ("kv", "hca"), ("kv", "indexer"),
+                 ("state", "csa"), ("state", "hca"), ("state", "lid")},
     }[spec["memory"]]
     assert shown == expect, f"{name}: llama.cpp printed {shown}"
 
@@ -148,7 +160,7 @@ def test_predict_engine_on_an_unsupported_family_shows_llama_cpp_figures(family_
     the total is built from llama.cpp's own cache figure, labelled as such."""
     from edgekv.cli import main
 
-    path = _family_path(family_dir, "glm-dsa")
+    path = _family_path(family_dir, "dflash-own-embd")
     assert main(["predict", str(path), "-c", "4096", "-ctk", "f16", "--engine", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     e = row["engine"]
