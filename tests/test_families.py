@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from tests.tiny.writer import write_spec
 
 SPECS = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["families"]
 MODELLED = sorted(n for n, s in SPECS.items() if s["memory"] not in ("unsupported", "aborts"))
+# the caches llama.cpp builds from several objects (indexer, compressed, compressor state)
+SPECIAL = sorted(n for n, s in SPECS.items() if s["memory"] in ("dsa", "dsa_iswa", "msa", "hybrid_idx", "dsv4"))
 UNSUPPORTED = sorted(n for n, s in SPECS.items() if s["memory"] == "unsupported")
 
 # n_ctx: 1 (n_batch and n_ubatch shrink to 1), a small non-multiple of 256 (5000 below, too), and a large
@@ -243,3 +246,56 @@ def test_gemma4_too_many_shared_layers_is_refused(tmp_path):
         write_spec(path, spec)
         with pytest.raises(MetadataError, match="llama.cpp needs at least 2"):
             load_model(str(path))
+
+
+# what each special cache object is called in `caches`, in llama.cpp's order of creation
+SPECIAL_KINDS = {
+    "dsa": ["full", "dsa_indexer"],
+    "dsa_iswa": ["full", "dsa_indexer", "swa"],
+    "msa": ["full", "msa_indexer"],
+    "hybrid_idx": ["full", "recurrent", "hybrid_indexer"],
+    "dsv4": ["dsv4_raw_full", "dsv4_window", "dsv4_csa", "dsv4_hca", "dsv4_indexer", "dsv4_state", "dsv4_state",
+             "dsv4_state"],
+}
+
+
+@pytest.mark.parametrize("name", SPECIAL)
+def test_predict_engine_shows_a_match_for_special_caches(name, family_dir, capsys):
+    """`edgekv predict --engine` on DSA / MSA / hybrid_idx / DeepSeek-V4: every part is listed with its own kind, the
+    per-layer breakdown adds up to the caches, and llama.cpp's dry run agrees (✓) with rollback snapshots on."""
+    from edgekv.cli import main
+
+    path = _family_path(family_dir, name)
+    args = ["predict", str(path), "-c", "5000,70000", "-np", "2", "--n-rs-seq", "2", "--engine"]
+    assert main(args + ["--json", "--layers"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    for row in rows:
+        assert row["status"] == "ok" and row["engine"]["match"] is True, row["engine"]["diffs"]
+        assert [c["kind"] for c in row["caches"]] == SPECIAL_KINDS[SPECS[name]["memory"]]
+        assert row["total_bytes"] == sum(c["bytes"] for c in row["caches"])
+        per_layer = sum(x["k_bytes"] + x["v_bytes"] + x["r_bytes"] + x["s_bytes"] + sum(x["other"].values())
+                        for x in row["layers"])
+        assert per_layer == row["total_bytes"]
+    assert main(args + ["--layers"]) == 0
+    out = capsys.readouterr().out
+    assert "✓" in out and "✗" not in out and "other caches" in out
+
+
+@pytest.mark.parametrize("name,config,reason", [
+    # MLA and DeepSeek-V4 refuse different K and V types (src/llama-context.cpp:3835-3838)
+    ("deepseek32", ContextParams(type_k="q8_0", type_v="f16"), "different K .q8_0. and V .f16."),
+    ("deepseek4", ContextParams(type_k="f16", type_v="bf16"), "different K .f16. and V .bf16."),
+    ("dots3note", ContextParams(type_k="q4_0", type_v="q8_0", flash_attn="on"), "different K"),
+    # a quantized V cache needs flash attention, MSA's indexer V included
+    ("minimax-m3", ContextParams(type_k="f16", type_v="q8_0", flash_attn="off"), "quantized V cache requires"),
+])
+def test_special_cache_refusals(name, config, reason, family_dir):
+    """The refusals llama.cpp makes for these caches are predicted as `invalid` with its reason, and llama.cpp
+    really refuses them."""
+    path = _family_path(family_dir, name)
+    m = load_model(str(path))
+    p = predict(m.shape, config)
+    assert p.status == "invalid" and re.search(reason, p.reason), p.reason
+    with EngineSession(str(path), header=m.header) as eng:
+        r = eng.run([config])[0]
+    assert not r.ok and compare(p, r) == []
