@@ -198,6 +198,7 @@ def predict_rows(m: LoadedModel, configs: list[ContextParams], engine: bool = Fa
         with EngineSession(m.ref.path, n_gpu_layers=n_gpu_layers, header=m.header) as eng:
             done = iter(eng.run(runnable)) if runnable else iter(())
             engine_results = [None if p.aborts else next(done) for p in preds]
+            engine_weights = eng.model_size_bytes      # llama_model_size(): llama.cpp's own weights figure
     rows = []
     for i, (c, p) in enumerate(zip(configs, preds)):
         key = (c.n_ctx,)
@@ -212,6 +213,7 @@ def predict_rows(m: LoadedModel, configs: list[ContextParams], engine: bool = Fa
             res = engine_results[i]
             row["engine"] = (_engine_block(p, res, m.weights_bytes) if res is not None else
                              {"ok": False, "error": "not run: llama.cpp would abort", "match": True, "diffs": []})
+            row["engine"]["weights_bytes"] = engine_weights
         rows.append(row)
     return rows
 

@@ -140,3 +140,16 @@ def test_q1_0_model_runs_a_real_bench(tmp_path):
     assert row["status"] == "ok"
     assert row["speed"]["pp"]["mean_ts"] > 0 and row["speed"]["tg"]["mean_ts"] > 0
     assert row["differences"]["llama_kv_matches_formula"] is True
+
+
+def test_engine_on_a_header_without_tensor_table_says_what_is_missing(tmp_path):
+    """A metadata-only header with no tensor table: the formula works, and --engine says exactly why llama.cpp
+    cannot dry-run it."""
+    spec = json.loads(json.dumps(SPECS["llama-gqa"]))
+    spec["tensors"] = []
+    path = tmp_path / "no-tensors.gguf"
+    write_spec(path, spec)
+    assert _cli("predict", str(path), "-c", "4096").returncode == 0
+    r = _cli("predict", str(path), "-c", "4096", "--engine")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "no tensor table" in r.stderr and "tensor 'token_embd.weight' not found" in r.stderr, r.stderr
