@@ -33,7 +33,8 @@ def discover_tensors(family: str, arch: str, metadata: list[list[Any]], timeout:
 
     ``family`` is any tiny family of the same architecture (it only picks the context checks to run).
     """
-    spec = {"arch": arch, "note": "real shape", "memory": "", "metadata": metadata, "tensors": []}
+    spec = {"arch": arch, "note": "real shape", "memory": "", "metadata": metadata,
+            "tensors": _seed_tensors(family, metadata)}
     with tempfile.TemporaryDirectory(prefix="edgekv-shape-") as td:
         seed = os.path.join(td, "seed.json")
         prog = os.path.join(td, "progress.json")
@@ -47,6 +48,26 @@ def discover_tensors(family: str, arch: str, metadata: list[list[Any]], timeout:
             tail = [x for x in (p.stdout + p.stderr).splitlines() if x.strip()][-5:]
             raise SystemExit(f"{family}: llama.cpp would not load the header: {tail}")
         return last["spec"]
+
+
+def _seed_tensors(family: str, metadata: list[list[Any]]) -> list[list[Any]]:
+    """The tiny family's tensor names, every per-layer one repeated for every block, shapes left for llama.cpp to
+    correct (some loaders accept a file with no layer tensors at all, so an empty table is not a safe start).
+    Tensors a layer does not use are dropped by the discovery when llama.cpp reports them."""
+    import re
+
+    specs = json.loads((ROOT / "tests" / "tiny" / "specs.json").read_text())["families"]
+    n_layer = next(int(v) for k, _t, v in metadata if k.endswith(".block_count"))
+    out: list[list[Any]] = []
+    per_layer: list[str] = []
+    for name, _ne, _ty in specs[family]["tensors"]:
+        m = re.match(r"blk\.(\d+)\.(.+)", name)
+        if m is None:
+            out.append([name, [1], "f32"])
+        elif m[2] not in per_layer:
+            per_layer.append(m[2])
+    out += [[f"blk.{il}.{suffix}", [1], "f32"] for il in range(n_layer) for suffix in per_layer]
+    return out
 
 
 def retype(spec: dict[str, Any], pick: Callable[[str, list[int]], str | None]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from gguf import Keys
 
-from .errors import GGUFFormatError, MetadataError, UnsupportedArchitecture
+from .errors import GGUFFormatError, MetadataError
 from .gguf_header import ArraySummary
 from .shape import (
     MEMORY_DSA,
@@ -796,11 +796,12 @@ def shape_from_metadata(meta: Mapping[str, Any], source: str = "<model>",
         if K_ARCH in meta:
             raise GGUFFormatError(f"{source}: '{K_ARCH}' is not a string")
         raise MetadataError(f"{source}: required key '{K_ARCH}' is missing; this GGUF does not say what model it is")
-    if arch not in LLAMA_ARCHITECTURES:
-        raise UnsupportedArchitecture(
-            f"{source}: unknown architecture '{arch}'; llama.cpp (llama-cpp-python 0.3.36) cannot load it")
-
     h = _HParams(meta=meta, arch=arch, source=source, value_types=value_types)
+    if arch not in LLAMA_ARCHITECTURES:
+        # a newer llama.cpp may know it: the formula does not guess, --engine asks the installed llama.cpp
+        return _unsupported_shape(h, meta.get(K_NAME), (
+            f"architecture '{arch}' is not one llama-cpp-python 0.3.36's llama.cpp knows, so edgekv does not know "
+            "which caches llama.cpp builds for it (use --engine to ask the installed llama.cpp)"))
     name = meta.get(K_NAME)
 
     if arch in UNSUPPORTED_CACHES and arch == "clip":

@@ -66,6 +66,9 @@ RE_V_PAD = re.compile(r"padding V cache to (?P<width>\d+)")
 # src/llama-context.cpp:550-554 "%s: %s not supported, set to disabled" / "%s: %s enabled"
 RE_FA_RESOLVED = re.compile(r"Flash Attention (?P<state>enabled|not supported, set to disabled)")
 RE_FA_FORCED = re.compile(r"enabling flash_attn since it is required for quantized V cache")
+# any other "<func>: <dev> <what> buffer size = X MiB" line: a buffer of a kind this parser does not know (a cache
+# class newer than edgekv), so that its bytes are never silently dropped
+RE_OTHER_BUFFER = re.compile(r"(?P<fn>\w+): +(?P<dev>\S+) (?P<what>[\w -]+?) buffer size = +(?P<mib>[\d.]+) MiB")
 RE_GPU_OFFLOAD = re.compile(r"load_tensors: offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
 
 
@@ -103,6 +106,7 @@ class LlamaMemoryLog:
     kv_buffers: dict[str, float] = field(default_factory=dict)
     rs_buffers: dict[str, float] = field(default_factory=dict)
     state_buffers: dict[str, float] = field(default_factory=dict)
+    other_buffers: dict[str, float] = field(default_factory=dict)   # "<func> <what> <dev>" -> MiB
     compute_buffers: dict[str, float] = field(default_factory=dict)
     output_buffers: dict[str, float] = field(default_factory=dict)
     model_buffers: dict[str, float] = field(default_factory=dict)
@@ -213,6 +217,10 @@ def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
             m = RE_GPU_OFFLOAD.search(line)
             if m:
                 out.gpu_layers = (int(m["n"]), int(m["total"]))
+                continue
+            m = RE_OTHER_BUFFER.search(line)
+            if m:
+                _add(out.other_buffers, f"{m['fn']} {m['what'].strip()} {m['dev']}", m["mib"])
     return out
 
 

@@ -299,3 +299,46 @@ def test_special_cache_refusals(name, config, reason, family_dir):
     with EngineSession(str(path), header=m.header) as eng:
         r = eng.run([config])[0]
     assert not r.ok and compare(p, r) == []
+
+
+def test_a_cache_kind_edgekv_does_not_know_shows_llama_cpp_figures(family_dir, capsys, monkeypatch):
+    """Point 5: when llama.cpp builds a cache edgekv has no rule for (simulated by taking MiniMax-M3's MSA rule
+    away), `predict` says unsupported with the architecture and what is missing, and `--engine` still shows
+    llama.cpp's own figure for it: every cache line it printed, summed into the total."""
+    import edgekv.arch as arch
+    from edgekv.cli import main
+
+    monkeypatch.delitem(arch.SPECIAL_MEMORY, "minimax-m3")
+    monkeypatch.setitem(arch.UNSUPPORTED_CACHES, "minimax-m3", "a cache class edgekv has no rule for")
+    path = _family_path(family_dir, "minimax-m3")
+    assert main(["predict", str(path), "-c", "8192", "-ctk", "f16", "--engine", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["status"] == "unsupported" and row["kv_bytes"] is None and row["total_bytes"] is None
+    assert "minimax-m3" in row["reason"] and "no rule" in row["reason"]
+    e = row["engine"]
+    assert e["ok"] and e["match"] is None and e["total_caches_from"] == "llama.cpp"
+    # llama.cpp's two cache lines (main + indexer), as it printed them; the formula's bytes for the real rule
+    monkeypatch.undo()
+    from edgekv.api import load_model
+
+    real = predict(load_model(str(path)).shape, ContextParams(n_ctx=8192))
+    assert [c["role"] for c in e["caches"]] == ["main", "indexer"]
+    assert e["kv_mib"] == round(real.kv_bytes / 2**20, 2) > 0
+
+
+def test_an_architecture_edgekv_does_not_know_is_unsupported_not_an_error(tmp_path, capsys):
+    """An architecture outside the vendored llama.cpp's list (a newer llama.cpp's): the formula says unsupported
+    with the architecture; --engine then asks the installed llama.cpp, which here refuses it in one line."""
+    from edgekv.cli import main
+
+    spec = json.loads(json.dumps(SPECS["llama-gqa"]))
+    spec["arch"] = "llama99"
+    spec["metadata"] = [[k.replace("llama.", "llama99.", 1), t, v] for k, t, v in spec["metadata"]]
+    path = tmp_path / "future.gguf"
+    write_spec(path, spec)
+    assert main(["predict", str(path), "-c", "4096", "-ctk", "f16", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["status"] == "unsupported" and "llama99" in row["reason"] and row["kv_bytes"] is None
+    assert main(["predict", str(path), "-c", "4096", "--engine"]) == 1
+    err = capsys.readouterr().err
+    assert "llama.cpp refused to load it" in err and "llama99" in err and "Traceback" not in err

@@ -153,3 +153,15 @@ def test_engine_on_a_header_without_tensor_table_says_what_is_missing(tmp_path):
     r = _cli("predict", str(path), "-c", "4096", "--engine")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "no tensor table" in r.stderr and "tensor 'token_embd.weight' not found" in r.stderr, r.stderr
+
+
+def test_log_parser_keeps_buffers_of_unknown_kinds():
+    """A cache class newer than edgekv announces a buffer the parser has no pattern for: its MiB are kept (parser
+    test over recorded-style text; the live path is tests/test_families.py)."""
+    from edgekv.llamalog import parse_memory_log
+
+    log = parse_memory_log("llama_kv_cache:        CPU KV buffer size =    64.00 MiB\n"
+                           "llama_kv_cache_xyz:        CPU XYZ ring buffer size =    12.50 MiB\n"
+                           "llama_dsv4_comp_state:        CPU DSV4 csa state buffer size =     0.03 MiB\n")
+    assert log.kv_buffers == {"CPU": 64.0} and log.state_buffers == {"CPU": 0.03}
+    assert log.other_buffers == {"llama_kv_cache_xyz XYZ ring CPU": 12.5}
