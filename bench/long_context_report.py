@@ -289,5 +289,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="?", type=Path, default=OUT)
     ap.add_argument("--models", help=f"comma list of {', '.join(MODELS)} (default: all)")
+    ap.add_argument("--render-only", action="store_true", help="rewrite README.md and results.csv from predictions.json")
     a = ap.parse_args()
-    sys.exit(main(a.out, a.models.split(",") if a.models else None))
+    sys.exit(main(a.out, [] if a.render_only else a.models.split(",") if a.models else None))
