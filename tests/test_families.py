@@ -342,3 +342,39 @@ def test_an_architecture_edgekv_does_not_know_is_unsupported_not_an_error(tmp_pa
     assert main(["predict", str(path), "-c", "4096", "--engine"]) == 1
     err = capsys.readouterr().err
     assert "llama.cpp refused to load it" in err and "llama99" in err and "Traceback" not in err
+
+
+def _variant(name: str, copy_indexer: tuple[int, int] | None = None, **meta) -> dict:
+    spec = json.loads(json.dumps(SPECS[name]))
+    arch = spec["arch"]
+    if copy_indexer:        # a layer that gains an indexer needs its tensors: copy another layer's
+        src, dst = copy_indexer
+        spec["tensors"] += [[t[0].replace(f"blk.{src}.", f"blk.{dst}.", 1), t[1], t[2]] for t in spec["tensors"]
+                            if t[0].startswith(f"blk.{src}.indexer")]
+    for key, (t, v) in meta.items():
+        full = f"{arch}.{key}"
+        spec["metadata"] = [e for e in spec["metadata"] if e[0] != full] + [[full, t, v]]
+    return spec
+
+
+@pytest.mark.parametrize("name,meta,indexer_layers", [
+    # GLM-5.2 (n_ctx_train >= 1M) without indexer.types: llama.cpp's default table, 1,1,1,0,... (glm-dsa.cpp:6-27)
+    ("glm-dsa", {"context_length": ("uint32", 1048576)}, [0, 1, 2]),
+    # an indexer on a sliding-window layer: its row keeps the SWA key length (only n_embd_head_k_full is replaced)
+    ("dots3note", {"copy_indexer": (0, 1), "attention.indexer.types": ("array[int32]", [1, 1, 1, 0])}, [0, 1, 2]),
+    # GLM5-Next with indexer.types: only the attention layers it marks get the 3-wide k-pool row
+    ("glm5-next", {"attention.indexer.types": ("array[int32]", [1, 0, 0, 0])}, [0]),
+])
+def test_indexer_layer_rules(name, meta, indexer_layers, tmp_path):
+    path = tmp_path / f"{name}.gguf"
+    write_spec(path, _variant(name, **meta))
+    m = load_model(str(path))
+    assert [lay.index for lay in m.shape.layers if lay.indexer] == indexer_layers
+    grid = GRID[::5]
+    preds = [predict(m.shape, c) for c in grid]
+    runnable = [(c, p) for c, p in zip(grid, preds) if not p.aborts]
+    with EngineSession(str(path), header=m.header) as eng:
+        results = eng.run([c for c, _ in runnable])
+    bad = [(c, compare(p, r)) for (c, p), r in zip(runnable, results) if compare(p, r)]
+    assert not bad, bad[:2]
+    assert sum(p.status == STATUS_OK for _, p in runnable) >= len(runnable) // 4

@@ -285,7 +285,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
                        attention__sliding_window=128, attention__causal=False),
     "gemma-embedding": fam("gemma-embedding", "embedding model: no KV cache", "none", attention__sliding_window=128),
     "dream": fam("dream", "diffusion LM: no KV cache", "none"),
-    # -- caches edgekv does not model: the formula must say "unsupported" ---------------------------
+    # -- caches llama.cpp builds from several objects (indexer, compressed, compressor state) ----------
     "deepseek32": fam("deepseek32", "DSA: MLA cache + indexer key cache", "dsa", moe=True, expert_shared_count=1,
                       expert_gating_func=2, **MLA, **INDEXER),
     "glm-dsa": fam("glm-dsa", "DSA: MLA cache + indexer key cache", "dsa", moe=True, expert_shared_count=1,
@@ -332,6 +332,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
                      attention__indexer__head_count=64, attention__indexer__key_length=128,
                      attention__indexer__top_k=131072, attention__indexer__kpool=4, hyper_connection__count=4,
                      hyper_connection__sinkhorn_iterations=2, hyper_connection__epsilon=1e-6),
+    # -- draft models whose cache belongs to their target: the formula must say "unsupported" ----------
     "dflash": fam("dflash", "draft model without its own embeddings/output: llama.cpp needs the target context",
                   "unsupported", target_layers=[0, 1]),
     "dflash-own-embd": fam("dflash", "DFlash draft carrying token_embd/output: llama.cpp builds a plain cache alone",
