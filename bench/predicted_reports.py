@@ -1,11 +1,12 @@
 """Predicted-only reports for models too large to download here: Bonsai 8B and Gemma 4 E4B.
 
 Hugging Face is not reachable from every machine, and the KV figures these reports reproduce need only
-the GGUF header.  So this script writes metadata-only GGUF headers (no tensors, a few hundred bytes)
+the GGUF header.  So this script writes metadata-only GGUF headers (no tensor data: a few hundred KB)
 from the models' public configuration values with ``gguf.GGUFWriter``, the way llama.cpp's
-``convert_hf_to_gguf.py`` writes these keys, then runs the real CLI on them::
+``convert_hf_to_gguf.py`` writes these keys, plus the tensor table the vendored llama.cpp asks for
+(``shape_headers.py``), then runs the real CLI on them, with llama.cpp's own dry run beside the formula::
 
-    edgekv predict reports/NAME/MODEL-shape.gguf -c ... -ctk f16,q8_0,q5_0,q4_0 --json > reports/NAME/predictions.json
+    edgekv predict reports/NAME/MODEL-shape.gguf -c ... -ctk f16,q8_0,q5_0,q4_0 --engine --json > reports/NAME/predictions.json
     edgekv report reports/NAME/predictions.json -o reports/NAME --title "..."
 
 and checks the published figures (the MiB llama.cpp prints) against the result.  Run from the
@@ -32,87 +33,90 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gguf
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shape_headers import discover_tensors, kv, retype, write_header  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TYPES = "f16,q8_0,q5_0,q4_0"
 
 
-def qwen3_8b(w: gguf.GGUFWriter) -> None:
-    a = "qwen3"
-    w.add_name("Bonsai 8B (Qwen3-8B shape, metadata only)")
-    w.add_block_count(36)
-    w.add_context_length(40960)
-    w.add_embedding_length(4096)
-    w.add_feed_forward_length(12288)
-    w.add_head_count(32)
-    w.add_head_count_kv(8)
-    w.add_key_length(128)
-    w.add_value_length(128)
-    w.add_rope_freq_base(1_000_000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_uint32(f"{a}.vocab_size", 151936)
-    w.add_tokenizer_model("gpt2")
+def qwen3_8b() -> list[list]:
+    return kv("qwen3", {
+        "general.name": "Bonsai 8B (Qwen3-8B shape, metadata only)", "block_count": 36, "context_length": 40960,
+        "embedding_length": 4096, "feed_forward_length": 12288, "attention.head_count": 32,
+        "attention.head_count_kv": 8, "attention.key_length": 128, "attention.value_length": 128,
+        "rope.freq_base": 1_000_000.0, "attention.layer_norm_rms_epsilon": 1e-6, "vocab_size": 151936,
+        # no vocabulary in a metadata-only header: llama.cpp reads the vocabulary size from {arch}.vocab_size
+        "tokenizer.ggml.model": "none"})
 
 
-def gemma4_e4b(w: gguf.GGUFWriter) -> None:
-    a = "gemma4"
+def bonsai_types(spec: dict) -> dict:
+    """Bonsai is "end-to-end 1-bit": every matrix Q1_0 (128 weights in 18 bytes), norms f32.  Qwen3-8B does not
+    tie its embeddings, so the table gets output.weight too (llama.cpp treats it as optional)."""
+    if not any(t[0] == "output.weight" for t in spec["tensors"]):
+        embd = next(t for t in spec["tensors"] if t[0] == "token_embd.weight")
+        spec["tensors"].insert(1, ["output.weight", list(embd[1]), "f32"])
+    return retype(spec, lambda name, ne: "q1_0" if len(ne) >= 2 and ne[0] % 128 == 0 else None)
+
+
+def gemma4_e4b() -> list[list]:
     n_layer = 42
-    w.add_name("Gemma 4 E4B (metadata only)")
-    w.add_block_count(n_layer)
-    w.add_context_length(131072)
-    w.add_embedding_length(2560)
-    w.add_feed_forward_length(10240)
-    w.add_uint32(f"{a}.embedding_length_per_layer_input", 256)
-    w.add_head_count(8)
-    w.add_head_count_kv(2)
-    w.add_key_length(512)
-    w.add_value_length(512)
-    w.add_uint32(f"{a}.attention.key_length_swa", 256)
-    w.add_uint32(f"{a}.attention.value_length_swa", 256)
-    w.add_sliding_window(512)
-    w.add_array(f"{a}.attention.sliding_window_pattern", [(il + 1) % 6 != 0 for il in range(n_layer)])
-    w.add_uint32(f"{a}.attention.shared_kv_layers", 18)
-    w.add_rope_freq_base(1_000_000.0)
-    w.add_float32(f"{a}.rope.freq_base_swa", 10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_uint32(f"{a}.vocab_size", 262144)
-    w.add_tokenizer_model("llama")
+    return kv("gemma4", {
+        "general.name": "Gemma 4 E4B (metadata only)", "block_count": n_layer, "context_length": 131072,
+        "embedding_length": 2560, "feed_forward_length": 10240, "embedding_length_per_layer_input": 256,
+        "attention.head_count": 8, "attention.head_count_kv": 2, "attention.key_length": 512,
+        "attention.value_length": 512, "attention.key_length_swa": 256, "attention.value_length_swa": 256,
+        "attention.sliding_window": 512,
+        "attention.sliding_window_pattern": [(il + 1) % 6 != 0 for il in range(n_layer)],
+        "attention.shared_kv_layers": 18, "rope.freq_base": 1_000_000.0, "rope.freq_base_swa": 10000.0,
+        "attention.layer_norm_rms_epsilon": 1e-6, "vocab_size": 262144, "tokenizer.ggml.model": "none"})
+
+
+def gemma_types(spec: dict) -> dict:
+    """The published file is Q4_0; its exact per-tensor mix is not public here, so every matrix is Q4_0 and the
+    rest f32 (the weights figure is indicative; the caches do not depend on it)."""
+    return retype(spec, lambda name, ne: "q4_0" if len(ne) >= 2 and ne[0] % 32 == 0 else None)
 
 
 BONSAI_NOTE = """\
 **Where the numbers come from.** `Bonsai-8B-shape.gguf` in this folder is a metadata-only GGUF header (no \
-tensors) written by `bench/predicted_reports.py` with `gguf.GGUFWriter` from the public Qwen3-8B configuration \
+tensor data) written by `bench/predicted_reports.py` with `gguf.GGUFWriter` from the public Qwen3-8B configuration \
 that Bonsai 8B shares (Qwen/Qwen3-8B `config.json`): 36 layers, hidden size 4096, 32 attention heads, 8 KV heads, \
 head dim 128, context 40960. `predictions.json` is `edgekv predict Bonsai-8B-shape.gguf -c 4096,8192,16384,32768,65536 \
 -ctk f16,q8_0,q5_0,q4_0 --json`, with llama.cpp's command-line defaults (flash attention auto, 1 sequence). \
 It reproduces the published figures: **4,608.00 MiB of KV with f16 and 1,296.00 MiB with q4_0 at 32K (3.56×)**. \
-The KV size depends only on this shape, not on the 1-bit weights. With network access, \
-`edgekv predict bonsai-8b` reads the real file's header over HTTP (its Q1_0 weights need a llama.cpp with Q1_0 \
-support for `--engine`)."""
+The KV size depends only on this shape, not on the 1-bit weights. The header also carries the full tensor table \
+(398 Qwen3 tensors plus `output.weight`, every matrix Q1_0 = ggml type 41, 128 weights in 18 bytes; norms f32), \
+discovered by asking the vendored llama.cpp which tensors it wants (`bench/shape_headers.py`), so `--engine` \
+works on it: `predictions.json` carries llama.cpp's own dry-run figures (weights, KV, compute buffer) beside \
+the formula's, and they agree. The weights come to 1,153,011,712 bytes; the published `Bonsai-8B-Q1_0.gguf` \
+is 1,158,654,496 bytes, the difference being its header (tokenizer) and alignment. With network access, \
+`edgekv predict bonsai-8b --engine` reads the real file's header over HTTP."""
 
 GEMMA_NOTE = """\
 **Where the numbers come from.** `gemma-4-E4B-shape.gguf` in this folder is a metadata-only GGUF header (no \
-tensors) written by `bench/predicted_reports.py` with `gguf.GGUFWriter` from the public Gemma 4 E4B \
+tensor data) written by `bench/predicted_reports.py` with `gguf.GGUFWriter` from the public Gemma 4 E4B \
 configuration (google/gemma-4-E4B `config.json`, text part): 42 layers, 2 KV heads, head dim 256 on \
 sliding-window layers and 512 on full-attention layers, sliding window 512, every 6th layer full attention, \
 the last 18 layers reusing earlier layers' KV. So only 24 layers own a cache: 4 full-context ones and 20 with \
 a 1,024-cell window. `predictions.json` is `edgekv predict gemma-4-E4B-shape.gguf -c 4096,16384,32768,131072 \
 -ctk f16,q8_0,q5_0,q4_0 --json` (llama.cpp's defaults: flash attention auto, `--swa-full` off, 1 sequence). \
 It reproduces the published figures: **104 / 296 / 552 MiB with f16 and 29.25 / 83.25 / 155.25 MiB with q4_0 \
-at 4K / 16K / 32K**. With the real file, `edgekv predict gemma4-e4b --engine` reads its header over HTTP and \
-asks llama.cpp too."""
+at 4K / 16K / 32K**. The header carries the full tensor table llama.cpp asks for (discovered with \
+`bench/shape_headers.py`; every matrix typed Q4_0, an assumption that only changes the weights figure), so \
+`predictions.json` has llama.cpp's own dry-run figures beside the formula's. With the real file, \
+`edgekv predict gemma4-e4b --engine` reads its header over HTTP and asks llama.cpp too."""
 
-# name -> (header file, architecture, writer, contexts, title, note,
-#          published figures {(n_ctx, type): MiB as llama.cpp prints it})
+# name -> (header file, architecture, metadata, tiny family of that architecture (for the tensor discovery),
+#          tensor types, contexts, title, note, published figures {(n_ctx, type): MiB as llama.cpp prints it})
 MODELS = {
     "bonsai-8b-predicted": (
-        "Bonsai-8B-shape.gguf", "qwen3", qwen3_8b, "4096,8192,16384,32768,65536",
+        "Bonsai-8B-shape.gguf", "qwen3", qwen3_8b, "qwen3-kv-len", bonsai_types, "4096,8192,16384,32768,65536",
         "Bonsai 8B (Qwen3-8B shape): KV cache predicted from metadata", BONSAI_NOTE,
         {(32768, "f16"): "4608.00", (32768, "q4_0"): "1296.00"},
     ),
     "gemma4-e4b-predicted": (
-        "gemma-4-E4B-shape.gguf", "gemma4", gemma4_e4b, "4096,16384,32768,131072",
+        "gemma-4-E4B-shape.gguf", "gemma4", gemma4_e4b, "gemma4", gemma_types, "4096,16384,32768,131072",
         "Gemma 4 E4B: KV cache predicted from metadata", GEMMA_NOTE,
         {(4096, "f16"): "104.00", (16384, "f16"): "296.00", (32768, "f16"): "552.00",
          (4096, "q4_0"): "29.25", (16384, "q4_0"): "83.25", (32768, "q4_0"): "155.25"},
@@ -120,13 +124,21 @@ MODELS = {
 }
 
 
-def write_header(path: Path, arch: str, fill) -> None:
-    w = gguf.GGUFWriter(str(path), arch)
-    fill(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+def engine_summary(rows: list[dict], fname: str) -> str:
+    """One paragraph of llama.cpp's own dry-run figures (weights, KV, compute buffer) from predictions.json."""
+    def mib(x: float) -> str:
+        return f"{x:,.2f}"
+
+    e0 = rows[0]["engine"]
+    parts = []
+    for r in rows:
+        if r["type_k"] in ("f16", "q4_0"):
+            e = r["engine"]
+            parts.append(f"{r['n_ctx']} {r['type_k']}: KV {mib(e['kv_mib'])}, compute {mib(sum(e['compute_mib'].values()))}")
+    return (f"\n\n**llama.cpp's own dry run on this header** (`edgekv predict {fname} ... --engine`, CPU build of the "
+            f"vendored llama.cpp, nothing read or allocated): weights {e0['weights_bytes']:,} bytes "
+            f"({mib(e0['weights_bytes'] / 2**20)} MiB, `llama_model_size`, equal to the tensor table's sum); "
+            f"MiB as llama.cpp printed them: " + "; ".join(parts) + ". Every KV figure equals the formula's.")
 
 
 def edgekv(*args: str) -> str:
@@ -138,13 +150,13 @@ def main(out_root: Path = ROOT / "reports") -> int:
     from edgekv.predict import llama_mib
 
     failures = 0
-    for name, (fname, arch, fill, ctxs, title, note, published) in MODELS.items():
+    for name, (fname, arch, meta, family, types, ctxs, title, note, published) in MODELS.items():
         d = out_root / name
         d.mkdir(parents=True, exist_ok=True)
         header = d / fname
-        write_header(header, arch, fill)
+        write_header(header, types(discover_tensors(family, arch, meta())))
         rel = header.relative_to(ROOT) if header.is_relative_to(ROOT) else header
-        preds = edgekv("predict", str(rel), "-c", ctxs, "-ctk", TYPES, "--json")
+        preds = edgekv("predict", str(rel), "-c", ctxs, "-ctk", TYPES, "--engine", "--json")
         (d / "predictions.json").write_text(preds)
         rows = json.loads(preds)
         got = {(r["n_ctx"], r["type_k"]): llama_mib(r["kv_bytes"]) for r in rows}
@@ -153,6 +165,11 @@ def main(out_root: Path = ROOT / "reports") -> int:
             failures += not ok
             print(f"{name}: {key[1]:5s} @ {key[0]:6d}: predicted {got.get(key)} MiB, published {want} MiB "
                   f"{'ok' if ok else 'MISMATCH'}")
+        bad = [r for r in rows if not (r["engine"]["ok"] and r["engine"]["match"])]
+        failures += len(bad)
+        print(f"{name}: llama.cpp's dry run agrees with the formula on {len(rows) - len(bad)}/{len(rows)} rows; "
+              f"weights {rows[0]['weights_bytes']:,} bytes")
+        note = note + engine_summary(rows, fname)
         rel_preds = (d / "predictions.json").relative_to(ROOT) if d.is_relative_to(ROOT) else d / "predictions.json"
         edgekv("report", str(rel_preds), "-o", str(d), "--title", title, "--note", note)
         print(f"{name}: report in {d}")

@@ -16,13 +16,18 @@ from typing import Any
 
 from gguf import Keys
 
-from .errors import GGUFFormatError, MetadataError, UnsupportedArchitecture
+from .errors import GGUFFormatError, MetadataError
 from .gguf_header import ArraySummary
 from .shape import (
+    MEMORY_DSA,
+    MEMORY_DSA_ISWA,
+    MEMORY_DSV4,
     MEMORY_HYBRID,
+    MEMORY_HYBRID_IDX,
     MEMORY_HYBRID_ISWA,
     MEMORY_ISWA,
     MEMORY_KV,
+    MEMORY_MSA,
     MEMORY_NONE,
     MEMORY_RECURRENT,
     MEMORY_UNSUPPORTED,
@@ -62,6 +67,11 @@ K_SHARED_KV_LAYERS = Keys.Attention.SHARED_KV_LAYERS
 K_RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"   # not in gguf.Keys (gguf 0.19)
 K_FULL_ATTENTION_INTERVAL = Keys.LLM.FULL_ATTENTION_INTERVAL
 K_INDEXER_TOP_K = "{arch}.attention.indexer.top_k"   # not in gguf.Keys (gguf 0.19)
+K_INDEXER_KEY_LENGTH = "{arch}.attention.indexer.key_length"   # not in gguf.Keys (gguf 0.19)
+K_INDEXER_TYPES = "{arch}.attention.indexer.types"   # not in gguf.Keys (gguf 0.19)
+K_INDEXER_KPOOL = "{arch}.attention.indexer.kpool"   # not in gguf.Keys (gguf 0.19)
+K_COMPRESS_RATIOS = "{arch}.attention.compress_ratios"   # not in gguf.Keys (gguf 0.19)
+K_LEADING_DENSE = Keys.LLM.LEADING_DENSE_BLOCK_COUNT
 K_NUM_LOOPS = "{arch}.num_loops"   # not in gguf.Keys (gguf 0.19)
 K_SSM_CONV_KERNEL = Keys.SSM.CONV_KERNEL
 K_SSM_INNER_SIZE = Keys.SSM.INNER_SIZE
@@ -116,15 +126,18 @@ RS_ROLLBACK_ARCHS = frozenset({
 # Caches with their own layout that edgekv does not model: measure them, don't guess.
 UNSUPPORTED_CACHES: dict[str, str] = {
     "clip": "a vision/audio encoder (mmproj), not a text model with a KV cache",
-    "minimax-m3": "MSA cache (llama_kv_cache_msa) with an indexer key cache",
-    "glm-dsa": "DSA cache (llama_kv_cache_dsa): MLA cache plus an indexer key cache",
-    "deepseek32": "DSA cache (llama_kv_cache_dsa): MLA cache plus an indexer key cache",
-    "glm5-next": "hybrid cache with a DSA indexer (llama_memory_hybrid_idx)",
-    "dots3note": "DSA + iSWA cache (llama_kv_cache_dsa_iswa)",
-    "deepseek4": "DeepSeek-V4 compressed cache (llama_kv_cache_dsv4)",
-    "qwen4exp": "hybrid cache with a QSA indexer (llama_memory_hybrid_idx)",
     "gemma4-assistant": "draft model that shares its target's KV cache (needs the target context)",
     "dflash": "draft model whose cache depends on its target",
+}
+
+# create_memory() builds its own cache class for these (src/llama-model.cpp:2376-2630, 2684-2740)
+SPECIAL_MEMORY: dict[str, str] = {
+    "deepseek32": MEMORY_DSA,        # llama_kv_cache_dsa (2397-2450)
+    "glm-dsa": MEMORY_DSA,
+    "dots3note": MEMORY_DSA_ISWA,    # llama_kv_cache_dsa_iswa (2540-2590)
+    "minimax-m3": MEMORY_MSA,        # llama_kv_cache_msa (2376-2396)
+    "deepseek4": MEMORY_DSV4,        # llama_kv_cache_dsv4 (2591-2630)
+    "glm5-next": MEMORY_HYBRID_IDX,  # llama_memory_hybrid_idx (2451-2493)
 }
 
 
@@ -175,6 +188,11 @@ class _HParams:
     n_embd_head_kda: int = 0
     n_embd_head_la: int = 0
     indexer_top_k: int = 0
+    indexer_head_size: int = 0
+    indexer_kpool: int = 0
+    is_indexer_full: list[bool] = field(default_factory=list)
+    compress_ratios: list[int] = field(default_factory=list)
+    n_layer_dense_lead: int = 0
     notes: list[str] = field(default_factory=list)
 
     # -- metadata access with llama.cpp's semantics ------------------------------------------------
@@ -241,6 +259,51 @@ class _HParams:
                 out.append(int(x))
             return out, True
         return [self.u32(template)] * n, True
+
+    def u32_or_arr_n(self, template: str, n: int, base: list[int], required: bool = False) -> list[int]:
+        """get_key_or_arr(key, arr, n): an array must have exactly n entries (llama-model-loader.cpp:459-496);
+        entries past n keep ``base``."""
+        name = self.k(template)
+        if name not in self.meta:
+            if required:
+                raise MetadataError(f"{self.source}: required key '{name}' is missing; llama.cpp cannot load this model")
+            return list(base)
+        v = self.meta[name]
+        if isinstance(v, ArraySummary):
+            raise MetadataError(f"{self.source}: key '{name}' has {v.length} entries, expected {n}")
+        if isinstance(v, list):
+            if len(v) != n:
+                raise MetadataError(
+                    f"{self.source}: key '{name}' has wrong array length; expected {n}, got {len(v)} "
+                    "(llama.cpp refuses this model)")
+            vals = [int(x) for x in self._int_list(name, v)]
+        else:
+            vals = [self.u32(template)] * n
+        return vals + list(base[n:])
+
+    def arr_n(self, template: str, base: list[int], required: bool = False) -> list[int]:
+        """get_arr() into a per-layer std::array: the array's entries overwrite the first ones
+        (llama-model-loader.cpp:351-400); a scalar is not an array."""
+        name = self.k(template)
+        v = self.meta.get(name)
+        if isinstance(v, ArraySummary):
+            raise MetadataError(f"{self.source}: key '{name}' has {v.length} entries; too long to read")
+        if not isinstance(v, list):
+            if required:
+                raise MetadataError(f"{self.source}: array key '{name}' is missing; llama.cpp cannot load this model")
+            return list(base)
+        if len(v) > LLAMA_MAX_LAYERS:
+            raise MetadataError(f"{self.source}: array length {len(v)} for key {name} exceeds max {LLAMA_MAX_LAYERS}")
+        vals = [int(x) for x in self._int_list(name, v)]
+        return vals + list(base[len(vals):])
+
+    def _int_list(self, name: str, v: list) -> list[int]:
+        out = []
+        for x in v:
+            if not (_is_int(x) or isinstance(x, bool)) or x < 0:
+                raise MetadataError(f"{self.source}: key '{name}' holds {x!r}, expected non-negative integers")
+            out.append(int(x))
+        return out
 
     def bool_arr(self, template: str) -> list[bool] | None:
         """get_arr() into a per-layer array: None when absent or not an array.  Missing tail = 0."""
@@ -421,6 +484,101 @@ def _mla(required: bool):
 def _hy_v4(h: _HParams) -> None:
     _mla(True)(h)
     h.indexer_top_k = h.u32(K_INDEXER_TOP_K, 0)
+    # hy-v4.cpp:45-62: DSA only when indexer.top_k > 0; indexer.types (n_layer() long) marks the layers that
+    # own an indexer, default none; layer 0 must own one
+    if h.indexer_top_k > 0:
+        h.indexer_head_size = h.u32(K_INDEXER_KEY_LENGTH, 0)
+        h.is_indexer_full = [bool(x) for x in h.u32_or_arr_n(K_INDEXER_TYPES, h.n_layer, [0] * LLAMA_MAX_LAYERS)]
+        if not h.is_indexer_full[0]:
+            raise MetadataError(f"{h.source}: hy_v4: layer 0 must own an indexer ('{h.k(K_INDEXER_TYPES)}'); "
+                                "llama.cpp refuses this model")
+
+
+def _indexer(h: _HParams) -> None:
+    """deepseek32.cpp:22-24, glm-dsa.cpp:49-51, minimax-m3.cpp:9-13, dots3note.cpp:30-32: required keys."""
+    h.indexer_head_size = h.u32(K_INDEXER_KEY_LENGTH, required=True)
+    h.indexer_top_k = h.u32(K_INDEXER_TOP_K, required=True)
+
+
+def _deepseek32(h: _HParams) -> None:
+    _mla(False)(h)
+    _indexer(h)
+    h.n_layer_dense_lead = h.u32(K_LEADING_DENSE, 0)
+
+
+# glm-dsa.cpp:6-27: GLM-5.2's indexer layout, used when n_ctx_train >= 1M and the GGUF has no indexer.types
+GLM_5_2_DEFAULT_INDEXER_TYPES = [1, 1] + [1, 0, 0, 0] * 19
+
+
+def _glm_dsa(h: _HParams) -> None:
+    _deepseek32(h)
+    # glm-dsa.cpp:59-66: GLM 5 / 5.1 (n_ctx_train < 1M) index every layer, GLM 5.2 uses its default table;
+    # indexer.types (n_layer() entries) overrides either
+    base = [1] * LLAMA_MAX_LAYERS if h.n_ctx_train < 1048576 else (
+        GLM_5_2_DEFAULT_INDEXER_TYPES + [0] * (LLAMA_MAX_LAYERS - len(GLM_5_2_DEFAULT_INDEXER_TYPES)))
+    h.is_indexer_full = [bool(x) for x in h.u32_or_arr_n(K_INDEXER_TYPES, h.n_layer, base)]
+
+
+def _dots3note(h: _HParams) -> None:
+    # dots3note.cpp:14-33: MLA (required), SWA from a required bool array, indexer.types a required array
+    _mla(True)(h)
+    h.n_layer_dense_lead = h.u32(K_LEADING_DENSE, required=True)
+    h.swa_type = SWA_STANDARD
+    h.n_swa = h.u32(K_SLIDING_WINDOW, required=True)
+    arr = h.bool_arr(K_SLIDING_WINDOW_PATTERN)
+    if arr is None:
+        raise MetadataError(
+            f"{h.source}: array key '{h.k(K_SLIDING_WINDOW_PATTERN)}' is missing; llama.cpp cannot load this model")
+    h.is_swa = arr[: h.n_layer_all]
+    _indexer(h)
+    h.is_indexer_full = [bool(x) for x in h.arr_n(K_INDEXER_TYPES, [0] * LLAMA_MAX_LAYERS, required=True)]
+
+
+def _minimax_m3(h: _HParams) -> None:
+    # minimax-m3.cpp:3-13
+    h.n_layer_dense_lead = h.u32(K_LEADING_DENSE, 0)
+    _indexer(h)
+
+
+def _deepseek4(h: _HParams) -> None:
+    # deepseek4.cpp:30-74 (the NextN probe at 20-26 needs the tensor table: a GGUF that declares NextN layers
+    # without their tensors is read as having them)
+    h.n_swa = h.u32(K_SLIDING_WINDOW, required=True)
+    _indexer(h)
+    name = h.k(K_COMPRESS_RATIOS)
+    v = h.meta.get(name)
+    n = v.length if isinstance(v, ArraySummary) else len(v) if isinstance(v, list) else 0
+    if n < h.n_layer_all:
+        raise MetadataError(f"{h.source}: DeepSeek-V4 '{name}' is shorter than block_count; llama.cpp refuses this model")
+    h.compress_ratios = h.arr_n(K_COMPRESS_RATIOS, [0] * LLAMA_MAX_LAYERS)
+    h.swa_type = SWA_STANDARD
+    h.set_swa_pattern(0)
+    for il in range(h.n_layer, h.n_layer_all):
+        h.is_swa[il] = True
+
+
+def _qwen4exp(h: _HParams) -> None:
+    # qwen4exp.cpp: SSM keys, indexer keys all required and non-zero, then the qwen3next layer rule
+    _mamba2(h)
+    for tmpl in (K_INDEXER_KEY_LENGTH, K_INDEXER_TOP_K):
+        if not h.u32(tmpl, 0):
+            raise MetadataError(f"{h.source}: '{h.k(tmpl)}' must be non-zero; llama.cpp refuses this model")
+    h.indexer_head_size = h.u32(K_INDEXER_KEY_LENGTH)
+    h.indexer_top_k = h.u32(K_INDEXER_TOP_K)
+    h.recr_by_interval(4)
+
+
+def _glm5_next(h: _HParams) -> None:
+    # glm5-next.cpp: MLA + KDA; recurrent layers are those with head_count_kv == 0 (all n_layer_all layers)
+    _mla(True)(h)
+    h.ssm_d_conv = h.u32(K_SSM_CONV_KERNEL, required=True)
+    h.n_embd_head_kda = h.u32(K_KDA_HEAD_DIM, required=True)
+    h.recr_by_head_count_kv()
+    _indexer(h)
+    h.indexer_kpool = h.u32(K_INDEXER_KPOOL, required=True)
+    if not (h.indexer_kpool > 1 and h.indexer_top_k % h.indexer_kpool == 0):
+        raise MetadataError(f"{h.source}: glm5-next needs indexer.kpool > 1 dividing indexer.top_k; llama.cpp aborts")
+    h.is_indexer_full = [bool(x) for x in h.u32_or_arr_n(K_INDEXER_TYPES, h.n_layer, [1] * LLAMA_MAX_LAYERS)]
 
 
 def _mamba1(h: _HParams) -> None:
@@ -576,6 +734,13 @@ ARCH_RULES: dict[str, Callable[[_HParams], None]] = {
     "deepseek2": _mla(False),
     "mistral4": _mla(False),       # llama_model_mistral4 derives from llama_model_deepseek2
     "hy_v4": _hy_v4,
+    "deepseek32": _deepseek32,
+    "glm-dsa": _glm_dsa,
+    "dots3note": _dots3note,
+    "minimax-m3": _minimax_m3,
+    "deepseek4": _deepseek4,
+    "qwen4exp": _qwen4exp,
+    "glm5-next": _glm5_next,
     # recurrent
     "mamba": _mamba1,
     "mamba2": _mamba2,
@@ -631,11 +796,12 @@ def shape_from_metadata(meta: Mapping[str, Any], source: str = "<model>",
         if K_ARCH in meta:
             raise GGUFFormatError(f"{source}: '{K_ARCH}' is not a string")
         raise MetadataError(f"{source}: required key '{K_ARCH}' is missing; this GGUF does not say what model it is")
-    if arch not in LLAMA_ARCHITECTURES:
-        raise UnsupportedArchitecture(
-            f"{source}: unknown architecture '{arch}'; llama.cpp (llama-cpp-python 0.3.36) cannot load it")
-
     h = _HParams(meta=meta, arch=arch, source=source, value_types=value_types)
+    if arch not in LLAMA_ARCHITECTURES:
+        # a newer llama.cpp may know it: the formula does not guess, --engine asks the installed llama.cpp
+        return _unsupported_shape(h, meta.get(K_NAME), (
+            f"architecture '{arch}' is not one llama-cpp-python 0.3.36's llama.cpp knows, so edgekv does not know "
+            "which caches llama.cpp builds for it (use --engine to ask the installed llama.cpp)"))
     name = meta.get(K_NAME)
 
     if arch in UNSUPPORTED_CACHES and arch == "clip":
@@ -656,6 +822,8 @@ def shape_from_metadata(meta: Mapping[str, Any], source: str = "<model>",
     h.n_head_kv, _ = h.u32_or_arr(K_HEAD_COUNT_KV, h.n_head)     # defaults to a copy of head_count
     h.is_swa = [False] * h.n_layer_all
     h.is_recr = [arch in RECURRENT_ARCHS] * h.n_layer_all
+    h.is_indexer_full = [False] * LLAMA_MAX_LAYERS       # llama-model.cpp:1385
+    h.compress_ratios = [0] * LLAMA_MAX_LAYERS
     if h.n_head[0] > 0:
         h.head_k_full = h.u32(K_KEY_LENGTH, h.n_embd // h.n_head[0])
         h.head_v_full = h.u32(K_VALUE_LENGTH, h.n_embd // h.n_head[0])
@@ -670,7 +838,11 @@ def shape_from_metadata(meta: Mapping[str, Any], source: str = "<model>",
     if arch in UNSUPPORTED_CACHES:
         return _finish(h, name, MEMORY_UNSUPPORTED, UNSUPPORTED_CACHES[arch])
     if arch == "hy_v4" and h.indexer_top_k > 0:
-        return _finish(h, name, MEMORY_UNSUPPORTED, "DSA cache (llama_kv_cache_dsa) with an indexer key cache")
+        return _finish(h, name, MEMORY_DSA, None)          # llama-model.cpp:2494-2537
+    if arch == "qwen4exp" and h.swa_type == SWA_NONE:
+        return _finish(h, name, MEMORY_HYBRID_IDX, None)   # llama-model.cpp:2706-2712, 2734-2752
+    if arch in SPECIAL_MEMORY:
+        return _finish(h, name, SPECIAL_MEMORY[arch], None)
     if arch in NO_CACHE_ARCHS:
         return _finish(h, name, MEMORY_NONE, None)
     if arch in RECURRENT_ARCHS:
@@ -719,13 +891,17 @@ def _n_embd_s(h: _HParams) -> int:
 
 def _attn_filter(h: _HParams, memory: str) -> Callable[[int], bool]:
     n_layer = h.n_layer
-    if memory in (MEMORY_HYBRID, MEMORY_HYBRID_ISWA):
+    if h.arch in ("hy_v4", "minimax-m3", "deepseek4"):
+        # create_memory passes no layer filter for these (llama-model.cpp:2380-2395, 2498-2535, 2611-2627):
+        # NextN layers get main-context cache too
+        return lambda il: True
+    if memory in (MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_HYBRID_IDX):
         # create_memory, hybrid branch (src/llama-model.cpp:2684-2712) and the hybrid defaults
         if h.arch == "falcon-h1":
             return lambda il: True
         if h.arch in ("nemotron_h", "nemotron_h_moe"):
             return lambda il: not h.is_recr[il] and h.n_ff[il] == 0
-        if h.arch in ("qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01"):
+        if h.arch in ("qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01", "glm5-next"):
             return lambda il: il < n_layer and not h.is_recr[il]
         return lambda il: not h.is_recr[il]
     # plain / iSWA: NextN layers are filtered out of the main context unless the "nextn" slot is a router
@@ -745,6 +921,29 @@ def _recr_filter(h: _HParams, memory: str) -> Callable[[int], bool]:
     return lambda il: il < n_layer and h.is_recr[il]
 
 
+def _indexer_filter(h: _HParams, memory: str) -> Callable[[int], bool]:
+    """Layers with an indexer key cache, as create_memory's filter_lid / filter_idx choose them."""
+    n_layer = h.n_layer
+    full = h.is_indexer_full
+    if memory == MEMORY_DSA and h.arch == "hy_v4":
+        return lambda il: bool(full[il])                                 # llama-model.cpp:2517
+    if memory == MEMORY_DSA and h.arch == "glm-dsa":
+        return lambda il: il < n_layer and bool(full[il])                # llama-model.cpp:2431
+    if memory == MEMORY_DSA:
+        return lambda il: il < n_layer                                   # deepseek32, llama-model.cpp:2431
+    if memory == MEMORY_DSA_ISWA:
+        return lambda il: il < n_layer and bool(full[il])                # llama-model.cpp:2568
+    if memory == MEMORY_MSA:
+        return lambda il: il >= h.n_layer_dense_lead                     # llama-model.cpp:2378-2379
+    if memory == MEMORY_HYBRID_IDX and h.arch == "glm5-next":
+        return lambda il: il < n_layer and not h.is_recr[il] and bool(full[il])   # llama-model.cpp:2457-2459
+    if memory == MEMORY_HYBRID_IDX:
+        return lambda il: il < n_layer and not h.is_recr[il]            # qwen4exp, llama-model.cpp:2706-2711
+    if memory == MEMORY_DSV4:
+        return lambda il: h.compress_ratios[il] == 4                     # filter_csa, llama-kv-cache-dsv4.cpp:1273-1279
+    return lambda il: False
+
+
 def _finish(h: _HParams, name: Any, memory: str, reason: str | None) -> ModelShape:
     n = h.n_layer_all
     for arr_name in ("n_head", "n_head_kv", "n_ff", "is_swa", "is_recr"):
@@ -753,7 +952,8 @@ def _finish(h: _HParams, name: Any, memory: str, reason: str | None) -> ModelSha
             arr.extend([arr[-1] if arr else 0] * (n - len(arr)))
     is_mla = h.head_k_mla != 0 and h.head_v_mla != 0
     attn = _attn_filter(h, memory) if memory not in (MEMORY_NONE, MEMORY_UNSUPPORTED, MEMORY_RECURRENT) else (lambda il: False)
-    recr = _recr_filter(h, memory) if memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA) else (lambda il: False)
+    recr = (_recr_filter(h, memory) if memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_HYBRID_IDX)
+            else (lambda il: False))
     kv_from = h.n_layer_kv_from_start
     shares_kv = memory != MEMORY_UNSUPPORTED and h.arch in ("gemma3n", "gemma4")
     if shares_kv and kv_from < 2:
@@ -761,6 +961,11 @@ def _finish(h: _HParams, name: Any, memory: str, reason: str | None) -> ModelSha
         # (src/llama-model.cpp:2780-2782); gemma4 sets it to block_count - shared_kv_layers (gemma4.cpp:8-11)
         raise MetadataError(
             f"{h.source}: only {kv_from} layers own a KV cache ('{h.k(K_SHARED_KV_LAYERS)}'); llama.cpp needs at least 2")
+    if memory == MEMORY_DSA and h.arch == "hy_v4" and h.n_layer_nextn > 0:
+        # filter_lid calls is_indexer_full(il) for every layer, which aborts past n_layer() (llama-hparams.cpp:305-311)
+        raise MetadataError(f"{h.source}: hy_v4 with an indexer and NextN layers: llama.cpp aborts creating the cache "
+                            "(is_indexer_full out of bounds)")
+    idx = _indexer_filter(h, memory)
     layers = []
     for il in range(n):
         is_swa = bool(h.is_swa[il])
@@ -782,6 +987,8 @@ def _finish(h: _HParams, name: Any, memory: str, reason: str | None) -> ModelSha
             attn_cache=has_kv and attn(il),
             recr_state=recr(il),
             reuses=reuses,
+            indexer=idx(il),
+            compress_ratio=int(h.compress_ratios[il]) if memory == MEMORY_DSV4 else 0,
         ))
     if shares_kv:
         # A shared layer reads layer kv_from-2 if it is SWA, else kv_from-1, from the iSWA sub-cache of its
@@ -817,4 +1024,6 @@ def _finish(h: _HParams, name: Any, memory: str, reason: str | None) -> ModelSha
         layers=tuple(layers),
         unsupported_reason=reason,
         notes=tuple(notes),
+        indexer_head_k=h.indexer_head_size,
+        indexer_kpool=h.indexer_kpool,
     )

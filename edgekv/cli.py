@@ -132,6 +132,10 @@ def predict(
     kv_unified: bool = UNIFIED_OPT,
     ubatch_size: int = UB_OPT,
     batch_size: int = B_OPT,
+    n_rs_seq: int = typer.Option(
+        0, "--n-rs-seq", help="Rollback snapshots per sequence (llama_context_params.n_rs_seq; llama-server sets it to "
+                              "--draft-max with MTP/EAGLE3/DFlash drafting). Multiplies recurrent and DeepSeek-V4 "
+                              "compressor state."),
     engine: bool = typer.Option(False, "--engine", help="Also ask llama.cpp itself (dry run: nothing read, nothing allocated)."),
     n_gpu_layers: int = NGL_OPT,
     budget: Optional[str] = typer.Option(None, "--budget", show_default=False,
@@ -160,9 +164,12 @@ def predict(
         raise UsageError("-np/--parallel must be at least 1")
     if ubatch_size < 1 or batch_size < 1:
         raise UsageError("-ub and -b must be at least 1")
+    if n_rs_seq < 0:
+        raise UsageError("--n-rs-seq must not be negative")
     budget_bytes = parse_size(budget, "--budget") if budget else None
     base = ContextParams(n_ctx=ctxs[0], type_k=pairs[0][0], type_v=pairs[0][1], flash_attn=fa, swa_full=swa_full,
-                         n_seq_max=parallel, kv_unified=kv_unified, n_batch=batch_size, n_ubatch=ubatch_size)
+                         n_seq_max=parallel, kv_unified=kv_unified, n_batch=batch_size, n_ubatch=ubatch_size,
+                         n_rs_seq=n_rs_seq)
     m = load_model(_model(model, model_opt))
     _notes(m)
     configs = [replace(base, n_ctx=n, type_k=k, type_v=v) for n in ctxs for k, v in pairs]

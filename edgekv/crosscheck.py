@@ -13,14 +13,22 @@ from .engine import EngineResult
 from .predict import STATUS_OK, KVPrediction, llama_mib
 
 
+def _mib_double(n_bytes: int) -> str:
+    """llama_dsv4_comp_state prints ``total_size()/1024.0/1024.0`` in double precision (llama-kv-cache-dsv4.cpp:998)."""
+    return f"{n_bytes / 1048576.0:.2f}"
+
+
 def expected_lines(pred: KVPrediction) -> list[dict]:
     out = []
     for c in pred.caches:
         if c.kind == "recurrent":
             out.append({"kind": "recurrent", "mib": llama_mib(c.bytes), "cells": c.cells,
                         "r_mib": llama_mib(c.r_bytes), "s_mib": llama_mib(c.s_bytes)})
+        elif c.kind == "dsv4_state":
+            out.append({"kind": "state", "role": c.name, "mib": _mib_double(c.state_bytes), "cells": c.cells,
+                        "width": c.width, "layers": len(c.layers), "streams": c.n_stream, "rs_seq": c.rs_seq})
         else:
-            out.append({"kind": "kv", "role": c.kind if pred.memory in ("iswa", "hybrid_iswa") else None,
+            out.append({"kind": "kv", "role": c.role,
                         "mib": llama_mib(c.bytes), "cells": c.cells, "layers": len(c.layers),
                         "streams": c.n_stream, "type_k": c.type_k, "type_v": c.type_v,
                         "k_mib": llama_mib(c.k_bytes), "v_mib": llama_mib(c.v_bytes)})
@@ -32,6 +40,9 @@ def engine_lines(res: EngineResult) -> list[dict]:
     for c in res.log.caches:
         if c.kind == "recurrent":
             out.append({"kind": "recurrent", "mib": c.mib, "cells": c.cells, "r_mib": c.r_mib, "s_mib": c.s_mib})
+        elif c.kind == "state":
+            out.append({"kind": "state", "role": c.role, "mib": c.mib, "cells": c.cells, "width": c.width,
+                        "layers": c.layers, "streams": c.streams, "rs_seq": c.rs_seq})
         else:
             out.append({"kind": "kv", "role": c.role, "mib": c.mib, "cells": c.cells, "layers": c.layers,
                         "streams": c.streams, "type_k": c.type_k, "type_v": c.type_v,
@@ -69,6 +80,14 @@ def compare(pred: KVPrediction, res: EngineResult) -> list[str]:
         for k in e:
             if e[k] != g.get(k):
                 diffs.append(f"KV cache {i} ({e.get('role') or 'kv'}) {k}: engine {g.get(k)}, formula {e[k]}")
+    exp_st = [x for x in exp if x["kind"] == "state"]
+    got_st = [x for x in got if x["kind"] == "state"]
+    if len(exp_st) != len(got_st):
+        diffs.append(f"compressor state objects: engine {len(got_st)}, formula {len(exp_st)}")
+    for e, g in zip(exp_st, got_st):
+        for k in e:
+            if e[k] != g.get(k):
+                diffs.append(f"{e['role']} compressor state {k}: engine {g.get(k)}, formula {e[k]}")
     if len(exp_rs) != len(got_rs):
         diffs.append(f"recurrent state objects: engine {len(got_rs)}, formula {len(exp_rs)}")
     for e, g in zip(exp_rs, got_rs):

@@ -142,7 +142,9 @@ class DryRunner:
         lines = self.cap.take()
         if not self.model:
             errs = _errors(lines)
-            return {"ok": False, "error": errs[-1] if errs else "llama.cpp could not load the model", "errors": errs}
+            # "llama_model_load: error loading model: <why>" says why; the last line only says that it failed
+            why = next((e for e in errs if "error loading model" in e), errs[-1] if errs else None)
+            return {"ok": False, "error": why or "llama.cpp could not load the model", "errors": errs}
         log = parse_memory_log([t for _, t in lines])
         return {
             "ok": True,
@@ -320,7 +322,19 @@ class EngineSession:
             raise
         if not info.get("ok"):
             self._stack.close()
-            raise EngineError(f"{self.model_path}: llama.cpp refused to load it: {info.get('error')}")
+            hint = ""
+            header = self.header or read_header_file(self.model_path)
+            if not header.tensors:
+                # llama.cpp checks every tensor its architecture declares, even with no_alloc
+                # (llama-model-loader.cpp create_tensor): a header with metadata only cannot pass
+                hint = ("; the file has no tensor table (metadata only), and llama.cpp needs every tensor the "
+                        "architecture declares even for a dry run: write the header with its tensor table "
+                        "(bench/shape_headers.py does) or use the real file's header")
+            if "tokenizer merges" in str(info.get("error")):
+                hint += ("; a BPE tokenizer model ('gpt2') needs its token list and merges, so a header without a "
+                         "vocabulary should say tokenizer.ggml.model = 'none' (llama.cpp then sizes the embeddings from "
+                         "{arch}.vocab_size)")
+            raise EngineError(f"{self.model_path}: llama.cpp refused to load it: {info.get('error')}{hint}")
         self.model_size_bytes = info.get("model_size_bytes")
         self.n_params = info.get("n_params")
         self.host_growth_load_bytes = info.get("host_growth_load_bytes")

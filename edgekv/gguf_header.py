@@ -6,7 +6,8 @@ of the first few MB returns), or a remote reader that fetches ranges on demand (
 
 ``gguf.GGUFReader`` memory-maps the whole file and builds every tensor, so it fails on a truncated
 file and cannot stream; the parsing is therefore ours, while the type enums and block-size tables
-(``GGUFValueType``, ``GGMLQuantizationType``, ``GGML_QUANT_SIZES``) come from the ``gguf`` package.
+(``GGUFValueType``, and the tensor block sizes through :func:`edgekv.cachetypes.ggml_type_info`) come from the
+``gguf`` package.
 
 Memory stays bounded whatever the input says: nothing is pre-allocated from a count read from the
 file, large arrays (the tokenizer's 150K-entry token lists) are walked and summarised instead of
@@ -22,8 +23,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf import GGUFValueType
 
+from .cachetypes import UnknownTensorType, ggml_type_info
 from .errors import GGUFFormatError, GGUFTruncatedError, ModelNotFound
 
 GGUF_MAGIC = b"GGUF"
@@ -392,10 +394,9 @@ def read_header(f: BinaryIO, name: str = "<stream>", size_hint: int | None = Non
         type_id = s.u32(f"type of tensor '{tname}'")
         offset = s.u64(f"offset of tensor '{tname}'")
         try:
-            qt = GGMLQuantizationType(type_id)
-            block, block_bytes = GGML_QUANT_SIZES[qt]
-        except (ValueError, KeyError):
-            raise GGUFFormatError(f"{name}: tensor '{tname}' has unknown ggml type {type_id} (offset {at})") from None
+            tyname, block, block_bytes = ggml_type_info(type_id)
+        except UnknownTensorType as e:
+            raise GGUFFormatError(f"{name}: tensor '{tname}' (offset {at}): {e}") from None
         n_el = 1
         for d in dims:
             n_el *= d
@@ -404,14 +405,23 @@ def read_header(f: BinaryIO, name: str = "<stream>", size_hint: int | None = Non
         ne0 = dims[0] if dims else 1
         if ne0 % block:
             raise GGUFFormatError(
-                f"{name}: tensor '{tname}' row of {ne0} is not a multiple of the {qt.name} block size {block}")
+                f"{name}: tensor '{tname}' row of {ne0} is not a multiple of the {tyname} (ggml type {type_id}) block "
+                f"size {block}; llama.cpp refuses this file")
         if tname in seen:
             raise GGUFFormatError(f"{name}: duplicate tensor name '{tname}'")
         seen.add(tname)
         if offset != expected_offset:
             # gguf.cpp requires the data of each tensor to follow the previous one, padded to the alignment
+            hint = ""
+            if tensors and ggml_type_info(tensors[-1].ggml_type)[1] > 1:
+                prev = tensors[-1]
+                pname = ggml_type_info(prev.ggml_type)[0]
+                hint = (f" (the previous tensor '{prev.name}' is ggml type {prev.ggml_type}, {pname}: if the file was "
+                        f"written with another block layout for that type id, e.g. by a llama.cpp fork, llama.cpp "
+                        f"cannot read it)")
             raise GGUFFormatError(
-                f"{name}: tensor '{tname}' has offset {offset}, expected {expected_offset}; llama.cpp refuses this file")
+                f"{name}: tensor '{tname}' has offset {offset}, expected {expected_offset}; llama.cpp refuses this "
+                f"file{hint}")
         nbytes = n_el // block * block_bytes
         expected_offset += (nbytes + alignment - 1) // alignment * alignment
         tensors.append(TensorInfo(tname, dims, type_id, offset, nbytes))

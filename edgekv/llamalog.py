@@ -29,6 +29,23 @@ RE_RS_SIZE = re.compile(
 # src/llama-kv-cache-iswa.cpp:83,100  "creating non-SWA KV cache, size = %u cells" / "creating     SWA KV cache, ..."
 RE_ISWA_CREATE = re.compile(r"llama_kv_cache_iswa: creating +(?P<which>non-SWA|SWA) KV cache, size = (?P<cells>\d+) cells")
 RE_SWA_FULL = re.compile(r"using full-size SWA cache")
+# the caches llama.cpp builds from several llama_kv_cache objects announce each one before its size line:
+# src/llama-kv-cache-dsa.cpp:31,47 ("creating main KV cache" / "creating indexer KV cache"), llama-kv-cache-msa.cpp:32,44,
+# llama-memory-hybrid-idx.cpp:67 (indexer), llama-kv-cache-dsa-iswa.cpp:62,69 ("creating DSA KV cache" then "creating
+# SWA KV cache"), llama-kv-cache-dsv4.cpp:1289,1297,1305 (CSA / HCA compressed, lightning-indexer)
+RE_CACHE_CREATE = re.compile(
+    r"creating (?P<what>main KV cache|indexer KV cache|SWA KV cache|DSV4 CSA compressed KV cache|"
+    r"DSV4 HCA compressed KV cache|DSV4 lightning-indexer KV cache)")
+CACHE_CREATE_ROLES = {"main KV cache": "main", "indexer KV cache": "indexer", "SWA KV cache": "swa",
+                      "DSV4 CSA compressed KV cache": "csa", "DSV4 HCA compressed KV cache": "hca",
+                      "DSV4 lightning-indexer KV cache": "indexer"}
+# src/llama-kv-cache-dsv4.cpp:998-999
+# "%s: %s ratio = %u, state = %u x %u, streams = %u, rs_seq = %u, layers = %zu, size = %7.2f MiB"
+RE_DSV4_STATE = re.compile(
+    r"llama_dsv4_comp_state: (?P<name>\w+) ratio = (?P<ratio>\d+), state = (?P<rows>\d+) x (?P<width>\d+), "
+    r"streams = (?P<streams>\d+), rs_seq = (?P<rs_seq>\d+), layers = (?P<layers>\d+), size = +(?P<mib>[\d.]+) MiB")
+# src/llama-kv-cache-dsv4.cpp:992 "%s: %10s DSV4 %s state buffer size = %8.2f MiB"
+RE_STATE_BUFFER = re.compile(r"llama_dsv4_comp_state: +(?P<dev>\S+) DSV4 \w+ state buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-kv-cache.cpp:291 "%s: %10s KV buffer size = %8.2f MiB"
 RE_KV_BUFFER = re.compile(r"llama_kv_cache: +(?P<dev>\S+) KV buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-memory-recurrent.cpp:124 "%s: %10s RS buffer size = %8.2f MiB"
@@ -49,6 +66,9 @@ RE_V_PAD = re.compile(r"padding V cache to (?P<width>\d+)")
 # src/llama-context.cpp:550-554 "%s: %s not supported, set to disabled" / "%s: %s enabled"
 RE_FA_RESOLVED = re.compile(r"Flash Attention (?P<state>enabled|not supported, set to disabled)")
 RE_FA_FORCED = re.compile(r"enabling flash_attn since it is required for quantized V cache")
+# any other "<func>: <dev> <what> buffer size = X MiB" line: a buffer of a kind this parser does not know (a cache
+# class newer than edgekv), so that its bytes are never silently dropped
+RE_OTHER_BUFFER = re.compile(r"(?P<fn>\w+): +(?P<dev>\S+) (?P<what>[\w -]+?) buffer size = +(?P<mib>[\d.]+) MiB")
 RE_GPU_OFFLOAD = re.compile(r"load_tensors: offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
 
 
@@ -58,8 +78,8 @@ def mib_to_bytes(mib: float) -> int:
 
 @dataclass
 class KVCacheLine:
-    kind: str            # "kv" for an attention cache, "recurrent" for recurrent state
-    role: str | None     # for iSWA: "full" or "swa"; else None
+    kind: str            # "kv" for an attention cache, "recurrent" for recurrent state, "state" for DSV4 compressor state
+    role: str | None     # iSWA: "full" / "swa"; DSA, MSA, DSV4: "main", "indexer", "csa", "hca", "swa"; DSV4 state: its name
     mib: str             # the figure as printed ("68.91")
     cells: int
     layers: int
@@ -73,6 +93,7 @@ class KVCacheLine:
     s_mib: str | None = None
     p_mib: str | None = None
     rs_seq: int | None = None
+    width: int | None = None
 
 
 @dataclass
@@ -84,6 +105,8 @@ class LlamaMemoryLog:
     swa_full_warned: bool = False
     kv_buffers: dict[str, float] = field(default_factory=dict)
     rs_buffers: dict[str, float] = field(default_factory=dict)
+    state_buffers: dict[str, float] = field(default_factory=dict)
+    other_buffers: dict[str, float] = field(default_factory=dict)   # "<func> <what> <dev>" -> MiB
     compute_buffers: dict[str, float] = field(default_factory=dict)
     output_buffers: dict[str, float] = field(default_factory=dict)
     model_buffers: dict[str, float] = field(default_factory=dict)
@@ -101,6 +124,15 @@ class LlamaMemoryLog:
     @property
     def recurrent_mib_total(self) -> float:
         return sum(float(c.mib) for c in self.caches if c.kind == "recurrent")
+
+    @property
+    def state_mib_total(self) -> float:
+        return sum(float(c.mib) for c in self.caches if c.kind == "state")
+
+    @property
+    def caches_mib_total(self) -> float:
+        """Every cache object llama.cpp printed a size for (KV, recurrent, compressor state)."""
+        return self.kv_mib_total + self.recurrent_mib_total + self.state_mib_total
 
     @property
     def compute_mib_total(self) -> float:
@@ -129,6 +161,17 @@ def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
             pending_role = "full" if m["which"] == "non-SWA" else "swa"
             out.iswa_cells[pending_role] = int(m["cells"])
             continue
+        m = RE_CACHE_CREATE.search(line)
+        if m:
+            pending_role = CACHE_CREATE_ROLES[m["what"]]
+            continue
+        m = RE_DSV4_STATE.search(line)
+        if m:
+            out.caches.append(KVCacheLine(
+                kind="state", role=m["name"], mib=m["mib"], cells=int(m["rows"]), layers=int(m["layers"]),
+                seqs=int(m["streams"]), streams=int(m["streams"]), type_k="f32", type_v="f32", rs_seq=int(m["rs_seq"]),
+                width=int(m["width"])))
+            continue
         m = RE_KV_SIZE.search(line)
         if m:
             out.caches.append(KVCacheLine(
@@ -148,6 +191,7 @@ def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
             out.swa_full_warned = True
             continue
         for rx, target in ((RE_KV_BUFFER, out.kv_buffers), (RE_RS_BUFFER, out.rs_buffers),
+                           (RE_STATE_BUFFER, out.state_buffers),
                            (RE_COMPUTE, out.compute_buffers), (RE_OUTPUT, out.output_buffers),
                            (RE_MODEL_BUFFER, out.model_buffers)):
             m = rx.search(line)
@@ -173,6 +217,10 @@ def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
             m = RE_GPU_OFFLOAD.search(line)
             if m:
                 out.gpu_layers = (int(m["n"]), int(m["total"]))
+                continue
+            m = RE_OTHER_BUFFER.search(line)
+            if m:
+                _add(out.other_buffers, f"{m['fn']} {m['what'].strip()} {m['dev']}", m["mib"])
     return out
 
 

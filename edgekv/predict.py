@@ -7,6 +7,11 @@ Pure: no llama.cpp, no processes, no I/O.  Mirrors, for llama-cpp-python 0.3.36'
 * KV cache tensors            src/llama-kv-cache.cpp:65-367
 * iSWA cell count             src/llama-kv-cache-iswa.cpp:53-105
 * recurrent state             src/llama-memory-recurrent.cpp:20-136
+* DSA / DSA+iSWA / MSA        src/llama-kv-cache-dsa.cpp:14-54, llama-kv-cache-dsa-iswa.cpp:14-74,
+                              llama-kv-cache-msa.cpp:13-50 (an indexer K cache beside the main one)
+* hybrid with an indexer      src/llama-memory-hybrid-idx.cpp:23-73
+* DeepSeek-V4                 src/llama-kv-cache-dsv4.cpp:883-1336 (window, CSA, HCA, indexer caches and
+                              f32 compressor states)
 
 The byte counts are the sums of ``ggml_nbytes`` that llama.cpp prints in its
 ``llama_kv_cache: size = ...`` and ``llama_memory_recurrent: size = ...`` lines.
@@ -21,9 +26,14 @@ from typing import Any
 from .cachetypes import CacheType, cache_type
 from .errors import UsageError
 from .shape import (
+    MEMORY_DSA,
+    MEMORY_DSA_ISWA,
+    MEMORY_DSV4,
     MEMORY_HYBRID,
+    MEMORY_HYBRID_IDX,
     MEMORY_HYBRID_ISWA,
     MEMORY_ISWA,
+    MEMORY_MSA,
     MEMORY_NONE,
     MEMORY_RECURRENT,
     MEMORY_UNSUPPORTED,
@@ -86,9 +96,21 @@ class ContextParams:
             raise UsageError("n_seq_max, n_batch, n_ubatch and n_rs_seq must not be negative")
 
 
+# The kinds of cache object, as they appear in ``caches``:
+#   full, swa                      the attention KV cache(s) (MLA: K only)
+#   recurrent                      f32 recurrent state (R and S)
+#   dsa_indexer, msa_indexer,      a one-head indexer key cache beside the main one (MSA keeps V)
+#   hybrid_indexer
+#   dsv4_raw_full, dsv4_window     DeepSeek-V4's raw K cache pair (all its layers are sliding-window)
+#   dsv4_csa, dsv4_hca             DeepSeek-V4's compressed K caches (1 row per 4 / per 128 tokens)
+#   dsv4_indexer                   DeepSeek-V4's lightning-indexer K cache (1 row per 4 tokens)
+#   dsv4_state                     DeepSeek-V4's f32 compressor states (name: csa, hca or lid)
+MAIN_KINDS = ("full", "swa", "dsv4_raw_full", "dsv4_window")
+
+
 @dataclass
 class CachePrediction:
-    kind: str                     # full | swa | recurrent
+    kind: str                     # see above
     cells: int                    # cells per stream (rows per sequence for recurrent state)
     n_stream: int
     layers: list[int]
@@ -98,10 +120,16 @@ class CachePrediction:
     v_bytes: int = 0
     r_bytes: int = 0
     s_bytes: int = 0
+    state_bytes: int = 0          # dsv4_state: the kv + score tensors
+    role: str | None = None       # what llama.cpp's log calls this object (for the comparison)
+    name: str | None = None       # dsv4_state: csa | hca | lid
+    width: int = 0                # dsv4_state: n_embd_state
+    rs_seq: int = 0               # dsv4_state: rollback snapshots per stream
+    per_layer: list[tuple[int, int, int, int, int]] = field(default_factory=list, repr=False)
 
     @property
     def bytes(self) -> int:
-        return self.k_bytes + self.v_bytes + self.r_bytes + self.s_bytes
+        return self.k_bytes + self.v_bytes + self.r_bytes + self.s_bytes + self.state_bytes
 
     def log_line_mib(self) -> str:
         return llama_mib(self.bytes)
@@ -115,6 +143,10 @@ class CachePrediction:
         if self.kind == "recurrent":
             d["r_bytes"] = self.r_bytes
             d["s_bytes"] = self.s_bytes
+        if self.kind == "dsv4_state":
+            d.update(name=self.name, state_rows=self.cells, width=self.width, rs_seq=self.rs_seq,
+                     state_bytes=self.state_bytes, type_k="f32", type_v="f32")
+            d.pop("cells")
         return d
 
 
@@ -130,6 +162,7 @@ class LayerPrediction:
     v_bytes: int
     r_bytes: int
     s_bytes: int
+    other: dict[str, int] = field(default_factory=dict)   # bytes in the other caches (indexer, compressed, state)
 
 
 @dataclass
@@ -170,8 +203,13 @@ class KVPrediction:
         return sum(c.r_bytes + c.s_bytes for c in self.caches)
 
     @property
+    def state_bytes(self) -> int:
+        """DeepSeek-V4's f32 compressor states."""
+        return sum(c.state_bytes for c in self.caches)
+
+    @property
     def total_bytes(self) -> int:
-        return self.kv_bytes + self.recurrent_bytes
+        return self.kv_bytes + self.recurrent_bytes + self.state_bytes
 
     def to_dict(self, with_layers: bool = False) -> dict[str, Any]:
         p = self.params
@@ -196,6 +234,7 @@ class KVPrediction:
             "k_bytes": self.k_bytes if self.status == STATUS_OK else None,
             "v_bytes": self.v_bytes if self.status == STATUS_OK else None,
             "recurrent_bytes": self.recurrent_bytes if self.status == STATUS_OK else None,
+            "state_bytes": self.state_bytes if self.status == STATUS_OK else None,
             "total_bytes": self.total_bytes if self.status == STATUS_OK else None,
             "caches": [c.to_dict() for c in self.caches] if self.status == STATUS_OK else [],
         }
@@ -237,7 +276,7 @@ def _refusal(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, 
         return "n_batch and n_ubatch cannot both be zero"
     if p.n_ctx == 0 and shape.n_ctx_train == 0:
         return "n_ctx and the model's trained context cannot both be zero"
-    if (shape.is_mla or shape.arch == "deepseek4") and tk.name != tv.name:
+    if (shape.is_mla or shape.arch == "deepseek4") and tk.name != tv.name:     # llama-context.cpp:3835-3838
         return f"model does not support different K ({tk.name}) and V ({tv.name}) cache types (MLA)"
     if tv.quantized and fa == "off":
         return "quantized V cache requires flash_attn to be enabled"
@@ -308,59 +347,16 @@ def predict(shape: ModelShape, params: ContextParams | None = None, **overrides:
         return pred
 
     # -- attention caches ----------------------------------------------------------------------------
-    has_attn = shape.memory not in (MEMORY_RECURRENT,)
-    iswa = shape.memory in (MEMORY_ISWA, MEMORY_HYBRID_ISWA)
-    cells_full = n_ctx_seq
-    if iswa:
-        if p.swa_full:
-            cells_swa = cells_full
-        else:
-            n_seq = max(1, p.n_seq_max)
-            cells_swa = pad(min(cells_full, shape.n_swa * (n_seq if p.kv_unified else 1) + n_ubatch))
-    else:
-        cells_swa = cells_full
-    v_max = shape.n_embd_v_gqa_max
-
-    full = CachePrediction("full", cells_full, n_stream, [], tk.name, tv.name)
-    swa = CachePrediction("swa", cells_swa, n_stream, [], tk.name, tv.name)
-    layer_preds: list[LayerPrediction] = []
-    for lay in shape.layers:
-        kb = vb = 0
-        which = None
-        cells = 0
-        if has_attn and lay.attn_cache:
-            target = swa if (iswa and lay.is_swa) else full
-            which, cells = target.kind, target.cells
-            k_w = lay.k_width
-            v_w = v_max if v_trans else lay.v_width
-            try:
-                kb = tk.row_bytes(k_w) * cells * n_stream
-                vb = 0 if shape.is_mla else tv.row_bytes(v_w) * cells * n_stream
-            except ValueError as e:
-                pred.status = STATUS_INVALID
-                pred.reason = f"llama.cpp aborts: layer {lay.index}: {e} (ggml asserts when creating the cache tensor)"
-                pred.aborts = True
-                return pred
-            target.layers.append(lay.index)
-            target.k_bytes += kb
-            target.v_bytes += vb
-        layer_preds.append(LayerPrediction(
-            lay.index, lay.role, which, cells, lay.k_width, (v_max if v_trans else lay.v_width) if which else 0,
-            kb, vb, 0, 0))
-
-    if v_trans and shape.v_width_variable and not shape.is_mla and (full.layers or swa.layers):
-        pred.notes.append(
-            f"flash attention is off and V widths differ across layers: llama.cpp pads every V row to {v_max}")
-
-    caches = []
-    if iswa:
-        # llama_kv_cache_iswa creates the non-SWA cache first, then the SWA one; both always exist
-        caches = [full, swa]
-    elif has_attn:
-        caches = [full]
+    try:
+        caches, layer_preds = _attention_caches(shape, p, tk, tv, v_trans, n_ctx_seq, n_stream, n_ubatch, pred)
+    except ValueError as e:
+        pred.status = STATUS_INVALID
+        pred.reason = f"llama.cpp aborts: {e} (ggml asserts when creating the cache tensor)"
+        pred.aborts = True
+        return pred
 
     # -- recurrent state -----------------------------------------------------------------------------
-    if shape.memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA):
+    if shape.memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_HYBRID_IDX):
         mem_size = max(1, p.n_seq_max)
         n_rs_seq = p.n_rs_seq if shape.supports_rs_rollback else 0
         rows = mem_size * (1 + n_rs_seq)
@@ -375,11 +371,157 @@ def predict(shape: ModelShape, params: ContextParams | None = None, **overrides:
                 lp.r_bytes, lp.s_bytes = rb, sb
                 if lp.cache is None:
                     lp.cache, lp.cells = "recurrent", mem_size
-        caches.append(rec)
+        # llama_memory_hybrid_idx creates its indexer cache after the hybrid's two (llama-memory-hybrid-idx.cpp:46-73)
+        caches.insert(1 if shape.memory == MEMORY_HYBRID_IDX else len(caches), rec)
+
+    # -- DeepSeek-V4 compressor states ---------------------------------------------------------------
+    if shape.memory == MEMORY_DSV4:
+        caches += _dsv4_states(shape, p, layer_preds)
 
     pred.caches = caches
     pred.layers = layer_preds
     return pred
+
+
+# DeepSeek-V4 compression ratios (src/llama-kv-cache-dsv4.cpp:16-17)
+DSV4_CSA_RATIO = 4
+DSV4_HCA_RATIO = 128
+
+
+def _dsv4_comp_cells(n_ctx_seq: int, ratio: int) -> int:
+    """GGML_PAD(dsv4_comp_size(kv_size, ratio), 256): ceil(kv_size / ratio), at least 1 (llama-kv-cache-dsv4.cpp:27-29)."""
+    return pad(max(1, (n_ctx_seq + ratio - 1) // ratio))
+
+
+def _swa_cells(shape: ModelShape, p: ContextParams, cells_full: int, n_ubatch: int, unified: bool) -> int:
+    """size_swa of llama_kv_cache_iswa (llama-kv-cache-iswa.cpp:69-81) and llama_kv_cache_dsa_iswa (dsa-iswa.cpp:48-60)."""
+    if p.swa_full:
+        return cells_full
+    n_seq = max(1, p.n_seq_max)
+    return pad(min(cells_full, shape.n_swa * (n_seq if unified else 1) + n_ubatch))
+
+
+def _kv_object(kind: str, role: str | None, cells: int, n_stream: int, tk: CacheType, tv: CacheType,
+               entries: list[tuple[int, int, int]], has_v: bool) -> CachePrediction:
+    """One llama_kv_cache: per layer a K tensor [k_w, cells, n_stream] and, unless K-only (MLA), a V tensor
+    (src/llama-kv-cache.cpp:165-234).  ``entries`` are (layer, K width, V width as allocated)."""
+    c = CachePrediction(kind, cells, n_stream, [], tk.name, tv.name, role=role)
+    for il, k_w, v_w in entries:
+        try:
+            kb = tk.row_bytes(k_w) * cells * n_stream
+            vb = tv.row_bytes(v_w) * cells * n_stream if has_v else 0
+        except ValueError as e:
+            raise ValueError(f"layer {il} ({kind} cache): {e}") from None
+        c.layers.append(il)
+        c.k_bytes += kb
+        c.v_bytes += vb
+        c.per_layer.append((il, k_w, v_w, kb, vb))
+    return c
+
+
+def _attention_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, v_trans: bool,
+                      n_ctx_seq: int, n_stream: int, n_ubatch: int, pred: KVPrediction):
+    """The llama_kv_cache objects create_memory() builds for this memory type, in the order llama.cpp creates
+    (and logs) them, and the per-layer breakdown."""
+    mem = shape.memory
+    layer_preds = [LayerPrediction(lay.index, lay.role, None, 0, lay.k_width, 0, 0, 0, 0, 0) for lay in shape.layers]
+    if mem in (MEMORY_RECURRENT, MEMORY_NONE):
+        return [], layer_preds
+    has_v = not shape.is_mla
+    v_max = shape.n_embd_v_gqa_max
+    cells_full = n_ctx_seq
+    n_seq = max(1, p.n_seq_max)
+    iswa = mem in (MEMORY_ISWA, MEMORY_HYBRID_ISWA, MEMORY_DSA_ISWA, MEMORY_DSV4)
+
+    def entries(pick, k_of=lambda lay: lay.k_width, v_of=None, vmax=v_max):
+        v_of = v_of or (lambda lay: lay.v_width)
+        return [(lay.index, k_of(lay), (vmax if v_trans else v_of(lay))) for lay in shape.layers if pick(lay)]
+
+    caches: list[CachePrediction] = []
+    if mem == MEMORY_DSV4:
+        # llama_kv_cache_dsv4 (src/llama-kv-cache-dsv4.cpp:1210-1336): every cache and state keeps one stream
+        # per sequence even with --kv-unified (unified_raw / unified_compressed = false); all are K-only
+        # (dsv4_make_k_only, 883-887)
+        ns = n_seq
+        cells_swa = _swa_cells(shape, p, cells_full, n_ubatch, unified=False)
+        csa_cells = _dsv4_comp_cells(cells_full, DSV4_CSA_RATIO)
+        hca_cells = _dsv4_comp_cells(cells_full, DSV4_HCA_RATIO)
+        main = [
+            _kv_object("dsv4_raw_full", "full", cells_full, ns, tk, tv,
+                       entries(lambda lay: lay.attn_cache and not lay.is_swa), False),
+            _kv_object("dsv4_window", "swa", cells_swa, ns, tk, tv, entries(lambda lay: lay.attn_cache and lay.is_swa),
+                       False),
+        ]
+        caches = main + [
+            _kv_object("dsv4_csa", "csa", csa_cells, ns, tk, tv,
+                       entries(lambda lay: lay.compress_ratio == DSV4_CSA_RATIO), False),
+            _kv_object("dsv4_hca", "hca", hca_cells, ns, tk, tv,
+                       entries(lambda lay: lay.compress_ratio == DSV4_HCA_RATIO), False),
+            # hparams_lid: one head of indexer.key_length, full and SWA alike (1283-1288)
+            _kv_object("dsv4_indexer", "indexer", csa_cells, ns, tk, tv,
+                       entries(lambda lay: lay.compress_ratio == DSV4_CSA_RATIO, k_of=lambda lay: shape.indexer_head_k),
+                       False),
+        ]
+    else:
+        main_role = "main" if mem in (MEMORY_DSA, MEMORY_DSA_ISWA, MEMORY_MSA) else ("full" if iswa else None)
+        full_pick = (lambda lay: lay.attn_cache and not lay.is_swa) if iswa else (lambda lay: lay.attn_cache)
+        caches.append(_kv_object("full", main_role, cells_full, n_stream, tk, tv, entries(full_pick), has_v))
+        if mem in (MEMORY_DSA, MEMORY_DSA_ISWA, MEMORY_MSA, MEMORY_HYBRID_IDX):
+            # the indexer cache: a copy of the hparams with n_head_kv = 1 and n_embd_head_k_full = indexer.key_length
+            # (llama-kv-cache-dsa.cpp:38-47, llama-kv-cache-msa.cpp:39-49); the SWA head size is not changed.
+            # hybrid_idx caches key, gate and pooled value when kpool > 0 (llama-memory-hybrid-idx.cpp:53-73).
+            # DSA and hybrid_idx caches are K-only (MLA); MSA keeps V, one head wide.
+            width = shape.indexer_head_k * (3 if mem == MEMORY_HYBRID_IDX and shape.indexer_kpool > 0 else 1)
+            idx_has_v = mem == MEMORY_MSA and has_v
+            kind = {MEMORY_DSA: "dsa_indexer", MEMORY_DSA_ISWA: "dsa_indexer", MEMORY_MSA: "msa_indexer",
+                    MEMORY_HYBRID_IDX: "hybrid_indexer"}[mem]
+            caches.append(_kv_object(
+                kind, "indexer", cells_full, n_stream, tk, tv,
+                entries(lambda lay: lay.indexer, k_of=lambda lay: lay.head_k if lay.is_swa else width,
+                        v_of=lambda lay: lay.head_v, vmax=max((lay.head_v for lay in shape.layers), default=0)),
+                idx_has_v))
+        if iswa:
+            cells_swa = _swa_cells(shape, p, cells_full, n_ubatch, unified=p.kv_unified)
+            caches.append(_kv_object("swa", "swa", cells_swa, n_stream, tk, tv,
+                                     entries(lambda lay: lay.attn_cache and lay.is_swa), has_v))
+
+    by_layer = {lp.index: lp for lp in layer_preds}
+    for c in caches:
+        for il, k_w, v_w, kb, vb in c.per_layer:
+            lp = by_layer[il]
+            if lp.cache is None and c.kind in MAIN_KINDS:
+                lp.cache, lp.cells, lp.k_width, lp.v_width, lp.k_bytes, lp.v_bytes = c.kind, c.cells, k_w, v_w, kb, vb
+            else:
+                lp.other[c.kind] = lp.other.get(c.kind, 0) + kb + vb
+    if v_trans and shape.v_width_variable and has_v and any(c.layers for c in caches if c.kind in ('full', 'swa')):
+        pred.notes.append(
+            f"flash attention is off and V widths differ across layers: llama.cpp pads every V row to {v_max}")
+    return caches, layer_preds
+
+
+def _dsv4_states(shape: ModelShape, p: ContextParams, layer_preds: list[LayerPrediction]) -> list[CachePrediction]:
+    """llama_dsv4_comp_state x 3 (src/llama-kv-cache-dsv4.cpp:893-1000, created at 1313-1329): for each trunk layer
+    (il < n_layer()) of its ratio, an f32 kv and an f32 score tensor of [n_embd_state, state_size,
+    n_stream * (1 + n_rs_seq)], one stream per sequence.  The logged size is the buffer size; every tensor is a
+    multiple of the 32-byte CPU alignment, so it equals the tensor bytes."""
+    ns = max(1, p.n_seq_max)
+    n_rs_seq = p.n_rs_seq if shape.supports_rs_rollback else 0
+    planes = ns * (1 + n_rs_seq)
+    head_k0 = shape.layers[0].head_k if shape.layers else 0       # hparams.n_embd_head_k() = n_embd_head_k(0)
+    out = []
+    for name, ratio, rows, width in (("csa", DSV4_CSA_RATIO, 2 * DSV4_CSA_RATIO, 2 * head_k0),
+                                     ("hca", DSV4_HCA_RATIO, DSV4_HCA_RATIO, head_k0),
+                                     ("lid", DSV4_CSA_RATIO, 2 * DSV4_CSA_RATIO, 2 * shape.indexer_head_k)):
+        c = CachePrediction("dsv4_state", rows, ns, [], "f32", "f32", role=name, name=name, width=width,
+                            rs_seq=n_rs_seq)
+        per = 2 * 4 * width * rows * planes
+        for lay, lp in zip(shape.layers, layer_preds):
+            if lay.index < shape.n_layer and lay.compress_ratio == ratio:
+                c.layers.append(lay.index)
+                c.state_bytes += per
+                lp.other["dsv4_state"] = lp.other.get("dsv4_state", 0) + per
+        out.append(c)
+    return out
 
 
 def largest_fitting(fits, step: int, hi: int) -> int:

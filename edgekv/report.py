@@ -167,7 +167,8 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
         "n_ubatch": s.get("n_ubatch"), "n_prompt": s.get("n_prompt"), "n_gen": s.get("n_gen"),
         "repetitions": s.get("repetitions"),
         "kv_predicted_bytes": kv_pred, "kv_predicted_mib": _r(kv_pred / MIB, 2) if kv_pred is not None else None,
-        "kv_engine_mib": _r(eng.get("kv_mib") + (eng.get("recurrent_mib") or 0), 2) if eng.get("kv_mib") is not None else None,
+        "kv_engine_mib": (_r(eng.get("kv_mib") + (eng.get("recurrent_mib") or 0) + (eng.get("state_mib") or 0), 2)
+                          if eng.get("kv_mib") is not None else None),
         "kv_llama_run_mib": _r(kv_run, 2), "kv_llama_cache_lines": len(log.get("kv") or []) or None,
         "kv_buffer_mib": _r(kv_buf, 2),
         "kv_llama_matches_formula": diff.get("llama_kv_matches_formula"), "kv_saving_vs_f16_predicted": None,

@@ -15,7 +15,12 @@ MEMORY_HYBRID = "hybrid"            # llama_memory_hybrid: KV cache + recurrent 
 MEMORY_HYBRID_ISWA = "hybrid_iswa"  # llama_memory_hybrid_iswa
 MEMORY_RECURRENT = "recurrent"      # llama_memory_recurrent only
 MEMORY_NONE = "none"                # no cache at all (encoders, diffusion LMs)
-MEMORY_UNSUPPORTED = "unsupported"  # a cache edgekv does not model (DSA, MSA, DSV4, ...)
+MEMORY_DSA = "dsa"                  # llama_kv_cache_dsa: an MLA cache plus a one-head indexer K cache
+MEMORY_DSA_ISWA = "dsa_iswa"        # llama_kv_cache_dsa_iswa: a DSA cache for full layers plus a SWA cache
+MEMORY_MSA = "msa"                  # llama_kv_cache_msa: a KV cache plus a one-head indexer K/V cache
+MEMORY_HYBRID_IDX = "hybrid_idx"    # llama_memory_hybrid_idx: hybrid plus a K-only indexer cache
+MEMORY_DSV4 = "dsv4"                # llama_kv_cache_dsv4: window, CSA, HCA, indexer caches + f32 compressor states
+MEMORY_UNSUPPORTED = "unsupported"  # a cache edgekv does not model (draft models, future cache kinds)
 
 SWA_NONE = "none"
 SWA_STANDARD = "standard"
@@ -38,6 +43,8 @@ class LayerShape:
     attn_cache: bool     # gets K (and V) tensors in the main context's attention cache
     recr_state: bool     # gets R/S tensors in the recurrent state
     reuses: int | None   # shared-KV layers: the layer whose cache they read
+    indexer: bool = False      # gets a row in the indexer key cache (DSA, MSA, hybrid_idx, DSV4 lightning indexer)
+    compress_ratio: int = 0    # DeepSeek-V4: 4 = CSA layer, 128 = HCA layer, 0 = window only
 
     @property
     def k_width(self) -> int:
@@ -87,6 +94,8 @@ class ModelShape:
     unsupported_reason: str | None = None
     invalid_reason: str | None = None   # why llama.cpp would refuse to load it (edgekv.shapecheck)
     notes: tuple[str, ...] = field(default=())
+    indexer_head_k: int = 0  # {arch}.attention.indexer.key_length
+    indexer_kpool: int = 0   # glm5-next: {arch}.attention.indexer.kpool (key, gate and pooled value cached)
 
     @property
     def n_layer(self) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 from .api import LoadedModel, llama_python_defaults_cost
 from .predict import MIB, STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, llama_mib, predict
-from .shape import MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_RECURRENT, ModelShape
+from .shape import MEMORY_DSV4, MEMORY_HYBRID, MEMORY_HYBRID_IDX, MEMORY_HYBRID_ISWA, MEMORY_RECURRENT, ModelShape
 
 MEMORY_DESCRIPTION = {
     "kv": "one KV cache",
@@ -20,6 +20,12 @@ MEMORY_DESCRIPTION = {
     "recurrent": "f32 recurrent state only (no KV cache)",
     "none": "no cache (llama.cpp creates none for this architecture)",
     "unsupported": "a cache layout edgekv does not model",
+    "dsa": "DSA: an MLA cache plus a one-head indexer key cache",
+    "dsa_iswa": "DSA (MLA + indexer key cache) for the full layers plus a sliding-window MLA cache",
+    "msa": "MSA: a KV cache plus a one-head indexer K/V cache",
+    "hybrid_idx": "a KV cache for the attention layers, f32 recurrent state and a K-only indexer cache",
+    "dsv4": "DeepSeek-V4: a sliding-window K cache, CSA/HCA compressed K caches, an indexer K cache and "
+            "f32 compressor states",
 }
 
 
@@ -108,6 +114,14 @@ def render_inspect(con, m: LoadedModel) -> None:
         elif role in ("recurrent", "attn+recurrent"):
             extra = f"  (f32 state: {s.n_embd_r} + {s.n_embd_s} floats per layer per sequence)"
         t.add_row(label, f"{len(ids)} layers: {ranges(ids)}{extra}")
+    idx = [x.index for x in s.layers if x.indexer]
+    if idx and s.memory == MEMORY_DSV4:
+        for ratio, label in ((4, "CSA (1/4)"), (128, "HCA (1/128)")):
+            ids = [x.index for x in s.layers if x.compress_ratio == ratio]
+            if ids:
+                t.add_row(label, f"{len(ids)} layers: {ranges(ids)}  (compressed K cache, f32 compressor state)")
+    if idx:
+        t.add_row("Indexer", f"{len(idx)} layers: {ranges(idx)}  (one key head of {s.indexer_head_k})")
     if s.is_mla:
         t.add_row("MLA", f"K only, {s.layers[0].k_width} elements per cell (latent + rope); "
                          f"key_length_mla {s.head_k_mla}, value_length_mla {s.head_v_mla}")
@@ -148,12 +162,16 @@ def _engine_block(pred: KVPrediction, res, weights_bytes: int) -> dict[str, Any]
         diffs = compare(pred, res)
         d = {"ok": res.ok, "error": res.error, "match": not diffs, "diffs": diffs}
     if res.ok:
-        caches = (pred.total_bytes if pred.status == STATUS_OK
-                  else (res.log.kv_mib_total + res.log.recurrent_mib_total) * MIB)
+        # where edgekv does not model the cache, llama.cpp's own figures stand in for it, buffers of kinds the log
+        # parser does not know included (so a cache class newer than edgekv never hides its bytes)
+        other = sum(res.log.other_buffers.values())
+        caches = pred.total_bytes if pred.status == STATUS_OK else (res.log.caches_mib_total + other) * MIB
         d.update({
             "caches": engine_lines(res),
             "kv_mib": round(res.log.kv_mib_total, 2),
             "recurrent_mib": round(res.log.recurrent_mib_total, 2),
+            "state_mib": round(res.log.state_mib_total, 2),
+            "other_buffers_mib": res.log.other_buffers,
             "compute_mib": res.log.compute_buffers,
             "output_mib": res.log.output_buffers,
             "flash_attn_resolved": res.log.fa_resolved,
@@ -184,6 +202,7 @@ def predict_rows(m: LoadedModel, configs: list[ContextParams], engine: bool = Fa
         with EngineSession(m.ref.path, n_gpu_layers=n_gpu_layers, header=m.header) as eng:
             done = iter(eng.run(runnable)) if runnable else iter(())
             engine_results = [None if p.aborts else next(done) for p in preds]
+            engine_weights = eng.model_size_bytes      # llama_model_size(): llama.cpp's own weights figure
     rows = []
     for i, (c, p) in enumerate(zip(configs, preds)):
         key = (c.n_ctx,)
@@ -198,6 +217,7 @@ def predict_rows(m: LoadedModel, configs: list[ContextParams], engine: bool = Fa
             res = engine_results[i]
             row["engine"] = (_engine_block(p, res, m.weights_bytes) if res is not None else
                              {"ok": False, "error": "not run: llama.cpp would abort", "match": True, "diffs": []})
+            row["engine"]["weights_bytes"] = engine_weights
         rows.append(row)
     return rows
 
@@ -206,7 +226,7 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
     from rich.table import Table
 
     shape = m.shape
-    has_rec = shape.memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA)
+    has_rec = shape.memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_HYBRID_IDX, MEMORY_DSV4)
     title = f"{shape.name or m.ref.name} ({shape.arch}): cache memory predicted from the GGUF header"
     t = Table(title=title, title_justify="left")
     t.add_column("n_ctx", justify="right")
@@ -238,7 +258,7 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
         if r["status"] == STATUS_OK:
             cells.append(llama_mib(r["kv_bytes"]))
             if has_rec:
-                cells.append(llama_mib(r["recurrent_bytes"]))
+                cells.append(llama_mib(r["recurrent_bytes"] + (r.get("state_bytes") or 0)))
             cells.append(f"{r['saving_vs_f16']:.2f}×" if r["saving_vs_f16"] else "-")
         else:
             cells += ["-"] * (3 if has_rec else 2)
@@ -332,11 +352,16 @@ def render_layers(con, shape: ModelShape, params: ContextParams) -> None:
 
     p = predict(shape, params)
     t = Table(title=f"Per layer at n_ctx {params.n_ctx}, {params.type_k}/{params.type_v}", title_justify="left")
-    for col in ("layer", "role", "cache", "cells", "K width", "V width", "K bytes", "V bytes", "R+S bytes"):
-        t.add_column(col, justify="right" if col not in ("role", "cache") else "left")
+    other = any(lp.other for lp in p.layers)
+    cols = ["layer", "role", "cache", "cells", "K width", "V width", "K bytes", "V bytes", "R+S bytes"]
+    for col in cols + (["other caches (bytes)"] if other else []):
+        t.add_column(col, justify="right" if col not in ("role", "cache", "other caches (bytes)") else "left")
     for lp in p.layers:
-        t.add_row(str(lp.index), lp.role, lp.cache or "-", str(lp.cells or "-"), str(lp.k_width), str(lp.v_width),
-                  f"{lp.k_bytes:,}", f"{lp.v_bytes:,}", f"{lp.r_bytes + lp.s_bytes:,}")
+        row = [str(lp.index), lp.role, lp.cache or "-", str(lp.cells or "-"), str(lp.k_width), str(lp.v_width),
+               f"{lp.k_bytes:,}", f"{lp.v_bytes:,}", f"{lp.r_bytes + lp.s_bytes:,}"]
+        if other:
+            row.append(", ".join(f"{k} {v:,}" for k, v in lp.other.items()) or "-")
+        t.add_row(*row)
     con.print(t)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from tests.tiny.writer import write_spec
 
 SPECS = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["families"]
 MODELLED = sorted(n for n, s in SPECS.items() if s["memory"] not in ("unsupported", "aborts"))
+# the caches llama.cpp builds from several objects (indexer, compressed, compressor state)
+SPECIAL = sorted(n for n, s in SPECS.items() if s["memory"] in ("dsa", "dsa_iswa", "msa", "hybrid_idx", "dsv4"))
 UNSUPPORTED = sorted(n for n, s in SPECS.items() if s["memory"] == "unsupported")
 
 # n_ctx: 1 (n_batch and n_ubatch shrink to 1), a small non-multiple of 256 (5000 below, too), and a large
@@ -46,6 +49,11 @@ GRID += [
     ContextParams(n_ctx=5000, n_seq_max=3, kv_unified=u, flash_attn=fa, n_ubatch=ub, n_batch=b)
     for u, fa, (b, ub) in itertools.product((False, True), ("auto", "off"), ((2048, 512), (300, 100), (64, 63)))
 ] + [ContextParams(n_ctx=0), ContextParams(n_ctx=0, swa_full=True, flash_attn="off", n_seq_max=2)]
+# 4. rollback snapshots (n_rs_seq): they multiply recurrent state and DeepSeek-V4's compressor states; llama.cpp
+#    clamps them to 0 for an architecture without rollback (src/llama-context.cpp:105-110)
+GRID += [ContextParams(n_ctx=5000, n_seq_max=2, n_rs_seq=1),
+         ContextParams(n_ctx=262144, n_seq_max=3, n_rs_seq=3, kv_unified=True, type_k="q8_0", type_v="q8_0"),
+         ContextParams(n_ctx=1, n_rs_seq=2, flash_attn="off", type_k="f32", type_v="f32")]
 
 
 @pytest.fixture(scope="session")
@@ -104,6 +112,13 @@ def test_formula_equals_engine(name, family_dir):
         "hybrid_iswa": {("kv", "full"), ("kv", "swa"), ("recurrent", None)},
         "recurrent": {("recurrent", None)},
         "none": set(),
+        # the caches built from several llama_kv_cache objects: each announces itself before its size line
+        "dsa": {("kv", "main"), ("kv", "indexer")},
+        "dsa_iswa": {("kv", "main"), ("kv", "indexer"), ("kv", "swa")},
+        "msa": {("kv", "main"), ("kv", "indexer")},
+        "hybrid_idx": {("kv", None), ("recurrent", None), ("kv", "indexer")},
+        "dsv4": {("kv", "full"), ("kv", "swa"), ("kv", "csa"), ("kv", "hca"), ("kv", "indexer"),
+                 ("state", "csa"), ("state", "hca"), ("state", "lid")},
     }[spec["memory"]]
     assert shown == expect, f"{name}: llama.cpp printed {shown}"
 
@@ -148,7 +163,7 @@ def test_predict_engine_on_an_unsupported_family_shows_llama_cpp_figures(family_
     the total is built from llama.cpp's own cache figure, labelled as such."""
     from edgekv.cli import main
 
-    path = _family_path(family_dir, "glm-dsa")
+    path = _family_path(family_dir, "dflash-own-embd")
     assert main(["predict", str(path), "-c", "4096", "-ctk", "f16", "--engine", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     e = row["engine"]
@@ -231,3 +246,135 @@ def test_gemma4_too_many_shared_layers_is_refused(tmp_path):
         write_spec(path, spec)
         with pytest.raises(MetadataError, match="llama.cpp needs at least 2"):
             load_model(str(path))
+
+
+# what each special cache object is called in `caches`, in llama.cpp's order of creation
+SPECIAL_KINDS = {
+    "dsa": ["full", "dsa_indexer"],
+    "dsa_iswa": ["full", "dsa_indexer", "swa"],
+    "msa": ["full", "msa_indexer"],
+    "hybrid_idx": ["full", "recurrent", "hybrid_indexer"],
+    "dsv4": ["dsv4_raw_full", "dsv4_window", "dsv4_csa", "dsv4_hca", "dsv4_indexer", "dsv4_state", "dsv4_state",
+             "dsv4_state"],
+}
+
+
+@pytest.mark.parametrize("name", SPECIAL)
+def test_predict_engine_shows_a_match_for_special_caches(name, family_dir, capsys):
+    """`edgekv predict --engine` on DSA / MSA / hybrid_idx / DeepSeek-V4: every part is listed with its own kind, the
+    per-layer breakdown adds up to the caches, and llama.cpp's dry run agrees (✓) with rollback snapshots on."""
+    from edgekv.cli import main
+
+    path = _family_path(family_dir, name)
+    args = ["predict", str(path), "-c", "5000,70000", "-np", "2", "--n-rs-seq", "2", "--engine"]
+    assert main(args + ["--json", "--layers"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    for row in rows:
+        assert row["status"] == "ok" and row["engine"]["match"] is True, row["engine"]["diffs"]
+        assert [c["kind"] for c in row["caches"]] == SPECIAL_KINDS[SPECS[name]["memory"]]
+        assert row["total_bytes"] == sum(c["bytes"] for c in row["caches"])
+        per_layer = sum(x["k_bytes"] + x["v_bytes"] + x["r_bytes"] + x["s_bytes"] + sum(x["other"].values())
+                        for x in row["layers"])
+        assert per_layer == row["total_bytes"]
+    assert main(args + ["--layers"]) == 0
+    out = capsys.readouterr().out
+    assert "✓" in out and "✗" not in out and "other caches" in out
+
+
+@pytest.mark.parametrize("name,config,reason", [
+    # MLA and DeepSeek-V4 refuse different K and V types (src/llama-context.cpp:3835-3838)
+    ("deepseek32", ContextParams(type_k="q8_0", type_v="f16"), "different K .q8_0. and V .f16."),
+    ("deepseek4", ContextParams(type_k="f16", type_v="bf16"), "different K .f16. and V .bf16."),
+    ("dots3note", ContextParams(type_k="q4_0", type_v="q8_0", flash_attn="on"), "different K"),
+    # a quantized V cache needs flash attention, MSA's indexer V included
+    ("minimax-m3", ContextParams(type_k="f16", type_v="q8_0", flash_attn="off"), "quantized V cache requires"),
+])
+def test_special_cache_refusals(name, config, reason, family_dir):
+    """The refusals llama.cpp makes for these caches are predicted as `invalid` with its reason, and llama.cpp
+    really refuses them."""
+    path = _family_path(family_dir, name)
+    m = load_model(str(path))
+    p = predict(m.shape, config)
+    assert p.status == "invalid" and re.search(reason, p.reason), p.reason
+    with EngineSession(str(path), header=m.header) as eng:
+        r = eng.run([config])[0]
+    assert not r.ok and compare(p, r) == []
+
+
+def test_a_cache_kind_edgekv_does_not_know_shows_llama_cpp_figures(family_dir, capsys, monkeypatch):
+    """Point 5: when llama.cpp builds a cache edgekv has no rule for (simulated by taking MiniMax-M3's MSA rule
+    away), `predict` says unsupported with the architecture and what is missing, and `--engine` still shows
+    llama.cpp's own figure for it: every cache line it printed, summed into the total."""
+    import edgekv.arch as arch
+    from edgekv.cli import main
+
+    monkeypatch.delitem(arch.SPECIAL_MEMORY, "minimax-m3")
+    monkeypatch.setitem(arch.UNSUPPORTED_CACHES, "minimax-m3", "a cache class edgekv has no rule for")
+    path = _family_path(family_dir, "minimax-m3")
+    assert main(["predict", str(path), "-c", "8192", "-ctk", "f16", "--engine", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["status"] == "unsupported" and row["kv_bytes"] is None and row["total_bytes"] is None
+    assert "minimax-m3" in row["reason"] and "no rule" in row["reason"]
+    e = row["engine"]
+    assert e["ok"] and e["match"] is None and e["total_caches_from"] == "llama.cpp"
+    # llama.cpp's two cache lines (main + indexer), as it printed them; the formula's bytes for the real rule
+    monkeypatch.undo()
+    from edgekv.api import load_model
+
+    real = predict(load_model(str(path)).shape, ContextParams(n_ctx=8192))
+    assert [c["role"] for c in e["caches"]] == ["main", "indexer"]
+    assert e["kv_mib"] == round(real.kv_bytes / 2**20, 2) > 0
+
+
+def test_an_architecture_edgekv_does_not_know_is_unsupported_not_an_error(tmp_path, capsys):
+    """An architecture outside the vendored llama.cpp's list (a newer llama.cpp's): the formula says unsupported
+    with the architecture; --engine then asks the installed llama.cpp, which here refuses it in one line."""
+    from edgekv.cli import main
+
+    spec = json.loads(json.dumps(SPECS["llama-gqa"]))
+    spec["arch"] = "llama99"
+    spec["metadata"] = [[k.replace("llama.", "llama99.", 1), t, v] for k, t, v in spec["metadata"]]
+    path = tmp_path / "future.gguf"
+    write_spec(path, spec)
+    assert main(["predict", str(path), "-c", "4096", "-ctk", "f16", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["status"] == "unsupported" and "llama99" in row["reason"] and row["kv_bytes"] is None
+    assert main(["predict", str(path), "-c", "4096", "--engine"]) == 1
+    err = capsys.readouterr().err
+    assert "llama.cpp refused to load it" in err and "llama99" in err and "Traceback" not in err
+
+
+def _variant(name: str, copy_indexer: tuple[int, int] | None = None, **meta) -> dict:
+    spec = json.loads(json.dumps(SPECS[name]))
+    arch = spec["arch"]
+    if copy_indexer:        # a layer that gains an indexer needs its tensors: copy another layer's
+        src, dst = copy_indexer
+        spec["tensors"] += [[t[0].replace(f"blk.{src}.", f"blk.{dst}.", 1), t[1], t[2]] for t in spec["tensors"]
+                            if t[0].startswith(f"blk.{src}.indexer")]
+    for key, (t, v) in meta.items():
+        full = f"{arch}.{key}"
+        spec["metadata"] = [e for e in spec["metadata"] if e[0] != full] + [[full, t, v]]
+    return spec
+
+
+@pytest.mark.parametrize("name,meta,indexer_layers", [
+    # GLM-5.2 (n_ctx_train >= 1M) without indexer.types: llama.cpp's default table, 1,1,1,0,... (glm-dsa.cpp:6-27)
+    ("glm-dsa", {"context_length": ("uint32", 1048576)}, [0, 1, 2]),
+    # an indexer on a sliding-window layer: its row keeps the SWA key length (only n_embd_head_k_full is replaced)
+    ("dots3note", {"copy_indexer": (0, 1), "attention.indexer.types": ("array[int32]", [1, 1, 1, 0])}, [0, 1, 2]),
+    # GLM5-Next with indexer.types: only the attention layers it marks get the 3-wide k-pool row
+    ("glm5-next", {"attention.indexer.types": ("array[int32]", [1, 0, 0, 0])}, [0]),
+])
+def test_indexer_layer_rules(name, meta, indexer_layers, tmp_path):
+    path = tmp_path / f"{name}.gguf"
+    write_spec(path, _variant(name, **meta))
+    m = load_model(str(path))
+    assert [lay.index for lay in m.shape.layers if lay.indexer] == indexer_layers
+    grid = GRID[::5]
+    preds = [predict(m.shape, c) for c in grid]
+    runnable = [(c, p) for c, p in zip(grid, preds) if not p.aborts]
+    with EngineSession(str(path), header=m.header) as eng:
+        results = eng.run([c for c, _ in runnable])
+    bad = [(c, compare(p, r)) for (c, p), r in zip(runnable, results) if compare(p, r)]
+    assert not bad, bad[:2]
+    assert sum(p.status == STATUS_OK for _, p in runnable) >= len(runnable) // 4

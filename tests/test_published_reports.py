@@ -48,7 +48,25 @@ def test_committed_predicted_reports(name, figures, regenerated):
     for f in ("README.md", "results.csv", "results.json"):
         assert (regenerated / name / f).read_text() == (d / f).read_text(), f"{name}/{f}: rerun bench/predicted_reports.py"
     gguf_file = next(d.glob("*.gguf"))
-    assert gguf_file.stat().st_size < 4096                                            # a header, no tensors
+    assert gguf_file.stat().st_size < 100_000                                         # a header, no tensor data
+    assert (regenerated / name / gguf_file.name).read_bytes() == gguf_file.read_bytes()
+
+
+@pytest.mark.parametrize("header", sorted(p.relative_to(ROOT) for p in REPORTS.glob("*-predicted/*.gguf")))
+def test_predict_engine_works_on_every_committed_header(header):
+    """`edgekv predict --engine` on each metadata-only header edgekv ships: llama.cpp loads it (the header carries
+    its full tensor table; a sparse stand-in of the full size is made for it), agrees with the formula, and its
+    own weights figure equals the tensor table's."""
+    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(header), "-c", "4096,32768", "-ctk",
+                        "f16,q4_0", "--engine", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(r.stdout)
+    assert len(rows) == 4
+    for row in rows:
+        e = row["engine"]
+        assert e["ok"] and e["match"] is True, e
+        assert e["weights_bytes"] == row["weights_bytes"] > 0
+        assert sum(e["compute_mib"].values()) > 0
 
 
 def test_publish_script_quick(tmp_path):
@@ -82,3 +100,41 @@ def test_committed_measured_reports_render_from_their_sweep(name, lines, tmp_pat
     assert {x["kv_llama_cache_lines"] for x in rows} == {lines}
     # several cache objects (full + sliding window): the report says why llama.cpp's sum may differ by 0.01 MiB
     assert ("several cache objects" in "\n".join(md)) == (lines > 1)
+
+
+LONG = REPORTS / "long-context-1m-predicted"
+
+
+def test_long_context_report_is_consistent_and_agrees_with_llama_cpp():
+    """reports/long-context-1m-predicted: every row agrees with llama.cpp's dry run, README.md and results.csv are
+    what the script renders from predictions.json, and the formula on the committed headers still gives every
+    committed figure (regenerating the dry runs takes minutes: bench/long_context_report.py)."""
+    from edgekv.api import load_model
+    from edgekv.predict import ContextParams, predict
+
+    mod = _load("long_context_report")
+    rows = json.loads((LONG / "predictions.json").read_text())
+    assert len(rows) == len(mod.MODELS) * len(mod.CONTEXTS) * len(mod.TYPES)
+    assert all(r["status"] == "ok" and r["engine"]["ok"] and r["engine"]["match"] is True for r in rows)
+    assert (LONG / "README.md").read_text() == mod.readme(rows), "rerun bench/long_context_report.py --render-only"
+    assert (LONG / "results.csv").read_text() == mod.results_csv(rows)
+    for model, (fname, *_rest) in mod.MODELS.items():
+        shape = load_model(str(LONG / fname)).shape
+        for r in (x for x in rows if x["label"] == model):
+            p = predict(shape, ContextParams(n_ctx=r["n_ctx"], type_k=r["type_k"], type_v=r["type_v"]))
+            assert p.total_bytes == r["total_bytes"] and [c.kind for c in p.caches] == [c["kind"] for c in r["caches"]]
+    md = (LONG / "README.md").read_text()
+    # the articles' figures, from their per-token formula at 1,000,000 tokens of f16
+    for article in ("305.18", "65.45", "28.61"):
+        assert article in md, article
+
+
+@pytest.mark.parametrize("fname", ["DeepSeek-V4-Flash-shape.gguf", "Qwen3.5-397B-A17B-shape.gguf"])
+def test_long_context_headers_dry_run_at_one_million_tokens(fname):
+    """llama.cpp itself, on the committed header, at 1,048,576 tokens: its figures equal the formula's."""
+    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str((LONG / fname).relative_to(ROOT)), "-c",
+                        "1048576", "-ctk", "q8_0", "--engine", "--json"], capture_output=True, text=True, timeout=600,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (row,) = json.loads(r.stdout)
+    assert row["engine"]["ok"] and row["engine"]["match"] is True, row["engine"]
