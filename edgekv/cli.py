@@ -164,12 +164,9 @@ def predict(
 
 def default_contexts(n_ctx_train: int) -> list[int]:
     """4K/16K/32K where the model was trained for them; otherwise its trained context, /2 and /4."""
-    base = [4096, 16384, 32768]
-    fit = [c for c in base if not n_ctx_train or c <= n_ctx_train]
-    if len(fit) >= 2:
-        return fit
-    top = max(256, n_ctx_train // 256 * 256)
-    return sorted({max(256, top // 4 // 256 * 256), max(256, top // 2 // 256 * 256), top})
+    from .plan import model_contexts
+
+    return model_contexts(n_ctx_train)
 
 
 @app.command()
@@ -177,8 +174,9 @@ def bench(
     model: Optional[str] = MODEL_ARG,
     model_opt: Optional[str] = MODEL_OPT,
     ctx_size: Optional[str] = typer.Option(None, "-c", "--ctx-size", show_default=False,
-                                           help="Context sizes (default: the model's models.toml sweep, else "
-                                                "4096,16384,32768 within the trained context)."),
+                                           help="Context sizes (default: 1024,2048 within the trained context; "
+                                                "with --full the model's models.toml sweep, else 4096,16384,32768 "
+                                                "within the trained context, as predict shows)."),
     cache_type_k: Optional[str] = typer.Option(None, "-ctk", "--cache-type-k", show_default=False,
                                                help="K cache types (default: models.toml sweep, else f16,q8_0,q5_0,q4_0)."),
     cache_type_v: Optional[str] = CTV_OPT,
@@ -187,9 +185,14 @@ def bench(
     threads: int = typer.Option(0, "-t", "--threads", help="Threads (default: physical cores, like llama.cpp)."),
     depths: Optional[str] = typer.Option(None, "-d", "--n-depth", show_default=False,
                                          help="KV depths to test at (default: context minus max(-p, -n))."),
-    n_prompt: int = typer.Option(512, "-p", "--n-prompt", help="Prompt tokens per prefill test."),
-    n_gen: int = typer.Option(128, "-n", "--n-gen", help="Tokens per decode test."),
-    repetitions: int = typer.Option(5, "-r", "--repetitions", help="Repetitions of each test."),
+    n_prompt: Optional[int] = typer.Option(None, "-p", "--n-prompt", show_default=False,
+                                           help="Prompt tokens per prefill test (default 128; --full: 512)."),
+    n_gen: Optional[int] = typer.Option(None, "-n", "--n-gen", show_default=False,
+                                        help="Tokens per decode test (default 32; --full: 128)."),
+    repetitions: Optional[int] = typer.Option(None, "-r", "--repetitions", show_default=False,
+                                              help="Repetitions of each test (default 5)."),
+    full: bool = typer.Option(False, "--full", help="The model's full sweep: its models.toml contexts (2K/4K/8K for "
+                                                    "the default model) with -p 512 -n 128 -r 5, like llama-bench."),
     batch_size: int = B_OPT,
     ubatch_size: int = UB_OPT,
     swa_full: bool = SWA_FULL_OPT,
@@ -210,9 +213,11 @@ def bench(
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
     from .api import load_model, registry_sweep_defaults
-    from .benchview import Progress, case_work, render_summary
+    from .benchrun import BenchMonitor
+    from .benchview import render_summary
     from .cachetypes import DEFAULT_SWEEP_TYPES
     from .options import parse_fa_list
+    from .plan import FULL, QUICK, model_contexts, quick_contexts
     from .sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, SweepSpec, run_sweep
 
     spec_name = _model(model, model_opt)
@@ -222,6 +227,10 @@ def bench(
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
                        parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
     fas = parse_fa_list(flash_attn)
+    defaults = FULL if full else QUICK
+    n_prompt = defaults["n_prompt"] if n_prompt is None else n_prompt
+    n_gen = defaults["n_gen"] if n_gen is None else n_gen
+    repetitions = defaults["repetitions"] if repetitions is None else repetitions
     for name, v, lo in (("-p", n_prompt, 0), ("-n", n_gen, 0), ("-r", repetitions, 1), ("-t", threads, 0),
                         ("-b", batch_size, 1), ("-ub", ubatch_size, 1)):
         if v < lo:
@@ -235,12 +244,13 @@ def bench(
     if llama_bench is not None and not (os.path.isfile(llama_bench) and os.access(llama_bench, os.X_OK)):
         raise UsageError(f"--llama-bench: {llama_bench} is not an executable file")
     m = load_model(spec_name)
+    full_ctxs = model_contexts(m.shape.n_ctx_train, reg_defaults.contexts if reg_defaults else None)
     if ctx_size:
         ctxs = parse_int_list(ctx_size, "-c/--ctx-size")
-    elif reg_defaults is not None:
-        ctxs = list(reg_defaults.contexts)
+    elif full:
+        ctxs = full_ctxs
     else:
-        ctxs = default_contexts(m.shape.n_ctx_train)
+        ctxs = quick_contexts(m.shape.n_ctx_train)
     deps = parse_int_list(depths, "-d/--n-depth", minimum=0) if depths else None
     spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, flash_attn=fas, depths=deps, n_prompt=n_prompt,
                      n_gen=n_gen, repetitions=repetitions, n_threads=threads, n_gpu_layers=n_gpu_layers,
@@ -248,19 +258,14 @@ def bench(
                      timeout_s=timeout, engine=ENGINE_LLAMA_BENCH if llama_bench else ENGINE_PYTHON,
                      llama_bench=llama_bench, quality={"enabled": True, "corpus": corpus, "chunks": chunks} if quality else None)
     err = _console(stderr=True)
-    prog = Progress(err)
-
-    def on_event(kind: str, data: dict) -> None:
-        if kind == "start":
-            if data["existing"]:
-                err.print(f"Resuming {data['output']}: {data['existing']} of {data['total']} configurations already done.")
-            prog.on_event(kind, data)
-            prog.on_event("plan", {"work": sum(case_work(c.settings) for c in data["todo_cases"]) or 1})
-            return
-        prog.on_event(kind, data)
-
-    with prog:
-        res = run_sweep(spec, output=output, force=force, on_event=on_event)
+    # the plan and one line per configuration: on stdout when it is not a terminal (CI logs, | tee), else stderr
+    out = err if as_json or sys.stdout.isatty() else _console()
+    full_hint = None
+    if not full and not ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
+        full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "
+                     f"-r {FULL['repetitions']}) is 'edgekv bench --full'.")
+    with BenchMonitor(spec, out, err, ctxs, full_hint) as mon:
+        res = run_sweep(spec, output=output, force=force, on_event=mon.on_event)
     if as_json:
         _print_json(res.records)
     else:

@@ -357,7 +357,7 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
     done_keys = {r.get("config_key") for r in existing}
     todo = [c for c in cases if c.key not in done_keys]
     emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),
-                   "existing": len(cases) - len(todo)})
+                   "existing": len(cases) - len(todo), "env": env, "model_sha256": sha})
 
     model = model_block(m, sha)
     engine_results = _dry_runs(spec, todo) if spec.engine == ENGINE_PYTHON else {}
@@ -398,6 +398,7 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
                 rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
             if quality is not None and rec["status"] == "ok":
                 rec["quality"] = quality(case, emit)
+            emit("record", {"i": i, "case": case, "record": rec})   # listeners may add blocks (load, plan)
             R.append(output, rec)
             records.append(rec)
             emit("done", {"i": i, "n": len(todo), "record": rec})
