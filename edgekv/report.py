@@ -124,6 +124,10 @@ def _speed(r: dict[str, Any], test: str) -> dict[str, Any]:
     v = (r.get("speed") or {}).get(test) or {}
     ci = v.get("ci95_ts") or [None, None]
     samples = v.get("samples_ts") or []
+    if len(samples) >= 2 and all(x > 0 for x in samples):
+        from .stats import summarize  # records written before issue 19 hold a linear interval that can go below 0
+
+        ci = summarize(samples)["ci95"] or ci
     return {"n_tokens": v.get("n_tokens"), "mean": v.get("mean_ts"), "lo": ci[0], "hi": ci[1], "cv": v.get("cv"),
             "n": len(samples), "unstable": bool(v.get("unstable"))}
 
@@ -448,11 +452,13 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
     if has_run:
         heads += ["KV MiB, llama.cpp in the run", "KV buffer MiB, llama.cpp"]
     if has_meas:
-        heads += ["context memory MiB, measured (OS)", "measured − predicted MiB", "error"]
+        # not "error": this is what llama.cpp allocates beside the KV cache (issue 19); a formula-vs-llama.cpp
+        # mismatch is the only error and shows in the llama.cpp columns
+        heads += ["context memory MiB, measured (OS)", "beside the KV MiB (measured − predicted)", "beside the KV, % of KV"]
     has_gpu = any(r["context_gpu_growth_bytes"] is not None for r in ok)
     if has_gpu:
         heads += ["context GPU memory MiB, measured (device)", "GPU compute buffers MiB, llama.cpp",
-                  "GPU − compute − predicted MiB", "GPU error"]
+                  "GPU − compute − predicted MiB", "GPU beside the KV, % of KV"]
     heads.append("KV saving vs f16, predicted")
     body = []
     for r in ok:
@@ -478,15 +484,16 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
                   " from its dry run (nothing allocated)")
     if has_meas:
         intro += ("; *measured* is the growth of the process's anonymous memory when llama.cpp created the context "
-                  "(the KV cache plus small output and scheduler buffers), from the OS. Error = measured − predicted, "
-                  "relative to the prediction")
+                  "(the KV cache plus small output and scheduler buffers), from the OS. *Beside the KV* = measured − "
+                  "predicted: those other buffers, also as a share of the predicted KV; it is not an error of the "
+                  "prediction (that would be a llama.cpp column differing from the formula)")
     if any(r["context_gpu_growth_bytes"] is not None for r in ok):
         intro += ("; where the cache lives on a GPU, *context GPU memory* is how much the device memory in use "
                   "(read by the run itself through ggml, e.g. cudaMemGetInfo, right after the load and right after "
                   "the context) grew when llama.cpp created the context: the KV buffers plus the compute buffers ggml "
                   "allocates whole on the device, so llama.cpp's device compute buffers are subtracted before the "
                   "comparison with the prediction; the device rounds each allocation up (CUDA on an H100: 2 MiB "
-                  "steps), so a few MiB remain (the host-side measured columns then hold no KV and show no error)")
+                  "steps), so a few MiB remain (the host-side measured columns then hold no KV)")
     intro += "."
     if any((r.get("kv_llama_cache_lines") or 0) > 1 for r in ok):
         intro += (" This model has several cache objects (e.g. full and sliding-window layers): llama.cpp prints one "
