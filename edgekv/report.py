@@ -195,6 +195,10 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
         "kld_p99": _r(q.get("kld_p99"), 6), "same_top_rate": _r(q.get("same_top_rate"), 5),
         "time_utc": r.get("time_utc"),
     }
+    load = r.get("load") or {}
+    if load:   # issue 19: other processes' share of the CPUs (edgekv.load); only in rows of records that have it
+        row["machine_busy"] = bool(load.get("busy"))
+        row["others_cpu_share_pct"] = _r(100.0 * (load.get("others_share_max") or 0.0), 1)
     return row
 
 
@@ -585,6 +589,9 @@ def _speed_table(rows: list[dict[str, Any]]) -> list[Table]:
     pp_h = f"prefill t/s (pp{pp_n[0]})" if len(pp_n) == 1 else "prefill t/s"
     tg_h = f"decode t/s (tg{tg_n[0]})" if len(tg_n) == 1 else "decode t/s"
     heads = [h for _, h in cols] + [pp_h + " [95% CI]", tg_h + " [95% CI]", "samples"]
+    any_busy = any(r.get("machine_busy") for r in sp)
+    if any_busy:
+        heads.append("machine")
     body = []
     for r in sp:
         pp_uns = r["pp_ts_cv"] is not None and r["pp_ts_cv"] >= 0.10
@@ -593,11 +600,18 @@ def _speed_table(rows: list[dict[str, Any]]) -> list[Table]:
         body.append(_cells(r, cols) + [fmt_ts(r["pp_ts_mean"], r["pp_ts_ci95_low"], r["pp_ts_ci95_high"], pp_uns),
                                        fmt_ts(r["tg_ts_mean"], r["tg_ts_ci95_low"], r["tg_ts_ci95_high"], tg_uns),
                                        "/".join(map(str, n)) or DASH])
+        if any_busy:
+            body[-1].append(f"⚠️ busy ({_f1(r.get('others_cpu_share_pct'))}% of the CPUs to other work)"
+                            if r.get("machine_busy") else ("quiet" if "machine_busy" in r else DASH))
     intro = ("Tokens per second measured at the given KV depth (the cache already holds *depth* tokens when the timed "
              "tests start): mean and the 95% confidence interval of the mean (Student t) over every repetition. "
              "`!` marks results whose standard deviation is at least 10% of the mean (a busy machine: rerun with more "
              "repetitions on a quiet one).")
-    return [Table("Speed, measured", intro, heads, body, _align(cols, 3))]
+    if any_busy:
+        intro += (" *busy*: other processes used at least 10% of the CPUs before or during that configuration "
+                  "(sampled by edgekv bench): its speeds describe a shared machine; `edgekv compare` gives them no "
+                  "verdict unless --force.")
+    return [Table("Speed, measured", intro, heads, body, _align(cols, 3) + (["l"] if any_busy else []))]
 
 
 def _quality_table(rows: list[dict[str, Any]]) -> list[Table]:

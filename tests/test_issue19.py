@@ -212,3 +212,18 @@ def test_bench_plan_and_plain_lines_without_a_terminal(tmp_path, smollm2_path):
     h = subprocess.run([sys.executable, "-m", "edgekv.cli", "bench", "--help"], capture_output=True, text=True,
                        env={**os.environ, "COLUMNS": "200"}).stdout
     assert "--full" in h
+
+
+def test_report_marks_busy_rows(records, tmp_path):
+    from edgekv.report import write_report
+
+    recs = copy.deepcopy(records)
+    for r in recs:
+        r["load"] = {"busy": False, "others_share_max": 0.02, "cpus": 2}
+    recs[1]["load"] = {"busy": True, "others_share_max": 0.43, "cpus": 2}
+    write_report(recs, str(tmp_path / "r"), plots=False)
+    md = (tmp_path / "r" / "README.md").read_text()
+    speed = md[md.index("Speed, measured"):]
+    assert speed.count("⚠️ busy (43.0% of the CPUs to other work)") == 1 and speed.count("| quiet |") == len(recs) - 1
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert "busy (43.0% of the CPUs" in html
