@@ -96,6 +96,9 @@ class BenchMonitor:
         from .sources import edgekv_home
 
         cases = data["todo_cases"]
+        if data["existing"]:
+            self.prog.p.console.print(f"Resuming {data['output']}: {data['existing']} of {data['total']} "
+                                      "configurations already done.", highlight=False, markup=False)
         m = self.spec.model
         kvpt = kv_f16_per_token(m, cases[0].params) if cases else 0
         self.planner = Planner(m.weights_bytes, kvpt)
