@@ -50,11 +50,15 @@ def run(args) -> dict:
 
 def analyse(results: str, wall: float | None) -> dict:
     recs = [r for r in R.load(results) if r.get("kind") == "bench"]
-    rows = eta_accuracy(recs)
+    incomplete = bool(recs) and bool((recs[-1].get("plan") or {}).get("remaining_configs"))
+    # an interrupted sweep: what "the rest" took is unknown, so no ETA comparison
+    rows = [] if incomplete else eta_accuracy(recs)
     busy = [r for r in recs if (r.get("load") or {}).get("busy")]
     after_first = [x for x in rows if x["after"] >= 1 and x["actual_s"] and x["actual_s"] > 0]
     return {
-        "configurations": len(recs), "busy_configurations": len(busy),
+        "configurations": len(recs), "busy_configurations": len(busy), "incomplete": incomplete,
+        "estimates_made": [(r.get("plan") or {}).get("estimate_s") for r in recs],
+        "walls": [(r.get("plan") or {}).get("wall_s") for r in recs],
         "max_others_cpu_share": max(((r.get("load") or {}).get("others_share_max") or 0.0) for r in recs) if recs else None,
         "plan_estimate_s": rows[0]["estimated_s"] if rows else None,
         "sweep_elapsed_s": rows[0]["actual_s"] if rows else None, "wall_s": wall, "eta": rows,
@@ -65,6 +69,12 @@ def analyse(results: str, wall: float | None) -> dict:
 
 def markdown(res: dict) -> str:
     a = res["analysis"]
+    if a["incomplete"]:
+        return (f"- `{res.get('command', 'edgekv bench')}`: interrupted after {a['configurations']} configurations "
+                f"({a['busy_configurations']} marked busy, other work up to {100 * (a['max_others_cpu_share'] or 0):.0f} % "
+                f"of the CPUs); per configuration, estimate before it vs its wall time: "
+                + ", ".join(f"{fmt_duration(e)} vs {fmt_duration(w)}" for e, w in zip(a["estimates_made"], a["walls"]))
+                + ".\n")
     lines = [f"- `{res.get('command', 'edgekv bench')}`: **{fmt_duration(a['wall_s'])}** wall "
              f"({a['configurations']} configurations; load average before {res.get('loadavg_before')}, after "
              f"{res.get('loadavg_after')}; {a['busy_configurations']} configurations marked busy, other work up to "

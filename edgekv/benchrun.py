@@ -9,10 +9,13 @@ can be checked afterwards from the results file alone (bench/eta_accuracy.py).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import psutil
+
 from .benchview import Progress, case_label
-from .load import LoadMonitor, busy_note
+from .load import BUSY_SHARE, LoadMonitor, Window, busy_note
 from .plan import Planner, fmt_duration, kv_f16_per_token, plan_lines, same_machine_history
 from .predict import MIB
 
@@ -122,6 +125,13 @@ class BenchMonitor:
         for line in plan_lines(data["total"], self.contexts, types, s0, total, basis, data["output"],
                                data["existing"], self.full_hint):
             self._print(line)
+        w = Window()
+        time.sleep(0.3)
+        now = w.close()
+        if now["others_share"] >= BUSY_SHARE:
+            self._print(f"Note: other work is using {100 * now['others_share']:.0f} % of the {psutil.cpu_count()} CPUs "
+                        "right now: the configurations will take longer than estimated, and each one measured while "
+                        "the machine is busy is marked so.")
 
     def _record(self, data: dict[str, Any]) -> None:
         rec, i = data["record"], data["i"]
