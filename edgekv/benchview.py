@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from .load import record_busy
 from .predict import MIB, llama_mib
 
 
@@ -125,9 +126,16 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
         return
     m = records[0]["model"]
     t = Table(title=f"{m.get('name')} ({m.get('arch')}): measured, beside the prediction", title_justify="left")
-    for col, j in (("n_ctx", "right"), ("depth", "right"), ("K/V", "left"), ("KV MiB\nformula", "right"),
-                   ("KV MiB\nllama.cpp", "right"), ("same", "center"), ("peak RSS\nMiB", "right"),
-                   ("anon\nMiB", "right"), ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left")):
+    # below 110 columns (an 80-column terminal): depth, llama.cpp's KV and anon go; ✓ beside the formula's KV
+    # says llama.cpp printed the same bytes (issue 19)
+    narrow = con.width < 110
+    cols = (("n_ctx", "right"), ("depth", "right"), ("K/V", "left"), ("KV MiB\nformula", "right"),
+            ("KV MiB\nllama.cpp", "right"), ("same", "center"), ("peak RSS\nMiB", "right"),
+            ("anon\nMiB", "right"), ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
+    if narrow:
+        cols = (("n_ctx", "right"), ("K/V", "left"), ("KV MiB\n= llama", "right"), ("peak\nRSS MiB", "right"),
+                ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
+    for col, j in cols:
         t.add_column(col, justify=j)
     with_gpu = any((r.get("memory") or {}).get("peak_gpu_bytes") or (r.get("differences") or {}).get("context_gpu_growth_bytes")
                    is not None for r in records)
@@ -138,7 +146,7 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
     if with_quality:
         t.add_column("PPL", justify="right")
         t.add_column("KLD vs f16", justify="right")
-    unstable = False
+    unstable = busy_rows = False
     for r in records:
         s = r["settings"]
         f = (r.get("prediction") or {}).get("formula") or {}
@@ -152,10 +160,15 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
         peak = f"{mem['peak_rss_bytes'] / MIB:.1f}" if mem.get("peak_rss_bytes") else "-"
         anon = f"{mem['anon_after_fill_bytes'] / MIB:.1f}" if mem.get("anon_after_fill_bytes") else "-"
         status = r["status"] if r["status"] == "ok" else f"[yellow]{r['status']}: {r.get('reason')}[/]"
+        if record_busy(r):
+            busy_rows = True
+            status += f" [yellow]busy {100 * r['load'].get('others_share_max', 0):.0f}%[/]"
         sp = r.get("speed") or {}
         unstable |= any(v.get("unstable") for v in sp.values())
         row = [str(s["n_ctx"]), str(s["n_depth"]), kv, formula_mib, llama_kv, same, peak, anon, _ts(sp, "pp"),
                _ts(sp, "tg"), status]
+        if narrow:
+            row = [str(s["n_ctx"]), kv, f"{formula_mib} {same}", peak, _ts(sp, "pp"), _ts(sp, "tg"), status]
         if with_gpu:
             g, gc = mem.get("peak_gpu_bytes"), diff.get("context_gpu_growth_bytes")
             row += [f"{g / MIB:.1f}" if g else "-", f"{gc / MIB:.1f}" if gc is not None else "-"]
@@ -173,6 +186,12 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
                   if with_gpu else "") + (
                   " PPL and KLD: perplexity and mean KL divergence against the f16 cache on the same tokens "
                   "(llama-perplexity's method; edgekv quality)." if with_quality else ""))
+    if narrow:
+        con.print("(narrow layout: ✓ = llama.cpp's own KV size lines give the same bytes; widen the terminal or use "
+                  "--json for depth, llama.cpp's figure and anonymous memory)")
+    if busy_rows:
+        con.print("[yellow]busy N%: other processes used N% of the CPUs before or during that configuration "
+                  "(edgekv.load); its speeds describe a shared machine, not this one: rerun on a quiet machine.[/]")
     if unstable:
         con.print("[yellow]! marks results whose standard deviation is at least 10% of the mean: the machine was busy "
                   "or the run too short; rerun with more repetitions (-r) on a quiet machine.[/]")

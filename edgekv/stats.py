@@ -10,8 +10,9 @@ UNSTABLE_CV = 0.10   # pyperf warns when the standard deviation is at least 10 %
 
 
 def summarize(samples: Sequence[float]) -> dict[str, Any]:
-    """mean, sample standard deviation, 95 % confidence interval of the mean (Student t), and a
-    stability flag.  Every sample is kept by the caller; this only summarises."""
+    """mean, sample standard deviation, 95 % confidence interval (Student t; for positive samples on their
+    logarithm, so a rate's interval never goes below zero), and a stability flag.  Every sample is kept by the
+    caller; this only summarises."""
     from scipy import stats as st
 
     xs = [float(x) for x in samples]
@@ -23,10 +24,22 @@ def summarize(samples: Sequence[float]) -> dict[str, Any]:
         return {"n": 1, "mean": mean, "stdev": None, "ci95": None, "cv": None, "unstable": False}
     var = sum((x - mean) ** 2 for x in xs) / (n - 1)
     sd = math.sqrt(var)
-    half = float(st.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    t = float(st.t.ppf(0.975, n - 1))
+    if all(x > 0 for x in xs):
+        # Rates (tokens/s) cannot be negative, and with 5 noisy samples a linear interval can reach below zero
+        # (31.0 [-3.6, 65.6]): the interval is computed on the logarithm of the samples and mapped back, so it is
+        # positive and asymmetric, as a rate's uncertainty is (issue 19).
+        ls = [math.log(x) for x in xs]
+        lm = sum(ls) / n
+        lsd = math.sqrt(sum((v - lm) ** 2 for v in ls) / (n - 1))
+        h = t * lsd / math.sqrt(n)
+        ci = [math.exp(lm - h), math.exp(lm + h)]
+    else:
+        half = t * sd / math.sqrt(n)
+        ci = [mean - half, mean + half]
     cv = sd / mean if mean else None
     return {
-        "n": n, "mean": mean, "stdev": sd, "ci95": [mean - half, mean + half], "cv": cv,
+        "n": n, "mean": mean, "stdev": sd, "ci95": ci, "cv": cv,
         "unstable": bool(cv is not None and cv >= UNSTABLE_CV),
     }
 

@@ -374,7 +374,7 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
     done_keys = {r.get("config_key") for r in existing}
     todo = [c for c in cases if c.key not in done_keys]
     emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),
-                   "existing": len(cases) - len(todo)})
+                   "existing": len(cases) - len(todo), "env": env, "model_sha256": sha})
 
     model = model_block(m, sha)
     engine_results = _dry_runs(spec, todo) if spec.engine == ENGINE_PYTHON else {}
@@ -417,6 +417,7 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
             attach_process(rec, processes.get(case.key) if rec["status"] != "skipped" else None)
             if quality is not None and rec["status"] == "ok":
                 rec["quality"] = quality(case, emit)
+            emit("record", {"i": i, "case": case, "record": rec})   # listeners may add blocks (load, plan)
             writer.append(rec)
             records.append(rec)
             emit("done", {"i": i, "n": len(todo), "record": rec})

@@ -229,17 +229,19 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
     has_rec = shape.memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_HYBRID_IDX, MEMORY_DSV4)
     title = f"{shape.name or m.ref.name} ({shape.arch}): cache memory predicted from the GGUF header"
     t = Table(title=title, title_justify="left")
+    # an 80-column terminal gets short headers (issue 19: "(formu…" was cut); the footnotes say what each is
+    narrow = con.width < 110
     t.add_column("n_ctx", justify="right")
     t.add_column("K/V", justify="left")
-    t.add_column("KV MiB\n(formula)", justify="right")
+    t.add_column("KV MiB\nformula" if narrow else "KV MiB\n(formula)", justify="right")
     if has_rec:
-        t.add_column("state MiB\n(formula)", justify="right")
-    t.add_column("vs f16", justify="right")
+        t.add_column("state\nMiB" if narrow else "state MiB\n(formula)", justify="right")
+    t.add_column("vs\nf16" if narrow else "vs f16", justify="right")
     if engine:
-        t.add_column("KV MiB\n(llama.cpp)", justify="right")
+        t.add_column("KV MiB\nllama" if narrow else "KV MiB\n(llama.cpp)", justify="right")
         t.add_column("same", justify="center")
-        t.add_column("compute MiB\n(llama.cpp)", justify="right")
-        t.add_column("reserved MiB\n(weights+all)", justify="right")
+        t.add_column("compute\nMiB" if narrow else "compute MiB\n(llama.cpp)", justify="right")
+        t.add_column("reserved\nMiB" if narrow else "reserved MiB\n(weights+all)", justify="right")
     proc_cols = process_columns(rows)
     for name in proc_cols:
         t.add_column(name, justify="right")

@@ -1,0 +1,115 @@
+"""Issue 19's targets for the first command: how long `edgekv bench` takes with no arguments (target: at most
+5 minutes on a quiet 2-core machine), how long `edgekv bench --full` takes, and how close the plan's estimate and
+the remaining-time estimate after each configuration came to what the sweep really took (target: within ±25 %
+after the first configuration).
+
+It runs the command as a user would (stdout piped, as in CI), times it, records the load average before and after
+and the busy-machine marks edgekv stored in each record, then reads the plan blocks of the records.
+
+    python bench/first_run.py --out bench/results/first_run_default.json --readme bench/README.md
+    python bench/first_run.py --full --out bench/results/first_run_full.json
+    python bench/first_run.py --results RUN.jsonl --wall 250     # analyse an earlier run instead
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from edgekv import results as R  # noqa: E402
+from edgekv.plan import eta_accuracy, fmt_duration  # noqa: E402
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run(args) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="edgekv-first-run-")) / "run.jsonl"
+    cmd = [sys.executable, "-m", "edgekv.cli", "bench", "-o", str(out)] + (["--full"] if args.full else []) + args.extra
+    before = _load()
+    t = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.monotonic() - t
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
+    shown = " ".join(["edgekv", "bench"] + (["--full"] if args.full else []) + args.extra)
+    return {"command": shown, "wall_s": round(wall, 1), "loadavg_before": before, "loadavg_after": _load(),
+            "stdout": p.stdout, "results": str(out)}
+
+
+def analyse(results: str, wall: float | None) -> dict:
+    recs = [r for r in R.load(results) if r.get("kind") == "bench"]
+    incomplete = bool(recs) and bool((recs[-1].get("plan") or {}).get("remaining_configs"))
+    # an interrupted sweep: what "the rest" took is unknown, so no ETA comparison
+    rows = [] if incomplete else eta_accuracy(recs)
+    busy = [r for r in recs if (r.get("load") or {}).get("busy")]
+    after_first = [x for x in rows if x["after"] >= 1 and x["actual_s"] and x["actual_s"] > 0]
+    return {
+        "configurations": len(recs), "busy_configurations": len(busy), "incomplete": incomplete,
+        "estimates_made": [(r.get("plan") or {}).get("estimate_s") for r in recs],
+        "walls": [(r.get("plan") or {}).get("wall_s") for r in recs],
+        "max_others_cpu_share": max(((r.get("load") or {}).get("others_share_max") or 0.0) for r in recs) if recs else None,
+        "plan_estimate_s": rows[0]["estimated_s"] if rows else None,
+        "sweep_elapsed_s": rows[0]["actual_s"] if rows else None, "wall_s": wall, "eta": rows,
+        "eta_within_25pct_after_first": all(abs(x["error"]) <= 0.25 for x in after_first) if after_first else None,
+        "worst_eta_error_after_first": max((abs(x["error"]) for x in after_first), default=None),
+    }
+
+
+def markdown(res: dict) -> str:
+    a = res["analysis"]
+    if a["incomplete"]:
+        return (f"- `{res.get('command', 'edgekv bench')}`: interrupted after {a['configurations']} configurations "
+                f"({a['busy_configurations']} marked busy, other work up to {100 * (a['max_others_cpu_share'] or 0):.0f} % "
+                f"of the CPUs); per configuration, estimate before it vs its wall time: "
+                + ", ".join(f"{fmt_duration(e)} vs {fmt_duration(w)}" for e, w in zip(a["estimates_made"], a["walls"]))
+                + ".\n")
+    lines = [f"- `{res.get('command', 'edgekv bench')}`: **{fmt_duration(a['wall_s'])}** wall "
+             f"({a['configurations']} configurations; load average before {res.get('loadavg_before')}, after "
+             f"{res.get('loadavg_after')}; {a['busy_configurations']} configurations marked busy, other work up to "
+             f"{100 * (a['max_others_cpu_share'] or 0):.0f} % of the CPUs).",
+             f"  Plan's estimate {fmt_duration(a['plan_estimate_s'])} vs {fmt_duration(a['sweep_elapsed_s'])} taken; "
+             "remaining-time estimate after each configuration vs the time the rest took: "
+             + ", ".join(f"{x['after']}: {fmt_duration(x['estimated_s'])} vs {fmt_duration(x['actual_s'])} "
+                         f"({100 * x['error']:+.0f} %)" for x in a["eta"][1:] if x["error"] is not None) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--full", action="store_true", help="time `edgekv bench --full` instead of the default")
+    ap.add_argument("--results", help="analyse this results file instead of running")
+    ap.add_argument("--wall", type=float, help="with --results: the wall time the run took")
+    ap.add_argument("--out", help="write the figures as JSON here")
+    ap.add_argument("--readme", help="replace the first-run section of this Markdown file")
+    ap.add_argument("extra", nargs="*", help="more edgekv bench arguments (after --)")
+    args = ap.parse_args()
+    res = {"command": "edgekv bench" + (" --full" if args.full else "")} if args.results else run(args)
+    res["analysis"] = analyse(args.results or res["results"], args.wall if args.results else res["wall_s"])
+    text = markdown(res)
+    print(text, end="")
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+    if args.readme:
+        p = Path(args.readme)
+        s = p.read_text()
+        tag = "full" if args.full else "default"
+        begin, end = f"<!-- first-run-{tag}:begin -->", f"<!-- first-run-{tag}:end -->"
+        block = f"{begin}\n{text}{end}"
+        s = re.sub(re.escape(begin) + ".*?" + re.escape(end), block, s, flags=re.S) if begin in s else s + "\n" + block + "\n"
+        p.write_text(s)
+
+
+if __name__ == "__main__":
+    main()
