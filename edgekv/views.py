@@ -241,12 +241,18 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
         t.add_column("KV MiB\nllama" if narrow else "KV MiB\n(llama.cpp)", justify="right")
         t.add_column("same", justify="center")
         t.add_column("compute\nMiB" if narrow else "compute MiB\n(llama.cpp)", justify="right")
-        t.add_column("reserved\nMiB" if narrow else "reserved MiB\n(weights+all)", justify="right")
     proc_cols = process_columns(rows)
+    # the reserved sum (weights + every buffer llama.cpp reserves) is not what the process uses; when the
+    # process peak is shown, a narrow terminal keeps only the peak (--json and wide terminals have both)
+    show_reserved = engine and not (narrow and proc_cols)
+    if show_reserved:
+        t.add_column("reserved\nMiB" if narrow else "reserved MiB\n(weights+all)", justify="right")
     for name in proc_cols:
-        t.add_column(name, justify="right")
-    t.add_column("note")
+        # narrow: the legend under the table names the workload and says these are predicted
+        t.add_column(("peak RSS\nMiB" if name.startswith("peak RSS") else name.split(" MiB")[0] + "\nMiB") if narrow
+                     else name, justify="right")
     warn_ctx = False
+    table_rows = []
     for r in rows:
         kv = r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
         n = str(r["n_ctx"]) if r["n_ctx_padded"] == r["n_ctx"] else f"{r['n_ctx']}→{r['n_ctx_padded']}"
@@ -267,17 +273,21 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
         if engine:
             e = r["engine"]
             if e["ok"]:
-                cells += [f"{e['kv_mib']:.2f}", _same_cell(e["match"]),
-                          f"{sum(e['compute_mib'].values()):.2f}", fmt_mib(e["total_bytes"])]
+                cells += [f"{e['kv_mib']:.2f}", _same_cell(e["match"]), f"{sum(e['compute_mib'].values()):.2f}"]
+                cells += [fmt_mib(e["total_bytes"])] if show_reserved else []
                 if e["match"] is False:
                     note = (note + " " if note else "") + "[red]" + "; ".join(e["diffs"][:2]) + "[/]"
             else:
-                cells += ["-", _same_cell(e["match"]), "-", "-"]
+                cells += ["-", _same_cell(e["match"]), "-"] + (["-"] if show_reserved else [])
                 if r["status"] == STATUS_OK:
                     note = f"[red]llama.cpp: {e['error']}[/]"
         cells += process_cells(r, proc_cols)
-        cells.append(note)
-        t.add_row(*cells)
+        table_rows.append((cells, note))
+    has_notes = any(note for _, note in table_rows)
+    if has_notes:
+        t.add_column("note")
+    for cells, note in table_rows:
+        t.add_row(*cells, *([note] if has_notes else []))
     con.print(t)
     process_legend(con, rows)
     fa_note = {"auto": "-fa auto", "on": "-fa on", "off": "-fa off"}[base.flash_attn]
