@@ -25,6 +25,8 @@ def validate_shape(shape: ModelShape, header: GGUFHeader | None = None) -> str |
     """Why llama.cpp would refuse this model (one line), or None."""
     if shape.is_mla:
         return None         # MLA caches come from kv_lora_rank / rope dims, not from attn_k/attn_v
+    if shape.unsupported_reason:
+        return None         # edgekv does not know this architecture's keys: it has no shape to judge (unsupported)
     tensors = {t.name: t.shape for t in header.tensors} if header is not None else {}
     emb = tensors.get("token_embd.weight")
     if emb is not None and len(emb) == 2 and emb[0] != shape.n_embd:
