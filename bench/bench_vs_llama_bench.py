@@ -36,11 +36,11 @@ sys.path.insert(0, str(HERE))
 
 from llama_tools import llama_cpp_python_version, tool, tool_env, write_section  # noqa: E402
 
-from edgekv.api import load_model  # noqa: E402
-from edgekv.environment import cpu_model  # noqa: E402
-from edgekv.process import run_child  # noqa: E402
-from edgekv.stats import summarize, welch  # noqa: E402
-from edgekv.sweep import SweepSpec, default_depth, run_sweep  # noqa: E402
+from edgekv.core.stats import summarize, welch  # noqa: E402
+from edgekv.edges.environment import cpu_model  # noqa: E402
+from edgekv.edges.process import run_child  # noqa: E402
+from edgekv.orchestration.api import load_model  # noqa: E402
+from edgekv.orchestration.sweep import SweepSpec, default_depth, run_sweep  # noqa: E402
 
 
 def run_edgekv(m, n_ctx, t, args, env) -> dict:
@@ -180,7 +180,7 @@ def main() -> None:
     ap.add_argument("--readme", help="write the Markdown section into this file (between perf markers)")
     args = ap.parse_args()
 
-    from edgekv.environment import collect
+    from edgekv.edges.environment import collect
 
     m = load_model(args.model)
     exe = tool("llama-bench")

@@ -24,16 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgekv import __version__  # noqa: E402
-from edgekv import results as R  # noqa: E402
-from edgekv.api import load_model  # noqa: E402
-from edgekv.calibrate import runtime_baseline  # noqa: E402
-from edgekv.engine import EngineSession  # noqa: E402
-from edgekv.memmodel import WORKLOAD_BENCH  # noqa: E402
-from edgekv.predict import ContextParams  # noqa: E402
-from edgekv.procpredict import ProcessSettings, predict_processes  # noqa: E402
-from edgekv.shape import MEMORY_KV  # noqa: E402
-from edgekv.sources import verified_sha256  # noqa: E402
-from edgekv.sweep import attach_process  # noqa: E402
+from edgekv.core.memmodel import WORKLOAD_BENCH  # noqa: E402
+from edgekv.core.predict import ContextParams  # noqa: E402
+from edgekv.core.shape import MEMORY_KV  # noqa: E402
+from edgekv.edges.engine import EngineSession  # noqa: E402
+from edgekv.edges.sources import verified_sha256  # noqa: E402
+from edgekv.orchestration.api import load_model  # noqa: E402
+from edgekv.orchestration.calibrate import runtime_baseline  # noqa: E402
+from edgekv.orchestration.procpredict import ProcessSettings, predict_processes  # noqa: E402
+from edgekv.orchestration.sweep import attach_process  # noqa: E402
+from edgekv.records import results as R  # noqa: E402
 
 MODELS = ("smollm2-135m", "gemma3-270m")
 AFTER_NOTE = ("The whole-process prediction in the explained-memory section was made after these runs were measured "

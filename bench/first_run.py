@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgekv import results as R  # noqa: E402
-from edgekv.plan import eta_accuracy, fmt_duration  # noqa: E402
+from edgekv.orchestration.plan import eta_accuracy, fmt_duration  # noqa: E402
+from edgekv.records import results as R  # noqa: E402
 
 
 def _load() -> list[float]:

@@ -32,11 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgekv.api import _checked_shape  # noqa: E402
-from edgekv.arch import shape_from_metadata  # noqa: E402
+from edgekv.core.arch import shape_from_metadata  # noqa: E402
+from edgekv.core.predict import ContextParams, predict  # noqa: E402
+from edgekv.edges.gguf_header import read_header, read_header_file  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
-from edgekv.gguf_header import read_header, read_header_file  # noqa: E402
-from edgekv.predict import ContextParams, predict  # noqa: E402
+from edgekv.orchestration.api import _checked_shape  # noqa: E402
 from tests.tiny.writer import write_spec  # noqa: E402
 
 HOSTILE = [0, 1, 2, 3, 7, 0x7F, 0xFF, 0x7FFF, 0xFFFF, 1 << 31, (1 << 32) - 1, 1 << 32, 1 << 40, 1 << 62, 1 << 63,
@@ -55,7 +55,7 @@ def seeds() -> list[bytes]:
             with open(p, "rb") as f:
                 out.append(f.read(end))
     try:
-        from edgekv.sources import resolve_model
+        from edgekv.edges.sources import resolve_model
 
         path = resolve_model("smollm2-135m").path
         with open(path, "rb") as f:

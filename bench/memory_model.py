@@ -1,4 +1,4 @@
-"""Accuracy of edgekv's whole-process memory model (edgekv/memmodel.py) against measured peak RSS.
+"""Accuracy of edgekv's whole-process memory model (edgekv/core/memmodel.py) against measured peak RSS.
 
 Runs ``edgekv bench`` (one fresh process per configuration, memory sampled every 5 ms plus the
 kernel's own maximum) on both real models -- SmolLM2-135M and Gemma 3 270M -- over f16/q8_0/q5_0/q4_0

@@ -147,7 +147,7 @@ def edgekv(*args: str) -> str:
 
 
 def main(out_root: Path = ROOT / "reports") -> int:
-    from edgekv.predict import llama_mib
+    from edgekv.core.predict import llama_mib
 
     failures = 0
     for name, (fname, arch, meta, family, types, ctxs, title, note, published) in MODELS.items():

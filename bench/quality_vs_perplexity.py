@@ -6,8 +6,8 @@ For each context size, on the same model, corpus file, context, chunk count, bat
 1. ``llama-perplexity`` plain runs, one per cache type: PPL (``Final estimate``) and its decode speed;
 2. ``llama-perplexity --kl-divergence-base FILE`` with f16/f16, then ``--kl-divergence`` per cache
    type: llama's KLD statistics (its base is stored as 16-bit scaled log-probabilities);
-3. ``edgekv.quality.measure`` (timed): the same configurations side by side in one process;
-4. ``edgekv.quality.measure(..., emulate_llama=True)``: the same pass, also reproducing llama's
+3. ``edgekv.orchestration.quality.measure`` (timed): the same configurations side by side in one process;
+4. ``edgekv.orchestration.quality.measure(..., emulate_llama=True)``: the same pass, also reproducing llama's
    16-bit base arithmetic on the same logits.
 
 Checks: PPL within 0.01 % of llama-perplexity's; the emulated statistics equal llama's to its
@@ -46,9 +46,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from llama_tools import llama_cpp_python_version, tool, write_section  # noqa: E402
 
-from edgekv.corpus import resolve_corpus  # noqa: E402
-from edgekv.quality import measure, plan  # noqa: E402
-from edgekv.sources import resolve_model  # noqa: E402
+from edgekv.edges.corpus import resolve_corpus  # noqa: E402
+from edgekv.edges.sources import resolve_model  # noqa: E402
+from edgekv.orchestration.quality import measure, plan  # noqa: E402
 
 BEGIN, END = "<!-- quality:begin -->", "<!-- quality:end -->"
 PPL_TOL = 1e-4          # 0.01 %

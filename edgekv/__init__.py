@@ -9,13 +9,13 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .api import LoadedModel, load_model  # noqa: E402
-from .api import predict as _predict_model  # noqa: E402
-from .errors import EdgekvError  # noqa: E402
-from .predict import ContextParams, KVPrediction  # noqa: E402
+from edgekv.core.predict import ContextParams, KVPrediction  # noqa: E402
+from edgekv.errors import EdgekvError  # noqa: E402
+from edgekv.orchestration.api import LoadedModel, load_model  # noqa: E402
+from edgekv.orchestration.api import predict as _predict_model  # noqa: E402
 
-# ``edgekv.predict`` is the function; the module stays importable as ``edgekv.predict`` through
-# ``from edgekv.predict import ...`` (it is in sys.modules).
+# ``edgekv.core.predict`` is the function; the module stays importable as ``edgekv.core.predict`` through
+# ``from edgekv.core.predict import ...`` (it is in sys.modules).
 predict = _predict_model
 
 __all__ = ["ContextParams", "EdgekvError", "KVPrediction", "LoadedModel", "load_model", "predict", "__version__"]

@@ -18,14 +18,14 @@ os.environ.pop("HF_HUB_OFFLINE", None)
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    from edgekv.sources import resolve_model
+    from edgekv.edges.sources import resolve_model
 
     return Path(resolve_model("smollm2-135m").path)
 
 
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
-    from edgekv.sources import resolve_model
+    from edgekv.edges.sources import resolve_model
 
     return Path(resolve_model("gemma3-270m").path)
 

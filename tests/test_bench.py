@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from edgekv import results as R
-from edgekv.api import load_model
-from edgekv.predict import MIB
-from edgekv.sweep import SweepSpec, run_sweep
+from edgekv.core.predict import MIB
+from edgekv.orchestration.api import load_model
+from edgekv.orchestration.sweep import SweepSpec, run_sweep
+from edgekv.records import results as R
 
 TINY = {"n_prompt": 32, "n_gen": 8, "repetitions": 2, "n_threads": 2}
 

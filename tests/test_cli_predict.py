@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from edgekv.cli import main
-from edgekv.predict import MIB
+from edgekv.cli.main import main
+from edgekv.core.predict import MIB
 
 REQUIRED_FIELDS = {"n_ctx", "n_ctx_padded", "type_k", "type_v", "flash_attn", "swa_full", "n_seq_max", "status",
                    "reason", "kv_bytes", "k_bytes", "v_bytes", "recurrent_bytes", "weights_bytes", "caches"}

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from edgekv import results as R
-from edgekv.compare import compare_records, parse_thresholds
 from edgekv.errors import EnvironmentMismatch, UsageError
-from edgekv.inputs import load_any
+from edgekv.output.compare import compare_records, parse_thresholds
+from edgekv.output.inputs import load_any
+from edgekv.records import results as R
 
 FIXTURE = Path(__file__).parent / "data" / "smollm2-sweep.jsonl"
 THR = parse_thresholds(None)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from edgekv.corpus import WIKITEXT2_MEMBER, pydoc_text, resolve_corpus, text_for_tokenizer
+from edgekv.edges.corpus import WIKITEXT2_MEMBER, pydoc_text, resolve_corpus, text_for_tokenizer
 from edgekv.errors import CorpusError
 
 
@@ -104,7 +104,7 @@ def hub_cache(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))          # what edgekv.sources reads first
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))          # what edgekv.edges.sources reads first
     monkeypatch.setenv("EDGEKV_HOME", str(tmp_path / "edgekv"))
     return tmp_path
 

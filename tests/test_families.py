@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from edgekv.api import load_model
-from edgekv.crosscheck import compare
-from edgekv.engine import EngineSession
+from edgekv.core.predict import STATUS_OK, ContextParams, predict
+from edgekv.edges.engine import EngineSession
 from edgekv.errors import EngineError, MetadataError
-from edgekv.predict import STATUS_OK, ContextParams, predict
+from edgekv.orchestration.api import load_model
+from edgekv.orchestration.crosscheck import compare
 from tests.tiny.writer import write_spec
 
 SPECS = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["families"]
@@ -161,7 +161,7 @@ def test_unsupported_family(name, family_dir):
 def test_predict_engine_on_an_unsupported_family_shows_llama_cpp_figures(family_dir, capsys):
     """`edgekv predict --engine` on a cache edgekv does not model: nothing is compared (no false mismatch), and
     the total is built from llama.cpp's own cache figure, labelled as such."""
-    from edgekv.cli import main
+    from edgekv.cli.main import main
 
     path = _family_path(family_dir, "dflash-own-embd")
     assert main(["predict", str(path), "-c", "4096", "-ctk", "f16", "--engine", "--json"]) == 0
@@ -263,7 +263,7 @@ SPECIAL_KINDS = {
 def test_predict_engine_shows_a_match_for_special_caches(name, family_dir, capsys):
     """`edgekv predict --engine` on DSA / MSA / hybrid_idx / DeepSeek-V4: every part is listed with its own kind, the
     per-layer breakdown adds up to the caches, and llama.cpp's dry run agrees (✓) with rollback snapshots on."""
-    from edgekv.cli import main
+    from edgekv.cli.main import main
 
     path = _family_path(family_dir, name)
     args = ["predict", str(path), "-c", "5000,70000", "-np", "2", "--n-rs-seq", "2", "--engine"]
@@ -305,8 +305,8 @@ def test_a_cache_kind_edgekv_does_not_know_shows_llama_cpp_figures(family_dir, c
     """Point 5: when llama.cpp builds a cache edgekv has no rule for (simulated by taking MiniMax-M3's MSA rule
     away), `predict` says unsupported with the architecture and what is missing, and `--engine` still shows
     llama.cpp's own figure for it: every cache line it printed, summed into the total."""
-    import edgekv.arch as arch
-    from edgekv.cli import main
+    import edgekv.core.arch as arch
+    from edgekv.cli.main import main
 
     monkeypatch.delitem(arch.SPECIAL_MEMORY, "minimax-m3")
     monkeypatch.setitem(arch.UNSUPPORTED_CACHES, "minimax-m3", "a cache class edgekv has no rule for")
@@ -319,7 +319,7 @@ def test_a_cache_kind_edgekv_does_not_know_shows_llama_cpp_figures(family_dir, c
     assert e["ok"] and e["match"] is None and e["total_caches_from"] == "llama.cpp"
     # llama.cpp's two cache lines (main + indexer), as it printed them; the formula's bytes for the real rule
     monkeypatch.undo()
-    from edgekv.api import load_model
+    from edgekv.orchestration.api import load_model
 
     real = predict(load_model(str(path)).shape, ContextParams(n_ctx=8192))
     assert [c["role"] for c in e["caches"]] == ["main", "indexer"]
@@ -329,7 +329,7 @@ def test_a_cache_kind_edgekv_does_not_know_shows_llama_cpp_figures(family_dir, c
 def test_an_architecture_edgekv_does_not_know_is_unsupported_not_an_error(tmp_path, capsys):
     """An architecture outside the vendored llama.cpp's list (a newer llama.cpp's): the formula says unsupported
     with the architecture; --engine then asks the installed llama.cpp, which here refuses it in one line."""
-    from edgekv.cli import main
+    from edgekv.cli.main import main
 
     spec = json.loads(json.dumps(SPECS["llama-gqa"]))
     spec["arch"] = "llama99"

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edgekv.edges.gguf_header import ArraySummary, read_header, read_header_file
 from edgekv.errors import EdgekvError, GGUFFormatError, GGUFTruncatedError, ModelNotFound
-from edgekv.gguf_header import ArraySummary, read_header, read_header_file
 
 
 def _header_only_copy(src, dst, n_bytes):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from edgekv.cli import main
+from edgekv.cli.main import main
+from edgekv.edges.gguf_header import MAX_KEPT_STRING_BYTES, read_header_file
 from edgekv.errors import GGUFFormatError
-from edgekv.gguf_header import MAX_KEPT_STRING_BYTES, read_header_file
 from tests.tiny.writer import write_spec
 
 SPEC = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["families"]["llama-gqa"]
@@ -114,7 +114,7 @@ def test_absurd_declarations_are_refused_before_walking(tmp_path, name, data, wo
 _RSS_CHILD = """
 import resource, sys
 from edgekv.errors import GGUFFormatError
-from edgekv.gguf_header import read_header_file
+from edgekv.edges.gguf_header import read_header_file
 try:
     read_header_file(sys.argv[1])
     print("read", end=" ")
@@ -134,7 +134,7 @@ def test_many_large_strings_are_bounded_in_memory(tmp_path):
             f.write(_s(f"k{i}".encode()) + struct.pack("<IQ", 8, size))
             f.seek(size, 1)     # a hole: the string's bytes
         f.write(b"\0")
-    baseline = subprocess.run([sys.executable, "-c", "import resource, edgekv.gguf_header; "
+    baseline = subprocess.run([sys.executable, "-c", "import resource, edgekv.edges.gguf_header; "
                                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
                               capture_output=True, text=True, check=True)
     r = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(p)], capture_output=True, text=True, timeout=120)

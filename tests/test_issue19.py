@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from edgekv import plan as P
-from edgekv.cli import main
-from edgekv.compare import compare_records, parse_thresholds, render_markdown
-from edgekv.inputs import load_any
-from edgekv.stats import summarize
+from edgekv.cli.main import main
+from edgekv.core.stats import summarize
+from edgekv.orchestration import plan as P
+from edgekv.output.compare import compare_records, parse_thresholds, render_markdown
+from edgekv.output.inputs import load_any
 
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "smollm2-sweep.jsonl"
@@ -62,7 +62,7 @@ def test_ctx_typo_is_refused_with_the_right_flag(capsys):
 # -- point 7: one rule for default contexts -------------------------------------------------------------------
 
 def test_predict_default_contexts_are_the_models_and_within_its_trained_context(capsys, smollm2_path):
-    from edgekv.api import load_model, registry_sweep_defaults
+    from edgekv.orchestration.api import load_model, registry_sweep_defaults
 
     assert main(["predict", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -82,7 +82,7 @@ def test_predict_default_contexts_are_the_models_and_within_its_trained_context(
 def _render(records, width):
     from rich.console import Console
 
-    from edgekv.benchview import render_summary
+    from edgekv.output.benchview import render_summary
 
     buf = io.StringIO()
     render_summary(Console(file=buf, width=width, highlight=False, color_system=None), records, "/tmp/out.jsonl")
@@ -112,7 +112,7 @@ def test_predict_table_fits_80_columns(smollm2_path):
 # -- point 7: the report's column is not called "error" ----------------------------------------------------------
 
 def test_report_names_the_buffers_beside_the_kv(records, tmp_path):
-    from edgekv.report import write_report
+    from edgekv.output.report import write_report
 
     write_report(records, str(tmp_path / "r"), plots=False)
     md = (tmp_path / "r" / "README.md").read_text()
@@ -150,7 +150,7 @@ def test_compare_refuses_significance_on_busy_rows_unless_forced(records):
 # -- point 4: the load sampler sees other work --------------------------------------------------------------------
 
 def test_load_monitor_sees_a_busy_loop():
-    from edgekv.load import LoadMonitor
+    from edgekv.edges.load import LoadMonitor
 
     m = LoadMonitor(before_s=0.2)
     m.start()
@@ -215,7 +215,7 @@ def test_bench_plan_and_plain_lines_without_a_terminal(tmp_path, smollm2_path):
 
 
 def test_report_marks_busy_rows(records, tmp_path):
-    from edgekv.report import write_report
+    from edgekv.output.report import write_report
 
     recs = copy.deepcopy(records)
     for r in recs:

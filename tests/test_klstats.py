@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.special import log_softmax
 
-from edgekv import klstats as K
+from edgekv.core import klstats as K
 
 
 @pytest.fixture(scope="module")

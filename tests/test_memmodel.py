@@ -9,11 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from edgekv import calibrate
-from edgekv import results as R
-from edgekv.api import load_model
-from edgekv.cli import main
-from edgekv.memmodel import (
+from edgekv.cli.main import main
+from edgekv.core.memmodel import (
     SRC_CALIBRATION,
     SRC_FORMULA,
     SRC_LLAMA,
@@ -24,7 +21,10 @@ from edgekv.memmodel import (
     work_buffer_bytes,
     workload_outputs,
 )
-from edgekv.predict import MIB, ContextParams
+from edgekv.core.predict import MIB, ContextParams
+from edgekv.orchestration import calibrate
+from edgekv.orchestration.api import load_model
+from edgekv.records import results as R
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -237,7 +237,7 @@ def test_unknown_workload_is_one_line(capsys):
 # -- measured: a real run against its prediction ---------------------------------------------------------
 
 def test_bench_record_carries_prediction_and_residual(tmp_path, smollm2_path):
-    from edgekv.sweep import SweepSpec, run_sweep
+    from edgekv.orchestration.sweep import SweepSpec, run_sweep
 
     m = load_model(str(smollm2_path))
     spec = SweepSpec(model=m, contexts=[1024], pairs=[("q8_0", "q8_0")], n_prompt=512, n_gen=8, repetitions=1,
@@ -254,7 +254,7 @@ def test_bench_record_carries_prediction_and_residual(tmp_path, smollm2_path):
 
 
 def test_bench_no_mmap_is_anonymous(tmp_path, smollm2_path):
-    from edgekv.sweep import SweepSpec, run_sweep
+    from edgekv.orchestration.sweep import SweepSpec, run_sweep
 
     m = load_model(str(smollm2_path))
     spec = SweepSpec(model=m, contexts=[1024], pairs=[("f16", "f16")], n_prompt=512, n_gen=8, repetitions=1,
@@ -296,7 +296,7 @@ def test_v2_record_with_process_roundtrips(tmp_path):
 
 def test_context_params_untouched():
     # the workload graph is a separate dry run: the configuration itself is what the user asked for
-    from edgekv.procpredict import ProcessSettings, workload_graph
+    from edgekv.orchestration.procpredict import ProcessSettings, workload_graph
 
     c = ContextParams(n_ctx=4096)
     assert workload_graph(c, ProcessSettings()) == c
@@ -305,8 +305,8 @@ def test_context_params_untouched():
 
 
 def test_llama_bench_depth_state_copy(smollm2_path, gemma3_path):
-    from edgekv.predict import predict
-    from edgekv.procpredict import state_seq_bytes
+    from edgekv.core.predict import predict
+    from edgekv.orchestration.procpredict import state_seq_bytes
 
     smol = load_model(str(smollm2_path)).shape
     # 30 layers x (K + V) x 3 heads x 64 x f16, per cell, plus 12 bytes of cell metadata
@@ -337,7 +337,7 @@ def test_device_weights_match_llama_cpp_cuda_buffer(smollm2_path):
 def test_llama_bench_process_predicted(llama_bench_exe, smollm2_path, tmp_path, monkeypatch):
     """--llama-bench: the prediction is made over the binary's own baseline (measured once, cached) and counts the
     depth state llama-bench keeps in memory; the measured peak of its two processes lands within the target."""
-    from edgekv.sweep import ENGINE_LLAMA_BENCH, SweepSpec, run_sweep
+    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, SweepSpec, run_sweep
 
     monkeypatch.setenv("EDGEKV_HOME", str(tmp_path / "home"))
     m = load_model(str(smollm2_path))
@@ -380,7 +380,7 @@ def test_binary_baseline_is_read_before_the_model(tmp_path):
     # any program that opens its "model": it waits on the FIFO, its RSS is read there, then it is let go
     import sys
 
-    from edgekv.process import rss_before_model
+    from edgekv.edges.process import rss_before_model
 
     rss, why = rss_before_model(lambda model: [sys.executable, "-S", "-c", "import sys; open(sys.argv[1]).read()", model])
     assert rss is not None, why
@@ -390,8 +390,8 @@ def test_binary_baseline_is_read_before_the_model(tmp_path):
 
 
 def test_state_file_read_buffer(gemma3_path, smollm2_path):
-    from edgekv.predict import predict
-    from edgekv.procpredict import state_read_buffer_bytes
+    from edgekv.core.predict import predict
+    from edgekv.orchestration.procpredict import state_read_buffer_bytes
 
     gem = load_model(str(gemma3_path)).shape
     # the largest single read: a full-attention layer's K rows for the 3584 saved cells (1 KV head x 256 x f16)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from edgekv.api import load_model
-from edgekv.predict import ContextParams, llama_mib, predict
+from edgekv.core.predict import ContextParams, llama_mib, predict
+from edgekv.orchestration.api import load_model
 from tests.tiny.writer import write_gguf
 
 

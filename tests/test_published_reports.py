@@ -109,8 +109,8 @@ def test_long_context_report_is_consistent_and_agrees_with_llama_cpp():
     """reports/long-context-1m-predicted: every row agrees with llama.cpp's dry run, README.md and results.csv are
     what the script renders from predictions.json, and the formula on the committed headers still gives every
     committed figure (regenerating the dry runs takes minutes: bench/long_context_report.py)."""
-    from edgekv.api import load_model
-    from edgekv.predict import ContextParams, predict
+    from edgekv.core.predict import ContextParams, predict
+    from edgekv.orchestration.api import load_model
 
     mod = _load("long_context_report")
     rows = json.loads((LONG / "predictions.json").read_text())

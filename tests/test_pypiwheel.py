@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from edgekv import pypiwheel
+from edgekv.edges import pypiwheel
+from edgekv.edges.registry import load_registry
+from edgekv.edges.sources import verified_sha256
 from edgekv.errors import SourceError
-from edgekv.registry import load_registry
-from edgekv.sources import verified_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 

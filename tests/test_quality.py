@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgekv.cli import main
-from edgekv.corpus import resolve_corpus
-from edgekv.quality import measure
+from edgekv.cli.main import main
+from edgekv.edges.corpus import resolve_corpus
+from edgekv.orchestration.quality import measure
 
 N_CTX = 128
 CHUNKS = 4

@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
-from edgekv.api import load_model
-from edgekv.crosscheck import compare
-from edgekv.engine import EngineSession
+from edgekv.core.predict import STATUS_OK, ContextParams, predict
+from edgekv.edges.engine import EngineSession
 from edgekv.errors import EngineError
-from edgekv.predict import STATUS_OK, ContextParams, predict
+from edgekv.orchestration.api import load_model
+from edgekv.orchestration.crosscheck import compare
 
 GRID = [
     ContextParams(n_ctx=n, type_k=tk, type_v=tv, flash_attn=fa, swa_full=sf, n_seq_max=ns, kv_unified=u)

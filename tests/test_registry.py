@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from edgekv.cli import main
+from edgekv.cli.main import main
+from edgekv.edges.registry import UNKNOWN, default_registry_path, load_registry, parse_registry
+from edgekv.edges.sources import resolve_model, verified_sha256
 from edgekv.errors import RegistryError
-from edgekv.registry import UNKNOWN, default_registry_path, load_registry, parse_registry
-from edgekv.sources import resolve_model, verified_sha256
 
 REQUIRED = ["smollm2-135m", "gemma3-270m", "qwen3-0.6b", "qwen3-8b", "llama3.2-1b", "llama3.2-3b", "gemma4-e2b",
             "gemma4-e4b", "bonsai-8b", "mistral-7b", "deepseek-v2-lite", "qwen3.5-0.8b"]
@@ -151,7 +151,7 @@ def test_a_wheel_install_carries_the_registry(tmp_path):
                    check=True, capture_output=True)
     env = {k: v for k, v in os.environ.items() if k not in ("EDGEKV_MODELS", "PYTHONPATH")}
     env["PYTHONPATH"] = str(target)
-    out = subprocess.run([sys.executable, "-c", "import edgekv, json; from edgekv.registry import load_registry; "
+    out = subprocess.run([sys.executable, "-c", "import edgekv, json; from edgekv.edges.registry import load_registry; "
                           "r = load_registry(); print(json.dumps([edgekv.__file__, str(r.path), r.names()]))"],
                          check=True, capture_output=True, text=True, env=env, cwd=tmp_path).stdout
     where, reg_path, names = json.loads(out)

@@ -15,13 +15,13 @@ from dataclasses import asdict
 import pytest
 from conftest import GEMMA_FILE, GEMMA_REPO, SMOL_FILE, SMOL_REPO, SPLIT_REPO
 
-from edgekv.api import load_model
-from edgekv.cli import main
-from edgekv.crosscheck import compare, engine_lines
-from edgekv.engine import EngineSession
+from edgekv.cli.main import main
+from edgekv.core.predict import ContextParams, predict
+from edgekv.edges.engine import EngineSession
+from edgekv.edges.sources import FIRST_RANGE_BYTES
 from edgekv.errors import SourceError, UsageError
-from edgekv.predict import ContextParams, predict
-from edgekv.sources import FIRST_RANGE_BYTES
+from edgekv.orchestration.api import load_model
+from edgekv.orchestration.crosscheck import compare, engine_lines
 
 MODELS = {
     "smollm2": (SMOL_REPO, SMOL_FILE, "smollm2_path"),
@@ -259,8 +259,8 @@ license = "apache-2.0"
 
 
 def test_pull_downloads_verifies_and_resumes(remote, smollm2_path, tmp_path, monkeypatch, capsys):
-    from edgekv.registry import load_registry
-    from edgekv.sources import resolve_model, verified_sha256
+    from edgekv.edges.registry import load_registry
+    from edgekv.edges.sources import resolve_model, verified_sha256
 
     sha = verified_sha256(smollm2_path)
     _registry(tmp_path, monkeypatch, sha, remote.smol_commit)
@@ -306,7 +306,7 @@ def test_pull_offline_says_what_is_missing(remote, smollm2_path, tmp_path, monke
 
 
 def test_registry_name_reads_the_header_when_weights_are_not_local(remote, smollm2_path, tmp_path, monkeypatch):
-    from edgekv.sources import verified_sha256
+    from edgekv.edges.sources import verified_sha256
 
     _registry(tmp_path, monkeypatch, verified_sha256(smollm2_path), remote.smol_commit)
     m = load_model("smol")

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from edgekv import report as REP
-from edgekv.cli import main
-from edgekv.inputs import load_any
+from edgekv.cli.main import main
+from edgekv.output import report as REP
+from edgekv.output.inputs import load_any
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = Path(__file__).parent / "golden" / "smollm2-sweep"
@@ -122,7 +122,7 @@ def test_nothing_unmeasured_is_shown_as_measured(tmp_path):
 
 def _with_quality(rec, kld, ppl, base_ppl):
     r = copy.deepcopy(rec)
-    # the layout edgekv.quality.measure() returns per row (test data, not a measurement)
+    # the layout edgekv.orchestration.quality.measure() returns per row (test data, not a measurement)
     r["quality"] = {"status": "ok", "error": None, "quality": {
         "ppl": ppl, "ppl_err": 0.05, "base_ppl": base_ppl, "kld_mean": kld, "kld_mean_err": kld / 20 if kld else 0.0,
         "kld_p99": kld * 8, "same_top_rate": 0.99 - kld}}
@@ -140,7 +140,7 @@ def test_quality_table_and_plot_when_quality_blocks_exist(tmp_path):
     md = (out / "README.md").read_text()
     assert "### Quality, measured" in md
     assert "| 1024 | q4_0 | 10.4000 ± 0.0500 | +4.00% | 0.030000 ± 0.001500 |" in md
-    assert "quality unavailable: edgekv.quality is not installed" in md
+    assert "quality unavailable: edgekv.orchestration.quality is not installed" in md
     assert any(f.endswith("kld.png") for f in res["files"])
 
 
@@ -240,7 +240,7 @@ def test_kv_on_a_gpu_is_compared_with_device_memory(tmp_path):
     """Records of a real CUDA sweep (H100, recorded): the report compares the device memory the context added,
     less llama.cpp's device compute buffers, with the prediction, and shows no host-side error for a cache
     that is not in host memory."""
-    from edgekv.llamalog import device_mib, is_host_buffer
+    from edgekv.core.llamalog import device_mib, is_host_buffer
 
     assert [n for n in ("CPU", "CPU_Mapped", "CPU_REPACK", "CUDA_Host", "Vulkan_Host", "CUDA0", "MTL0", "Vulkan1")
             if not is_host_buffer(n)] == ["CUDA0", "MTL0", "Vulkan1"]
@@ -267,7 +267,7 @@ def test_kv_on_a_gpu_is_compared_with_device_memory(tmp_path):
 def test_bench_summary_shows_gpu_columns(capsys):
     from rich.console import Console
 
-    from edgekv.benchview import render_summary
+    from edgekv.output.benchview import render_summary
 
     recs = [json.loads(x) for x in (DATA / "cuda-h100-smollm2.jsonl").read_text().splitlines()]
     con = Console(width=250, force_terminal=False)

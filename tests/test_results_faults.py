@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from edgekv import results as R
 from edgekv.errors import ResultsError
+from edgekv.records import results as R
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "bench" / "results" / "cuda-h100" / "smollm2-135m.jsonl"
@@ -172,7 +172,7 @@ def test_unwritable_output_is_refused_before_measuring(tmp_path, make, needle):
 
 _APPENDER = """
 import sys
-from edgekv import results as R
+from edgekv.records import results as R
 path, who, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 for i in range(n):
     R.append(path, {"schema_version": 1, "settings": {}, "who": who, "i": i, "pad": "x" * size})

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from edgekv.api import load_model
-from edgekv.engine import EngineSession
+from edgekv.core.predict import ContextParams
+from edgekv.edges.engine import EngineSession
 from edgekv.errors import GGUFFormatError
-from edgekv.predict import ContextParams
+from edgekv.orchestration.api import load_model
 from tests.tiny.writer import write_spec
 
 SPECS = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["families"]
@@ -56,7 +56,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 def _llama_cpp_loads(path: Path) -> bool:
     """Does the vendored llama.cpp itself accept the file's tensor table (dry run, in a child process)?"""
-    code = ("import sys; from edgekv.engine import DryRunner; r = DryRunner().load(sys.argv[1]); "
+    code = ("import sys; from edgekv.edges.engine import DryRunner; r = DryRunner().load(sys.argv[1]); "
             "print('LOADED' if r['ok'] else 'REFUSED: ' + str(r.get('error')))")
     r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT)
     return "LOADED" in r.stdout
@@ -158,7 +158,7 @@ def test_engine_on_a_header_without_tensor_table_says_what_is_missing(tmp_path):
 def test_log_parser_keeps_buffers_of_unknown_kinds():
     """A cache class newer than edgekv announces a buffer the parser has no pattern for: its MiB are kept (parser
     test over recorded-style text; the live path is tests/test_families.py)."""
-    from edgekv.llamalog import parse_memory_log
+    from edgekv.core.llamalog import parse_memory_log
 
     log = parse_memory_log("llama_kv_cache:        CPU KV buffer size =    64.00 MiB\n"
                            "llama_kv_cache_xyz:        CPU XYZ ring buffer size =    12.50 MiB\n"

@@ -55,7 +55,7 @@ def test_workflow_shape():
 
 def test_every_edgekv_command_in_the_workflow_exists():
     """Each `edgekv CMD --flags` line parses with today's CLI (its --help), so the workflow cannot drift."""
-    from edgekv.cli import main
+    from edgekv.cli.main import main
 
     text = WORKFLOW.read_text().replace("$SWEEP_ARGS", re.search(r'SWEEP_ARGS: "([^"]+)"', WORKFLOW.read_text())[1])
     seen = set()

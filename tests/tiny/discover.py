@@ -603,8 +603,8 @@ CONTEXT_CHECKS = [
 
 
 def child(name: str, progress_path: str, seed_path: str | None = None) -> int:
-    from edgekv.engine import DryRunner, model_params
-    from edgekv.predict import ContextParams
+    from edgekv.core.predict import ContextParams
+    from edgekv.edges.engine import DryRunner, model_params
     from tests.tiny.writer import write_spec
 
     family = FAMILIES[name]
@@ -643,8 +643,8 @@ def child(name: str, progress_path: str, seed_path: str | None = None) -> int:
         optional_absent = [n for n in dict.fromkeys(requested) if n not in present]
         shape = None
         if family["memory"] not in ("aborts", "unsupported"):
-            from edgekv.api import load_model
-            from edgekv.predict import predict
+            from edgekv.core.predict import predict
+            from edgekv.orchestration.api import load_model
 
             shape = load_model(path).shape
         for c in CONTEXT_CHECKS if family["memory"] != "aborts" else []:

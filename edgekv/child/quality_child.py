@@ -1,0 +1,294 @@
+"""The quality pass itself; runs inside a child process (``python -m edgekv.child.worker quality``).
+
+One model, loaded once.  For each context size, one llama.cpp context per cache configuration is
+created next to the baseline's (f16/f16), and every chunk of the corpus is decoded in all of them
+with exactly the batches ``llama-perplexity`` builds (tools/perplexity/perplexity.cpp,
+``perplexity()`` / ``kl_divergence()``):
+
+* the whole text is tokenized with BOS (``add_special``), without parsing special tokens;
+* ``n_seq = max(1, n_batch / n_ctx)`` chunks are evaluated at once in a context of
+  ``n_seq * n_ctx`` cells with ``n_seq`` non-unified sequences, ``n_batch = min(n_batch, n_seq*n_ctx)``;
+* chunk ``i`` is tokens ``[i*n_ctx, (i+1)*n_ctx)``; its first token is replaced by BOS in the
+  first batch when the vocabulary adds BOS; the cache is cleared per group of chunks;
+* logits are requested for positions ``>= n_ctx/2``, and positions ``n_ctx/2 .. n_ctx-2`` are
+  scored against the next token.
+
+After each ``llama_decode`` of one batch in every context, the logits still sit in each context's
+output buffer; :class:`edgekv.core.klstats.Accumulator` reads them in place (zero-copy views) and keeps
+per-token scalars only.  Peak memory is therefore the model, the caches, and one batch's logits per
+context: ``(1 + n_configs) * outputs_per_batch * n_vocab * 4`` bytes, independent of corpus length
+(``-b`` lowers it).  This module and :mod:`edgekv.edges.engine`/:mod:`edgekv.child.worker` import ``llama_cpp``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import time
+from typing import Any
+
+import numpy as np
+
+from edgekv.core.klstats import Accumulator
+from edgekv.core.predict import ContextParams
+from edgekv.edges.corpus import text_for_tokenizer
+from edgekv.edges.engine import LOG_LEVEL_ERROR, LogCapture, context_params, model_params
+from edgekv.edges.process import EventWriter
+from edgekv.orchestration.quality import plan as sizes
+
+RE_FA = re.compile(r"resolve_fused_ops: Flash Attention (enabled|not supported, set to disabled)")
+RE_FA_PARAM = re.compile(r"llama_context: flash_attn += (enabled|disabled)")
+RE_ROT = re.compile(r"attn_rot_([kv]) = (\d)")
+
+
+class PassError(Exception):
+    """Reported to the parent as an ``error`` event with a ``kind``."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def tokenize(lc, vocab, data: bytes) -> np.ndarray:
+    """common_tokenize(ctx, text, add_special=true, parse_special=false)."""
+    n_max = len(data) + 2
+    buf = (lc.llama_token * n_max)()
+    n = lc.llama_tokenize(vocab, data, len(data), buf, n_max, True, False)
+    if n < 0:
+        n_max = -n
+        buf = (lc.llama_token * n_max)()
+        n = lc.llama_tokenize(vocab, data, len(data), buf, n_max, True, False)
+    if n < 0:
+        raise PassError("tokenize", "llama.cpp could not tokenize the corpus")
+    return np.ctypeslib.as_array(buf)[:n].astype(np.int32).copy()
+
+
+class _Batch:
+    """A llama_batch with numpy views on its arrays (one sequence id per token)."""
+
+    def __init__(self, lc, capacity: int):
+        self.lc = lc
+        self.capacity = capacity
+        self.b = lc.llama_batch_init(capacity, 0, 1)
+        self.token = np.ctypeslib.as_array(self.b.token, shape=(capacity,))
+        self.pos = np.ctypeslib.as_array(self.b.pos, shape=(capacity,))
+        self.n_seq_id = np.ctypeslib.as_array(self.b.n_seq_id, shape=(capacity,))
+        self.logits = np.ctypeslib.as_array(ctypes.cast(self.b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(capacity,))
+        self._seq_ptrs = [self.b.seq_id[i] for i in range(capacity)]
+        self._seq_cache = np.full(capacity, -1, dtype=np.int64)
+
+    def fill(self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, want: np.ndarray) -> None:
+        n = tokens.size
+        self.token[:n] = tokens
+        self.pos[:n] = pos
+        self.n_seq_id[:n] = 1
+        self.logits[:n] = want
+        for i in np.nonzero(self._seq_cache[:n] != seq)[0]:
+            self._seq_ptrs[i][0] = int(seq[i])
+            self._seq_cache[i] = seq[i]
+        self.b.n_tokens = n
+
+    def free(self) -> None:
+        self.lc.llama_batch_free(self.b)
+
+
+def _context(lc, model, cap: LogCapture, p: ContextParams, n_threads: int) -> tuple[Any, dict[str, Any]]:
+    cap.take()
+    ctx = lc.llama_init_from_model(model, context_params(p, n_threads))
+    lines = cap.take()
+    info: dict[str, Any] = {}
+    for _, text in lines:
+        m = RE_FA_PARAM.search(text)
+        if m:
+            info["flash_attn_resolved"] = "on" if m[1] == "enabled" else "off"
+        m = RE_FA.search(text)
+        if m:
+            info["flash_attn_resolved"] = "on" if m[1] == "enabled" else "off"
+        m = RE_ROT.search(text)
+        if m:
+            info[f"attn_rot_{m[1]}"] = bool(int(m[2]))
+    if not ctx:
+        errs = [t.strip() for lvl, t in lines if lvl == LOG_LEVEL_ERROR and t.strip()]
+        info["error"] = errs[-1] if errs else "llama_init_from_model returned NULL"
+    return ctx, info
+
+
+def evaluate(lc, model, vocab, cap: LogCapture, tokens: np.ndarray, n_ctx: int, configs: list[dict[str, Any]],
+             opts: dict[str, Any], ev: EventWriter) -> list[dict[str, Any]]:
+    """Baseline plus candidates at one context length; one result dict per candidate config."""
+    plan = sizes(tokens.size, n_ctx, int(opts["n_batch"]), opts.get("chunks"))
+    n_seq, n_batch, first = plan["n_seq"], plan["n_batch"], plan["first"]
+    n_chunk, num_batches = plan["n_chunk"], plan["num_batches"]
+    n_threads = int(opts["n_threads"])
+    add_bos = bool(lc.llama_vocab_get_add_bos(vocab))
+    bos = int(lc.llama_vocab_bos(vocab))
+    n_vocab = int(lc.llama_vocab_n_tokens(vocab))
+
+    def cparams(type_k: str, type_v: str, fa: str) -> ContextParams:
+        return ContextParams(n_ctx=plan["n_ctx_total"], type_k=type_k, type_v=type_v, flash_attn=fa, swa_full=False,
+                             n_seq_max=n_seq, kv_unified=False, n_batch=n_batch, n_ubatch=int(opts["n_ubatch"]))
+
+    # One baseline per flash-attention mode among the configs.
+    base_type_k, base_type_v = opts["base_type_k"], opts["base_type_v"]
+    results: list[dict[str, Any]] = [dict() for _ in configs]
+    contexts: list[Any] = []
+    groups: dict[str, dict[str, Any]] = {}
+    try:
+        for i, c in enumerate(configs):
+            fa = c["flash_attn"]
+            g = groups.get(fa)
+            if g is None:
+                ctx, info = _context(lc, model, cap, cparams(base_type_k, base_type_v, fa), n_threads)
+                if not ctx:
+                    raise PassError("context", f"baseline {base_type_k}/{base_type_v} (-fa {fa}) at -c {n_ctx}: {info['error']}")
+                contexts.append(ctx)
+                g = groups[fa] = {"ctx": ctx, "info": info, "members": [], "eval_s": 0.0}
+            ctx, info = _context(lc, model, cap, cparams(c["type_k"], c["type_v"], fa), n_threads)
+            results[i].update(info)
+            if not ctx:
+                results[i]["status"] = "error"
+                continue
+            contexts.append(ctx)
+            g["members"].append({"i": i, "ctx": ctx, "eval_s": 0.0})
+        active = [g for g in groups.values() if g["members"]]
+        accs = {id(g): Accumulator(len(g["members"]), bool(opts.get("emulate_llama")), n_threads) for g in active}
+        batch = _Batch(lc, n_batch)
+        stats_s = 0.0
+        t_start = time.perf_counter()
+        for i0 in range(0, n_chunk, n_seq):
+            n_seq_batch = min(n_seq, n_chunk - i0)
+            start = i0 * n_ctx
+            for g in active:
+                for ctx in [g["ctx"]] + [m["ctx"] for m in g["members"]]:
+                    lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
+            for j in range(num_batches):
+                p0 = j * n_batch
+                batch_size = min(n_ctx - p0, n_batch)
+                pos1 = np.arange(p0, p0 + batch_size, dtype=np.int32)
+                toks, pos, seq, want = [], [], [], []
+                spans = []        # per sequence: (first output row, number of scored rows, targets)
+                row = 0
+                for s in range(n_seq_batch):
+                    cs = start + s * n_ctx
+                    t = tokens[cs + p0: cs + p0 + batch_size].copy()
+                    if add_bos and j == 0:
+                        t[0] = bos
+                    toks.append(t)
+                    pos.append(pos1)
+                    seq.append(np.full(batch_size, s, dtype=np.int64))
+                    w = pos1 >= first
+                    want.append(w)
+                    n_out = int(w.sum())
+                    scored = pos1[w & (pos1 <= n_ctx - 2)]
+                    spans.append((row, scored.size, tokens[cs + scored + 1]))
+                    row += n_out
+                batch.fill(np.concatenate(toks), np.concatenate(pos), np.concatenate(seq), np.concatenate(want))
+                n_outputs = row
+                for g in active:
+                    views = []
+                    for k, ctx in enumerate([g["ctx"]] + [m["ctx"] for m in g["members"]]):
+                        t0 = time.perf_counter()
+                        rc = lc.llama_decode(ctx, batch.b)
+                        if rc != 0:
+                            raise PassError("decode", f"llama_decode failed with {rc} at -c {n_ctx}, chunk {i0 + 1}")
+                        ptr = lc.llama_get_logits(ctx) if n_outputs else None
+                        dt = time.perf_counter() - t0
+                        if k == 0:
+                            g["eval_s"] += dt
+                        else:
+                            g["members"][k - 1]["eval_s"] += dt
+                        if n_outputs:
+                            views.append(np.ctypeslib.as_array(ptr, shape=(n_outputs, n_vocab)))
+                    if n_outputs:
+                        t0 = time.perf_counter()
+                        for r0, n_sc, targets in spans:
+                            if n_sc:
+                                accs[id(g)].add(views[0][r0:r0 + n_sc], [v[r0:r0 + n_sc] for v in views[1:]],
+                                                targets)
+                        stats_s += time.perf_counter() - t0
+            done = i0 + n_seq_batch
+            ev.emit("progress", n_ctx=n_ctx, chunks_done=done, n_chunks=n_chunk,
+                    tokens_done=done * n_ctx, elapsed_s=time.perf_counter() - t_start)
+        wall = time.perf_counter() - t_start
+        batch.free()
+        n_eval = n_chunk * n_ctx
+        for g in active:
+            acc = accs[id(g)]
+            for k, m in enumerate(g["members"]):
+                r = results[m["i"]]
+                r.update(acc.summary(k))
+                r.update({
+                    "status": "ok",
+                    "eval_s": m["eval_s"],
+                    "eval_tokens_per_s": n_eval / m["eval_s"] if m["eval_s"] > 0 else None,
+                    "base_eval_s": g["eval_s"],
+                    "base_flash_attn_resolved": g["info"].get("flash_attn_resolved"),
+                })
+            acc.close()
+        n_contexts = sum(1 + len(g["members"]) for g in active)
+        for r in results:
+            r.update({"n_ctx": n_ctx, "n_chunks": n_chunk, "n_seq": n_seq, "n_batch": n_batch,
+                      "n_ubatch": min(int(opts["n_ubatch"]), n_batch), "n_ctx_total": plan["n_ctx_total"],
+                      "eval_tokens": n_eval, "pass_wall_s": wall, "pass_stats_s": stats_s,
+                      "pass_contexts": n_contexts,
+                      "pass_tokens_per_s": n_eval * n_contexts / wall if wall > 0 else None})
+        return results
+    finally:
+        for ctx in contexts:
+            lc.llama_free(ctx)
+        cap.take()
+
+
+def run(payload: dict[str, Any], ev: EventWriter) -> None:
+    import llama_cpp as lc
+
+    cap = LogCapture()
+    cap.install()
+    lc.llama_backend_init()
+    t0 = time.perf_counter()
+    mparams = model_params(int(payload.get("n_gpu_layers", -1)), dry=False)
+    model = lc.llama_model_load_from_file(payload["model_path"].encode(), mparams)
+    lines = cap.take()
+    if not model:
+        errs = [t.strip() for lvl, t in lines if lvl == LOG_LEVEL_ERROR and t.strip()]
+        ev.emit("error", kind="model", error=errs[-1] if errs else "llama.cpp could not load the model")
+        return
+    try:
+        vocab = lc.llama_model_get_vocab(model)
+        with open(payload["corpus_path"], "rb") as f:
+            data = text_for_tokenizer(f.read())
+        tokens = tokenize(lc, vocab, data)
+        n_ctxs = [int(n) for n in payload["n_ctx"]]
+        ev.emit("tokens", n_tokens=int(tokens.size), add_bos=bool(lc.llama_vocab_get_add_bos(vocab)),
+                load_s=time.perf_counter() - t0, pid=os.getpid())
+        for n in n_ctxs:
+            if tokens.size < 2 * n:
+                raise PassError("corpus_too_short",
+                                f"the corpus tokenizes to {tokens.size} tokens; -c {n} needs at least {2 * n} "
+                                "(two chunks, as llama-perplexity requires): use a smaller -c or a longer corpus")
+        opts = dict(payload["options"])
+        rows: list[dict[str, Any]] = []
+        for n in n_ctxs:
+            configs = [replace_cfg(c) for c in payload["configs"]]
+            for cfg, r in zip(configs, evaluate(lc, model, vocab, cap, tokens, n, configs, opts, ev)):
+                rows.append({**cfg, **r})
+        sysinfo = lc.llama_print_system_info()
+        ev.result({
+            "rows": rows,
+            "n_tokens": int(tokens.size),
+            "add_bos": bool(lc.llama_vocab_get_add_bos(vocab)),
+            "n_vocab": int(lc.llama_vocab_n_tokens(vocab)),
+            "llama_cpp_python": getattr(lc, "__version__", None),
+            "system_info": sysinfo.decode() if isinstance(sysinfo, bytes) else str(sysinfo),
+            "pid": os.getpid(),
+        })
+    except PassError as e:
+        ev.emit("error", kind=e.kind, error=str(e))
+    finally:
+        lc.llama_model_free(model)
+
+
+def replace_cfg(c: dict[str, Any]) -> dict[str, Any]:
+    return {"type_k": c["type_k"], "type_v": c["type_v"], "flash_attn": c.get("flash_attn", "auto")}
+

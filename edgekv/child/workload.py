@@ -1,0 +1,397 @@
+"""Child side of a measured run: load, create the context, warm up, fill to depth, time pp and tg.
+
+Runs inside ``python -m edgekv.child.worker bench`` (one fresh process per configuration).  The workload
+mirrors llama-bench (tools/llama-bench/llama-bench.cpp, test_prompt/test_gen and the repetition
+loop): random tokens with BOS first, prompt processing in ``n_batch`` chunks followed by
+``llama_synchronize``, generation one token at a time with a synchronize after each, a warm-up prompt
+run and one warm-up token, and every repetition timed from a cache holding exactly ``n_depth``
+tokens.  Between repetitions the cache goes back to that depth by removing the tokens the test added
+(plain caches) or, where that cannot be exact (sliding-window and recurrent caches), by restoring a
+state snapshot taken after the fill, as llama-bench always does (kept in a file under ``TMPDIR`` so
+that it never counts in the measured memory).  The parent samples memory; phase
+events tell it which part of the run each peak belongs to.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+from edgekv.edges.process import EventWriter
+
+SEED = 1234
+
+
+def _mem() -> dict[str, int | None]:
+    import psutil
+
+    rss = psutil.Process().memory_info().rss
+    anon = None
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/self/smaps_rollup", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Anonymous:"):
+                        anon = int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return {"rss": rss, "anon": anon}
+
+
+def self_memory() -> dict[str, int | None]:
+    """This process's resident memory (and macOS phys_footprint) now: one read of /proc/self/statm on Linux."""
+    rss = None
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/self/statm", "rb") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            rss = None
+    if rss is None:
+        import psutil
+
+        rss = psutil.Process().memory_info().rss
+    footprint = None
+    if sys.platform == "darwin":
+        from edgekv.edges.environment import macos_footprint
+
+        footprint = macos_footprint(os.getpid())
+    return {"rss": rss, "footprint": footprint}
+
+
+class DeviceMemory:
+    """Memory in use on the process's accelerators (every ggml device that is not the CPU), from
+    ``ggml_backend_dev_memory`` (CUDA: cudaMemGetInfo): total minus free, summed.  Read synchronously at the
+    run's checkpoints, so what llama.cpp allocated between two of them is their difference (a parent sampling
+    the child cannot tell which side of a phase change an allocation fell on).  The device-wide figure
+    includes other processes' memory: on a shared GPU the differences are what to read."""
+
+    def __init__(self) -> None:
+        self.lib, self.devs = None, []
+        try:
+            import llama_cpp
+
+            libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+            cands = [p for pat in ("libggml.so", "libggml.dylib", "ggml.dll") for p in glob.glob(os.path.join(libdir, pat))]
+            if not cands:
+                return
+            lib = ctypes.CDLL(cands[0])
+            lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+            lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+            lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+            lib.ggml_backend_dev_type.restype = ctypes.c_int
+            lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+            lib.ggml_backend_dev_memory.restype = None
+            lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                                    ctypes.POINTER(ctypes.c_size_t)]
+            devs = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
+            self.devs = [d for d in devs if lib.ggml_backend_dev_type(d) in (1, 2)]   # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
+            self.lib = lib
+        except (OSError, AttributeError, ImportError):
+            self.lib, self.devs = None, []
+
+    def used(self) -> int | None:
+        if self.lib is None or not self.devs:
+            return None
+        total_used = 0
+        for d in self.devs:
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            self.lib.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
+            total_used += total.value - free.value
+        return total_used
+
+
+# -- ggml device registry (not bound by llama-cpp-python; a few functions through ctypes) ------------
+
+def ggml_devices() -> dict[str, Any]:
+    import llama_cpp
+
+    libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    cands = [p for pat in ("libggml.so", "libggml.dylib", "ggml.dll") for p in glob.glob(os.path.join(libdir, pat))]
+    out: dict[str, Any] = {"backends": None, "devices": None}
+    if not cands:
+        return out
+    lib = ctypes.CDLL(cands[0])
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_name.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_description.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_memory.restype = None
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    types = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
+    out["backends"] = [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode()
+                       for i in range(lib.ggml_backend_reg_count())]
+    devs = []
+    for i in range(lib.ggml_backend_dev_count()):
+        d = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
+        devs.append({"name": lib.ggml_backend_dev_name(d).decode(), "description": lib.ggml_backend_dev_description(d).decode(),
+                     "type": types.get(lib.ggml_backend_dev_type(d), "?"), "memory_total": total.value,
+                     "memory_free": free.value})
+    out["devices"] = devs
+    return out
+
+
+def env_info(_payload: dict, ev: EventWriter) -> None:
+    import llama_cpp
+
+    llama_cpp.llama_backend_init()
+    info = ggml_devices()
+    info["system_info"] = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+    info["supports_gpu_offload"] = bool(llama_cpp.llama_supports_gpu_offload())
+    ev.result(info)
+
+
+def baseline(_payload: dict, ev: EventWriter) -> None:
+    """The runtime baseline: exactly what a bench child does before it loads the model, then its RSS."""
+    import llama_cpp as L
+
+    from edgekv.edges.engine import LogCapture
+
+    cap = LogCapture()
+    cap.install()
+    L.llama_backend_init()
+    m = _mem()
+    ev.result({"rss": m["rss"], "anon": m["anon"],
+               "system_info": L.llama_print_system_info().decode("utf-8", "replace").strip()})
+
+
+# -- the measured run ---------------------------------------------------------------------------------
+
+class _Runner:
+    def __init__(self, L, ctx, n_batch: int, n_vocab: int, add_bos: bool, bos: int, rng: random.Random):
+        self.L, self.ctx, self.n_batch, self.n_vocab = L, ctx, n_batch, n_vocab
+        self.add_bos, self.bos, self.rng = add_bos, bos, rng
+        self.gen_batch = L.llama_batch_init(1, 0, 1)
+
+    def prompt_chunks(self, n: int) -> list[tuple[Any, int]]:
+        """Random tokens for a prompt of n tokens in n_batch chunks; BOS first like llama-bench."""
+        chunks, done = [], 0
+        while done < n:
+            k = min(n - done, self.n_batch)
+            arr = (self.L.llama_token * k)(*[self.rng.randrange(self.n_vocab) for _ in range(k)])
+            if done == 0 and self.add_bos:
+                arr[0] = self.bos
+            chunks.append((arr, k))
+            done += k
+        return chunks
+
+    def run_prompt(self, chunks) -> None:
+        L = self.L
+        for arr, k in chunks:
+            rc = L.llama_decode(self.ctx, L.llama_batch_get_one(arr, k))
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc} while processing a prompt batch"
+                                   + (" (the KV cache is full)" if rc == 1 else ""))
+        L.llama_synchronize(self.ctx)
+
+    def gen_tokens(self, n: int) -> list[int]:
+        toks = [self.rng.randrange(self.n_vocab) for _ in range(n)]
+        if n and self.add_bos:
+            toks[0] = self.bos
+        return toks
+
+    def run_gen(self, toks: list[int], pos0: int) -> None:
+        L, b, ctx = self.L, self.gen_batch, self.ctx
+        b.n_tokens = 1
+        b.n_seq_id[0] = 1
+        b.seq_id[0][0] = 0
+        b.logits[0] = 1
+        pos = pos0
+        for t in toks:
+            b.token[0] = t
+            b.pos[0] = pos
+            pos += 1
+            rc = L.llama_decode(ctx, b)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc} while generating"
+                                   + (" (the KV cache is full)" if rc == 1 else ""))
+            L.llama_synchronize(ctx)
+
+    def close(self) -> None:
+        self.L.llama_batch_free(self.gen_batch)
+
+
+def bench(payload: dict, ev: EventWriter) -> None:
+    t_begin = time.perf_counter()
+    s = payload["settings"]
+    timing: dict[str, float] = {}
+    checkpoints: dict[str, Any] = {}
+    ev.emit("phase", phase="import")
+    import llama_cpp as L
+
+    from edgekv.core.llamalog import parse_memory_log
+    from edgekv.core.predict import ContextParams
+    from edgekv.edges.engine import LogCapture, context_params, model_params
+
+    cap = LogCapture()
+    cap.install()
+    L.llama_backend_init()
+    timing["import_s"] = time.perf_counter() - t_begin
+    checkpoints["start"] = _mem()
+
+    ev.emit("phase", phase="load")
+    t = time.perf_counter()
+    mparams = model_params(s["n_gpu_layers"], dry=False)
+    if s.get("no_mmap"):
+        mparams.load_mode = 0     # LLAMA_LOAD_MODE_NONE: llama.cpp's `-lm none` (older builds: --no-mmap)
+    model = L.llama_model_load_from_file(payload["model_path"].encode(), mparams)
+    timing["load_s"] = time.perf_counter() - t
+    load_lines = cap.take()
+    load_log = parse_memory_log([x for _, x in load_lines])
+    if not model:
+        errs = [x.strip() for lvl, x in load_lines if lvl == 4 and x.strip()]
+        ev.result({"status": "failed", "reason": f"llama.cpp could not load the model: {errs[-1] if errs else '?'}"})
+        return
+    checkpoints["after_load"] = _mem()
+    devmem = DeviceMemory()          # after the load: reading a CUDA device's memory creates its context
+    checkpoints["after_load"]["gpu_used"] = devmem.used()
+
+    ev.emit("phase", phase="context")
+    cp = ContextParams(n_ctx=s["n_ctx"], type_k=s["type_k"], type_v=s["type_v"], flash_attn=s["flash_attn"],
+                       swa_full=s["swa_full"], n_seq_max=s["n_seq_max"], kv_unified=s["kv_unified"],
+                       n_batch=s["n_batch"], n_ubatch=s["n_ubatch"])
+    t = time.perf_counter()
+    ctx = L.llama_init_from_model(model, context_params(cp, n_threads=s["n_threads"]))
+    timing["context_s"] = time.perf_counter() - t
+    ctx_lines = cap.take()
+    ctx_log = parse_memory_log([x for _, x in ctx_lines])
+    extra_lines = [x.strip() for _, x in load_lines + ctx_lines if "recommendedMaxWorkingSetSize" in x]
+    base = {
+        "load_log": load_log.to_dict(), "ctx_log": ctx_log.to_dict(),
+        "model": {"size_bytes": int(L.llama_model_size(model)), "n_params": int(L.llama_model_n_params(model))},
+        "device_notes": extra_lines,
+    }
+    if not ctx:
+        errs = [x.strip() for lvl, x in ctx_lines if lvl == 4 and x.strip()]
+        ev.result({**base, "status": "failed", "reason": errs[-1] if errs else "llama_init_from_model returned NULL",
+                   "checkpoints": checkpoints, "timing": timing})
+        L.llama_model_free(model)
+        return
+    checkpoints["after_context"] = _mem()
+    checkpoints["after_context"]["gpu_used"] = devmem.used()
+    effective = {"n_ctx": int(L.llama_n_ctx(ctx)), "n_batch": int(L.llama_n_batch(ctx)),
+                 "n_ubatch": int(L.llama_n_ubatch(ctx)), "n_seq_max": int(L.llama_n_seq_max(ctx))}
+    if hasattr(L, "llama_n_ctx_seq"):
+        effective["n_ctx_seq"] = int(L.llama_n_ctx_seq(ctx))
+
+    vocab = L.llama_model_get_vocab(model)
+    n_vocab = int(L.llama_vocab_n_tokens(vocab))
+    add_bos = bool(L.llama_vocab_get_add_bos(vocab))
+    bos = int(L.llama_vocab_bos(vocab))
+    runner = _Runner(L, ctx, effective["n_batch"], n_vocab, add_bos, bos, random.Random(SEED))
+    mem = L.llama_get_memory(ctx)
+    p, n, d, reps = s["n_prompt"], s["n_gen"], s["n_depth"], s["repetitions"]
+    samples: dict[str, Any] = {}
+    restore = payload.get("restore", "snapshot")
+    snapshot_bytes = None
+    state_path: str | None = None
+    try:
+        if s["warmup"]:
+            ev.emit("phase", phase="warmup")
+            t = time.perf_counter()
+            if p > 0:
+                runner.run_prompt(runner.prompt_chunks(p))
+            if n > 0:
+                runner.run_gen(runner.gen_tokens(1), int(L.llama_memory_seq_pos_max(mem, 0)) + 1)
+            timing["warmup_s"] = time.perf_counter() - t
+        L.llama_memory_clear(mem, True)
+
+        t = time.perf_counter()
+        if d > 0:
+            chunks = runner.prompt_chunks(d)
+            done = 0
+            ev.emit("phase", phase="fill", done=0, total=d)
+            for arr, k in chunks:
+                runner.run_prompt([(arr, k)])
+                done += k
+                ev.emit("progress", phase="fill", done=done, total=d)
+        timing["fill_s"] = time.perf_counter() - t
+        checkpoints["after_fill"] = _mem()
+        checkpoints["after_fill"]["gpu_used"] = devmem.used()
+
+        if d > 0 and restore == "snapshot":
+            # The depth state goes to a file, not to memory: an in-memory copy is as large as the cache and
+            # would sit in the measured RSS for the rest of the run.  Saving and restoring pass through one
+            # layer's rows at a time; those two phases are the only ones the peak leaves out.
+            ev.emit("phase", phase="snapshot")
+            state_dir = tempfile.mkdtemp(prefix="edgekv-state-")
+            state_path = os.path.join(state_dir, "depth.state")
+            if L.llama_state_seq_save_file(ctx, state_path.encode(), 0, (L.llama_token * 1)(), 0) == 0:
+                raise RuntimeError(f"llama.cpp could not save the depth state to {state_path}: "
+                                   "free disk space there or point TMPDIR elsewhere")
+            snapshot_bytes = os.path.getsize(state_path)
+
+        def back_to_depth() -> None:
+            if d == 0:
+                L.llama_memory_clear(mem, True)
+            elif state_path is not None:
+                L.llama_memory_clear(mem, False)
+                n_tok = ctypes.c_size_t(0)
+                if L.llama_state_seq_load_file(ctx, state_path.encode(), 0, (L.llama_token * 1)(), 1,
+                                               ctypes.byref(n_tok)) == 0:
+                    raise RuntimeError(f"llama.cpp could not restore the depth state from {state_path}")
+            elif not L.llama_memory_seq_rm(mem, 0, d, -1):
+                raise RuntimeError("llama.cpp could not remove the tokens added after the depth fill")
+
+        for test, count in (("pp", p), ("tg", n)):
+            if count <= 0:
+                continue
+            ns: list[int] = []
+            t_test = time.perf_counter()
+            for r in range(reps):
+                if state_path is not None:
+                    ev.emit("phase", phase="restore")
+                back_to_depth()
+                # timed: the parent stops sampling until the next phase (its wake-ups would take CPU from
+                # llama.cpp's threads); this process reads its own memory after the repetition instead
+                ev.emit("phase", phase=test, rep=r + 1, reps=reps, timed=True)
+                if test == "pp":
+                    work = runner.prompt_chunks(count)
+                    t0 = time.perf_counter_ns()
+                    runner.run_prompt(work)
+                else:
+                    toks = runner.gen_tokens(count)
+                    pos0 = int(L.llama_memory_seq_pos_max(mem, 0)) + 1
+                    t0 = time.perf_counter_ns()
+                    runner.run_gen(toks, pos0)
+                ns.append(time.perf_counter_ns() - t0)
+                ev.emit("mem", **self_memory())
+            timing[f"{test}_s"] = time.perf_counter() - t_test
+            samples[test] = {"n_tokens": count, "samples_ns": ns, "samples_ts": [count * 1e9 / x for x in ns]}
+    except RuntimeError as e:
+        ev.result({**base, "status": "failed", "reason": str(e), "checkpoints": checkpoints, "timing": timing,
+                   "effective": effective})
+        return
+    finally:
+        runner.close()
+        if state_path is not None:
+            shutil.rmtree(os.path.dirname(state_path), ignore_errors=True)
+    checkpoints["end"] = _mem()
+    checkpoints["end"]["gpu_used"] = devmem.used()
+    timing["child_total_s"] = time.perf_counter() - t_begin
+    timed = sum(sum(v["samples_ns"]) for v in samples.values()) / 1e9
+    timing["timed_s"] = timed
+    ev.result({**base, "status": "ok", "effective": effective, "checkpoints": checkpoints, "timing": timing,
+               "samples": samples, "restore": restore if d > 0 else "clear", "snapshot_bytes": snapshot_bytes,
+               "n_vocab": n_vocab, "add_bos": add_bos})
+    L.llama_free(ctx)
+    L.llama_model_free(model)

@@ -1,0 +1,3 @@
+from edgekv.cli.main import run
+
+run()

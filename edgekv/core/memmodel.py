@@ -1,0 +1,394 @@
+"""Whole-process memory of a llama.cpp process: the peak it reaches, as named parts.
+
+Pure: no llama.cpp, no processes, no I/O.  The edges (:mod:`edgekv.orchestration.procpredict`) gather the inputs --
+the runtime baseline (measured once per environment, :mod:`edgekv.orchestration.calibrate`), llama.cpp's own dry
+run (compute buffers reserved for the *workload's* graph through ``n_outputs_max``, and the host
+memory the dry-run process grew by while llama.cpp read the header and built its tensors), the GGUF
+tensor table and the cache formula -- and this module adds them up by llama.cpp's rules.
+
+Every part names its ``source``: ``formula`` (computed here from the header), ``llama.cpp`` (its dry
+run), ``measured`` (the runtime calibration, or the dry-run process's own growth).
+
+What becomes *resident* on a CPU (vendored llama.cpp 0c1e570, paths under vendor/llama.cpp/):
+
+* weights, mmap (default): the mapped tensor data is file-backed and every page is read by the first
+  graph that runs (src/llama-model-loader.cpp load_all_data; llama-mmap.cpp): all tensor bytes.
+* weights, ``--no-mmap``: one anonymous CPU buffer holding the tensors that are not repacked.
+* CPU_REPACK: tensors whose type the CPU backend re-lays for its GEMM kernels get an anonymous copy
+  (ggml/src/ggml-cpu/repack.cpp ``ggml_repack_get_optimal_repack_type``: q4_0, q4_K, iq4_nl, mxfp4 with
+  AVX2 and q2_K with AVX512 on x86, when ne[1] % 8 == 0; matrix weights only, never token_embd, which
+  is read by GET_ROWS).  With mmap the original pages are still read while repacking, so they stay
+  resident as well.
+* KV cache / recurrent state: cleared when created (llama-kv-cache.cpp ``ggml_backend_buffer_clear``),
+  so all of it is resident from the start.
+* compute buffer: ggml-alloc reserves the worst graph for n_ubatch tokens and n_outputs_max outputs
+  (llama-context.cpp:896-898), but the pages a CPU graph writes are those of the graph that runs;
+  the dry run with ``n_outputs_max`` set to the workload's outputs per ubatch reserves exactly that
+  graph, so its size is the resident share.  A GPU backend allocates the reservation whole, at the
+  process's own ``n_outputs_max`` (default n_batch).
+* thread work buffer: ggml-cpu.c ``ggml_graph_plan``: the largest per-node scratch, for a matrix
+  product the activations converted to the weight's vec_dot type (row_size(vec_dot, K x n_tokens)),
+  plus one cache line per thread (ggml-cpu.cpp allocates it with ``new uint8_t[work_size]``).
+* output buffer: n_vocab floats per output row the workload keeps (llama-context.cpp:2120-2143,
+  ``output_reserve``): 1 row per sequence for generation, n_batch rows for perplexity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+MIB = 1024 * 1024
+
+WORKLOAD_GENERATE = "generate"
+WORKLOAD_PERPLEXITY = "perplexity"
+WORKLOAD_BENCH = "bench"
+WORKLOADS = (WORKLOAD_GENERATE, WORKLOAD_PERPLEXITY, WORKLOAD_BENCH)
+WORKLOAD_HELP = {
+    WORKLOAD_GENERATE: "llama-cli / llama-server: prompt in -b/-ub batches, one output per sequence",
+    WORKLOAD_PERPLEXITY: "llama-perplexity / edgekv quality: logits for every token of a batch",
+    WORKLOAD_BENCH: "edgekv bench / llama-bench: random prompt and single-token decodes, one output per batch",
+}
+
+SRC_FORMULA = "formula"
+SRC_LLAMA = "llama.cpp dry run"
+SRC_LLAMA_MEASURED = "measured (llama.cpp dry-run process)"
+SRC_CALIBRATION = "measured (runtime calibration)"
+
+HOST = "host"
+
+CACHE_LINE_SIZE = 64          # ggml-cpu.c CACHE_LINE_SIZE (x86, arm64)
+GLIBC_MMAP_THRESHOLD_MAX = 32 * MIB   # glibc malloc: DEFAULT_MMAP_THRESHOLD_MAX on 64-bit; larger blocks are always mapped
+
+# ggml type ids (ggml/include/ggml.h enum ggml_type) used by the rules below
+T_F32, T_F16, T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_Q8_1 = 0, 1, 2, 3, 6, 7, 8, 9
+T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K, T_Q8_K = 10, 11, 12, 13, 14, 15
+T_IQ4_NL, T_IQ4_XS, T_BF16, T_MXFP4 = 20, 23, 30, 39
+
+# (elements per block, bytes per block) of the vec_dot types activations are converted to
+# (ggml/src/ggml-common.h block_q8_0 / block_q8_1 / block_q8_K)
+_BLOCKS = {T_F32: (1, 4), T_F16: (1, 2), T_BF16: (1, 2), T_Q8_0: (32, 34), T_Q8_1: (32, 36), T_Q8_K: (256, 292)}
+
+# weight type -> vec_dot_type (ggml/src/ggml-cpu/ggml-cpu.c type_traits_cpu)
+_Q8_0_DOT = {T_Q4_0, T_Q5_0, T_Q8_0, T_IQ4_NL, T_MXFP4}
+_Q8_1_DOT = {T_Q4_1, T_Q5_1}
+_KQ_DOT = {T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K, T_IQ4_XS}
+
+
+def vec_dot_type(ggml_type: int) -> int | None:
+    if ggml_type in _Q8_0_DOT:
+        return T_Q8_0
+    if ggml_type in _Q8_1_DOT:
+        return T_Q8_1
+    if ggml_type in _KQ_DOT:
+        return T_Q8_K
+    if ggml_type in (T_F16, T_BF16):
+        return ggml_type
+    if ggml_type == T_F32:
+        return T_F32
+    return T_Q8_K if ggml_type > T_Q8_K else T_Q8_0   # i-quants: q8_K; anything else: the common case
+
+
+def row_size(ggml_type: int, n: int) -> int:
+    blk, size = _BLOCKS[ggml_type]
+    return -(-n // blk) * size
+
+
+class Tensor(Protocol):
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    n_bytes: int
+
+
+# -- workloads ----------------------------------------------------------------------------------------
+
+def workload_outputs(workload: str, n_batch: int, n_ubatch: int, n_seq_max: int = 1) -> tuple[int, int]:
+    """(outputs per ubatch the graph computes, output rows the output buffer holds) for a workload."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)}")
+    n_seq = max(1, n_seq_max)
+    if workload == WORKLOAD_PERPLEXITY:
+        return n_ubatch, max(n_batch, n_seq)
+    return min(n_ubatch, n_seq), n_seq
+
+
+# -- weights ------------------------------------------------------------------------------------------
+
+def is_matrix_weight(t: Tensor) -> bool:
+    """A weight that enters a matrix product (MUL_MAT / MUL_MAT_ID): 2-D or stacked experts, not the
+    token embedding (GET_ROWS) nor norms/biases (1-D)."""
+    return len([d for d in t.shape if d > 1]) >= 2 and not t.name.startswith("token_embd")
+
+
+def repacked(t: Tensor, cpu_features: Iterable[str]) -> bool:
+    """Whether the CPU backend keeps a CPU_REPACK copy of this tensor (x86 and arm64 rules)."""
+    if not is_matrix_weight(t) or len(t.shape) < 2:
+        return False
+    f = {x.lower() for x in cpu_features}
+    ne1 = t.shape[1]
+    avx2, avx512 = "avx2" in f, "avx512" in f
+    neon_i8mm = "neon" in f and "matmul_int8" in f
+    neon_dot = "neon" in f and "dotprod" in f
+    if t.ggml_type == T_Q4_0:
+        return ((avx2 and ne1 % 8 == 0) or ((neon_i8mm or neon_dot) and ne1 % 4 == 0))
+    if t.ggml_type == T_Q4_K:
+        return (avx2 or neon_i8mm or neon_dot) and ne1 % 8 == 0
+    if t.ggml_type == T_Q2_K:
+        return avx512 and ne1 % 8 == 0
+    if t.ggml_type in (T_IQ4_NL, T_MXFP4):
+        return (avx2 and ne1 % 8 == 0) or (neon_dot and ne1 % 4 == 0)
+    if t.ggml_type in (T_Q5_K, T_Q6_K):
+        return (neon_i8mm or neon_dot) and ne1 % 8 == 0
+    if t.ggml_type == T_Q8_0:
+        return (neon_i8mm or neon_dot) and ne1 % 4 == 0
+    return False
+
+
+def layer_of(name: str) -> int | None:
+    if name.startswith("blk."):
+        try:
+            return int(name.split(".")[1])
+        except (IndexError, ValueError):
+            return None
+    return None
+
+
+def tensor_on_gpu(name: str, n_layer: int, n_gpu_layers: int) -> bool:
+    """llama.cpp's single-device split (src/llama-model.cpp:1589-1597): layer il is offloaded iff
+    il >= n_layer + 1 - n_gpu_layers; the output layer counts as layer n_layer; the input layer
+    (token_embd) always stays on the CPU."""
+    if n_gpu_layers <= 0:
+        return False
+    first = max(0, n_layer + 1 - n_gpu_layers)
+    il = layer_of(name)
+    if il is not None:
+        return il >= first
+    if name.startswith("token_embd"):
+        return False
+    return n_layer >= first            # output, output_norm: the output "layer"
+
+
+CUDA_ALIGNMENT = 128          # ggml-cuda.cu buffer type alignment
+CUDA_MATRIX_ROW_PADDING = 512  # ggml-cuda/common.cuh MATRIX_ROW_PADDING
+
+
+def device_alloc_bytes(t: Tensor, device: str) -> int:
+    """Bytes a device buffer gives a weight tensor: on CUDA a quantized tensor whose rows are not a multiple
+    of 512 gets one padded row (ggml-cuda.cu get_alloc_size), and every tensor is aligned to 128 bytes."""
+    size = t.n_bytes
+    if device.upper().startswith("CUDA"):
+        ne0 = t.shape[0] if t.shape else 0
+        n_rows = 1
+        for d in t.shape[1:]:
+            n_rows *= d
+        quantized = t.ggml_type not in (T_F32, T_F16, T_BF16)
+        if quantized and ne0 and ne0 % CUDA_MATRIX_ROW_PADDING:
+            row_bytes = t.n_bytes // n_rows
+            size += (CUDA_MATRIX_ROW_PADDING - ne0 % CUDA_MATRIX_ROW_PADDING) * row_bytes // ne0
+        size = -(-size // CUDA_ALIGNMENT) * CUDA_ALIGNMENT
+    return size
+
+
+def work_buffer_bytes(tensors: Sequence[Tensor], n_tokens: int, n_outputs: int, n_threads: int,
+                      on_cpu: Any = None) -> int:
+    """The CPU backend's per-graph scratch: the largest matrix product's converted activations
+    (row_size(vec_dot_type, K x rows)), padded to 64, plus one cache line per thread."""
+    best = 0
+    for t in tensors:
+        if not is_matrix_weight(t) and not (t.name.startswith("output") and len(t.shape) >= 2):
+            continue
+        if on_cpu is not None and not on_cpu(t):
+            continue
+        vd = vec_dot_type(t.ggml_type)
+        if vd is None or vd == T_F32:
+            continue
+        rows = n_outputs if t.name.startswith("output") else n_tokens
+        cur = row_size(vd, t.shape[0] * rows)
+        best = max(best, -(-cur // 64) * 64)
+    return best + CACHE_LINE_SIZE * max(1, n_threads) if best else 0
+
+
+# -- the model ----------------------------------------------------------------------------------------
+
+@dataclass
+class Part:
+    name: str
+    bytes: int
+    source: str
+    where: str = HOST            # "host" or a ggml device name (CUDA0, Metal, ...)
+    kind: str = "anonymous"      # anonymous | file | device
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ProcessInputs:
+    workload: str
+    n_ubatch: int
+    n_batch: int
+    n_seq_max: int
+    n_threads: int
+    tensors: Sequence[Tensor]
+    n_vocab: int
+    n_layer: int
+    cpu_features: Sequence[str] = ()
+    use_mmap: bool = True
+    n_gpu_layers: int = 0                       # layers actually offloaded (0 on a CPU-only build)
+    gpu_device: str | None = None               # e.g. "CUDA0"
+    baseline_bytes: int | None = None
+    baseline_note: str = ""
+    kv_host_bytes: int = 0                      # formula, layers on the CPU (or all with -nkvo)
+    kv_device_bytes: int = 0                    # formula, layers on the device
+    compute_workload: dict[str, int] | None = field(default_factory=dict)   # dry run at the workload's n_outputs_max
+    compute_note: str = ""                      # why compute_workload is None
+    compute_reserved: dict[str, int] = field(default_factory=dict)   # dry run at the process's own n_outputs_max
+    host_structures_bytes: int | None = None    # dry-run process growth: vocab, tensor metadata, code pages
+    host_structures_note: str = ""
+    state_copy_bytes: int = 0                   # llama-bench keeps the depth state in memory (cstate.buf)
+    restore_buffer_bytes: int = 0               # edgekv bench's state-file restore: the read buffer malloc keeps
+
+
+@dataclass
+class ProcessPrediction:
+    workload: str
+    peak_rss_bytes: int | None
+    device_bytes: dict[str, int]
+    parts: list[Part]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workload": self.workload, "peak_rss_bytes": self.peak_rss_bytes,
+                "device_bytes": dict(self.device_bytes), "parts": [p.to_dict() for p in self.parts],
+                "notes": list(self.notes)}
+
+    def host_parts(self) -> list[Part]:
+        return [p for p in self.parts if p.where == HOST]
+
+
+def _is_host_buffer(name: str) -> bool:
+    """ggml buffer types that live in host memory: CPU, CPU_Mapped, CPU_REPACK, CUDA_Host (pinned)."""
+    return name.upper().startswith("CPU") or name.endswith("_Host")
+
+
+def predict_process(x: ProcessInputs) -> ProcessPrediction:
+    """Peak resident memory of the process (and memory per device) for one configuration."""
+    n_out_ubatch, out_rows = workload_outputs(x.workload, x.n_batch, x.n_ubatch, x.n_seq_max)
+    parts: list[Part] = []
+    notes: list[str] = []
+    if x.baseline_bytes is None:
+        notes.append("no runtime baseline: " + (x.baseline_note or "calibration failed") +
+                     "; peak_rss_bytes is not predicted")
+    else:
+        parts.append(Part("runtime baseline", x.baseline_bytes, SRC_CALIBRATION, note=x.baseline_note))
+    if x.host_structures_bytes is not None:
+        parts.append(Part("llama.cpp host structures", x.host_structures_bytes, SRC_LLAMA_MEASURED,
+                          note=x.host_structures_note or "vocabulary, tensor and graph metadata, code pages "
+                                                         "touched while loading"))
+    on_gpu = [t for t in x.tensors if tensor_on_gpu(t.name, x.n_layer, x.n_gpu_layers)]
+    gpu_names = {t.name for t in on_gpu}
+    host = [t for t in x.tensors if t.name not in gpu_names]
+    rep = [t for t in host if repacked(t, x.cpu_features)]
+    rep_bytes = sum(t.n_bytes for t in rep)
+    if x.use_mmap:
+        # every tensor's pages are read: the CPU ones by the graph, the repacked and offloaded ones while
+        # loading (copied out of the mapping); llama.cpp unmaps only the ranges outside the CPU tensors
+        mapped = sum(t.n_bytes for t in host)
+        parts.append(Part("weights (mmap)", mapped, SRC_FORMULA, kind="file",
+                          note=f"{len(host)} tensors read through the file mapping"))
+    else:
+        anon = sum(t.n_bytes for t in host) - rep_bytes
+        parts.append(Part("weights (--no-mmap)", anon, SRC_FORMULA,
+                          note="CPU model buffer: tensors read into anonymous memory"))
+    if rep_bytes:
+        parts.append(Part("weights (CPU_REPACK copy)", rep_bytes, SRC_FORMULA,
+                          note=f"{len(rep)} tensors re-laid for the CPU GEMM kernels"))
+    if on_gpu and x.gpu_device:
+        dev_w = sum(device_alloc_bytes(t, x.gpu_device) for t in on_gpu)
+        tied = not any(t.name == "output.weight" for t in x.tensors)
+        note = f"{x.n_gpu_layers} layers offloaded"
+        if tied and tensor_on_gpu("output.weight", x.n_layer, x.n_gpu_layers):
+            # tied embeddings: the output layer loads token_embd again, on the output layer's device
+            emb = [t for t in x.tensors if t.name == "token_embd.weight"]
+            dev_w += sum(device_alloc_bytes(t, x.gpu_device) for t in emb)
+            note += "; token_embd duplicated there as the (tied) output layer"
+        parts.append(Part("weights", dev_w, SRC_FORMULA, where=x.gpu_device, kind="device", note=note))
+    parts.append(Part("KV cache", x.kv_host_bytes, SRC_FORMULA, note="cleared at creation: all resident"))
+    if x.kv_device_bytes and x.gpu_device:
+        parts.append(Part("KV cache", x.kv_device_bytes, SRC_FORMULA, where=x.gpu_device, kind="device"))
+    if x.compute_workload is None:
+        notes.append("compute buffer unknown (" + (x.compute_note or "no dry run") + "); peak_rss_bytes is not predicted")
+    for buft, b in sorted((x.compute_workload or {}).items()):
+        if _is_host_buffer(buft) and not buft.endswith("_Host"):
+            parts.append(Part("compute buffer", b, SRC_LLAMA,
+                              note=f"{buft}: graph reserved for {n_out_ubatch} output(s) per ubatch of "
+                                   f"{x.n_ubatch} (the pages a CPU graph touches)"))
+    for buft, b in sorted(x.compute_reserved.items()):
+        if buft.endswith("_Host"):     # pinned host memory: resident whole
+            parts.append(Part("compute buffer", b, SRC_LLAMA, note=f"{buft}: pinned, allocated whole"))
+        elif not _is_host_buffer(buft):
+            parts.append(Part("compute buffer", b, SRC_LLAMA, where=buft, kind="device",
+                              note="a device allocates the whole reservation"))
+    host_tokens_on_cpu = x.n_gpu_layers < x.n_layer + 1 or not x.gpu_device
+    if host_tokens_on_cpu:
+        work = work_buffer_bytes(host if x.gpu_device else x.tensors, x.n_ubatch, n_out_ubatch, x.n_threads)
+        if work:
+            parts.append(Part("thread work buffer", work, SRC_FORMULA,
+                              note=f"largest activation conversion for {x.n_ubatch} tokens, {x.n_threads} threads"))
+    if x.restore_buffer_bytes:
+        parts.append(Part("depth-state read buffer", x.restore_buffer_bytes, SRC_FORMULA,
+                          note="edgekv bench restores sliding-window/recurrent caches from a state file: "
+                               "llama_state_seq_load_file reads one layer's rows at a time into a buffer "
+                               "(src/llama-context.cpp llama_io_read_file::read_to_tensor) that glibc's malloc keeps "
+                               "once its mmap threshold has risen to that size (at most 32 MiB)"))
+    if x.state_copy_bytes:
+        parts.append(Part("depth state copy", x.state_copy_bytes, SRC_FORMULA,
+                          note="llama-bench keeps llama_state_seq_get_data of the filled cache in memory "
+                               "(tools/llama-bench/llama-bench.cpp cstate.buf)"))
+    parts.append(Part("output buffer", x.n_vocab * 4 * out_rows, SRC_FORMULA,
+                      note=f"logits for {out_rows} row(s) of {x.n_vocab} tokens"))
+    device: dict[str, int] = {}
+    if x.gpu_device:
+        notes.append(f"{x.gpu_device}: llama.cpp's buffers only (weights, KV, compute); the backend's own runtime "
+                     "(CUDA context, cuBLAS workspace, ggml-cuda's temporary pool) is not predicted (unverified: "
+                     "needs a calibration on the device)")
+    for p in parts:
+        if p.where != HOST:
+            device[p.where] = device.get(p.where, 0) + p.bytes
+    known = x.baseline_bytes is not None and x.compute_workload is not None
+    peak = sum(p.bytes for p in parts if p.where == HOST) if known else None
+    if x.host_structures_bytes is None:
+        notes.append("llama.cpp's host structures were not measured (no dry run)")
+    return ProcessPrediction(x.workload, peak, device, parts, notes)
+
+
+# -- presentation helpers ---------------------------------------------------------------------------
+
+STACK_ORDER = ("baseline", "weights", "KV", "compute", "output", "other")
+
+
+def stack_category(part_name: str) -> str:
+    n = part_name.lower()
+    if n.startswith("runtime baseline"):
+        return "baseline"
+    if n.startswith("weights"):
+        return "weights"
+    if n.startswith("kv") or "recurrent" in n:
+        return "KV"
+    if n.startswith("compute"):
+        return "compute"
+    if n.startswith("output"):
+        return "output"
+    return "other"
+
+
+def stacked(parts: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Host parts summed into the report's stack categories."""
+    out = {k: 0 for k in STACK_ORDER}
+    for p in parts:
+        if p.get("where", HOST) == HOST:
+            out[stack_category(p["name"])] += int(p["bytes"])
+    return out

@@ -1,0 +1,216 @@
+"""The reproducibility fingerprint recorded with every run, collected automatically.
+
+Parent side: machine, CPU, RAM, OS, power, governor, versions, argv, time.  The llama.cpp side
+(backends, devices, system info) comes from :func:`llama_side`, which runs in a child
+(``python -m edgekv.child.worker env``) so the parent never imports llama_cpp.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from edgekv import __version__
+
+# The llama.cpp commit vendored in each llama-cpp-python release edgekv was tested with (from the
+# sdist's own git metadata; llama-bench built from that tree reports the same build_commit).
+VENDORED_LLAMA_CPP = {"0.3.36": "0c1e570"}
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def cpu_model() -> str:
+    if sys.platform.startswith("linux"):
+        info = _read("/proc/cpuinfo") or ""
+        for line in info.splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    if sys.platform == "darwin":
+        try:
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                  timeout=5).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine()
+
+
+def governor() -> str | None:
+    return _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+
+
+def power_source() -> str | None:
+    try:
+        b = psutil.sensors_battery()
+    except (AttributeError, NotImplementedError, OSError):
+        return None
+    if b is None:
+        return "ac (no battery)"
+    return "ac" if b.power_plugged else f"battery ({b.percent:.0f}%)"
+
+
+def macos_gpu_limits() -> dict[str, Any]:
+    """Apple Silicon: total memory and the GPU wired-memory limit (0 means the OS default)."""
+    out: dict[str, Any] = {}
+    if sys.platform != "darwin":
+        return out
+    for key in ("hw.memsize", "iogpu.wired_limit_mb"):
+        try:
+            v = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5).stdout.strip()
+            out[key] = int(v) if v.isdigit() else v or None
+        except (OSError, subprocess.SubprocessError):
+            out[key] = None
+    return out
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def host_side(argv: list[str] | None = None) -> dict[str, Any]:
+    vm = psutil.virtual_memory()
+    lcp = package_version("llama-cpp-python")
+    env = {
+        "edgekv": __version__,
+        "llama_cpp_python": lcp,
+        "llama_cpp_commit": VENDORED_LLAMA_CPP.get(lcp or ""),
+        "python": platform.python_version(),
+        # EDGEKV_MACHINE_ID names a machine class whose host name changes (CI runners), so its runs pair
+        "machine_id": os.environ.get("EDGEKV_MACHINE_ID") or socket.gethostname(),
+        "cpu_model": cpu_model(),
+        "cpu_count_logical": psutil.cpu_count(logical=True),
+        "cpu_count_physical": psutil.cpu_count(logical=False),
+        "ram_bytes": vm.total,
+        "os": f"{platform.system()} {platform.release()}",
+        "platform": platform.platform(),
+        "arch": platform.machine(),
+        "governor": governor(),
+        "power": power_source(),
+        "argv": list(sys.argv if argv is None else argv),
+        "time_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    env.update({k.replace(".", "_"): v for k, v in macos_gpu_limits().items()})
+    if os.environ.get("CI"):
+        env["ci"] = True
+    return env
+
+
+def llama_side(timeout: float = 120.0) -> dict[str, Any]:
+    """Backends, devices and system info of the llama.cpp build in use (in a child process)."""
+    from edgekv.edges.process import run_child, worker_argv
+
+    res = run_child(worker_argv("env"), {}, timeout=timeout)
+    if not res.ok:
+        return {"backends": None, "devices": None, "error": res.failure_reason()}
+    return res.result or {}
+
+
+def collect(argv: list[str] | None = None, with_llama: bool = True) -> dict[str, Any]:
+    env = host_side(argv)
+    if with_llama:
+        ls = llama_side()
+        env["backends"] = ls.get("backends")
+        env["devices"] = [d.get("description") or d.get("name") for d in (ls.get("devices") or [])] or None
+        env["device_details"] = ls.get("devices")
+        env["system_info"] = ls.get("system_info")
+        env["gpu_offload"] = ls.get("supports_gpu_offload")
+        if ls.get("error"):
+            env["llama_error"] = ls["error"]
+    env["nvidia"] = nvidia_info()
+    return env
+
+
+# -- GPU memory probes (parent side, sampled per child pid) ------------------------------------------
+
+def nvidia_info() -> dict[str, Any] | None:
+    try:
+        import pynvml  # nvidia-ml-py: optional extra `edgekv[cuda]`
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        drv = pynvml.nvmlSystemGetDriverVersion()
+        devs = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            devs.append({"index": i, "name": _s(pynvml.nvmlDeviceGetName(h)), "memory_total": int(mem.total)})
+        return {"driver": _s(drv), "devices": devs}
+    except Exception as e:  # NVML errors are environment facts, not edgekv failures
+        return {"error": str(e)}
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def nvml_process_probe():
+    """A function pid -> bytes of GPU memory that process holds (all GPUs), or None without NVML."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:
+        return None
+    if not handles:
+        return None
+
+    def probe(pid: int) -> int | None:
+        total = 0
+        found = False
+        for h in handles:
+            try:
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            except Exception:
+                continue
+            for p in procs:
+                if p.pid == pid and p.usedGpuMemory is not None:
+                    total += int(p.usedGpuMemory)
+                    found = True
+        return total if found else None
+
+    return probe
+
+
+def macos_footprint(pid: int) -> int | None:
+    """phys_footprint of a process (includes Metal/IOAccelerator memory that RSS misses)."""
+    if sys.platform != "darwin":
+        return None
+    import ctypes
+    import ctypes.util
+
+    class RUsageInfoV2(ctypes.Structure):
+        _fields_ = [("ri_uuid", ctypes.c_uint8 * 16)] + [(n, ctypes.c_uint64) for n in (
+            "ri_user_time", "ri_system_time", "ri_pkg_idle_wkups", "ri_interrupt_wkups", "ri_pageins",
+            "ri_wired_size", "ri_resident_size", "ri_phys_footprint", "ri_proc_start_abstime",
+            "ri_proc_exit_abstime", "ri_child_user_time", "ri_child_system_time", "ri_child_pkg_idle_wkups",
+            "ri_child_interrupt_wkups", "ri_child_pageins", "ri_child_elapsed_abstime", "ri_diskio_bytesread",
+            "ri_diskio_byteswritten")]
+
+    try:
+        libproc = ctypes.CDLL(ctypes.util.find_library("proc") or "/usr/lib/libproc.dylib")
+        info = RUsageInfoV2()
+        if libproc.proc_pid_rusage(pid, 2, ctypes.byref(info)) != 0:   # RUSAGE_INFO_V2
+            return None
+        return int(info.ri_phys_footprint)
+    except OSError:
+        return None

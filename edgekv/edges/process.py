@@ -1,0 +1,626 @@
+"""The one module that starts processes.
+
+A child runs ``python -m edgekv.child.worker SUBCOMMAND`` with a JSON payload on stdin.  It reports
+through a dedicated pipe (not stdout, which native code may write to): one JSON object per line,
+``{"event": ...}``.  The parent samples the child's memory every few milliseconds on a thread,
+reads the kernel's own peak (``os.wait4``), enforces a timeout, and turns a crash, an abort, an
+OOM kill or a timeout into a :class:`ChildResult` with the reason instead of an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+EVENT_FD_ENV = "EDGEKV_EVENT_FD"
+SAMPLE_INTERVAL_S = 0.005
+SPLIT_INTERVAL_S = 0.05
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass
+class MemorySample:
+    t: float
+    rss: int
+    anon: int | None = None
+    file: int | None = None
+    footprint: int | None = None
+    gpu: int | None = None
+
+
+@dataclass
+class ChildResult:
+    returncode: int | None
+    signal: int | None
+    timed_out: bool
+    wall_s: float
+    events: list[dict[str, Any]]
+    result: dict[str, Any] | None
+    stderr_tail: str
+    peak_rss_bytes: int | None = None
+    peak_anon_bytes: int | None = None       # anonymous part of RSS at the RSS peak (Linux)
+    peak_file_bytes: int | None = None       # file-backed part of RSS at the RSS peak (Linux)
+    peak_footprint_bytes: int | None = None  # macOS phys_footprint peak
+    peak_gpu_bytes: int | None = None        # NVML per-process GPU memory peak
+    kernel_maxrss_bytes: int | None = None   # os.wait4 ru_maxrss
+    n_samples: int = 0
+    sample_interval_max_s: float | None = None      # outside the timed tests
+    timed_unsampled_s: float = 0.0                  # time the child spent in timed tests (the parent did not sample)
+    n_child_samples: int = 0                        # readings the child took of itself after timed repetitions
+    phase_peaks: dict[str, int] = field(default_factory=dict)
+    gpu_phase_peaks: dict[str, int] = field(default_factory=dict)   # NVML, per phase of the child
+    stdout: str | None = None
+    stderr: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.result is not None and not self.timed_out
+
+    def failure_reason(self) -> str | None:
+        if self.ok:
+            return None
+        if self.timed_out:
+            return f"timed out after {self.wall_s:.0f} s"
+        if self.signal is not None:
+            name = signal.Signals(self.signal).name if self.signal in signal.Signals._value2member_map_ else str(self.signal)
+            hint = " (killed: out of memory?)" if self.signal == signal.SIGKILL else ""
+            if self.signal == signal.SIGABRT:
+                hint = " (llama.cpp aborted)"
+            last = _last_meaningful_line(self.stderr_tail)
+            return f"child died with {name}{hint}" + (f": {last}" if last else "")
+        if self.result is None:
+            last = _last_meaningful_line(self.stderr_tail)
+            return f"child exited with code {self.returncode} without a result" + (f": {last}" if last else "")
+        return f"child exited with code {self.returncode}"
+
+
+_NOISE = ("No such file or directory", "warning: File ", "auto-load", "[Inferior", "#0 ", "#1 ")
+
+
+def _last_meaningful_line(text: str) -> str:
+    """The line that explains a death: a GGML_ASSERT/abort/exception first, else the last real line."""
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    for line in reversed(lines):
+        if any(k in line for k in ("GGML_ASSERT", "GGML_ABORT", "terminate called", "what():", "Error:", "error:")):
+            return line[:400]
+    for line in reversed(lines):
+        if not line.startswith("Traceback") and not any(n in line for n in _NOISE):
+            return line[:400]
+    return ""
+
+
+def _smaps_rollup(pid: int) -> tuple[int, int] | None:
+    """(anonymous, file-backed) resident bytes from /proc/PID/smaps_rollup, Linux only."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    anon = file_ = None
+    rss = None
+    for line in data.splitlines():
+        if line.startswith(b"Rss:"):
+            rss = int(line.split()[1]) * 1024
+        elif line.startswith(b"Anonymous:"):
+            anon = int(line.split()[1]) * 1024
+    if rss is None or anon is None:
+        return None
+    file_ = rss - anon
+    return anon, file_
+
+
+class _Sampler(threading.Thread):
+    def __init__(self, pid: int, gpu_probe: Callable[[int], int | None] | None):
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.gpu_probe = gpu_probe
+        self.stop_evt = threading.Event()
+        self.peak_rss = 0
+        self.peak_anon: int | None = None
+        self.peak_file: int | None = None
+        self.peak_footprint: int | None = None
+        self.peak_gpu: int | None = None
+        self.n = 0
+        self.max_gap = 0.0
+        self.phase = "start"
+        # While the child runs a timed test it says so (a phase event with "timed": true) and this thread does
+        # not wake at all: on a machine whose cores all run llama.cpp threads, every wake-up preempts one of
+        # them and the other stalls at the next barrier (5 ms sampling cost 5 % of decode speed on 2 cores).
+        # The child reads its own RSS after each timed repetition instead ("mem" events, record_child).
+        self.timed = False
+        self.timed_s = 0.0
+        self.n_child = 0
+        self.wake = threading.Event()
+        self.phase_peaks: dict[str, int] = {}
+        self.gpu_phase_peaks: dict[str, int] = {}
+        self.split_t = 0.0
+        self.split_rss = 0
+        self.statm: int | None = None
+        self.proc = None
+        try:   # Linux: one pread of /proc/PID/statm per sample (what psutil reads, without its overhead)
+            self.statm = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+        except OSError:
+            try:
+                self.proc = psutil.Process(pid)
+            except psutil.Error:
+                pass
+
+    def _rss(self) -> int | None:
+        if self.statm is not None:
+            try:
+                return int(os.pread(self.statm, 128, 0).split()[1]) * _PAGE
+            except (OSError, IndexError, ValueError):
+                return None
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.memory_info().rss
+        except psutil.Error:
+            return None
+
+    def close(self) -> None:
+        if self.statm is not None:
+            os.close(self.statm)
+            self.statm = None
+
+    def sample_once(self, force_split: bool = False) -> None:
+        rss = self._rss()
+        if rss is None:
+            return
+        self.n += 1
+        if sys.platform == "darwin":
+            from edgekv.edges.environment import macos_footprint
+
+            footprint = macos_footprint(self.pid)
+            if footprint is not None:
+                self.peak_footprint = max(self.peak_footprint or 0, footprint)
+        if rss > self.peak_rss:
+            self.peak_rss = rss
+            # smaps_rollup walks the page tables (~0.1-1 ms): while RSS climbs (a fill touches new KV
+            # pages every sample) read it at most every SPLIT_INTERVAL_S, and at every phase change.
+            now = time.perf_counter()
+            if sys.platform.startswith("linux") and (force_split or now - self.split_t >= SPLIT_INTERVAL_S):
+                split = _smaps_rollup(self.pid)
+                self.split_t = now
+                if split:
+                    self.peak_anon, self.peak_file = split
+                    self.split_rss = rss
+        elif force_split and self.split_rss < self.peak_rss and sys.platform.startswith("linux"):
+            # the last peak was not split yet: what is resident now is the closest reading of it
+            split = _smaps_rollup(self.pid)
+            self.split_t = time.perf_counter()
+            if split:
+                self.peak_anon, self.peak_file = split
+                self.split_rss = self.peak_rss
+        if rss > self.phase_peaks.get(self.phase, 0):
+            self.phase_peaks[self.phase] = rss
+        if self.gpu_probe is not None:
+            g = self.gpu_probe(self.pid)
+            if g is not None:
+                self.peak_gpu = max(self.peak_gpu or 0, g)
+                if g > self.gpu_phase_peaks.get(self.phase, -1):
+                    self.gpu_phase_peaks[self.phase] = g
+
+    def set_phase(self, phase: str, timed: bool) -> None:
+        """Called by the event pump at each phase change of the child."""
+        if not timed:
+            self.sample_once(force_split=True)   # the boundary: close the previous phase's peak
+        self.phase = phase
+        self.timed = timed
+        self.wake.set()
+
+    def record_child(self, rss: int | None, footprint: int | None = None) -> None:
+        """The child's own reading of its memory, taken right after a timed repetition (outside the timing).
+        llama.cpp frees nothing while it computes a batch, so the RSS after a repetition is that repetition's
+        peak; the kernel's maximum (wait4) remains the independent check."""
+        if rss is None:
+            return
+        self.n_child += 1
+        self.peak_rss = max(self.peak_rss, rss)
+        if rss > self.phase_peaks.get(self.phase, 0):
+            self.phase_peaks[self.phase] = rss
+        if footprint is not None:
+            self.peak_footprint = max(self.peak_footprint or 0, footprint)
+
+    def stop(self) -> None:
+        self.stop_evt.set()
+        self.wake.set()
+
+    def run(self) -> None:
+        last = time.perf_counter()
+        while not self.stop_evt.is_set():
+            if self.timed:
+                t = time.perf_counter()
+                self.wake.wait()
+                self.wake.clear()
+                last = time.perf_counter()
+                self.timed_s += last - t
+                continue
+            self.sample_once()
+            now = time.perf_counter()
+            self.max_gap = max(self.max_gap, now - last)
+            last = now
+            self.stop_evt.wait(SAMPLE_INTERVAL_S)
+
+
+# Every child loads libllama (``import llama_cpp``) before anything imports numpy.  With numpy 2.5.2
+# imported first, a CUDA build of llama.cpp (H100, CUDA 13, GCC 13) died with SIGSEGV inside std::regex
+# while loading a model's tokenizer; with llama_cpp imported first the same process loads and runs.
+# ``python -m edgekv.child.worker`` would import the edgekv package (and so gguf and numpy) first.
+_WORKER_BOOT = ("import sys\n"
+                "try:\n    import llama_cpp  # noqa: F401  (first: see edgekv.edges.process.worker_argv)\n"
+                "except Exception:\n    pass  # the worker reports a missing or broken llama-cpp-python itself\n"
+                "from edgekv.child.worker import main\n"
+                "sys.exit(main(sys.argv[1:]))\n")
+
+
+def worker_argv(subcommand: str) -> list[str]:
+    return [sys.executable, "-c", _WORKER_BOOT, subcommand]
+
+
+def run_child(
+    argv: list[str],
+    payload: dict[str, Any] | None = None,
+    *,
+    timeout: float | None = None,
+    env: dict[str, str] | None = None,
+    sample_memory: bool = False,
+    gpu_probe: Callable[[int], int | None] | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    stdin_data: bytes | None = None,
+    capture_output: bool = False,
+    cwd: str | None = None,
+) -> ChildResult:
+    """Run a child; collect its events, memory peaks and exit status.  Never raises for child failures.
+
+    ``capture_output`` keeps the child's whole stdout and stderr (for external programs such as
+    llama-bench, whose results and logs arrive there) in ``ChildResult.stdout``/``stderr``.
+    """
+    r_fd, w_fd = os.pipe()
+    child_env = dict(os.environ if env is None else env)
+    child_env[EVENT_FD_ENV] = str(w_fd)
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    child_env.setdefault("GGML_NO_BACKTRACE", "1")   # an abort should not spend seconds in gdb
+    data = stdin_data if stdin_data is not None else json.dumps(payload or {}).encode()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE if capture_output else subprocess.DEVNULL,
+        stderr=subprocess.PIPE, pass_fds=(w_fd,), env=child_env, start_new_session=True, cwd=cwd,
+    )
+    os.close(w_fd)
+    if on_event is not None:
+        try:
+            on_event({"event": "spawned", "pid": proc.pid})
+        except Exception:
+            pass
+    sampler = _Sampler(proc.pid, gpu_probe) if sample_memory else None
+    stdout_chunks: list[bytes] = []
+    all_stderr: list[bytes] = []
+    if sampler:
+        sampler.start()
+
+    events: list[dict[str, Any]] = []
+    stderr_chunks: list[bytes] = []
+
+    def pump_stderr() -> None:
+        assert proc.stderr is not None
+        for chunk in iter(lambda: proc.stderr.read(65536), b""):
+            stderr_chunks.append(chunk)
+            if capture_output:
+                all_stderr.append(chunk)
+            if len(stderr_chunks) > 64:
+                del stderr_chunks[:-32]
+
+    def pump_stdout() -> None:
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.read(65536), b""):
+            stdout_chunks.append(chunk)
+
+    def pump_events() -> None:
+        with os.fdopen(r_fd, "rb") as r:
+            for raw in r:
+                try:
+                    ev = json.loads(raw)
+                except ValueError:
+                    continue
+                events.append(ev)
+                if sampler is not None:
+                    if ev.get("event") == "phase":
+                        sampler.set_phase(str(ev.get("phase")), bool(ev.get("timed")))
+                    elif ev.get("event") == "mem":
+                        sampler.record_child(ev.get("rss"), ev.get("footprint"))
+                if on_event is not None:
+                    try:
+                        on_event(ev)
+                    except Exception:  # a display callback must never kill a measurement
+                        pass
+
+    t_err = threading.Thread(target=pump_stderr, daemon=True)
+    t_ev = threading.Thread(target=pump_events, daemon=True)
+    t_err.start()
+    t_ev.start()
+    t_out = threading.Thread(target=pump_stdout, daemon=True) if capture_output else None
+    if t_out:
+        t_out.start()
+    waiter: threading.Thread | None = None
+    status = rusage = None
+    try:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(data)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        timed_out = False
+        # A thread blocks in wait4 (no polling: on a 2-core machine every wake-up of ours is time taken
+        # from llama.cpp's threads); this thread waits on an Event in short slices so Ctrl-C still works.
+        reaped: dict[str, Any] = {}
+        done = threading.Event()
+
+        def reap() -> None:
+            try:
+                reaped["r"] = os.wait4(proc.pid, 0)
+            finally:
+                done.set()
+
+        waiter = threading.Thread(target=reap, daemon=True)
+        waiter.start()
+        deadline = None if timeout is None else t0 + timeout
+        while not done.wait(0.25 if deadline is None else max(0.0, min(0.25, deadline - time.perf_counter()))):
+            if deadline is not None and time.perf_counter() >= deadline:
+                timed_out = True
+                _kill_group(proc.pid)
+                done.wait()
+                break
+        _, status, rusage = reaped["r"]
+    except BaseException:
+        _kill_group(proc.pid)
+        if waiter is not None:
+            waiter.join()
+        else:
+            try:
+                os.wait4(proc.pid, 0)
+            except ChildProcessError:
+                pass
+        raise
+    finally:
+        if sampler:
+            sampler.stop()
+            sampler.join()
+            sampler.close()
+    proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
+    wall = time.perf_counter() - t0
+    t_ev.join(timeout=5)
+    t_err.join(timeout=5)
+    if t_out:
+        t_out.join(timeout=5)
+
+    sig = -proc.returncode if proc.returncode is not None and proc.returncode < 0 else None
+    result = None
+    for ev in events:
+        if ev.get("event") == "result":
+            result = ev.get("data")
+    maxrss = None
+    if rusage is not None:
+        maxrss = rusage.ru_maxrss if sys.platform == "darwin" else rusage.ru_maxrss * 1024
+    res = ChildResult(
+        returncode=proc.returncode, signal=sig, timed_out=timed_out, wall_s=wall, events=events, result=result,
+        stderr_tail=b"".join(stderr_chunks)[-8000:].decode("utf-8", "replace"),
+        kernel_maxrss_bytes=maxrss,
+    )
+    if capture_output:
+        res.stdout = b"".join(stdout_chunks).decode("utf-8", "replace")
+        res.stderr = b"".join(all_stderr).decode("utf-8", "replace")
+    if sampler:
+        res.peak_rss_bytes = sampler.peak_rss or None
+        res.peak_anon_bytes = sampler.peak_anon
+        res.peak_file_bytes = sampler.peak_file
+        res.peak_footprint_bytes = sampler.peak_footprint
+        res.peak_gpu_bytes = sampler.peak_gpu
+        res.n_samples = sampler.n
+        res.sample_interval_max_s = sampler.max_gap
+        res.timed_unsampled_s = sampler.timed_s
+        res.n_child_samples = sampler.n_child
+        res.phase_peaks = dict(sampler.phase_peaks)
+        res.gpu_phase_peaks = dict(sampler.gpu_phase_peaks)
+    return res
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# -- child side ---------------------------------------------------------------------------------------
+
+class EventWriter:
+    """Used inside the child to talk to the parent."""
+
+    def __init__(self) -> None:
+        fd = os.environ.get(EVENT_FD_ENV)
+        self.f = os.fdopen(int(fd), "w", buffering=1) if fd else None
+
+    def emit(self, event: str, **data: Any) -> None:
+        if self.f is None:
+            return
+        self.f.write(json.dumps({"event": event, **data}) + "\n")
+        self.f.flush()
+
+    def result(self, data: Any) -> None:
+        self.emit("result", data=data)
+
+
+class ChildDied(RuntimeError):
+    pass
+
+
+class ChildSession:
+    """A long-lived child answering JSON requests (one per line on stdin) with ``response`` events."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None):
+        import queue
+
+        r_fd, w_fd = os.pipe()
+        child_env = dict(os.environ if env is None else env)
+        child_env[EVENT_FD_ENV] = str(w_fd)
+        child_env.setdefault("GGML_NO_BACKTRACE", "1")
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            pass_fds=(w_fd,), env=child_env, start_new_session=True,
+        )
+        os.close(w_fd)
+        self._q: queue.Queue = queue.Queue()
+        self._stderr: list[bytes] = []
+
+        def pump_events() -> None:
+            with os.fdopen(r_fd, "rb") as r:
+                for raw in r:
+                    try:
+                        self._q.put(json.loads(raw))
+                    except ValueError:
+                        continue
+            self._q.put(None)
+
+        def pump_stderr() -> None:
+            assert self.proc.stderr is not None
+            for chunk in iter(lambda: self.proc.stderr.read(65536), b""):
+                self._stderr.append(chunk)
+                if len(self._stderr) > 64:
+                    del self._stderr[:-32]
+
+        threading.Thread(target=pump_events, daemon=True).start()
+        self._t_err = threading.Thread(target=pump_stderr, daemon=True)
+        self._t_err.start()
+
+    def stderr_tail(self) -> str:
+        return b"".join(self._stderr)[-8000:].decode("utf-8", "replace")
+
+    def _died(self) -> ChildDied:
+        try:
+            rc = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        # the stderr reader may still hold the last lines (the GGML_ASSERT): let it drain first
+        self._t_err.join(timeout=5)
+        res = ChildResult(returncode=rc, signal=-rc if rc is not None and rc < 0 else None, timed_out=False,
+                          wall_s=0.0, events=[], result=None, stderr_tail=self.stderr_tail())
+        return ChildDied(res.failure_reason() or "child exited")
+
+    def request(self, obj: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        import queue
+
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._died() from None
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            try:
+                ev = self._q.get(timeout=wait)
+            except queue.Empty:
+                self.kill()
+                raise ChildDied(f"no answer within {timeout:.0f} s") from None
+            if ev is None:
+                raise self._died()
+            if ev.get("event") == "response":
+                return ev.get("data") or {}
+            if ev.get("event") == "error":
+                raise ChildDied(ev.get("error", "child error"))
+
+    def kill(self) -> None:
+        _kill_group(self.proc.pid)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(b'{"op": "quit"}\n')
+                self.proc.stdin.flush()
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                self.kill()
+
+    def __enter__(self) -> ChildSession:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def rss_before_model(argv_for_model: Callable[[str], list[str]], timeout: float = 60.0) -> tuple[int | None, str]:
+    """Resident memory of a program at the moment it opens its model file, before reading any of it.
+
+    The model path handed to the program is a FIFO: opening it blocks until a writer appears, so the program
+    waits there with its libraries and backends loaded and nothing of a model read.  Its RSS is read then
+    (Linux /proc/PID/statm); the FIFO is fed a few bytes that are not a GGUF so the program gives up, and it is
+    reaped (killed after ``timeout``).  The kernel's ``ru_maxrss`` cannot serve here: it keeps the forking
+    parent's high-water mark across exec.  Returns (bytes or None, reason when None)."""
+    import tempfile
+
+    if not hasattr(os, "mkfifo") or not sys.platform.startswith("linux"):
+        return None, "needs Linux (/proc and FIFOs)"
+    with tempfile.TemporaryDirectory(prefix="edgekv-baseline-") as d:
+        fifo = os.path.join(d, "model.gguf")
+        os.mkfifo(fifo)
+        proc = subprocess.Popen(argv_for_model(fifo), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        rss: int | None = None
+        reason = ""
+        try:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < timeout:
+                if proc.poll() is not None:
+                    reason = f"exited with code {proc.returncode} before opening its model"
+                    break
+                try:
+                    with open(f"/proc/{proc.pid}/wchan") as f:
+                        waiting = f.read().strip()
+                except OSError:
+                    waiting = ""
+                if waiting == "wait_for_partner":        # blocked in open() on the FIFO
+                    with open(f"/proc/{proc.pid}/statm", "rb") as f:
+                        rss = int(f.read().split()[1]) * _PAGE
+                    break
+                time.sleep(0.01)
+            else:
+                reason = f"did not open its model within {timeout:.0f} s"
+            if rss is not None:
+                try:
+                    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                    os.write(fd, b"not a gguf\n")
+                    os.close(fd)
+                except OSError:
+                    pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc.pid)
+                proc.wait()
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc.pid)
+                proc.wait()
+        return rss, reason

@@ -1,0 +1,1 @@
+"""orchestration: sweeps, quality runs, budgets; builds records, renders nothing."""

@@ -1,0 +1,111 @@
+"""--budget: the largest context (multiple of 256) whose predicted *process peak* fits the budget.
+
+The answer comes from the whole-process prediction (:mod:`edgekv.core.memmodel` through
+:mod:`edgekv.orchestration.procpredict`): runtime baseline + llama.cpp's host structures + weights + caches + the
+compute buffer of the workload's graph + work and output buffers.  Caches and compute buffers grow with
+the context, so a binary search is exact.  The search stops at the model's trained context and every
+row says so when it stopped there.  Without llama.cpp's dry run, or without a runtime baseline, the row
+says what is missing instead of answering from a partial sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from edgekv.core.memmodel import WORKLOAD_HELP
+from edgekv.core.predict import KV_PAD, MIB, STATUS_OK, ContextParams, largest_fitting, max_context_for_budget, predict
+from edgekv.errors import EngineError
+from edgekv.orchestration.api import LoadedModel
+
+
+def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str]], budget_bytes: int,
+                 n_gpu_layers: int = -1, cap: int | None = None, workload: str = "generate", n_threads: int = 0,
+                 use_mmap: bool = True, baseline=None) -> list[dict[str, Any]]:
+    from edgekv.edges.engine import EngineSession
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
+
+    shape = m.shape
+    trained = shape.n_ctx_train or 0
+    cap = cap or trained or (1 << 20)
+    cap = max(KV_PAD, cap // KV_PAD * KV_PAD)
+    baseline = baseline if baseline is not None else runtime_baseline()
+    settings = ProcessSettings(workload=workload, n_threads=n_threads, use_mmap=use_mmap, n_gpu_layers=n_gpu_layers)
+    common = {"budget_bytes": budget_bytes, "cap": cap, "workload": workload,
+              "workload_means": WORKLOAD_HELP.get(workload, "")}
+    weights_note = ("" if m.header.tensors else
+                    "metadata-only header (no tensor table): weights unknown, counted as 0 MiB")
+    rows: list[dict[str, Any]] = []
+    if baseline.bytes is None:
+        for tk, tv in pairs:
+            rows.append({**common, "type_k": tk, "type_v": tv, "max_n_ctx": None, "peak_rss_bytes": None,
+                         "note": f"no answer: {baseline.note} (the runtime baseline is unknown)"})
+        return rows
+    if budget_bytes < baseline.bytes:
+        for tk, tv in pairs:
+            rows.append({**common, "type_k": tk, "type_v": tv, "max_n_ctx": 0, "peak_rss_bytes": None,
+                         "note": f"nothing fits: the runtime alone needs {baseline.bytes / MIB:.0f} MiB"})
+        return rows
+    try:
+        session = EngineSession(m.ref.path, n_gpu_layers=n_gpu_layers, header=m.header).__enter__()
+    except EngineError as e:
+        # no compute buffers without llama.cpp: answer from what is known, labelled as the bound it is
+        fixed = baseline.bytes + m.weights_bytes
+        for tk, tv in pairs:
+            params = replace(base, type_k=tk, type_v=tv)
+            best = max_context_for_budget(shape, budget_bytes, fixed, params, upper=cap)
+            notes = [weights_note] if weights_note else []
+            row = {**common, "type_k": tk, "type_v": tv, "max_n_ctx": best, "peak_rss_bytes": None,
+                   "weights_bytes": m.weights_bytes, "compute_bytes": None,
+                   "source": "lower bound: runtime baseline + weights + caches (no compute buffers)"}
+            if best:
+                kv = predict(shape, replace(params, n_ctx=best)).total_bytes
+                row.update({"cache_bytes": kv, "lower_bound_bytes": fixed + kv, "total_bytes": None})
+                if best == cap:
+                    notes.append(f"capped at the trained context ({cap}): the search stops there"
+                                 if trained else f"capped at the search limit ({cap})")
+            notes.append(f"an upper bound on the context: the compute buffers are not counted, llama.cpp's dry run "
+                         f"failed ({e})")
+            row["note"] = "; ".join(notes)
+            rows.append(row)
+        return rows
+    try:
+        for tk, tv in pairs:
+            params = replace(base, type_k=tk, type_v=tv)
+            seen: dict[int, Any] = {}
+
+            def proc_at(n: int, params: ContextParams = params, seen: dict[int, Any] = seen):
+                if n not in seen:
+                    seen[n] = predict_processes(m, [replace(params, n_ctx=n)], settings, baseline, session)[0]
+                return seen[n]
+
+            def fits(n: int) -> bool:
+                p = proc_at(n)
+                return p is not None and p.peak_rss_bytes is not None and p.peak_rss_bytes <= budget_bytes
+
+            best = largest_fitting(fits, KV_PAD, cap)
+            row: dict[str, Any] = {**common, "type_k": tk, "type_v": tv, "max_n_ctx": best}
+            notes = [weights_note] if weights_note else []
+            if best:
+                p = proc_at(best)
+                kv = predict(shape, replace(params, n_ctx=best))
+                parts = {q.name: q.bytes for q in p.host_parts()}
+                row.update({"peak_rss_bytes": p.peak_rss_bytes, "device_bytes": p.device_bytes,
+                            "cache_bytes": kv.total_bytes,
+                            "compute_bytes": sum(q.bytes for q in p.host_parts() if q.name == "compute buffer"),
+                            "weights_bytes": sum(v for k, v in parts.items() if k.startswith("weights")),
+                            "total_bytes": p.peak_rss_bytes, "process": p.to_dict(),
+                            "source": "whole-process prediction (memmodel)"})
+                if best == cap:
+                    notes.append(f"capped at the trained context ({cap}): the search stops there, larger contexts "
+                                 "were not tried" if trained else f"capped at the search limit ({cap})")
+            else:
+                row.update({"peak_rss_bytes": None, "cache_bytes": None, "compute_bytes": None, "total_bytes": None})
+                pr = predict(shape, replace(params, n_ctx=KV_PAD))
+                notes.append(pr.reason if pr.status != STATUS_OK else f"not even {KV_PAD} tokens fit")
+            row["note"] = "; ".join(n for n in notes if n)
+            rows.append(row)
+    finally:
+        session.__exit__(None, None, None)
+    return rows

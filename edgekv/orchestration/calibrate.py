@@ -1,0 +1,190 @@
+"""The runtime baseline: what a process holds before any model is loaded, measured once per environment.
+
+For edgekv's own measured runs (and any Python program using llama-cpp-python) the baseline is the
+interpreter with llama-cpp-python imported and ggml's backends initialised: a fresh child
+(``python -m edgekv.child.worker baseline``) does exactly what a bench child does before it loads the model
+and reports its resident memory.  For a user's own binary (``--llama-bench``) the baseline is that
+binary alone: it is started on a file that is not a model, so it loads its backends and exits, and the
+kernel's maximum RSS of that process is the figure.
+
+The result is cached under ``EDGEKV_HOME/calibration/`` keyed by the environment fingerprint (Python,
+llama-cpp-python and the size/mtime of its libraries, edgekv, OS, CPU); when the fingerprint changes the
+baseline is measured again and the caller is told so.  A failed measurement is reported as such
+(``bytes`` None, with the reason), never as zero.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from edgekv import __version__
+from edgekv.edges.sources import edgekv_home
+
+CALIBRATION_VERSION = 2   # 2: a binary's baseline read while it waits to open its model (not ru_maxrss)
+
+
+@dataclass
+class Baseline:
+    bytes: int | None
+    note: str
+    fingerprint_key: str
+    cpu_features: list[str]
+    remeasured: bool = False        # measured in this call (first time, or the environment changed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _lib_stamp(path: str) -> list[Any]:
+    try:
+        st = os.stat(path)
+        return [os.path.basename(path), st.st_size, int(st.st_mtime)]
+    except OSError:
+        return [os.path.basename(path), None, None]
+
+
+def fingerprint(runtime: str = "python", binary: str | None = None) -> dict[str, Any]:
+    """What the baseline depends on; cheap to compute (no llama.cpp import)."""
+    from edgekv.edges.environment import cpu_model, package_version
+
+    fp: dict[str, Any] = {
+        "calibration": CALIBRATION_VERSION, "runtime": runtime, "edgekv": __version__,
+        "os": f"{platform.system()} {platform.release()}", "arch": platform.machine(), "cpu": cpu_model(),
+    }
+    if runtime == "python":
+        fp.update({"python": sys.version, "prefix": sys.prefix, "interpreter": os.path.realpath(sys.executable),
+                   "llama_cpp_python": package_version("llama-cpp-python")})
+        try:
+            import importlib.util
+
+            spec = importlib.util.find_spec("llama_cpp")
+            libdir = Path(spec.origin).parent / "lib" if spec and spec.origin else None
+            fp["libs"] = sorted(_lib_stamp(str(p)) for p in libdir.iterdir()) if libdir and libdir.is_dir() else None
+        except (ImportError, OSError, ValueError):
+            fp["libs"] = None
+    else:
+        fp["binary"] = [os.path.abspath(binary or "")] + _lib_stamp(binary or "")
+    return fp
+
+
+def _key(fp: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fp, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _store_path(runtime: str) -> Path:
+    return edgekv_home() / "calibration" / f"{runtime}-baseline.json"
+
+
+def _atomic_write(p: Path, obj: dict[str, Any]) -> None:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name + ".")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
+
+
+def cpu_features_from_system_info(system_info: str | None) -> list[str]:
+    """CPU features llama.cpp's CPU backend reports (``AVX2 = 1 | ...``), lower-case."""
+    out = []
+    for part in (system_info or "").split("|"):
+        if "=" in part:
+            k, v = part.rsplit("=", 1)
+            if v.strip() == "1":
+                out.append(k.strip().split(":")[-1].strip().lower())
+    return sorted(set(out))
+
+
+def measure_python() -> tuple[int | None, list[str], str]:
+    from edgekv.edges.process import run_child, worker_argv
+
+    res = run_child(worker_argv("baseline"), {}, timeout=120.0)
+    if not res.ok or not (res.result or {}).get("rss"):
+        return None, [], f"calibration failed: {res.failure_reason() or 'no reading'}"
+    r = res.result
+    return int(r["rss"]), cpu_features_from_system_info(r.get("system_info")), "interpreter + llama-cpp-python + ggml backends"
+
+
+def measure_binary(binary: str) -> tuple[int | None, list[str], str]:
+    """The binary's resident memory when it opens its model file, before reading any of it (a FIFO holds it
+    there: edgekv.edges.process.rss_before_model)."""
+    from edgekv.edges.process import rss_before_model
+
+    rss, why = rss_before_model(lambda model: [binary, "-m", model, "-p", "1", "-n", "1", "-r", "1"])
+    if rss is None:
+        return None, [], f"calibration failed: {os.path.basename(binary)} {why}"
+    return rss, [], f"{os.path.basename(binary)} with its backends, before reading a model"
+
+
+def runtime_baseline(runtime: str = "python", binary: str | None = None, remeasure: bool = False) -> Baseline:
+    """The cached baseline for this environment, measuring it when absent or stale."""
+    fp = fingerprint(runtime, binary)
+    key = _key(fp)
+    path = _store_path(runtime if runtime == "python" else "binary-" + hashlib.sha256(
+        os.path.abspath(binary or "").encode()).hexdigest()[:10])
+    stale_note = ""
+    if path.exists() and not remeasure:
+        try:
+            cached = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cached = None
+            stale_note = f"calibration file {path} was unreadable; re-measured"
+        if cached and cached.get("key") == key and cached.get("bytes"):
+            return Baseline(int(cached["bytes"]), cached.get("note", ""), key, list(cached.get("cpu_features") or []))
+        if cached and cached.get("key") != key:
+            changed = sorted(k for k in set(fp) | set(cached.get("fingerprint") or {})
+                             if fp.get(k) != (cached.get("fingerprint") or {}).get(k))
+            stale_note = (f"calibration in {path} is from another environment ({', '.join(changed) or 'fingerprint'} "
+                          "changed); re-measured")
+    if runtime == "python":
+        b, feats, note = measure_python()
+    else:
+        b, feats, note = measure_binary(binary or "")
+    if stale_note:
+        note = f"{note}; {stale_note}"
+    if b is not None:
+        try:
+            _atomic_write(path, {"key": key, "fingerprint": fp, "bytes": b, "note": note.split("; ")[0],
+                                 "cpu_features": feats})
+        except OSError as e:
+            note += f"; not cached ({e.strerror})"
+    return Baseline(b, note, key, feats, remeasured=True)
+
+
+def model_key(header) -> str:
+    """Identity of a model's header for per-model measurements: tensor table, vocabulary size, file size."""
+    h = hashlib.sha256()
+    h.update(str(getattr(header, "file_size", "")).encode())
+    for t in header.tensors:
+        h.update(f"{t.name}|{tuple(t.shape)}|{t.ggml_type}|{t.offset}|{t.n_bytes};".encode())
+    arch = (header.metadata or {}).get("general.architecture")
+    h.update(str(arch).encode())
+    return h.hexdigest()[:16]
+
+
+def host_structures(header, measured: dict[str, int | None], n_gpu_layers: int = -1) -> dict[str, int | None]:
+    """llama.cpp's host structures for this model in this environment, measured once (in its dry run) and then
+    reused, so that the same model answers the same everywhere (a local file, its header over HTTP)."""
+    key = _key(fingerprint("python"))
+    path = edgekv_home() / "calibration" / f"host-{key}-{model_key(header)}-ngl{n_gpu_layers}.json"
+    try:
+        cached = json.loads(path.read_text())
+        if cached.get("load") is not None and cached.get("context") is not None:
+            return {"load": int(cached["load"]), "context": int(cached["context"])}
+    except (OSError, ValueError, TypeError):
+        pass
+    if measured.get("load") is not None and measured.get("context") is not None:
+        try:
+            _atomic_write(path, {"load": measured["load"], "context": measured["context"]})
+        except OSError:
+            pass
+    return measured

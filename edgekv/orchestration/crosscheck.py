@@ -1,0 +1,97 @@
+"""Formula vs engine: does edgekv's prediction say exactly what llama.cpp said?
+
+llama.cpp prints each cache object's size, K, V (or R, S) in MiB with two decimals, computed in
+float32.  ``predict.llama_mib`` formats the predicted byte counts the same way, so the comparison is
+an exact string comparison of every printed field, plus the cell, layer and stream counts.  Because
+the cell counts are compared exactly and, at large contexts, 0.01 MiB is below one byte per cell,
+agreement over a grid that includes large contexts pins the bytes exactly.
+"""
+
+from __future__ import annotations
+
+from edgekv.core.predict import STATUS_OK, KVPrediction, llama_mib
+from edgekv.edges.engine import EngineResult
+
+
+def _mib_double(n_bytes: int) -> str:
+    """llama_dsv4_comp_state prints ``total_size()/1024.0/1024.0`` in double precision (llama-kv-cache-dsv4.cpp:998)."""
+    return f"{n_bytes / 1048576.0:.2f}"
+
+
+def expected_lines(pred: KVPrediction) -> list[dict]:
+    out = []
+    for c in pred.caches:
+        if c.kind == "recurrent":
+            out.append({"kind": "recurrent", "mib": llama_mib(c.bytes), "cells": c.cells,
+                        "r_mib": llama_mib(c.r_bytes), "s_mib": llama_mib(c.s_bytes)})
+        elif c.kind == "dsv4_state":
+            out.append({"kind": "state", "role": c.name, "mib": _mib_double(c.state_bytes), "cells": c.cells,
+                        "width": c.width, "layers": len(c.layers), "streams": c.n_stream, "rs_seq": c.rs_seq})
+        else:
+            out.append({"kind": "kv", "role": c.role,
+                        "mib": llama_mib(c.bytes), "cells": c.cells, "layers": len(c.layers),
+                        "streams": c.n_stream, "type_k": c.type_k, "type_v": c.type_v,
+                        "k_mib": llama_mib(c.k_bytes), "v_mib": llama_mib(c.v_bytes)})
+    return out
+
+
+def engine_lines(res: EngineResult) -> list[dict]:
+    out = []
+    for c in res.log.caches:
+        if c.kind == "recurrent":
+            out.append({"kind": "recurrent", "mib": c.mib, "cells": c.cells, "r_mib": c.r_mib, "s_mib": c.s_mib})
+        elif c.kind == "state":
+            out.append({"kind": "state", "role": c.role, "mib": c.mib, "cells": c.cells, "width": c.width,
+                        "layers": c.layers, "streams": c.streams, "rs_seq": c.rs_seq})
+        else:
+            out.append({"kind": "kv", "role": c.role, "mib": c.mib, "cells": c.cells, "layers": c.layers,
+                        "streams": c.streams, "type_k": c.type_k, "type_v": c.type_v,
+                        "k_mib": c.k_mib, "v_mib": c.v_mib})
+    return out
+
+
+def compare(pred: KVPrediction, res: EngineResult) -> list[str]:
+    """Differences between formula and engine, as readable strings; empty when they agree."""
+    diffs: list[str] = []
+    pred_ok = pred.status == STATUS_OK
+    if pred_ok != res.ok:
+        if pred_ok:
+            diffs.append(f"edgekv predicted a valid context but llama.cpp refused it: {res.error}")
+        else:
+            diffs.append(f"edgekv said {pred.status} ({pred.reason}) but llama.cpp created the context")
+        return diffs
+    if not pred_ok:
+        return diffs
+    if res.n_ctx is not None and res.n_ctx != pred.n_ctx_padded:
+        diffs.append(f"n_ctx: engine {res.n_ctx}, formula {pred.n_ctx_padded}")
+    if res.n_ctx_seq is not None and res.n_ctx_seq != pred.n_ctx_seq:
+        diffs.append(f"n_ctx_seq: engine {res.n_ctx_seq}, formula {pred.n_ctx_seq}")
+    if res.n_ubatch is not None and res.n_ubatch != pred.n_ubatch:
+        diffs.append(f"n_ubatch: engine {res.n_ubatch}, formula {pred.n_ubatch}")
+    exp, got = expected_lines(pred), engine_lines(res)
+    # the recurrent line is printed in a position that depends on the memory type: compare by kind
+    exp_kv = [x for x in exp if x["kind"] == "kv"]
+    got_kv = [x for x in got if x["kind"] == "kv"]
+    exp_rs = [x for x in exp if x["kind"] == "recurrent"]
+    got_rs = [x for x in got if x["kind"] == "recurrent"]
+    if len(exp_kv) != len(got_kv):
+        diffs.append(f"KV cache objects: engine {len(got_kv)}, formula {len(exp_kv)}")
+    for i, (e, g) in enumerate(zip(exp_kv, got_kv)):
+        for k in e:
+            if e[k] != g.get(k):
+                diffs.append(f"KV cache {i} ({e.get('role') or 'kv'}) {k}: engine {g.get(k)}, formula {e[k]}")
+    exp_st = [x for x in exp if x["kind"] == "state"]
+    got_st = [x for x in got if x["kind"] == "state"]
+    if len(exp_st) != len(got_st):
+        diffs.append(f"compressor state objects: engine {len(got_st)}, formula {len(exp_st)}")
+    for e, g in zip(exp_st, got_st):
+        for k in e:
+            if e[k] != g.get(k):
+                diffs.append(f"{e['role']} compressor state {k}: engine {g.get(k)}, formula {e[k]}")
+    if len(exp_rs) != len(got_rs):
+        diffs.append(f"recurrent state objects: engine {len(got_rs)}, formula {len(exp_rs)}")
+    for e, g in zip(exp_rs, got_rs):
+        for k in e:
+            if e[k] != g.get(k):
+                diffs.append(f"recurrent state {k}: engine {g.get(k)}, formula {e[k]}")
+    return diffs

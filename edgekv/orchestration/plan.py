@@ -1,0 +1,223 @@
+"""``edgekv bench``'s defaults, its plan (how many configurations, how long, where results go) and its ETA.
+
+The duration is predicted from a cost model of what each configuration does (load, warm-up, filling the cache to
+the depth, then -r repetitions of -p prompt tokens and -n generated tokens at that depth), with per-token costs
+that grow linearly with the depth (attention reads the whole cache), per cache type. The costs come from, in
+order of preference:
+
+1. earlier runs of the same model file on this machine (records under edgekv's runs folder and the output file:
+   their measured wall time per configuration calibrates the model), else
+2. a prior measured on a 2-vCPU AMD EPYC VM with SmolLM2-135M (reports/smollm2-135m/sweep.jsonl), scaled by the
+   model's weight bytes (the per-token matrix work) and its KV bytes per token (the per-depth attention work).
+
+After every finished configuration the model is recalibrated on the measured wall times (per cache type once that
+type has run, else across all types), so the remaining-time estimate tightens as the sweep goes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+# -- defaults (issue 19: the first command answers in minutes) ------------------------------------------------
+
+QUICK = {"n_prompt": 128, "n_gen": 32, "repetitions": 5}
+FULL = {"n_prompt": 512, "n_gen": 128, "repetitions": 5}
+QUICK_CONTEXTS = (1024, 2048)
+
+
+def model_contexts(n_ctx_train: int, registry_contexts: Iterable[int] | None = None) -> list[int]:
+    """The contexts ``predict`` shows and ``bench --full`` measures when -c is not given: the model's models.toml
+    sweep, else 4K/16K/32K within the trained context, else the trained context, /2 and /4."""
+    if registry_contexts:
+        return list(registry_contexts)
+    base = [4096, 16384, 32768]
+    fit = [c for c in base if not n_ctx_train or c <= n_ctx_train]
+    if len(fit) >= 2:
+        return fit
+    top = max(256, n_ctx_train // 256 * 256)
+    return sorted({max(256, top // 4 // 256 * 256), max(256, top // 2 // 256 * 256), top})
+
+
+def quick_contexts(n_ctx_train: int) -> list[int]:
+    """``bench``'s default contexts: 1K and 2K (within the trained context, else its half and itself)."""
+    fit = [c for c in QUICK_CONTEXTS if not n_ctx_train or c <= n_ctx_train]
+    if len(fit) == len(QUICK_CONTEXTS):
+        return fit
+    top = max(256, n_ctx_train // 256 * 256)
+    return sorted({max(256, top // 2 // 256 * 256), top})
+
+
+# -- cost model -------------------------------------------------------------------------------------------------
+
+# Prior per-token seconds on the reference machine for SmolLM2-135M (98.4 MB of weights, 23,040 bytes of f16 KV per
+# token): a + b * depth/1000, for batched prompt processing ("pp") and single-token generation ("tg"), per cache
+# type; fitted to reports/smollm2-135m/sweep.jsonl (1K/2K/4K, -p 512 -n 128).
+_REF_WEIGHTS = 98_362_432
+_REF_KV_PER_TOKEN = 23_040
+_PRIOR = {
+    #          pp a,   pp b,    tg a,   tg b
+    "f16":   (0.0040, 0.0010, 0.0100, 0.0060),
+    "q8_0":  (0.0050, 0.0060, 0.0095, 0.0065),
+    "q5_0":  (0.0075, 0.0145, 0.0100, 0.0150),
+    "q4_0":  (0.0055, 0.0120, 0.0100, 0.0110),
+}
+_ALIAS = {"q4_1": "q4_0", "iq4_nl": "q4_0", "q5_1": "q5_0", "bf16": "f16", "f32": "f16"}
+_FILL_FACTOR = 0.75        # filling in big batches costs less per token than the timed -p tests at the same depth
+_OVERHEAD_S = 2.0          # interpreter start, model load, context creation, parent bookkeeping
+
+
+def _coef(type_k: str, type_v: str) -> tuple[float, float, float, float]:
+    # the slower of K and V decides (their dequantisation runs in the same attention kernels)
+    ks = [_PRIOR.get(_ALIAS.get(t, t), _PRIOR["q8_0"]) for t in (type_k, type_v)]
+    return tuple(max(ks[0][i], ks[1][i]) for i in range(4))  # type: ignore[return-value]
+
+
+def _tokens_cost(n: int, start_depth: int, a: float, b: float) -> float:
+    return n * (a + b * (start_depth + n / 2) / 1000)
+
+
+def prior_seconds(settings: dict[str, Any], weights_bytes: int, kv_f16_per_token: int) -> float:
+    """Predicted wall seconds of one bench configuration (before calibration)."""
+    pa, pb, ta, tb = _coef(settings["type_k"], settings["type_v"])
+    ws = max(weights_bytes, 1) / _REF_WEIGHTS
+    ks = max(kv_f16_per_token, 1) / _REF_KV_PER_TOKEN
+    pa, ta, pb, tb = pa * ws, ta * ws, pb * ks, tb * ks
+    d, p, n, r = settings["n_depth"], settings["n_prompt"], settings["n_gen"], settings["repetitions"]
+    t = _OVERHEAD_S * max(1.0, ws ** 0.5)
+    if settings.get("warmup", True):
+        t += _tokens_cost(p + 1, 0, pa, pb) if p else _tokens_cost(1, 0, ta, tb)
+    t += _FILL_FACTOR * _tokens_cost(d, 0, pa, pb)
+    t += r * (_tokens_cost(p, d, pa, pb) + _tokens_cost(n, d, ta, tb))
+    return t
+
+
+def _type_key(s: dict[str, Any]) -> str:
+    return f"{s['type_k']}/{s['type_v']}"
+
+
+@dataclass
+class Planner:
+    """Per-configuration estimates, recalibrated on measured wall times."""
+
+    weights_bytes: int
+    kv_f16_per_token: int
+    history: list[tuple[str, float, float]] = field(default_factory=list)   # (type key, prior s, measured s)
+    basis: str = "prior"
+    t0: float = field(default_factory=time.monotonic)
+    initial_total_s: float | None = None
+
+    def prior(self, s: dict[str, Any]) -> float:
+        return prior_seconds(s, self.weights_bytes, self.kv_f16_per_token)
+
+    def learn(self, settings: dict[str, Any], wall_s: float) -> None:
+        if wall_s and wall_s > 0:
+            self.history.append((_type_key(settings), self.prior(settings), float(wall_s)))
+
+    def scale(self, s: dict[str, Any]) -> float:
+        same = [(p, m) for k, p, m in self.history if k == _type_key(s)]
+        use = same or [(p, m) for _k, p, m in self.history]
+        if not use:
+            return 1.0
+        return sum(m for _p, m in use) / sum(p for p, _m in use)
+
+    def estimate(self, s: dict[str, Any]) -> float:
+        return self.prior(s) * self.scale(s)
+
+    def remaining(self, todo: Iterable[dict[str, Any]]) -> float:
+        return sum(self.estimate(s) for s in todo)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+
+def kv_f16_per_token(model, params) -> int:
+    from edgekv.core.predict import predict
+
+    p = predict(model.shape, replace(params, type_k="f16", type_v="f16"))
+    return int((p.total_bytes or 0) / max(1, params.n_ctx))
+
+
+def same_machine_history(output: Path, runs_dir: Path, model_sha: str | None, env: dict[str, Any],
+                         limit: int = 200) -> list[dict[str, Any]]:
+    """Earlier bench records of this model file on this machine (same CPU, threads and engine versions)."""
+    from edgekv.records import results as R
+
+    files = sorted(runs_dir.glob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True) if runs_dir.is_dir() else []
+    if output.exists() and output not in files:
+        files.insert(0, output)
+    out: list[dict[str, Any]] = []
+    for f in files[:50]:
+        try:
+            recs = R.load(f)
+        except Exception:   # another tool's file or a newer schema: not history we can use
+            continue
+        for r in recs:
+            if r.get("kind") != "bench" or r.get("status") != "ok" or (r.get("model") or {}).get("sha256") != model_sha:
+                continue
+            if R.env_differences(r.get("environment") or {}, env):
+                continue
+            if (r.get("load") or {}).get("busy"):
+                continue          # a busy run's wall time says little about this machine
+            if (r.get("timing") or {}).get("wall_s"):
+                out.append(r)
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = max(0, int(round(s)))
+    if s < 60:
+        return f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} min {s:02d} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} min"
+
+
+def plan_lines(n_cases: int, contexts: list[int], types: list[str], settings0: dict[str, Any], total_s: float,
+               basis: str, output: str, existing: int, full_hint: str | None) -> list[str]:
+    depth = "context - " + str(max(settings0["n_prompt"], settings0["n_gen"]))
+    lines = [
+        f"Plan: {n_cases} configurations ({', '.join(types)} x {', '.join(str(c) for c in contexts)}; "
+        f"-p {settings0['n_prompt']} -n {settings0['n_gen']} -r {settings0['repetitions']}, depth {depth}), "
+        "each in a fresh process" + (f"; {existing} already done, resuming" if existing else "") + ".",
+        f"Estimated time: {fmt_duration(total_s)} ({basis}).",
+        f"Results: {output}",
+    ]
+    if full_hint:
+        lines.append(full_hint)
+    return lines
+
+
+def eta_accuracy(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For a sweep's records (in order), the remaining-time estimate made after each configuration against the
+    time the rest really took. Used by bench/eta_accuracy.py."""
+    rows = []
+    recs = [r for r in records if r.get("plan")]
+    if not recs:
+        return rows
+    end = recs[-1]["plan"]["sweep_elapsed_s"]
+    first = recs[0]["plan"]
+    rows.append({"after": 0, "estimated_s": first.get("sweep_estimate_s"), "actual_s": end,
+                 "basis": first.get("basis")})
+    for i, r in enumerate(recs[:-1]):
+        p = r["plan"]
+        actual = end - p["sweep_elapsed_s"]
+        rows.append({"after": i + 1, "estimated_s": p.get("remaining_eta_s"), "actual_s": actual})
+    for row in rows:
+        e, a = row["estimated_s"], row["actual_s"]
+        row["error"] = (e - a) / a if e is not None and a else None
+    return rows
+
+
+def dumps(x: Any) -> str:
+    return json.dumps(x, indent=2)

@@ -1,0 +1,234 @@
+"""Whole-process predictions: gathers the inputs of :mod:`edgekv.core.memmodel` from their edges.
+
+* the runtime baseline from :mod:`edgekv.orchestration.calibrate` (measured once per environment, cached);
+* llama.cpp's dry run (:class:`edgekv.edges.engine.EngineSession`): the compute buffers reserved for the
+  workload's graph (``n_outputs_max`` = the workload's outputs per ubatch) and for the process's own
+  default reservation (what a GPU allocates), and the host memory the dry-run process grew by while
+  llama.cpp built the model and its first context;
+* the formula (:mod:`edgekv.core.predict`) for the caches, the GGUF tensor table for the weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from edgekv.core.memmodel import (
+    WORKLOAD_BENCH,
+    ProcessInputs,
+    ProcessPrediction,
+    predict_process,
+    tensor_on_gpu,
+    workload_outputs,
+)
+from edgekv.core.predict import MIB, STATUS_OK, ContextParams, KVPrediction, predict
+
+
+@dataclass
+class ProcessSettings:
+    workload: str = WORKLOAD_BENCH
+    n_threads: int = 0
+    use_mmap: bool = True
+    n_gpu_layers: int = -1
+    # a run of known size (edgekv bench / llama-bench): prompt, generated tokens and cache depth.  The
+    # largest graph such a run computes has min(n_ubatch, largest batch) tokens and attends over the cells
+    # it reaches (depth + test tokens), so its compute buffer is reserved for exactly that graph.  None:
+    # a long session (full ubatches over the whole context).
+    n_prompt: int | None = None
+    n_gen: int | None = None
+    n_depth: int | None = None
+    keeps_depth_state: bool = False    # llama-bench: the filled cache's state stays in memory
+    restores_state_file: bool = False  # edgekv bench on sliding-window/recurrent caches: restore from a state file
+
+
+STATE_CELL_META_BYTES = 12   # per saved cell: llama_pos + n_seq_id + one seq_id (src/llama-kv-cache.cpp state_write_meta)
+
+
+def state_read_buffer_bytes(pred: KVPrediction, n_tokens: int) -> int:
+    """The largest single read of llama_state_seq_load_file: one layer's K (or V) rows for the saved cells
+    (recurrent: one layer's R or S state).  glibc keeps it after the restore when it is at most its largest
+    mmap threshold; larger blocks are unmapped on free."""
+    from edgekv.core.memmodel import GLIBC_MMAP_THRESHOLD_MAX
+
+    if pred.status != STATUS_OK or n_tokens <= 0:
+        return 0
+    best = 0
+    for lp in pred.layers:
+        if lp.r_bytes or lp.s_bytes:
+            best = max(best, lp.r_bytes, lp.s_bytes)
+            continue
+        if not lp.cells:
+            continue
+        streams = max(1, pred.n_stream)
+        cells = min(n_tokens, lp.cells)
+        rows = max(lp.k_bytes, lp.v_bytes) // (lp.cells * streams)
+        best = max(best, cells * rows)
+    return best if best <= GLIBC_MMAP_THRESHOLD_MAX else 0
+
+
+def state_seq_bytes(pred: KVPrediction, n_tokens: int) -> int:
+    """Bytes of llama_state_seq_get_data for one sequence holding ``n_tokens`` cells: the rows of those cells in
+    every cache (a sliding-window cache holds at most its own cells) plus each cell's metadata; recurrent
+    state whole."""
+    if pred.status != STATUS_OK or n_tokens <= 0:
+        return 0
+    total = 0
+    for c in pred.caches:
+        if c.kind == "recurrent":
+            total += c.bytes // max(1, c.n_stream)
+            continue
+        cells = min(n_tokens, c.cells)
+        per_cell = c.bytes // max(1, c.cells * c.n_stream)
+        total += cells * (per_cell + STATE_CELL_META_BYTES)
+    return total
+
+
+def workload_graph(params: ContextParams, settings: ProcessSettings) -> ContextParams:
+    """The context parameters whose dry-run reservation is the largest graph the workload really runs."""
+    from edgekv.core.predict import pad
+
+    if settings.n_prompt is None or settings.n_depth is None:
+        return params
+    p, n, d = settings.n_prompt, settings.n_gen or 0, settings.n_depth
+    tokens = max(1, min(params.n_ubatch, max(p, d, 1)))
+    reach = pad(max(d + max(p, n), 1))
+    n_ctx = min(params.n_ctx, reach) if params.n_ctx else reach
+    return replace(params, n_ctx=n_ctx, n_ubatch=tokens, n_batch=max(tokens, min(params.n_batch, n_ctx)))
+
+
+def _mib_dict_to_bytes(d: dict[str, float] | None) -> dict[str, int]:
+    return {k: int(round(v * MIB)) for k, v in (d or {}).items()}
+
+
+def _gpu_device(*bufs: dict[str, Any]) -> str | None:
+    for d in bufs:
+        for name in d or {}:
+            if not name.upper().startswith("CPU") and not name.endswith("_Host"):
+                return name
+    return None
+
+
+def kv_split(pred: KVPrediction, n_layer: int, n_gpu_layers_eff: int) -> tuple[int, int]:
+    """(host, device) bytes of the caches: with offload_kqv each layer's cache follows its layer."""
+    if pred.status != STATUS_OK:
+        return 0, 0
+    if n_gpu_layers_eff <= 0 or not pred.layers:
+        return pred.total_bytes, 0
+    dev = sum(lp.k_bytes + lp.v_bytes + lp.r_bytes + lp.s_bytes for lp in pred.layers
+              if tensor_on_gpu(f"blk.{lp.index}.x", n_layer, n_gpu_layers_eff))
+    return pred.total_bytes - dev, dev
+
+
+def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: ProcessSettings, baseline,
+                 eng_workload=None, eng_default=None, load_info: dict[str, Any] | None = None) -> ProcessInputs:
+    """ProcessInputs for one configuration from what the edges produced (any of them may be missing)."""
+    from edgekv.orchestration.sweep import default_threads
+
+    shape = m.shape
+    load_info = load_info or {}
+    gpu_layers = load_info.get("gpu_layers")
+    n_layer = shape.n_layer_all - getattr(shape, "n_layer_nextn", 0) if hasattr(shape, "n_layer_nextn") else shape.n_layer_all
+    cw = _mib_dict_to_bytes(eng_workload.log.compute_buffers) if eng_workload is not None and eng_workload.ok else None
+    compute_note = "" if cw is not None else (f"llama.cpp's dry run of the workload's graph failed: {eng_workload.error}"
+                                              if eng_workload is not None else "no llama.cpp dry run")
+    cr = _mib_dict_to_bytes(eng_default.log.compute_buffers) if eng_default is not None and eng_default.ok else {}
+    dev = _gpu_device(cr, cw or {})
+    n_gpu_eff = int(gpu_layers[0]) if gpu_layers and dev else 0
+    host_kv, dev_kv = kv_split(pred, n_layer, n_gpu_eff)
+    from edgekv.orchestration.calibrate import host_structures
+
+    host_struct, struct_note = None, ""
+    src = eng_workload if eng_workload is not None else eng_default
+    measured = {"load": load_info.get("host_growth_load_bytes"),
+                "context": getattr(src, "host_growth_context_bytes", None) if src is not None else None}
+    hs = host_structures(m.header, measured, settings.n_gpu_layers) if measured["load"] is not None else measured
+    g_load, g_ctx = hs.get("load"), hs.get("context")
+    if g_load is not None and g_ctx is not None:
+        _, rows_at_creation = workload_outputs(WORKLOAD_BENCH, params.n_batch, params.n_ubatch, params.n_seq_max)
+        out_at_creation = shape.n_vocab * 4 * rows_at_creation
+        host_struct = max(0, g_load + g_ctx - out_at_creation)
+        struct_note = (f"dry-run process grew {g_load / MIB:.1f} MiB loading the model and "
+                       f"{g_ctx / MIB:.1f} MiB creating a context (less its {out_at_creation / MIB:.2f} MiB output buffer)")
+    state = state_seq_bytes(pred, settings.n_depth or 0) if settings.keeps_depth_state else 0
+    restore = state_read_buffer_bytes(pred, settings.n_depth or 0) if settings.restores_state_file else 0
+    return ProcessInputs(
+        state_copy_bytes=state, restore_buffer_bytes=restore,
+        workload=settings.workload, n_ubatch=pred.n_ubatch, n_batch=pred.n_batch, n_seq_max=params.n_seq_max,
+        n_threads=settings.n_threads or default_threads(), tensors=m.header.tensors, n_vocab=shape.n_vocab,
+        n_layer=n_layer, cpu_features=baseline.cpu_features if baseline is not None else (),
+        use_mmap=settings.use_mmap, n_gpu_layers=n_gpu_eff, gpu_device=dev,
+        baseline_bytes=baseline.bytes if baseline is not None else None,
+        baseline_note=baseline.note if baseline is not None else "not calibrated",
+        kv_host_bytes=host_kv, kv_device_bytes=dev_kv, compute_workload=cw, compute_note=compute_note,
+        compute_reserved=cr,
+        host_structures_bytes=host_struct, host_structures_note=struct_note)
+
+
+def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings, baseline=None,
+                      session=None) -> list[ProcessPrediction | None]:
+    """One ProcessPrediction per configuration (None where the cache itself is invalid/unsupported).
+
+    ``session`` is an open EngineSession (one is opened when None); ``baseline`` a calibrate.Baseline
+    (measured or read from the cache when None)."""
+    from edgekv.edges.engine import EngineSession
+    from edgekv.orchestration.calibrate import runtime_baseline
+
+    if baseline is None:
+        baseline = runtime_baseline()
+    preds = [predict(m.shape, c) for c in configs]
+    runnable = [(i, c) for i, (c, p) in enumerate(zip(configs, preds)) if p.status == STATUS_OK and not p.aborts]
+    own = session is None
+    if own:
+        session = EngineSession(m.ref.path, n_gpu_layers=settings.n_gpu_layers, header=m.header).__enter__()
+    try:
+        out: list[ProcessPrediction | None] = [None] * len(configs)
+        load_info = dict(getattr(session, "model_info", {}) or {})
+        for i, c in runnable:
+            n_out, _ = workload_outputs(settings.workload, preds[i].n_batch, preds[i].n_ubatch, c.n_seq_max)
+            ew, ed = session.run([workload_graph(c, settings)], n_outputs_max=n_out)[0], session.run([c])[0]
+            x = build_inputs(m, c, preds[i], settings, baseline, ew, ed, load_info)
+            out[i] = predict_process(x)
+        return out
+    finally:
+        if own:
+            session.__exit__(None, None, None)
+
+
+def process_for_params(m, params: ContextParams, settings: ProcessSettings, baseline, session) -> ProcessPrediction | None:
+    return predict_processes(m, [params], settings, baseline, session)[0]
+
+
+def with_ctx(params: ContextParams, n_ctx: int) -> ContextParams:
+    return replace(params, n_ctx=n_ctx)
+
+
+def attach_process_rows(m, configs: list[ContextParams], rows: list[dict[str, Any]], settings: ProcessSettings,
+                        baseline=None) -> list[str]:
+    """Add ``process`` (the whole-process prediction) to each ``edgekv predict`` row; return notes to print.
+
+    A row whose cache is invalid/unsupported gets ``process: None``; when llama.cpp's dry run cannot run,
+    every row gets ``process: None`` and the reason is returned (never a partial sum)."""
+    from edgekv.edges.engine import EngineSession
+    from edgekv.errors import EngineError
+    from edgekv.orchestration.calibrate import runtime_baseline
+
+    notes: list[str] = []
+    baseline = baseline if baseline is not None else runtime_baseline()
+    if baseline.remeasured and baseline.note:
+        notes.append(f"runtime baseline {baseline.bytes / MIB:.1f} MiB measured now ({baseline.note})"
+                     if baseline.bytes is not None else baseline.note)
+    try:
+        with EngineSession(m.ref.path, n_gpu_layers=settings.n_gpu_layers, header=m.header) as eng:
+            procs = predict_processes(m, configs, settings, baseline, eng)
+    except EngineError as e:
+        for r in rows:
+            r["process"] = None
+        notes.append(f"whole-process memory not predicted: {e}")
+        return notes
+    for r, p in zip(rows, procs):
+        r["process"] = p.to_dict() if p is not None else None
+    if baseline.bytes is None:
+        notes.append(f"peak RSS not predicted: {baseline.note}")
+    if not m.header.tensors:
+        notes.append("metadata-only header (no tensor table): the weights are unknown and counted as 0 MiB")
+    return notes

@@ -1,0 +1,537 @@
+"""Measured sweeps: model x cache types x contexts (x depths), one fresh child process per case.
+
+For each configuration the parent records three sources side by side (see
+../shared/design/architecture.md): the **formula** prediction, **llama.cpp's** own figures (a dry
+run before the sweep, and the log of the measured run itself), and what the **OS measured** (peak
+RSS sampled every 5 ms (during the timed tests the child reads its own after each repetition, so that
+sampling never slows them), the kernel's own maximum from ``os.wait4``, anonymous vs file-backed pages,
+macOS footprint, NVML GPU memory).  Each record is appended atomically as soon as its configuration
+finishes, so an interrupted sweep resumes where it stopped, repeating nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, device_mib
+from edgekv.core.predict import MIB, STATUS_OK, ContextParams, KVPrediction, predict
+from edgekv.core.shape import MEMORY_KV
+from edgekv.core.stats import summarize
+from edgekv.edges.engine import EngineResult
+from edgekv.edges.sources import edgekv_home, verified_sha256
+from edgekv.errors import ResultsError, UsageError
+from edgekv.orchestration.api import LoadedModel
+from edgekv.orchestration.crosscheck import compare, engine_lines
+from edgekv.records import results as R
+
+ENGINE_PYTHON = "llama-cpp-python"
+ENGINE_LLAMA_BENCH = "llama-bench"
+
+
+@dataclass
+class SweepSpec:
+    model: LoadedModel
+    contexts: list[int]
+    pairs: list[tuple[str, str]]
+    flash_attn: list[str] = field(default_factory=lambda: ["auto"])
+    depths: list[int] | None = None          # None: each context minus max(n_prompt, n_gen)
+    n_prompt: int = 512
+    n_gen: int = 128
+    repetitions: int = 5
+    n_threads: int = 0
+    n_gpu_layers: int = -1
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    swa_full: bool = False
+    n_seq_max: int = 1
+    kv_unified: bool = False
+    warmup: bool = True
+    timeout_s: float = 3600.0
+    engine: str = ENGINE_PYTHON
+    llama_bench: str | None = None
+    quality: dict[str, Any] | None = None
+    use_mmap: bool = True
+
+
+@dataclass
+class Case:
+    index: int
+    settings: dict[str, Any]
+    params: ContextParams
+    key: str
+    prediction: KVPrediction
+
+
+def default_threads() -> int:
+    """llama.cpp's default: the number of physical cores (cpu_get_num_math)."""
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def default_depth(n_ctx: int, n_prompt: int, n_gen: int) -> int:
+    """Fill the cache so the timed tests end at the context size: "context C" really holds ~C tokens."""
+    return max(0, n_ctx - max(n_prompt, n_gen))
+
+
+def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
+    cases = []
+    threads = spec.n_threads or default_threads()
+    for n_ctx in spec.contexts:
+        depths = spec.depths if spec.depths is not None else [default_depth(n_ctx, spec.n_prompt, spec.n_gen)]
+        for d in depths:
+            if d + max(spec.n_prompt, spec.n_gen) > n_ctx:
+                raise UsageError(
+                    f"-d {d} with -p {spec.n_prompt} -n {spec.n_gen} does not fit in -c {n_ctx}: "
+                    "depth + tokens per test must not exceed the context")
+            for fa in spec.flash_attn:
+                for tk, tv in spec.pairs:
+                    params = ContextParams(n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa, swa_full=spec.swa_full,
+                                           n_seq_max=spec.n_seq_max, kv_unified=spec.kv_unified,
+                                           n_batch=spec.n_batch, n_ubatch=spec.n_ubatch)
+                    settings = {
+                        "engine": spec.engine, "n_ctx": n_ctx, "type_k": tk, "type_v": tv, "flash_attn": fa,
+                        "swa_full": spec.swa_full, "n_seq_max": spec.n_seq_max, "kv_unified": spec.kv_unified,
+                        "n_batch": spec.n_batch, "n_ubatch": spec.n_ubatch, "n_threads": threads,
+                        "n_gpu_layers": spec.n_gpu_layers, "n_prompt": spec.n_prompt, "n_gen": spec.n_gen,
+                        "n_depth": d, "repetitions": spec.repetitions, "warmup": spec.warmup,
+                        "quality": _quality_key(spec.quality),
+                    }
+                    if not spec.use_mmap:
+                        settings["no_mmap"] = True
+                    cases.append(Case(len(cases), settings, params, R.config_key(model_sha, settings),
+                                      predict(spec.model.shape, params)))
+    return cases
+
+
+def _quality_key(q: dict[str, Any] | None) -> Any:
+    if not q:
+        return None
+    from edgekv.orchestration.quality import SWEEP_CHUNKS
+
+    return {"corpus": q.get("corpus") or "pydoc", "chunks": int(q.get("chunks") or SWEEP_CHUNKS)}
+
+
+def default_output(spec: SweepSpec, cases: list[Case]) -> Path:
+    h = hashlib.sha256("|".join(c.key for c in cases).encode()).hexdigest()[:10]
+    stem = Path(spec.model.ref.path).stem.replace(" ", "_")
+    return edgekv_home() / "runs" / f"{stem}-{h}.jsonl"
+
+
+def model_block(m: LoadedModel, sha: str | None) -> dict[str, Any]:
+    s = m.shape
+    attn = [lay for lay in s.layers if lay.attn_cache]
+    return {
+        "path": os.path.abspath(m.ref.path), "name": s.name or m.ref.name, "spec": m.ref.spec, "source": m.ref.source,
+        "sha256": sha, "arch": s.arch, "memory": s.memory, "size_bytes": m.header.weights_bytes,
+        "file_bytes": m.header.file_size, "n_layer": s.n_layer_all, "n_ctx_train": s.n_ctx_train,
+        "n_head_kv": sorted({lay.n_head_kv for lay in attn}) or None,
+        "head_dim_k": sorted({lay.head_k for lay in attn}) or None, "n_swa": s.n_swa or None,
+        "swa_layers": len([lay for lay in s.layers if lay.is_swa and lay.attn_cache]),
+        "shared_kv_layers": len([lay for lay in s.layers if not lay.has_kv]),
+        "recurrent_layers": len([lay for lay in s.layers if lay.recr_state]), "mla": s.is_mla,
+    }
+
+
+def _log_from_dict(d: dict[str, Any]) -> LlamaMemoryLog:
+    d = dict(d)
+    caches = [KVCacheLine(**x) for x in d.pop("caches", [])]
+    log = LlamaMemoryLog(**d)
+    log.caches = caches
+    return log
+
+
+def _prediction_block(pred: KVPrediction, eng: EngineResult | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"formula": pred.to_dict()}
+    if eng is not None:
+        diffs = compare(pred, eng)
+        out["engine"] = {
+            "ok": eng.ok, "error": eng.error, "match": not diffs, "diffs": diffs,
+            "caches": engine_lines(eng) if eng.ok else [],
+            "kv_mib": round(eng.log.kv_mib_total, 2) if eng.ok else None,
+            "compute_mib": eng.log.compute_buffers if eng.ok else None,
+            "output_mib": eng.log.output_buffers if eng.ok else None,
+        }
+    return out
+
+
+def _speed_block(samples: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for test, v in samples.items():
+        summ = summarize(v["samples_ts"])
+        out[test] = {
+            "n_tokens": v["n_tokens"], "samples_ns": v["samples_ns"], "samples_ts": v["samples_ts"],
+            "mean_ts": summ["mean"], "stdev_ts": summ["stdev"], "ci95_ts": summ["ci95"], "cv": summ["cv"],
+            "unstable": summ["unstable"],
+        }
+    return out
+
+
+def build_record(spec: SweepSpec, case: Case, env: dict[str, Any], model: dict[str, Any], eng: EngineResult | None,
+                 child, wall_s: float, status: str, reason: str | None) -> dict[str, Any]:
+    from edgekv import __version__
+
+    rec: dict[str, Any] = {
+        "schema_version": R.SCHEMA_VERSION,
+        "kind": "bench",
+        "config_key": case.key,
+        "status": status,
+        "reason": reason,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "edgekv": __version__,
+        "model": model,
+        "settings": case.settings,
+        "prediction": _prediction_block(case.prediction, eng),
+        "environment": env,
+    }
+    res = (child.result or {}) if child is not None else {}
+    if res:
+        ctx_log = _log_from_dict(res["ctx_log"]) if "ctx_log" in res else None
+        load_log = res.get("load_log") or {}
+        rec["effective"] = dict(res.get("effective") or {})
+        if ctx_log is not None:
+            rec["effective"].update({
+                "flash_attn": ctx_log.fa_resolved or ("enabled" if case.prediction.flash_attn_effective == "on" else
+                                                       "disabled" if case.prediction.flash_attn_effective == "off" else None),
+                "flash_attn_forced_for_quantized_v": ctx_log.fa_forced_for_quantized_v,
+            })
+            rec["llama_log"] = {
+                "kv": engine_lines(EngineResult(case.params, True, None, ctx_log)),
+                "kv_mib": round(ctx_log.kv_mib_total, 2),
+                "recurrent_mib": round(ctx_log.recurrent_mib_total, 2),
+                "kv_buffers_mib": ctx_log.kv_buffers, "rs_buffers_mib": ctx_log.rs_buffers,
+                "compute_mib": ctx_log.compute_buffers, "output_mib": ctx_log.output_buffers,
+                "model_buffers_mib": load_log.get("model_buffers"), "gpu_layers": load_log.get("gpu_layers"),
+                "device_notes": res.get("device_notes") or [],
+            }
+        rec["speed"] = _speed_block(res.get("samples") or {})
+        rec["timing"] = {**(res.get("timing") or {}), "wall_s": wall_s}
+        llama_s = sum((res.get("timing") or {}).get(k, 0.0) for k in
+                      ("load_s", "context_s", "warmup_s", "fill_s", "pp_s", "tg_s"))
+        rec["timing"]["llama_s"] = llama_s
+        rec["timing"]["harness_s"] = max(0.0, wall_s - llama_s)
+        rec["restore"] = res.get("restore")
+        if res.get("snapshot_bytes"):
+            rec["snapshot_bytes"] = res["snapshot_bytes"]
+    if child is not None:
+        rec["memory"] = memory_block(child, res)
+        if res and rec.get("llama_log"):
+            rec["differences"] = differences(case, rec)
+    return rec
+
+
+HARNESS_PHASES = frozenset({"snapshot", "restore"})   # the harness's own state save/restore, not the model's
+
+
+def memory_block(child, res: dict[str, Any]) -> dict[str, Any]:
+    cps = res.get("checkpoints") or {}
+    peaks = dict(child.phase_peaks)
+    # The working set of a model in use at this context: every phase of the run (load, context, warm-up,
+    # fill, the timed tests) except the moments the harness saves and restores its depth state (caches
+    # that cannot be truncated back to depth), when llama.cpp passes one layer's rows through a buffer.
+    work = [v for k, v in peaks.items() if k not in HARNESS_PHASES]
+    m = {
+        "peak_rss_bytes": max(work) if work else child.peak_rss_bytes,
+        "peak_rss_all_phases_bytes": child.peak_rss_bytes,
+        "kernel_maxrss_bytes": child.kernel_maxrss_bytes,
+        "peak_footprint_bytes": child.peak_footprint_bytes,
+        "peak_gpu_bytes": child.peak_gpu_bytes,
+        "phase_peaks_bytes": peaks,
+        "gpu_phase_peaks_bytes": dict(getattr(child, "gpu_phase_peaks", None) or {}) or None,
+        "n_samples": child.n_samples,
+        "sample_interval_mean_s": child.wall_s / child.n_samples if child.n_samples else None,
+        "sample_interval_max_s": child.sample_interval_max_s,
+        # during the timed tests the parent does not sample (it would slow llama.cpp down); the child reads its
+        # own RSS after each repetition instead
+        "timed_unsampled_s": getattr(child, "timed_unsampled_s", None),
+        "n_child_samples": getattr(child, "n_child_samples", None),
+    }
+    for name, cp in cps.items():
+        m[f"rss_{name}_bytes"] = cp.get("rss")
+        m[f"anon_{name}_bytes"] = cp.get("anon")
+        if cp.get("gpu_used") is not None:
+            m[f"gpu_used_{name}_bytes"] = cp["gpu_used"]
+    if cps.get("after_fill"):
+        rss, anon = cps["after_fill"].get("rss"), cps["after_fill"].get("anon")
+        if rss is not None and anon is not None:
+            m["file_after_fill_bytes"] = rss - anon
+    return m
+
+
+def differences(case: Case, rec: dict[str, Any]) -> dict[str, Any]:
+    """Measured minus predicted, where both exist.
+
+    The KV (and recurrent) buffers are cleared when llama.cpp creates them, so they are resident from
+    the moment the context exists: the anonymous memory the context adds should be the predicted cache
+    bytes plus small buffers.  Compute buffers are reservations: only the pages a graph touches become
+    resident, so their measured share is reported, not compared.
+    """
+    pred = case.prediction
+    log = rec["llama_log"]
+    mem = rec.get("memory") or {}
+    d: dict[str, Any] = {}
+    if pred.status == STATUS_OK:
+        # llama.cpp's own cache lines in the measured run vs the formula, field by field
+        eng = EngineResult(case.params, True, None, LlamaMemoryLog(caches=[KVCacheLine(**_line(x)) for x in log["kv"]]))
+        diffs = compare(pred, eng)
+        d["llama_kv_matches_formula"] = not diffs
+        if diffs:
+            d["llama_kv_diffs"] = diffs
+        # "KV buffer size = %8.2f MiB": the real allocation, printed to 0.01 MiB (alignment and, on CUDA,
+        # quantized-row padding can make it larger than the tensors' sum)
+        kv_buf = sum((log.get("kv_buffers_mib") or {}).values()) + sum((log.get("rs_buffers_mib") or {}).values())
+        d["kv_buffer_mib"] = round(kv_buf, 2)
+        d["kv_buffer_minus_formula_mib"] = round(kv_buf - pred.total_bytes / MIB, 2)
+        a_load, a_ctx, a_fill = (mem.get(f"anon_{k}_bytes") for k in ("after_load", "after_context", "after_fill"))
+        if a_load is not None and a_ctx is not None:
+            d["context_anon_growth_bytes"] = a_ctx - a_load
+            d["context_anon_growth_minus_formula_bytes"] = (a_ctx - a_load) - pred.total_bytes
+        compute = sum((log.get("compute_mib") or {}).values())
+        # KV on a GPU (CUDA, Vulkan, ...): the device memory in use (read by the child itself right after the
+        # load and right after the context) grows by the KV buffers and the compute buffers, which ggml
+        # allocates whole on a device (no lazy pages there)
+        g_load, g_ctx = mem.get("gpu_used_after_load_bytes"), mem.get("gpu_used_after_context_bytes")
+        dev_kv = device_mib(log.get("kv_buffers_mib")) + device_mib(log.get("rs_buffers_mib"))
+        if dev_kv and g_load is not None and g_ctx is not None:
+            dev_compute = device_mib(log.get("compute_mib"))
+            growth = g_ctx - g_load
+            d["context_gpu_growth_bytes"] = growth
+            d["gpu_compute_buffer_bytes"] = int(round(dev_compute * MIB))
+            d["context_gpu_growth_minus_compute_minus_formula_bytes"] = (
+                growth - d["gpu_compute_buffer_bytes"] - pred.total_bytes)
+        if a_ctx is not None and a_fill is not None:
+            d["fill_anon_growth_bytes"] = a_fill - a_ctx
+            if compute:
+                d["compute_buffer_bytes"] = int(round(compute * MIB))
+    return d
+
+
+def _line(x: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": x["kind"], "role": x.get("role"), "mib": x["mib"], "cells": x["cells"], "layers": x.get("layers", 0),
+            "seqs": x.get("seqs", 1), "streams": x.get("streams"), "type_k": x.get("type_k"), "type_v": x.get("type_v"),
+            "k_mib": x.get("k_mib"), "v_mib": x.get("v_mib"), "r_mib": x.get("r_mib"), "s_mib": x.get("s_mib")}
+
+
+# -- the sweep ----------------------------------------------------------------------------------------
+
+@dataclass
+class SweepResult:
+    output: Path
+    records: list[dict[str, Any]]
+    skipped_existing: int
+    wall_s: float
+    interrupted: bool = False
+
+
+def check_resumable(existing: list[dict[str, Any]], env: dict[str, Any], model_sha: str | None, output: Path,
+                    force: bool) -> None:
+    for r in existing:
+        diffs = R.env_differences(r.get("environment") or {}, env)
+        if diffs and not force:
+            raise ResultsError(
+                f"{output} holds results from another environment ({diffs[0]}); write to a new file with -o, "
+                "or pass --force to append anyway")
+
+
+def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] | None = None, force: bool = False,
+              on_event: Callable[[str, dict[str, Any]], None] | None = None) -> SweepResult:
+    t0 = time.perf_counter()
+    emit = on_event or (lambda kind, data: None)
+    m = spec.model
+    if not m.ref.complete:
+        raise UsageError(f"{m.ref.spec}: only the header is available; measured runs need the whole model "
+                         "(edgekv models pull NAME)")
+    sha = verified_sha256(m.ref.path)
+    cases = expand(spec, sha)
+    output = Path(output) if output else default_output(spec, cases)
+    writer = R.ResultsWriter(output)    # writable, locked for the whole sweep, tail repaired: before measuring
+    try:
+        return _run_locked(spec, writer, cases, sha, env, force, emit, t0)
+    finally:
+        writer.close()
+
+
+def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha: str | None,
+                env: dict[str, Any] | None, force: bool, emit: Callable[[str, dict[str, Any]], None],
+                t0: float) -> SweepResult:
+    from edgekv.edges.environment import collect, nvml_process_probe
+    from edgekv.edges.process import run_child, worker_argv
+
+    m = spec.model
+    output = writer.path
+    for note in writer.notes:
+        emit("note", {"message": note})
+    env = env or collect()
+    existing = writer.existing
+    check_resumable(existing, env, sha, output, force)
+    done_keys = {r.get("config_key") for r in existing}
+    todo = [c for c in cases if c.key not in done_keys]
+    emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),
+                   "existing": len(cases) - len(todo), "env": env, "model_sha256": sha})
+
+    model = model_block(m, sha)
+    engine_results = _dry_runs(spec, todo) if spec.engine == ENGINE_PYTHON else {}
+    processes = process_predictions(spec, todo)
+    gpu_probe = nvml_process_probe()
+    records: list[dict[str, Any]] = []
+    interrupted = False
+    quality = None
+    if spec.quality:
+        from edgekv.orchestration.quality import for_sweep
+
+        quality = for_sweep(spec, todo)
+    try:
+        for i, case in enumerate(todo):
+            emit("case", {"i": i, "n": len(todo), "case": case})
+            eng = engine_results.get(case.key)
+            if case.prediction.status != STATUS_OK or (eng is not None and not eng.ok):
+                reason = case.prediction.reason if case.prediction.status != STATUS_OK else f"llama.cpp: {eng.error}"
+                rec = build_record(spec, case, env, model, eng, None, 0.0, "skipped", reason)
+            elif spec.engine == ENGINE_LLAMA_BENCH:
+                from edgekv.orchestration.llamabench import run_llama_bench_case
+
+                rec = run_llama_bench_case(spec, case, env, model, gpu_probe, emit)
+            else:
+                payload = {"model_path": os.path.abspath(m.ref.path), "settings": case.settings,
+                           "restore": "truncate" if m.shape.memory == MEMORY_KV else "snapshot"}
+                t = time.perf_counter()
+                child = run_child(worker_argv("bench"), payload, timeout=spec.timeout_s, sample_memory=True,
+                                  gpu_probe=gpu_probe, on_event=lambda ev: emit("child", ev))
+                wall = time.perf_counter() - t
+                res = child.result or {}
+                if child.ok and res.get("status") == "ok":
+                    status, reason = "ok", None
+                elif child.ok and res.get("status") == "failed" and "effective" not in res and res.get("ctx_log"):
+                    status, reason = "skipped", f"llama.cpp refused the context: {res.get('reason')}"
+                else:
+                    status = "failed"
+                    reason = res.get("reason") if child.ok else child.failure_reason()
+                rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
+            attach_process(rec, processes.get(case.key) if rec["status"] != "skipped" else None)
+            if quality is not None and rec["status"] == "ok":
+                rec["quality"] = quality(case, emit)
+            emit("record", {"i": i, "case": case, "record": rec})   # listeners may add blocks (load, plan)
+            writer.append(rec)
+            records.append(rec)
+            emit("done", {"i": i, "n": len(todo), "record": rec})
+    except KeyboardInterrupt:
+        interrupted = True
+    return SweepResult(output, existing + records, len(cases) - len(todo), time.perf_counter() - t0, interrupted)
+
+
+def _dry_runs(spec: SweepSpec, todo: list[Case]) -> dict[str, EngineResult]:
+    """llama.cpp's own prediction for every configuration, from one dry-run session."""
+    from edgekv.edges.engine import EngineSession
+    from edgekv.errors import EngineError
+
+    run = [c for c in todo if not c.prediction.aborts]
+    if not run:
+        return {}
+    try:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+            res = eng.run([c.params for c in run])
+    except EngineError:
+        return {}
+    return {c.key: r for c, r in zip(run, res)}
+
+
+def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
+    """The whole-process prediction (workload ``bench``) for every configuration to run, keyed by case key.
+
+    The runtime baseline is this environment's calibration (the llama-bench binary alone with
+    ``--llama-bench``); llama.cpp's dry run supplies the workload's compute buffers."""
+    from edgekv.core.memmodel import WORKLOAD_BENCH
+    from edgekv.edges.engine import EngineSession
+    from edgekv.errors import EngineError
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
+
+    run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts]
+    if not run:
+        return {}
+    if spec.engine == ENGINE_LLAMA_BENCH:
+        return _llama_bench_processes(spec, run)
+    baseline = runtime_baseline()
+    out: dict[str, Any] = {}
+    try:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+            for c in run:
+                st = c.settings
+                settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
+                                           n_gpu_layers=spec.n_gpu_layers, n_prompt=st["n_prompt"], n_gen=st["n_gen"],
+                                           n_depth=st["n_depth"],
+                                           # the worker restores these caches from a state file (run_sweep's restore)
+                                           restores_state_file=spec.model.shape.memory != MEMORY_KV and st["n_depth"] > 0)
+                out[c.key] = predict_processes(spec.model, [c.params], settings, baseline, eng)[0]
+    except EngineError as e:
+        return {c.key: {"error": str(e)} for c in run}
+    return out
+
+
+def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
+    """llama-bench runs one process per test with a context of depth + test tokens (swa_full off, one
+    sequence) and keeps the depth state in memory: the prediction is the larger of the two processes, over
+    the binary's own baseline."""
+    from edgekv.core.memmodel import WORKLOAD_BENCH
+    from edgekv.edges.engine import EngineSession
+    from edgekv.errors import EngineError
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
+
+    baseline = runtime_baseline("binary", spec.llama_bench)
+    # the CPU features (which weights the CPU backend repacks) are the machine's: the Python runtime reports them
+    baseline.cpu_features = baseline.cpu_features or runtime_baseline().cpu_features
+    out: dict[str, Any] = {}
+    try:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+            for c in run:
+                st = c.settings
+                best = None
+                for test, count in (("pp", st["n_prompt"]), ("tg", st["n_gen"])):
+                    if count <= 0:
+                        continue
+                    params = replace(c.params, n_ctx=st["n_depth"] + count, swa_full=False, n_seq_max=1,
+                                     kv_unified=False)
+                    settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
+                                               n_gpu_layers=spec.n_gpu_layers,
+                                               n_prompt=count if test == "pp" else 0, n_gen=count if test == "tg" else 0,
+                                               n_depth=st["n_depth"], keeps_depth_state=st["n_depth"] > 0)
+                    p = predict_processes(spec.model, [params], settings, baseline, eng)[0]
+                    if p is not None and (best is None or (p.peak_rss_bytes or 0) > (best.peak_rss_bytes or 0)):
+                        best = p
+                if best is not None:
+                    best.notes.append("llama-bench: the larger of its pp and tg processes")
+                    out[c.key] = best
+    except EngineError as e:
+        return {c.key: {"error": str(e)} for c in run}
+    return out
+
+
+def attach_process(rec: dict[str, Any], proc: Any) -> None:
+    """``prediction.process`` and the residual (measured - predicted) in a record."""
+    if proc is None:                    # skipped, or not predictable (invalid cache): predicted nothing
+        rec["prediction"].setdefault("process", None)
+        return
+    if isinstance(proc, dict):          # the dry run failed: say so, predict nothing
+        rec["prediction"]["process"] = {"peak_rss_bytes": None, "error": proc.get("error")}
+        return
+    d = proc.to_dict()
+    rec["prediction"]["process"] = d
+    measured = (rec.get("memory") or {}).get("peak_rss_bytes")
+    if measured and d.get("peak_rss_bytes"):
+        diff = measured - d["peak_rss_bytes"]
+        rec["memory_residual"] = {"peak_rss_bytes": diff, "peak_rss_pct": round(100.0 * diff / d["peak_rss_bytes"], 3),
+                                  "workload": d["workload"]}
+
+
+def spec_summary(spec: SweepSpec) -> dict[str, Any]:
+    d = asdict(replace(spec, model=None))  # type: ignore[arg-type]
+    d["model"] = spec.model.ref.path
+    return json.loads(json.dumps(d, default=str))

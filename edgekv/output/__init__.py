@@ -1,0 +1,1 @@
+"""output: reports, comparisons, plots and terminal views; measures nothing."""

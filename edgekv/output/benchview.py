@@ -1,0 +1,198 @@
+"""Terminal display for ``edgekv bench``: progress with ETA while it runs, a summary table after."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from edgekv.core.predict import MIB, llama_mib
+from edgekv.edges.load import record_busy
+
+
+def case_label(s: dict[str, Any]) -> str:
+    kv = s["type_k"] if s["type_k"] == s["type_v"] else f"{s['type_k']}/{s['type_v']}"
+    fa = "" if s["flash_attn"] == "auto" else f" fa={s['flash_attn']}"
+    return f"{kv} @ {s['n_ctx']} (d{s['n_depth']}){fa}"
+
+
+def case_work(s: dict[str, Any]) -> int:
+    """Rough work units (tokens) of one configuration, for the ETA; model load counts as 300."""
+    warm = (s["n_prompt"] + 1) if s["warmup"] else 0
+    q = s.get("quality") or {}
+    quality = 2 * s["n_ctx"] * (q.get("chunks") or 0)     # its share of the group's pass (baseline + its own context)
+    return 300 + warm + s["n_depth"] + s["repetitions"] * (s["n_prompt"] + 4 * s["n_gen"]) + quality
+
+
+class Progress:
+    """rich progress on stderr; silent when stderr is not a terminal."""
+
+    def __init__(self, console) -> None:
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.enabled = console.is_terminal
+        self.p = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                          TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                          disable=not self.enabled, transient=False,
+                          # one redraw a second: each redraw is CPU taken from llama.cpp's threads while it is timed
+                          refresh_per_second=1)
+        self.task = None
+        self.lock = threading.Lock()
+        self.base = 0
+        self.cur: dict[str, Any] | None = None
+        self.label = ""
+        self.i = self.n = 0
+
+    def __enter__(self) -> Progress:
+        self.p.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.p.__exit__(*exc)
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        with self.lock:
+            if kind == "start":
+                self.total_cases = data["todo"]
+                self._todo_work = None
+            elif kind == "plan":
+                self.task = self.p.add_task("starting", total=max(1, data["work"]))
+            elif kind == "case":
+                s = data["case"].settings
+                self.cur = s
+                self.i, self.n = data["i"] + 1, data["n"]
+                self.label = case_label(s)
+                self._desc("load")
+            elif kind == "child":
+                self._child(data)
+            elif kind == "done" and self.cur is not None and self.task is not None:
+                self.base += case_work(self.cur)
+                self.p.update(self.task, completed=self.base)
+
+    def _desc(self, phase: str) -> None:
+        if self.task is not None:
+            self.p.update(self.task, description=f"[{self.i}/{self.n}] {self.label}: {phase}")
+
+    def _child(self, ev: dict[str, Any]) -> None:
+        s = self.cur
+        if s is None or self.task is None:
+            return
+        phase = ev.get("phase", "")
+        done = self.base + 300
+        if phase == "quality":
+            if ev.get("event") == "progress":
+                self._desc(f"quality -c {ev.get('n_ctx')}: chunk {ev.get('chunks_done')}/{ev.get('n_chunks')}")
+            elif ev.get("event") == "phase":
+                self._desc("quality (perplexity, KLD vs f16)")
+            return
+        if ev.get("event") == "progress" and phase == "fill":
+            done += ((s["n_prompt"] + 1) if s["warmup"] else 0) + ev.get("done", 0)
+            self._desc(f"fill {ev.get('done')}/{ev.get('total')}")
+            self.p.update(self.task, completed=done)
+        elif ev.get("event") == "phase":
+            if phase in ("pp", "tg"):
+                r = ev.get("rep", 1)
+                done += ((s["n_prompt"] + 1) if s["warmup"] else 0) + s["n_depth"]
+                done += (r - 1) * (s["n_prompt"] + 4 * s["n_gen"]) if phase == "pp" else \
+                    s["repetitions"] * s["n_prompt"] + (r - 1) * 4 * s["n_gen"]
+                self._desc(f"{phase} {r}/{ev.get('reps')}")
+                self.p.update(self.task, completed=done)
+            else:
+                self._desc(phase)
+
+
+def _ts(speed: dict[str, Any] | None, test: str) -> str:
+    if not speed or test not in speed or speed[test].get("mean_ts") is None:
+        return "-"
+    v = speed[test]
+    ci = v.get("ci95_ts")
+    half = f"±{(ci[1] - ci[0]) / 2:.1f}" if ci else ""
+    warn = " !" if v.get("unstable") else ""
+    return f"{v['mean_ts']:.1f}{half}{warn}"
+
+
+def _quality_cells(q: dict[str, Any] | None) -> list[str]:
+    if not q:
+        return ["-", "-"]
+    if q.get("status") != "ok" or not q.get("quality"):
+        return ["-", f"[yellow]{q.get('status')}[/]"]
+    v = q["quality"]
+    return [f"{v['ppl']:.4f}", f"{v['kld_mean']:.6f} ± {v['kld_mean_err']:.6f}"]
+
+
+def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
+    from rich.table import Table
+
+    if not records:
+        return
+    m = records[0]["model"]
+    t = Table(title=f"{m.get('name')} ({m.get('arch')}): measured, beside the prediction", title_justify="left")
+    # below 110 columns (an 80-column terminal): depth, llama.cpp's KV and anon go; ✓ beside the formula's KV
+    # says llama.cpp printed the same bytes (issue 19)
+    narrow = con.width < 110
+    cols = (("n_ctx", "right"), ("depth", "right"), ("K/V", "left"), ("KV MiB\nformula", "right"),
+            ("KV MiB\nllama.cpp", "right"), ("same", "center"), ("peak RSS\nMiB", "right"),
+            ("anon\nMiB", "right"), ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
+    if narrow:
+        cols = (("n_ctx", "right"), ("K/V", "left"), ("KV MiB\n= llama", "right"), ("peak\nRSS MiB", "right"),
+                ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
+    for col, j in cols:
+        t.add_column(col, justify=j)
+    with_gpu = any((r.get("memory") or {}).get("peak_gpu_bytes") or (r.get("differences") or {}).get("context_gpu_growth_bytes")
+                   is not None for r in records)
+    if with_gpu:
+        t.add_column("GPU MiB\npeak", justify="right")
+        t.add_column("GPU MiB\ncontext", justify="right")
+    with_quality = any(r.get("quality") for r in records)
+    if with_quality:
+        t.add_column("PPL", justify="right")
+        t.add_column("KLD vs f16", justify="right")
+    unstable = busy_rows = False
+    for r in records:
+        s = r["settings"]
+        f = (r.get("prediction") or {}).get("formula") or {}
+        kv = s["type_k"] if s["type_k"] == s["type_v"] else f"{s['type_k']}/{s['type_v']}"
+        log = r.get("llama_log") or {}
+        mem = r.get("memory") or {}
+        diff = r.get("differences") or {}
+        same = {True: "[green]✓[/]", False: "[red]✗[/]"}.get(diff.get("llama_kv_matches_formula"), "-")
+        formula_mib = llama_mib(f["total_bytes"]) if f.get("total_bytes") is not None else "-"
+        llama_kv = f"{(log.get('kv_mib') or 0) + (log.get('recurrent_mib') or 0):.2f}" if log.get("kv_mib") is not None else "-"
+        peak = f"{mem['peak_rss_bytes'] / MIB:.1f}" if mem.get("peak_rss_bytes") else "-"
+        anon = f"{mem['anon_after_fill_bytes'] / MIB:.1f}" if mem.get("anon_after_fill_bytes") else "-"
+        status = r["status"] if r["status"] == "ok" else f"[yellow]{r['status']}: {r.get('reason')}[/]"
+        if record_busy(r):
+            busy_rows = True
+            status += f" [yellow]busy {100 * r['load'].get('others_share_max', 0):.0f}%[/]"
+        sp = r.get("speed") or {}
+        unstable |= any(v.get("unstable") for v in sp.values())
+        row = [str(s["n_ctx"]), str(s["n_depth"]), kv, formula_mib, llama_kv, same, peak, anon, _ts(sp, "pp"),
+               _ts(sp, "tg"), status]
+        if narrow:
+            row = [str(s["n_ctx"]), kv, f"{formula_mib} {same}", peak, _ts(sp, "pp"), _ts(sp, "tg"), status]
+        if with_gpu:
+            g, gc = mem.get("peak_gpu_bytes"), diff.get("context_gpu_growth_bytes")
+            row += [f"{g / MIB:.1f}" if g else "-", f"{gc / MIB:.1f}" if gc is not None else "-"]
+        if with_quality:
+            row += _quality_cells(r.get("quality"))
+        t.add_row(*row)
+    con.print(t)
+    con.print("KV MiB: formula = predicted from the GGUF header; llama.cpp = its own `llama_kv_cache: size` lines in this "
+              "run. Peak RSS = OS-measured peak of the run's process (sampled every 5 ms; during the timed tests read "
+              "by the process itself after each repetition); anon = its anonymous pages "
+              "after the cache was filled (KV, compute and output buffers; the weights are file-backed). t/s: mean ± "
+              "95% interval over the repetitions." + (
+                  " GPU MiB: peak = the process's GPU memory (NVML, sampled); context = device memory the context "
+                  "added (KV and compute buffers), read by the run right after the load and after the context."
+                  if with_gpu else "") + (
+                  " PPL and KLD: perplexity and mean KL divergence against the f16 cache on the same tokens "
+                  "(llama-perplexity's method; edgekv quality)." if with_quality else ""))
+    if narrow:
+        con.print("(narrow layout: ✓ = llama.cpp's own KV size lines give the same bytes; widen the terminal or use "
+                  "--json for depth, llama.cpp's figure and anonymous memory)")
+    if busy_rows:
+        con.print("[yellow]busy N%: other processes used N% of the CPUs before or during that configuration "
+                  "(edgekv.edges.load); its speeds describe a shared machine, not this one: rerun on a quiet machine.[/]")
+    if unstable:
+        con.print("[yellow]! marks results whose standard deviation is at least 10% of the mean: the machine was busy "
+                  "or the run too short; rerun with more repetitions (-r) on a quiet machine.[/]")
+    con.print(f"Results: {output}")

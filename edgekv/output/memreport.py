@@ -1,0 +1,106 @@
+"""The report's "explained memory" section: every MiB of the measured peak, by part.
+
+For each measured configuration whose record holds the whole-process prediction
+(``prediction.process``, schema 2): the predicted parts stacked (runtime baseline, weights, KV, compute,
+output, other), the measured peak RSS as a marker, and the *unexplained* rest (measured - predicted).
+Records without a prediction (schema 1 files) are listed as such, never filled in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgekv.core.memmodel import STACK_ORDER, stacked
+from edgekv.core.predict import MIB
+
+COLORS = {"baseline": "#8c8c8c", "weights": "#4c72b0", "KV": "#dd8452", "compute": "#55a868", "output": "#c44e52",
+          "other": "#8172b3", "unexplained": "#ffffff"}
+
+
+def _label(r: dict[str, Any]) -> str:
+    s = r.get("settings") or {}
+    kv = s.get("type_k") if s.get("type_k") == s.get("type_v") else f"{s.get('type_k')}/{s.get('type_v')}"
+    extra = []
+    if s.get("n_ubatch") not in (None, 512):
+        extra.append(f"-ub {s['n_ubatch']}")
+    if s.get("no_mmap"):
+        extra.append("-lm none")
+    if s.get("n_gpu_layers") not in (None, -1):
+        extra.append(f"-ngl {s['n_gpu_layers']}")
+    return f"{s.get('n_ctx')} {kv}" + (f" ({', '.join(extra)})" if extra else "") + f" t{s.get('n_threads')}"
+
+
+def explained(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in recs:
+        proc = (r.get("prediction") or {}).get("process")
+        meas = (r.get("memory") or {}).get("peak_rss_bytes")
+        if r.get("status") != "ok" or not meas:
+            continue
+        row: dict[str, Any] = {"label": _label(r), "measured": meas, "predicted": None, "stack": None}
+        if proc and proc.get("peak_rss_bytes"):
+            row["predicted"] = proc["peak_rss_bytes"]
+            row["stack"] = stacked(proc.get("parts") or [])
+            row["workload"] = proc.get("workload")
+        out.append(row)
+    return out
+
+
+def table(recs: list[dict[str, Any]]):
+    from edgekv.output.report import Table
+
+    rows = explained(recs)
+    if not any(x["stack"] is not None for x in rows):
+        return []          # records from before the process model (schema 1): nothing to explain, nothing invented
+    headers = ["configuration", *[f"{k} MiB" for k in STACK_ORDER], "predicted MiB", "measured peak MiB",
+               "unexplained MiB", "unexplained %"]
+    body = []
+    for x in rows:
+        if x["stack"] is None:
+            body.append([x["label"], *["–"] * len(STACK_ORDER), "–", f"{x['measured'] / MIB:.1f}", "–",
+                         "– (no prediction in this record)"])
+            continue
+        d = x["measured"] - x["predicted"]
+        body.append([x["label"], *[f"{x['stack'][k] / MIB:.1f}" for k in STACK_ORDER], f"{x['predicted'] / MIB:.1f}",
+                     f"{x['measured'] / MIB:.1f}", f"{d / MIB:+.1f}", f"{100 * d / x['predicted']:+.2f}"])
+    wl = next((x.get("workload") for x in rows if x.get("workload")), "bench")
+    after = any(((r.get("prediction") or {}).get("process") or {}).get("predicted_after_measurement") for r in recs)
+    when = ("after the runs were measured (`bench/explain_reports.py`, same settings and model)" if after
+            else "before the run")
+    intro = (f"Peak RSS of each run explained part by part: *predicted* {when} by edgekv's process model "
+             f"(workload `{wl}`: runtime baseline measured once per environment, llama.cpp's host structures and "
+             "compute buffer from its dry run for the graph the run reaches, weights/KV/work/output by formula), "
+             "*measured* by the OS; *unexplained* = measured − predicted.")
+    return [Table("Explained memory", intro, headers, body, ["l"] + ["r"] * (len(headers) - 1))]
+
+
+def plot(recs: list[dict[str, Any]]) -> bytes | None:
+    rows = [x for x in explained(recs) if x["stack"] is not None]
+    if not rows:
+        return None
+    from edgekv.output.plots import _fig, _png
+
+    plt, fig, axes = _fig(1)
+    ax = axes[0]
+    fig.set_size_inches(8.0, 0.32 * len(rows) + 1.6)
+    ys = list(range(len(rows)))[::-1]
+    for y, x in zip(ys, rows):
+        left = 0.0
+        for k in STACK_ORDER:
+            w = x["stack"][k] / MIB
+            ax.barh(y, w, left=left, color=COLORS[k], edgecolor="none", label=k if y == ys[0] else None)
+            left += w
+        gap = (x["measured"] - x["predicted"]) / MIB
+        if gap > 0:
+            ax.barh(y, gap, left=left, color=COLORS["unexplained"], edgecolor="black", hatch="///", linewidth=0.5,
+                    label="unexplained" if y == ys[0] else None)
+        ax.plot([x["measured"] / MIB], [y], marker="|", color="black", markersize=14, markeredgewidth=2,
+                label="measured peak" if y == ys[0] else None)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([x["label"] for x in rows], fontsize=7)
+    ax.set_xlabel("MiB (host, resident)")
+    ax.set_title("Explained memory: predicted parts vs measured peak RSS")
+    top = max(max(x["measured"], x["predicted"]) for x in rows) / MIB
+    ax.set_xlim(0, top * 1.42)          # room on the right for the legend, clear of the bars
+    ax.legend(fontsize=7, loc="center right", framealpha=0.95)
+    return _png(plt, fig)

@@ -1,0 +1,927 @@
+"""Reports: Markdown, CSV, JSON, PNG plots and one self-contained HTML file.  Measures nothing.
+
+Every figure is labelled with where it comes from:
+
+* **predicted** -- edgekv's formula from the GGUF header (``prediction.formula``);
+* **llama.cpp** -- llama.cpp's own figures: its dry run before the sweep (``prediction.engine``) and
+  the ``llama_kv_cache: size`` lines of the measured run itself (``llama_log``);
+* **measured** -- what the operating system measured for the run's process (``memory``: peak RSS,
+  anonymous and file-backed pages, GPU memory through NVML, macOS footprint) and the timed tests
+  (``speed``), and the quality pass (``quality``).
+
+A value a record does not hold is shown as ``–`` (never filled in from another source).  Rendering is
+deterministic: the same records give byte-identical Markdown, CSV and JSON (no rendering timestamps,
+a stable sort, fixed float formatting); PNGs carry no software/date metadata.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+import math
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgekv.core.cachetypes import CACHE_TYPES
+from edgekv.core.llamalog import device_mib
+from edgekv.core.predict import MIB
+from edgekv.output.inputs import KIND_BENCH, KIND_LLAMA_BENCH, KIND_PREDICT, device_label, machine_label
+from edgekv.records import results as R
+
+REPORT_FORMAT = 1
+DASH = "–"
+
+# -- flat rows (one per record): the content of results.csv / results.json ---------------------------
+
+COLUMNS = (
+    "model", "model_sha256", "arch", "device", "kind", "status", "reason",
+    "n_ctx", "n_depth", "type_k", "type_v", "flash_attn", "flash_attn_effective", "n_threads", "n_gpu_layers",
+    "n_batch", "n_ubatch", "n_prompt", "n_gen", "repetitions",
+    "kv_predicted_bytes", "kv_predicted_mib", "kv_engine_mib", "kv_llama_run_mib", "kv_llama_cache_lines", "kv_buffer_mib",
+    "kv_llama_matches_formula", "kv_saving_vs_f16_predicted",
+    "context_growth_measured_bytes", "context_growth_minus_predicted_bytes", "context_growth_error_pct",
+    "kv_on_device", "context_gpu_growth_bytes", "gpu_compute_buffer_mib", "context_gpu_growth_minus_predicted_bytes",
+    "context_gpu_growth_error_pct",
+    "peak_rss_bytes", "kernel_maxrss_bytes", "anon_after_fill_bytes", "file_after_fill_bytes", "peak_gpu_bytes",
+    "peak_footprint_bytes", "compute_buffer_mib", "peak_rss_saving_vs_f16_measured",
+    "pp_n_tokens", "pp_ts_mean", "pp_ts_ci95_low", "pp_ts_ci95_high", "pp_ts_cv", "pp_samples",
+    "tg_n_tokens", "tg_ts_mean", "tg_ts_ci95_low", "tg_ts_ci95_high", "tg_ts_cv", "tg_samples",
+    "quality_status", "ppl", "ppl_err", "base_ppl", "ppl_delta_pct", "kld_mean", "kld_mean_err", "kld_p99",
+    "same_top_rate", "time_utc",
+)
+
+
+def _r(x: Any, nd: int = 4) -> Any:
+    """Round floats for stable text; leave everything else as it is."""
+    if isinstance(x, bool) or x is None:
+        return x
+    if isinstance(x, float):
+        if math.isnan(x) or math.isinf(x):
+            return None
+        return round(x, nd)
+    return x
+
+
+def _mib_sum(d: Any) -> float | None:
+    if not isinstance(d, dict) or not d:
+        return None
+    vals = [v for v in d.values() if isinstance(v, (int, float))]
+    return sum(vals) if vals else None
+
+
+def quality_block(rec: dict[str, Any]) -> tuple[str | None, str | None, dict[str, Any] | None]:
+    """(status, reason, statistics) of a record's quality block, whatever its nesting."""
+    q = rec.get("quality")
+    if not isinstance(q, dict):
+        return None, None, None
+    if isinstance(q.get("quality"), dict):
+        return q.get("status") or "ok", q.get("error") or q.get("reason"), q["quality"]
+    if any(k in q for k in ("kld_mean", "ppl")):
+        return q.get("status") or "ok", None, q
+    return q.get("status") or "unavailable", q.get("reason") or q.get("error"), None
+
+
+def _type_rank(t: str | None) -> tuple:
+    ct = CACHE_TYPES.get(str(t))
+    return (-ct.bits_per_element, ct.name) if ct else (0.0, str(t))
+
+
+def _settings_tuple(r: dict[str, Any]) -> tuple:
+    s = r.get("settings") or {}
+    return tuple("" if s.get(k) is None else str(s.get(k)) for k in
+                 ("flash_attn", "n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "n_prompt", "n_gen", "swa_full",
+                  "n_seq_max", "kv_unified", "engine", "test"))
+
+
+def sort_key(r: dict[str, Any]) -> tuple:
+    s = r.get("settings") or {}
+    m = r.get("model") or {}
+    return (str(m.get("name") or ""), str(m.get("sha256") or ""), device_label(r), s.get("n_ctx") or 0,
+            s.get("n_depth") or 0, _type_rank(s.get("type_k")), _type_rank(s.get("type_v")), _settings_tuple(r),
+            str(r.get("kind") or ""), str(r.get("time_utc") or ""))
+
+
+def sort_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(records, key=sort_key)
+
+
+def _group_key(r: dict[str, Any]) -> tuple:
+    """Everything that must agree for an f16 record to be another record's baseline."""
+    s = r.get("settings") or {}
+    m = r.get("model") or {}
+    rest = tuple(str(s.get(k)) for k in R.KEY_SETTINGS if k not in ("type_k", "type_v", "quality", "repetitions"))
+    return (m.get("sha256") or m.get("path"), device_label(r), r.get("kind"), rest, s.get("test"))
+
+
+def _speed(r: dict[str, Any], test: str) -> dict[str, Any]:
+    v = (r.get("speed") or {}).get(test) or {}
+    ci = v.get("ci95_ts") or [None, None]
+    samples = v.get("samples_ts") or []
+    if len(samples) >= 2 and all(x > 0 for x in samples):
+        from edgekv.core.stats import summarize  # records written before issue 19 hold a linear interval that can go below 0
+
+        ci = summarize(samples)["ci95"] or ci
+    return {"n_tokens": v.get("n_tokens"), "mean": v.get("mean_ts"), "lo": ci[0], "hi": ci[1], "cv": v.get("cv"),
+            "n": len(samples), "unstable": bool(v.get("unstable"))}
+
+
+def flat_row(r: dict[str, Any]) -> dict[str, Any]:
+    s = r.get("settings") or {}
+    m = r.get("model") or {}
+    pred = r.get("prediction") or {}
+    f = pred.get("formula") or {}
+    eng = pred.get("engine") or {}
+    log = r.get("llama_log") or {}
+    mem = r.get("memory") or {}
+    diff = r.get("differences") or {}
+    eff = r.get("effective") or {}
+    kv_pred = f.get("total_bytes")
+    kv_run = None
+    if log.get("kv_mib") is not None:
+        kv_run = (log.get("kv_mib") or 0) + (log.get("recurrent_mib") or 0)
+    kv_buf = None
+    if log.get("kv_buffers_mib") is not None:
+        kv_buf = (_mib_sum(log.get("kv_buffers_mib")) or 0) + (_mib_sum(log.get("rs_buffers_mib")) or 0)
+    a_load, a_ctx = mem.get("anon_after_load_bytes"), mem.get("anon_after_context_bytes")
+    growth = a_ctx - a_load if a_load is not None and a_ctx is not None else None
+    # KV on a GPU: the host's anonymous memory does not hold it, so it is not compared with the prediction;
+    # the GPU's (NVML) growth minus llama.cpp's device compute buffers is
+    kv_on_device = bool(device_mib(log.get("kv_buffers_mib")) + device_mib(log.get("rs_buffers_mib"))) if log else None
+    gmp = growth - kv_pred if growth is not None and kv_pred is not None and not kv_on_device else None
+    g_growth = diff.get("context_gpu_growth_bytes")
+    g_compute = diff.get("gpu_compute_buffer_bytes")
+    g_gmp = diff.get("context_gpu_growth_minus_compute_minus_formula_bytes")
+    pp, tg = _speed(r, "pp"), _speed(r, "tg")
+    qs, _, q = quality_block(r)
+    q = q or {}
+    ppl, base_ppl = q.get("ppl"), q.get("base_ppl")
+    row = {
+        "model": m.get("name"), "model_sha256": m.get("sha256"), "arch": m.get("arch"), "device": device_label(r),
+        "kind": r.get("kind"), "status": r.get("status"), "reason": r.get("reason"),
+        "n_ctx": s.get("n_ctx"), "n_depth": s.get("n_depth"), "type_k": s.get("type_k"), "type_v": s.get("type_v"),
+        "flash_attn": s.get("flash_attn"), "flash_attn_effective": eff.get("flash_attn"),
+        "n_threads": s.get("n_threads"), "n_gpu_layers": s.get("n_gpu_layers"), "n_batch": s.get("n_batch"),
+        "n_ubatch": s.get("n_ubatch"), "n_prompt": s.get("n_prompt"), "n_gen": s.get("n_gen"),
+        "repetitions": s.get("repetitions"),
+        "kv_predicted_bytes": kv_pred, "kv_predicted_mib": _r(kv_pred / MIB, 2) if kv_pred is not None else None,
+        "kv_engine_mib": (_r(eng.get("kv_mib") + (eng.get("recurrent_mib") or 0) + (eng.get("state_mib") or 0), 2)
+                          if eng.get("kv_mib") is not None else None),
+        "kv_llama_run_mib": _r(kv_run, 2), "kv_llama_cache_lines": len(log.get("kv") or []) or None,
+        "kv_buffer_mib": _r(kv_buf, 2),
+        "kv_llama_matches_formula": diff.get("llama_kv_matches_formula"), "kv_saving_vs_f16_predicted": None,
+        "context_growth_measured_bytes": growth, "context_growth_minus_predicted_bytes": gmp,
+        "context_growth_error_pct": _r(100.0 * gmp / kv_pred, 2) if gmp is not None and kv_pred else None,
+        "kv_on_device": kv_on_device, "context_gpu_growth_bytes": g_growth,
+        "gpu_compute_buffer_mib": _r(g_compute / MIB, 2) if g_compute is not None else None,
+        "context_gpu_growth_minus_predicted_bytes": g_gmp,
+        "context_gpu_growth_error_pct": _r(100.0 * g_gmp / kv_pred, 2) if g_gmp is not None and kv_pred else None,
+        "peak_rss_bytes": mem.get("peak_rss_bytes"), "kernel_maxrss_bytes": mem.get("kernel_maxrss_bytes"),
+        "anon_after_fill_bytes": mem.get("anon_after_fill_bytes"), "file_after_fill_bytes": mem.get("file_after_fill_bytes"),
+        "peak_gpu_bytes": mem.get("peak_gpu_bytes"), "peak_footprint_bytes": mem.get("peak_footprint_bytes"),
+        "compute_buffer_mib": _r(_mib_sum(log.get("compute_mib")), 2), "peak_rss_saving_vs_f16_measured": None,
+        "pp_n_tokens": pp["n_tokens"], "pp_ts_mean": _r(pp["mean"], 3), "pp_ts_ci95_low": _r(pp["lo"], 3),
+        "pp_ts_ci95_high": _r(pp["hi"], 3), "pp_ts_cv": _r(pp["cv"], 4), "pp_samples": pp["n"] or None,
+        "tg_n_tokens": tg["n_tokens"], "tg_ts_mean": _r(tg["mean"], 3), "tg_ts_ci95_low": _r(tg["lo"], 3),
+        "tg_ts_ci95_high": _r(tg["hi"], 3), "tg_ts_cv": _r(tg["cv"], 4), "tg_samples": tg["n"] or None,
+        "quality_status": qs, "ppl": _r(ppl, 4), "ppl_err": _r(q.get("ppl_err"), 4), "base_ppl": _r(base_ppl, 4),
+        "ppl_delta_pct": _r(100.0 * (ppl / base_ppl - 1), 3) if ppl and base_ppl else None,
+        "kld_mean": _r(q.get("kld_mean"), 6), "kld_mean_err": _r(q.get("kld_mean_err"), 6),
+        "kld_p99": _r(q.get("kld_p99"), 6), "same_top_rate": _r(q.get("same_top_rate"), 5),
+        "time_utc": r.get("time_utc"),
+    }
+    load = r.get("load") or {}
+    if load:   # issue 19: other processes' share of the CPUs (edgekv.edges.load); only in rows of records that have it
+        row["machine_busy"] = bool(load.get("busy"))
+        row["others_cpu_share_pct"] = _r(100.0 * (load.get("others_share_max") or 0.0), 1)
+    return row
+
+
+def flat_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    recs = sort_records(records)
+    rows = [flat_row(r) for r in recs]
+    # savings against the f16/f16 record of the same configuration (same model, device, settings)
+    base: dict[tuple, dict[str, Any]] = {}
+    for r, row in zip(recs, rows):
+        s = r.get("settings") or {}
+        if s.get("type_k") == "f16" and s.get("type_v") == "f16" and row["status"] == "ok":
+            base.setdefault(_group_key(r), row)
+    for r, row in zip(recs, rows):
+        b = base.get(_group_key(r))
+        if b is None or row["status"] != "ok":
+            continue
+        if b["kv_predicted_bytes"] and row["kv_predicted_bytes"]:
+            row["kv_saving_vs_f16_predicted"] = _r(b["kv_predicted_bytes"] / row["kv_predicted_bytes"], 3)
+        if b["peak_rss_bytes"] and row["peak_rss_bytes"]:
+            row["peak_rss_saving_vs_f16_measured"] = _r(b["peak_rss_bytes"] / row["peak_rss_bytes"], 3)
+    return rows
+
+
+# -- formatting ---------------------------------------------------------------------------------------
+
+def fmt_mib_b(n: int | float | None) -> str:
+    return DASH if n is None else f"{n / MIB:,.2f}"
+
+
+def fmt_mib(x: float | None) -> str:
+    return DASH if x is None else f"{x:,.2f}"
+
+
+def fmt_x(x: float | None) -> str:
+    return DASH if x is None else f"{x:.2f}×"
+
+
+def fmt_pct(x: float | None, nd: int = 1) -> str:
+    return DASH if x is None else f"{x:+.{nd}f}%"
+
+
+def _f1(x: float) -> str:
+    s = f"{x:,.1f}"
+    return "0.0" if s == "-0.0" else s
+
+
+def fmt_ts(mean: float | None, lo: float | None, hi: float | None, unstable: bool = False) -> str:
+    if mean is None:
+        return DASH
+    if lo is None or hi is None:
+        return f"{_f1(mean)} (1 sample)"
+    return f"{_f1(mean)} [{_f1(lo)}, {_f1(hi)}]" + (" !" if unstable else "")
+
+
+def kv_label(row: dict[str, Any]) -> str:
+    k, v = row.get("type_k"), row.get("type_v")
+    return str(k) if k == v else f"{k}/{v}"
+
+
+def _ctx(n: Any) -> str:
+    return DASH if n is None else str(n)
+
+
+@dataclass
+class Table:
+    title: str
+    intro: str
+    headers: list[str]
+    rows: list[list[str]]
+    align: list[str] = field(default_factory=list)    # "l" or "r" per column
+
+
+@dataclass
+class Section:
+    title: str
+    paragraphs: list[str] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    images: list[tuple[str, str]] = field(default_factory=list)    # (file name, alt text)
+    bullets: list[str] = field(default_factory=list)
+
+
+# -- the document ---------------------------------------------------------------------------------------
+
+def _varying(rows: list[dict[str, Any]], key: str) -> bool:
+    return len({str(r.get(key)) for r in rows}) > 1
+
+
+def _setting_cols(rows: list[dict[str, Any]], with_depth: bool) -> list[tuple[str, str]]:
+    cols: list[tuple[str, str]] = []
+    if _varying(rows, "device"):
+        cols.append(("device", "device"))
+    cols.append(("n_ctx", "n_ctx"))
+    if with_depth:
+        cols.append(("n_depth", "depth"))
+    cols.append(("kv", "K / V"))
+    for k, h in (("flash_attn", "-fa"), ("n_threads", "-t"), ("n_gpu_layers", "-ngl"), ("n_batch", "-b"),
+                 ("n_ubatch", "-ub"), ("n_prompt", "-p"), ("n_gen", "-n")):
+        if _varying(rows, k):
+            cols.append((k, h))
+    return cols
+
+
+def _cells(row: dict[str, Any], cols: list[tuple[str, str]]) -> list[str]:
+    out = []
+    for k, _ in cols:
+        if k == "kv":
+            out.append(kv_label(row))
+        elif k == "n_ctx":
+            out.append(_ctx(row.get("n_ctx")))
+        else:
+            v = row.get(k)
+            out.append(DASH if v is None else str(v))
+    return out
+
+
+def _align(cols: list[tuple[str, str]], n_values: int) -> list[str]:
+    return ["l" if k in ("device", "kv", "flash_attn") else "r" for k, _ in cols] + ["r"] * n_values
+
+
+def _env_section(records: list[dict[str, Any]]) -> Section:
+    measured = [r for r in records if r.get("kind") != KIND_PREDICT]
+    sec = Section("Environment")
+    if not measured:
+        sec.paragraphs.append("**Predicted only — nothing here was measured.** Every figure in this report comes from "
+                              "the GGUF header (edgekv's formula, and llama.cpp's own dry run where a column says so); "
+                              "no model was run and no machine was measured.")
+        return sec
+    by_machine: dict[str, list[dict[str, Any]]] = {}
+    for r in measured:
+        by_machine.setdefault(device_label(r), []).append(r)
+    labels = sorted(by_machine)
+    fields = [
+        ("machine", lambda e, rs: machine_label(rs[0]) or DASH),
+        ("devices (backends)", lambda e, rs: device_label(rs[0]).split(": ", 1)[-1]),
+        ("llama.cpp", lambda e, rs: " ".join(x for x in (
+            f"commit {e.get('llama_cpp_commit')}" if e.get("llama_cpp_commit") else "",
+            f"(llama-cpp-python {e.get('llama_cpp_python')})" if e.get("llama_cpp_python") else "",
+            f"llama-bench build {e.get('llama_bench_build_number')}" if e.get("llama_bench_build_number") else "") if x)
+         or DASH),
+        ("edgekv", lambda e, rs: e.get("edgekv") or DASH),
+        ("CPU", lambda e, rs: _cpu(e)),
+        ("RAM", lambda e, rs: f"{e['ram_bytes'] / 1024**3:.1f} GiB" if e.get("ram_bytes") else DASH),
+        ("GPU", lambda e, rs: _gpu(e)),
+        ("OS", lambda e, rs: " ".join(str(x) for x in (e.get("os"), f"({e['arch']})" if e.get("arch") else "") if x) or DASH),
+        ("Python", lambda e, rs: e.get("python") or DASH),
+        ("power / governor", lambda e, rs: f"{e.get('power') or DASH} / {e.get('governor') or DASH}"),
+        ("llama.cpp system info", lambda e, rs: f"`{e['system_info']}`" if e.get("system_info") else DASH),
+        ("measured", lambda e, rs: _time_range(rs)),
+        ("command", lambda e, rs: f"`{_argv(e)}`" if e.get("argv") else DASH),
+        ("CI", lambda e, rs: "yes" if e.get("ci") else "no"),
+    ]
+    rows = []
+    for name, fn in fields:
+        cells = []
+        for lab in labels:
+            rs = by_machine[lab]
+            cells.append(_md_safe(str(fn(rs[0].get("environment") or {}, rs))))
+        rows.append([name] + cells)
+    heads = [""] + [f"machine {i + 1}" for i in range(len(labels))] if len(labels) > 1 else ["", "value"]
+    sec.tables.append(Table("", "", heads, rows, ["l"] * (len(labels) + 1)))
+    nmeas = len(measured)
+    sec.paragraphs.append(f"{nmeas} measured configuration{'s' if nmeas != 1 else ''}"
+                          + (f" on {len(labels)} machines" if len(labels) > 1 else "") + ". Each configuration ran in a "
+                          "fresh process; the environment is recorded by the run itself, not typed in.")
+    return sec
+
+
+def _cpu(e: dict[str, Any]) -> str:
+    if not e.get("cpu_model"):
+        return DASH
+    cores = ""
+    if e.get("cpu_count_logical"):
+        cores = f", {e['cpu_count_logical']} logical"
+        if e.get("cpu_count_physical"):
+            cores += f" / {e['cpu_count_physical']} physical cores"
+        else:
+            cores += " cores"
+    return f"{e['cpu_model']}{cores}"
+
+
+def _gpu(e: dict[str, Any]) -> str:
+    nv = e.get("nvidia")
+    parts = []
+    if isinstance(nv, dict):
+        for g in nv.get("gpus") or []:
+            if isinstance(g, dict):
+                parts.append(f"{g.get('name')} ({(g.get('memory_total') or 0) / 1024**3:.0f} GiB)")
+        if nv.get("driver"):
+            parts.append(f"driver {nv['driver']}")
+    if e.get("iogpu_wired_limit_mb") is not None:
+        parts.append(f"iogpu.wired_limit_mb={e['iogpu_wired_limit_mb']}")
+    return ", ".join(parts) or DASH
+
+
+def _time_range(rs: list[dict[str, Any]]) -> str:
+    ts = sorted(str(r.get("time_utc")) for r in rs if r.get("time_utc"))
+    if not ts:
+        return DASH
+    return ts[0] if ts[0] == ts[-1] else f"{ts[0]} … {ts[-1]}"
+
+
+def _argv(e: dict[str, Any]) -> str:
+    argv = list(e.get("argv") or [])
+    if argv:
+        argv[0] = os.path.basename(str(argv[0]))
+    return " ".join(str(a) for a in argv)
+
+
+def _md_safe(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def _model_section(name: str, recs: list[dict[str, Any]]) -> Section:
+    m = recs[0].get("model") or {}
+    sec = Section(f"Model: {name}")
+    facts = []
+    if m.get("arch"):
+        facts.append(f"architecture `{m['arch']}`")
+    if m.get("n_layer"):
+        facts.append(f"{m['n_layer']} layers")
+    if m.get("n_head_kv"):
+        facts.append(f"KV heads {', '.join(map(str, m['n_head_kv']))}")
+    if m.get("head_dim_k"):
+        facts.append(f"head dim {', '.join(map(str, m['head_dim_k']))}")
+    if m.get("n_swa"):
+        facts.append(f"sliding window {m['n_swa']} on {m.get('swa_layers')} layers")
+    if m.get("shared_kv_layers"):
+        facts.append(f"{m['shared_kv_layers']} layers share another layer's KV")
+    if m.get("n_ctx_train"):
+        facts.append(f"trained context {m['n_ctx_train']}")
+    if m.get("size_bytes"):
+        facts.append(f"weights {m['size_bytes'] / MIB:,.1f} MiB")
+    if m.get("path"):
+        facts.append(f"file `{os.path.basename(str(m['path']))}`")
+    if m.get("sha256"):
+        facts.append(f"sha256 `{m['sha256']}`")
+    if facts:
+        sec.paragraphs.append("; ".join(facts) + ".")
+    return sec
+
+
+def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
+    ok = [r for r in rows if r["status"] == "ok" and r["kv_predicted_bytes"] is not None]
+    if not ok:
+        return []
+    depth_matters = any(len({x["n_depth"] for x in ok if (x["n_ctx"], x["type_k"], x["type_v"]) == k}) > 1
+                        for k in {(x["n_ctx"], x["type_k"], x["type_v"]) for x in ok})
+    cols = _setting_cols(ok, depth_matters)
+    has_engine = any(r["kv_engine_mib"] is not None for r in ok)
+    has_run = any(r["kv_llama_run_mib"] is not None for r in ok)
+    has_meas = any(r["context_growth_measured_bytes"] is not None for r in ok)
+    heads = [h for _, h in cols] + ["KV MiB, predicted (formula)"]
+    if has_engine:
+        heads.append("KV MiB, llama.cpp dry run")
+    if has_run:
+        heads += ["KV MiB, llama.cpp in the run", "KV buffer MiB, llama.cpp"]
+    if has_meas:
+        # not "error": this is what llama.cpp allocates beside the KV cache (issue 19); a formula-vs-llama.cpp
+        # mismatch is the only error and shows in the llama.cpp columns
+        heads += ["context memory MiB, measured (OS)", "beside the KV MiB (measured − predicted)", "beside the KV, % of KV"]
+    has_gpu = any(r["context_gpu_growth_bytes"] is not None for r in ok)
+    if has_gpu:
+        heads += ["context GPU memory MiB, measured (device)", "GPU compute buffers MiB, llama.cpp",
+                  "GPU − compute − predicted MiB", "GPU beside the KV, % of KV"]
+    heads.append("KV saving vs f16, predicted")
+    body = []
+    for r in ok:
+        cells = _cells(r, cols) + [fmt_mib_b(r["kv_predicted_bytes"])]
+        if has_engine:
+            cells.append(fmt_mib(r["kv_engine_mib"]))
+        if has_run:
+            cells += [fmt_mib(r["kv_llama_run_mib"]), fmt_mib(r["kv_buffer_mib"])]
+        if has_meas:
+            g = r["context_growth_measured_bytes"]
+            d = r["context_growth_minus_predicted_bytes"]
+            cells += [fmt_mib_b(g), DASH if d is None else f"{d / MIB:+,.2f}", fmt_pct(r["context_growth_error_pct"])]
+        if has_gpu:
+            gd = r["context_gpu_growth_minus_predicted_bytes"]
+            cells += [fmt_mib_b(r["context_gpu_growth_bytes"]), fmt_mib(r["gpu_compute_buffer_mib"]),
+                      DASH if gd is None else f"{gd / MIB:+,.2f}", fmt_pct(r["context_gpu_growth_error_pct"])]
+        cells.append(fmt_x(r["kv_saving_vs_f16_predicted"]))
+        body.append(cells)
+    intro = ("KV cache by context and cache type. *Predicted* is edgekv's formula from the GGUF header")
+    if has_engine or has_run:
+        intro += "; *llama.cpp* columns are llama.cpp's own `llama_kv_cache: size` figures"
+        intro += (" (its dry run before the sweep, and the log of the measured run itself)" if has_run else
+                  " from its dry run (nothing allocated)")
+    if has_meas:
+        intro += ("; *measured* is the growth of the process's anonymous memory when llama.cpp created the context "
+                  "(the KV cache plus small output and scheduler buffers), from the OS. *Beside the KV* = measured − "
+                  "predicted: those other buffers, also as a share of the predicted KV; it is not an error of the "
+                  "prediction (that would be a llama.cpp column differing from the formula)")
+    if any(r["context_gpu_growth_bytes"] is not None for r in ok):
+        intro += ("; where the cache lives on a GPU, *context GPU memory* is how much the device memory in use "
+                  "(read by the run itself through ggml, e.g. cudaMemGetInfo, right after the load and right after "
+                  "the context) grew when llama.cpp created the context: the KV buffers plus the compute buffers ggml "
+                  "allocates whole on the device, so llama.cpp's device compute buffers are subtracted before the "
+                  "comparison with the prediction; the device rounds each allocation up (CUDA on an H100: 2 MiB "
+                  "steps), so a few MiB remain (the host-side measured columns then hold no KV)")
+    intro += "."
+    if any((r.get("kv_llama_cache_lines") or 0) > 1 for r in ok):
+        intro += (" This model has several cache objects (e.g. full and sliding-window layers): llama.cpp prints one "
+                  "size line per cache, each rounded to 0.01 MiB, so its columns (their sum) can differ by 0.01 from "
+                  "the formula's exact total; the check against the formula compares each line and the cell counts.")
+    ttl = "KV cache: predicted" + (", llama.cpp" if has_engine or has_run else "") + (", measured" if has_meas else "")
+    tables = [Table(ttl, intro, heads, body, _align(cols, len(heads) - len(cols)))]
+    proc = [r for r in ok if r["peak_rss_bytes"] is not None]
+    if proc:
+        pcols = _setting_cols(proc, depth_matters)
+        has_gpu = any(r["peak_gpu_bytes"] for r in proc)
+        has_fp = any(r["peak_footprint_bytes"] for r in proc)
+        has_anon = any(r["anon_after_fill_bytes"] is not None for r in proc)
+        heads = [h for _, h in pcols] + ["peak RSS MiB"]
+        if has_anon:
+            heads += ["anonymous MiB after fill", "file-backed MiB after fill"]
+        if has_gpu:
+            heads.append("GPU MiB (NVML, this process)")
+        if has_fp:
+            heads.append("footprint MiB (macOS)")
+        heads += ["compute buffers MiB, llama.cpp (reserved)", "peak RSS saving vs f16, measured"]
+        body = []
+        for r in proc:
+            cells = _cells(r, pcols) + [fmt_mib_b(r["peak_rss_bytes"])]
+            if has_anon:
+                cells += [fmt_mib_b(r["anon_after_fill_bytes"]), fmt_mib_b(r["file_after_fill_bytes"])]
+            if has_gpu:
+                cells.append(fmt_mib_b(r["peak_gpu_bytes"]))
+            if has_fp:
+                cells.append(fmt_mib_b(r["peak_footprint_bytes"]))
+            cells += [fmt_mib(r["compute_buffer_mib"]), fmt_x(r["peak_rss_saving_vs_f16_measured"])]
+            body.append(cells)
+        intro = ("Whole-process memory of each run, measured by the OS: the peak resident set over the whole run (model "
+                 "loaded, context created, cache filled to the test depth: sampled every 5 ms; the timed tests: read by "
+                 "the process itself after each repetition, so that sampling never slows them), leaving out only the "
+                 "moments the harness saves or restores its depth state; its anonymous "
+                 "(KV, compute and output buffers) and file-backed (memory-mapped weights) parts after the fill. "
+                 "Compute buffers are llama.cpp's reservations; only the pages a graph touches become resident.")
+        tables.append(Table("Process memory, measured", intro, heads, body, _align(pcols, len(heads) - len(pcols))))
+    return tables
+
+
+def _pivot_tables(rows: list[dict[str, Any]]) -> list[Table]:
+    """The tables people circulate: per context, each cache type's figure and its saving vs f16."""
+    ok = [r for r in rows if r["status"] == "ok" and r["kv_predicted_bytes"] is not None and r["type_k"] == r["type_v"]]
+    if not ok:
+        return []
+    # one value per (device, n_ctx, type): the first row in sort order (lowest depth, default settings first)
+    types = sorted({r["type_k"] for r in ok}, key=_type_rank)
+    devices = sorted({r["device"] for r in ok})
+    multi = len(devices) > 1
+    out = []
+    for title, key, skey, intro in (
+        ("KV cache per cache type, predicted", "kv_predicted_bytes", "kv_saving_vs_f16_predicted",
+         "Predicted KV MiB (formula, from the GGUF header) and the saving against f16 in parentheses."),
+        ("Peak RSS per cache type, measured", "peak_rss_bytes", "peak_rss_saving_vs_f16_measured",
+         "Measured peak resident memory of the whole process (MiB, OS) and the saving against f16 in parentheses."),
+    ):
+        cells: dict[tuple, dict[str, Any]] = {}
+        for r in ok:
+            if r[key] is None:
+                continue
+            cells.setdefault((r["device"], r["n_ctx"], r["type_k"]), r)
+        if not cells:
+            continue
+        keys = sorted({(d, n) for d, n, _ in cells}, key=lambda x: (x[0], x[1] or 0))
+        heads = (["device"] if multi else []) + ["n_ctx"] + types
+        body = []
+        for d, n in keys:
+            line = ([d] if multi else []) + [_ctx(n)]
+            for t in types:
+                r = cells.get((d, n, t))
+                if r is None:
+                    line.append(DASH)
+                else:
+                    line.append(fmt_mib_b(r[key]) + ("" if t == "f16" or r[skey] is None else f" ({fmt_x(r[skey])})"))
+            body.append(line)
+        out.append(Table(title, intro, heads, body, (["l"] if multi else []) + ["r"] * (len(heads) - multi)))
+    return out
+
+
+def _speed_table(rows: list[dict[str, Any]]) -> list[Table]:
+    sp = [r for r in rows if r["status"] == "ok" and (r["pp_ts_mean"] is not None or r["tg_ts_mean"] is not None)]
+    if not sp:
+        return []
+    cols = _setting_cols(sp, True)
+    pp_n = sorted({r["pp_n_tokens"] for r in sp if r["pp_n_tokens"]})
+    tg_n = sorted({r["tg_n_tokens"] for r in sp if r["tg_n_tokens"]})
+    pp_h = f"prefill t/s (pp{pp_n[0]})" if len(pp_n) == 1 else "prefill t/s"
+    tg_h = f"decode t/s (tg{tg_n[0]})" if len(tg_n) == 1 else "decode t/s"
+    heads = [h for _, h in cols] + [pp_h + " [95% CI]", tg_h + " [95% CI]", "samples"]
+    any_busy = any(r.get("machine_busy") for r in sp)
+    if any_busy:
+        heads.append("machine")
+    body = []
+    for r in sp:
+        pp_uns = r["pp_ts_cv"] is not None and r["pp_ts_cv"] >= 0.10
+        tg_uns = r["tg_ts_cv"] is not None and r["tg_ts_cv"] >= 0.10
+        n = sorted({x for x in (r["pp_samples"], r["tg_samples"]) if x})
+        body.append(_cells(r, cols) + [fmt_ts(r["pp_ts_mean"], r["pp_ts_ci95_low"], r["pp_ts_ci95_high"], pp_uns),
+                                       fmt_ts(r["tg_ts_mean"], r["tg_ts_ci95_low"], r["tg_ts_ci95_high"], tg_uns),
+                                       "/".join(map(str, n)) or DASH])
+        if any_busy:
+            body[-1].append(f"⚠️ busy ({_f1(r.get('others_cpu_share_pct'))}% of the CPUs to other work)"
+                            if r.get("machine_busy") else ("quiet" if "machine_busy" in r else DASH))
+    intro = ("Tokens per second measured at the given KV depth (the cache already holds *depth* tokens when the timed "
+             "tests start): mean and the 95% confidence interval of the mean (Student t) over every repetition. "
+             "`!` marks results whose standard deviation is at least 10% of the mean (a busy machine: rerun with more "
+             "repetitions on a quiet one).")
+    if any_busy:
+        intro += (" *busy*: other processes used at least 10% of the CPUs before or during that configuration "
+                  "(sampled by edgekv bench): its speeds describe a shared machine; `edgekv compare` gives them no "
+                  "verdict unless --force.")
+    return [Table("Speed, measured", intro, heads, body, _align(cols, 3) + (["l"] if any_busy else []))]
+
+
+def _quality_table(rows: list[dict[str, Any]]) -> list[Table]:
+    q = [r for r in rows if r["quality_status"] == "ok" and (r["kld_mean"] is not None or r["ppl"] is not None)]
+    if not q:
+        return []
+    cols = _setting_cols(q, False)
+    heads = [h for _, h in cols] + ["PPL", "Δ PPL vs f16", "mean KLD vs f16", "KLD p99", "same top token",
+                                    "KV saving vs f16, predicted"]
+    body = []
+    for r in q:
+        ppl = DASH if r["ppl"] is None else (f"{r['ppl']:.4f}" + (f" ± {r['ppl_err']:.4f}" if r["ppl_err"] else ""))
+        kld = DASH if r["kld_mean"] is None else (f"{r['kld_mean']:.6f}" +
+                                                  (f" ± {r['kld_mean_err']:.6f}" if r["kld_mean_err"] else ""))
+        body.append(_cells(r, cols) + [ppl, fmt_pct(r["ppl_delta_pct"], 2), kld,
+                                       DASH if r["kld_p99"] is None else f"{r['kld_p99']:.6f}",
+                                       DASH if r["same_top_rate"] is None else f"{100 * r['same_top_rate']:.2f}%",
+                                       fmt_x(r["kv_saving_vs_f16_predicted"])])
+    intro = ("Quality cost of the cache type, measured: perplexity and the KL divergence of each token's distribution "
+             "from the f16-cache baseline on the same model and text (± is the standard error). Δ PPL is against the "
+             "baseline of the same pass.")
+    return [Table("Quality, measured", intro, heads, body, _align(cols, 6))]
+
+
+def _problems(rows: list[dict[str, Any]], recs: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for r, rec in zip(rows, recs):
+        if r["status"] != "ok":
+            out.append(f"{kv_label(r)} @ {_ctx(r['n_ctx'])}"
+                       + (f" (-fa {r['flash_attn']})" if r.get("flash_attn") not in (None, "auto") else "")
+                       + f": **{r['status']}**: {_md_safe(str(r['reason'] or 'no reason recorded'))}")
+        elif r["kv_llama_matches_formula"] is False:
+            out.append(f"{kv_label(r)} @ {_ctx(r['n_ctx'])}: llama.cpp's KV lines differ from the formula "
+                       f"({_md_safe(str((rec.get('differences') or {}).get('llama_kv_diffs')))}) — a bug in edgekv's "
+                       "prediction; please report it.")
+        qs, reason, _ = quality_block(rec)
+        if qs not in (None, "ok"):
+            out.append(f"{kv_label(r)} @ {_ctx(r['n_ctx'])}: quality {qs}"
+                       + (f": {_md_safe(str(reason))}" if reason else ""))
+    return out
+
+
+@dataclass
+class Document:
+    title: str
+    predicted_only: bool
+    sections: list[Section]
+    plots: dict[str, bytes]
+    note: str | None = None
+
+
+def build(records: Sequence[dict[str, Any]], title: str | None = None, plots: bool = True,
+          note: str | None = None) -> Document:
+    if not records:
+        from edgekv.errors import ResultsError
+
+        raise ResultsError("no records to report on")
+    recs = sort_records(records)
+    rows = flat_rows(recs)
+    models: dict[str, list[int]] = {}
+    for i, r in enumerate(recs):
+        m = r.get("model") or {}
+        models.setdefault(str(m.get("name") or m.get("path") or "model"), []).append(i)
+    predicted_only = all(r.get("kind") == KIND_PREDICT for r in recs)
+    names = sorted(models)
+    if title is None:
+        title = f"edgekv report: {', '.join(names)}" + (" (predicted only)" if predicted_only else "")
+    sections = [_env_section(recs)]
+    images: dict[str, bytes] = {}
+    for name in names:
+        idx = models[name]
+        mrows = [rows[i] for i in idx]
+        mrecs = [recs[i] for i in idx]
+        sec = _model_section(name, mrecs)
+        sec.tables += _pivot_tables(mrows) + _memory_tables(mrows) + _speed_table(mrows) + _quality_table(mrows)
+        sec.tables += _explained_memory(mrecs)
+        if plots:
+            from edgekv.output import plots as P
+
+            slug = "" if len(names) == 1 else "-" + _slug(name)
+            for fname, alt, png in P.all_plots(mrows, slug) + _explained_plot(mrecs, slug):
+                images[fname] = png
+                sec.images.append((fname, alt))
+        sec.bullets = _problems(mrows, mrecs)
+        sections.append(sec)
+    sections.append(_legend(recs, predicted_only))
+    return Document(title, predicted_only, sections, images, note.strip() if note and note.strip() else None)
+
+
+def _explained_memory(recs: list[dict[str, Any]]) -> list[Table]:
+    """The explained-memory table (edgekv.output.memreport): measured peak vs the whole-process prediction's parts."""
+    from edgekv.output.memreport import table
+
+    return table(recs)
+
+
+def _explained_plot(recs: list[dict[str, Any]], slug: str) -> list[tuple[str, str, bytes]]:
+    from edgekv.output.memreport import plot
+
+    png = plot(recs)
+    return [(f"explained_memory{slug}.png", "Explained memory: predicted parts and measured peak RSS", png)] if png else []
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")[:40] or "model"
+
+
+def _legend(recs: list[dict[str, Any]], predicted_only: bool) -> Section:
+    sec = Section("How to read this report")
+    sec.bullets = [
+        "**predicted (formula)**: edgekv's KV-cache bytes from the GGUF header alone, following llama.cpp's rules "
+        "(context padding, sliding-window and shared-KV layers, block sizes of the cache type).",
+        "**llama.cpp**: figures llama.cpp printed itself — its dry run (`no_alloc`, nothing read or allocated) and, in a "
+        "measured run, its own `llama_kv_cache: size` lines. A disagreement with the formula is an edgekv bug.",
+    ]
+    if not predicted_only:
+        sec.bullets += [
+            "**measured**: what the operating system measured for the run's process, and the timed tests. Values a run "
+            f"did not record are shown as `{DASH}`; nothing is filled in from another source.",
+            "Savings (×) divide the f16/f16 figure by the figure of the same configuration with the other cache type.",
+        ]
+    kinds = sorted({str(r.get("kind")) for r in recs})
+    if KIND_LLAMA_BENCH in kinds:
+        sec.bullets.append("Rows from llama-bench files carry speed only (llama-bench measures no memory); their context "
+                           "is llama-bench's own (depth + test tokens).")
+    sec.bullets.append("Files: `results.csv` and `results.json` (one row per configuration, every column above with units "
+                       "in the names), the PNG plots, and `report.html` (this report in one self-contained file). "
+                       "Regenerate with `edgekv report RESULTS.jsonl -o DIR`.")
+    return sec
+
+
+# -- Markdown -------------------------------------------------------------------------------------------
+
+def md_table(t: Table) -> list[str]:
+    out = []
+    if t.title:
+        out += [f"### {t.title}", ""]
+    if t.intro:
+        out += [t.intro, ""]
+    al = t.align or ["r"] * len(t.headers)
+    out.append("| " + " | ".join(_md_safe(h) for h in t.headers) + " |")
+    out.append("|" + "|".join(":---" if a == "l" else "---:" for a in al) + "|")
+    for row in t.rows:
+        out.append("| " + " | ".join(row) + " |")
+    out.append("")
+    return out
+
+
+def render_markdown(doc: Document) -> str:
+    out = [f"# {doc.title}", ""]
+    if doc.predicted_only:
+        out += ["> **Predicted only.** Nothing in this report was measured: the figures are computed from GGUF metadata.",
+                ""]
+    if doc.note:
+        out += [doc.note, ""]
+    for sec in doc.sections:
+        out += [f"## {sec.title}", ""]
+        for p in sec.paragraphs:
+            out += [p, ""]
+        for t in sec.tables:
+            out += md_table(t)
+        for fname, alt in sec.images:
+            out += [f"![{alt}]({fname})", ""]
+        if sec.bullets:
+            out += [f"- {b}" for b in sec.bullets] + [""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+# -- CSV / JSON -----------------------------------------------------------------------------------------
+
+def render_csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COLUMNS)
+    for r in rows:
+        w.writerow(["" if r.get(c) is None else _csv_value(r.get(c)) for c in COLUMNS])
+    return buf.getvalue()
+
+
+def _csv_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def render_json(doc: Document, rows: list[dict[str, Any]], records: Sequence[dict[str, Any]]) -> str:
+    envs: dict[str, dict[str, Any]] = {}
+    for r in sort_records(records):
+        if r.get("kind") == KIND_PREDICT:
+            continue
+        envs.setdefault(device_label(r), {k: v for k, v in (r.get("environment") or {}).items()
+                                          if k not in ("argv", "time_utc")})
+    obj = {
+        "edgekv_report": REPORT_FORMAT, "title": doc.title, "predicted_only": doc.predicted_only,
+        "environments": [{"device": k, **v} for k, v in sorted(envs.items())],
+        "columns": list(COLUMNS), "rows": rows,
+    }
+    return json.dumps(obj, indent=1, sort_keys=False, ensure_ascii=False, default=str) + "\n"
+
+
+# -- HTML -----------------------------------------------------------------------------------------------
+
+_CSS = """
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1f24;max-width:1200px;margin:2em auto;
+padding:0 1em}
+h1{font-size:1.6em;border-bottom:2px solid #d0d7de;padding-bottom:.3em}h2{margin-top:1.8em;border-bottom:1px solid #d0d7de}
+h3{margin-top:1.4em}table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:13px}
+th,td{border:1px solid #d0d7de;padding:4px 8px;vertical-align:top}th{background:#f3f5f7}
+td.r,th.r{text-align:right;font-variant-numeric:tabular-nums}td.l,th.l{text-align:left}tr:nth-child(even) td{background:#fafbfc}
+.note{background:#fff8c5;border:1px solid #d4a72c;padding:.6em 1em;border-radius:6px}
+img{max-width:100%;border:1px solid #d0d7de;margin:.5em 0}code{background:#f3f5f7;padding:0 .25em;border-radius:3px;
+font-size:90%}
+""".strip()
+
+
+def _inline_md(s: str) -> str:
+    """The little Markdown the report uses in text (**bold**, *em*, `code`) as HTML."""
+    s = html.escape(s.replace("\\|", "|"), quote=False)
+    s = re.sub(r"`([^`]+)`", r"<code>\1</code>", s)
+    s = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", s)
+    s = re.sub(r"\*([^*]+)\*", r"<em>\1</em>", s)
+    return s
+
+
+def render_html(doc: Document) -> str:
+    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width, initial-scale=1">',
+           f"<title>{html.escape(doc.title)}</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
+           f"<h1>{html.escape(doc.title)}</h1>"]
+    if doc.predicted_only:
+        out.append('<p class="note"><strong>Predicted only.</strong> Nothing in this report was measured: the figures '
+                   "are computed from GGUF metadata.</p>")
+    if doc.note:
+        out += [f"<p>{_inline_md(p)}</p>" for p in doc.note.split("\n\n")]
+    for sec in doc.sections:
+        out.append(f"<h2>{html.escape(sec.title)}</h2>")
+        for p in sec.paragraphs:
+            out.append(f"<p>{_inline_md(p)}</p>")
+        for t in sec.tables:
+            if t.title:
+                out.append(f"<h3>{html.escape(t.title)}</h3>")
+            if t.intro:
+                out.append(f"<p>{_inline_md(t.intro)}</p>")
+            al = t.align or ["r"] * len(t.headers)
+            out.append("<table><thead><tr>" + "".join(f'<th class="{a}">{_inline_md(h)}</th>' for h, a in zip(t.headers, al))
+                       + "</tr></thead><tbody>")
+            for row in t.rows:
+                out.append("<tr>" + "".join(f'<td class="{a}">{_inline_md(c)}</td>' for c, a in zip(row, al)) + "</tr>")
+            out.append("</tbody></table>")
+        for fname, alt in sec.images:
+            png = doc.plots.get(fname)
+            if png is None:
+                continue
+            b64 = base64.b64encode(png).decode("ascii")
+            out.append(f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
+                       f"<figcaption>{html.escape(alt)}</figcaption></figure>")
+        if sec.bullets:
+            out.append("<ul>" + "".join(f"<li>{_inline_md(b)}</li>" for b in sec.bullets) + "</ul>")
+    out += ["</body>", "</html>"]
+    return "\n".join(out) + "\n"
+
+
+# -- writing the folder ---------------------------------------------------------------------------------
+
+GENERATED = ("README.md", "results.csv", "results.json", "report.html")
+_PLOT_RE = re.compile(r"^(memory_vs_context|speed_vs_depth|kld|explained_memory)(-[a-z0-9-]+)?\.png$")
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_report(records: Sequence[dict[str, Any]], outdir: str | os.PathLike, title: str | None = None,
+                 plots: bool = True, note: str | None = None) -> dict[str, Any]:
+    """Render every file of a report into ``outdir``; returns what was written."""
+    out = Path(outdir)
+    if out.exists() and not out.is_dir():
+        from edgekv.errors import UsageError
+
+        raise UsageError(f"-o {out}: exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    doc = build(records, title=title, plots=plots, note=note)
+    rows = flat_rows(records)
+    for old in out.iterdir():      # plots of an earlier report that this one no longer has
+        if _PLOT_RE.match(old.name) and old.name not in doc.plots:
+            old.unlink()
+    files = {
+        "README.md": render_markdown(doc).encode(),
+        "results.csv": render_csv(rows).encode(),
+        "results.json": render_json(doc, rows, records).encode(),
+        **doc.plots,
+        "report.html": render_html(doc).encode(),
+    }
+    for name, data in files.items():
+        _write(out / name, data)
+    kinds: dict[str, int] = {}
+    for r in records:
+        kinds[str(r.get("kind"))] = kinds.get(str(r.get("kind")), 0) + 1
+    return {
+        "output": str(out), "title": doc.title, "predicted_only": doc.predicted_only, "records": len(records),
+        "kinds": dict(sorted(kinds.items())), "files": [str(out / n) for n in files],
+        "bytes": {n: len(d) for n, d in files.items()},
+    }
+
+
+__all__ = ["COLUMNS", "Document", "build", "flat_rows", "render_csv", "render_html", "render_json", "render_markdown",
+           "write_report", "KIND_BENCH"]

@@ -1,0 +1,402 @@
+"""Terminal views for ``inspect`` and ``predict``: JSON-ready dicts and rich tables.
+
+Measures nothing; every figure is labelled with where it comes from (formula, engine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from edgekv.core.predict import MIB, STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, llama_mib, predict
+from edgekv.core.shape import MEMORY_DSV4, MEMORY_HYBRID, MEMORY_HYBRID_IDX, MEMORY_HYBRID_ISWA, MEMORY_RECURRENT, ModelShape
+from edgekv.orchestration.api import LoadedModel, llama_python_defaults_cost
+
+MEMORY_DESCRIPTION = {
+    "kv": "one KV cache",
+    "iswa": "a full-context KV cache plus a sliding-window KV cache",
+    "hybrid": "a KV cache for the attention layers plus f32 recurrent state",
+    "hybrid_iswa": "full and sliding-window KV caches plus f32 recurrent state",
+    "recurrent": "f32 recurrent state only (no KV cache)",
+    "none": "no cache (llama.cpp creates none for this architecture)",
+    "unsupported": "a cache layout edgekv does not model",
+    "dsa": "DSA: an MLA cache plus a one-head indexer key cache",
+    "dsa_iswa": "DSA (MLA + indexer key cache) for the full layers plus a sliding-window MLA cache",
+    "msa": "MSA: a KV cache plus a one-head indexer K/V cache",
+    "hybrid_idx": "a KV cache for the attention layers, f32 recurrent state and a K-only indexer cache",
+    "dsv4": "DeepSeek-V4: a sliding-window K cache, CSA/HCA compressed K caches, an indexer K cache and "
+            "f32 compressor states",
+}
+
+
+def ranges(ids: list[int]) -> str:
+    """[0,1,2,5,7,8] -> '0-2,5,7-8'."""
+    if not ids:
+        return "-"
+    out, start, prev = [], ids[0], ids[0]
+    for i in ids[1:] + [None]:  # type: ignore[list-item]
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if i is not None:
+            start = prev = i
+    return ",".join(out)
+
+
+def fmt_mib(n_bytes: int | float | None, digits: int = 2) -> str:
+    if n_bytes is None:
+        return "-"
+    return f"{n_bytes / MIB:,.{digits}f}"
+
+
+# -- inspect ------------------------------------------------------------------------------------------
+
+def inspect_dict(m: LoadedModel) -> dict[str, Any]:
+    h, s = m.header, m.shape
+    return {
+        "model": m.ref.path,
+        "name": s.name or m.ref.name,
+        "source": m.ref.source,
+        "origin": m.ref.origin or None,
+        "complete": m.ref.complete,
+        "files": [sh.source for sh in h.shards] or [m.ref.path],
+        "gguf": {
+            "version": h.version, "n_tensors": len(h.tensors), "n_metadata": len(h.metadata),
+            "alignment": h.alignment, "header_bytes": h.header_bytes, "data_offset": h.data_offset,
+            "file_size": h.file_size, "file_type": h.metadata.get("general.file_type"),
+        },
+        "weights_bytes": h.weights_bytes,
+        "weights_by_type": h.weights_by_type(),
+        "shape": s.to_dict(),
+        "layer_roles": {role: s.layers_where(role) for role in sorted({x.role for x in s.layers})},
+    }
+
+
+def render_inspect(con, m: LoadedModel) -> None:
+    from rich.table import Table
+
+    h, s = m.header, m.shape
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("Model", f"{m.ref.path}" + (f"  ({s.name})" if s.name else ""))
+    if m.ref.origin:
+        t.add_row("From", m.ref.origin + ("" if m.ref.complete else "  (header only; weights not downloaded)"))
+    if h.shards:
+        t.add_row("Split", f"{len(h.shards)} files read as one model")
+    t.add_row("Architecture", f"{s.arch}: {MEMORY_DESCRIPTION.get(s.memory, s.memory)}")
+    if s.unsupported_reason:
+        t.add_row("Not modelled", s.unsupported_reason)
+    nextn = f", {s.n_layer_nextn} NextN/MTP" if s.n_layer_nextn else ""
+    t.add_row("Layers", f"{s.n_layer_all} ({s.n_layer} trunk{nextn})")
+    t.add_row("Embedding", f"{s.n_embd}, vocab {s.n_vocab or '?'}, trained context {s.n_ctx_train}")
+    if s.layers:
+        heads = sorted({x.n_head for x in s.layers})
+        kv_heads = sorted({x.n_head_kv for x in s.layers})
+        t.add_row("Heads", f"{_set(heads)} query, {_set(kv_heads)} KV" + _gqa(heads, kv_heads))
+        hk = sorted({x.head_k for x in s.layers if x.attn_cache or not s.layers[0].attn_cache})
+        hv = sorted({x.head_v for x in s.layers if x.attn_cache or not s.layers[0].attn_cache})
+        t.add_row("Head dims", f"K {_set(hk)}, V {_set(hv)}")
+    roles = {role: s.layers_where(role) for role in ("full", "swa", "shared", "recurrent", "attn+recurrent", "nextn", "none")}
+    for role, label in (("full", "Full attention"), ("swa", "Sliding window"), ("shared", "Shared KV"),
+                        ("recurrent", "Recurrent"), ("attn+recurrent", "Attn+recurrent"), ("nextn", "NextN/MTP"),
+                        ("none", "No cache")):
+        ids = roles[role]
+        if not ids:
+            continue
+        extra = ""
+        if role == "swa":
+            extra = f"  (window {s.n_swa}, {s.swa_type})"
+        elif role == "shared":
+            reuse = sorted({x.reuses for x in s.layers if x.reuses is not None})
+            extra = f"  (reuse layer {_set(reuse)}; no bytes of their own)"
+        elif role in ("recurrent", "attn+recurrent"):
+            extra = f"  (f32 state: {s.n_embd_r} + {s.n_embd_s} floats per layer per sequence)"
+        t.add_row(label, f"{len(ids)} layers: {ranges(ids)}{extra}")
+    idx = [x.index for x in s.layers if x.indexer]
+    if idx and s.memory == MEMORY_DSV4:
+        for ratio, label in ((4, "CSA (1/4)"), (128, "HCA (1/128)")):
+            ids = [x.index for x in s.layers if x.compress_ratio == ratio]
+            if ids:
+                t.add_row(label, f"{len(ids)} layers: {ranges(ids)}  (compressed K cache, f32 compressor state)")
+    if idx:
+        t.add_row("Indexer", f"{len(idx)} layers: {ranges(idx)}  (one key head of {s.indexer_head_k})")
+    if s.is_mla:
+        t.add_row("MLA", f"K only, {s.layers[0].k_width} elements per cell (latent + rope); "
+                         f"key_length_mla {s.head_k_mla}, value_length_mla {s.head_v_mla}")
+    by_type = ", ".join(f"{k} {fmt_mib(v)} MiB" for k, v in h.weights_by_type().items())
+    t.add_row("Weights", f"{fmt_mib(h.weights_bytes)} MiB ({by_type})")
+    t.add_row("GGUF", f"v{h.version}, {len(h.tensors)} tensors, {len(h.metadata)} keys, header "
+                      f"{fmt_mib(h.header_bytes)} MiB, file {fmt_mib(h.file_size)} MiB")
+    for note in s.notes:
+        t.add_row("Note", note)
+    con.print(t)
+
+
+def _set(vals: list[int]) -> str:
+    return str(vals[0]) if len(vals) == 1 else "/".join(map(str, vals))
+
+
+def _gqa(heads: list[int], kv: list[int]) -> str:
+    if len(heads) == 1 and len(kv) == 1 and kv[0]:
+        r = heads[0] // kv[0] if heads[0] % kv[0] == 0 else None
+        if kv[0] == heads[0]:
+            return " (MHA)"
+        if kv[0] == 1:
+            return " (MQA)"
+        if r:
+            return f" (GQA {r}:1)"
+    return ""
+
+
+# -- predict ------------------------------------------------------------------------------------------
+
+def _engine_block(pred: KVPrediction, res, weights_bytes: int) -> dict[str, Any]:
+    from edgekv.orchestration.crosscheck import compare, engine_lines
+
+    if pred.status == STATUS_UNSUPPORTED:
+        # edgekv does not model this cache: nothing to compare, llama.cpp's own figures stand alone
+        d: dict[str, Any] = {"ok": res.ok, "error": res.error, "match": None, "diffs": []}
+    else:
+        diffs = compare(pred, res)
+        d = {"ok": res.ok, "error": res.error, "match": not diffs, "diffs": diffs}
+    if res.ok:
+        # where edgekv does not model the cache, llama.cpp's own figures stand in for it, buffers of kinds the log
+        # parser does not know included (so a cache class newer than edgekv never hides its bytes)
+        other = sum(res.log.other_buffers.values())
+        caches = pred.total_bytes if pred.status == STATUS_OK else (res.log.caches_mib_total + other) * MIB
+        d.update({
+            "caches": engine_lines(res),
+            "kv_mib": round(res.log.kv_mib_total, 2),
+            "recurrent_mib": round(res.log.recurrent_mib_total, 2),
+            "state_mib": round(res.log.state_mib_total, 2),
+            "other_buffers_mib": res.log.other_buffers,
+            "compute_mib": res.log.compute_buffers,
+            "output_mib": res.log.output_buffers,
+            "flash_attn_resolved": res.log.fa_resolved,
+            "n_ctx": res.n_ctx,
+            # weights (tensor table) + caches (the formula's bytes; llama.cpp's printed MiB where edgekv does not
+            # model the cache) + llama.cpp's compute and output buffers
+            "total_bytes": int(weights_bytes + caches + (res.log.compute_mib_total + res.log.output_mib_total) * MIB),
+            "total_caches_from": "formula" if pred.status == STATUS_OK else "llama.cpp",
+        })
+    return d
+
+
+def _same_cell(match: bool | None) -> str:
+    return "n/a" if match is None else "[green]✓[/]" if match else "[red]✗[/]"
+
+
+def predict_rows(m: LoadedModel, configs: list[ContextParams], engine: bool = False, n_gpu_layers: int = -1,
+                 with_layers: bool = False) -> list[dict[str, Any]]:
+    shape = m.shape
+    preds = [predict(shape, c) for c in configs]
+    f16_cache: dict[tuple, KVPrediction] = {}
+    engine_results = None
+    if engine:
+        from edgekv.edges.engine import EngineSession
+
+        # settings llama.cpp aborts on would take the whole dry-run process down: never send them
+        runnable = [c for c, p in zip(configs, preds) if not p.aborts]
+        with EngineSession(m.ref.path, n_gpu_layers=n_gpu_layers, header=m.header) as eng:
+            done = iter(eng.run(runnable)) if runnable else iter(())
+            engine_results = [None if p.aborts else next(done) for p in preds]
+            engine_weights = eng.model_size_bytes      # llama_model_size(): llama.cpp's own weights figure
+    rows = []
+    for i, (c, p) in enumerate(zip(configs, preds)):
+        key = (c.n_ctx,)
+        if key not in f16_cache:
+            f16_cache[key] = predict(shape, replace(c, type_k="f16", type_v="f16"))
+        base = f16_cache[key]
+        row = {"model": m.ref.path, "arch": shape.arch, **p.to_dict(with_layers=with_layers),
+               "weights_bytes": m.weights_bytes, "source": "formula"}
+        row["saving_vs_f16"] = (round(base.total_bytes / p.total_bytes, 3)
+                                if p.status == STATUS_OK and base.status == STATUS_OK and p.total_bytes else None)
+        if engine_results is not None:
+            res = engine_results[i]
+            row["engine"] = (_engine_block(p, res, m.weights_bytes) if res is not None else
+                             {"ok": False, "error": "not run: llama.cpp would abort", "match": True, "diffs": []})
+            row["engine"]["weights_bytes"] = engine_weights
+        rows.append(row)
+    return rows
+
+
+def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str, Any]], engine: bool, layers: bool) -> None:
+    from rich.table import Table
+
+    shape = m.shape
+    has_rec = shape.memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_HYBRID_IDX, MEMORY_DSV4)
+    title = f"{shape.name or m.ref.name} ({shape.arch}): cache memory predicted from the GGUF header"
+    t = Table(title=title, title_justify="left")
+    # an 80-column terminal gets short headers (issue 19: "(formu…" was cut); the footnotes say what each is
+    narrow = con.width < 110
+    t.add_column("n_ctx", justify="right")
+    t.add_column("K/V", justify="left")
+    t.add_column("KV MiB\nformula" if narrow else "KV MiB\n(formula)", justify="right")
+    if has_rec:
+        t.add_column("state\nMiB" if narrow else "state MiB\n(formula)", justify="right")
+    t.add_column("vs\nf16" if narrow else "vs f16", justify="right")
+    if engine:
+        t.add_column("KV MiB\nllama" if narrow else "KV MiB\n(llama.cpp)", justify="right")
+        t.add_column("same", justify="center")
+        t.add_column("compute\nMiB" if narrow else "compute MiB\n(llama.cpp)", justify="right")
+    proc_cols = process_columns(rows)
+    # the reserved sum (weights + every buffer llama.cpp reserves) is not what the process uses; when the
+    # process peak is shown, a narrow terminal keeps only the peak (--json and wide terminals have both)
+    show_reserved = engine and not (narrow and proc_cols)
+    if show_reserved:
+        t.add_column("reserved\nMiB" if narrow else "reserved MiB\n(weights+all)", justify="right")
+    for name in proc_cols:
+        # narrow: the legend under the table names the workload and says these are predicted
+        t.add_column(("peak RSS\nMiB" if name.startswith("peak RSS") else name.split(" MiB")[0] + "\nMiB") if narrow
+                     else name, justify="right")
+    warn_ctx = False
+    table_rows = []
+    for r in rows:
+        kv = r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
+        n = str(r["n_ctx"]) if r["n_ctx_padded"] == r["n_ctx"] else f"{r['n_ctx']}→{r['n_ctx_padded']}"
+        note = ""
+        if r["status"] != STATUS_OK:
+            note = f"[yellow]{r['status']}: {r['reason']}[/]"
+        elif r["n_ctx_seq"] > shape.n_ctx_train and shape.n_ctx_train:
+            note = "beyond trained context"
+            warn_ctx = True
+        cells = [n, kv]
+        if r["status"] == STATUS_OK:
+            cells.append(llama_mib(r["kv_bytes"]))
+            if has_rec:
+                cells.append(llama_mib(r["recurrent_bytes"] + (r.get("state_bytes") or 0)))
+            cells.append(f"{r['saving_vs_f16']:.2f}×" if r["saving_vs_f16"] else "-")
+        else:
+            cells += ["-"] * (3 if has_rec else 2)
+        if engine:
+            e = r["engine"]
+            if e["ok"]:
+                cells += [f"{e['kv_mib']:.2f}", _same_cell(e["match"]), f"{sum(e['compute_mib'].values()):.2f}"]
+                cells += [fmt_mib(e["total_bytes"])] if show_reserved else []
+                if e["match"] is False:
+                    note = (note + " " if note else "") + "[red]" + "; ".join(e["diffs"][:2]) + "[/]"
+            else:
+                cells += ["-", _same_cell(e["match"]), "-"] + (["-"] if show_reserved else [])
+                if r["status"] == STATUS_OK:
+                    note = f"[red]llama.cpp: {e['error']}[/]"
+        cells += process_cells(r, proc_cols)
+        table_rows.append((cells, note))
+    has_notes = any(note for _, note in table_rows)
+    if has_notes:
+        t.add_column("note")
+    for cells, note in table_rows:
+        t.add_row(*cells, *([note] if has_notes else []))
+    con.print(t)
+    process_legend(con, rows)
+    fa_note = {"auto": "-fa auto", "on": "-fa on", "off": "-fa off"}[base.flash_attn]
+    con.print(f"Settings: {fa_note}, --swa-full {'on' if base.swa_full else 'off'}, -np {base.n_seq_max}"
+              f"{', --kv-unified' if base.kv_unified else ''}, -ub {base.n_ubatch}, -b {base.n_batch} "
+              f"(llama.cpp's command-line defaults unless given).")
+    con.print(f"Weights: {fmt_mib(m.weights_bytes)} MiB from the tensor table. MiB figures are printed the way "
+              "llama.cpp prints its `llama_kv_cache: size` line.")
+    if engine:
+        con.print("llama.cpp columns come from its own dry run (no weights read, nothing allocated); "
+                  "✓ means every figure in its cache lines equals the formula's.")
+        if any(r["status"] == STATUS_UNSUPPORTED for r in rows):
+            con.print("n/a: edgekv does not model this cache; the KV and total columns are llama.cpp's own figures.")
+        if any(len(r.get("caches") or []) > 1 for r in rows):
+            con.print("This model has several cache objects: llama.cpp prints one size line per cache, each rounded "
+                      "to 0.01 MiB, so its column (their sum) can differ by 0.01 from the formula's exact total.")
+    ok_rows = [r for r in rows if r["status"] == STATUS_OK]
+    if ok_rows:
+        last = max(ok_rows, key=lambda r: r["n_ctx_padded"])
+        cost = llama_python_defaults_cost(shape, replace(base, n_ctx=last["n_ctx"], type_k="f16", type_v="f16"))
+        if cost:
+            con.print(f"Note: llama-cpp-python's Llama() defaults (flash_attn=False, swa_full=True) would allocate "
+                      f"{llama_mib(cost[1])} MiB instead of {llama_mib(cost[0])} MiB at n_ctx {last['n_ctx']} with f16.")
+    if warn_ctx:
+        con.print(f"Note: the model was trained for {shape.n_ctx_train} tokens; llama.cpp allocates larger "
+                  "contexts anyway and warns.")
+    for note in sorted({n for r in rows for n in r.get("notes", [])}):
+        con.print(f"Note: {note}")
+    if layers:
+        first = next((r for r in rows if r["status"] == STATUS_OK), None)
+        if first:
+            render_layers(con, shape, replace(base, n_ctx=first["n_ctx"], type_k=first["type_k"], type_v=first["type_v"]))
+
+
+def process_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """Column titles for the whole-process prediction (peak RSS, and memory per device when offloaded)."""
+    procs = [r.get("process") for r in rows if r.get("process")]
+    if not any("process" in r for r in rows):
+        return []
+    wl = procs[0]["workload"] if procs else "generate"
+    cols = [f"peak RSS MiB\n(predicted,\n{wl})"]
+    devs = sorted({d for p in procs for d in (p.get("device_bytes") or {})})
+    cols += [f"{d} MiB\n(predicted)" for d in devs]
+    return cols
+
+
+def process_cells(r: dict[str, Any], cols: list[str]) -> list[str]:
+    if not cols:
+        return []
+    p = r.get("process")
+    if not p:
+        return ["-"] * len(cols)
+    out = [fmt_mib(p["peak_rss_bytes"]) if p.get("peak_rss_bytes") is not None else "no baseline"]
+    for c in cols[1:]:
+        dev = c.split(" MiB")[0]
+        b = (p.get("device_bytes") or {}).get(dev)
+        out.append(fmt_mib(b) if b is not None else "-")
+    return out
+
+
+def process_legend(con, rows: list[dict[str, Any]]) -> None:
+    procs = [r["process"] for r in rows if r.get("process")]
+    if not procs:
+        return
+    p = max(procs, key=lambda q: q.get("peak_rss_bytes") or 0)
+    parts = ", ".join(f"{q['name']} {fmt_mib(q['bytes'])}" + ("" if q.get("where", "host") == "host" else f" on {q['where']}")
+                      for q in p["parts"])
+    con.print(f"Peak RSS (predicted) = the whole process at its peak for the '{p['workload']}' workload: {parts} "
+              "(largest row; `--json` lists every part with its source).")
+
+
+def render_layers(con, shape: ModelShape, params: ContextParams) -> None:
+    from rich.table import Table
+
+    p = predict(shape, params)
+    t = Table(title=f"Per layer at n_ctx {params.n_ctx}, {params.type_k}/{params.type_v}", title_justify="left")
+    other = any(lp.other for lp in p.layers)
+    cols = ["layer", "role", "cache", "cells", "K width", "V width", "K bytes", "V bytes", "R+S bytes"]
+    for col in cols + (["other caches (bytes)"] if other else []):
+        t.add_column(col, justify="right" if col not in ("role", "cache", "other caches (bytes)") else "left")
+    for lp in p.layers:
+        row = [str(lp.index), lp.role, lp.cache or "-", str(lp.cells or "-"), str(lp.k_width), str(lp.v_width),
+               f"{lp.k_bytes:,}", f"{lp.v_bytes:,}", f"{lp.r_bytes + lp.s_bytes:,}"]
+        if other:
+            row.append(", ".join(f"{k} {v:,}" for k, v in lp.other.items()) or "-")
+        t.add_row(*row)
+    con.print(t)
+
+
+def render_budget(con, m: LoadedModel, budget_bytes: int, rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    wl = rows[0].get("workload", "generate") if rows else "generate"
+    t = Table(title=f"Largest context whose predicted peak RSS fits {fmt_mib(budget_bytes)} MiB "
+                    f"(workload: {wl})", title_justify="left")
+    for col in ("K/V", "max n_ctx", "KV MiB", "weights MiB", "compute MiB", "peak RSS MiB", "note"):
+        t.add_column(col, justify="left" if col in ("K/V", "note") else "right")
+    for r in rows:
+        kv = r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
+        if r.get("max_n_ctx"):
+            peak = (fmt_mib(r["peak_rss_bytes"]) if r.get("peak_rss_bytes") is not None else
+                    f"≥ {fmt_mib(r['lower_bound_bytes'])}" if r.get("lower_bound_bytes") is not None else "-")
+            t.add_row(kv, str(r["max_n_ctx"]), fmt_mib(r["cache_bytes"]), fmt_mib(r.get("weights_bytes")),
+                      "-" if r.get("compute_bytes") is None else fmt_mib(r["compute_bytes"]), peak, r.get("note") or "")
+        else:
+            t.add_row(kv, "does not fit" if r.get("max_n_ctx") == 0 else "no answer", "-", "-", "-", "-",
+                      r.get("note") or "")
+    con.print(t)
+    if rows:
+        con.print(f"Workload '{wl}': {rows[0].get('workload_means', '')}. Peak RSS = runtime baseline + llama.cpp's "
+                  "host structures + weights + caches + the workload's compute buffer + work and output buffers.")
+

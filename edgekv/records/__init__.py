@@ -1,0 +1,1 @@
+"""records: the versioned results schema, strict loading, atomic appends."""

@@ -1,0 +1,339 @@
+"""THE results schema: one JSON object per configuration, one per line (JSONL).
+
+Schema history (``schema_version``):
+
+* 1 -- first version: ``settings`` (what was asked), ``effective`` (what llama.cpp did),
+  ``prediction`` (formula + engine), ``llama_log`` (what llama.cpp reported in the measured run),
+  ``memory`` (what the OS measured), ``speed`` (every sample, with summaries), ``timing``,
+  ``differences``, ``environment``, optional ``quality``.
+* 2 -- the whole-process prediction: ``prediction.process`` (``workload``, ``peak_rss_bytes``,
+  ``device_bytes`` per device, ``parts``: name, bytes, source, where, kind, note; see
+  :mod:`edgekv.core.memmodel`) and ``memory_residual`` (measured - predicted peak RSS, bytes and %);
+  optional ``settings.no_mmap``.  v1 records are upgraded with ``prediction.process = None`` (never
+  predicted) and no residual: nothing is invented for them.
+
+Loading upgrades older records step by step (``UPGRADES``) and refuses records written by a newer
+edgekv.  Writing is append-only: each record is one ``write()`` of one line on an ``O_APPEND``
+descriptor followed by ``fsync``, so an interrupted sweep leaves complete lines plus at most one
+torn last line, which loading ignores (and a resumed sweep redoes).
+
+Faults (issue 18): a bench holds an advisory lock (``flock``) on its results file from before the
+first measurement to the end (:class:`ResultsWriter`), so a second ``bench -o SAME`` refuses in one
+line and appends never interleave; :func:`append` takes the same lock for each record.  Before
+appending, a last line without its final newline is repaired: a complete record gets the newline
+appended (never truncated); only bytes that are not a JSON record (a torn write) are cut, and that
+is said in one line naming ``file:line``.  Readers either refuse with ``file:line`` (strict
+:func:`load`) or collect what they skip (``load(..., skipped=[])``) so a report can say how many
+lines it left out and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgekv.errors import ResultsError
+
+SCHEMA_VERSION = 2
+
+
+def _v1_to_v2(r: dict[str, Any]) -> dict[str, Any]:
+    """v1 records predicted no whole-process memory: mark it absent (None), add no residual."""
+    r = dict(r)
+    pred = dict(r.get("prediction") or {})
+    pred.setdefault("process", None)
+    r["prediction"] = pred
+    r["schema_version"] = 2
+    return r
+
+
+# v -> function upgrading a v record to v+1, in order.
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+
+# The settings that identify a configuration: two records with equal values describe the same
+# measurement (resume skips it; compare pairs them).
+KEY_SETTINGS = (
+    "engine", "n_ctx", "type_k", "type_v", "flash_attn", "swa_full", "n_seq_max", "kv_unified", "n_batch",
+    "n_ubatch", "n_threads", "n_gpu_layers", "n_prompt", "n_gen", "n_depth", "repetitions", "warmup", "quality",
+)
+
+# Environment facts that must agree before records are merged into one file or compared without
+# --force (the pyperf habit: never silently mix runs from different setups).
+CHECKED_ENVIRONMENT = (
+    "machine_id", "cpu_model", "cpu_count_logical", "os", "llama_cpp_python", "llama_cpp_commit", "backends",
+    "devices",
+)
+
+
+def config_key(model_sha256: str | None, settings: dict[str, Any]) -> str:
+    key = {"model_sha256": model_sha256, **{k: settings.get(k) for k in KEY_SETTINGS}}
+    if settings.get("no_mmap"):          # only when set, so the keys of earlier records stay the same
+        key["no_mmap"] = True
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def env_signature(env: dict[str, Any]) -> dict[str, Any]:
+    return {k: env.get(k) for k in CHECKED_ENVIRONMENT}
+
+
+def env_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    out = []
+    for k in CHECKED_ENVIRONMENT:
+        if a.get(k) != b.get(k):
+            out.append(f"{k}: {a.get(k)!r} vs {b.get(k)!r}")
+    return out
+
+
+def upgrade(record: dict[str, Any], where: str) -> dict[str, Any]:
+    v = record.get("schema_version")
+    if not isinstance(v, int):
+        raise ResultsError(f"{where}: no integer schema_version; not an edgekv result")
+    if v > SCHEMA_VERSION:
+        raise ResultsError(
+            f"{where}: written by a newer edgekv (schema {v}, this edgekv reads up to {SCHEMA_VERSION}); "
+            "upgrade edgekv (pip install -U edgekv)")
+    while v < SCHEMA_VERSION:
+        fn = UPGRADES.get(v)
+        if fn is None:
+            raise ResultsError(f"{where}: schema {v} has no upgrade path to {SCHEMA_VERSION}")
+        record = fn(record)
+        v = record["schema_version"]
+    return record
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A line of a results file a reader could not use, and why."""
+
+    file: str
+    line: int
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.why}"
+
+
+# Blocks of a record that readers index into: each must be a JSON object (settings) or an object/null.
+_OBJECT_BLOCKS = ("model", "environment", "prediction", "effective", "memory", "speed", "timing", "differences",
+                  "llama_log", "quality")
+
+
+def check_record(record: dict[str, Any], where: str) -> dict[str, Any]:
+    """The shape readers rely on (``settings`` an object, the other blocks objects or null), else ResultsError."""
+    if not isinstance(record.get("settings"), dict):
+        got = record.get("settings")
+        raise ResultsError(f"{where}: 'settings' is {json.dumps(got)[:40] if 'settings' in record else 'missing'}, "
+                           "not an object; not a usable edgekv result")
+    for k in _OBJECT_BLOCKS:
+        v = record.get(k)
+        if v is not None and not isinstance(v, dict):
+            raise ResultsError(f"{where}: '{k}' is a {type(v).__name__}, not an object; not a usable edgekv result")
+    return record
+
+
+def load(path: str | os.PathLike, tolerate_torn_tail: bool = True,
+         skipped: list[Skipped] | None = None) -> list[dict[str, Any]]:
+    """Load an edgekv JSONL results file (with upgrades).
+
+    Strict by default: the first unusable line raises :class:`ResultsError` naming ``file:line``.
+    With a ``skipped`` list, unusable lines are left out and described there instead (a torn last
+    line too), so the caller can say how many it skipped and why.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ResultsError(f"{p}: no such results file") from None
+    except IsADirectoryError:
+        raise ResultsError(f"{p}: is a directory; pass a .jsonl results file") from None
+    except OSError as e:
+        raise ResultsError(f"{p}: cannot read ({e.strerror or e})") from None
+    lines = raw.split(b"\n")
+    complete = raw.endswith(b"\n")
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        last = i == len(lines) or (i == len(lines) - 1 and not lines[-1])
+        try:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                if last and tolerate_torn_tail and not complete:
+                    if skipped is not None:
+                        skipped.append(Skipped(str(p), i, "torn last line (an interrupted write; "
+                                                          f"{len(line)} bytes without a newline)"))
+                    break      # a write interrupted mid-line: the sweep will redo it
+                raise ResultsError(f"{p}:{i}: not valid JSON; the results file is damaged") from None
+            if not isinstance(obj, dict):
+                raise ResultsError(f"{p}:{i}: expected a JSON object per line")
+            out.append(check_record(upgrade(obj, f"{p}:{i}"), f"{p}:{i}"))
+        except ResultsError as e:
+            if skipped is None:
+                raise
+            msg = str(e)
+            prefix = f"{p}:{i}: "
+            skipped.append(Skipped(str(p), i, msg[len(prefix):] if msg.startswith(prefix) else msg))
+    return out
+
+
+def append(path: str | os.PathLike, record: dict[str, Any]) -> None:
+    """Append one record atomically (one write of one line, then fsync), under the file's lock.
+
+    Waits for a lock another process holds (a running bench holds it for its whole sweep: use
+    :class:`ResultsWriter` there).  The tail is repaired under the lock, so no writer can cut
+    another's record.
+    """
+    p = Path(path)
+    _make_parent(p)
+    fd = _open_for_append(p)
+    try:
+        _lock(fd, p, wait=True)
+        _repair_tail(fd, p)
+        _write_record(fd, record)
+    finally:
+        os.close(fd)      # releases the lock
+
+
+class ResultsWriter:
+    """The single writer of a results file for a whole bench.
+
+    Opening it checks that the file can be written (before anything is measured), takes an
+    exclusive advisory lock (``flock``; a second bench on the same file refuses in one line),
+    repairs a last line without its newline, and loads the records already there (strict: an
+    unusable line refuses with ``file:line``).  ``notes`` says what the repair did.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        p = self.path = Path(path)
+        if p.is_dir():
+            raise ResultsError(f"{p}: is a directory; -o takes a results file (.jsonl)")
+        _make_parent(p)
+        self.created = not p.exists()
+        self.fd = _open_for_append(p)
+        try:
+            _lock(self.fd, p, wait=False)
+            self.notes = _repair_tail(self.fd, p)
+            self.existing = load(p)
+        except BaseException:
+            self.close()
+            raise
+
+    def append(self, record: dict[str, Any]) -> None:
+        _write_record(self.fd, record)
+
+    def close(self) -> None:
+        if self.fd < 0:
+            return
+        try:
+            if self.created and os.fstat(self.fd).st_size == 0:
+                self.path.unlink(missing_ok=True)     # nothing was written: leave no empty file behind
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> ResultsWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _make_parent(p: Path) -> None:
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ResultsError(f"{p}: cannot create its folder {p.parent} ({e.strerror or e}); choose another -o") from None
+
+
+def _open_for_append(p: Path) -> int:
+    try:
+        return os.open(p, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    except IsADirectoryError:
+        raise ResultsError(f"{p}: is a directory; -o takes a results file (.jsonl)") from None
+    except OSError as e:
+        raise ResultsError(f"{p}: cannot write the results file ({e.strerror or e}); choose another -o") from None
+
+
+def _lock(fd: int, p: Path, wait: bool) -> None:
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no flock (Windows): appends stay single write() calls
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        raise ResultsError(f"{p}: another edgekv process is writing this results file (it holds the lock); "
+                           "wait for it to finish, or write to another file with -o") from None
+    except OSError as e:  # a file system without locks (some network mounts)
+        if wait:
+            return
+        raise ResultsError(f"{p}: cannot lock the results file ({e.strerror or e}); write it on a local disk") from None
+
+
+def _write_record(fd: int, record: dict[str, Any]) -> None:
+    data = (json.dumps(record, sort_keys=False, default=_default) + "\n").encode()
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+    os.fsync(fd)
+
+
+def _repair_tail(fd: int, p: Path) -> list[str]:
+    """Make the file end with a newline, under the lock: append it after a complete record, or cut
+    only a torn (not JSON) last line.  Returns one line per repair, naming ``file:line``."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return []
+    pos, start = size, 0
+    while pos > 0:              # the start of the last line
+        lo = max(0, pos - 65536)
+        k = os.pread(fd, pos - lo, lo).rfind(b"\n")
+        if k >= 0:
+            start = lo + k + 1
+            break
+        pos = lo
+    tail = os.pread(fd, size - start, start)
+    line_no = os.pread(fd, start, 0).count(b"\n") + 1 if start <= (64 << 20) else 0
+    where = f"{p}:{line_no}" if line_no else str(p)
+    try:
+        complete = isinstance(json.loads(tail), dict)
+    except ValueError:
+        complete = False
+    if complete:
+        os.write(fd, b"\n")
+        os.fsync(fd)
+        return [f"{where}: the last record had no final newline; added it (the record is kept)"]
+    os.ftruncate(fd, start)
+    os.fsync(fd)
+    return [f"{where}: removed a torn last line ({size - start} bytes of an interrupted write); "
+            "its configuration is measured again"]
+
+
+def write_all(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:
+    """Write a whole results file atomically (temp file + os.replace), e.g. for merge."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r, default=_default) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
+
+
+def _default(o: Any) -> Any:
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
