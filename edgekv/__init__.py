@@ -7,12 +7,11 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from edgekv.core.predict import ContextParams, KVPrediction  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.orchestration.api import LoadedModel, load_model  # noqa: E402
 from edgekv.orchestration.api import predict as _predict_model  # noqa: E402
+from edgekv.version import __version__  # noqa: E402
 
 # ``edgekv.core.predict`` is the function; the module stays importable as ``edgekv.core.predict`` through
 # ``from edgekv.core.predict import ...`` (it is in sys.modules).

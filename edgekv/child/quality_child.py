@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from edgekv.core.klstats import Accumulator
+from edgekv.core.klstats import plan as sizes
 from edgekv.core.predict import ContextParams
 from edgekv.edges.corpus import text_for_tokenizer
 from edgekv.edges.engine import LOG_LEVEL_ERROR, LogCapture, context_params, model_params
 from edgekv.edges.process import EventWriter
-from edgekv.orchestration.quality import plan as sizes
 
 RE_FA = re.compile(r"resolve_fused_ops: Flash Attention (enabled|not supported, set to disabled)")
 RE_FA_PARAM = re.compile(r"llama_context: flash_attn += (enabled|disabled)")
@@ -114,6 +114,7 @@ def _context(lc, model, cap: LogCapture, p: ContextParams, n_threads: int) -> tu
     return ctx, info
 
 
+# long: llama-perplexity's pass in its order (baselines, chunks, batches, statistics) over shared contexts and buffers
 def evaluate(lc, model, vocab, cap: LogCapture, tokens: np.ndarray, n_ctx: int, configs: list[dict[str, Any]],
              opts: dict[str, Any], ev: EventWriter) -> list[dict[str, Any]]:
     """Baseline plus candidates at one context length; one result dict per candidate config."""

@@ -60,7 +60,7 @@ def self_memory() -> dict[str, int | None]:
         rss = psutil.Process().memory_info().rss
     footprint = None
     if sys.platform == "darwin":
-        from edgekv.edges.environment import macos_footprint
+        from edgekv.edges.process import macos_footprint
 
         footprint = macos_footprint(os.getpid())
     return {"rss": rss, "footprint": footprint}
@@ -230,6 +230,7 @@ class _Runner:
         self.L.llama_batch_free(self.gen_batch)
 
 
+# long: one measured run in order (load, context, warm-up, timed tests, memory) whose timing marks bracket each step
 def bench(payload: dict, ev: EventWriter) -> None:
     t_begin = time.perf_counter()
     s = payload["settings"]

@@ -6,18 +6,26 @@ Every command has ``--json``.  Errors edgekv raises on purpose become one line o
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
-from edgekv import __version__
-from edgekv.cli.options import pair_types, parse_flash_attn, parse_int_list, parse_size, parse_type_list
+from edgekv.cli.options import (
+    _console,
+    _model,
+    _print_json,
+    pair_types,
+    parse_flash_attn,
+    parse_int_list,
+    parse_size,
+    parse_type_list,
+)
 from edgekv.cli.quality_cli import quality as _quality_command
 from edgekv.errors import EdgekvError, ResultsError, UsageError
+from edgekv.version import __version__
 
 app = typer.Typer(
     add_completion=False,
@@ -46,26 +54,6 @@ UB_OPT = typer.Option(512, "-ub", "--ubatch-size", help="Physical batch size.")
 B_OPT = typer.Option(2048, "-b", "--batch-size", help="Logical batch size.")
 NGL_OPT = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers on the GPU for the engine dry run (-1: all).")
 JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
-
-
-def _console(stderr: bool = False):
-    from rich.console import Console
-
-    # messages on stderr never wrap (one line stays one line); tables on stdout get room when piped
-    con = Console(stderr=stderr, highlight=False, soft_wrap=stderr)
-    if not stderr and not con.is_terminal and "COLUMNS" not in os.environ:
-        con = Console(highlight=False, soft_wrap=False, width=160)
-    return con
-
-
-def _model(arg: Optional[str], opt: Optional[str]) -> Optional[str]:
-    if arg and opt and arg != opt:
-        raise UsageError(f"two models given ('{arg}' and -m '{opt}'); pass one")
-    return opt or arg
-
-
-def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 
 
 def _notes(m) -> None:

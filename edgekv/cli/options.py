@@ -5,7 +5,11 @@ Pure functions raising :class:`UsageError` with a message that names the flag.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import sys
+from typing import Any
 
 from edgekv.core.cachetypes import cache_type
 from edgekv.errors import UsageError
@@ -116,3 +120,23 @@ def parse_size(text: str, flag: str) -> int:
     if n <= 0:
         raise UsageError(f"{flag}: the size must be positive")
     return n
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    # messages on stderr never wrap (one line stays one line); tables on stdout get room when piped
+    con = Console(stderr=stderr, highlight=False, soft_wrap=stderr)
+    if not stderr and not con.is_terminal and "COLUMNS" not in os.environ:
+        con = Console(highlight=False, soft_wrap=False, width=160)
+    return con
+
+
+def _model(arg: str | None, opt: str | None) -> str | None:
+    if arg and opt and arg != opt:
+        raise UsageError(f"two models given ('{arg}' and -m '{opt}'); pass one")
+    return opt or arg
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")

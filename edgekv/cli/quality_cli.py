@@ -44,7 +44,7 @@ def quality(
 
     llama-perplexity's method without its logits file: each chunk runs in the f16 and the candidate contexts side by side.
     """
-    from edgekv.cli.main import _console, _model, _print_json
+    from edgekv.cli.options import _console, _model, _print_json
     from edgekv.errors import UsageError
     from edgekv.orchestration.quality import QualityConfig, measure
 

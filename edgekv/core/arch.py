@@ -16,6 +16,7 @@ from typing import Any
 
 from gguf import Keys
 
+from edgekv.core.metadata import ArraySummary
 from edgekv.core.shape import (
     MEMORY_DSA,
     MEMORY_DSA_ISWA,
@@ -36,7 +37,6 @@ from edgekv.core.shape import (
     LayerShape,
     ModelShape,
 )
-from edgekv.edges.gguf_header import ArraySummary
 from edgekv.errors import GGUFFormatError, MetadataError
 
 LLAMA_MAX_LAYERS = 512   # src/llama-hparams.h
@@ -784,6 +784,7 @@ def _n_vocab(meta: Mapping[str, Any], arch: str) -> int:
     return 0
 
 
+# long: llama.cpp's load_hparams read in its order; one key after another
 def shape_from_metadata(meta: Mapping[str, Any], source: str = "<model>",
                         value_types: Mapping[str, str] | None = None) -> ModelShape:
     """Build the ModelShape llama.cpp would build from this GGUF metadata.
@@ -944,6 +945,7 @@ def _indexer_filter(h: _HParams, memory: str) -> Callable[[int], bool]:
     return lambda il: False
 
 
+# long: per-layer arrays checked and assembled in llama.cpp's order; one check per hparam
 def _finish(h: _HParams, name: Any, memory: str, reason: str | None) -> ModelShape:
     n = h.n_layer_all
     for arr_name in ("n_head", "n_head_kv", "n_ff", "is_swa", "is_recr"):

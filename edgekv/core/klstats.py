@@ -274,3 +274,13 @@ def summarize(nll: np.ndarray, nll_base: np.ndarray, kld: np.ndarray, dp: np.nda
 
 def _pct_name(p: float) -> str:
     return f"{p:g}".replace(".", "")     # 90 -> "90", 99.9 -> "999"
+
+
+def plan(n_tokens: int, n_ctx: int, n_batch: int, chunks: int | None) -> dict[str, int]:
+    """llama-perplexity's sizes for one context length (tools/perplexity/perplexity.cpp)."""
+    n_seq = max(1, n_batch // n_ctx)
+    n_batch_eff = min(n_batch, n_seq * n_ctx)
+    n_chunk_max = n_tokens // n_ctx
+    n_chunk = n_chunk_max if chunks is None or chunks < 0 else min(chunks, n_chunk_max)
+    return {"n_seq": n_seq, "n_ctx_total": n_seq * n_ctx, "n_batch": n_batch_eff, "n_chunk": n_chunk,
+            "num_batches": math.ceil(n_ctx / n_batch_eff), "first": n_ctx // 2}

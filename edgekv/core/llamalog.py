@@ -150,6 +150,7 @@ def _add(d: dict[str, float], dev: str, mib: str) -> None:
     d[dev] = round(d.get(dev, 0.0) + float(mib), 2)
 
 
+# long: one branch per llama.cpp log line kind, in one pass over the lines
 def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
     """Parse llama.cpp log text (a string or a list of lines)."""
     lines = text.splitlines() if isinstance(text, str) else [x for chunk in text for x in chunk.splitlines()]

@@ -274,6 +274,7 @@ def _is_host_buffer(name: str) -> bool:
     return name.upper().startswith("CPU") or name.endswith("_Host")
 
 
+# long: one Part per allocation of the process, in llama.cpp's allocation order
 def predict_process(x: ProcessInputs) -> ProcessPrediction:
     """Peak resident memory of the process (and memory per device) for one configuration."""
     n_out_ubatch, out_rows = workload_outputs(x.workload, x.n_batch, x.n_ubatch, x.n_seq_max)

@@ -312,6 +312,7 @@ def _refusal(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, 
     return None
 
 
+# long: llama_context's cparams derivation step by step, each step llama.cpp's own
 def predict(shape: ModelShape, params: ContextParams | None = None, **overrides: Any) -> KVPrediction:
     """Predict llama.cpp's cache allocation for ``shape`` under ``params`` (llama.cpp CLI defaults)."""
     p = replace(params or ContextParams(), **overrides) if overrides else (params or ContextParams())
@@ -419,6 +420,7 @@ def _kv_object(kind: str, role: str | None, cells: int, n_stream: int, tk: Cache
     return c
 
 
+# long: create_memory()'s cases (unified, SWA pair, hybrid) in llama.cpp's order
 def _attention_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, v_trans: bool,
                       n_ctx_seq: int, n_stream: int, n_ubatch: int, pred: KVPrediction):
     """The llama_kv_cache objects create_memory() builds for this memory type, in the order llama.cpp creates

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from edgekv import __version__
+from edgekv.version import __version__
 
 # The llama.cpp commit vendored in each llama-cpp-python release edgekv was tested with (from the
 # sdist's own git metadata; llama-bench built from that tree reports the same build_commit).
@@ -191,26 +191,10 @@ def nvml_process_probe():
     return probe
 
 
-def macos_footprint(pid: int) -> int | None:
-    """phys_footprint of a process (includes Metal/IOAccelerator memory that RSS misses)."""
-    if sys.platform != "darwin":
-        return None
-    import ctypes
-    import ctypes.util
-
-    class RUsageInfoV2(ctypes.Structure):
-        _fields_ = [("ri_uuid", ctypes.c_uint8 * 16)] + [(n, ctypes.c_uint64) for n in (
-            "ri_user_time", "ri_system_time", "ri_pkg_idle_wkups", "ri_interrupt_wkups", "ri_pageins",
-            "ri_wired_size", "ri_resident_size", "ri_phys_footprint", "ri_proc_start_abstime",
-            "ri_proc_exit_abstime", "ri_child_user_time", "ri_child_system_time", "ri_child_pkg_idle_wkups",
-            "ri_child_interrupt_wkups", "ri_child_pageins", "ri_child_elapsed_abstime", "ri_diskio_bytesread",
-            "ri_diskio_byteswritten")]
-
+def default_threads() -> int:
+    """Physical cores, as llama.cpp's cpu_get_num_math() counts them on most machines."""
     try:
-        libproc = ctypes.CDLL(ctypes.util.find_library("proc") or "/usr/lib/libproc.dylib")
-        info = RUsageInfoV2()
-        if libproc.proc_pid_rusage(pid, 2, ctypes.byref(info)) != 0:   # RUSAGE_INFO_V2
-            return None
-        return int(info.ri_phys_footprint)
-    except OSError:
-        return None
+        n = psutil.cpu_count(logical=False)
+    except Exception:
+        n = None
+    return max(1, n or os.cpu_count() or 1)

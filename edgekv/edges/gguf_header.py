@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 from gguf import GGUFValueType
 
 from edgekv.core.cachetypes import UnknownTensorType, ggml_type_info
+from edgekv.core.metadata import ArraySummary
 from edgekv.errors import GGUFFormatError, GGUFTruncatedError, ModelNotFound
 
 GGUF_MAGIC = b"GGUF"
@@ -57,20 +58,6 @@ _SCALAR_FMT = {
     GGUFValueType.UINT64: "Q", GGUFValueType.INT64: "q",
     GGUFValueType.FLOAT64: "d",
 }
-
-
-@dataclass(frozen=True)
-class ArraySummary:
-    """Stands in for a metadata array too long to keep (e.g. ``tokenizer.ggml.tokens``)."""
-
-    item_type: str
-    length: int
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __repr__(self) -> str:
-        return f"<array of {self.length} {self.item_type}>"
 
 
 @dataclass(frozen=True)
@@ -328,6 +315,7 @@ def _read_value(s: _Stream, vtype: GGUFValueType, key: str, depth: int = 0) -> t
     raise GGUFFormatError(f"{s.name}: unsupported value type {vtype} for key '{key}'")
 
 
+# long: the GGUF layout read front to back (magic, version, counts, metadata, tensor infos)
 def read_header(f: BinaryIO, name: str = "<stream>", size_hint: int | None = None) -> GGUFHeader:
     """Parse a GGUF header from a binary stream positioned at its start.
 

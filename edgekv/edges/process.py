@@ -179,8 +179,6 @@ class _Sampler(threading.Thread):
             return
         self.n += 1
         if sys.platform == "darwin":
-            from edgekv.edges.environment import macos_footprint
-
             footprint = macos_footprint(self.pid)
             if footprint is not None:
                 self.peak_footprint = max(self.peak_footprint or 0, footprint)
@@ -268,6 +266,7 @@ def worker_argv(subcommand: str) -> list[str]:
     return [sys.executable, "-c", _WORKER_BOOT, subcommand]
 
 
+# long: one child's life (start, pump three pipes, sample, wait4, kill on timeout) sharing its state
 def run_child(
     argv: list[str],
     payload: dict[str, Any] | None = None,
@@ -624,3 +623,28 @@ def rss_before_model(argv_for_model: Callable[[str], list[str]], timeout: float 
                 _kill_group(proc.pid)
                 proc.wait()
         return rss, reason
+
+
+def macos_footprint(pid: int) -> int | None:
+    """phys_footprint of a process (includes Metal/IOAccelerator memory that RSS misses)."""
+    if sys.platform != "darwin":
+        return None
+    import ctypes
+    import ctypes.util
+
+    class RUsageInfoV2(ctypes.Structure):
+        _fields_ = [("ri_uuid", ctypes.c_uint8 * 16)] + [(n, ctypes.c_uint64) for n in (
+            "ri_user_time", "ri_system_time", "ri_pkg_idle_wkups", "ri_interrupt_wkups", "ri_pageins",
+            "ri_wired_size", "ri_resident_size", "ri_phys_footprint", "ri_proc_start_abstime",
+            "ri_proc_exit_abstime", "ri_child_user_time", "ri_child_system_time", "ri_child_pkg_idle_wkups",
+            "ri_child_interrupt_wkups", "ri_child_pageins", "ri_child_elapsed_abstime", "ri_diskio_bytesread",
+            "ri_diskio_byteswritten")]
+
+    try:
+        libproc = ctypes.CDLL(ctypes.util.find_library("proc") or "/usr/lib/libproc.dylib")
+        info = RUsageInfoV2()
+        if libproc.proc_pid_rusage(pid, 2, ctypes.byref(info)) != 0:   # RUSAGE_INFO_V2
+            return None
+        return int(info.ri_phys_footprint)
+    except OSError:
+        return None

@@ -769,6 +769,7 @@ def _offline_error(display: str, what: str, why: str) -> SourceError:
     return SourceError(f"{display}: {why}, and {what}; {todo}")
 
 
+# long: the numbered fallbacks (HF cache, commit, cached or fetched header, splits) share one deadline
 def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | None = None,
                 display_name: str | None = None, display: str | None = None) -> ModelRef:
     display = display or (spec if spec.startswith("hf://") else f.spec)

@@ -19,6 +19,7 @@ from edgekv.errors import EngineError
 from edgekv.orchestration.api import LoadedModel
 
 
+# long: one row per cache pair from the formula, the dry run and the process model side by side
 def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str]], budget_bytes: int,
                  n_gpu_layers: int = -1, cap: int | None = None, workload: str = "generate", n_threads: int = 0,
                  use_mmap: bool = True, baseline=None) -> list[dict[str, Any]]:

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from edgekv import __version__
 from edgekv.edges.sources import edgekv_home
+from edgekv.version import __version__
 
 CALIBRATION_VERSION = 2   # 2: a binary's baseline read while it waits to open its model (not ru_maxrss)
 

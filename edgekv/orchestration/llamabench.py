@@ -50,13 +50,15 @@ def split_contexts(stderr: str) -> list[str]:
     return parts[1:] if len(parts) > 1 else []
 
 
-def run_llama_bench_case(spec, case, env, model, gpu_probe, emit) -> dict[str, Any]:
-    """One configuration through llama-bench: one process per test (pp, tg), memory sampled outside."""
+# long: two llama-bench runs (pp, tg) and their merge into one record
+def run_llama_bench_case(spec, case, env, base, gpu_probe, emit) -> dict[str, Any]:
+    """One configuration through llama-bench: one process per test (pp, tg), memory sampled outside.
+
+    ``base`` is the sweep's record for this case (status "ok", no engine or child yet); it is filled in and returned.
+    """
     from edgekv.edges.process import run_child
-    from edgekv.orchestration.sweep import build_record
 
     s = case.settings
-    base = build_record(spec, case, env, model, None, None, 0.0, "ok", None)
     if s["type_k"] not in LLAMA_BENCH_TYPES or s["type_v"] not in LLAMA_BENCH_TYPES:
         base.update(status="skipped", reason=f"llama-bench does not accept cache type {s['type_k']}/{s['type_v']}")
         return base

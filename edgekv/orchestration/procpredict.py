@@ -122,7 +122,7 @@ def kv_split(pred: KVPrediction, n_layer: int, n_gpu_layers_eff: int) -> tuple[i
 def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: ProcessSettings, baseline,
                  eng_workload=None, eng_default=None, load_info: dict[str, Any] | None = None) -> ProcessInputs:
     """ProcessInputs for one configuration from what the edges produced (any of them may be missing)."""
-    from edgekv.orchestration.sweep import default_threads
+    from edgekv.edges.environment import default_threads
 
     shape = m.shape
     load_info = load_info or {}

@@ -34,15 +34,16 @@ This module does not import ``llama_cpp``.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES, cache_type
+from edgekv.core.klstats import plan
 from edgekv.core.predict import STATUS_INVALID, ContextParams
 from edgekv.edges.corpus import Corpus, resolve_corpus
+from edgekv.edges.environment import default_threads
 from edgekv.errors import CorpusError, EngineError, RunFailed, UsageError
 
 BASE_TYPE = "f16"
@@ -62,27 +63,6 @@ class QualityConfig:
         object.__setattr__(self, "type_v", cache_type(self.type_v).name)
         if self.flash_attn not in ("auto", "on", "off"):
             raise UsageError(f"flash_attn must be on, off or auto (got '{self.flash_attn}')")
-
-
-def default_threads() -> int:
-    """Physical cores, as llama.cpp's cpu_get_num_math() counts them on most machines."""
-    try:
-        import psutil
-
-        n = psutil.cpu_count(logical=False)
-    except Exception:
-        n = None
-    return max(1, n or os.cpu_count() or 1)
-
-
-def plan(n_tokens: int, n_ctx: int, n_batch: int, chunks: int | None) -> dict[str, int]:
-    """llama-perplexity's sizes for one context length (tools/perplexity/perplexity.cpp)."""
-    n_seq = max(1, n_batch // n_ctx)
-    n_batch_eff = min(n_batch, n_seq * n_ctx)
-    n_chunk_max = n_tokens // n_ctx
-    n_chunk = n_chunk_max if chunks is None or chunks < 0 else min(chunks, n_chunk_max)
-    return {"n_seq": n_seq, "n_ctx_total": n_seq * n_ctx, "n_batch": n_batch_eff, "n_chunk": n_chunk,
-            "num_batches": math.ceil(n_ctx / n_batch_eff), "first": n_ctx // 2}
 
 
 def _as_config(c: QualityConfig | tuple[str, str] | str | dict[str, Any], flash_attn: str) -> QualityConfig:
@@ -106,6 +86,7 @@ def _invalid_reason(shape, c: QualityConfig, n_ctx: int, p: dict[str, int], n_ub
     return pred.reason if pred.status == STATUS_INVALID else None
 
 
+# long: the one entry point: validates, plans and runs the child, then shapes rows
 def measure(
     model: str | os.PathLike | None,
     configs: Sequence[QualityConfig | tuple[str, str] | str | dict[str, Any]] = DEFAULT_SWEEP_TYPES,

@@ -25,6 +25,7 @@ from edgekv.core.predict import MIB, STATUS_OK, ContextParams, KVPrediction, pre
 from edgekv.core.shape import MEMORY_KV
 from edgekv.core.stats import summarize
 from edgekv.edges.engine import EngineResult
+from edgekv.edges.environment import default_threads
 from edgekv.edges.sources import edgekv_home, verified_sha256
 from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.api import LoadedModel
@@ -67,13 +68,6 @@ class Case:
     params: ContextParams
     key: str
     prediction: KVPrediction
-
-
-def default_threads() -> int:
-    """llama.cpp's default: the number of physical cores (cpu_get_num_math)."""
-    import psutil
-
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
 def default_depth(n_ctx: int, n_prompt: int, n_gen: int) -> int:
@@ -176,7 +170,7 @@ def _speed_block(samples: dict[str, Any]) -> dict[str, Any]:
 
 def build_record(spec: SweepSpec, case: Case, env: dict[str, Any], model: dict[str, Any], eng: EngineResult | None,
                  child, wall_s: float, status: str, reason: str | None) -> dict[str, Any]:
-    from edgekv import __version__
+    from edgekv.version import __version__
 
     rec: dict[str, Any] = {
         "schema_version": R.SCHEMA_VERSION,
@@ -358,6 +352,7 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
         writer.close()
 
 
+# long: the sweep loop under the results lock: environment, engine, cases, resume
 def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha: str | None,
                 env: dict[str, Any] | None, force: bool, emit: Callable[[str, dict[str, Any]], None],
                 t0: float) -> SweepResult:
@@ -397,7 +392,8 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
             elif spec.engine == ENGINE_LLAMA_BENCH:
                 from edgekv.orchestration.llamabench import run_llama_bench_case
 
-                rec = run_llama_bench_case(spec, case, env, model, gpu_probe, emit)
+                base = build_record(spec, case, env, model, None, None, 0.0, "ok", None)
+                rec = run_llama_bench_case(spec, case, env, base, gpu_probe, emit)
             else:
                 payload = {"model_path": os.path.abspath(m.ref.path), "settings": case.settings,
                            "restore": "truncate" if m.shape.memory == MEMORY_KV else "snapshot"}
