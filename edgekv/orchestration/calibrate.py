@@ -20,11 +20,11 @@ import json
 import os
 import platform
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekv.edges.safepath import atomic_write
 from edgekv.edges.sources import edgekv_home
 from edgekv.version import __version__
 
@@ -84,13 +84,7 @@ def _store_path(runtime: str) -> Path:
 
 
 def _atomic_write(p: Path, obj: dict[str, Any]) -> None:
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name + ".")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p)
+    atomic_write(p, json.dumps(obj, indent=1, sort_keys=True))
 
 
 def cpu_features_from_system_info(system_info: str | None) -> list[str]:

@@ -32,6 +32,7 @@ from typing import Any
 from edgekv.core.cachetypes import CACHE_TYPES
 from edgekv.core.llamalog import device_mib
 from edgekv.core.predict import MIB
+from edgekv.edges.safepath import atomic_write
 from edgekv.output.inputs import KIND_BENCH, KIND_LLAMA_BENCH, KIND_PREDICT, device_label, machine_label
 from edgekv.records import results as R
 
@@ -882,12 +883,7 @@ _PLOT_RE = re.compile(r"^(memory_vs_context|speed_vs_depth|kld|explained_memory)
 
 
 def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, data)
 
 
 def write_report(records: Sequence[dict[str, Any]], outdir: str | os.PathLike, title: str | None = None,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekv.edges.safepath import atomic_write
 from edgekv.errors import ResultsError
 
 SCHEMA_VERSION = 2
@@ -318,15 +319,7 @@ def _repair_tail(fd: int, p: Path) -> list[str]:
 
 def write_all(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:
     """Write a whole results file atomically (temp file + os.replace), e.g. for merge."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r, default=_default) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p)
+    atomic_write(path, "".join(json.dumps(r, default=_default) + "\n" for r in records))
 
 
 def _default(o: Any) -> Any:
