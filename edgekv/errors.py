@@ -40,10 +40,6 @@ class MetadataError(EdgekvError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class UnsupportedArchitecture(EdgekvError, ValueError):
-    """llama.cpp does not know this architecture."""
-
-
 class ModelNotFound(EdgekvError, FileNotFoundError):
     """A model path, registry name or package resource does not exist."""
 

@@ -216,13 +216,6 @@ def _predict_contexts(ctx_size: Optional[str], spec_name: Optional[str], m) -> l
 
 # -- bench --------------------------------------------------------------------------------------------
 
-def default_contexts(n_ctx_train: int) -> list[int]:
-    """4K/16K/32K where the model was trained for them; otherwise its trained context, /2 and /4."""
-    from edgekv.orchestration.plan import model_contexts
-
-    return model_contexts(n_ctx_train)
-
-
 @app.command()
 def bench(
     model: Optional[str] = MODEL_ARG,

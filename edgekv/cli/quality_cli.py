@@ -78,7 +78,6 @@ class _Progress:
         self.ctxs, self.chunks, self.n_batch = ctxs, chunks, n_batch
         self.bar = None
         self.task = None
-        self.done_before: dict[int, int] = {}
         self.last: dict[int, int] = {}
 
     def __enter__(self) -> _Progress:

@@ -200,9 +200,6 @@ class _HParams:
     def k(self, template: str) -> str:
         return key(template, self.arch)
 
-    def has(self, template: str) -> bool:
-        return self.k(template) in self.meta
-
     def u32(self, template: str, default: int | None = None, required: bool = False) -> int:
         name = self.k(template)
         if name not in self.meta:

@@ -71,13 +71,6 @@ def cache_type(name: str | CacheType) -> CacheType:
         ) from None
 
 
-def cache_type_by_id(ggml_id: int) -> CacheType:
-    try:
-        return _BY_ID[int(ggml_id)]
-    except KeyError:
-        raise UsageError(f"ggml type id {ggml_id} is not a KV cache type llama.cpp accepts") from None
-
-
 # Tensor (weight) types: the vendored ggml's enum (ggml/include/ggml.h:390-433, GGML_TYPE_COUNT = 43).  gguf 0.19
 # knows every one of them except Q2_0 (id 42: 64 weights in 18 bytes, ggml/src/ggml-common.h:187-192); the ids
 # ggml removed (4, 5, 31-33, 36-38) have block size 0 there, and gguf.cpp refuses a tensor of any of them or of

@@ -72,10 +72,6 @@ RE_OTHER_BUFFER = re.compile(r"(?P<fn>\w+): +(?P<dev>\S+) (?P<what>[\w -]+?) buf
 RE_GPU_OFFLOAD = re.compile(r"load_tensors: offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
 
 
-def mib_to_bytes(mib: float) -> int:
-    return round(mib * MIB)
-
-
 @dataclass
 class KVCacheLine:
     kind: str            # "kv" for an attention cache, "recurrent" for recurrent state, "state" for DSV4 compressor state

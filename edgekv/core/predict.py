@@ -131,9 +131,6 @@ class CachePrediction:
     def bytes(self) -> int:
         return self.k_bytes + self.v_bytes + self.r_bytes + self.s_bytes + self.state_bytes
 
-    def log_line_mib(self) -> str:
-        return llama_mib(self.bytes)
-
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "kind": self.kind, "cells": self.cells, "n_stream": self.n_stream, "layers": len(self.layers),

@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from edgekv.core.cachetypes import cache_type
@@ -30,7 +30,6 @@ from edgekv.errors import EngineError
 
 FLASH_ATTN_C = {"auto": -1, "off": 0, "on": 1}   # enum llama_flash_attn_type
 LOG_LEVEL_ERROR = 4
-LOG_LEVEL_WARN = 3
 
 
 # -- child side ---------------------------------------------------------------------------------------
@@ -212,10 +211,6 @@ class EngineResult:
     host_growth_context_bytes: int | None = None
 
     @property
-    def kv_mib(self) -> float:
-        return self.log.kv_mib_total
-
-    @property
     def compute_mib(self) -> float:
         return self.log.compute_mib_total
 
@@ -227,17 +222,6 @@ class EngineResult:
         d = asdict(self)
         d["params"] = asdict(self.params)
         return d
-
-
-@dataclass
-class EngineReport:
-    model_path: str
-    ok: bool
-    error: str | None
-    model_size_bytes: int | None
-    n_params: int | None
-    results: list[EngineResult] = field(default_factory=list)
-    sparse: bool = False
 
 
 @contextlib.contextmanager
@@ -301,7 +285,6 @@ class EngineSession:
         self.header = header
         self.timeout = timeout
         self.model_size_bytes: int | None = None
-        self.n_params: int | None = None
         self.sparse = False
         self._stack = contextlib.ExitStack()
         self._child = None
@@ -336,8 +319,6 @@ class EngineSession:
                          "{arch}.vocab_size)")
             raise EngineError(f"{self.model_path}: llama.cpp refused to load it: {info.get('error')}{hint}")
         self.model_size_bytes = info.get("model_size_bytes")
-        self.n_params = info.get("n_params")
-        self.host_growth_load_bytes = info.get("host_growth_load_bytes")
         self.model_info = info
         return self
 
@@ -357,11 +338,3 @@ class EngineSession:
 
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()
-
-
-def dry_run(model_path: str, configs: list[ContextParams], n_gpu_layers: int = -1,
-            header: GGUFHeader | None = None, timeout: float = 600.0, keep_log: bool = False) -> EngineReport:
-    """Ask llama.cpp (in a child process) what it would allocate for each configuration."""
-    with EngineSession(model_path, n_gpu_layers, header, timeout) as eng:
-        results = eng.run(configs, keep_log=keep_log)
-        return EngineReport(model_path, True, None, eng.model_size_bytes, eng.n_params, results, eng.sparse)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -116,11 +115,6 @@ class GGUFHeader:
     @property
     def weights_bytes(self) -> int:
         return sum(t.n_bytes for t in self.tensors)
-
-    @property
-    def architecture(self) -> str | None:
-        arch = self.metadata.get("general.architecture")
-        return arch if isinstance(arch, str) else None
 
     def weights_by_type(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -515,15 +509,3 @@ def merge_split_headers(headers: list[GGUFHeader]) -> GGUFHeader:
         extra={"shards": list(headers),
                "available_bytes": sum(h.extra.get("available_bytes", h.file_size) for h in headers)},
     )
-
-
-def iter_metadata(meta: Mapping[str, Any], max_items: int = 8) -> Iterator[tuple[str, str]]:
-    """Render metadata values for display, eliding long arrays."""
-    for k, v in meta.items():
-        if isinstance(v, list) and len(v) > max_items:
-            shown = ", ".join(map(str, v[:max_items]))
-            yield k, f"[{shown}, ...] ({len(v)} items)"
-        elif isinstance(v, str) and len(v) > 120:
-            yield k, v[:117] + "..."
-        else:
-            yield k, repr(v) if isinstance(v, ArraySummary) else str(v)

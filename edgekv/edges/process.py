@@ -29,16 +29,6 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclass
-class MemorySample:
-    t: float
-    rss: int
-    anon: int | None = None
-    file: int | None = None
-    footprint: int | None = None
-    gpu: int | None = None
-
-
-@dataclass
 class ChildResult:
     returncode: int | None
     signal: int | None

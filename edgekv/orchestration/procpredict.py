@@ -194,14 +194,6 @@ def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings
             session.__exit__(None, None, None)
 
 
-def process_for_params(m, params: ContextParams, settings: ProcessSettings, baseline, session) -> ProcessPrediction | None:
-    return predict_processes(m, [params], settings, baseline, session)[0]
-
-
-def with_ctx(params: ContextParams, n_ctx: int) -> ContextParams:
-    return replace(params, n_ctx=n_ctx)
-
-
 def attach_process_rows(m, configs: list[ContextParams], rows: list[dict[str, Any]], settings: ProcessSettings,
                         baseline=None) -> list[str]:
     """Add ``process`` (the whole-process prediction) to each ``edgekv predict`` row; return notes to print.

@@ -12,11 +12,10 @@ finishes, so an interrupted sweep resumes where it stopped, repeating nothing.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -525,9 +524,3 @@ def attach_process(rec: dict[str, Any], proc: Any) -> None:
         diff = measured - d["peak_rss_bytes"]
         rec["memory_residual"] = {"peak_rss_bytes": diff, "peak_rss_pct": round(100.0 * diff / d["peak_rss_bytes"], 3),
                                   "workload": d["workload"]}
-
-
-def spec_summary(spec: SweepSpec) -> dict[str, Any]:
-    d = asdict(replace(spec, model=None))  # type: ignore[arg-type]
-    d["model"] = spec.model.ref.path
-    return json.loads(json.dumps(d, default=str))
