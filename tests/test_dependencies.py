@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Declared and not imported yet, on purpose. pandas is for `edgekv.results_frame` (issue 17 point 4, the records
@@ -17,11 +19,17 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_YET_IMPORTED = {"pandas"}
 
 
-def _deptry(tmp_path: Path) -> list[dict]:
+def _exe() -> str:
     exe = Path(sys.executable).with_name("deptry")
-    cmd = [str(exe)] if exe.exists() else [shutil.which("deptry") or "deptry"]
+    found = str(exe) if exe.exists() else shutil.which("deptry")
+    if found is None:
+        pytest.fail("deptry is not installed: pip install -e '.[test]'", pytrace=False)
+    return found
+
+
+def _deptry(tmp_path: Path) -> list[dict]:
     out = tmp_path / "deptry.json"
-    r = subprocess.run([*cmd, ".", "--json-output", str(out), "--no-ansi"], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([_exe(), ".", "--json-output", str(out), "--no-ansi"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert out.exists(), r.stdout + r.stderr
     return json.loads(out.read_text())
@@ -43,8 +51,7 @@ def test_deptry_sees_an_undeclared_import(tmp_path):
     shutil.copytree(ROOT / "edgekv", pkg / "edgekv", ignore=shutil.ignore_patterns("__pycache__", "models.toml"))
     shutil.copy(ROOT / "pyproject.toml", pkg / "pyproject.toml")
     (pkg / "edgekv" / "extra.py").write_text("import yaml  # installed (huggingface-hub needs it), not declared\n")
-    exe = Path(sys.executable).with_name("deptry")
-    r = subprocess.run([str(exe) if exe.exists() else "deptry", ".", "--no-ansi"], cwd=pkg, capture_output=True,
+    r = subprocess.run([_exe(), ".", "--no-ansi"], cwd=pkg, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 1
     assert "edgekv/extra.py:1:8: DEP003 'yaml' imported but it is a transitive dependency" in r.stdout + r.stderr
