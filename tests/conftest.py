@@ -13,6 +13,24 @@ import pytest
 # edgekv's home as the developer had it before pytest started (unset: edgekv's default, ~/.cache/edgekv): the
 # suite never writes there (tests/test_isolation.py checks it).
 DEVELOPER_HOME = os.environ.get("EDGEKV_HOME")
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every entry under ``root`` with its size and mtime (empty when it does not exist)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+_DEVELOPER_ROOT = Path(DEVELOPER_HOME) if DEVELOPER_HOME else Path.home() / ".cache" / "edgekv"
+_DEVELOPER_BEFORE = _snapshot(_DEVELOPER_ROOT)
 # What is costly to build and the same in every test is shared: the extracted models (SmolLM2 from its pinned
 # wheel, Gemma 3 assembled from its package), sha256 stamps (keyed by path, size and mtime) and the runtime
 # baseline (keyed by the environment's fingerprint).  They live in pytest's cache directory (.pytest_cache/d/,
@@ -48,6 +66,17 @@ def pytest_configure(config) -> None:
         _shared = Path(cache.mkdir("edgekv-shared"))
     # for collection and session-scoped fixtures, which run before the autouse fixture below
     os.environ["EDGEKV_HOME"] = str(make_home(SESSION_DIR / "session-home"))
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """The whole run fails if anything was written under the developer's home (tests/test_isolation.py)."""
+    after = _snapshot(_DEVELOPER_ROOT)
+    changed = sorted(k for k in set(after) | set(_DEVELOPER_BEFORE) if after.get(k) != _DEVELOPER_BEFORE.get(k))
+    if changed:
+        session.config.get_terminal_writer().line(
+            f"edgekv: the suite wrote into the developer's EDGEKV_HOME {_DEVELOPER_ROOT}: {', '.join(changed[:5])}"
+            f"{' ...' if len(changed) > 5 else ''} (a test must use its own home: tests/conftest.py)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

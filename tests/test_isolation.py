@@ -2,7 +2,9 @@
 
 Proved on a nested pytest run: a test that writes through edgekv (in process and in a child process) runs with
 EDGEKV_HOME pointing at a stand-in for the developer's home; with this suite's conftest the stand-in stays
-empty, without it the same test writes there (so the check can fail)."""
+empty, without it the same test writes there (so the check can fail).  Besides, conftest's session guard compares
+the developer's home (EDGEKV_HOME as it was before pytest started, else ~/.cache/edgekv) before and after the whole
+run and fails the run if anything under it changed; a nested run shows that it does."""
 
 from __future__ import annotations
 
@@ -29,13 +31,24 @@ def test_writes_state():
 '''
 
 
-def _inner_run(tmp_path: Path, with_conftest: bool) -> tuple[Path, subprocess.CompletedProcess]:
+# a test that writes into the developer's home behind edgekv's back: the session guard in conftest fails the run
+INNER_BAD = '''
+import os
+from pathlib import Path
+
+def test_writes_behind_edgekvs_back():
+    (Path(os.environ["STAND_IN_HOME"]) / "oops").write_text("x")
+'''
+
+
+def _inner_run(tmp_path: Path, with_conftest: bool, inner: str = INNER) -> tuple[Path, subprocess.CompletedProcess]:
     dev_home = tmp_path / f"developer-home-{with_conftest}"
     dev_home.mkdir()
     d = tmp_path / f"inner-{with_conftest}"
     d.mkdir()
-    (d / "test_inner.py").write_text(INNER)
-    env = {**os.environ, "EDGEKV_HOME": str(dev_home), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    (d / "test_inner.py").write_text(inner)
+    env = {**os.environ, "EDGEKV_HOME": str(dev_home), "STAND_IN_HOME": str(dev_home),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     plugin = ["-p", "tests.conftest"] if with_conftest else []
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "--rootdir", str(d),
                         "-c", os.devnull, str(d / "test_inner.py")], cwd=d, env=env, capture_output=True, text=True,
@@ -53,6 +66,13 @@ def test_without_the_fixture_the_inner_test_does_write_there(tmp_path):
     dev_home, r = _inner_run(tmp_path, with_conftest=False)
     assert r.returncode == 0, r.stdout + r.stderr
     assert {"runs", "x.jsonl", "child", "sha256"} <= {p.name for p in dev_home.rglob("*")}
+
+
+def test_a_write_into_the_developers_home_fails_the_run(tmp_path):
+    dev_home, r = _inner_run(tmp_path, with_conftest=True, inner=INNER_BAD)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1 passed" in r.stdout
+    assert f"edgekv: the suite wrote into the developer's EDGEKV_HOME {dev_home}: oops (a test must use" in r.stdout
 
 
 def test_each_test_has_its_own_home(edgekv_home):
