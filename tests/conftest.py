@@ -1,19 +1,90 @@
-"""Shared fixtures: the two real models, and an isolated EDGEKV_HOME for every test session."""
+"""Shared fixtures: the two real models, and an isolated EDGEKV_HOME for every test."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-# Isolate edgekv's state (caches, sha256 stamps) from the user's, before edgekv is imported.
-_HOME = tempfile.mkdtemp(prefix="edgekv-test-home-")
-os.environ.setdefault("EDGEKV_HOME", _HOME)
-# ... and huggingface-hub's (its cache, token, telemetry files); it reads HF_HOME when first imported.
-os.environ.setdefault("HF_HOME", os.path.join(_HOME, "hf-home"))
+# edgekv's home as the developer had it before pytest started (unset: edgekv's default, ~/.cache/edgekv): the
+# suite never writes there (tests/test_isolation.py checks it).
+DEVELOPER_HOME = os.environ.get("EDGEKV_HOME")
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every entry under ``root`` with its size and mtime (empty when it does not exist)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+_DEVELOPER_ROOT = Path(DEVELOPER_HOME) if DEVELOPER_HOME else Path.home() / ".cache" / "edgekv"
+_DEVELOPER_BEFORE = _snapshot(_DEVELOPER_ROOT)
+# What is costly to build and the same in every test is shared: the extracted models (SmolLM2 from its pinned
+# wheel, Gemma 3 assembled from its package), sha256 stamps (keyed by path, size and mtime) and the runtime
+# baseline (keyed by the environment's fingerprint).  They live in pytest's cache directory (.pytest_cache/d/,
+# kept between sessions of this checkout), or in the session's temporary directory without the cache plugin.
+SHARED = ("models", "sha256", "calibration")
+SESSION_DIR = Path(tempfile.mkdtemp(prefix="edgekv-test-session-"))
+atexit.register(shutil.rmtree, SESSION_DIR, ignore_errors=True)
+_shared = SESSION_DIR / "shared"
+
+
+def make_home(root: Path) -> Path:
+    """An empty edgekv home whose model, sha256 and calibration caches are the shared ones."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in SHARED:
+        (_shared / name).mkdir(parents=True, exist_ok=True)
+        (root / name).symlink_to(_shared / name, target_is_directory=True)
+    return root
+
+
+# Never the developer's home, even while test modules are imported (before pytest_configure, for edgekv imported
+# by a plugin); huggingface-hub's state (its cache, token, telemetry files) likewise: it reads HF_HOME when first
+# imported.
+os.environ["EDGEKV_HOME"] = str(SESSION_DIR / "import-home")
+os.environ["HF_HOME"] = str(SESSION_DIR / "hf-home")
+os.environ.pop("HF_HUB_CACHE", None)
 os.environ.pop("HF_HUB_OFFLINE", None)
+
+
+def pytest_configure(config) -> None:
+    global _shared
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        _shared = Path(cache.mkdir("edgekv-shared"))
+    # for collection and session-scoped fixtures, which run before the autouse fixture below
+    os.environ["EDGEKV_HOME"] = str(make_home(SESSION_DIR / "session-home"))
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """The whole run fails if anything was written under the developer's home (tests/test_isolation.py)."""
+    after = _snapshot(_DEVELOPER_ROOT)
+    changed = sorted(k for k in set(after) | set(_DEVELOPER_BEFORE) if after.get(k) != _DEVELOPER_BEFORE.get(k))
+    if changed:
+        session.config.get_terminal_writer().line(
+            f"edgekv: the suite wrote into the developer's EDGEKV_HOME {_DEVELOPER_ROOT}: {', '.join(changed[:5])}"
+            f"{' ...' if len(changed) > 5 else ''} (a test must use its own home: tests/conftest.py)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def edgekv_home(tmp_path_factory, monkeypatch) -> Path:
+    """Every test gets its own EDGEKV_HOME (child processes inherit it through the environment)."""
+    home = make_home(tmp_path_factory.mktemp("edgekv-home", numbered=True))
+    monkeypatch.setenv("EDGEKV_HOME", str(home))
+    return home
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,8 @@
 The fixture ``tests/data/smollm2-sweep.jsonl`` is a real ``edgekv bench`` run of SmolLM2-135M
 (512/1024/2048 x f16/q8_0/q4_0, -p 32 -n 16 -r 5) on a busy 2-core machine: its speed figures are noisy
 on purpose-free grounds, which the report must show (``!``) rather than hide.  Regenerate the golden
-files after an intended rendering change with ``EDGEKV_UPDATE_GOLDEN=1 pytest tests/test_report.py``.
+files after an intended rendering change with ``EDGEKV_UPDATE_GOLDEN=1 pytest tests/test_report.py`` (never
+under CI: with ``CI`` set the switch fails the test instead of rewriting).
 """
 
 from __future__ import annotations
@@ -29,13 +30,28 @@ GOLDEN = Path(__file__).parent / "golden" / "smollm2-sweep"
 FIXTURE = DATA / "smollm2-sweep.jsonl"
 
 
-def _golden(name: str, got: str) -> None:
-    path = GOLDEN / name
+def _golden(name: str, got: str, root: Path = GOLDEN) -> None:
+    path = root / name
     if os.environ.get("EDGEKV_UPDATE_GOLDEN"):
+        if os.environ.get("CI"):
+            pytest.fail("EDGEKV_UPDATE_GOLDEN is set under CI: goldens are rewritten on a developer's machine only, "
+                        "and the change committed (unset EDGEKV_UPDATE_GOLDEN)", pytrace=False)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(got)
     assert path.exists(), f"{path} missing: run with EDGEKV_UPDATE_GOLDEN=1 once"
     assert got == path.read_text(), f"{name} differs from {path} (EDGEKV_UPDATE_GOLDEN=1 to accept an intended change)"
+
+
+def test_golden_rewrite_is_refused_under_ci(tmp_path, monkeypatch):
+    (tmp_path / "README.md").write_text("old\n")
+    monkeypatch.setenv("EDGEKV_UPDATE_GOLDEN", "1")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="EDGEKV_UPDATE_GOLDEN is set under CI"):
+        _golden("README.md", "new\n", tmp_path)
+    assert (tmp_path / "README.md").read_text() == "old\n"
+    monkeypatch.delenv("CI")
+    _golden("README.md", "new\n", tmp_path)          # the switch still works off CI
+    assert (tmp_path / "README.md").read_text() == "new\n"
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +149,8 @@ def test_quality_table_and_plot_when_quality_blocks_exist(tmp_path):
     recs = [r for r in load_any(FIXTURE) if r["settings"]["n_ctx"] == 1024]
     q = {"f16": (0.0, 10.0), "q8_0": (0.002, 10.01), "q4_0": (0.03, 10.4)}
     recs = [_with_quality(r, q[r["settings"]["type_k"]][0], q[r["settings"]["type_k"]][1], 10.0) for r in recs]
-    recs.append({**copy.deepcopy(recs[0]), "quality": {"status": "unavailable", "reason": "edgekv.quality is not installed"}})
+    recs.append({**copy.deepcopy(recs[0]),
+                 "quality": {"status": "unavailable", "reason": "edgekv.orchestration.quality is not installed"}})
     recs[-1]["settings"] = {**recs[-1]["settings"], "n_ctx": 2048}
     out = tmp_path / "q"
     res = REP.write_report(recs, out)

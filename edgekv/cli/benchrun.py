@@ -9,15 +9,23 @@ can be checked afterwards from the results file alone (bench/eta_accuracy.py).
 
 from __future__ import annotations
 
+import os
+import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from edgekv.core.predict import MIB
 from edgekv.edges.load import BUSY_SHARE, LoadMonitor, Window, busy_note
+from edgekv.errors import UsageError
 from edgekv.orchestration.plan import Planner, fmt_duration, kv_f16_per_token, plan_lines, same_machine_history
 from edgekv.output.benchview import Progress, case_label
+
+if TYPE_CHECKING:
+    from edgekv.orchestration.sweep import SweepResult, SweepSpec
 
 
 def _rate(speed: dict[str, Any], test: str) -> str | None:
@@ -155,3 +163,117 @@ class BenchMonitor:
                        "remaining_eta_s": round(remaining, 1), "remaining_configs": len(rest),
                        "sweep_estimate_s": round(p.initial_total_s or 0.0, 1), "basis": p.basis}
         self._print(case_line(i + 1, len(self.todo), rec, wall, elapsed, remaining))
+
+
+# -- the bench command's work between parsing its flags and rendering the results --------------------------------
+
+@dataclass
+class BenchArgs:
+    """``edgekv bench``'s flags as typer parsed them (None: not given); see ``edgekv bench --help``."""
+
+    model: str | None
+    ctx_size: str | None
+    cache_type_k: str | None
+    cache_type_v: str | None
+    flash_attn: str
+    n_gpu_layers: int
+    threads: int
+    depths: str | None
+    n_prompt: int | None
+    n_gen: int | None
+    repetitions: int | None
+    full: bool
+    batch_size: int
+    ubatch_size: int
+    swa_full: bool
+    no_warmup: bool
+    output: str | None
+    llama_bench: str | None
+    quality: bool
+    corpus: str | None
+    chunks: int | None
+    timeout: float
+    force: bool
+    no_mmap: bool
+
+    @classmethod
+    def from_flags(cls, flags: dict[str, Any], model: str | None) -> BenchArgs:
+        """From the command's parameters by name (MODEL and -m already reconciled into ``model``)."""
+        return cls(model=model, **{k: v for k, v in flags.items() if k not in ("model", "model_opt", "as_json")})
+
+
+def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
+    """The sweep the flags ask for (registry defaults, --full, checks), its contexts, and the hint naming the full
+    sweep when the quick default runs."""
+    from edgekv.cli.options import pair_types, parse_fa_list, parse_int_list, parse_type_list
+    from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES
+    from edgekv.orchestration.api import load_model, registry_sweep_defaults
+    from edgekv.orchestration.plan import FULL, QUICK, model_contexts, quick_contexts
+    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, SweepSpec
+
+    reg_defaults = registry_sweep_defaults(a.model)
+    cache_type_k = a.cache_type_k
+    if cache_type_k is None:
+        cache_type_k = ",".join(reg_defaults.cache_types if reg_defaults else DEFAULT_SWEEP_TYPES)
+    pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
+                       parse_type_list(a.cache_type_v, "-ctv") if a.cache_type_v else None)
+    fas = parse_fa_list(a.flash_attn)
+    defaults = FULL if a.full else QUICK
+    n_prompt = defaults["n_prompt"] if a.n_prompt is None else a.n_prompt
+    n_gen = defaults["n_gen"] if a.n_gen is None else a.n_gen
+    repetitions = defaults["repetitions"] if a.repetitions is None else a.repetitions
+    _check(a, n_prompt, n_gen, repetitions)
+    m = load_model(a.model)
+    full_ctxs = model_contexts(m.shape.n_ctx_train, reg_defaults.contexts if reg_defaults else None)
+    if a.ctx_size:
+        ctxs = parse_int_list(a.ctx_size, "-c/--ctx-size")
+    elif a.full:
+        ctxs = full_ctxs
+    else:
+        ctxs = quick_contexts(m.shape.n_ctx_train)
+    deps = parse_int_list(a.depths, "-d/--n-depth", minimum=0) if a.depths else None
+    spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, flash_attn=fas, depths=deps, n_prompt=n_prompt,
+                     n_gen=n_gen, repetitions=repetitions, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers,
+                     n_batch=a.batch_size, n_ubatch=a.ubatch_size, swa_full=a.swa_full, warmup=not a.no_warmup,
+                     timeout_s=a.timeout, engine=ENGINE_LLAMA_BENCH if a.llama_bench else ENGINE_PYTHON,
+                     llama_bench=a.llama_bench,
+                     quality={"enabled": True, "corpus": a.corpus, "chunks": a.chunks} if a.quality else None,
+                     use_mmap=not a.no_mmap)
+    full_hint = None
+    if not a.full and not a.ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
+        full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "
+                     f"-r {FULL['repetitions']}) is 'edgekv bench --full'.")
+    return spec, ctxs, full_hint
+
+
+def _check(a: BenchArgs, n_prompt: int, n_gen: int, repetitions: int) -> None:
+    """The flags' values and combinations edgekv refuses, one line each (before the model is loaded)."""
+    for name, v, lo in (("-p", n_prompt, 0), ("-n", n_gen, 0), ("-r", repetitions, 1), ("-t", a.threads, 0),
+                        ("-b", a.batch_size, 1), ("-ub", a.ubatch_size, 1)):
+        if v < lo:
+            raise UsageError(f"{name} must be at least {lo}")
+    if n_prompt == 0 and n_gen == 0:
+        raise UsageError("-p and -n cannot both be 0: there would be nothing to measure")
+    if (a.corpus is not None or a.chunks is not None) and not a.quality:
+        raise UsageError("--corpus and --chunks choose the quality pass: add --quality")
+    if a.chunks is not None and a.chunks < 1:
+        raise UsageError("--chunks must be at least 1")
+    if a.llama_bench is not None and not (os.path.isfile(a.llama_bench) and os.access(a.llama_bench, os.X_OK)):
+        raise UsageError(f"--llama-bench: {a.llama_bench} is not an executable file")
+
+
+def run_bench(a: BenchArgs, as_json: bool, console: Callable[..., Any]) -> SweepResult:
+    """Plan, run and record the sweep, saying what happens on ``console(stderr=...)``'s consoles."""
+    from edgekv.orchestration.sweep import run_sweep
+
+    spec, ctxs, full_hint = bench_spec(a)
+    err = console(stderr=True)
+    # the plan and one line per configuration: on stdout when it is not a terminal (CI logs, | tee), else stderr
+    out = err if as_json or sys.stdout.isatty() else console()
+    with BenchMonitor(spec, out, err, ctxs, full_hint) as mon:
+        return run_sweep(spec, output=a.output, force=a.force, on_event=mon.on_event)
+
+
+def interrupted_line(res: SweepResult) -> str:
+    return (f"Interrupted: {len(res.records) - res.skipped_existing} configurations saved to {res.output}; "
+            "run the same command again to resume.")

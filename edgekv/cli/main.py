@@ -261,68 +261,17 @@ def bench(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
-    from edgekv.cli.benchrun import BenchMonitor
-    from edgekv.cli.options import parse_fa_list
-    from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES
-    from edgekv.orchestration.api import load_model, registry_sweep_defaults
-    from edgekv.orchestration.plan import FULL, QUICK, model_contexts, quick_contexts
-    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, SweepSpec, run_sweep
+    flags = dict(locals())      # the flags above by name: BenchArgs has one field per flag
+    from edgekv.cli.benchrun import BenchArgs, interrupted_line, run_bench
     from edgekv.output.benchview import render_summary
 
-    spec_name = _model(model, model_opt)
-    reg_defaults = registry_sweep_defaults(spec_name)
-    if cache_type_k is None:
-        cache_type_k = ",".join(reg_defaults.cache_types if reg_defaults else DEFAULT_SWEEP_TYPES)
-    pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
-                       parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
-    fas = parse_fa_list(flash_attn)
-    defaults = FULL if full else QUICK
-    n_prompt = defaults["n_prompt"] if n_prompt is None else n_prompt
-    n_gen = defaults["n_gen"] if n_gen is None else n_gen
-    repetitions = defaults["repetitions"] if repetitions is None else repetitions
-    for name, v, lo in (("-p", n_prompt, 0), ("-n", n_gen, 0), ("-r", repetitions, 1), ("-t", threads, 0),
-                        ("-b", batch_size, 1), ("-ub", ubatch_size, 1)):
-        if v < lo:
-            raise UsageError(f"{name} must be at least {lo}")
-    if n_prompt == 0 and n_gen == 0:
-        raise UsageError("-p and -n cannot both be 0: there would be nothing to measure")
-    if (corpus is not None or chunks is not None) and not quality:
-        raise UsageError("--corpus and --chunks choose the quality pass: add --quality")
-    if chunks is not None and chunks < 1:
-        raise UsageError("--chunks must be at least 1")
-    if llama_bench is not None and not (os.path.isfile(llama_bench) and os.access(llama_bench, os.X_OK)):
-        raise UsageError(f"--llama-bench: {llama_bench} is not an executable file")
-    m = load_model(spec_name)
-    full_ctxs = model_contexts(m.shape.n_ctx_train, reg_defaults.contexts if reg_defaults else None)
-    if ctx_size:
-        ctxs = parse_int_list(ctx_size, "-c/--ctx-size")
-    elif full:
-        ctxs = full_ctxs
-    else:
-        ctxs = quick_contexts(m.shape.n_ctx_train)
-    deps = parse_int_list(depths, "-d/--n-depth", minimum=0) if depths else None
-    spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, flash_attn=fas, depths=deps, n_prompt=n_prompt,
-                     n_gen=n_gen, repetitions=repetitions, n_threads=threads, n_gpu_layers=n_gpu_layers,
-                     n_batch=batch_size, n_ubatch=ubatch_size, swa_full=swa_full, warmup=not no_warmup,
-                     timeout_s=timeout, engine=ENGINE_LLAMA_BENCH if llama_bench else ENGINE_PYTHON,
-                     llama_bench=llama_bench, quality={"enabled": True, "corpus": corpus, "chunks": chunks} if quality else None,
-                     use_mmap=not no_mmap)
-    err = _console(stderr=True)
-    # the plan and one line per configuration: on stdout when it is not a terminal (CI logs, | tee), else stderr
-    out = err if as_json or sys.stdout.isatty() else _console()
-    full_hint = None
-    if not full and not ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
-        full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "
-                     f"-r {FULL['repetitions']}) is 'edgekv bench --full'.")
-    with BenchMonitor(spec, out, err, ctxs, full_hint) as mon:
-        res = run_sweep(spec, output=output, force=force, on_event=mon.on_event)
+    res = run_bench(BenchArgs.from_flags(flags, _model(model, model_opt)), as_json, _console)
     if as_json:
         _print_json(res.records)
     else:
         render_summary(_console(), res.records, str(res.output))
     if res.interrupted:
-        err.print(f"Interrupted: {len(res.records) - res.skipped_existing} configurations saved to {res.output}; "
-                  "run the same command again to resume.")
+        _console(stderr=True).print(interrupted_line(res))
         raise typer.Exit(130)
 
 

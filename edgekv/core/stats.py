@@ -1,9 +1,11 @@
-"""Summary statistics for repeated measurements (pure; scipy for the t distribution)."""
+"""Summary statistics for repeated measurements (pure; scipy for the t distribution and Welch's test,
+``statistics.NormalDist`` for the normal one)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import Any
 
 UNSTABLE_CV = 0.10   # pyperf warns when the standard deviation is at least 10 % of the mean
@@ -45,7 +47,8 @@ def summarize(samples: Sequence[float]) -> dict[str, Any]:
 
 
 def welch(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
-    """Welch's t-test of mean(b) vs mean(a): relative change, its 95 % interval, and the p-value."""
+    """Welch's t-test of mean(b) vs mean(a) (scipy's ``ttest_ind(equal_var=False)``): relative change, its 95 %
+    interval, and the p-value."""
     from scipy import stats as st
 
     a = [float(x) for x in a]
@@ -54,18 +57,27 @@ def welch(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
         return {"p_value": None, "change": (sum(b) / len(b)) / (sum(a) / len(a)) - 1 if a and b else None,
                 "change_ci95": None, "test": "none (fewer than 2 samples)"}
     ma, mb = sum(a) / len(a), sum(b) / len(b)
-    va = sum((x - ma) ** 2 for x in a) / (len(a) - 1)
-    vb = sum((x - mb) ** 2 for x in b) / (len(b) - 1)
-    se = math.sqrt(va / len(a) + vb / len(b))
-    if se == 0:
+    if max(a) == min(a) and max(b) == min(b):
+        # no spread on either side: scipy's statistic is undefined (nan); the difference is exact
         p = 0.0 if ma != mb else 1.0
         lo = hi = mb - ma
     else:
-        df = (va / len(a) + vb / len(b)) ** 2 / (
-            (va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2 / (len(b) - 1))
-        t = (mb - ma) / se
-        p = float(2 * st.t.sf(abs(t), df))
-        half = float(st.t.ppf(0.975, df)) * se
-        lo, hi = mb - ma - half, mb - ma + half
+        res = st.ttest_ind(b, a, equal_var=False)
+        p = float(res.pvalue)
+        ci = res.confidence_interval(0.95)
+        lo, hi = float(ci.low), float(ci.high)
     return {"p_value": p, "change": mb / ma - 1 if ma else None,
             "change_ci95": [lo / ma, hi / ma] if ma else None, "test": "welch"}
+
+
+def z_test(a: float, ea: float, b: float, eb: float) -> tuple[float, list[float]]:
+    """Two estimates with standard errors (perplexity, KL divergence): two-sided p-value of b - a under the normal
+    distribution, and the difference's 95 % interval."""
+    se = math.sqrt(ea * ea + eb * eb)
+    d = b - a
+    if se == 0:
+        return (0.0 if d else 1.0), [d, d]
+    normal = NormalDist()
+    p = 2 * normal.cdf(-abs(d) / se)
+    z95 = normal.inv_cdf(0.975)
+    return p, [d - z95 * se, d + z95 * se]

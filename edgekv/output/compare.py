@@ -44,7 +44,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from edgekv.core.stats import summarize, welch
+from edgekv.core.stats import summarize, welch, z_test
 from edgekv.errors import EnvironmentMismatch, UsageError
 from edgekv.output.inputs import device_label, load_any, machine_label
 from edgekv.records import results as R
@@ -204,16 +204,6 @@ def _values(recs: list[dict[str, Any]], metric: str) -> tuple[list[float], float
     return xs, se
 
 
-def _z_test(a: float, ea: float, b: float, eb: float) -> tuple[float, list[float]]:
-    se = math.sqrt(ea * ea + eb * eb)
-    d = b - a
-    if se == 0:
-        return (0.0 if d else 1.0), [d, d]
-    z = abs(d) / se
-    p = math.erfc(z / math.sqrt(2))
-    return p, [d - 1.959963984540054 * se, d + 1.959963984540054 * se]
-
-
 def compare_metric(metric: Metric, bx: list[float], be: float | None, cx: list[float], ce: float | None,
                    thr: Threshold, alpha: float) -> dict[str, Any] | None:
     if not bx or not cx:
@@ -227,7 +217,7 @@ def compare_metric(metric: Metric, bx: list[float], be: float | None, cx: list[f
         significant = mc != mb
     elif metric.kind == "estimate":
         if be is not None and ce is not None and len(bx) == len(cx) == 1:
-            p, dci = _z_test(mb, be, mc, ce)
+            p, dci = z_test(mb, be, mc, ce)
             ci = [dci[0] / mb, dci[1] / mb] if mb else None
             test = "z-test (standard errors)"
             significant = p < alpha

@@ -1,0 +1,96 @@
+"""The suite never writes into the developer's EDGEKV_HOME: every test has its own (tests/conftest.py).
+
+Proved on a nested pytest run: a test that writes through edgekv (in process and in a child process) runs with
+EDGEKV_HOME pointing at a stand-in for the developer's home; with this suite's conftest the stand-in stays
+empty, without it the same test writes there (so the check can fail).  Besides, conftest's session guard compares
+the developer's home (EDGEKV_HOME as it was before pytest started, else ~/.cache/edgekv) before and after the whole
+run and fails the run if anything under it changed; a nested run shows that it does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+INNER = '''
+import os, subprocess, sys
+from edgekv.edges.sources import edgekv_home, verified_sha256
+
+def test_writes_state():
+    (edgekv_home() / "runs").mkdir(parents=True, exist_ok=True)
+    (edgekv_home() / "runs" / "x.jsonl").write_text("{}\\n")
+    verified_sha256(__file__)                       # a sha256 stamp under the home
+    subprocess.run([sys.executable, "-c", "from edgekv.edges.sources import edgekv_home; "
+                    "edgekv_home().mkdir(parents=True, exist_ok=True); (edgekv_home() / 'child').write_text('1')"],
+                   check=True)
+'''
+
+
+# a test that writes into the developer's home behind edgekv's back: the session guard in conftest fails the run
+INNER_BAD = '''
+import os
+from pathlib import Path
+
+def test_writes_behind_edgekvs_back():
+    (Path(os.environ["STAND_IN_HOME"]) / "oops").write_text("x")
+'''
+
+
+def _inner_run(tmp_path: Path, with_conftest: bool, inner: str = INNER) -> tuple[Path, subprocess.CompletedProcess]:
+    dev_home = tmp_path / f"developer-home-{with_conftest}"
+    dev_home.mkdir()
+    d = tmp_path / f"inner-{with_conftest}"
+    d.mkdir()
+    (d / "test_inner.py").write_text(inner)
+    env = {**os.environ, "EDGEKV_HOME": str(dev_home), "STAND_IN_HOME": str(dev_home),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    plugin = ["-p", "tests.conftest"] if with_conftest else []
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "--rootdir", str(d),
+                        "-c", os.devnull, str(d / "test_inner.py")], cwd=d, env=env, capture_output=True, text=True,
+                       timeout=300)
+    return dev_home, r
+
+
+def test_the_suite_leaves_the_developers_home_alone(tmp_path):
+    dev_home, r = _inner_run(tmp_path, with_conftest=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in dev_home.rglob("*")) == []
+
+
+def test_without_the_fixture_the_inner_test_does_write_there(tmp_path):
+    dev_home, r = _inner_run(tmp_path, with_conftest=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {"runs", "x.jsonl", "child", "sha256"} <= {p.name for p in dev_home.rglob("*")}
+
+
+def test_a_write_into_the_developers_home_fails_the_run(tmp_path):
+    dev_home, r = _inner_run(tmp_path, with_conftest=True, inner=INNER_BAD)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1 passed" in r.stdout
+    assert f"edgekv: the suite wrote into the developer's EDGEKV_HOME {dev_home}: oops (a test must use" in r.stdout
+
+
+def test_each_test_has_its_own_home(edgekv_home):
+    import conftest
+
+    from edgekv.edges.sources import edgekv_home as home_now
+
+    assert home_now() == edgekv_home
+    assert conftest.DEVELOPER_HOME is None or Path(conftest.DEVELOPER_HOME).resolve() not in [edgekv_home.resolve(),
+                                                                                            *edgekv_home.resolve().parents]
+    assert [p.name for p in edgekv_home.iterdir() if not p.is_symlink()] == []
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_state_does_not_leak_between_tests(n):
+    from edgekv.edges.sources import edgekv_home
+
+    marker = edgekv_home() / "runs" / "leak"
+    assert not marker.exists()
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(str(n))
