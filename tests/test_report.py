@@ -133,7 +133,7 @@ def test_quality_table_and_plot_when_quality_blocks_exist(tmp_path):
     recs = [r for r in load_any(FIXTURE) if r["settings"]["n_ctx"] == 1024]
     q = {"f16": (0.0, 10.0), "q8_0": (0.002, 10.01), "q4_0": (0.03, 10.4)}
     recs = [_with_quality(r, q[r["settings"]["type_k"]][0], q[r["settings"]["type_k"]][1], 10.0) for r in recs]
-    recs.append({**copy.deepcopy(recs[0]), "quality": {"status": "unavailable", "reason": "edgekv.quality is not installed"}})
+    recs.append({**copy.deepcopy(recs[0]), "quality": {"status": "unavailable", "reason": "edgekv.orchestration.quality is not installed"}})
     recs[-1]["settings"] = {**recs[-1]["settings"], "n_ctx": 2048}
     out = tmp_path / "q"
     res = REP.write_report(recs, out)
