@@ -142,13 +142,42 @@ def predict(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Exact KV-cache bytes from the GGUF header, and the peak memory of the whole llama.cpp process."""
-    from edgekv.core.predict import ContextParams
     from edgekv.orchestration.api import load_model
-    from edgekv.output.views import predict_rows, render_budget, render_predict
+    from edgekv.orchestration.predictrows import run_predict
+    from edgekv.output.views import render_budget, render_predict
 
     spec_name = _model(model, model_opt)
     m = load_model(spec_name)
     ctxs = _predict_contexts(ctx_size, spec_name, m)
+    req = _predict_request(ctxs, cache_type_k, cache_type_v, flash_attn, swa_full, parallel, kv_unified, ubatch_size,
+                           batch_size, n_rs_seq, budget, workload, threads, no_mmap, n_gpu_layers)
+    req.engine, req.kv_only = engine, kv_only
+    req.layers, req.with_layers_json = layers and not as_json, layers and as_json
+    _notes(m)
+    out = run_predict(m, req)
+    if as_json:
+        _print_json({"predictions": out.rows, "budget": out.budget} if out.budget is not None else out.rows)
+    else:
+        con = _console()
+        render_predict(con, m, req.base, out, engine=engine)
+        for note in out.process_notes:
+            con.print(f"Note: {note}")
+        if out.budget is not None:
+            render_budget(con, m, req.budget_bytes, out.budget)
+    if m.shape.invalid_reason:      # every row says 'invalid' with the reason; no figure, and exit 1
+        sys.stderr.write(f"edgekv: error: {m.ref.spec}: {m.shape.invalid_reason}; no figure given\n")
+        raise typer.Exit(1)
+
+
+def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[str], flash_attn: str, swa_full: bool,
+                     parallel: int, kv_unified: bool, ubatch_size: int, batch_size: int, n_rs_seq: int,
+                     budget: Optional[str], workload: str, threads: int, no_mmap: bool, n_gpu_layers: int):
+    """predict's flags checked (one line naming the flag when one is wrong) and turned into a PredictRequest."""
+    from edgekv.core.memmodel import WORKLOADS
+    from edgekv.core.predict import ContextParams
+    from edgekv.orchestration.predictrows import PredictRequest
+    from edgekv.orchestration.procpredict import ProcessSettings
+
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
                        parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
     fa = parse_flash_attn(flash_attn)
@@ -162,45 +191,14 @@ def predict(
     base = ContextParams(n_ctx=ctxs[0], type_k=pairs[0][0], type_v=pairs[0][1], flash_attn=fa, swa_full=swa_full,
                          n_seq_max=parallel, kv_unified=kv_unified, n_batch=batch_size, n_ubatch=ubatch_size,
                          n_rs_seq=n_rs_seq)
-    _notes(m)
     configs = [replace(base, n_ctx=n, type_k=k, type_v=v) for n in ctxs for k, v in pairs]
-    from edgekv.core.memmodel import WORKLOADS
-
     if workload not in WORKLOADS:
         raise UsageError(f"--workload: unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")
     if threads < 0:
         raise UsageError("-t/--threads must be at least 0")
-    rows = predict_rows(m, configs, engine=engine, n_gpu_layers=n_gpu_layers, with_layers=layers and as_json)
-    proc_notes = _process_rows(m, configs, rows, workload, threads, no_mmap, n_gpu_layers) if not kv_only else []
-    budget_rows = None
-    if budget_bytes is not None:
-        from edgekv.orchestration.budget import budget_table
-
-        budget_rows = budget_table(m, base, pairs, budget_bytes, n_gpu_layers=n_gpu_layers, workload=workload,
-                                   n_threads=threads, use_mmap=not no_mmap)
-    if as_json:
-        if budget_rows is not None:
-            _print_json({"predictions": rows, "budget": budget_rows})
-        else:
-            _print_json(rows)
-    else:
-        con = _console()
-        render_predict(con, m, base, rows, engine=engine, layers=layers)
-        for note in proc_notes:
-            con.print(f"Note: {note}")
-        if budget_rows is not None:
-            render_budget(con, m, budget_bytes, budget_rows)
-    if m.shape.invalid_reason:      # every row says 'invalid' with the reason; no figure, and exit 1
-        sys.stderr.write(f"edgekv: error: {m.ref.spec}: {m.shape.invalid_reason}; no figure given\n")
-        raise typer.Exit(1)
-
-
-def _process_rows(m, configs, rows, workload: str, threads: int, no_mmap: bool, n_gpu_layers: int) -> list[str]:
-    """The whole-process prediction per predict row (procpredict); returns notes to print."""
-    from edgekv.orchestration.procpredict import ProcessSettings, attach_process_rows
-
-    return attach_process_rows(m, configs, rows, ProcessSettings(workload=workload, n_threads=threads,
-                                                                 use_mmap=not no_mmap, n_gpu_layers=n_gpu_layers))
+    process = ProcessSettings(workload=workload, n_threads=threads, use_mmap=not no_mmap, n_gpu_layers=n_gpu_layers)
+    return PredictRequest(base=base, configs=configs, pairs=pairs, n_gpu_layers=n_gpu_layers, process=process,
+                          budget_bytes=budget_bytes)
 
 
 def _predict_contexts(ctx_size: Optional[str], spec_name: Optional[str], m) -> list[int]:

@@ -1,16 +1,17 @@
 """Terminal views for ``inspect`` and ``predict``: JSON-ready dicts and rich tables.
 
-Measures nothing; every figure is labelled with where it comes from (formula, engine).
+Measures and computes nothing: ``predict``'s rows, dry runs and notes come from
+:mod:`edgekv.orchestration.predictrows`; every figure is labelled with where it comes from (formula, engine).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from edgekv.core.predict import MIB, STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, llama_mib, predict
+from edgekv.core.predict import MIB, STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, llama_mib
 from edgekv.core.shape import MEMORY_DSV4, MEMORY_HYBRID, MEMORY_HYBRID_IDX, MEMORY_HYBRID_ISWA, MEMORY_RECURRENT, ModelShape
-from edgekv.orchestration.api import LoadedModel, llama_python_defaults_cost
+from edgekv.orchestration.api import LoadedModel
+from edgekv.orchestration.predictrows import PredictOutcome
 
 MEMORY_DESCRIPTION = {
     "kv": "one KV cache",
@@ -152,82 +153,18 @@ def _gqa(heads: list[int], kv: list[int]) -> str:
 
 # -- predict ------------------------------------------------------------------------------------------
 
-def _engine_block(pred: KVPrediction, res, weights_bytes: int) -> dict[str, Any]:
-    from edgekv.orchestration.crosscheck import compare, engine_lines
-
-    if pred.status == STATUS_UNSUPPORTED:
-        # edgekv does not model this cache: nothing to compare, llama.cpp's own figures stand alone
-        d: dict[str, Any] = {"ok": res.ok, "error": res.error, "match": None, "diffs": []}
-    else:
-        diffs = compare(pred, res)
-        d = {"ok": res.ok, "error": res.error, "match": not diffs, "diffs": diffs}
-    if res.ok:
-        # where edgekv does not model the cache, llama.cpp's own figures stand in for it, buffers of kinds the log
-        # parser does not know included (so a cache class newer than edgekv never hides its bytes)
-        other = sum(res.log.other_buffers.values())
-        caches = pred.total_bytes if pred.status == STATUS_OK else (res.log.caches_mib_total + other) * MIB
-        d.update({
-            "caches": engine_lines(res),
-            "kv_mib": round(res.log.kv_mib_total, 2),
-            "recurrent_mib": round(res.log.recurrent_mib_total, 2),
-            "state_mib": round(res.log.state_mib_total, 2),
-            "other_buffers_mib": res.log.other_buffers,
-            "compute_mib": res.log.compute_buffers,
-            "output_mib": res.log.output_buffers,
-            "flash_attn_resolved": res.log.fa_resolved,
-            "n_ctx": res.n_ctx,
-            # weights (tensor table) + caches (the formula's bytes; llama.cpp's printed MiB where edgekv does not
-            # model the cache) + llama.cpp's compute and output buffers
-            "total_bytes": int(weights_bytes + caches + (res.log.compute_mib_total + res.log.output_mib_total) * MIB),
-            "total_caches_from": "formula" if pred.status == STATUS_OK else "llama.cpp",
-        })
-    return d
-
-
 def _same_cell(match: bool | None) -> str:
     return "n/a" if match is None else "[green]✓[/]" if match else "[red]✗[/]"
 
 
-def predict_rows(m: LoadedModel, configs: list[ContextParams], engine: bool = False, n_gpu_layers: int = -1,
-                 with_layers: bool = False) -> list[dict[str, Any]]:
-    shape = m.shape
-    preds = [predict(shape, c) for c in configs]
-    f16_cache: dict[tuple, KVPrediction] = {}
-    engine_results = None
-    if engine:
-        from edgekv.edges.engine import EngineSession
-
-        # settings llama.cpp aborts on would take the whole dry-run process down: never send them
-        runnable = [c for c, p in zip(configs, preds) if not p.aborts]
-        with EngineSession(m.ref.path, n_gpu_layers=n_gpu_layers, header=m.header) as eng:
-            done = iter(eng.run(runnable)) if runnable else iter(())
-            engine_results = [None if p.aborts else next(done) for p in preds]
-            engine_weights = eng.model_size_bytes      # llama_model_size(): llama.cpp's own weights figure
-    rows = []
-    for i, (c, p) in enumerate(zip(configs, preds)):
-        key = (c.n_ctx,)
-        if key not in f16_cache:
-            f16_cache[key] = predict(shape, replace(c, type_k="f16", type_v="f16"))
-        base = f16_cache[key]
-        row = {"model": m.ref.path, "arch": shape.arch, **p.to_dict(with_layers=with_layers),
-               "weights_bytes": m.weights_bytes, "source": "formula"}
-        row["saving_vs_f16"] = (round(base.total_bytes / p.total_bytes, 3)
-                                if p.status == STATUS_OK and base.status == STATUS_OK and p.total_bytes else None)
-        if engine_results is not None:
-            res = engine_results[i]
-            row["engine"] = (_engine_block(p, res, m.weights_bytes) if res is not None else
-                             {"ok": False, "error": "not run: llama.cpp would abort", "match": True, "diffs": []})
-            row["engine"]["weights_bytes"] = engine_weights
-        rows.append(row)
-    return rows
+def _has_state(shape: ModelShape) -> bool:
+    return shape.memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_HYBRID_IDX, MEMORY_DSV4)
 
 
-def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str, Any]], engine: bool, layers: bool) -> None:
+def _predict_table(con, title: str, has_rec: bool, engine: bool, proc_cols: list[str]):
+    """The predict table's columns; returns (table, whether the reserved sum is shown)."""
     from rich.table import Table
 
-    shape = m.shape
-    has_rec = shape.memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_HYBRID_IDX, MEMORY_DSV4)
-    title = f"{shape.name or m.ref.name} ({shape.arch}): cache memory predicted from the GGUF header"
     t = Table(title=title, title_justify="left")
     # an 80-column terminal gets short headers (issue 19: "(formu…" was cut); the footnotes say what each is
     narrow = con.width < 110
@@ -241,7 +178,6 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
         t.add_column("KV MiB\nllama" if narrow else "KV MiB\n(llama.cpp)", justify="right")
         t.add_column("same", justify="center")
         t.add_column("compute\nMiB" if narrow else "compute MiB\n(llama.cpp)", justify="right")
-    proc_cols = process_columns(rows)
     # the reserved sum (weights + every buffer llama.cpp reserves) is not what the process uses; when the
     # process peak is shown, a narrow terminal keeps only the peak (--json and wide terminals have both)
     show_reserved = engine and not (narrow and proc_cols)
@@ -251,38 +187,54 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
         # narrow: the legend under the table names the workload and says these are predicted
         t.add_column(("peak RSS\nMiB" if name.startswith("peak RSS") else name.split(" MiB")[0] + "\nMiB") if narrow
                      else name, justify="right")
+    return t, show_reserved
+
+
+def _predict_cells(r: dict[str, Any], shape: ModelShape, has_rec: bool, engine: bool,
+                   show_reserved: bool) -> tuple[list[str], str, bool]:
+    """(cells, note, beyond the trained context) of one predict row, process columns left out."""
+    kv = r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
+    n = str(r["n_ctx"]) if r["n_ctx_padded"] == r["n_ctx"] else f"{r['n_ctx']}→{r['n_ctx_padded']}"
+    note, beyond = "", False
+    if r["status"] != STATUS_OK:
+        note = f"[yellow]{r['status']}: {r['reason']}[/]"
+    elif r["n_ctx_seq"] > shape.n_ctx_train and shape.n_ctx_train:
+        note, beyond = "beyond trained context", True
+    cells = [n, kv]
+    if r["status"] == STATUS_OK:
+        cells.append(llama_mib(r["kv_bytes"]))
+        if has_rec:
+            cells.append(llama_mib(r["recurrent_bytes"] + (r.get("state_bytes") or 0)))
+        cells.append(f"{r['saving_vs_f16']:.2f}×" if r["saving_vs_f16"] else "-")
+    else:
+        cells += ["-"] * (3 if has_rec else 2)
+    if engine:
+        e = r["engine"]
+        if e["ok"]:
+            cells += [f"{e['kv_mib']:.2f}", _same_cell(e["match"]), f"{sum(e['compute_mib'].values()):.2f}"]
+            cells += [fmt_mib(e["total_bytes"])] if show_reserved else []
+            if e["match"] is False:
+                note = (note + " " if note else "") + "[red]" + "; ".join(e["diffs"][:2]) + "[/]"
+        else:
+            cells += ["-", _same_cell(e["match"]), "-"] + (["-"] if show_reserved else [])
+            if r["status"] == STATUS_OK:
+                note = f"[red]llama.cpp: {e['error']}[/]"
+    return cells, note, beyond
+
+
+def render_predict(con, m: LoadedModel, base: ContextParams, out: PredictOutcome, engine: bool) -> None:
+    """The predict table and its footnotes, from rows :func:`edgekv.orchestration.predictrows.run_predict` computed."""
+    shape, rows = m.shape, out.rows
+    has_rec = _has_state(shape)
+    proc_cols = process_columns(rows)
+    t, show_reserved = _predict_table(con, f"{shape.name or m.ref.name} ({shape.arch}): cache memory predicted from "
+                                      "the GGUF header", has_rec, engine, proc_cols)
     warn_ctx = False
     table_rows = []
     for r in rows:
-        kv = r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
-        n = str(r["n_ctx"]) if r["n_ctx_padded"] == r["n_ctx"] else f"{r['n_ctx']}→{r['n_ctx_padded']}"
-        note = ""
-        if r["status"] != STATUS_OK:
-            note = f"[yellow]{r['status']}: {r['reason']}[/]"
-        elif r["n_ctx_seq"] > shape.n_ctx_train and shape.n_ctx_train:
-            note = "beyond trained context"
-            warn_ctx = True
-        cells = [n, kv]
-        if r["status"] == STATUS_OK:
-            cells.append(llama_mib(r["kv_bytes"]))
-            if has_rec:
-                cells.append(llama_mib(r["recurrent_bytes"] + (r.get("state_bytes") or 0)))
-            cells.append(f"{r['saving_vs_f16']:.2f}×" if r["saving_vs_f16"] else "-")
-        else:
-            cells += ["-"] * (3 if has_rec else 2)
-        if engine:
-            e = r["engine"]
-            if e["ok"]:
-                cells += [f"{e['kv_mib']:.2f}", _same_cell(e["match"]), f"{sum(e['compute_mib'].values()):.2f}"]
-                cells += [fmt_mib(e["total_bytes"])] if show_reserved else []
-                if e["match"] is False:
-                    note = (note + " " if note else "") + "[red]" + "; ".join(e["diffs"][:2]) + "[/]"
-            else:
-                cells += ["-", _same_cell(e["match"]), "-"] + (["-"] if show_reserved else [])
-                if r["status"] == STATUS_OK:
-                    note = f"[red]llama.cpp: {e['error']}[/]"
-        cells += process_cells(r, proc_cols)
-        table_rows.append((cells, note))
+        cells, note, beyond = _predict_cells(r, shape, has_rec, engine, show_reserved)
+        warn_ctx |= beyond
+        table_rows.append((cells + process_cells(r, proc_cols), note))
     has_notes = any(note for _, note in table_rows)
     if has_notes:
         t.add_column("note")
@@ -290,6 +242,14 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
         t.add_row(*cells, *([note] if has_notes else []))
     con.print(t)
     process_legend(con, rows)
+    _predict_footnotes(con, m, base, out, engine, warn_ctx)
+    if out.layer_prediction is not None and out.layer_params is not None:
+        render_layers(con, out.layer_prediction, out.layer_params)
+
+
+def _predict_footnotes(con, m: LoadedModel, base: ContextParams, out: PredictOutcome, engine: bool,
+                       warn_ctx: bool) -> None:
+    rows, shape = out.rows, m.shape
     fa_note = {"auto": "-fa auto", "on": "-fa on", "off": "-fa off"}[base.flash_attn]
     con.print(f"Settings: {fa_note}, --swa-full {'on' if base.swa_full else 'off'}, -np {base.n_seq_max}"
               f"{', --kv-unified' if base.kv_unified else ''}, -ub {base.n_ubatch}, -b {base.n_batch} "
@@ -304,22 +264,15 @@ def render_predict(con, m: LoadedModel, base: ContextParams, rows: list[dict[str
         if any(len(r.get("caches") or []) > 1 for r in rows):
             con.print("This model has several cache objects: llama.cpp prints one size line per cache, each rounded "
                       "to 0.01 MiB, so its column (their sum) can differ by 0.01 from the formula's exact total.")
-    ok_rows = [r for r in rows if r["status"] == STATUS_OK]
-    if ok_rows:
-        last = max(ok_rows, key=lambda r: r["n_ctx_padded"])
-        cost = llama_python_defaults_cost(shape, replace(base, n_ctx=last["n_ctx"], type_k="f16", type_v="f16"))
-        if cost:
-            con.print(f"Note: llama-cpp-python's Llama() defaults (flash_attn=False, swa_full=True) would allocate "
-                      f"{llama_mib(cost[1])} MiB instead of {llama_mib(cost[0])} MiB at n_ctx {last['n_ctx']} with f16.")
+    if out.defaults_cost:
+        n_ctx, cli_bytes, py_bytes = out.defaults_cost
+        con.print(f"Note: llama-cpp-python's Llama() defaults (flash_attn=False, swa_full=True) would allocate "
+                  f"{llama_mib(py_bytes)} MiB instead of {llama_mib(cli_bytes)} MiB at n_ctx {n_ctx} with f16.")
     if warn_ctx:
         con.print(f"Note: the model was trained for {shape.n_ctx_train} tokens; llama.cpp allocates larger "
                   "contexts anyway and warns.")
     for note in sorted({n for r in rows for n in r.get("notes", [])}):
         con.print(f"Note: {note}")
-    if layers:
-        first = next((r for r in rows if r["status"] == STATUS_OK), None)
-        if first:
-            render_layers(con, shape, replace(base, n_ctx=first["n_ctx"], type_k=first["type_k"], type_v=first["type_v"]))
 
 
 def process_columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -359,10 +312,9 @@ def process_legend(con, rows: list[dict[str, Any]]) -> None:
               "(largest row; `--json` lists every part with its source).")
 
 
-def render_layers(con, shape: ModelShape, params: ContextParams) -> None:
+def render_layers(con, p: KVPrediction, params: ContextParams) -> None:
     from rich.table import Table
 
-    p = predict(shape, params)
     t = Table(title=f"Per layer at n_ctx {params.n_ctx}, {params.type_k}/{params.type_v}", title_justify="left")
     other = any(lp.other for lp in p.layers)
     cols = ["layer", "role", "cache", "cells", "K width", "V width", "K bytes", "V bytes", "R+S bytes"]
