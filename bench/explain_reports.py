@@ -28,7 +28,7 @@ from edgekv.core.memmodel import WORKLOAD_BENCH  # noqa: E402
 from edgekv.core.predict import ContextParams  # noqa: E402
 from edgekv.core.shape import MEMORY_KV  # noqa: E402
 from edgekv.edges.engine import EngineSession  # noqa: E402
-from edgekv.edges.sources import verified_sha256  # noqa: E402
+from edgekv.edges.home import verified_sha256  # noqa: E402
 from edgekv.orchestration.api import load_model  # noqa: E402
 from edgekv.orchestration.calibrate import runtime_baseline  # noqa: E402
 from edgekv.orchestration.procpredict import ProcessSettings, predict_processes  # noqa: E402

@@ -29,7 +29,8 @@ from hubserver import FakeHub  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from llama_tools import write_section  # noqa: E402
 
-from edgekv.edges.sources import resolve_model, verified_sha256  # noqa: E402
+from edgekv.edges.home import verified_sha256  # noqa: E402
+from edgekv.edges.sources import resolve_model  # noqa: E402
 
 MODELS = [("smollm2-135m", "edgekv-test/SmolLM2-135M-Instruct-GGUF", "SmolLM2-135M-Instruct.Q4_1.gguf"),
           ("gemma3-270m", "edgekv-test/gemma-3-270m-GGUF", "gemma-3-270m-q4_k_m.gguf")]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from edgekv.edges import pypiwheel
+from edgekv.edges.home import verified_sha256
 from edgekv.edges.registry import load_registry
-from edgekv.edges.sources import verified_sha256
 from edgekv.errors import SourceError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from edgekv.cli.main import main
+from edgekv.edges.home import verified_sha256
 from edgekv.edges.registry import UNKNOWN, default_registry_path, load_registry, parse_registry
-from edgekv.edges.sources import resolve_model, verified_sha256
+from edgekv.edges.sources import resolve_model
 from edgekv.errors import RegistryError
 
 REQUIRED = ["smollm2-135m", "gemma3-270m", "qwen3-0.6b", "qwen3-8b", "llama3.2-1b", "llama3.2-3b", "gemma4-e2b",

@@ -107,7 +107,7 @@ class BenchMonitor:
                 self.prog.on_event("plan", {"work": sum(case_work(c.settings) for c in data["todo_cases"]) or 1})
 
     def _start(self, data: dict[str, Any]) -> None:
-        from edgekv.edges.sources import edgekv_home
+        from edgekv.edges.home import edgekv_home
 
         cases = data["todo_cases"]
         if data["existing"]:

@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekv.edges.home import edgekv_home
 from edgekv.edges.safepath import atomic_write
-from edgekv.edges.sources import edgekv_home
 from edgekv.errors import CorpusError, SourceError
 
 DEFAULT_CORPUS = "pydoc"
@@ -110,7 +110,7 @@ def _pydoc() -> Corpus:
 
 
 def _wikitext2() -> Corpus:
-    from edgekv.edges.sources import hub_file
+    from edgekv.edges.hub import hub_file
 
     try:
         hf = hub_file(WIKITEXT2_REPO, WIKITEXT2_ARCHIVE, repo_type="dataset")

@@ -2,7 +2,7 @@
 
 Reads the GGUF header -- metadata and the tensor-info table -- from any byte source with a
 ``read(n)`` method: a whole file, a file cut right after the tensor-info table (what a range request
-of the first few MB returns), or a remote reader that fetches ranges on demand (``sources.py``).
+of the first few MB returns), or a remote reader that fetches ranges on demand (``remote.py``).
 
 ``gguf.GGUFReader`` memory-maps the whole file and builds every tensor, so it fails on a truncated
 file and cannot stream; the parsing is therefore ours, while the type enums and block-size tables
@@ -309,7 +309,6 @@ def _read_value(s: _Stream, vtype: GGUFValueType, key: str, depth: int = 0) -> t
     raise GGUFFormatError(f"{s.name}: unsupported value type {vtype} for key '{key}'")
 
 
-# long: the GGUF layout read front to back (magic, version, counts, metadata, tensor infos)
 def read_header(f: BinaryIO, name: str = "<stream>", size_hint: int | None = None) -> GGUFHeader:
     """Parse a GGUF header from a binary stream positioned at its start.
 
@@ -317,6 +316,19 @@ def read_header(f: BinaryIO, name: str = "<stream>", size_hint: int | None = Non
     raise :class:`GGUFTruncatedError` without touching the stream.
     """
     s = _Stream(f, name, size_hint)
+    version, n_tensors, n_kv = _read_preamble(s, name)
+    metadata, value_types, alignment = _read_metadata(s, name, n_kv)
+    tensors = _read_tensor_infos(s, name, n_tensors, alignment)
+    header_bytes = s.pos
+    data_offset = (header_bytes + alignment - 1) // alignment * alignment
+    return GGUFHeader(
+        source=name, version=version, metadata=metadata, value_types=value_types, tensors=tensors,
+        alignment=alignment, header_bytes=header_bytes, data_offset=data_offset,
+    )
+
+
+def _read_preamble(s: _Stream, name: str) -> tuple[int, int, int]:
+    """Magic, version, tensor count and metadata count, each checked as llama.cpp checks it."""
     try:
         magic = s.read(4, "magic")
     except GGUFTruncatedError:
@@ -339,7 +351,11 @@ def read_header(f: BinaryIO, name: str = "<stream>", size_hint: int | None = Non
         raise GGUFFormatError(f"{name}: absurd tensor count {n_tensors}; the file is corrupt")
     if n_kv > MAX_KV_COUNT:
         raise GGUFFormatError(f"{name}: absurd metadata count {n_kv}; the file is corrupt")
+    return version, n_tensors, n_kv
 
+
+def _read_metadata(s: _Stream, name: str, n_kv: int) -> tuple[dict[str, Any], dict[str, str], int]:
+    """The ``n_kv`` metadata pairs, their GGUF value types, and the checked ``general.alignment``."""
     metadata: dict[str, Any] = {}
     value_types: dict[str, str] = {}
     for _ in range(n_kv):
@@ -360,7 +376,11 @@ def read_header(f: BinaryIO, name: str = "<stream>", size_hint: int | None = Non
         raise GGUFFormatError(f"{name}: general.alignment must be uint32, is {value_types['general.alignment']}")
     if alignment <= 0 or alignment & (alignment - 1):
         raise GGUFFormatError(f"{name}: general.alignment = {alignment!r} is not a power of two")
+    return metadata, value_types, alignment
 
+
+def _read_tensor_infos(s: _Stream, name: str, n_tensors: int, alignment: int) -> list[TensorInfo]:
+    """The tensor-info table: names, shapes, types, and offsets that must follow each other as gguf.cpp requires."""
     tensors: list[TensorInfo] = []
     seen: set[str] = set()
     expected_offset = 0
@@ -407,13 +427,7 @@ def read_header(f: BinaryIO, name: str = "<stream>", size_hint: int | None = Non
         nbytes = n_el // block * block_bytes
         expected_offset += (nbytes + alignment - 1) // alignment * alignment
         tensors.append(TensorInfo(tname, dims, type_id, offset, nbytes))
-
-    header_bytes = s.pos
-    data_offset = (header_bytes + alignment - 1) // alignment * alignment
-    return GGUFHeader(
-        source=name, version=version, metadata=metadata, value_types=value_types, tensors=tensors,
-        alignment=alignment, header_bytes=header_bytes, data_offset=data_offset,
-    )
+    return tensors
 
 
 def read_header_file(path: str | os.PathLike) -> GGUFHeader:

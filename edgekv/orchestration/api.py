@@ -10,7 +10,8 @@ from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction
 from edgekv.core.predict import predict as _predict
 from edgekv.core.shape import ModelShape
 from edgekv.edges.gguf_header import GGUFHeader, merge_split_headers, read_header_file, split_count
-from edgekv.edges.sources import ModelRef, local_split_paths, resolve_model
+from edgekv.edges.home import ModelRef
+from edgekv.edges.sources import local_split_paths, resolve_model
 
 
 @dataclass

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekv.edges.home import edgekv_home
 from edgekv.edges.safepath import atomic_write
-from edgekv.edges.sources import edgekv_home
 from edgekv.version import __version__
 
 CALIBRATION_VERSION = 2   # 2: a binary's baseline read while it waits to open its model (not ru_maxrss)

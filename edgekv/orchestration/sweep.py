@@ -25,7 +25,7 @@ from edgekv.core.shape import MEMORY_KV
 from edgekv.core.stats import summarize
 from edgekv.edges.engine import EngineResult
 from edgekv.edges.environment import default_threads
-from edgekv.edges.sources import edgekv_home, verified_sha256
+from edgekv.edges.home import edgekv_home, verified_sha256
 from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.api import LoadedModel
 from edgekv.orchestration.crosscheck import compare, engine_lines

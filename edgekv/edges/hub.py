@@ -1,0 +1,388 @@
+"""Hugging Face: ``hf://OWNER/REPO/FILE.gguf[@REVISION]`` specs, the hub cache, the HEAD call
+(``get_hf_file_metadata``), header-only resolution, ``hf_hub_download`` for ``models pull``, and dataset files."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlsplit
+
+from edgekv.edges.gguf_header import (
+    parse_split_name,
+    read_header_file,
+    split_count,
+    split_file_name,
+)
+from edgekv.edges.headercache import (
+    _COMMIT_RE,
+    _atomic_write,
+    _cached_commit,
+    _cached_header,
+    _fetch_note,
+    _hf_header_path,
+    _hf_repo_dir,
+    _merge_stats,
+    _ref_file,
+    _store_header,
+)
+from edgekv.edges.home import ModelRef, hf_cache_dir, hf_endpoint, offline, stamped_sha256
+from edgekv.edges.remote import (
+    HTTP_TIMEOUT_S,
+    Deadline,
+    _http_error,
+    _network_errors,
+    _offline_error,
+    _ServerUnavailable,
+    _unreachable,
+    fetch_header,
+)
+from edgekv.edges.safepath import (
+    check_commit,
+    check_relpath,
+    check_repo_id,
+    check_revision,
+)
+from edgekv.errors import SourceError, UsageError
+
+if TYPE_CHECKING:
+    pass
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+# -- spec parsing -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HfFile:
+    repo: str
+    filename: str
+    revision: str = "main"
+
+    @property
+    def spec(self) -> str:
+        return f"hf://{self.repo}/{self.filename}@{self.revision}"
+
+    def sibling(self, filename: str) -> HfFile:
+        d = self.filename.rpartition("/")[0]
+        return HfFile(self.repo, f"{d}/{filename}" if d else filename, self.revision)
+
+
+def parse_hf_spec(spec: str) -> HfFile:
+    """``hf://OWNER/REPO/PATH/FILE.gguf[@REVISION]``."""
+    body = spec[len("hf://"):]
+    rev = "main"
+    if "@" in body:
+        body, rev = body.rsplit("@", 1)
+    parts = body.split("/")
+    if len(parts) < 3 or not all(parts) or not rev:
+        raise UsageError(f"'{spec}': write hf://OWNER/REPO/FILE.gguf or hf://OWNER/REPO/FILE.gguf@REVISION")
+    return checked_hf_file(HfFile("/".join(parts[:2]), "/".join(parts[2:]), rev), spec)
+
+
+def checked_hf_file(f: HfFile, what: str) -> HfFile:
+    """``f`` after validating every part that becomes a path (repo, revision, file name)."""
+    check_repo_id(f.repo, what)
+    check_revision(f.revision, what)
+    check_relpath(f.filename, what)
+    return f
+
+
+def _hf_file_from_url(url: str) -> HfFile | None:
+    """A Hugging Face ``/resolve/`` or ``/blob/`` URL on the configured endpoint, as an HfFile."""
+    u = urlsplit(url)
+    try:
+        ep = urlsplit(hf_endpoint())
+    except Exception:  # pragma: no cover
+        return None
+    if (u.scheme, u.netloc) != (ep.scheme, ep.netloc) and u.netloc not in ("huggingface.co", "hf.co"):
+        return None
+    parts = [unquote(p) for p in u.path.split("/") if p]
+    if len(parts) >= 5 and parts[2] in ("resolve", "blob"):
+        return checked_hf_file(HfFile(f"{parts[0]}/{parts[1]}", "/".join(parts[4:]), parts[3]), url)
+    return None
+
+
+# -- Hugging Face -------------------------------------------------------------------------------------
+
+def _hf_cached_file(f: HfFile, revision: str | None = None) -> str | None:
+    """The complete file in the Hugging Face cache (no network), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        p = try_to_load_from_cache(f.repo, f.filename, cache_dir=hf_cache_dir(), revision=revision or f.revision)
+    except Exception:  # a malformed cache must not break resolution
+        return None
+    return p if isinstance(p, str) and os.path.isfile(p) else None
+
+
+def _hf_head(f: HfFile, display: str, deadline: Deadline | None = None):
+    dl = deadline or Deadline()
+    return dl.run(display, _hf_head_now, f, display, dl)
+
+
+def _hf_head_now(f: HfFile, display: str, dl: Deadline):
+    """The hub's HEAD for a file: (commit, etag, size, location, headers for the range GETs)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+    from huggingface_hub.utils import build_hf_headers
+
+    ep = hf_endpoint()
+    url = hf_hub_url(f.repo, f.filename, revision=f.revision, endpoint=ep)
+    try:
+        meta = get_hf_file_metadata(url, timeout=min(HTTP_TIMEOUT_S, max(dl.left(), 0.05)), endpoint=ep)
+    except GatedRepoError:
+        raise SourceError(f"{display}: {f.repo} is gated; accept its terms on the website, then 'hf auth login' "
+                          "or set HF_TOKEN") from None
+    except RepositoryNotFoundError:
+        raise SourceError(f"{display}: repository {f.repo} not found on {ep} (or it is private: log in with "
+                          "'hf auth login')") from None
+    except RevisionNotFoundError:
+        raise SourceError(f"{display}: revision '{f.revision}' not found in {f.repo}") from None
+    except RemoteEntryNotFoundError:
+        raise SourceError(f"{display}: {f.filename} not found in {f.repo} at revision {f.revision}") from None
+    except HfHubHTTPError as e:
+        status = e.response.status_code if e.response is not None else 0
+        if status >= 500:
+            raise _ServerUnavailable(f"HTTP {status}") from None
+        raise _http_error(status, "", display) from None
+    if not meta.commit_hash:
+        raise SourceError(f"{display}: {ep} did not send X-Repo-Commit; is HF_ENDPOINT a Hugging Face hub?")
+    check_commit(meta.commit_hash, f"{display}: X-Repo-Commit from {ep}")
+    headers = build_hf_headers()
+    if urlsplit(meta.location).netloc != urlsplit(ep).netloc:
+        headers.pop("authorization", None)   # never send the token to a CDN
+    return meta.commit_hash, meta.etag, meta.size, meta.location, headers
+
+
+# long: the numbered fallbacks (HF cache, commit, cached or fetched header, splits) share one deadline
+def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | None = None,
+                display_name: str | None = None, display: str | None = None) -> ModelRef:
+    display = display or (spec if spec.startswith("hf://") else f.spec)
+    checked_hf_file(f, display)
+    dl = Deadline()
+    name = display_name or f.filename.rsplit("/", 1)[-1]
+    is_commit = bool(_COMMIT_RE.fullmatch(f.revision))
+
+    # 1. the complete file, when the Hugging Face cache has it (all files of a split)
+    def from_hf_cache(revision: str) -> ModelRef | None:
+        first = _hf_cached_file(f, revision)
+        if first is None:
+            return None
+        if sha256:
+            if _blob_sha(first) not in (None, sha256):
+                return None     # another file (the branch moved on): not the one asked for
+            if stamped_sha256(first) not in (None, sha256):
+                raise SourceError(f"{first}: its content does not have sha256 {sha256} (checked by 'edgekv models "
+                                  "pull'); delete it from the Hugging Face cache and pull again")
+        files = [first]
+        parsed = parse_split_name(f.filename.rsplit("/", 1)[-1])
+        if parsed and parsed[2] > 1:
+            prefix, _, n = parsed
+            for i in range(1, n):
+                p = _hf_cached_file(f.sibling(split_file_name(prefix, i, n)), revision)
+                if p is None:
+                    return None
+                files.append(p)
+        return ModelRef(spec=spec, path=first, name=name, source="hf-cache", complete=True,
+                        shards=tuple(files) if len(files) > 1 else (), origin=f"hf://{f.repo}/{f.filename}@{revision}",
+                        notes=(f"{display}: the complete file from the Hugging Face cache",))
+
+    if is_commit or offline():
+        ref = from_hf_cache(f.revision)
+        if ref:
+            return ref
+
+    # 2. the commit, from the hub or (offline, unreachable) from edgekv's refs
+    commit = _cached_commit(f.repo, f.revision)
+    head = None
+    why_offline = None
+    if offline():
+        why_offline = "HF_HUB_OFFLINE is set"
+    elif not (is_commit and _cached_header(_hf_header_path(f, f.revision))):
+        try:
+            head = _hf_head(f, display, dl)
+        except _network_errors() as e:
+            why_offline = _unreachable(urlsplit(hf_endpoint()).netloc, e)
+        else:
+            commit = head[0]
+            if not is_commit:
+                _atomic_write(_ref_file(f.repo, f.revision), commit.encode())
+                ref = from_hf_cache(commit)
+                if ref:
+                    return ref
+    if commit is None:
+        raise _offline_error(display, f"the header of {f.repo}/{f.filename} at '{f.revision}' is not cached under "
+                             f"{_hf_repo_dir(f.repo)}", why_offline or "the revision is unknown")
+
+    # 3. the header, cached or fetched
+    fc = HfFile(f.repo, f.filename, commit)
+    if head is not None:
+        _check_identity(display, head[1], head[2], sha256, size)
+    first_path = _hf_header_path(fc, commit)
+    paths, stats = [first_path], []
+    cached = _cached_header(first_path)
+    if cached is None:
+        if head is None:
+            raise _offline_error(display, f"its header is not cached under {first_path.parent}",
+                                 why_offline or "no network")
+        h, data, st = fetch_header(head[3], head[4], display, deadline=dl)
+        _store_header(first_path, data, {"source": display, "commit": commit, "etag": head[1],
+                                         "size": head[2], **st})
+        stats.append(st)
+    else:
+        _check_identity(display, cached.get("etag"), cached.get("size"), sha256, size)
+        h = read_header_file(first_path)
+    n = split_count(h)
+    if n > 1:
+        parsed = parse_split_name(f.filename.rsplit("/", 1)[-1])
+        if parsed is None or parsed[2] != n or parsed[1] != 0:
+            raise SourceError(f"{display}: a split model ({n} files); name its first file, "
+                              "PREFIX-00001-of-%05d.gguf" % n)
+        prefix = parsed[0]
+        for i in range(1, n):
+            sib = fc.sibling(split_file_name(prefix, i, n))
+            p = _hf_header_path(sib, commit)
+            paths.append(p)
+            if _cached_header(p) is not None:
+                continue
+            sdisplay = f"hf://{sib.repo}/{sib.filename}@{commit}"
+            if offline() or why_offline:
+                raise _offline_error(display, f"the header of {sib.filename} is not cached",
+                                     why_offline or "HF_HUB_OFFLINE is set")
+            try:
+                shead = _hf_head(sib, sdisplay, dl)
+            except _network_errors() as e:
+                raise SourceError(f"{sdisplay}: {_unreachable(urlsplit(hf_endpoint()).netloc, e)}") from None
+            _, sdata, sst = fetch_header(shead[3], shead[4], sdisplay, deadline=dl)
+            _store_header(p, sdata, {"source": sdisplay, "commit": commit, "etag": shead[1], "size": shead[2], **sst})
+            stats.append(sst)
+    fetch = _merge_stats(stats)
+    return ModelRef(spec=spec, path=str(first_path), name=name, source="hf", complete=False,
+                    shards=tuple(str(p) for p in paths) if n > 1 else (), origin=f"hf://{f.repo}/{f.filename}@{commit}",
+                    fetch=fetch, notes=(_fetch_note(display, fetch, first_path),))
+
+
+def _blob_sha(path: str) -> str | None:
+    """The Hugging Face cache names LFS blobs by their sha256: read it from the symlink target."""
+    name = Path(os.path.realpath(path)).name
+    return name if _SHA256_RE.fullmatch(name) else None
+
+
+def _check_identity(display: str, etag: str | None, size: int | None, sha256: str | None, want_size: int | None) -> None:
+    """The hub's X-Linked-Etag of an LFS file is its sha256: check it before trusting a remote header."""
+    if sha256 and etag and _SHA256_RE.fullmatch(etag) and etag != sha256:
+        raise SourceError(f"{display}: the hub serves a different file (sha256 {etag}) than models.toml pins "
+                          f"({sha256}); pin the revision in models.toml or update its sha256")
+    if want_size and size and size != want_size:
+        raise SourceError(f"{display}: the hub's file is {size:,} bytes, models.toml says {want_size:,}")
+
+
+def _split_siblings(f: HfFile) -> list[HfFile]:
+    parsed = parse_split_name(f.filename.rsplit("/", 1)[-1])
+    if parsed is None or parsed[2] == 1:
+        return [f]
+    prefix, index, n = parsed
+    if index != 0:
+        raise UsageError(f"{f.spec}: is file {index + 1} of a split model; name the first, "
+                         f"{split_file_name(prefix, 0, n)}")
+    return [f.sibling(split_file_name(prefix, i, n)) for i in range(n)]
+
+
+def _hf_download(f: HfFile, display: str) -> str:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if not offline() and not (_COMMIT_RE.fullmatch(f.revision) and _hf_cached_file(f)):
+        try:    # the hub's X-Repo-Commit names a folder of the cache: check it before huggingface-hub uses it
+            _hf_head(f, display)
+        except _network_errors():
+            pass    # hf_hub_download reports it (or uses the cache)
+    try:
+        return hf_hub_download(f.repo, f.filename, revision=f.revision, cache_dir=hf_cache_dir(),
+                               endpoint=hf_endpoint(), local_files_only=offline())
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
+        why = "HF_HUB_OFFLINE is set" if offline() else f"{urlsplit(hf_endpoint()).netloc} cannot be reached"
+        raise SourceError(f"{display}: {why} and {f.filename} is not in the Hugging Face cache "
+                          f"({hf_cache_dir()}); connect and run 'edgekv models pull' again") from None
+    except GatedRepoError:
+        raise SourceError(f"{display}: {f.repo} is gated; accept its terms on the website, then 'hf auth login' "
+                          "or set HF_TOKEN") from None
+    except RepositoryNotFoundError:
+        raise SourceError(f"{display}: repository {f.repo} not found (or private: 'hf auth login')") from None
+    except RevisionNotFoundError:
+        raise SourceError(f"{display}: revision '{f.revision}' not found in {f.repo}") from None
+    except RemoteEntryNotFoundError:
+        raise SourceError(f"{display}: {f.filename} not found in {f.repo} at revision {f.revision}") from None
+    except HfHubHTTPError as e:
+        status = e.response.status_code if e.response is not None else 0
+        raise _http_error(status, "", display) from None
+    except _network_errors() as e:
+        raise SourceError(f"{display}: download failed ({type(e).__name__}: {e}); run it again to resume") from None
+    except ValueError as e:     # huggingface-hub's own path checks (an invalid commit or file name)
+        raise SourceError(f"{display}: huggingface-hub refused the download ({str(e)[:200]})") from None
+
+
+# -- files on the Hugging Face hub (datasets) ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class HubFile:
+    path: Path          # the file in huggingface-hub's cache
+    repo_id: str
+    filename: str
+    revision: str       # the commit the hub resolved
+    endpoint: str
+
+
+def hub_file(repo_id: str, filename: str, repo_type: str = "dataset", revision: str = "main") -> HubFile:
+    """Download one file from the Hugging Face hub through huggingface-hub (cached; reused offline).
+
+    ``HF_ENDPOINT`` is read at call time (not at import), so a mirror or a local test server can be
+    chosen per call; ``HF_HUB_OFFLINE=1`` uses the cache only.
+    """
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    from edgekv.errors import SourceError
+
+    endpoint = hf_endpoint()
+    where = f"{repo_id}/{filename} ({repo_type}) from {endpoint}"
+    check_repo_id(repo_id, where)
+    check_revision(revision, where)
+    check_relpath(filename, where)
+    try:
+        local = hf_hub_download(repo_id, filename, repo_type=repo_type, revision=revision, endpoint=endpoint,
+                                cache_dir=hf_cache_dir(), local_files_only=offline())
+    except LocalEntryNotFoundError:
+        raise SourceError(f"cannot download {where} and it is not in the huggingface-hub cache "
+                          "(offline, or HF_HUB_OFFLINE=1?)") from None
+    except (RepositoryNotFoundError, EntryNotFoundError):
+        raise SourceError(f"{where}: no such repository or file on the hub") from None
+    except HfHubHTTPError as e:
+        raise SourceError(f"cannot download {where}: {str(e).splitlines()[0]}") from None
+    except OSError as e:  # connection and file-system errors huggingface-hub lets through
+        raise SourceError(f"cannot download {where}: {e}") from None
+    p = Path(local)
+    # The cache layout is .../snapshots/<commit>/<filename>: the commit the hub resolved.
+    snapshot = p.parents[len(Path(filename).parts) - 1]
+    return HubFile(path=p, repo_id=repo_id, filename=filename, revision=snapshot.name, endpoint=endpoint)
