@@ -296,6 +296,13 @@ class SpeedTest(_Block, kw_only=True):
     llama_bench_avg_ts: _d(Union[float, UnsetType], "llama-bench's own avg_ts (llama.cpp)") = UNSET
 
 
+class Speed(_Block, kw_only=True):
+    """Speed per llama-bench test (provenance: measured; ``llama_bench_avg_ts``: llama.cpp)."""
+
+    pp: _d(Union[SpeedTest, UnsetType], "prompt processing (-p tokens)") = UNSET
+    tg: _d(Union[SpeedTest, UnsetType], "text generation (-n tokens)") = UNSET
+
+
 class TestMemory(_Block, kw_only=True):
     """Peaks of one llama-bench process (provenance: measured)."""
 
@@ -534,7 +541,7 @@ class Record(Struct, kw_only=True, forbid_unknown_fields=True):
     environment: _d(dict[str, Any], "reproducibility fingerprint (free-form: platform-dependent keys)")
     effective: _d(Union[Effective, None, UnsetType], "what llama.cpp used") = UNSET
     llama_log: _d(Union[LlamaLog, None, UnsetType], "what llama.cpp printed in the run") = UNSET
-    speed: _d(Union[dict[str, SpeedTest], None, UnsetType], "speed per test (pp, tg)") = UNSET
+    speed: _d(Union[Speed, None, UnsetType], "speed per test (pp, tg)") = UNSET
     timing: _d(Union[Timing, None, UnsetType], "wall-clock phases") = UNSET
     restore: _d(Union[str, None, UnsetType], "how depth state was restored between repetitions") = UNSET
     snapshot_bytes: _d(Union[int, UnsetType], "bytes of the saved depth state") = UNSET
