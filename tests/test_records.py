@@ -123,3 +123,25 @@ def test_force_accepts_another_model():
         check_resumable(recs, env, "0" * 64, Path("x.jsonl"), force=False, model_name="M")
     check_resumable(recs, env, "0" * 64, Path("x.jsonl"), force=True, model_name="M")
     check_resumable(recs, env, recs[0]["model"]["sha256"], Path("x.jsonl"), force=False)
+
+
+def test_results_frame_of_a_real_committed_file():
+    import edgekv
+    from edgekv.records.frame import COLUMNS
+
+    path = ROOT / "reports" / "smollm2-135m" / "sweep.jsonl"
+    recs = edgekv.load_results(path)
+    df = edgekv.results_frame(path)
+    assert list(df.columns) == list(COLUMNS) and len(df) == len(recs) == len(path.read_text().splitlines())
+    raw = [json.loads(x) for x in path.read_text().splitlines()]
+    for (_, row), r in zip(df.iterrows(), raw):
+        assert row["kv_bytes_formula"] == r["prediction"]["formula"]["total_bytes"]
+        assert row["kv_mib_llamacpp"] == r["llama_log"]["kv_mib"]
+        assert row["kv_mib_llamacpp_dryrun"] == r["prediction"]["engine"]["kv_mib"]
+        assert row["peak_rss_bytes_measured"] == r["memory"]["peak_rss_bytes"]
+        assert row["tg_tokens_per_s_mean"] == r["speed"]["tg"]["mean_ts"]
+        assert row["type_k"] == r["settings"]["type_k"] and row["n_ctx"] == r["settings"]["n_ctx"]
+    assert str(df["peak_rss_bytes_measured"].dtype) == "Int64"
+    both = edgekv.results_frame([path, ROOT / "bench" / "results" / "cuda-h100" / "smollm2-135m.jsonl"])
+    assert len(both) == len(df) + len(edgekv.load_results(ROOT / "bench" / "results" / "cuda-h100" / "smollm2-135m.jsonl"))
+    assert both["peak_gpu_bytes_measured"].notna().sum() > 0 and df["peak_gpu_bytes_measured"].isna().all()
