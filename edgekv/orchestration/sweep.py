@@ -324,8 +324,16 @@ class SweepResult:
 
 
 def check_resumable(existing: list[dict[str, Any]], env: dict[str, Any], model_sha: str | None, output: Path,
-                    force: bool) -> None:
+                    force: bool, model_name: str | None = None) -> None:
+    """Refuse (one line, unless ``--force``) to append to a file holding another model or environment."""
     for r in existing:
+        other = (r.get("model") or {}).get("sha256")
+        if model_sha and other and other != model_sha and not force:
+            name = (r.get("model") or {}).get("name") or "another model"
+            raise ResultsError(
+                f"{output} holds results of another model ({name}, sha256 {other[:12]}…); this run measures "
+                f"{model_name or 'a different model'} (sha256 {model_sha[:12]}…); write to a new file with -o, "
+                "or pass --force to append anyway")
         diffs = R.env_differences(r.get("environment") or {}, env)
         if diffs and not force:
             raise ResultsError(
@@ -364,7 +372,7 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
         emit("note", {"message": note})
     env = env or collect()
     existing = writer.existing
-    check_resumable(existing, env, sha, output, force)
+    check_resumable(existing, env, sha, output, force, model_name=spec.model.shape.name or spec.model.ref.name)
     done_keys = {r.get("config_key") for r in existing}
     todo = [c for c in cases if c.key not in done_keys]
     emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),

@@ -1,0 +1,147 @@
+"""The typed results schema (issue 17): strict loading, the committed JSON Schema, upgrades, DataFrame, resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from edgekv.errors import ResultsError
+from edgekv.records import results as R
+from edgekv.records import schema as S
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = [ROOT / p for p in subprocess.run(["git", "ls-files", "*.jsonl"], cwd=ROOT, capture_output=True, text=True,
+                                              check=True).stdout.split()]
+
+
+def test_committed_json_schema_is_the_generated_one():
+    assert S.SCHEMA_FILE.read_text() == S.schema_text(), "regenerate: python -m edgekv.records.schema"
+
+
+def test_every_committed_results_file_loads_strictly_and_validates_against_the_json_schema():
+    assert len(COMMITTED) >= 15
+    validator = jsonschema.Draft202012Validator(json.loads(S.SCHEMA_FILE.read_text()))
+    n = 0
+    for p in COMMITTED:
+        recs = R.load_records(p)          # msgspec: upgrade, then strict decode
+        assert recs and all(isinstance(r, S.Record) for r in recs)
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            up = R.upgrade(json.loads(line), f"{p}:{i}")
+            errors = sorted(validator.iter_errors(up), key=str)
+            assert not errors, f"{p}:{i}: {errors[0].message} at {list(errors[0].absolute_path)}"
+            assert S.encode(S.decode(up, f"{p}:{i}")) == up      # one serialiser: the record comes back as written
+            n += 1
+    assert n >= 100
+
+
+def test_real_v1_files_of_the_previous_release_upgrade_and_decode():
+    # tests/data/v1: the measured reports' sweeps as the previous release wrote them (schema 1, commit 93ecc2e)
+    files = sorted((ROOT / "tests" / "data" / "v1").glob("*.jsonl"))
+    assert len(files) == 2
+    for p in files:
+        raw = [json.loads(x) for x in p.read_text().splitlines()]
+        assert {r["schema_version"] for r in raw} == {1}
+        recs = R.load_records(p)
+        assert len(recs) == len(raw)
+        for old, new in zip(raw, recs):
+            assert new.schema_version == S.SCHEMA_VERSION and new.prediction.process is None
+            assert new.model.sha256 == old["model"]["sha256"] and new.memory.peak_rss_bytes == old["memory"]["peak_rss_bytes"]
+
+
+def _one_line(tmp_path, obj, name="r.jsonl") -> str:
+    p = tmp_path / name
+    p.write_text(json.dumps(obj) + "\n")
+    with pytest.raises(ResultsError) as e:
+        R.load(p)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{p}:1: "), msg
+    return msg
+
+
+def _real() -> dict:
+    return json.loads((ROOT / "tests" / "data" / "smollm2-sweep.jsonl").read_text().splitlines()[0])
+
+
+def test_schema_version_alone_fails_at_load_in_one_line(tmp_path):
+    msg = _one_line(tmp_path, {"schema_version": 1})
+    # the v1 -> v2 upgrade runs first (on the plain dict), then strict decoding names the first missing key
+    assert msg.endswith(": missing; not a complete edgekv record (re-run the bench, or remove the line)"), msg
+
+
+def test_missing_unknown_and_mistyped_keys_name_the_key(tmp_path):
+    r = _real()
+    del r["settings"]["n_ctx"]
+    assert ":1: settings.n_ctx: missing" in _one_line(tmp_path, r)
+    r = _real()
+    r["memory"]["peak_rss_mb"] = 1
+    assert ":1: memory.peak_rss_mb: unknown key" in _one_line(tmp_path, r)
+    r = _real()
+    r["speed"]["tg"]["mean_ts"] = "fast"
+    assert ":1: speed.tg.mean_ts: expected float | null, got str" in _one_line(tmp_path, r)
+    r = _real()
+    r["kind"] = "benchmark"
+    assert ":1: kind: invalid enum value 'benchmark'" in _one_line(tmp_path, r)
+
+
+def test_the_cli_says_it_in_one_line(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"schema_version": 1}\n')
+    out = subprocess.run([sys.executable, "-m", "edgekv.cli", "merge", str(p), "-o", str(tmp_path / "m.jsonl")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    err = out.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"edgekv: error: {p}:1: ") and ": missing; " in err[0], out.stderr
+
+
+def test_bench_refuses_a_results_file_of_another_model(tmp_path):
+    """A real bench of Gemma 3 270M onto a real SmolLM2 results file refuses before measuring (issue 17, point 7)."""
+    out = tmp_path / "smollm2.jsonl"
+    out.write_bytes((ROOT / "tests" / "data" / "smollm2-sweep.jsonl").read_bytes())
+    before = out.read_bytes()
+    p = subprocess.run([sys.executable, "-m", "edgekv.cli", "bench", "gemma3-270m", "-c", "512", "-p", "16", "-n", "4",
+                        "-r", "1", "-t", "1", "-o", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, p.stderr
+    err = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(err) == 1 and err[0].startswith("edgekv: error: "), p.stderr
+    smol = json.loads(before.splitlines()[0])["model"]
+    assert f"{out} holds results of another model ({smol['name']}, sha256 {smol['sha256'][:12]}" in err[0]
+    assert "Gemma" in err[0] and "--force" in err[0] and "-o" in err[0]
+    assert out.read_bytes() == before
+
+
+def test_force_accepts_another_model():
+    from edgekv.orchestration.sweep import check_resumable
+
+    recs = R.load(ROOT / "tests" / "data" / "smollm2-sweep.jsonl")
+    env = recs[0]["environment"]
+    with pytest.raises(ResultsError, match="another model"):
+        check_resumable(recs, env, "0" * 64, Path("x.jsonl"), force=False, model_name="M")
+    check_resumable(recs, env, "0" * 64, Path("x.jsonl"), force=True, model_name="M")
+    check_resumable(recs, env, recs[0]["model"]["sha256"], Path("x.jsonl"), force=False)
+
+
+def test_results_frame_of_a_real_committed_file():
+    import edgekv
+    from edgekv.records.frame import COLUMNS
+
+    path = ROOT / "reports" / "smollm2-135m" / "sweep.jsonl"
+    recs = edgekv.load_results(path)
+    df = edgekv.results_frame(path)
+    assert list(df.columns) == list(COLUMNS) and len(df) == len(recs) == len(path.read_text().splitlines())
+    raw = [json.loads(x) for x in path.read_text().splitlines()]
+    for (_, row), r in zip(df.iterrows(), raw):
+        assert row["kv_bytes_formula"] == r["prediction"]["formula"]["total_bytes"]
+        assert row["kv_mib_llamacpp"] == r["llama_log"]["kv_mib"]
+        assert row["kv_mib_llamacpp_dryrun"] == r["prediction"]["engine"]["kv_mib"]
+        assert row["peak_rss_bytes_measured"] == r["memory"]["peak_rss_bytes"]
+        assert row["tg_tokens_per_s_mean"] == r["speed"]["tg"]["mean_ts"]
+        assert row["type_k"] == r["settings"]["type_k"] and row["n_ctx"] == r["settings"]["n_ctx"]
+    assert str(df["peak_rss_bytes_measured"].dtype) == "Int64"
+    both = edgekv.results_frame([path, ROOT / "bench" / "results" / "cuda-h100" / "smollm2-135m.jsonl"])
+    assert len(both) == len(df) + len(edgekv.load_results(ROOT / "bench" / "results" / "cuda-h100" / "smollm2-135m.jsonl"))
+    assert both["peak_gpu_bytes_measured"].notna().sum() > 0 and df["peak_gpu_bytes_measured"].isna().all()
