@@ -43,11 +43,9 @@ FORBIDDEN = {"output": {"edgekv.edges.engine", "edgekv.edges.process"}}
 ALSO_ALLOWED = {"records": {"edgekv.edges.safepath"}}
 # (importer, imported) pairs that break a rule today, each with the change that removes it.  The test fails
 # when a pair is no longer needed, so that the exception goes with it.
-KNOWN_EXCEPTIONS = {
-    ("edgekv.output.views", "edgekv.edges.engine"): "issue 17: the consumers engineer moves the dry run out of views",
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 # cycles inside a folder another engineer owns, named until they are broken there (lazy imports both ways)
-KNOWN_CYCLES = [["edgekv.output.memreport", "edgekv.output.report"]]    # issue 17: the consumers engineer
+KNOWN_CYCLES: list[list[str]] = []
 # what the pure core never imports (top-level names)
 CORE_FORBIDDEN = {"llama_cpp", "subprocess", "typer", "rich", "click", "psutil", "pynvml", "huggingface_hub",
                   "httpx", "httpx2", "urllib", "socket", "shutil", "tempfile", "requests", "matplotlib",
