@@ -23,13 +23,13 @@ from typing import Any
 from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, device_mib
 from edgekv.core.predict import MIB, STATUS_OK, ContextParams, KVPrediction, predict
 from edgekv.core.shape import MEMORY_KV
-from edgekv.core.stats import summarize
 from edgekv.edges.engine import EngineResult
 from edgekv.edges.sources import edgekv_home, verified_sha256
 from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.api import LoadedModel
 from edgekv.orchestration.crosscheck import compare, engine_lines
 from edgekv.records import results as R
+from edgekv.records.schema import speed_test
 
 ENGINE_PYTHON = "llama-cpp-python"
 ENGINE_LLAMA_BENCH = "llama-bench"
@@ -163,15 +163,7 @@ def _prediction_block(pred: KVPrediction, eng: EngineResult | None) -> dict[str,
 
 
 def _speed_block(samples: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for test, v in samples.items():
-        summ = summarize(v["samples_ts"])
-        out[test] = {
-            "n_tokens": v["n_tokens"], "samples_ns": v["samples_ns"], "samples_ts": v["samples_ts"],
-            "mean_ts": summ["mean"], "stdev_ts": summ["stdev"], "ci95_ts": summ["ci95"], "cv": summ["cv"],
-            "unstable": summ["unstable"],
-        }
-    return out
+    return {test: speed_test(v["n_tokens"], v["samples_ns"], v["samples_ts"]) for test, v in samples.items()}
 
 
 def build_record(spec: SweepSpec, case: Case, env: dict[str, Any], model: dict[str, Any], eng: EngineResult | None,

@@ -81,50 +81,55 @@ class QualitySettings(_Block, kw_only=True):
 
 
 class Settings(_Block, kw_only=True):
-    """What was asked: llama.cpp's context parameters and the workload (llama-bench's names)."""
+    """What was asked: llama.cpp's context parameters and the workload (llama-bench's names).
 
-    engine: _d(str, "'llama-cpp-python' (edgekv's child) or 'llama-bench'")
-    n_ctx: _d(int, "context size in tokens (-c)")
-    type_k: _d(str, "K cache type as llama.cpp spells it (-ctk)")
-    type_v: _d(str, "V cache type (-ctv)")
-    flash_attn: _d(str, "flash attention asked: on | off | auto (-fa)")
-    swa_full: _d(bool, "full-size SWA cache (--swa-full)")
-    n_seq_max: _d(int, "parallel sequences (-np)")
-    kv_unified: _d(bool, "one KV buffer shared by all sequences (--kv-unified)")
-    n_batch: _d(int, "logical batch size in tokens (-b)")
-    n_ubatch: _d(int, "physical batch size in tokens (-ub)")
-    n_threads: _d(int, "CPU threads (-t)")
-    n_gpu_layers: _d(int, "layers offloaded to the GPU (-ngl)")
-    n_prompt: _d(int, "prompt-processing test length in tokens (-p)")
-    n_gen: _d(int, "generation test length in tokens (-n)")
-    n_depth: _d(int, "tokens already in the context before each test (-d)")
-    repetitions: _d(int, "timed repetitions per test (-r)")
-    warmup: _d(bool, "one untimed warm-up run before the timed ones")
+    Every key is present; None where the producer did not set it (a predict row has no workload)."""
+
+    engine: _d(OptStr, "'llama-cpp-python' (edgekv's child) or 'llama-bench'")
+    n_ctx: _d(OptInt, "context size in tokens (-c); None in an imported llama-bench file (llama-bench's own default)")
+    type_k: _d(OptStr, "K cache type as llama.cpp spells it (-ctk)")
+    type_v: _d(OptStr, "V cache type (-ctv)")
+    flash_attn: _d(OptStr, "flash attention asked: on | off | auto (-fa)")
+    swa_full: _d(Union[bool, None], "full-size SWA cache (--swa-full)")
+    n_seq_max: _d(OptInt, "parallel sequences (-np)")
+    kv_unified: _d(Union[bool, None], "one KV buffer shared by all sequences (--kv-unified)")
+    n_batch: _d(OptInt, "logical batch size in tokens (-b)")
+    n_ubatch: _d(OptInt, "physical batch size in tokens (-ub)")
+    n_threads: _d(OptInt, "CPU threads (-t)")
+    n_gpu_layers: _d(OptInt, "layers offloaded to the GPU (-ngl)")
+    n_prompt: _d(OptInt, "prompt-processing test length in tokens (-p)")
+    n_gen: _d(OptInt, "generation test length in tokens (-n)")
+    n_depth: _d(OptInt, "tokens already in the context before each test (-d)")
+    repetitions: _d(OptInt, "timed repetitions per test (-r)")
+    warmup: _d(Union[bool, None], "one untimed warm-up run before the timed ones (None: unknown, imported llama-bench)")
     quality: _d(Union[QualitySettings, None], "quality pass asked with the bench, or None")
     no_mmap: _d(Union[bool, UnsetType], "weights read into anonymous memory (--no-mmap); only present when set") = UNSET
+    test: _d(Union[str, UnsetType], "imported llama-bench row: its test (pp, tg, pg)") = UNSET
 
 
 class Model(_Block, kw_only=True):
-    """The GGUF file: where it came from and its KV-relevant shape (read from the header)."""
+    """The GGUF file: where it came from and its KV-relevant shape (read from the header).
 
-    path: _d(str, "absolute path of the GGUF file")
-    name: _d(str, "model name (general.name, else the registry/file name)")
-    spec: _d(str, "what the user passed to -m")
-    source: _d(str, "local | hf | url | pypi")
+    An imported llama-bench file names only ``path``, ``name``, ``sha256`` (None) and ``size_bytes``."""
+
+    path: _d(OptStr, "absolute path of the GGUF file")
+    name: _d(OptStr, "model name (general.name, else the registry/file name; llama-bench: its model_type)")
+    spec: _d(Union[str, UnsetType], "what the user passed to -m") = UNSET
+    source: _d(Union[str, UnsetType], "local | hf | url | pypi") = UNSET
     sha256: _d(OptStr, "sha256 of the whole file (None: only the header was read)")
-    arch: _d(str, "general.architecture")
-    memory: _d(str, "cache family: kv | swa | hybrid | recurrent | ...")
-    size_bytes: _d(int, "bytes of weight tensors")
-    file_bytes: _d(int, "bytes of the GGUF file")
-    n_layer: _d(int, "layers (block_count)")
-    n_ctx_train: _d(OptInt, "training context length")
-    n_head_kv: _d(Union[list[int], None], "distinct KV head counts over attention layers")
-    head_dim_k: _d(Union[list[int], None], "distinct K head dimensions over attention layers")
-    n_swa: _d(OptInt, "sliding-window size in tokens, None when the model has no SWA")
-    swa_layers: _d(int, "layers using the sliding window")
-    shared_kv_layers: _d(int, "layers reusing another layer's KV (no cache of their own)")
-    recurrent_layers: _d(int, "layers with recurrent state")
-    mla: _d(bool, "multi-head latent attention")
+    arch: _d(Union[str, UnsetType], "general.architecture") = UNSET
+    memory: _d(Union[str, UnsetType], "cache family: kv | swa | hybrid | recurrent | ...") = UNSET
+    size_bytes: _d(Union[int, None, UnsetType], "bytes of weight tensors") = UNSET
+    file_bytes: _d(Union[int, UnsetType], "bytes of the GGUF file") = UNSET
+    n_layer: _d(Union[int, UnsetType], "layers (block_count)") = UNSET
+    n_ctx_train: _d(Union[OptInt, UnsetType], "training context length") = UNSET
+    n_head_kv: _d(Union[list[int], None, UnsetType], "distinct KV head counts over attention layers") = UNSET
+    head_dim_k: _d(Union[list[int], None, UnsetType], "distinct K head dimensions over attention layers") = UNSET
+    n_swa: _d(Union[OptInt, UnsetType], "sliding-window size in tokens, None when the model has no SWA") = UNSET
+    swa_layers: _d(Union[int, UnsetType], "layers using the sliding window") = UNSET
+    shared_kv_layers: _d(Union[int, UnsetType], "layers reusing another layer's KV (no cache of their own)") = UNSET
+    recurrent_layers: _d(Union[int, UnsetType], "layers with recurrent state") = UNSET
+    mla: _d(Union[bool, UnsetType], "multi-head latent attention") = UNSET
 
 
 # -- prediction ---------------------------------------------------------------------------------------
@@ -132,16 +137,16 @@ class Model(_Block, kw_only=True):
 class FormulaCache(_Block, kw_only=True):
     """One KV cache of the formula (provenance: formula; :meth:`edgekv.core.predict.CachePrediction.to_dict`)."""
 
-    kind: _d(str, "cache kind: kv | swa | recurrent | dsv4_state | ...")
+    kind: _d(Union[str, UnsetType], "cache kind: kv | swa | recurrent | dsv4_state | ...") = UNSET
     cells: _d(Union[int, UnsetType], "cells (tokens) per stream (absent for state caches: see state_rows)") = UNSET
-    n_stream: _d(int, "streams (sequences with their own cells)")
-    layers: _d(int, "layers in this cache")
-    layer_ids: _d(list[int], "layer indices")
-    type_k: _d(str, "K cache type")
-    type_v: _d(str, "V cache type")
-    k_bytes: _d(int, "K bytes")
-    v_bytes: _d(int, "V bytes")
-    bytes: _d(int, "all bytes of this cache")
+    n_stream: _d(Union[int, UnsetType], "streams (sequences with their own cells)") = UNSET
+    layers: _d(Union[int, UnsetType], "layers in this cache") = UNSET
+    layer_ids: _d(Union[list[int], UnsetType], "layer indices") = UNSET
+    type_k: _d(Union[str, UnsetType], "K cache type") = UNSET
+    type_v: _d(Union[str, UnsetType], "V cache type") = UNSET
+    k_bytes: _d(Union[int, UnsetType], "K bytes") = UNSET
+    v_bytes: _d(Union[int, UnsetType], "V bytes") = UNSET
+    bytes: _d(Union[int, UnsetType], "all bytes of this cache") = UNSET
     r_bytes: _d(Union[int, UnsetType], "recurrent R state bytes") = UNSET
     s_bytes: _d(Union[int, UnsetType], "recurrent S state bytes") = UNSET
     name: _d(Union[str, UnsetType], "state cache name") = UNSET
@@ -179,6 +184,7 @@ class Formula(_Block, kw_only=True):
     caches: _d(list[FormulaCache], "one entry per cache (empty unless status is ok)")
     notes: _d(Union[list[str], UnsetType], "caveats of the prediction") = UNSET
     layers: _d(Union[list[dict[str, Any]], UnsetType], "per-layer breakdown (predict --layers)") = UNSET
+    saving_vs_f16: _d(Union[float, None, UnsetType], "f16 cache bytes / these cache bytes (predict)") = UNSET
 
 
 class CacheLine(_Block, kw_only=True):
@@ -205,12 +211,20 @@ class Engine(_Block, kw_only=True):
 
     ok: _d(bool, "the dry run succeeded")
     error: _d(OptStr, "why it failed")
-    match: _d(bool, "its caches equal the formula's")
+    match: _d(Union[bool, None], "its caches equal the formula's (None: edgekv does not model this cache)")
     diffs: _d(list[str], "formula vs llama.cpp differences, readable")
     caches: _d(list[CacheLine], "its cache lines")
     kv_mib: _d(OptFloat, "KV MiB it printed (sum)")
     compute_mib: _d(Union[BufMiB, None], "compute buffers, MiB per ggml buffer type")
     output_mib: _d(Union[BufMiB, None], "output buffers, MiB per buffer type")
+    recurrent_mib: _d(Union[float, int, None, UnsetType], "recurrent state MiB (predict --engine)") = UNSET
+    state_mib: _d(Union[float, int, None, UnsetType], "other state MiB (predict --engine)") = UNSET
+    other_buffers_mib: _d(Union[BufMiB, None, UnsetType], "buffers of kinds the log parser does not know") = UNSET
+    flash_attn_resolved: _d(Union[str, None, UnsetType], "flash attention as llama.cpp resolved it") = UNSET
+    n_ctx: _d(Union[int, None, UnsetType], "context size llama.cpp created") = UNSET
+    total_bytes: _d(Union[int, None, UnsetType], "weights + caches + compute + output buffers (predict --engine)") = UNSET
+    total_caches_from: _d(Union[str, UnsetType], "formula | llama.cpp: whose cache bytes total_bytes uses") = UNSET
+    weights_bytes: _d(Union[int, None, UnsetType], "llama_model_size(): llama.cpp's own weights figure") = UNSET
 
 
 class ProcessPart(_Block, kw_only=True):
@@ -286,14 +300,14 @@ class SpeedTest(_Block, kw_only=True):
     """One test (pp or tg): every timed sample and its summary (provenance: measured)."""
 
     n_tokens: _d(int, "tokens per sample")
-    samples_ns: _d(list[int], "duration of each timed repetition, ns")
+    samples_ns: _d(Union[list[int], None], "duration of each timed repetition, ns (None: the llama-bench file had none)")
     samples_ts: _d(list[float], "tokens per second of each repetition")
     mean_ts: _d(OptFloat, "mean tokens per second")
     stdev_ts: _d(OptFloat, "sample standard deviation, tokens per second")
     ci95_ts: _d(Union[list[float], None], "95% confidence interval of the mean, tokens per second")
     cv: _d(OptFloat, "coefficient of variation (stdev / mean)")
     unstable: _d(bool, "cv >= 10%: rerun on a quieter machine")
-    llama_bench_avg_ts: _d(Union[float, UnsetType], "llama-bench's own avg_ts (llama.cpp)") = UNSET
+    llama_bench_avg_ts: _d(Union[float, None, UnsetType], "llama-bench's own avg_ts (llama.cpp)") = UNSET
 
 
 class Speed(_Block, kw_only=True):
@@ -301,6 +315,7 @@ class Speed(_Block, kw_only=True):
 
     pp: _d(Union[SpeedTest, UnsetType], "prompt processing (-p tokens)") = UNSET
     tg: _d(Union[SpeedTest, UnsetType], "text generation (-n tokens)") = UNSET
+    pg: _d(Union[SpeedTest, UnsetType], "prompt + generation in one test (imported llama-bench -pg)") = UNSET
 
 
 class TestMemory(_Block, kw_only=True):
@@ -530,14 +545,17 @@ class Record(Struct, kw_only=True, forbid_unknown_fields=True):
 
     schema_version: _d(int, "schema version (see edgekv.records.results)")
     kind: _d(Literal["bench", "llama-bench", "predict", "quality"], "what produced the record")
-    config_key: _d(str, "hash of the model sha256 and the key settings (edgekv.records.results.KEY_SETTINGS)")
+    config_key: _d(OptStr, "hash of the model sha256 and the key settings (edgekv.records.results.KEY_SETTINGS); "
+                           "None for an imported llama-bench row")
     status: _d(str, "ok | failed | skipped | invalid | ...")
     reason: _d(OptStr, "why not ok")
-    time_utc: _d(str, "when (ISO 8601, UTC)")
-    edgekv: _d(str, "edgekv version that wrote it")
+    time_utc: _d(Union[str, None, UnsetType], "when (ISO 8601, UTC)") = UNSET
+    edgekv: _d(Union[str, UnsetType], "edgekv version that wrote it (absent: an imported llama-bench row)") = UNSET
+    source_file: _d(Union[str, UnsetType], "the llama-bench file an imported row came from") = UNSET
     model: _d(Model, "the model")
     settings: _d(Settings, "what was asked")
-    prediction: _d(Prediction, "predicted: formula, llama.cpp dry run, whole process")
+    prediction: _d(Union[Prediction, UnsetType], "predicted: formula, llama.cpp dry run, whole process "
+                                                 "(absent only in an imported llama-bench row)") = UNSET
     environment: _d(dict[str, Any], "reproducibility fingerprint (free-form: platform-dependent keys)")
     effective: _d(Union[Effective, None, UnsetType], "what llama.cpp used") = UNSET
     llama_log: _d(Union[LlamaLog, None, UnsetType], "what llama.cpp printed in the run") = UNSET
@@ -560,9 +578,17 @@ def decode(obj: dict[str, Any], where: str) -> Record:
     from edgekv.errors import ResultsError
 
     try:
-        return msgspec.convert(obj, Record, strict=True)
+        rec = msgspec.convert(obj, Record, strict=True)
     except msgspec.ValidationError as e:
         raise ResultsError(f"{where}: {_explain(str(e))}") from None
+    if rec.kind == "bench":      # a measured record has them all; predict / imported llama-bench rows lack some
+        for key, value in (("prediction", rec.prediction), ("config_key", rec.config_key), ("edgekv", rec.edgekv),
+                           ("time_utc", rec.time_utc), ("model.arch", rec.model.arch),
+                           ("settings.n_ctx", rec.settings.n_ctx), ("settings.engine", rec.settings.engine)):
+            if value is UNSET or value is None:
+                raise ResultsError(f"{where}: {key}: missing in a {rec.kind} record; not a complete edgekv record "
+                                   "(re-run the bench, or remove the line)")
+    return rec
 
 
 def _explain(msg: str) -> str:
@@ -593,6 +619,48 @@ def encode_block(block: Struct | None) -> Any:
     return None if block is None else msgspec.to_builtins(block)
 
 
+
+def speed_test(n_tokens: int, samples_ns: list[int] | None, samples_ts: list[float],
+               llama_bench_avg_ts: Any = UNSET) -> dict[str, Any]:
+    """The one serialiser of a speed test (sweep, llama-bench runs, imported llama-bench files): every sample
+    kept, summarised by :func:`edgekv.core.stats.summarize`.  ``llama_bench_avg_ts``: llama-bench's own average."""
+    from edgekv.core.stats import summarize
+
+    summ = summarize(samples_ts)
+    return encode_block(SpeedTest(
+        n_tokens=n_tokens, samples_ns=samples_ns, samples_ts=samples_ts, mean_ts=summ["mean"], stdev_ts=summ["stdev"],
+        ci95_ts=summ["ci95"], cv=summ["cv"], unstable=summ["unstable"], llama_bench_avg_ts=llama_bench_avg_ts))
+
+
+def predict_record(*, model_path: str, arch: str | None, weights_bytes: int | None, formula: dict[str, Any],
+                   engine: dict[str, Any] | None = None, process: dict[str, Any] | None = None,
+                   saving_vs_f16: float | None = None, settings: dict[str, Any] | None = None,
+                   source_file: str | None = None, key_settings: tuple[str, ...] = ()) -> Record:
+    """A record of kind ``predict`` (formula, and llama.cpp's dry run when asked; nothing measured).
+
+    ``formula`` is :meth:`KVPrediction.to_dict`; ``settings`` the asked values (every key setting present,
+    None where a prediction has none: pass ``key_settings`` to fill them).  Encode with :func:`encode`."""
+    import msgspec as _m
+
+    st = {k: None for k in key_settings}
+    st.update(settings or {k: formula.get(k) for k in ("n_ctx", "type_k", "type_v", "flash_attn", "swa_full",
+                                                       "n_seq_max", "kv_unified", "n_batch", "n_ubatch")})
+    obj: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "kind": "predict", "config_key": None,
+        "status": "ok" if formula.get("status") == "ok" else "skipped", "reason": formula.get("reason"),
+        "model": {"path": model_path, "name": Path(model_path).stem if model_path else None, "arch": arch,
+                  "sha256": None, "size_bytes": weights_bytes},
+        "settings": st,
+        "prediction": {"formula": formula, **({"engine": engine} if engine is not None else {}),
+                       **({"process": process} if process is not None else {})},
+        "environment": {},
+    }
+    if saving_vs_f16 is not None:
+        obj["prediction"]["formula"] = {**formula, "saving_vs_f16": saving_vs_f16}
+    if source_file is not None:
+        obj["source_file"] = source_file
+    return _m.convert(obj, Record, strict=True)
+
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a record, generated from the types (committed as results.schema.json)."""
     return msgspec.json.schema(Record)
@@ -608,6 +676,8 @@ def schema_text() -> str:
     return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
 
 
-if __name__ == "__main__":      # python -m edgekv.records.schema: regenerate results.schema.json
+def write_schema_file() -> Path:
+    """Regenerate the committed JSON Schema:
+    ``python -c "from edgekv.records.schema import write_schema_file as w; print(w())"``."""
     SCHEMA_FILE.write_text(schema_text())
-    print(f"wrote {SCHEMA_FILE}")
+    return SCHEMA_FILE
