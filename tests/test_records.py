@@ -171,3 +171,22 @@ def edgekv_frame_kv(p):
     import edgekv
 
     return list(edgekv.results_frame(p)["kv_bytes_formula"])
+
+
+def test_quality_json_rows_are_records_that_load_like_bench_records(tmp_path, smollm2_path):
+    """A real `edgekv quality --json` pass: kind-quality records with schema_version, model sha256 and settings."""
+    import edgekv
+
+    out = subprocess.run([sys.executable, "-m", "edgekv.cli", "quality", str(smollm2_path), "-c", "128", "--chunks", "1",
+                          "-ctk", "f16,q8_0", "-t", "2", "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    recs = json.loads(out.stdout)
+    assert [(r["kind"], r["schema_version"], r["settings"]["type_k"]) for r in recs] == \
+        [("quality", S.SCHEMA_VERSION, "f16"), ("quality", S.SCHEMA_VERSION, "q8_0")]
+    p = tmp_path / "q.jsonl"
+    R.write_all(p, recs)                                   # checked against the schema on the way out
+    typed = R.load_records(p)
+    assert typed[0].model.sha256 and typed[1].quality.quality.kld_mean > 0 and typed[0].quality.pass_.n_vocab > 0
+    df = edgekv.results_frame(p)
+    assert list(df["quality_status"]) == ["ok", "ok"] and df["kld_mean"].iloc[1] == recs[1]["quality"]["quality"]["kld_mean"]
+    assert df["kv_bytes_formula"].isna().all()            # nothing predicted in a quality record

@@ -29,6 +29,7 @@ from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.api import LoadedModel
 from edgekv.orchestration.crosscheck import compare, engine_lines
 from edgekv.records import results as R
+from edgekv.records.schema import model_block as schema_model_block
 from edgekv.records.schema import speed_test
 
 ENGINE_PYTHON = "llama-cpp-python"
@@ -125,19 +126,7 @@ def default_output(spec: SweepSpec, cases: list[Case]) -> Path:
     return edgekv_home() / "runs" / f"{stem}-{h}.jsonl"
 
 
-def model_block(m: LoadedModel, sha: str | None) -> dict[str, Any]:
-    s = m.shape
-    attn = [lay for lay in s.layers if lay.attn_cache]
-    return {
-        "path": os.path.abspath(m.ref.path), "name": s.name or m.ref.name, "spec": m.ref.spec, "source": m.ref.source,
-        "sha256": sha, "arch": s.arch, "memory": s.memory, "size_bytes": m.header.weights_bytes,
-        "file_bytes": m.header.file_size, "n_layer": s.n_layer_all, "n_ctx_train": s.n_ctx_train,
-        "n_head_kv": sorted({lay.n_head_kv for lay in attn}) or None,
-        "head_dim_k": sorted({lay.head_k for lay in attn}) or None, "n_swa": s.n_swa or None,
-        "swa_layers": len([lay for lay in s.layers if lay.is_swa and lay.attn_cache]),
-        "shared_kv_layers": len([lay for lay in s.layers if not lay.has_kv]),
-        "recurrent_layers": len([lay for lay in s.layers if lay.recr_state]), "mla": s.is_mla,
-    }
+model_block = schema_model_block      # the one serialiser of the model block lives with the schema
 
 
 def _log_from_dict(d: dict[str, Any]) -> LlamaMemoryLog:
