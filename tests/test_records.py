@@ -190,3 +190,24 @@ def test_quality_json_rows_are_records_that_load_like_bench_records(tmp_path, sm
     df = edgekv.results_frame(p)
     assert list(df["quality_status"]) == ["ok", "ok"] and df["kld_mean"].iloc[1] == recs[1]["quality"]["quality"]["kld_mean"]
     assert df["kv_bytes_formula"].isna().all()            # nothing predicted in a quality record
+
+
+def test_one_engine_serialiser_matches_what_predict_prints(smollm2_path, gemma3_path):
+    """schema.engine_block on real llama.cpp dry runs = the block predict --engine prints today (views), key for key."""
+    from edgekv.core.predict import ContextParams, predict
+    from edgekv.edges.engine import EngineSession
+    from edgekv.orchestration.api import load_model
+    from edgekv.output import views
+
+    for path in (smollm2_path, gemma3_path):
+        m = load_model(str(path))
+        cfgs = [ContextParams(n_ctx=1024), ContextParams(n_ctx=4096, type_k="q8_0", type_v="q8_0", flash_attn="on")]
+        with EngineSession(m.ref.path, header=m.header) as eng:
+            results = eng.run(cfgs)
+        for c, res in zip(cfgs, results):
+            p = predict(m.shape, c)
+            new = S.engine_block(p, res, m.weights_bytes)
+            assert res.ok and new["match"] is True and new["kv_mib"] > 0
+            assert json.dumps(new) == json.dumps(views._engine_block(p, res, m.weights_bytes))
+            sweep_style = S.engine_block(p, res)
+            assert "total_bytes" not in sweep_style and sweep_style["caches"] == new["caches"]

@@ -29,8 +29,8 @@ from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.api import LoadedModel
 from edgekv.orchestration.crosscheck import compare, engine_lines
 from edgekv.records import results as R
+from edgekv.records.schema import engine_block, growth_minus_formula_bytes, speed_test
 from edgekv.records.schema import model_block as schema_model_block
-from edgekv.records.schema import speed_test
 
 ENGINE_PYTHON = "llama-cpp-python"
 ENGINE_LLAMA_BENCH = "llama-bench"
@@ -140,14 +140,7 @@ def _log_from_dict(d: dict[str, Any]) -> LlamaMemoryLog:
 def _prediction_block(pred: KVPrediction, eng: EngineResult | None) -> dict[str, Any]:
     out: dict[str, Any] = {"formula": pred.to_dict()}
     if eng is not None:
-        diffs = compare(pred, eng)
-        out["engine"] = {
-            "ok": eng.ok, "error": eng.error, "match": not diffs, "diffs": diffs,
-            "caches": engine_lines(eng) if eng.ok else [],
-            "kv_mib": round(eng.log.kv_mib_total, 2) if eng.ok else None,
-            "compute_mib": eng.log.compute_buffers if eng.ok else None,
-            "output_mib": eng.log.output_buffers if eng.ok else None,
-        }
+        out["engine"] = engine_block(pred, eng)
     return out
 
 
@@ -273,7 +266,7 @@ def differences(case: Case, rec: dict[str, Any]) -> dict[str, Any]:
         a_load, a_ctx, a_fill = (mem.get(f"anon_{k}_bytes") for k in ("after_load", "after_context", "after_fill"))
         if a_load is not None and a_ctx is not None:
             d["context_anon_growth_bytes"] = a_ctx - a_load
-            d["context_anon_growth_minus_formula_bytes"] = (a_ctx - a_load) - pred.total_bytes
+            d["context_anon_growth_minus_formula_bytes"] = growth_minus_formula_bytes(a_ctx - a_load, pred.total_bytes)
         compute = sum((log.get("compute_mib") or {}).values())
         # KV on a GPU (CUDA, Vulkan, ...): the device memory in use (read by the child itself right after the
         # load and right after the context) grows by the KV buffers and the compute buffers, which ggml
