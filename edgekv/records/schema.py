@@ -270,7 +270,7 @@ class Prediction(_Block, kw_only=True):
 class Effective(_Block, kw_only=True):
     """Context parameters llama.cpp actually used (provenance: llama.cpp)."""
 
-    n_ctx: _d(int, "context size")
+    n_ctx: _d(Union[int, None, UnsetType], "context size (absent: the context was never created)") = UNSET
     n_batch: _d(Union[int, UnsetType], "logical batch") = UNSET
     n_ubatch: _d(Union[int, UnsetType], "physical batch") = UNSET
     n_seq_max: _d(Union[int, UnsetType], "parallel sequences") = UNSET
@@ -283,7 +283,7 @@ class LlamaLog(_Block, kw_only=True):
     """Buffers llama.cpp printed in the measured run (provenance: llama.cpp)."""
 
     kv: _d(list[CacheLine], "cache lines")
-    kv_mib: _d(float, "KV MiB (sum of the cache lines)")
+    kv_mib: _d(Union[float, int, None], "KV MiB (sum of the cache lines)")
     recurrent_mib: _d(Union[int, float, UnsetType], "recurrent state MiB") = UNSET
     kv_buffers_mib: _d(Union[BufMiB, None, UnsetType], "KV buffers, MiB per buffer type") = UNSET
     rs_buffers_mib: _d(Union[BufMiB, None, UnsetType], "recurrent buffers, MiB per buffer type") = UNSET
@@ -385,7 +385,8 @@ class Timing(_Block, kw_only=True):
 class Differences(_Block, kw_only=True):
     """Measured (or llama.cpp-reported) minus predicted; each key names both sides (provenance: derived)."""
 
-    llama_kv_matches_formula: _d(bool, "llama.cpp's cache lines in the run equal the formula's")
+    llama_kv_matches_formula: _d(Union[bool, None, UnsetType],
+                                 "llama.cpp's cache lines in the run equal the formula's (absent: no valid formula)") = UNSET
     llama_kv_diffs: _d(Union[list[str], UnsetType], "how they differ") = UNSET
     kv_buffer_mib: _d(Union[float, UnsetType], "KV buffer MiB llama.cpp allocated") = UNSET
     kv_buffer_minus_formula_mib: _d(Union[float, UnsetType], "llama.cpp KV buffer - formula, MiB") = UNSET
