@@ -408,6 +408,40 @@ class MemoryResidual(_Block, kw_only=True):
     workload: _d(str, "the workload predicted")
 
 
+class LoadWindow(_Block, kw_only=True):
+    """Other processes' CPU over a time window (provenance: measured; :mod:`edgekv.edges.load`)."""
+
+    wall_s: _d(Union[float, UnsetType], "window length") = UNSET
+    others_cpu_s: _d(Union[float, UnsetType], "CPU seconds used by other processes") = UNSET
+    others_cores: _d(Union[float, UnsetType], "cores other processes used on average") = UNSET
+    others_share: _d(Union[float, UnsetType], "their share of the machine's cores") = UNSET
+    loadavg_1m: _d(Union[float, None, UnsetType], "1-minute load average at the start") = UNSET
+    loadavg_1m_max: _d(Union[float, None, UnsetType], "highest 1-minute load average during the window") = UNSET
+
+
+class Load(_Block, kw_only=True):
+    """Was the machine busy before/while this configuration ran (pyperf's habit; provenance: measured)."""
+
+    cpus: _d(int, "logical CPUs")
+    before: _d(LoadWindow, "the half second before")
+    during: _d(LoadWindow, "the configuration itself")
+    threshold_share: _d(float, "others' share at or above which the record is marked busy")
+    busy: _d(bool, "others used at least threshold_share of the cores")
+    others_share_max: _d(float, "the larger of the two shares")
+
+
+class Plan(_Block, kw_only=True):
+    """The time estimate beside the measured wall time (``edgekv bench``'s planner; estimate: model, wall: measured)."""
+
+    estimate_s: _d(OptFloat, "predicted seconds for this configuration")
+    wall_s: _d(float, "measured seconds")
+    sweep_elapsed_s: _d(float, "seconds since the sweep started")
+    remaining_eta_s: _d(float, "predicted seconds left")
+    remaining_configs: _d(int, "configurations left")
+    sweep_estimate_s: _d(float, "the first estimate of the whole sweep")
+    basis: _d(str, "what the estimate was calibrated on")
+
+
 # -- quality ------------------------------------------------------------------------------------------
 
 class Corpus(_Block, kw_only=True):
@@ -569,6 +603,8 @@ class Record(Struct, kw_only=True, forbid_unknown_fields=True):
     differences: _d(Union[Differences, None, UnsetType], "measured - predicted") = UNSET
     quality: _d(Union[Quality, None, UnsetType], "perplexity / KL divergence") = UNSET
     memory_residual: _d(Union[MemoryResidual, None, UnsetType], "measured - predicted peak RSS") = UNSET
+    load: _d(Union[Load, None, UnsetType], "other work on the machine during the run (edgekv bench)") = UNSET
+    plan: _d(Union[Plan, None, UnsetType], "time estimate vs wall time (edgekv bench)") = UNSET
     machine: _d(Union[str, UnsetType], "machine label added by `edgekv merge` (device and host)") = UNSET
 
 
