@@ -17,12 +17,18 @@ Provenance.  Every block that carries numbers says where they come from, in its 
 * ``model``      -- ``prediction.process`` mixes sources: each of its ``parts`` names its own ``source``
   (formula, llama.cpp dry run, measured calibration; :mod:`edgekv.core.memmodel`)
 * ``derived``    -- ``differences`` and ``memory_residual``: measured minus predicted, each key naming
-  both sides
+  both sides; ``plan``: the bench planner's time estimate beside the measured wall time
+* ``load`` is measured (other processes' CPU share around the run: the "busy machine" marker)
 
 Mappings (``dict[str, ...]``) are used where the content is free-form by nature: the environment
 fingerprint (its keys grow with what the platform exposes: devices, drivers, power), ggml buffer
 sizes keyed by buffer-type name (``CPU``, ``CPU_Mapped``, ``CUDA0``: llama.cpp's names, open-ended),
-per-phase peaks keyed by phase name, and per-device byte counts.
+per-phase peaks keyed by phase name, per-device byte counts, and the per-layer breakdown of
+``predict --layers`` (``prediction.formula.layers``, one dict per layer as :mod:`edgekv.core.predict` has it).
+
+Kinds: ``bench`` records must carry every identifying block (checked in :func:`decode`); ``predict``
+rows (:func:`predict_record`), ``quality`` records (``edgekv quality --json``) and imported llama-bench
+rows leave out what they do not have (``UNSET``: absent in the JSON, never invented).
 
 Units are in the field names (``_bytes``, ``_mib``, ``_s``, ``_ns``, ``_ts`` = tokens per second).
 The keys of committed schema-2 files are kept as they are (``mean_ts`` etc.).
@@ -54,6 +60,8 @@ PROVENANCE: dict[str, str] = {
     "quality": "measured",
     "differences": "derived",
     "memory_residual": "derived",
+    "load": "measured",
+    "plan": "derived",
 }
 
 
