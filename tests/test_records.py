@@ -20,7 +20,7 @@ COMMITTED = [ROOT / p for p in subprocess.run(["git", "ls-files", "*.jsonl"], cw
 
 
 def test_committed_json_schema_is_the_generated_one():
-    assert S.SCHEMA_FILE.read_text() == S.schema_text(), "regenerate: python -m edgekv.records.schema"
+    assert S.SCHEMA_FILE.read_text() == S.schema_text(), "regenerate: edgekv.records.schema.write_schema_file()"
 
 
 def test_every_committed_results_file_loads_strictly_and_validates_against_the_json_schema():
@@ -145,3 +145,69 @@ def test_results_frame_of_a_real_committed_file():
     both = edgekv.results_frame([path, ROOT / "bench" / "results" / "cuda-h100" / "smollm2-135m.jsonl"])
     assert len(both) == len(df) + len(edgekv.load_results(ROOT / "bench" / "results" / "cuda-h100" / "smollm2-135m.jsonl"))
     assert both["peak_gpu_bytes_measured"].notna().sum() > 0 and df["peak_gpu_bytes_measured"].isna().all()
+
+
+def test_predict_rows_become_predict_records_that_load_and_merge(tmp_path, smollm2_path):
+    """Real `edgekv predict --json --engine` rows (llama.cpp's dry run beside the formula) as kind-predict Records."""
+    out = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-c", "512,4096",
+                          "-ctk", "f16,q4_0", "--engine", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    skip = ("model", "arch", "weights_bytes", "source", "saving_vs_f16", "engine", "layers", "process")
+    recs = [S.predict_record(model_path=r["model"], arch=r["arch"], weights_bytes=r["weights_bytes"],
+                             formula={k: v for k, v in r.items() if k not in skip}, engine=r.get("engine"),
+                             process=r.get("process"), saving_vs_f16=r["saving_vs_f16"],
+                             key_settings=R.KEY_SETTINGS) for r in rows]
+    assert all(r.prediction.process.peak_rss_bytes for r in recs)
+    assert len(recs) == 4 and all(r.kind == "predict" and r.prediction.engine.match for r in recs)
+    assert [r.prediction.formula.total_bytes for r in recs] == [r["total_bytes"] for r in rows]
+    p = tmp_path / "pred.jsonl"
+    R.write_all(p, [S.encode(x) for x in recs])
+    assert [S.encode(x) for x in R.load_records(p)] == [S.encode(x) for x in recs]
+    assert edgekv_frame_kv(p) == [r["total_bytes"] for r in rows]
+
+
+def edgekv_frame_kv(p):
+    import edgekv
+
+    return list(edgekv.results_frame(p)["kv_bytes_formula"])
+
+
+def test_quality_json_rows_are_records_that_load_like_bench_records(tmp_path, smollm2_path):
+    """A real `edgekv quality --json` pass: kind-quality records with schema_version, model sha256 and settings."""
+    import edgekv
+
+    out = subprocess.run([sys.executable, "-m", "edgekv.cli", "quality", str(smollm2_path), "-c", "128", "--chunks", "1",
+                          "-ctk", "f16,q8_0", "-t", "2", "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    recs = json.loads(out.stdout)
+    assert [(r["kind"], r["schema_version"], r["settings"]["type_k"]) for r in recs] == \
+        [("quality", S.SCHEMA_VERSION, "f16"), ("quality", S.SCHEMA_VERSION, "q8_0")]
+    p = tmp_path / "q.jsonl"
+    R.write_all(p, recs)                                   # checked against the schema on the way out
+    typed = R.load_records(p)
+    assert typed[0].model.sha256 and typed[1].quality.quality.kld_mean > 0 and typed[0].quality.pass_.n_vocab > 0
+    df = edgekv.results_frame(p)
+    assert list(df["quality_status"]) == ["ok", "ok"] and df["kld_mean"].iloc[1] == recs[1]["quality"]["quality"]["kld_mean"]
+    assert df["kv_bytes_formula"].isna().all()            # nothing predicted in a quality record
+
+
+def test_one_engine_serialiser_matches_what_predict_prints(smollm2_path, gemma3_path):
+    """schema.engine_block on real llama.cpp dry runs = the block predict --engine prints today (views), key for key."""
+    from edgekv.core.predict import ContextParams, predict
+    from edgekv.edges.engine import EngineSession
+    from edgekv.orchestration.api import load_model
+    from edgekv.output import views
+
+    for path in (smollm2_path, gemma3_path):
+        m = load_model(str(path))
+        cfgs = [ContextParams(n_ctx=1024), ContextParams(n_ctx=4096, type_k="q8_0", type_v="q8_0", flash_attn="on")]
+        with EngineSession(m.ref.path, header=m.header) as eng:
+            results = eng.run(cfgs)
+        for c, res in zip(cfgs, results):
+            p = predict(m.shape, c)
+            new = S.engine_block(p, res, m.weights_bytes)
+            assert res.ok and new["match"] is True and new["kv_mib"] > 0
+            assert json.dumps(new) == json.dumps(views._engine_block(p, res, m.weights_bytes))
+            sweep_style = S.engine_block(p, res)
+            assert "total_bytes" not in sweep_style and sweep_style["caches"] == new["caches"]

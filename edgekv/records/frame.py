@@ -69,7 +69,7 @@ def row(rec: Record, file: str | None = None) -> dict[str, Any]:
         "kv_mib_llamacpp_dryrun": eng.kv_mib if eng is not None else None,
         "kv_mib_llamacpp": log.kv_mib if log is not None else None,
         "kv_buffer_mib_llamacpp": _v(dif.kv_buffer_mib) if dif is not None else None,
-        "kv_matches_formula_llamacpp": dif.llama_kv_matches_formula if dif is not None else None,
+        "kv_matches_formula_llamacpp": _v(dif.llama_kv_matches_formula) if dif is not None else None,
         "compute_mib_llamacpp": _sum(log.compute_mib) if log is not None else None,
         "output_mib_llamacpp": _sum(log.output_mib) if log is not None else None,
         "peak_rss_bytes_predicted": proc.peak_rss_bytes if proc is not None else None,

@@ -16,7 +16,7 @@ Loading upgrades older records step by step (``UPGRADES``, on plain dicts), refu
 by a newer edgekv, then decodes each record strictly into :class:`edgekv.records.schema.Record`
 (msgspec): a missing, unknown or mistyped key refuses in one line ``file:line: key: what; what to do``.
 The types live in :mod:`edgekv.records.schema` (``SCHEMA_VERSION`` too); their JSON Schema is the
-committed ``results.schema.json`` (``python -m edgekv.records.schema`` regenerates it).
+committed ``results.schema.json`` (``edgekv.records.schema.write_schema_file()`` regenerates it).
 
 Writing is append-only: each record is one ``write()`` of one line on an ``O_APPEND``
 descriptor followed by ``fsync``, so an interrupted sweep leaves complete lines plus at most one
@@ -204,7 +204,7 @@ def append(path: str | os.PathLike, record: dict[str, Any]) -> None:
     try:
         _lock(fd, p, wait=True)
         _repair_tail(fd, p)
-        _write_record(fd, record)
+        _write_record(fd, record, str(p))
     finally:
         os.close(fd)      # releases the lock
 
@@ -234,7 +234,7 @@ class ResultsWriter:
             raise
 
     def append(self, record: dict[str, Any]) -> None:
-        _write_record(self.fd, record)
+        _write_record(self.fd, record, str(self.path))
 
     def close(self) -> None:
         if self.fd < 0:
@@ -285,8 +285,16 @@ def _lock(fd: int, p: Path, wait: bool) -> None:
         raise ResultsError(f"{p}: cannot lock the results file ({e.strerror or e}); write it on a local disk") from None
 
 
-def _write_record(fd: int, record: dict[str, Any]) -> None:
-    data = (json.dumps(record, sort_keys=False, default=_default) + "\n").encode()
+def _checked(record: dict[str, Any], where: str) -> str:
+    """The line to write, after checking the record against the schema: a producer that builds a record
+    the loader would refuse fails here, naming the key, instead of writing a file nothing can read."""
+    line = json.dumps(record, sort_keys=False, default=_default)
+    decode(json.loads(line), f"{where} (record being written)")
+    return line
+
+
+def _write_record(fd: int, record: dict[str, Any], where: str = "results") -> None:
+    data = (_checked(record, where) + "\n").encode()
     view = memoryview(data)
     while view:
         n = os.write(fd, view)
@@ -327,7 +335,9 @@ def _repair_tail(fd: int, p: Path) -> list[str]:
 
 def write_all(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:
     """Write a whole results file atomically (temp file + os.replace), e.g. for merge."""
-    atomic_write(path, "".join(json.dumps(r, default=_default) + "\n" for r in records))
+    p = Path(path)
+    lines = [_checked(r, str(p)) for r in records]      # all checked before the file is touched
+    atomic_write(p, "".join(line + "\n" for line in lines))
 
 
 def _default(o: Any) -> Any:
