@@ -119,6 +119,43 @@ def _quality_cells(q: dict[str, Any] | None) -> list[str]:
     return [f"{v['ppl']:.4f}", f"{v['kld_mean']:.6f} ± {v['kld_mean_err']:.6f}"]
 
 
+_WIDE = (("n_ctx", "right"), ("depth", "right"), ("K/V", "left"), ("KV MiB\nformula", "right"),
+         ("KV MiB\nllama.cpp", "right"), ("same", "center"), ("peak RSS\nMiB", "right"),
+         ("anon\nMiB", "right"), ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
+# below 110 columns (an 80-column terminal): depth, llama.cpp's KV and anon go; ✓ beside the formula's KV
+# says llama.cpp printed the same bytes (issue 19)
+_NARROW = (("n_ctx", "right"), ("K/V", "left"), ("KV MiB\n= llama", "right"), ("peak\nRSS MiB", "right"),
+           ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
+
+
+def _summary_row(r: dict[str, Any], narrow: bool, with_gpu: bool, with_quality: bool) -> list[str]:
+    s = r["settings"]
+    f = (r.get("prediction") or {}).get("formula") or {}
+    kv = s["type_k"] if s["type_k"] == s["type_v"] else f"{s['type_k']}/{s['type_v']}"
+    log = r.get("llama_log") or {}
+    mem = r.get("memory") or {}
+    diff = r.get("differences") or {}
+    same = {True: "[green]✓[/]", False: "[red]✗[/]"}.get(diff.get("llama_kv_matches_formula"), "-")
+    formula_mib = llama_mib(f["total_bytes"]) if f.get("total_bytes") is not None else "-"
+    llama_kv = f"{(log.get('kv_mib') or 0) + (log.get('recurrent_mib') or 0):.2f}" if log.get("kv_mib") is not None else "-"
+    peak = f"{mem['peak_rss_bytes'] / MIB:.1f}" if mem.get("peak_rss_bytes") else "-"
+    anon = f"{mem['anon_after_fill_bytes'] / MIB:.1f}" if mem.get("anon_after_fill_bytes") else "-"
+    status = r["status"] if r["status"] == "ok" else f"[yellow]{r['status']}: {r.get('reason')}[/]"
+    if record_busy(r):
+        status += f" [yellow]busy {100 * r['load'].get('others_share_max', 0):.0f}%[/]"
+    sp = r.get("speed") or {}
+    row = [str(s["n_ctx"]), str(s["n_depth"]), kv, formula_mib, llama_kv, same, peak, anon, _ts(sp, "pp"),
+           _ts(sp, "tg"), status]
+    if narrow:
+        row = [str(s["n_ctx"]), kv, f"{formula_mib} {same}", peak, _ts(sp, "pp"), _ts(sp, "tg"), status]
+    if with_gpu:
+        g, gc = mem.get("peak_gpu_bytes"), diff.get("context_gpu_growth_bytes")
+        row += [f"{g / MIB:.1f}" if g else "-", f"{gc / MIB:.1f}" if gc is not None else "-"]
+    if with_quality:
+        row += _quality_cells(r.get("quality"))
+    return row
+
+
 def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
     from rich.table import Table
 
@@ -126,16 +163,8 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
         return
     m = records[0]["model"]
     t = Table(title=f"{m.get('name')} ({m.get('arch')}): measured, beside the prediction", title_justify="left")
-    # below 110 columns (an 80-column terminal): depth, llama.cpp's KV and anon go; ✓ beside the formula's KV
-    # says llama.cpp printed the same bytes (issue 19)
     narrow = con.width < 110
-    cols = (("n_ctx", "right"), ("depth", "right"), ("K/V", "left"), ("KV MiB\nformula", "right"),
-            ("KV MiB\nllama.cpp", "right"), ("same", "center"), ("peak RSS\nMiB", "right"),
-            ("anon\nMiB", "right"), ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
-    if narrow:
-        cols = (("n_ctx", "right"), ("K/V", "left"), ("KV MiB\n= llama", "right"), ("peak\nRSS MiB", "right"),
-                ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
-    for col, j in cols:
+    for col, j in _NARROW if narrow else _WIDE:
         t.add_column(col, justify=j)
     with_gpu = any((r.get("memory") or {}).get("peak_gpu_bytes") or (r.get("differences") or {}).get("context_gpu_growth_bytes")
                    is not None for r in records)
@@ -146,36 +175,16 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
     if with_quality:
         t.add_column("PPL", justify="right")
         t.add_column("KLD vs f16", justify="right")
-    unstable = busy_rows = False
     for r in records:
-        s = r["settings"]
-        f = (r.get("prediction") or {}).get("formula") or {}
-        kv = s["type_k"] if s["type_k"] == s["type_v"] else f"{s['type_k']}/{s['type_v']}"
-        log = r.get("llama_log") or {}
-        mem = r.get("memory") or {}
-        diff = r.get("differences") or {}
-        same = {True: "[green]✓[/]", False: "[red]✗[/]"}.get(diff.get("llama_kv_matches_formula"), "-")
-        formula_mib = llama_mib(f["total_bytes"]) if f.get("total_bytes") is not None else "-"
-        llama_kv = f"{(log.get('kv_mib') or 0) + (log.get('recurrent_mib') or 0):.2f}" if log.get("kv_mib") is not None else "-"
-        peak = f"{mem['peak_rss_bytes'] / MIB:.1f}" if mem.get("peak_rss_bytes") else "-"
-        anon = f"{mem['anon_after_fill_bytes'] / MIB:.1f}" if mem.get("anon_after_fill_bytes") else "-"
-        status = r["status"] if r["status"] == "ok" else f"[yellow]{r['status']}: {r.get('reason')}[/]"
-        if record_busy(r):
-            busy_rows = True
-            status += f" [yellow]busy {100 * r['load'].get('others_share_max', 0):.0f}%[/]"
-        sp = r.get("speed") or {}
-        unstable |= any(v.get("unstable") for v in sp.values())
-        row = [str(s["n_ctx"]), str(s["n_depth"]), kv, formula_mib, llama_kv, same, peak, anon, _ts(sp, "pp"),
-               _ts(sp, "tg"), status]
-        if narrow:
-            row = [str(s["n_ctx"]), kv, f"{formula_mib} {same}", peak, _ts(sp, "pp"), _ts(sp, "tg"), status]
-        if with_gpu:
-            g, gc = mem.get("peak_gpu_bytes"), diff.get("context_gpu_growth_bytes")
-            row += [f"{g / MIB:.1f}" if g else "-", f"{gc / MIB:.1f}" if gc is not None else "-"]
-        if with_quality:
-            row += _quality_cells(r.get("quality"))
-        t.add_row(*row)
+        t.add_row(*_summary_row(r, narrow, with_gpu, with_quality))
     con.print(t)
+    busy_rows = any(record_busy(r) for r in records)
+    unstable = any(v.get("unstable") for r in records for v in (r.get("speed") or {}).values())
+    _summary_legend(con, narrow, with_gpu, with_quality, busy_rows, unstable)
+    con.print(f"Results: {output}")
+
+
+def _summary_legend(con, narrow: bool, with_gpu: bool, with_quality: bool, busy_rows: bool, unstable: bool) -> None:
     con.print("KV MiB: formula = predicted from the GGUF header; llama.cpp = its own `llama_kv_cache: size` lines in this "
               "run. Peak RSS = OS-measured peak of the run's process (sampled every 5 ms; during the timed tests read "
               "by the process itself after each repetition); anon = its anonymous pages "
@@ -195,4 +204,3 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
     if unstable:
         con.print("[yellow]! marks results whose standard deviation is at least 10% of the mean: the machine was busy "
                   "or the run too short; rerun with more repetitions (-r) on a quiet machine.[/]")
-    con.print(f"Results: {output}")

@@ -316,6 +316,33 @@ def _busy_verdict(res: dict[str, Any], busy: list[str], force: bool) -> None:
         res["refused"] = "busy machine"
 
 
+def _compared_pairs(pairs, varying: list[str], thr: dict[str, Threshold], alpha: float,
+                    force: bool) -> list[dict[str, Any]]:
+    """Every metric of every paired configuration, tested (in the report's sort order)."""
+    from edgekv.output.report import sort_key
+
+    multi_device = len({device_label(bs[0]) for bs, _ in pairs}) > 1
+    out_pairs = []
+    for bs, cs in sorted(pairs, key=lambda p: sort_key(p[0][0])):
+        metrics = []
+        busy = _busy_sides(bs, cs)
+        for name, m in METRICS.items():
+            bx, be = _values(bs, name)
+            cx, ce = _values(cs, name)
+            res = compare_metric(m, bx, be, cx, ce, thr[name], alpha)
+            if res is not None:
+                _busy_verdict(res, busy, force)
+                metrics.append(res)
+        b0 = bs[0]
+        out_pairs.append({
+            "model": (b0.get("model") or {}).get("name"), "device": device_label(b0),
+            "config": (f"{device_label(b0).split(':')[0]}: " if multi_device else "") + _label(b0, varying),
+            "settings": b0.get("settings"), "n_base_records": len(bs), "n_cand_records": len(cs), "metrics": metrics,
+            "busy": busy,
+        })
+    return out_pairs
+
+
 def compare_records(base_all: list[dict[str, Any]], cand_all: list[dict[str, Any]], thr: dict[str, Threshold],
                     force: bool = False, alpha: float = ALPHA, base_name: str = "BASE",
                     cand_name: str = "CAND") -> dict[str, Any]:
@@ -338,25 +365,7 @@ def compare_records(base_all: list[dict[str, Any]], cand_all: list[dict[str, Any
                                   "their figures are not comparable. Pass --force to compare anyway")
     all_recs = [r for bs, cs in pairs for r in bs + cs]
     varying = _varying(all_recs)
-    multi_device = len({device_label(bs[0]) for bs, _ in pairs}) > 1
-    out_pairs = []
-    for bs, cs in sorted(pairs, key=lambda p: sort_key(p[0][0])):
-        metrics = []
-        busy = _busy_sides(bs, cs)
-        for name, m in METRICS.items():
-            bx, be = _values(bs, name)
-            cx, ce = _values(cs, name)
-            res = compare_metric(m, bx, be, cx, ce, thr[name], alpha)
-            if res is not None:
-                _busy_verdict(res, busy, force)
-                metrics.append(res)
-        b0 = bs[0]
-        out_pairs.append({
-            "model": (b0.get("model") or {}).get("name"), "device": device_label(b0),
-            "config": (f"{device_label(b0).split(':')[0]}: " if multi_device else "") + _label(b0, varying),
-            "settings": b0.get("settings"), "n_base_records": len(bs), "n_cand_records": len(cs), "metrics": metrics,
-            "busy": busy,
-        })
+    out_pairs = _compared_pairs(pairs, varying, thr, alpha, force)
     failures = []
     for bs, cs in sorted(failed_pairs, key=lambda p: sort_key(p[0][0])):
         failures.append({"model": (bs[0].get("model") or {}).get("name"), "config": _label(bs[0], varying),

@@ -24,7 +24,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -441,47 +441,69 @@ def _model_section(name: str, recs: list[dict[str, Any]]) -> Section:
     return sec
 
 
-def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
-    ok = [r for r in rows if r["status"] == "ok" and r["kv_predicted_bytes"] is not None]
-    if not ok:
-        return []
-    depth_matters = any(len({x["n_depth"] for x in ok if (x["n_ctx"], x["type_k"], x["type_v"]) == k}) > 1
-                        for k in {(x["n_ctx"], x["type_k"], x["type_v"]) for x in ok})
-    cols = _setting_cols(ok, depth_matters)
-    has_engine = any(r["kv_engine_mib"] is not None for r in ok)
-    has_run = any(r["kv_llama_run_mib"] is not None for r in ok)
-    has_meas = any(r["context_growth_measured_bytes"] is not None for r in ok)
-    heads = [h for _, h in cols] + ["KV MiB, predicted (formula)"]
-    if has_engine:
-        heads.append("KV MiB, llama.cpp dry run")
-    if has_run:
-        heads += ["KV MiB, llama.cpp in the run", "KV buffer MiB, llama.cpp"]
-    if has_meas:
-        # not "error": this is what llama.cpp allocates beside the KV cache (issue 19); a formula-vs-llama.cpp
-        # mismatch is the only error and shows in the llama.cpp columns
-        heads += ["context memory MiB, measured (OS)", "beside the KV MiB (measured − predicted)", "beside the KV, % of KV"]
-    has_gpu = any(r["context_gpu_growth_bytes"] is not None for r in ok)
-    if has_gpu:
-        heads += ["context GPU memory MiB, measured (device)", "GPU compute buffers MiB, llama.cpp",
-                  "GPU − compute − predicted MiB", "GPU beside the KV, % of KV"]
-    heads.append("KV saving vs f16, predicted")
-    body = []
-    for r in ok:
-        cells = _cells(r, cols) + [fmt_mib_b(r["kv_predicted_bytes"])]
-        if has_engine:
-            cells.append(fmt_mib(r["kv_engine_mib"]))
-        if has_run:
-            cells += [fmt_mib(r["kv_llama_run_mib"]), fmt_mib(r["kv_buffer_mib"])]
-        if has_meas:
-            g = r["context_growth_measured_bytes"]
-            d = r["context_growth_minus_predicted_bytes"]
-            cells += [fmt_mib_b(g), DASH if d is None else f"{d / MIB:+,.2f}", fmt_pct(r["context_growth_error_pct"])]
-        if has_gpu:
-            gd = r["context_gpu_growth_minus_predicted_bytes"]
-            cells += [fmt_mib_b(r["context_gpu_growth_bytes"]), fmt_mib(r["gpu_compute_buffer_mib"]),
-                      DASH if gd is None else f"{gd / MIB:+,.2f}", fmt_pct(r["context_gpu_growth_error_pct"])]
-        cells.append(fmt_x(r["kv_saving_vs_f16_predicted"]))
-        body.append(cells)
+@dataclass(frozen=True)
+class ColumnGroup:
+    """Columns a table shows only when some row has what they show (no column of dashes only)."""
+
+    heads: tuple[str, ...]
+    cells: Callable[[dict[str, Any]], list[str]]
+    shown: Callable[[dict[str, Any]], bool] | None = None     # None: always shown
+
+
+def _grouped(rows: list[dict[str, Any]], groups: Sequence[ColumnGroup]) -> list[ColumnGroup]:
+    return [g for g in groups if g.shown is None or any(g.shown(r) for r in rows)]
+
+
+def _signed_mib(b: int | None) -> str:
+    return DASH if b is None else f"{b / MIB:+,.2f}"
+
+
+# the KV-cache table: predicted, llama.cpp (dry run, the run's own log), measured (OS, and a GPU's memory)
+_KV_GROUPS = (
+    ColumnGroup(("KV MiB, predicted (formula)",), lambda r: [fmt_mib_b(r["kv_predicted_bytes"])]),
+    ColumnGroup(("KV MiB, llama.cpp dry run",), lambda r: [fmt_mib(r["kv_engine_mib"])],
+                lambda r: r["kv_engine_mib"] is not None),
+    ColumnGroup(("KV MiB, llama.cpp in the run", "KV buffer MiB, llama.cpp"),
+                lambda r: [fmt_mib(r["kv_llama_run_mib"]), fmt_mib(r["kv_buffer_mib"])],
+                lambda r: r["kv_llama_run_mib"] is not None),
+    # not "error": this is what llama.cpp allocates beside the KV cache (issue 19); a formula-vs-llama.cpp
+    # mismatch is the only error and shows in the llama.cpp columns
+    ColumnGroup(("context memory MiB, measured (OS)", "beside the KV MiB (measured − predicted)", "beside the KV, % of KV"),
+                lambda r: [fmt_mib_b(r["context_growth_measured_bytes"]),
+                           _signed_mib(r["context_growth_minus_predicted_bytes"]), fmt_pct(r["context_growth_error_pct"])],
+                lambda r: r["context_growth_measured_bytes"] is not None),
+    ColumnGroup(("context GPU memory MiB, measured (device)", "GPU compute buffers MiB, llama.cpp",
+                 "GPU − compute − predicted MiB", "GPU beside the KV, % of KV"),
+                lambda r: [fmt_mib_b(r["context_gpu_growth_bytes"]), fmt_mib(r["gpu_compute_buffer_mib"]),
+                           _signed_mib(r["context_gpu_growth_minus_predicted_bytes"]),
+                           fmt_pct(r["context_gpu_growth_error_pct"])],
+                lambda r: r["context_gpu_growth_bytes"] is not None),
+    ColumnGroup(("KV saving vs f16, predicted",), lambda r: [fmt_x(r["kv_saving_vs_f16_predicted"])]),
+)
+
+# the whole-process table: what the OS measured, and llama.cpp's compute reservations beside it
+_PROCESS_GROUPS = (
+    ColumnGroup(("peak RSS MiB",), lambda r: [fmt_mib_b(r["peak_rss_bytes"])]),
+    ColumnGroup(("anonymous MiB after fill", "file-backed MiB after fill"),
+                lambda r: [fmt_mib_b(r["anon_after_fill_bytes"]), fmt_mib_b(r["file_after_fill_bytes"])],
+                lambda r: r["anon_after_fill_bytes"] is not None),
+    ColumnGroup(("GPU MiB (NVML, this process)",), lambda r: [fmt_mib_b(r["peak_gpu_bytes"])],
+                lambda r: bool(r["peak_gpu_bytes"])),
+    ColumnGroup(("footprint MiB (macOS)",), lambda r: [fmt_mib_b(r["peak_footprint_bytes"])],
+                lambda r: bool(r["peak_footprint_bytes"])),
+    ColumnGroup(("compute buffers MiB, llama.cpp (reserved)", "peak RSS saving vs f16, measured"),
+                lambda r: [fmt_mib(r["compute_buffer_mib"]), fmt_x(r["peak_rss_saving_vs_f16_measured"])]),
+)
+
+
+def _table(title: str, intro: str, rows: list[dict[str, Any]], cols: list[tuple[str, str]],
+           groups: Sequence[ColumnGroup]) -> Table:
+    heads = [h for _, h in cols] + [h for g in groups for h in g.heads]
+    body = [_cells(r, cols) + [c for g in groups for c in g.cells(r)] for r in rows]
+    return Table(title, intro, heads, body, _align(cols, len(heads) - len(cols)))
+
+
+def _kv_intro(ok: list[dict[str, Any]], has_engine: bool, has_run: bool, has_meas: bool, has_gpu: bool) -> str:
     intro = ("KV cache by context and cache type. *Predicted* is edgekv's formula from the GGUF header")
     if has_engine or has_run:
         intro += "; *llama.cpp* columns are llama.cpp's own `llama_kv_cache: size` figures"
@@ -492,7 +514,7 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
                   "(the KV cache plus small output and scheduler buffers), from the OS. *Beside the KV* = measured − "
                   "predicted: those other buffers, also as a share of the predicted KV; it is not an error of the "
                   "prediction (that would be a llama.cpp column differing from the formula)")
-    if any(r["context_gpu_growth_bytes"] is not None for r in ok):
+    if has_gpu:
         intro += ("; where the cache lives on a GPU, *context GPU memory* is how much the device memory in use "
                   "(read by the run itself through ggml, e.g. cudaMemGetInfo, right after the load and right after "
                   "the context) grew when llama.cpp created the context: the KV buffers plus the compute buffers ggml "
@@ -504,40 +526,33 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
         intro += (" This model has several cache objects (e.g. full and sliding-window layers): llama.cpp prints one "
                   "size line per cache, each rounded to 0.01 MiB, so its columns (their sum) can differ by 0.01 from "
                   "the formula's exact total; the check against the formula compares each line and the cell counts.")
+    return intro
+
+
+_PROCESS_INTRO = (
+    "Whole-process memory of each run, measured by the OS: the peak resident set over the whole run (model "
+    "loaded, context created, cache filled to the test depth: sampled every 5 ms; the timed tests: read by "
+    "the process itself after each repetition, so that sampling never slows them), leaving out only the "
+    "moments the harness saves or restores its depth state; its anonymous "
+    "(KV, compute and output buffers) and file-backed (memory-mapped weights) parts after the fill. "
+    "Compute buffers are llama.cpp's reservations; only the pages a graph touches become resident.")
+
+
+def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
+    ok = [r for r in rows if r["status"] == "ok" and r["kv_predicted_bytes"] is not None]
+    if not ok:
+        return []
+    depth_matters = any(len({x["n_depth"] for x in ok if (x["n_ctx"], x["type_k"], x["type_v"]) == k}) > 1
+                        for k in {(x["n_ctx"], x["type_k"], x["type_v"]) for x in ok})
+    groups = _grouped(ok, _KV_GROUPS)
+    has_engine, has_run, has_meas, has_gpu = (g in groups for g in _KV_GROUPS[1:5])
     ttl = "KV cache: predicted" + (", llama.cpp" if has_engine or has_run else "") + (", measured" if has_meas else "")
-    tables = [Table(ttl, intro, heads, body, _align(cols, len(heads) - len(cols)))]
+    tables = [_table(ttl, _kv_intro(ok, has_engine, has_run, has_meas, has_gpu), ok, _setting_cols(ok, depth_matters),
+                     groups)]
     proc = [r for r in ok if r["peak_rss_bytes"] is not None]
     if proc:
-        pcols = _setting_cols(proc, depth_matters)
-        has_gpu = any(r["peak_gpu_bytes"] for r in proc)
-        has_fp = any(r["peak_footprint_bytes"] for r in proc)
-        has_anon = any(r["anon_after_fill_bytes"] is not None for r in proc)
-        heads = [h for _, h in pcols] + ["peak RSS MiB"]
-        if has_anon:
-            heads += ["anonymous MiB after fill", "file-backed MiB after fill"]
-        if has_gpu:
-            heads.append("GPU MiB (NVML, this process)")
-        if has_fp:
-            heads.append("footprint MiB (macOS)")
-        heads += ["compute buffers MiB, llama.cpp (reserved)", "peak RSS saving vs f16, measured"]
-        body = []
-        for r in proc:
-            cells = _cells(r, pcols) + [fmt_mib_b(r["peak_rss_bytes"])]
-            if has_anon:
-                cells += [fmt_mib_b(r["anon_after_fill_bytes"]), fmt_mib_b(r["file_after_fill_bytes"])]
-            if has_gpu:
-                cells.append(fmt_mib_b(r["peak_gpu_bytes"]))
-            if has_fp:
-                cells.append(fmt_mib_b(r["peak_footprint_bytes"]))
-            cells += [fmt_mib(r["compute_buffer_mib"]), fmt_x(r["peak_rss_saving_vs_f16_measured"])]
-            body.append(cells)
-        intro = ("Whole-process memory of each run, measured by the OS: the peak resident set over the whole run (model "
-                 "loaded, context created, cache filled to the test depth: sampled every 5 ms; the timed tests: read by "
-                 "the process itself after each repetition, so that sampling never slows them), leaving out only the "
-                 "moments the harness saves or restores its depth state; its anonymous "
-                 "(KV, compute and output buffers) and file-backed (memory-mapped weights) parts after the fill. "
-                 "Compute buffers are llama.cpp's reservations; only the pages a graph touches become resident.")
-        tables.append(Table("Process memory, measured", intro, heads, body, _align(pcols, len(heads) - len(pcols))))
+        tables.append(_table("Process memory, measured", _PROCESS_INTRO, proc, _setting_cols(proc, depth_matters),
+                             _grouped(proc, _PROCESS_GROUPS)))
     return tables
 
 
@@ -706,7 +721,8 @@ def _explained_memory(recs: list[dict[str, Any]]) -> list[Table]:
     """The explained-memory table (edgekv.output.memreport): measured peak vs the whole-process prediction's parts."""
     from edgekv.output.memreport import table
 
-    return table(recs)
+    t = table(recs)
+    return [Table(*t)] if t is not None else []
 
 
 def _explained_plot(recs: list[dict[str, Any]], slug: str) -> list[tuple[str, str, bytes]]:
