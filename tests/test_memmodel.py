@@ -288,8 +288,10 @@ def test_v1_files_upgrade(path):
 
 
 def test_v2_record_with_process_roundtrips(tmp_path):
-    rec = {"schema_version": 2, "kind": "bench", "config_key": "x", "status": "ok", "settings": {"n_ctx": 512},
-           "prediction": {"process": {"workload": "bench", "peak_rss_bytes": 1, "device_bytes": {}, "parts": []}}}
+    rec = json.loads((ROOT / "tests" / "data" / "smollm2-sweep.jsonl").read_text().splitlines()[0])
+    rec["schema_version"] = 2
+    rec["prediction"]["process"] = {"workload": "bench", "peak_rss_bytes": 1, "device_bytes": {}, "parts": [],
+                                    "notes": []}
     R.append(tmp_path / "r.jsonl", rec)
     assert R.load(tmp_path / "r.jsonl") == [rec]
 

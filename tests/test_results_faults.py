@@ -64,7 +64,7 @@ def damaged(tmp_path):
         "newer": (write(tmp_path / "newer.jsonl", b[:3] + [json.dumps(newer).encode() + b"\n"] + b[4:]), 4,
                   "newer edgekv"),
         "nullsettings": (write(tmp_path / "null.jsonl", b[:5] + [json.dumps(nullset).encode() + b"\n"] + b[6:]), 6,
-                         "'settings' is null"),
+                         "settings: expected object, got null"),
         "list": (write(tmp_path / "list.jsonl", b[:1] + [b"[1, 2]\n"] + b[1:]), 2, "JSON object"),
     }
 
@@ -171,25 +171,27 @@ def test_unwritable_output_is_refused_before_measuring(tmp_path, make, needle):
 
 
 _APPENDER = """
-import sys
+import json, sys
 from edgekv.records import results as R
-path, who, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+path, who, n, size, base = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+rec = json.loads(open(base).readline())        # a real record: loading is strict
 for i in range(n):
-    R.append(path, {"schema_version": 1, "settings": {}, "who": who, "i": i, "pad": "x" * size})
+    R.append(path, {**rec, "config_key": f"{who}-{i}", "reason": "x" * size})
 """
 
 
 def test_concurrent_appenders_lose_nothing(tmp_path):
     p = tmp_path / "race.jsonl"
-    p.write_bytes(b'{"schema_version": 1, "settings": {}, "who": "seed", "i": 0}')     # no final newline
+    p.write_bytes(base_lines()[0].rstrip(b"\n"))     # no final newline
     n, size = 60, 128 * 1024
-    procs = [subprocess.Popen([sys.executable, "-c", _APPENDER, str(p), w, str(n), str(size)]) for w in "ab"]
+    procs = [subprocess.Popen([sys.executable, "-c", _APPENDER, str(p), w, str(n), str(size), str(BASE)]) for w in "ab"]
     for pr in procs:
         assert pr.wait(timeout=300) == 0
     recs = R.load(p)
     assert len(recs) == 2 * n + 1
     for w in "ab":
-        assert sorted(r["i"] for r in recs if r["who"] == w) == list(range(n))
+        assert sorted(int(r["config_key"].split("-")[1]) for r in recs if r["config_key"].startswith(w + "-")) == \
+            list(range(n))
 
 
 def test_resume_keeps_a_record_without_its_newline_and_two_benches_never_share_a_file(tmp_path):

@@ -12,8 +12,13 @@ Schema history (``schema_version``):
   optional ``settings.no_mmap``.  v1 records are upgraded with ``prediction.process = None`` (never
   predicted) and no residual: nothing is invented for them.
 
-Loading upgrades older records step by step (``UPGRADES``) and refuses records written by a newer
-edgekv.  Writing is append-only: each record is one ``write()`` of one line on an ``O_APPEND``
+Loading upgrades older records step by step (``UPGRADES``, on plain dicts), refuses records written
+by a newer edgekv, then decodes each record strictly into :class:`edgekv.records.schema.Record`
+(msgspec): a missing, unknown or mistyped key refuses in one line ``file:line: key: what; what to do``.
+The types live in :mod:`edgekv.records.schema` (``SCHEMA_VERSION`` too); their JSON Schema is the
+committed ``results.schema.json`` (``python -m edgekv.records.schema`` regenerates it).
+
+Writing is append-only: each record is one ``write()`` of one line on an ``O_APPEND``
 descriptor followed by ``fsync``, so an interrupted sweep leaves complete lines plus at most one
 torn last line, which loading ignores (and a resumed sweep redoes).
 
@@ -38,8 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekv.errors import ResultsError
-
-SCHEMA_VERSION = 2
+from edgekv.records.schema import SCHEMA_VERSION, Record, decode
 
 
 def _v1_to_v2(r: dict[str, Any]) -> dict[str, Any]:
@@ -118,32 +122,34 @@ class Skipped:
         return f"{self.file}:{self.line}: {self.why}"
 
 
-# Blocks of a record that readers index into: each must be a JSON object (settings) or an object/null.
-_OBJECT_BLOCKS = ("model", "environment", "prediction", "effective", "memory", "speed", "timing", "differences",
-                  "llama_log", "quality")
-
-
 def check_record(record: dict[str, Any], where: str) -> dict[str, Any]:
-    """The shape readers rely on (``settings`` an object, the other blocks objects or null), else ResultsError."""
-    if not isinstance(record.get("settings"), dict):
-        got = record.get("settings")
-        raise ResultsError(f"{where}: 'settings' is {json.dumps(got)[:40] if 'settings' in record else 'missing'}, "
-                           "not an object; not a usable edgekv result")
-    for k in _OBJECT_BLOCKS:
-        v = record.get(k)
-        if v is not None and not isinstance(v, dict):
-            raise ResultsError(f"{where}: '{k}' is a {type(v).__name__}, not an object; not a usable edgekv result")
+    """Strict: the upgraded dict must decode as a :class:`~edgekv.records.schema.Record`, else ResultsError
+    naming ``where: key`` and what to do (missing, unknown or mistyped key)."""
+    decode(record, where)
     return record
+
+
+def load_records(path: str | os.PathLike, tolerate_torn_tail: bool = True,
+                 skipped: list[Skipped] | None = None) -> list[Record]:
+    """Load an edgekv JSONL results file as typed :class:`Record` objects (upgrades, then strict decoding).
+
+    Same rules as :func:`load` (strict by default; a ``skipped`` list collects unusable lines instead).
+    """
+    return _load(path, tolerate_torn_tail, skipped, typed=True)
 
 
 def load(path: str | os.PathLike, tolerate_torn_tail: bool = True,
          skipped: list[Skipped] | None = None) -> list[dict[str, Any]]:
-    """Load an edgekv JSONL results file (with upgrades).
+    """Load an edgekv JSONL results file (with upgrades) as plain dicts, each checked strictly against the schema.
 
     Strict by default: the first unusable line raises :class:`ResultsError` naming ``file:line``.
     With a ``skipped`` list, unusable lines are left out and described there instead (a torn last
     line too), so the caller can say how many it skipped and why.
     """
+    return _load(path, tolerate_torn_tail, skipped, typed=False)
+
+
+def _load(path: str | os.PathLike, tolerate_torn_tail: bool, skipped: list[Skipped] | None, typed: bool) -> list[Any]:
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -172,7 +178,9 @@ def load(path: str | os.PathLike, tolerate_torn_tail: bool = True,
                 raise ResultsError(f"{p}:{i}: not valid JSON; the results file is damaged") from None
             if not isinstance(obj, dict):
                 raise ResultsError(f"{p}:{i}: expected a JSON object per line")
-            out.append(check_record(upgrade(obj, f"{p}:{i}"), f"{p}:{i}"))
+            up = upgrade(obj, f"{p}:{i}")
+            rec = decode(up, f"{p}:{i}")
+            out.append(rec if typed else up)
         except ResultsError as e:
             if skipped is None:
                 raise

@@ -1,0 +1,606 @@
+"""The typed results record: one :class:`Record` for every kind (``bench``, ``llama-bench``, ``predict``,
+``quality``), decoded strictly and encoded back to the same JSON.
+
+Why ``msgspec.Struct`` (not dataclasses): strict typed decoding with a path to the bad key
+(``$.settings.n_ctx``), ``forbid_unknown_fields``, absent-vs-null kept apart (``UNSET`` fields are left
+out when encoding, so a record written today reads back byte for byte), and the JSON Schema generated
+from the same types (:func:`json_schema`).  It is small, typed and has no dependencies.
+
+Provenance.  Every block that carries numbers says where they come from, in its docstring and in
+:data:`PROVENANCE` (block -> source), so readers never guess:
+
+* ``formula``    -- predicted by edgekv from the GGUF header (``prediction.formula``; pure Python)
+* ``llama.cpp``  -- reported by llama.cpp: its dry run (``prediction.engine``), its log in the measured
+  run (``llama_log``, ``effective``), llama-bench's own figures (``llama_bench``)
+* ``measured``   -- measured by the OS / timers around a real run (``memory``, ``speed``, ``timing``,
+  ``quality``: perplexity and KL divergence computed from real logits)
+* ``model``      -- ``prediction.process`` mixes sources: each of its ``parts`` names its own ``source``
+  (formula, llama.cpp dry run, measured calibration; :mod:`edgekv.core.memmodel`)
+* ``derived``    -- ``differences`` and ``memory_residual``: measured minus predicted, each key naming
+  both sides
+
+Mappings (``dict[str, ...]``) are used where the content is free-form by nature: the environment
+fingerprint (its keys grow with what the platform exposes: devices, drivers, power), ggml buffer
+sizes keyed by buffer-type name (``CPU``, ``CPU_Mapped``, ``CUDA0``: llama.cpp's names, open-ended),
+per-phase peaks keyed by phase name, and per-device byte counts.
+
+Units are in the field names (``_bytes``, ``_mib``, ``_s``, ``_ns``, ``_ts`` = tokens per second).
+The keys of committed schema-2 files are kept as they are (``mean_ts`` etc.).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+SCHEMA_VERSION = 2
+
+KINDS = ("bench", "llama-bench", "predict", "quality")
+
+# Which source each block's numbers come from (documented above; the DataFrame suffixes use it).
+PROVENANCE: dict[str, str] = {
+    "prediction.formula": "formula",
+    "prediction.engine": "llama.cpp",
+    "prediction.process": "model",
+    "llama_log": "llama.cpp",
+    "effective": "llama.cpp",
+    "llama_bench": "llama.cpp",
+    "memory": "measured",
+    "speed": "measured",
+    "timing": "measured",
+    "quality": "measured",
+    "differences": "derived",
+    "memory_residual": "derived",
+}
+
+
+def _d(t: Any, desc: str) -> Any:
+    return Annotated[t, Meta(description=desc)]
+
+
+class _Block(Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+OptInt = Union[int, None]
+OptFloat = Union[float, None]
+OptStr = Union[str, None]
+BufMiB = dict[str, float]          # ggml buffer type name -> MiB, as llama.cpp prints it
+
+
+# -- settings and model -------------------------------------------------------------------------------
+
+class QualitySettings(_Block, kw_only=True):
+    """What quality measurement was asked for alongside a bench (``--quality``)."""
+
+    corpus: _d(str, "corpus name or path the perplexity/KL pass read")
+    chunks: _d(OptInt, "number of corpus chunks scored (None: all)")
+
+
+class Settings(_Block, kw_only=True):
+    """What was asked: llama.cpp's context parameters and the workload (llama-bench's names)."""
+
+    engine: _d(str, "'llama-cpp-python' (edgekv's child) or 'llama-bench'")
+    n_ctx: _d(int, "context size in tokens (-c)")
+    type_k: _d(str, "K cache type as llama.cpp spells it (-ctk)")
+    type_v: _d(str, "V cache type (-ctv)")
+    flash_attn: _d(str, "flash attention asked: on | off | auto (-fa)")
+    swa_full: _d(bool, "full-size SWA cache (--swa-full)")
+    n_seq_max: _d(int, "parallel sequences (-np)")
+    kv_unified: _d(bool, "one KV buffer shared by all sequences (--kv-unified)")
+    n_batch: _d(int, "logical batch size in tokens (-b)")
+    n_ubatch: _d(int, "physical batch size in tokens (-ub)")
+    n_threads: _d(int, "CPU threads (-t)")
+    n_gpu_layers: _d(int, "layers offloaded to the GPU (-ngl)")
+    n_prompt: _d(int, "prompt-processing test length in tokens (-p)")
+    n_gen: _d(int, "generation test length in tokens (-n)")
+    n_depth: _d(int, "tokens already in the context before each test (-d)")
+    repetitions: _d(int, "timed repetitions per test (-r)")
+    warmup: _d(bool, "one untimed warm-up run before the timed ones")
+    quality: _d(Union[QualitySettings, None], "quality pass asked with the bench, or None")
+    no_mmap: _d(Union[bool, UnsetType], "weights read into anonymous memory (--no-mmap); only present when set") = UNSET
+
+
+class Model(_Block, kw_only=True):
+    """The GGUF file: where it came from and its KV-relevant shape (read from the header)."""
+
+    path: _d(str, "absolute path of the GGUF file")
+    name: _d(str, "model name (general.name, else the registry/file name)")
+    spec: _d(str, "what the user passed to -m")
+    source: _d(str, "local | hf | url | pypi")
+    sha256: _d(OptStr, "sha256 of the whole file (None: only the header was read)")
+    arch: _d(str, "general.architecture")
+    memory: _d(str, "cache family: kv | swa | hybrid | recurrent | ...")
+    size_bytes: _d(int, "bytes of weight tensors")
+    file_bytes: _d(int, "bytes of the GGUF file")
+    n_layer: _d(int, "layers (block_count)")
+    n_ctx_train: _d(OptInt, "training context length")
+    n_head_kv: _d(Union[list[int], None], "distinct KV head counts over attention layers")
+    head_dim_k: _d(Union[list[int], None], "distinct K head dimensions over attention layers")
+    n_swa: _d(OptInt, "sliding-window size in tokens, None when the model has no SWA")
+    swa_layers: _d(int, "layers using the sliding window")
+    shared_kv_layers: _d(int, "layers reusing another layer's KV (no cache of their own)")
+    recurrent_layers: _d(int, "layers with recurrent state")
+    mla: _d(bool, "multi-head latent attention")
+
+
+# -- prediction ---------------------------------------------------------------------------------------
+
+class FormulaCache(_Block, kw_only=True):
+    """One KV cache of the formula (provenance: formula; :meth:`edgekv.core.predict.CachePrediction.to_dict`)."""
+
+    kind: _d(str, "cache kind: kv | swa | recurrent | dsv4_state | ...")
+    cells: _d(Union[int, UnsetType], "cells (tokens) per stream (absent for state caches: see state_rows)") = UNSET
+    n_stream: _d(int, "streams (sequences with their own cells)")
+    layers: _d(int, "layers in this cache")
+    layer_ids: _d(list[int], "layer indices")
+    type_k: _d(str, "K cache type")
+    type_v: _d(str, "V cache type")
+    k_bytes: _d(int, "K bytes")
+    v_bytes: _d(int, "V bytes")
+    bytes: _d(int, "all bytes of this cache")
+    r_bytes: _d(Union[int, UnsetType], "recurrent R state bytes") = UNSET
+    s_bytes: _d(Union[int, UnsetType], "recurrent S state bytes") = UNSET
+    name: _d(Union[str, UnsetType], "state cache name") = UNSET
+    state_rows: _d(Union[int, UnsetType], "state rows") = UNSET
+    width: _d(Union[int, UnsetType], "state row width") = UNSET
+    rs_seq: _d(Union[int, UnsetType], "state sequences") = UNSET
+    state_bytes: _d(Union[int, UnsetType], "state bytes") = UNSET
+
+
+class Formula(_Block, kw_only=True):
+    """The KV prediction from the GGUF header (provenance: formula; :mod:`edgekv.core.predict`)."""
+
+    n_ctx: _d(int, "context size asked")
+    n_ctx_padded: _d(int, "context size after llama.cpp's padding")
+    n_ctx_seq: _d(int, "cells per sequence")
+    type_k: _d(str, "K cache type")
+    type_v: _d(str, "V cache type")
+    flash_attn: _d(str, "flash attention asked")
+    flash_attn_effective: _d(str, "flash attention llama.cpp would use (on/off/auto)")
+    swa_full: _d(bool, "full-size SWA cache")
+    n_seq_max: _d(int, "parallel sequences")
+    kv_unified: _d(bool, "unified KV buffer")
+    n_batch: _d(int, "logical batch")
+    n_ubatch: _d(int, "physical batch")
+    status: _d(str, "ok | invalid | unsupported")
+    reason: _d(OptStr, "why not ok")
+    aborts: _d(bool, "llama.cpp would abort at context creation")
+    memory: _d(str, "cache family")
+    kv_bytes: _d(OptInt, "attention KV bytes (None unless status is ok)")
+    k_bytes: _d(OptInt, "K bytes")
+    v_bytes: _d(OptInt, "V bytes")
+    recurrent_bytes: _d(OptInt, "recurrent state bytes")
+    state_bytes: _d(Union[int, None, UnsetType], "other state bytes (DeepSeek-V4 style caches)") = UNSET
+    total_bytes: _d(OptInt, "KV + recurrent + state bytes: what llama.cpp allocates for the caches")
+    caches: _d(list[FormulaCache], "one entry per cache (empty unless status is ok)")
+    notes: _d(Union[list[str], UnsetType], "caveats of the prediction") = UNSET
+    layers: _d(Union[list[dict[str, Any]], UnsetType], "per-layer breakdown (predict --layers)") = UNSET
+
+
+class CacheLine(_Block, kw_only=True):
+    """One cache as llama.cpp's log prints it (provenance: llama.cpp; :func:`edgekv.orchestration.crosscheck.engine_lines`)."""
+
+    kind: _d(str, "kv | recurrent | state")
+    role: _d(Union[str, None, UnsetType], "role in a hybrid/iSWA cache (full, swa) or None") = UNSET
+    mib: _d(str, "total MiB, as printed (a string: keeps llama.cpp's digits)")
+    cells: _d(int, "cells")
+    layers: _d(Union[int, UnsetType], "layers") = UNSET
+    streams: _d(Union[int, None, UnsetType], "streams (seqs)") = UNSET
+    type_k: _d(Union[str, None, UnsetType], "K type") = UNSET
+    type_v: _d(Union[str, None, UnsetType], "V type") = UNSET
+    k_mib: _d(Union[str, None, UnsetType], "K MiB as printed") = UNSET
+    v_mib: _d(Union[str, None, UnsetType], "V MiB as printed") = UNSET
+    r_mib: _d(Union[str, None, UnsetType], "recurrent R MiB as printed") = UNSET
+    s_mib: _d(Union[str, None, UnsetType], "recurrent S MiB as printed") = UNSET
+    width: _d(Union[int, None, UnsetType], "state row width") = UNSET
+    rs_seq: _d(Union[int, None, UnsetType], "state sequences") = UNSET
+
+
+class Engine(_Block, kw_only=True):
+    """llama.cpp's own dry run for the configuration (provenance: llama.cpp; ``no_alloc``, parsed log)."""
+
+    ok: _d(bool, "the dry run succeeded")
+    error: _d(OptStr, "why it failed")
+    match: _d(bool, "its caches equal the formula's")
+    diffs: _d(list[str], "formula vs llama.cpp differences, readable")
+    caches: _d(list[CacheLine], "its cache lines")
+    kv_mib: _d(OptFloat, "KV MiB it printed (sum)")
+    compute_mib: _d(Union[BufMiB, None], "compute buffers, MiB per ggml buffer type")
+    output_mib: _d(Union[BufMiB, None], "output buffers, MiB per buffer type")
+
+
+class ProcessPart(_Block, kw_only=True):
+    """One part of the whole-process prediction; ``source`` is its provenance."""
+
+    name: _d(str, "what it is")
+    bytes: _d(int, "bytes")
+    source: _d(str, "formula | llama.cpp dry run | measured (runtime calibration) | ...")
+    where: _d(str, "host or a ggml device name")
+    kind: _d(str, "anonymous | file | device")
+    note: _d(str, "how it was obtained")
+
+
+class PredictedAfter(_Block, kw_only=True):
+    """Set when the prediction was added to a record after its measurement."""
+
+    edgekv: _d(str, "edgekv version that predicted")
+    time_utc: _d(str, "when")
+
+
+class Process(_Block, kw_only=True):
+    """Whole-process memory prediction (issue 15; :mod:`edgekv.core.memmodel`); provenance per part."""
+
+    workload: _d(Union[str, UnsetType], "the workload predicted (bench, llama-bench, ...)") = UNSET
+    peak_rss_bytes: _d(OptInt, "predicted peak RSS (None: not predicted)")
+    device_bytes: _d(Union[dict[str, int], UnsetType], "predicted bytes per device") = UNSET
+    parts: _d(Union[list[ProcessPart], UnsetType], "the parts summed") = UNSET
+    notes: _d(Union[list[str], UnsetType], "caveats") = UNSET
+    predicted_after_measurement: _d(Union[PredictedAfter, UnsetType], "added later by edgekv") = UNSET
+    error: _d(Union[str, None, UnsetType], "why the dry run behind it failed") = UNSET
+
+
+class Prediction(_Block, kw_only=True):
+    """What edgekv predicts: the formula, llama.cpp's dry run, the whole process."""
+
+    formula: _d(Formula, "KV from the header (formula)")
+    engine: _d(Union[Engine, None, UnsetType], "llama.cpp dry run (llama.cpp)") = UNSET
+    process: _d(Union[Process, None, UnsetType], "whole-process prediction; None: never predicted") = UNSET
+
+
+# -- what llama.cpp did and reported -------------------------------------------------------------------
+
+class Effective(_Block, kw_only=True):
+    """Context parameters llama.cpp actually used (provenance: llama.cpp)."""
+
+    n_ctx: _d(int, "context size")
+    n_batch: _d(Union[int, UnsetType], "logical batch") = UNSET
+    n_ubatch: _d(Union[int, UnsetType], "physical batch") = UNSET
+    n_seq_max: _d(Union[int, UnsetType], "parallel sequences") = UNSET
+    n_ctx_seq: _d(Union[int, UnsetType], "cells per sequence") = UNSET
+    flash_attn: _d(Union[str, None, UnsetType], "enabled | disabled as resolved") = UNSET
+    flash_attn_forced_for_quantized_v: _d(Union[bool, UnsetType], "llama.cpp turned FA on for a quantized V") = UNSET
+
+
+class LlamaLog(_Block, kw_only=True):
+    """Buffers llama.cpp printed in the measured run (provenance: llama.cpp)."""
+
+    kv: _d(list[CacheLine], "cache lines")
+    kv_mib: _d(float, "KV MiB (sum of the cache lines)")
+    recurrent_mib: _d(Union[int, float, UnsetType], "recurrent state MiB") = UNSET
+    kv_buffers_mib: _d(Union[BufMiB, None, UnsetType], "KV buffers, MiB per buffer type") = UNSET
+    rs_buffers_mib: _d(Union[BufMiB, None, UnsetType], "recurrent buffers, MiB per buffer type") = UNSET
+    compute_mib: _d(Union[BufMiB, None], "compute buffers, MiB per buffer type")
+    output_mib: _d(Union[BufMiB, None, UnsetType], "output buffers, MiB per buffer type") = UNSET
+    model_buffers_mib: _d(Union[BufMiB, None, UnsetType], "model weight buffers, MiB per buffer type") = UNSET
+    gpu_layers: _d(Union[list[int], None, UnsetType], "offloaded/total layers as printed") = UNSET
+    device_notes: _d(Union[list[str], UnsetType], "device lines worth keeping") = UNSET
+
+
+# -- measured -----------------------------------------------------------------------------------------
+
+class SpeedTest(_Block, kw_only=True):
+    """One test (pp or tg): every timed sample and its summary (provenance: measured)."""
+
+    n_tokens: _d(int, "tokens per sample")
+    samples_ns: _d(list[int], "duration of each timed repetition, ns")
+    samples_ts: _d(list[float], "tokens per second of each repetition")
+    mean_ts: _d(OptFloat, "mean tokens per second")
+    stdev_ts: _d(OptFloat, "sample standard deviation, tokens per second")
+    ci95_ts: _d(Union[list[float], None], "95% confidence interval of the mean, tokens per second")
+    cv: _d(OptFloat, "coefficient of variation (stdev / mean)")
+    unstable: _d(bool, "cv >= 10%: rerun on a quieter machine")
+    llama_bench_avg_ts: _d(Union[float, UnsetType], "llama-bench's own avg_ts (llama.cpp)") = UNSET
+
+
+class TestMemory(_Block, kw_only=True):
+    """Peaks of one llama-bench process (provenance: measured)."""
+
+    peak_rss_bytes: _d(OptInt, "peak RSS")
+    kernel_maxrss_bytes: _d(OptInt, "ru_maxrss from wait4")
+    peak_gpu_bytes: _d(OptInt, "peak GPU memory")
+    peak_footprint_bytes: _d(OptInt, "peak footprint (macOS)")
+    peak_anon_bytes: _d(OptInt, "peak anonymous RSS")
+    peak_file_bytes: _d(OptInt, "peak file-backed RSS")
+
+
+class Memory(_Block, kw_only=True):
+    """Memory of the measured process, sampled by the parent and read by the child (provenance: measured)."""
+
+    peak_rss_bytes: _d(OptInt, "peak RSS over the model's phases (harness snapshot/restore left out)")
+    peak_rss_all_phases_bytes: _d(Union[int, None, UnsetType], "peak RSS over every phase") = UNSET
+    kernel_maxrss_bytes: _d(OptInt, "ru_maxrss from wait4")
+    peak_footprint_bytes: _d(Union[int, None, UnsetType], "peak footprint (macOS)") = UNSET
+    peak_gpu_bytes: _d(OptInt, "peak GPU memory in use")
+    phase_peaks_bytes: _d(Union[dict[str, int], UnsetType], "peak RSS per phase") = UNSET
+    gpu_phase_peaks_bytes: _d(Union[dict[str, int], None, UnsetType], "peak GPU memory per phase") = UNSET
+    n_samples: _d(Union[int, UnsetType], "parent's RSS samples") = UNSET
+    sample_interval_mean_s: _d(Union[float, None, UnsetType], "mean interval between samples") = UNSET
+    sample_interval_max_s: _d(Union[float, None, UnsetType], "longest interval between samples") = UNSET
+    timed_unsampled_s: _d(Union[float, None, UnsetType], "time in timed tests the parent did not sample") = UNSET
+    n_child_samples: _d(Union[int, None, UnsetType], "RSS readings by the child after each repetition") = UNSET
+    rss_start_bytes: _d(Union[int, None, UnsetType], "RSS at child start") = UNSET
+    anon_start_bytes: _d(Union[int, None, UnsetType], "anonymous RSS at child start") = UNSET
+    gpu_used_start_bytes: _d(Union[int, UnsetType], "device memory in use at start") = UNSET
+    rss_after_load_bytes: _d(Union[int, None, UnsetType], "RSS after the model load") = UNSET
+    anon_after_load_bytes: _d(Union[int, None, UnsetType], "anonymous RSS after the load") = UNSET
+    gpu_used_after_load_bytes: _d(Union[int, UnsetType], "device memory in use after the load") = UNSET
+    rss_after_context_bytes: _d(Union[int, None, UnsetType], "RSS after context creation") = UNSET
+    anon_after_context_bytes: _d(Union[int, None, UnsetType], "anonymous RSS after context creation") = UNSET
+    gpu_used_after_context_bytes: _d(Union[int, UnsetType], "device memory after context creation") = UNSET
+    rss_after_fill_bytes: _d(Union[int, None, UnsetType], "RSS after filling to depth") = UNSET
+    anon_after_fill_bytes: _d(Union[int, None, UnsetType], "anonymous RSS after the fill") = UNSET
+    gpu_used_after_fill_bytes: _d(Union[int, UnsetType], "device memory after the fill") = UNSET
+    rss_end_bytes: _d(Union[int, None, UnsetType], "RSS at the end") = UNSET
+    anon_end_bytes: _d(Union[int, None, UnsetType], "anonymous RSS at the end") = UNSET
+    gpu_used_end_bytes: _d(Union[int, UnsetType], "device memory at the end") = UNSET
+    file_after_fill_bytes: _d(Union[int, UnsetType], "file-backed RSS after the fill (rss - anon)") = UNSET
+    per_test: _d(Union[dict[str, TestMemory], UnsetType], "llama-bench: peaks per test process") = UNSET
+
+
+class Timing(_Block, kw_only=True):
+    """Wall-clock phases of the run, seconds (provenance: measured)."""
+
+    import_s: _d(Union[float, UnsetType], "child: importing llama_cpp") = UNSET
+    load_s: _d(Union[float, UnsetType], "model load") = UNSET
+    context_s: _d(Union[float, UnsetType], "context creation") = UNSET
+    warmup_s: _d(Union[float, UnsetType], "warm-up run") = UNSET
+    fill_s: _d(Union[float, UnsetType], "fill to depth") = UNSET
+    pp_s: _d(Union[float, UnsetType], "timed prompt processing") = UNSET
+    tg_s: _d(Union[float, UnsetType], "timed generation") = UNSET
+    snapshot_s: _d(Union[float, UnsetType], "harness: saving the depth state") = UNSET
+    restore_s: _d(Union[float, UnsetType], "harness: restoring the depth state") = UNSET
+    child_total_s: _d(Union[float, UnsetType], "child's whole life") = UNSET
+    timed_s: _d(Union[float, UnsetType], "timed tests") = UNSET
+    wall_s: _d(float, "parent's wall time for the configuration")
+    llama_s: _d(Union[float, UnsetType], "sum of llama.cpp phases (load .. tg)") = UNSET
+    harness_s: _d(Union[float, UnsetType], "wall_s - llama_s") = UNSET
+
+
+class Differences(_Block, kw_only=True):
+    """Measured (or llama.cpp-reported) minus predicted; each key names both sides (provenance: derived)."""
+
+    llama_kv_matches_formula: _d(bool, "llama.cpp's cache lines in the run equal the formula's")
+    llama_kv_diffs: _d(Union[list[str], UnsetType], "how they differ") = UNSET
+    kv_buffer_mib: _d(Union[float, UnsetType], "KV buffer MiB llama.cpp allocated") = UNSET
+    kv_buffer_minus_formula_mib: _d(Union[float, UnsetType], "llama.cpp KV buffer - formula, MiB") = UNSET
+    context_anon_growth_bytes: _d(Union[int, UnsetType], "measured anonymous RSS growth at context creation") = UNSET
+    context_anon_growth_minus_formula_bytes: _d(Union[int, UnsetType], "that growth - formula KV bytes") = UNSET
+    context_gpu_growth_bytes: _d(Union[int, UnsetType], "measured device memory growth at context creation") = UNSET
+    gpu_compute_buffer_bytes: _d(Union[int, UnsetType], "llama.cpp's device compute buffers, bytes") = UNSET
+    context_gpu_growth_minus_compute_minus_formula_bytes: _d(
+        Union[int, UnsetType], "device growth - compute buffers - formula KV bytes") = UNSET
+    fill_anon_growth_bytes: _d(Union[int, UnsetType], "measured anonymous growth during the fill") = UNSET
+    compute_buffer_bytes: _d(Union[int, UnsetType], "llama.cpp's compute buffers, bytes (reserved, not compared)") = UNSET
+
+
+class MemoryResidual(_Block, kw_only=True):
+    """Measured peak RSS minus the whole-process prediction (provenance: derived)."""
+
+    peak_rss_bytes: _d(int, "measured - predicted, bytes")
+    peak_rss_pct: _d(float, "that, % of predicted")
+    workload: _d(str, "the workload predicted")
+
+
+# -- quality ------------------------------------------------------------------------------------------
+
+class Corpus(_Block, kw_only=True):
+    """The text scored."""
+
+    name: _d(str, "corpus name")
+    path: _d(str, "file read")
+    n_bytes: _d(int, "bytes")
+    sha256: _d(str, "sha256 of the file")
+    source: _d(str, "where it came from")
+    detail: _d(str, "how it was obtained")
+    n_tokens: _d(int, "tokens after tokenisation")
+
+
+class CacheTypes(_Block, kw_only=True):
+    type_k: _d(str, "K cache type")
+    type_v: _d(str, "V cache type")
+
+
+class QualityStats(_Block, kw_only=True):
+    """Perplexity and KL divergence vs the f16-KV baseline, llama-perplexity's statistics (provenance: measured)."""
+
+    corpus: _d(Corpus, "the text scored")
+    baseline: _d(CacheTypes, "the reference cache types")
+    method: _d(str, "how logits were compared")
+    n_threads: _d(int, "CPU threads")
+    attn_rot_k: _d(bool, "llama.cpp rotated K (attn_rot)")
+    attn_rot_v: _d(bool, "llama.cpp rotated V")
+    flash_attn_resolved: _d(OptStr, "flash attention as llama.cpp resolved it")
+    n_tokens_scored: _d(OptInt, "tokens scored")
+    ppl: _d(OptFloat, "perplexity")
+    ppl_err: _d(OptFloat, "its standard error")
+    base_ppl: _d(OptFloat, "baseline perplexity")
+    base_ppl_err: _d(OptFloat, "its standard error")
+    ln_ppl_ratio: _d(OptFloat, "mean ln(ppl / base ppl)")
+    ln_ppl_ratio_err: _d(OptFloat, "its standard error")
+    ppl_ratio: _d(OptFloat, "ppl / base ppl")
+    ppl_ratio_err: _d(OptFloat, "its standard error")
+    cor_ln_ppl: _d(OptFloat, "correlation of the per-token ln p")
+    kld_mean: _d(OptFloat, "mean KL divergence")
+    kld_mean_err: _d(OptFloat, "its standard error")
+    kld_median: _d(OptFloat, "median KL divergence")
+    kld_p90: _d(OptFloat, "90th percentile")
+    kld_p95: _d(OptFloat, "95th percentile")
+    kld_p99: _d(OptFloat, "99th percentile")
+    kld_p999: _d(OptFloat, "99.9th percentile")
+    kld_max: _d(OptFloat, "maximum")
+    kld_min: _d(OptFloat, "minimum")
+    same_top_rate: _d(OptFloat, "fraction of tokens with the same top-1")
+    same_top_rate_err: _d(OptFloat, "its standard error")
+    delta_p_mean: _d(OptFloat, "mean change of the correct token's probability")
+    delta_p_mean_err: _d(OptFloat, "its standard error")
+    delta_p_rms: _d(OptFloat, "RMS of that change")
+    delta_p_rms_err: _d(OptFloat, "its standard error")
+    delta_p_max_abs: _d(OptFloat, "largest absolute change")
+    eval_s: _d(OptFloat, "evaluation time, s")
+    eval_tokens_per_s: _d(OptFloat, "evaluation speed, tokens per second")
+    n_chunks: _d(OptInt, "chunks scored")
+    n_seq: _d(OptInt, "sequences per batch")
+    n_batch: _d(OptInt, "logical batch")
+    n_ubatch: _d(OptInt, "physical batch")
+
+
+class QualityPass(_Block, kw_only=True):
+    """The child process that computed a quality pass (provenance: measured)."""
+
+    wall_s: _d(OptFloat, "wall time")
+    stats_s: _d(OptFloat, "time computing statistics")
+    n_contexts: _d(OptInt, "contexts created")
+    tokens_per_s: _d(OptFloat, "evaluation speed")
+    n_ctx_total: _d(OptInt, "sum of the contexts' sizes")
+    eval_tokens: _d(OptInt, "tokens evaluated")
+    base_eval_s: _d(OptFloat, "baseline evaluation time")
+    base_flash_attn_resolved: _d(OptStr, "flash attention of the baseline")
+    peak_rss_bytes: _d(OptInt, "peak RSS of the pass")
+    model: _d(OptStr, "model path")
+    model_name: _d(OptStr, "model name")
+    n_vocab: _d(OptInt, "vocabulary size")
+    add_bos: _d(Union[bool, None], "BOS added")
+    llama_cpp_python: _d(OptStr, "llama-cpp-python version")
+    system_info: _d(OptStr, "llama.cpp system info")
+
+
+class Quality(_Block, kw_only=True):
+    """KV-quantization quality of one (n_ctx, type_k, type_v) (provenance: measured)."""
+
+    n_ctx: _d(int, "context size")
+    type_k: _d(str, "K cache type")
+    type_v: _d(str, "V cache type")
+    flash_attn: _d(str, "flash attention asked")
+    status: _d(str, "ok | invalid | failed | ...")
+    error: _d(OptStr, "why not ok")
+    quality: _d(Union[QualityStats, None], "the statistics, None when not ok")
+    pass_: _d(Union[QualityPass, None, UnsetType], "the pass that computed it") = msgspec.field(default=UNSET, name="pass")
+
+
+# -- llama-bench import -------------------------------------------------------------------------------
+
+class LlamaBenchContext(_Block, kw_only=True):
+    """What llama-bench's log printed for one test's context (provenance: llama.cpp)."""
+
+    test: _d(str, "pp | tg")
+    n_ctx: _d(int, "context size")
+    kv: _d(list[CacheLine], "cache lines")
+    kv_mib: _d(float, "KV MiB")
+    compute_mib: _d(BufMiB, "compute buffers, MiB per buffer type")
+    formula_kv_bytes: _d(int, "formula KV bytes for this context (formula)")
+    matches_formula: _d(bool, "llama.cpp's lines equal the formula's")
+    diffs: _d(list[str], "how they differ")
+
+
+class LlamaBench(_Block, kw_only=True):
+    """llama-bench's own JSON fields for an imported run (provenance: llama.cpp)."""
+
+    path: _d(str, "llama-bench binary")
+    build_commit: _d(str, "llama.cpp commit")
+    build_number: _d(int, "llama.cpp build number")
+    cpu_info: _d(str, "CPU as llama-bench reports it")
+    gpu_info: _d(str, "GPU as llama-bench reports it")
+    backends: _d(str, "backends")
+    model_type: _d(str, "model type string")
+    model_size: _d(int, "model bytes (llama-bench's count)")
+    model_n_params: _d(int, "parameters")
+    devices: _d(str, "devices")
+    contexts: _d(list[LlamaBenchContext], "the contexts it created")
+
+
+# -- the record ---------------------------------------------------------------------------------------
+
+class Record(Struct, kw_only=True, forbid_unknown_fields=True):
+    """One configuration: what was asked, predicted, reported by llama.cpp, and measured.
+
+    Kinds: ``bench`` (edgekv's child process), ``llama-bench`` (an imported llama-bench run),
+    ``predict`` (prediction only: no measured blocks), ``quality`` (perplexity/KL only).
+    """
+
+    schema_version: _d(int, "schema version (see edgekv.records.results)")
+    kind: _d(Literal["bench", "llama-bench", "predict", "quality"], "what produced the record")
+    config_key: _d(str, "hash of the model sha256 and the key settings (edgekv.records.results.KEY_SETTINGS)")
+    status: _d(str, "ok | failed | skipped | invalid | ...")
+    reason: _d(OptStr, "why not ok")
+    time_utc: _d(str, "when (ISO 8601, UTC)")
+    edgekv: _d(str, "edgekv version that wrote it")
+    model: _d(Model, "the model")
+    settings: _d(Settings, "what was asked")
+    prediction: _d(Prediction, "predicted: formula, llama.cpp dry run, whole process")
+    environment: _d(dict[str, Any], "reproducibility fingerprint (free-form: platform-dependent keys)")
+    effective: _d(Union[Effective, None, UnsetType], "what llama.cpp used") = UNSET
+    llama_log: _d(Union[LlamaLog, None, UnsetType], "what llama.cpp printed in the run") = UNSET
+    speed: _d(Union[dict[str, SpeedTest], None, UnsetType], "speed per test (pp, tg)") = UNSET
+    timing: _d(Union[Timing, None, UnsetType], "wall-clock phases") = UNSET
+    restore: _d(Union[str, None, UnsetType], "how depth state was restored between repetitions") = UNSET
+    snapshot_bytes: _d(Union[int, UnsetType], "bytes of the saved depth state") = UNSET
+    memory: _d(Union[Memory, None, UnsetType], "measured memory") = UNSET
+    llama_bench: _d(Union[LlamaBench, None, UnsetType], "llama-bench's own fields (kind llama-bench)") = UNSET
+    differences: _d(Union[Differences, None, UnsetType], "measured - predicted") = UNSET
+    quality: _d(Union[Quality, None, UnsetType], "perplexity / KL divergence") = UNSET
+    memory_residual: _d(Union[MemoryResidual, None, UnsetType], "measured - predicted peak RSS") = UNSET
+    machine: _d(Union[str, UnsetType], "machine label added by `edgekv merge` (device and host)") = UNSET
+
+
+# -- decode / encode ----------------------------------------------------------------------------------
+
+def decode(obj: dict[str, Any], where: str) -> Record:
+    """A plain (upgraded) dict -> :class:`Record`, strictly; else one-line ResultsError naming ``where: key``."""
+    from edgekv.errors import ResultsError
+
+    try:
+        return msgspec.convert(obj, Record, strict=True)
+    except msgspec.ValidationError as e:
+        raise ResultsError(f"{where}: {_explain(str(e))}") from None
+
+
+def _explain(msg: str) -> str:
+    """msgspec's 'Expected `int`, got `str` - at `$.settings.n_ctx`' -> 'settings.n_ctx: expected int, got str; ...'."""
+    text, _, path = msg.partition(" - at `")
+    path = path.rstrip("`")
+    key = path[2:] if path.startswith("$.") else (path or "record")
+    if text.startswith("Object missing required field"):
+        field = text.split("`")[1]
+        key = f"{key}.{field}" if path and path != "$" else field
+        return f"{key}: missing; not a complete edgekv record (re-run the bench, or remove the line)"
+    if text.startswith("Object contains unknown field"):
+        field = text.split("`")[1]
+        key = f"{key}.{field}" if path and path != "$" else field
+        return (f"{key}: unknown key; written by another tool or a newer edgekv "
+                "(upgrade edgekv, or remove the key)")
+    text = text.replace("`", "")
+    return f"{key}: {text[0].lower() + text[1:]}; the results file is damaged or hand-edited (fix or remove the line)"
+
+
+def encode(rec: Record) -> dict[str, Any]:
+    """:class:`Record` -> plain dict (absent fields left out, ``None`` kept): the line written."""
+    return msgspec.to_builtins(rec)
+
+
+def encode_block(block: Struct | None) -> Any:
+    """One block -> plain dict (the single serialiser for every block type)."""
+    return None if block is None else msgspec.to_builtins(block)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a record, generated from the types (committed as results.schema.json)."""
+    return msgspec.json.schema(Record)
+
+
+SCHEMA_FILE = Path(__file__).with_name("results.schema.json")
+
+
+def schema_text() -> str:
+    """The committed ``results.schema.json`` text (sorted keys, 2-space indent, final newline)."""
+    import json
+
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":      # python -m edgekv.records.schema: regenerate results.schema.json
+    SCHEMA_FILE.write_text(schema_text())
+    print(f"wrote {SCHEMA_FILE}")
