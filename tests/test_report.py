@@ -110,7 +110,7 @@ def test_nothing_unmeasured_is_shown_as_measured(tmp_path):
     """A record without OS memory (e.g. from a run that died) shows dashes, not the prediction."""
     recs = load_any(FIXTURE)
     broken = copy.deepcopy(recs[0])
-    broken["memory"] = {}
+    broken["memory"] = None      # the schema's "nothing measured" (a run that died)
     broken.pop("llama_log")
     out = tmp_path / "r"
     REP.write_report([broken], out, plots=False)
@@ -120,12 +120,20 @@ def test_nothing_unmeasured_is_shown_as_measured(tmp_path):
     assert "Process memory, measured" not in md and "context memory MiB, measured" not in md
 
 
+def real_quality_block() -> dict:
+    """A quality block a real sweep wrote (reports/smollm2-135m), the schema's one layout."""
+    sweep = Path(__file__).resolve().parent.parent / "reports" / "smollm2-135m" / "sweep.jsonl"
+    return next(r["quality"] for r in map(json.loads, sweep.read_text().splitlines()) if r.get("quality"))
+
+
 def _with_quality(rec, kld, ppl, base_ppl):
     r = copy.deepcopy(rec)
-    # the layout edgekv.orchestration.quality.measure() returns per row (test data, not a measurement)
-    r["quality"] = {"status": "ok", "error": None, "quality": {
-        "ppl": ppl, "ppl_err": 0.05, "base_ppl": base_ppl, "kld_mean": kld, "kld_mean_err": kld / 20 if kld else 0.0,
-        "kld_p99": kld * 8, "same_top_rate": 0.99 - kld}}
+    # a real sweep's quality block with the figures replaced (test data, not a measurement)
+    q = real_quality_block()
+    q["quality"].update({"ppl": ppl, "ppl_err": 0.05, "base_ppl": base_ppl, "kld_mean": kld,
+                         "kld_mean_err": kld / 20 if kld else 0.0, "kld_p99": kld * 8, "same_top_rate": 0.99 - kld})
+    r["quality"] = {**q, "n_ctx": r["settings"]["n_ctx"], "type_k": r["settings"]["type_k"],
+                    "type_v": r["settings"]["type_v"]}
     return r
 
 
@@ -133,7 +141,9 @@ def test_quality_table_and_plot_when_quality_blocks_exist(tmp_path):
     recs = [r for r in load_any(FIXTURE) if r["settings"]["n_ctx"] == 1024]
     q = {"f16": (0.0, 10.0), "q8_0": (0.002, 10.01), "q4_0": (0.03, 10.4)}
     recs = [_with_quality(r, q[r["settings"]["type_k"]][0], q[r["settings"]["type_k"]][1], 10.0) for r in recs]
-    recs.append({**copy.deepcopy(recs[0]), "quality": {"status": "unavailable", "reason": "edgekv.orchestration.quality is not installed"}})
+    unavailable = {**recs[0]["quality"], "status": "unavailable", "error": "edgekv.orchestration.quality is not installed",
+                   "quality": None, "pass": None}
+    recs.append({**copy.deepcopy(recs[0]), "quality": unavailable})
     recs[-1]["settings"] = {**recs[-1]["settings"], "n_ctx": 2048}
     out = tmp_path / "q"
     res = REP.write_report(recs, out)

@@ -46,7 +46,7 @@ from typing import Any
 
 from edgekv.core.stats import summarize, welch
 from edgekv.errors import EnvironmentMismatch, UsageError
-from edgekv.output.inputs import device_label, load_any, machine_label
+from edgekv.output.inputs import device_label, llama_log_of, load_any, machine_label, memory_of, quality_of, speed_of, unset_none
 from edgekv.records import results as R
 
 ALPHA = 0.05
@@ -178,23 +178,23 @@ def _values(recs: list[dict[str, Any]], metric: str) -> tuple[list[float], float
     errs: list[float] = []
     for r in recs:
         if metric in ("pp", "tg"):
-            v = (r.get("speed") or {}).get(metric) or {}
-            xs += [float(x) for x in (v.get("samples_ts") or []) if x is not None]
+            v = speed_of(r, metric)
+            xs += [float(x) for x in (v.samples_ts if v is not None else []) if x is not None]
         elif metric == "rss":
-            v = (r.get("memory") or {}).get("peak_rss_bytes")
-            if v:
-                xs.append(v / (1024 * 1024))
+            mem = memory_of(r)
+            if mem is not None and mem.peak_rss_bytes:
+                xs.append(mem.peak_rss_bytes / (1024 * 1024))
         elif metric == "kv":
-            log = r.get("llama_log") or {}
-            if log.get("kv_mib") is not None:
-                xs.append(float(log.get("kv_mib") or 0) + float(log.get("recurrent_mib") or 0))
+            log = llama_log_of(r)
+            if log is not None:
+                xs.append(float(log.kv_mib or 0) + float(unset_none(log.recurrent_mib) or 0))
         else:
-            from edgekv.output.report import quality_block
-
-            status, _, q = quality_block(r)
-            if status == "ok" and q and q.get(f"{metric}_mean" if metric == "kld" else metric) is not None:
-                xs.append(float(q[f"{metric}_mean" if metric == "kld" else metric]))
-                e = q.get(f"{metric}_mean_err" if metric == "kld" else f"{metric}_err")
+            q = quality_of(r)
+            stats = q.quality if q is not None and q.status == "ok" else None
+            value = getattr(stats, f"{metric}_mean" if metric == "kld" else metric, None)
+            if value is not None:
+                xs.append(float(value))
+                e = getattr(stats, f"{metric}_mean_err" if metric == "kld" else f"{metric}_err")
                 if e is not None:
                     errs.append(float(e))
     se = None

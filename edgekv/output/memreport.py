@@ -12,6 +12,7 @@ from typing import Any
 
 from edgekv.core.memmodel import STACK_ORDER, stacked
 from edgekv.core.predict import MIB
+from edgekv.output.inputs import memory_of
 
 COLORS = {"baseline": "#8c8c8c", "weights": "#4c72b0", "KV": "#dd8452", "compute": "#55a868", "output": "#c44e52",
           "other": "#8172b3", "unexplained": "#ffffff"}
@@ -34,7 +35,8 @@ def explained(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in recs:
         proc = (r.get("prediction") or {}).get("process")
-        meas = (r.get("memory") or {}).get("peak_rss_bytes")
+        mem = memory_of(r)
+        meas = mem.peak_rss_bytes if mem is not None else None
         if r.get("status") != "ok" or not meas:
             continue
         row: dict[str, Any] = {"label": _label(r), "measured": meas, "predicted": None, "stack": None}
