@@ -13,9 +13,11 @@ from edgekv.core.predict import ContextParams, KVPrediction  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.orchestration.api import LoadedModel, load_model  # noqa: E402
 from edgekv.orchestration.api import predict as _predict_model  # noqa: E402
+from edgekv.records.frame import load_results, results_frame  # noqa: E402
 
 # ``edgekv.core.predict`` is the function; the module stays importable as ``edgekv.core.predict`` through
 # ``from edgekv.core.predict import ...`` (it is in sys.modules).
 predict = _predict_model
 
-__all__ = ["ContextParams", "EdgekvError", "KVPrediction", "LoadedModel", "load_model", "predict", "__version__"]
+__all__ = ["ContextParams", "EdgekvError", "KVPrediction", "LoadedModel", "load_model", "load_results", "predict",
+           "results_frame", "__version__"]

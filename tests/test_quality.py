@@ -18,6 +18,7 @@ import pytest
 from edgekv.cli.main import main
 from edgekv.edges.corpus import resolve_corpus
 from edgekv.orchestration.quality import measure
+from edgekv.records import results as R
 
 N_CTX = 128
 CHUNKS = 4
@@ -31,7 +32,10 @@ def cli_rows(smollm2_path):
         rc = main(["quality", str(smollm2_path), "-c", str(N_CTX), "--chunks", str(CHUNKS), "-ctk", "f16,q8_0,q4_0",
                    "-t", "2", "--json"])
     assert rc == 0, buf.getvalue()
-    return {r["type_k"]: r for r in json.loads(buf.getvalue())}
+    recs = json.loads(buf.getvalue())
+    # records of kind quality (issue 17): the measured row is their quality block
+    assert {r["kind"] for r in recs} == {"quality"} and all(r["schema_version"] == R.SCHEMA_VERSION for r in recs)
+    return {r["quality"]["type_k"]: r["quality"] for r in recs}
 
 
 def _reference(model_path, corpus_path, type_k: str, chunks: int = CHUNKS):

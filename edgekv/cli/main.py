@@ -272,7 +272,7 @@ def bench(
     chunks: Optional[int] = typer.Option(None, "--chunks", show_default=False,
                                          help="With --quality: chunks per context size (default: 2)."),
     timeout: float = typer.Option(3600.0, "--timeout", help="Seconds allowed per configuration."),
-    force: bool = typer.Option(False, "--force", help="Append to a results file from another environment."),
+    force: bool = typer.Option(False, "--force", help="Append to a results file from another environment or model."),
     no_mmap: bool = typer.Option(False, "--no-mmap", help="Read the weights into memory instead of mapping the file "
                                                           "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
     as_json: bool = JSON_OPT,

@@ -65,7 +65,10 @@ def quality(
         rows = measure(_model(model, model_opt), configs, corpus, ctxs, chunks, n_batch=batch_size, n_ubatch=ubatch_size,
                        n_threads=threads, n_gpu_layers=n_gpu_layers, timeout=timeout, on_event=progress.on_event)
     if as_json:
-        _print_json(rows)
+        from edgekv.orchestration.quality import quality_records
+
+        _print_json(quality_records(rows, _model(model, model_opt), corpus=corpus, chunks=chunks, n_batch=batch_size,
+                                    n_ubatch=ubatch_size, n_gpu_layers=n_gpu_layers))
     else:
         render_quality(_console(), rows)
 

@@ -23,11 +23,11 @@ from typing import Any
 
 from edgekv.core.llamalog import parse_memory_log
 from edgekv.core.predict import predict
-from edgekv.core.stats import summarize
 from edgekv.edges.engine import EngineResult
 from edgekv.errors import ResultsError
 from edgekv.orchestration.crosscheck import compare, engine_lines
 from edgekv.records import results as R
+from edgekv.records.schema import speed_test
 
 LLAMA_BENCH_TYPES = {"f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
 _CTX_START = re.compile(r"llama_context: constructing llama_context")
@@ -81,11 +81,8 @@ def run_llama_bench_case(spec, case, env, model, gpu_probe, emit) -> dict[str, A
         row = rows[-1]
         info = {k: row.get(k) for k in ("build_commit", "build_number", "cpu_info", "gpu_info", "backends",
                                          "model_type", "model_size", "model_n_params", "devices")}
-        summ = summarize(row["samples_ts"])
-        speed[test] = {"n_tokens": s["n_prompt"] if test == "pp" else s["n_gen"], "samples_ns": row["samples_ns"],
-                       "samples_ts": row["samples_ts"], "mean_ts": summ["mean"], "stdev_ts": summ["stdev"],
-                       "ci95_ts": summ["ci95"], "cv": summ["cv"], "unstable": summ["unstable"],
-                       "llama_bench_avg_ts": row.get("avg_ts")}
+        speed[test] = speed_test(s["n_prompt"] if test == "pp" else s["n_gen"], row["samples_ns"], row["samples_ts"],
+                                 llama_bench_avg_ts=row.get("avg_ts"))
         for chunk in split_contexts(child.stderr or ""):
             log = parse_memory_log(chunk)
             n_ctx = int(log.context.get("n_ctx", 0) or 0)
@@ -154,7 +151,6 @@ def from_llama_bench_row(row: dict[str, Any], source: str) -> dict[str, Any]:
         "n_prompt": row.get("n_prompt"), "n_gen": row.get("n_gen"), "n_depth": row.get("n_depth", 0),
         "repetitions": len(row.get("samples_ts") or []), "warmup": None, "quality": None, "test": test,
     }
-    summ = summarize(row["samples_ts"])
     n_tok = (row.get("n_prompt") or 0) + (row.get("n_gen") or 0)
     return {
         "schema_version": R.SCHEMA_VERSION, "kind": "llama-bench", "config_key": None, "status": "ok", "reason": None,
@@ -162,9 +158,7 @@ def from_llama_bench_row(row: dict[str, Any], source: str) -> dict[str, Any]:
         "model": {"path": row.get("model_filename"), "name": row.get("model_type"), "sha256": None,
                   "size_bytes": row.get("model_size")},
         "settings": settings,
-        "speed": {test: {"n_tokens": n_tok, "samples_ns": row.get("samples_ns"), "samples_ts": row["samples_ts"],
-                         "mean_ts": summ["mean"], "stdev_ts": summ["stdev"], "ci95_ts": summ["ci95"], "cv": summ["cv"],
-                         "unstable": summ["unstable"]}},
+        "speed": {test: speed_test(n_tok, row.get("samples_ns"), row["samples_ts"])},
         "environment": {"cpu_model": row.get("cpu_info"), "devices": row.get("gpu_info") or None,
                         "backends": row.get("backends"), "llama_cpp_commit": row.get("build_commit"),
                         "llama_bench_build_number": row.get("build_number")},

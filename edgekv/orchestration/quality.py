@@ -243,6 +243,43 @@ def measure(
     return out
 
 
+def quality_records(rows: list[dict[str, Any]], model: str | os.PathLike | None, *, corpus: str | None,
+                    chunks: int | None, n_batch: int, n_ubatch: int, n_gpu_layers: int,
+                    env: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """``edgekv quality --json``: each :func:`measure` row as a record of kind ``quality`` (``schema_version``,
+    model, settings, environment; the row itself is the ``quality`` block, as in a bench record), so report,
+    compare, merge and :func:`edgekv.results_frame` load it like bench records.  Checked against the schema."""
+    import time
+
+    from edgekv import __version__
+    from edgekv.edges.environment import collect
+    from edgekv.edges.sources import verified_sha256
+    from edgekv.orchestration.api import load_model
+    from edgekv.records import results as R
+    from edgekv.records.schema import SCHEMA_VERSION, decode, encode, model_block
+
+    m = load_model(None if model is None else str(model))
+    sha = verified_sha256(m.ref.path)
+    env = env if env is not None else collect()
+    out = []
+    for r in rows:
+        q = r.get("quality") or {}
+        settings = {
+            "engine": "llama-cpp-python", "n_ctx": r["n_ctx"], "type_k": r["type_k"], "type_v": r["type_v"],
+            "flash_attn": r["flash_attn"], "swa_full": False, "n_seq_max": 1, "kv_unified": False, "n_batch": n_batch,
+            "n_ubatch": n_ubatch, "n_threads": q.get("n_threads"), "n_gpu_layers": n_gpu_layers, "n_prompt": None,
+            "n_gen": None, "n_depth": None, "repetitions": None, "warmup": None,
+            "quality": {"corpus": corpus or (q.get("corpus") or {}).get("name") or "pydoc", "chunks": chunks},
+        }
+        rec = {
+            "schema_version": SCHEMA_VERSION, "kind": "quality", "config_key": R.config_key(sha, settings),
+            "status": r["status"], "reason": r.get("error"), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "edgekv": __version__, "model": model_block(m, sha), "settings": settings, "environment": env, "quality": r,
+        }
+        out.append(encode(decode(rec, f"quality row {r['n_ctx']}/{r['type_k']}/{r['type_v']}")))
+    return out
+
+
 # -- edgekv bench --quality -------------------------------------------------------------------------------
 
 SWEEP_CHUNKS = 2   # default chunks per context in a sweep: enough scored tokens for the KLD, minutes not hours

@@ -23,13 +23,14 @@ from typing import Any
 from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, device_mib
 from edgekv.core.predict import MIB, STATUS_OK, ContextParams, KVPrediction, predict
 from edgekv.core.shape import MEMORY_KV
-from edgekv.core.stats import summarize
 from edgekv.edges.engine import EngineResult
 from edgekv.edges.sources import edgekv_home, verified_sha256
 from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.api import LoadedModel
 from edgekv.orchestration.crosscheck import compare, engine_lines
 from edgekv.records import results as R
+from edgekv.records.schema import engine_block, growth_minus_formula_bytes, speed_test
+from edgekv.records.schema import model_block as schema_model_block
 
 ENGINE_PYTHON = "llama-cpp-python"
 ENGINE_LLAMA_BENCH = "llama-bench"
@@ -125,19 +126,7 @@ def default_output(spec: SweepSpec, cases: list[Case]) -> Path:
     return edgekv_home() / "runs" / f"{stem}-{h}.jsonl"
 
 
-def model_block(m: LoadedModel, sha: str | None) -> dict[str, Any]:
-    s = m.shape
-    attn = [lay for lay in s.layers if lay.attn_cache]
-    return {
-        "path": os.path.abspath(m.ref.path), "name": s.name or m.ref.name, "spec": m.ref.spec, "source": m.ref.source,
-        "sha256": sha, "arch": s.arch, "memory": s.memory, "size_bytes": m.header.weights_bytes,
-        "file_bytes": m.header.file_size, "n_layer": s.n_layer_all, "n_ctx_train": s.n_ctx_train,
-        "n_head_kv": sorted({lay.n_head_kv for lay in attn}) or None,
-        "head_dim_k": sorted({lay.head_k for lay in attn}) or None, "n_swa": s.n_swa or None,
-        "swa_layers": len([lay for lay in s.layers if lay.is_swa and lay.attn_cache]),
-        "shared_kv_layers": len([lay for lay in s.layers if not lay.has_kv]),
-        "recurrent_layers": len([lay for lay in s.layers if lay.recr_state]), "mla": s.is_mla,
-    }
+model_block = schema_model_block      # the one serialiser of the model block lives with the schema
 
 
 def _log_from_dict(d: dict[str, Any]) -> LlamaMemoryLog:
@@ -151,27 +140,12 @@ def _log_from_dict(d: dict[str, Any]) -> LlamaMemoryLog:
 def _prediction_block(pred: KVPrediction, eng: EngineResult | None) -> dict[str, Any]:
     out: dict[str, Any] = {"formula": pred.to_dict()}
     if eng is not None:
-        diffs = compare(pred, eng)
-        out["engine"] = {
-            "ok": eng.ok, "error": eng.error, "match": not diffs, "diffs": diffs,
-            "caches": engine_lines(eng) if eng.ok else [],
-            "kv_mib": round(eng.log.kv_mib_total, 2) if eng.ok else None,
-            "compute_mib": eng.log.compute_buffers if eng.ok else None,
-            "output_mib": eng.log.output_buffers if eng.ok else None,
-        }
+        out["engine"] = engine_block(pred, eng)
     return out
 
 
 def _speed_block(samples: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for test, v in samples.items():
-        summ = summarize(v["samples_ts"])
-        out[test] = {
-            "n_tokens": v["n_tokens"], "samples_ns": v["samples_ns"], "samples_ts": v["samples_ts"],
-            "mean_ts": summ["mean"], "stdev_ts": summ["stdev"], "ci95_ts": summ["ci95"], "cv": summ["cv"],
-            "unstable": summ["unstable"],
-        }
-    return out
+    return {test: speed_test(v["n_tokens"], v["samples_ns"], v["samples_ts"]) for test, v in samples.items()}
 
 
 def build_record(spec: SweepSpec, case: Case, env: dict[str, Any], model: dict[str, Any], eng: EngineResult | None,
@@ -292,7 +266,7 @@ def differences(case: Case, rec: dict[str, Any]) -> dict[str, Any]:
         a_load, a_ctx, a_fill = (mem.get(f"anon_{k}_bytes") for k in ("after_load", "after_context", "after_fill"))
         if a_load is not None and a_ctx is not None:
             d["context_anon_growth_bytes"] = a_ctx - a_load
-            d["context_anon_growth_minus_formula_bytes"] = (a_ctx - a_load) - pred.total_bytes
+            d["context_anon_growth_minus_formula_bytes"] = growth_minus_formula_bytes(a_ctx - a_load, pred.total_bytes)
         compute = sum((log.get("compute_mib") or {}).values())
         # KV on a GPU (CUDA, Vulkan, ...): the device memory in use (read by the child itself right after the
         # load and right after the context) grows by the KV buffers and the compute buffers, which ggml
@@ -331,8 +305,16 @@ class SweepResult:
 
 
 def check_resumable(existing: list[dict[str, Any]], env: dict[str, Any], model_sha: str | None, output: Path,
-                    force: bool) -> None:
+                    force: bool, model_name: str | None = None) -> None:
+    """Refuse (one line, unless ``--force``) to append to a file holding another model or environment."""
     for r in existing:
+        other = (r.get("model") or {}).get("sha256")
+        if model_sha and other and other != model_sha and not force:
+            name = (r.get("model") or {}).get("name") or "another model"
+            raise ResultsError(
+                f"{output} holds results of another model ({name}, sha256 {other[:12]}…); this run measures "
+                f"{model_name or 'a different model'} (sha256 {model_sha[:12]}…); write to a new file with -o, "
+                "or pass --force to append anyway")
         diffs = R.env_differences(r.get("environment") or {}, env)
         if diffs and not force:
             raise ResultsError(
@@ -370,7 +352,7 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
         emit("note", {"message": note})
     env = env or collect()
     existing = writer.existing
-    check_resumable(existing, env, sha, output, force)
+    check_resumable(existing, env, sha, output, force, model_name=spec.model.shape.name or spec.model.ref.name)
     done_keys = {r.get("config_key") for r in existing}
     todo = [c for c in cases if c.key not in done_keys]
     emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),

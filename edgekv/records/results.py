@@ -16,7 +16,7 @@ Loading upgrades older records step by step (``UPGRADES``, on plain dicts), refu
 by a newer edgekv, then decodes each record strictly into :class:`edgekv.records.schema.Record`
 (msgspec): a missing, unknown or mistyped key refuses in one line ``file:line: key: what; what to do``.
 The types live in :mod:`edgekv.records.schema` (``SCHEMA_VERSION`` too); their JSON Schema is the
-committed ``results.schema.json`` (``python -m edgekv.records.schema`` regenerates it).
+committed ``results.schema.json`` (``edgekv.records.schema.write_schema_file()`` regenerates it).
 
 Writing is append-only: each record is one ``write()`` of one line on an ``O_APPEND``
 descriptor followed by ``fsync``, so an interrupted sweep leaves complete lines plus at most one
@@ -203,7 +203,7 @@ def append(path: str | os.PathLike, record: dict[str, Any]) -> None:
     try:
         _lock(fd, p, wait=True)
         _repair_tail(fd, p)
-        _write_record(fd, record)
+        _write_record(fd, record, str(p))
     finally:
         os.close(fd)      # releases the lock
 
@@ -233,7 +233,7 @@ class ResultsWriter:
             raise
 
     def append(self, record: dict[str, Any]) -> None:
-        _write_record(self.fd, record)
+        _write_record(self.fd, record, str(self.path))
 
     def close(self) -> None:
         if self.fd < 0:
@@ -284,8 +284,16 @@ def _lock(fd: int, p: Path, wait: bool) -> None:
         raise ResultsError(f"{p}: cannot lock the results file ({e.strerror or e}); write it on a local disk") from None
 
 
-def _write_record(fd: int, record: dict[str, Any]) -> None:
-    data = (json.dumps(record, sort_keys=False, default=_default) + "\n").encode()
+def _checked(record: dict[str, Any], where: str) -> str:
+    """The line to write, after checking the record against the schema: a producer that builds a record
+    the loader would refuse fails here, naming the key, instead of writing a file nothing can read."""
+    line = json.dumps(record, sort_keys=False, default=_default)
+    decode(json.loads(line), f"{where} (record being written)")
+    return line
+
+
+def _write_record(fd: int, record: dict[str, Any], where: str = "results") -> None:
+    data = (_checked(record, where) + "\n").encode()
     view = memoryview(data)
     while view:
         n = os.write(fd, view)
@@ -328,10 +336,11 @@ def write_all(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> Non
     """Write a whole results file atomically (temp file + os.replace), e.g. for merge."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
+    lines = [_checked(r, str(p)) for r in records]      # all checked before the file is touched
     tmp = p.with_name(p.name + ".tmp")
     with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r, default=_default) + "\n")
+        for line in lines:
+            f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, p)

@@ -17,12 +17,18 @@ Provenance.  Every block that carries numbers says where they come from, in its 
 * ``model``      -- ``prediction.process`` mixes sources: each of its ``parts`` names its own ``source``
   (formula, llama.cpp dry run, measured calibration; :mod:`edgekv.core.memmodel`)
 * ``derived``    -- ``differences`` and ``memory_residual``: measured minus predicted, each key naming
-  both sides
+  both sides; ``plan``: the bench planner's time estimate beside the measured wall time
+* ``load`` is measured (other processes' CPU share around the run: the "busy machine" marker)
 
 Mappings (``dict[str, ...]``) are used where the content is free-form by nature: the environment
 fingerprint (its keys grow with what the platform exposes: devices, drivers, power), ggml buffer
 sizes keyed by buffer-type name (``CPU``, ``CPU_Mapped``, ``CUDA0``: llama.cpp's names, open-ended),
-per-phase peaks keyed by phase name, and per-device byte counts.
+per-phase peaks keyed by phase name, per-device byte counts, and the per-layer breakdown of
+``predict --layers`` (``prediction.formula.layers``, one dict per layer as :mod:`edgekv.core.predict` has it).
+
+Kinds: ``bench`` records must carry every identifying block (checked in :func:`decode`); ``predict``
+rows (:func:`predict_record`), ``quality`` records (``edgekv quality --json``) and imported llama-bench
+rows leave out what they do not have (``UNSET``: absent in the JSON, never invented).
 
 Units are in the field names (``_bytes``, ``_mib``, ``_s``, ``_ns``, ``_ts`` = tokens per second).
 The keys of committed schema-2 files are kept as they are (``mean_ts`` etc.).
@@ -54,6 +60,8 @@ PROVENANCE: dict[str, str] = {
     "quality": "measured",
     "differences": "derived",
     "memory_residual": "derived",
+    "load": "measured",
+    "plan": "derived",
 }
 
 
@@ -81,50 +89,55 @@ class QualitySettings(_Block, kw_only=True):
 
 
 class Settings(_Block, kw_only=True):
-    """What was asked: llama.cpp's context parameters and the workload (llama-bench's names)."""
+    """What was asked: llama.cpp's context parameters and the workload (llama-bench's names).
 
-    engine: _d(str, "'llama-cpp-python' (edgekv's child) or 'llama-bench'")
-    n_ctx: _d(int, "context size in tokens (-c)")
-    type_k: _d(str, "K cache type as llama.cpp spells it (-ctk)")
-    type_v: _d(str, "V cache type (-ctv)")
-    flash_attn: _d(str, "flash attention asked: on | off | auto (-fa)")
-    swa_full: _d(bool, "full-size SWA cache (--swa-full)")
-    n_seq_max: _d(int, "parallel sequences (-np)")
-    kv_unified: _d(bool, "one KV buffer shared by all sequences (--kv-unified)")
-    n_batch: _d(int, "logical batch size in tokens (-b)")
-    n_ubatch: _d(int, "physical batch size in tokens (-ub)")
-    n_threads: _d(int, "CPU threads (-t)")
-    n_gpu_layers: _d(int, "layers offloaded to the GPU (-ngl)")
-    n_prompt: _d(int, "prompt-processing test length in tokens (-p)")
-    n_gen: _d(int, "generation test length in tokens (-n)")
-    n_depth: _d(int, "tokens already in the context before each test (-d)")
-    repetitions: _d(int, "timed repetitions per test (-r)")
-    warmup: _d(bool, "one untimed warm-up run before the timed ones")
+    Every key is present; None where the producer did not set it (a predict row has no workload)."""
+
+    engine: _d(OptStr, "'llama-cpp-python' (edgekv's child) or 'llama-bench'")
+    n_ctx: _d(OptInt, "context size in tokens (-c); None in an imported llama-bench file (llama-bench's own default)")
+    type_k: _d(OptStr, "K cache type as llama.cpp spells it (-ctk)")
+    type_v: _d(OptStr, "V cache type (-ctv)")
+    flash_attn: _d(OptStr, "flash attention asked: on | off | auto (-fa)")
+    swa_full: _d(Union[bool, None], "full-size SWA cache (--swa-full)")
+    n_seq_max: _d(OptInt, "parallel sequences (-np)")
+    kv_unified: _d(Union[bool, None], "one KV buffer shared by all sequences (--kv-unified)")
+    n_batch: _d(OptInt, "logical batch size in tokens (-b)")
+    n_ubatch: _d(OptInt, "physical batch size in tokens (-ub)")
+    n_threads: _d(OptInt, "CPU threads (-t)")
+    n_gpu_layers: _d(OptInt, "layers offloaded to the GPU (-ngl)")
+    n_prompt: _d(OptInt, "prompt-processing test length in tokens (-p)")
+    n_gen: _d(OptInt, "generation test length in tokens (-n)")
+    n_depth: _d(OptInt, "tokens already in the context before each test (-d)")
+    repetitions: _d(OptInt, "timed repetitions per test (-r)")
+    warmup: _d(Union[bool, None], "one untimed warm-up run before the timed ones (None: unknown, imported llama-bench)")
     quality: _d(Union[QualitySettings, None], "quality pass asked with the bench, or None")
     no_mmap: _d(Union[bool, UnsetType], "weights read into anonymous memory (--no-mmap); only present when set") = UNSET
+    test: _d(Union[str, UnsetType], "imported llama-bench row: its test (pp, tg, pg)") = UNSET
 
 
 class Model(_Block, kw_only=True):
-    """The GGUF file: where it came from and its KV-relevant shape (read from the header)."""
+    """The GGUF file: where it came from and its KV-relevant shape (read from the header).
 
-    path: _d(str, "absolute path of the GGUF file")
-    name: _d(str, "model name (general.name, else the registry/file name)")
-    spec: _d(str, "what the user passed to -m")
-    source: _d(str, "local | hf | url | pypi")
+    An imported llama-bench file names only ``path``, ``name``, ``sha256`` (None) and ``size_bytes``."""
+
+    path: _d(OptStr, "absolute path of the GGUF file")
+    name: _d(OptStr, "model name (general.name, else the registry/file name; llama-bench: its model_type)")
+    spec: _d(Union[str, UnsetType], "what the user passed to -m") = UNSET
+    source: _d(Union[str, UnsetType], "local | hf | url | pypi") = UNSET
     sha256: _d(OptStr, "sha256 of the whole file (None: only the header was read)")
-    arch: _d(str, "general.architecture")
-    memory: _d(str, "cache family: kv | swa | hybrid | recurrent | ...")
-    size_bytes: _d(int, "bytes of weight tensors")
-    file_bytes: _d(int, "bytes of the GGUF file")
-    n_layer: _d(int, "layers (block_count)")
-    n_ctx_train: _d(OptInt, "training context length")
-    n_head_kv: _d(Union[list[int], None], "distinct KV head counts over attention layers")
-    head_dim_k: _d(Union[list[int], None], "distinct K head dimensions over attention layers")
-    n_swa: _d(OptInt, "sliding-window size in tokens, None when the model has no SWA")
-    swa_layers: _d(int, "layers using the sliding window")
-    shared_kv_layers: _d(int, "layers reusing another layer's KV (no cache of their own)")
-    recurrent_layers: _d(int, "layers with recurrent state")
-    mla: _d(bool, "multi-head latent attention")
+    arch: _d(Union[str, UnsetType], "general.architecture") = UNSET
+    memory: _d(Union[str, UnsetType], "cache family: kv | swa | hybrid | recurrent | ...") = UNSET
+    size_bytes: _d(Union[int, None, UnsetType], "bytes of weight tensors") = UNSET
+    file_bytes: _d(Union[int, UnsetType], "bytes of the GGUF file") = UNSET
+    n_layer: _d(Union[int, UnsetType], "layers (block_count)") = UNSET
+    n_ctx_train: _d(Union[OptInt, UnsetType], "training context length") = UNSET
+    n_head_kv: _d(Union[list[int], None, UnsetType], "distinct KV head counts over attention layers") = UNSET
+    head_dim_k: _d(Union[list[int], None, UnsetType], "distinct K head dimensions over attention layers") = UNSET
+    n_swa: _d(Union[OptInt, UnsetType], "sliding-window size in tokens, None when the model has no SWA") = UNSET
+    swa_layers: _d(Union[int, UnsetType], "layers using the sliding window") = UNSET
+    shared_kv_layers: _d(Union[int, UnsetType], "layers reusing another layer's KV (no cache of their own)") = UNSET
+    recurrent_layers: _d(Union[int, UnsetType], "layers with recurrent state") = UNSET
+    mla: _d(Union[bool, UnsetType], "multi-head latent attention") = UNSET
 
 
 # -- prediction ---------------------------------------------------------------------------------------
@@ -132,16 +145,16 @@ class Model(_Block, kw_only=True):
 class FormulaCache(_Block, kw_only=True):
     """One KV cache of the formula (provenance: formula; :meth:`edgekv.core.predict.CachePrediction.to_dict`)."""
 
-    kind: _d(str, "cache kind: kv | swa | recurrent | dsv4_state | ...")
+    kind: _d(Union[str, UnsetType], "cache kind: kv | swa | recurrent | dsv4_state | ...") = UNSET
     cells: _d(Union[int, UnsetType], "cells (tokens) per stream (absent for state caches: see state_rows)") = UNSET
-    n_stream: _d(int, "streams (sequences with their own cells)")
-    layers: _d(int, "layers in this cache")
-    layer_ids: _d(list[int], "layer indices")
-    type_k: _d(str, "K cache type")
-    type_v: _d(str, "V cache type")
-    k_bytes: _d(int, "K bytes")
-    v_bytes: _d(int, "V bytes")
-    bytes: _d(int, "all bytes of this cache")
+    n_stream: _d(Union[int, UnsetType], "streams (sequences with their own cells)") = UNSET
+    layers: _d(Union[int, UnsetType], "layers in this cache") = UNSET
+    layer_ids: _d(Union[list[int], UnsetType], "layer indices") = UNSET
+    type_k: _d(Union[str, UnsetType], "K cache type") = UNSET
+    type_v: _d(Union[str, UnsetType], "V cache type") = UNSET
+    k_bytes: _d(Union[int, UnsetType], "K bytes") = UNSET
+    v_bytes: _d(Union[int, UnsetType], "V bytes") = UNSET
+    bytes: _d(Union[int, UnsetType], "all bytes of this cache") = UNSET
     r_bytes: _d(Union[int, UnsetType], "recurrent R state bytes") = UNSET
     s_bytes: _d(Union[int, UnsetType], "recurrent S state bytes") = UNSET
     name: _d(Union[str, UnsetType], "state cache name") = UNSET
@@ -179,6 +192,7 @@ class Formula(_Block, kw_only=True):
     caches: _d(list[FormulaCache], "one entry per cache (empty unless status is ok)")
     notes: _d(Union[list[str], UnsetType], "caveats of the prediction") = UNSET
     layers: _d(Union[list[dict[str, Any]], UnsetType], "per-layer breakdown (predict --layers)") = UNSET
+    saving_vs_f16: _d(Union[float, None, UnsetType], "f16 cache bytes / these cache bytes (predict)") = UNSET
 
 
 class CacheLine(_Block, kw_only=True):
@@ -205,12 +219,20 @@ class Engine(_Block, kw_only=True):
 
     ok: _d(bool, "the dry run succeeded")
     error: _d(OptStr, "why it failed")
-    match: _d(bool, "its caches equal the formula's")
+    match: _d(Union[bool, None], "its caches equal the formula's (None: edgekv does not model this cache)")
     diffs: _d(list[str], "formula vs llama.cpp differences, readable")
-    caches: _d(list[CacheLine], "its cache lines")
-    kv_mib: _d(OptFloat, "KV MiB it printed (sum)")
-    compute_mib: _d(Union[BufMiB, None], "compute buffers, MiB per ggml buffer type")
-    output_mib: _d(Union[BufMiB, None], "output buffers, MiB per buffer type")
+    caches: _d(Union[list[CacheLine], UnsetType], "its cache lines (absent when the dry run failed)") = UNSET
+    kv_mib: _d(Union[float, None, UnsetType], "KV MiB it printed (sum)") = UNSET
+    recurrent_mib: _d(Union[float, int, None, UnsetType], "recurrent state MiB (predict --engine)") = UNSET
+    state_mib: _d(Union[float, int, None, UnsetType], "other state MiB (predict --engine)") = UNSET
+    other_buffers_mib: _d(Union[BufMiB, None, UnsetType], "buffers of kinds the log parser does not know") = UNSET
+    compute_mib: _d(Union[BufMiB, None, UnsetType], "compute buffers, MiB per ggml buffer type") = UNSET
+    output_mib: _d(Union[BufMiB, None, UnsetType], "output buffers, MiB per buffer type") = UNSET
+    flash_attn_resolved: _d(Union[str, None, UnsetType], "flash attention as llama.cpp resolved it") = UNSET
+    n_ctx: _d(Union[int, None, UnsetType], "context size llama.cpp created") = UNSET
+    total_bytes: _d(Union[int, None, UnsetType], "weights + caches + compute + output buffers (predict --engine)") = UNSET
+    total_caches_from: _d(Union[str, UnsetType], "formula | llama.cpp: whose cache bytes total_bytes uses") = UNSET
+    weights_bytes: _d(Union[int, None, UnsetType], "llama_model_size(): llama.cpp's own weights figure") = UNSET
 
 
 class ProcessPart(_Block, kw_only=True):
@@ -256,7 +278,7 @@ class Prediction(_Block, kw_only=True):
 class Effective(_Block, kw_only=True):
     """Context parameters llama.cpp actually used (provenance: llama.cpp)."""
 
-    n_ctx: _d(int, "context size")
+    n_ctx: _d(Union[int, None, UnsetType], "context size (absent: the context was never created)") = UNSET
     n_batch: _d(Union[int, UnsetType], "logical batch") = UNSET
     n_ubatch: _d(Union[int, UnsetType], "physical batch") = UNSET
     n_seq_max: _d(Union[int, UnsetType], "parallel sequences") = UNSET
@@ -269,7 +291,7 @@ class LlamaLog(_Block, kw_only=True):
     """Buffers llama.cpp printed in the measured run (provenance: llama.cpp)."""
 
     kv: _d(list[CacheLine], "cache lines")
-    kv_mib: _d(float, "KV MiB (sum of the cache lines)")
+    kv_mib: _d(Union[float, int, None], "KV MiB (sum of the cache lines)")
     recurrent_mib: _d(Union[int, float, UnsetType], "recurrent state MiB") = UNSET
     kv_buffers_mib: _d(Union[BufMiB, None, UnsetType], "KV buffers, MiB per buffer type") = UNSET
     rs_buffers_mib: _d(Union[BufMiB, None, UnsetType], "recurrent buffers, MiB per buffer type") = UNSET
@@ -286,14 +308,22 @@ class SpeedTest(_Block, kw_only=True):
     """One test (pp or tg): every timed sample and its summary (provenance: measured)."""
 
     n_tokens: _d(int, "tokens per sample")
-    samples_ns: _d(list[int], "duration of each timed repetition, ns")
+    samples_ns: _d(Union[list[int], None], "duration of each timed repetition, ns (None: the llama-bench file had none)")
     samples_ts: _d(list[float], "tokens per second of each repetition")
     mean_ts: _d(OptFloat, "mean tokens per second")
     stdev_ts: _d(OptFloat, "sample standard deviation, tokens per second")
     ci95_ts: _d(Union[list[float], None], "95% confidence interval of the mean, tokens per second")
     cv: _d(OptFloat, "coefficient of variation (stdev / mean)")
     unstable: _d(bool, "cv >= 10%: rerun on a quieter machine")
-    llama_bench_avg_ts: _d(Union[float, UnsetType], "llama-bench's own avg_ts (llama.cpp)") = UNSET
+    llama_bench_avg_ts: _d(Union[float, None, UnsetType], "llama-bench's own avg_ts (llama.cpp)") = UNSET
+
+
+class Speed(_Block, kw_only=True):
+    """Speed per llama-bench test (provenance: measured; ``llama_bench_avg_ts``: llama.cpp)."""
+
+    pp: _d(Union[SpeedTest, UnsetType], "prompt processing (-p tokens)") = UNSET
+    tg: _d(Union[SpeedTest, UnsetType], "text generation (-n tokens)") = UNSET
+    pg: _d(Union[SpeedTest, UnsetType], "prompt + generation in one test (imported llama-bench -pg)") = UNSET
 
 
 class TestMemory(_Block, kw_only=True):
@@ -363,7 +393,8 @@ class Timing(_Block, kw_only=True):
 class Differences(_Block, kw_only=True):
     """Measured (or llama.cpp-reported) minus predicted; each key names both sides (provenance: derived)."""
 
-    llama_kv_matches_formula: _d(bool, "llama.cpp's cache lines in the run equal the formula's")
+    llama_kv_matches_formula: _d(Union[bool, None, UnsetType],
+                                 "llama.cpp's cache lines in the run equal the formula's (absent: no valid formula)") = UNSET
     llama_kv_diffs: _d(Union[list[str], UnsetType], "how they differ") = UNSET
     kv_buffer_mib: _d(Union[float, UnsetType], "KV buffer MiB llama.cpp allocated") = UNSET
     kv_buffer_minus_formula_mib: _d(Union[float, UnsetType], "llama.cpp KV buffer - formula, MiB") = UNSET
@@ -383,6 +414,40 @@ class MemoryResidual(_Block, kw_only=True):
     peak_rss_bytes: _d(int, "measured - predicted, bytes")
     peak_rss_pct: _d(float, "that, % of predicted")
     workload: _d(str, "the workload predicted")
+
+
+class LoadWindow(_Block, kw_only=True):
+    """Other processes' CPU over a time window (provenance: measured; :mod:`edgekv.edges.load`)."""
+
+    wall_s: _d(Union[float, UnsetType], "window length") = UNSET
+    others_cpu_s: _d(Union[float, UnsetType], "CPU seconds used by other processes") = UNSET
+    others_cores: _d(Union[float, UnsetType], "cores other processes used on average") = UNSET
+    others_share: _d(Union[float, UnsetType], "their share of the machine's cores") = UNSET
+    loadavg_1m: _d(Union[float, None, UnsetType], "1-minute load average at the start") = UNSET
+    loadavg_1m_max: _d(Union[float, None, UnsetType], "highest 1-minute load average during the window") = UNSET
+
+
+class Load(_Block, kw_only=True):
+    """Was the machine busy before/while this configuration ran (pyperf's habit; provenance: measured)."""
+
+    cpus: _d(int, "logical CPUs")
+    before: _d(LoadWindow, "the half second before")
+    during: _d(LoadWindow, "the configuration itself")
+    threshold_share: _d(float, "others' share at or above which the record is marked busy")
+    busy: _d(bool, "others used at least threshold_share of the cores")
+    others_share_max: _d(float, "the larger of the two shares")
+
+
+class Plan(_Block, kw_only=True):
+    """The time estimate beside the measured wall time (``edgekv bench``'s planner; estimate: model, wall: measured)."""
+
+    estimate_s: _d(OptFloat, "predicted seconds for this configuration")
+    wall_s: _d(float, "measured seconds")
+    sweep_elapsed_s: _d(float, "seconds since the sweep started")
+    remaining_eta_s: _d(float, "predicted seconds left")
+    remaining_configs: _d(int, "configurations left")
+    sweep_estimate_s: _d(float, "the first estimate of the whole sweep")
+    basis: _d(str, "what the estimate was calibrated on")
 
 
 # -- quality ------------------------------------------------------------------------------------------
@@ -523,18 +588,21 @@ class Record(Struct, kw_only=True, forbid_unknown_fields=True):
 
     schema_version: _d(int, "schema version (see edgekv.records.results)")
     kind: _d(Literal["bench", "llama-bench", "predict", "quality"], "what produced the record")
-    config_key: _d(str, "hash of the model sha256 and the key settings (edgekv.records.results.KEY_SETTINGS)")
+    config_key: _d(OptStr, "hash of the model sha256 and the key settings (edgekv.records.results.KEY_SETTINGS); "
+                           "None for an imported llama-bench row")
     status: _d(str, "ok | failed | skipped | invalid | ...")
     reason: _d(OptStr, "why not ok")
-    time_utc: _d(str, "when (ISO 8601, UTC)")
-    edgekv: _d(str, "edgekv version that wrote it")
+    time_utc: _d(Union[str, None, UnsetType], "when (ISO 8601, UTC)") = UNSET
+    edgekv: _d(Union[str, UnsetType], "edgekv version that wrote it (absent: an imported llama-bench row)") = UNSET
+    source_file: _d(Union[str, UnsetType], "the llama-bench file an imported row came from") = UNSET
     model: _d(Model, "the model")
     settings: _d(Settings, "what was asked")
-    prediction: _d(Prediction, "predicted: formula, llama.cpp dry run, whole process")
+    prediction: _d(Union[Prediction, UnsetType], "predicted: formula, llama.cpp dry run, whole process "
+                                                 "(absent only in an imported llama-bench row)") = UNSET
     environment: _d(dict[str, Any], "reproducibility fingerprint (free-form: platform-dependent keys)")
     effective: _d(Union[Effective, None, UnsetType], "what llama.cpp used") = UNSET
     llama_log: _d(Union[LlamaLog, None, UnsetType], "what llama.cpp printed in the run") = UNSET
-    speed: _d(Union[dict[str, SpeedTest], None, UnsetType], "speed per test (pp, tg)") = UNSET
+    speed: _d(Union[Speed, None, UnsetType], "speed per test (pp, tg)") = UNSET
     timing: _d(Union[Timing, None, UnsetType], "wall-clock phases") = UNSET
     restore: _d(Union[str, None, UnsetType], "how depth state was restored between repetitions") = UNSET
     snapshot_bytes: _d(Union[int, UnsetType], "bytes of the saved depth state") = UNSET
@@ -543,6 +611,8 @@ class Record(Struct, kw_only=True, forbid_unknown_fields=True):
     differences: _d(Union[Differences, None, UnsetType], "measured - predicted") = UNSET
     quality: _d(Union[Quality, None, UnsetType], "perplexity / KL divergence") = UNSET
     memory_residual: _d(Union[MemoryResidual, None, UnsetType], "measured - predicted peak RSS") = UNSET
+    load: _d(Union[Load, None, UnsetType], "other work on the machine during the run (edgekv bench)") = UNSET
+    plan: _d(Union[Plan, None, UnsetType], "time estimate vs wall time (edgekv bench)") = UNSET
     machine: _d(Union[str, UnsetType], "machine label added by `edgekv merge` (device and host)") = UNSET
 
 
@@ -553,9 +623,17 @@ def decode(obj: dict[str, Any], where: str) -> Record:
     from edgekv.errors import ResultsError
 
     try:
-        return msgspec.convert(obj, Record, strict=True)
+        rec = msgspec.convert(obj, Record, strict=True)
     except msgspec.ValidationError as e:
         raise ResultsError(f"{where}: {_explain(str(e))}") from None
+    if rec.kind == "bench":      # a measured record has them all; predict / imported llama-bench rows lack some
+        for key, value in (("prediction", rec.prediction), ("config_key", rec.config_key), ("edgekv", rec.edgekv),
+                           ("time_utc", rec.time_utc), ("model.arch", rec.model.arch),
+                           ("settings.n_ctx", rec.settings.n_ctx), ("settings.engine", rec.settings.engine)):
+            if value is UNSET or value is None:
+                raise ResultsError(f"{where}: {key}: missing in a {rec.kind} record; not a complete edgekv record "
+                                   "(re-run the bench, or remove the line)")
+    return rec
 
 
 def _explain(msg: str) -> str:
@@ -586,6 +664,101 @@ def encode_block(block: Struct | None) -> Any:
     return None if block is None else msgspec.to_builtins(block)
 
 
+
+def speed_test(n_tokens: int, samples_ns: list[int] | None, samples_ts: list[float],
+               llama_bench_avg_ts: Any = UNSET) -> dict[str, Any]:
+    """The one serialiser of a speed test (sweep, llama-bench runs, imported llama-bench files): every sample
+    kept, summarised by :func:`edgekv.core.stats.summarize`.  ``llama_bench_avg_ts``: llama-bench's own average."""
+    from edgekv.core.stats import summarize
+
+    summ = summarize(samples_ts)
+    return encode_block(SpeedTest(
+        n_tokens=n_tokens, samples_ns=samples_ns, samples_ts=samples_ts, mean_ts=summ["mean"], stdev_ts=summ["stdev"],
+        ci95_ts=summ["ci95"], cv=summ["cv"], unstable=summ["unstable"], llama_bench_avg_ts=llama_bench_avg_ts))
+
+
+def predict_record(*, model_path: str, arch: str | None, weights_bytes: int | None, formula: dict[str, Any],
+                   engine: dict[str, Any] | None = None, process: dict[str, Any] | None = None,
+                   saving_vs_f16: float | None = None, settings: dict[str, Any] | None = None,
+                   source_file: str | None = None, key_settings: tuple[str, ...] = ()) -> Record:
+    """A record of kind ``predict`` (formula, and llama.cpp's dry run when asked; nothing measured).
+
+    ``formula`` is :meth:`KVPrediction.to_dict`; ``settings`` the asked values (every key setting present,
+    None where a prediction has none: pass ``key_settings`` to fill them).  Encode with :func:`encode`."""
+    import msgspec as _m
+
+    st = {k: None for k in key_settings}
+    st.update(settings or {k: formula.get(k) for k in ("n_ctx", "type_k", "type_v", "flash_attn", "swa_full",
+                                                       "n_seq_max", "kv_unified", "n_batch", "n_ubatch")})
+    obj: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "kind": "predict", "config_key": None,
+        "status": "ok" if formula.get("status") == "ok" else "skipped", "reason": formula.get("reason"),
+        "model": {"path": model_path, "name": Path(model_path).stem if model_path else None, "arch": arch,
+                  "sha256": None, "size_bytes": weights_bytes},
+        "settings": st,
+        "prediction": {"formula": formula, **({"engine": engine} if engine is not None else {}),
+                       **({"process": process} if process is not None else {})},
+        "environment": {},
+    }
+    if saving_vs_f16 is not None:
+        obj["prediction"]["formula"] = {**formula, "saving_vs_f16": saving_vs_f16}
+    if source_file is not None:
+        obj["source_file"] = source_file
+    return _m.convert(obj, Record, strict=True)
+
+
+def model_block(m: Any, sha: str | None) -> dict[str, Any]:
+    """The one serialiser of the ``model`` block, from a loaded model (:class:`edgekv.orchestration.api.LoadedModel`)."""
+    import os
+
+    sh = m.shape
+    attn = [lay for lay in sh.layers if lay.attn_cache]
+    return encode_block(Model(
+        path=os.path.abspath(m.ref.path), name=sh.name or m.ref.name, spec=m.ref.spec, source=m.ref.source,
+        sha256=sha, arch=sh.arch, memory=sh.memory, size_bytes=m.header.weights_bytes, file_bytes=m.header.file_size,
+        n_layer=sh.n_layer_all, n_ctx_train=sh.n_ctx_train,
+        n_head_kv=sorted({lay.n_head_kv for lay in attn}) or None, head_dim_k=sorted({lay.head_k for lay in attn}) or None,
+        n_swa=sh.n_swa or None, swa_layers=len([lay for lay in sh.layers if lay.is_swa and lay.attn_cache]),
+        shared_kv_layers=len([lay for lay in sh.layers if not lay.has_kv]),
+        recurrent_layers=len([lay for lay in sh.layers if lay.recr_state]), mla=sh.is_mla))
+
+
+def engine_block(pred: Any, res: Any, weights_bytes: int | None = None) -> dict[str, Any]:
+    """The one serialiser of llama.cpp's dry run beside the formula (``prediction.engine``; sweep and predict).
+
+    ``pred`` a :class:`~edgekv.core.predict.KVPrediction`, ``res`` an :class:`~edgekv.edges.engine.EngineResult`.
+    With ``weights_bytes`` (the tensor table's weights), ``total_bytes`` = weights + caches + compute + output
+    buffers.  ``match`` is None where edgekv does not model the cache (nothing to compare)."""
+    from edgekv.core.predict import MIB, STATUS_OK, STATUS_UNSUPPORTED
+    from edgekv.orchestration.crosscheck import compare, engine_lines
+
+    if pred.status == STATUS_UNSUPPORTED:
+        d: dict[str, Any] = {"ok": res.ok, "error": res.error, "match": None, "diffs": []}
+    else:
+        diffs = compare(pred, res)
+        d = {"ok": res.ok, "error": res.error, "match": not diffs, "diffs": diffs}
+    if res.ok:
+        log = res.log
+        d.update({"caches": engine_lines(res), "kv_mib": round(log.kv_mib_total, 2),
+                  "recurrent_mib": round(log.recurrent_mib_total, 2), "state_mib": round(log.state_mib_total, 2),
+                  "other_buffers_mib": log.other_buffers, "compute_mib": log.compute_buffers,
+                  "output_mib": log.output_buffers, "flash_attn_resolved": log.fa_resolved, "n_ctx": res.n_ctx})
+        if weights_bytes is not None:
+            # caches: the formula's bytes; llama.cpp's printed MiB where edgekv does not model the cache (buffers of
+            # kinds the log parser does not know included, so a newer cache class never hides its bytes)
+            other = sum(log.other_buffers.values())
+            caches = pred.total_bytes if pred.status == STATUS_OK else (log.caches_mib_total + other) * MIB
+            d["total_bytes"] = int(weights_bytes + caches + (log.compute_mib_total + log.output_mib_total) * MIB)
+            d["total_caches_from"] = "formula" if pred.status == STATUS_OK else "llama.cpp"
+    return d
+
+
+def growth_minus_formula_bytes(growth_bytes: int | None, formula_bytes: int | None) -> int | None:
+    """The one measured-minus-formula difference: memory a context added (measured) minus the formula's cache bytes."""
+    if growth_bytes is None or formula_bytes is None:
+        return None
+    return growth_bytes - formula_bytes
+
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a record, generated from the types (committed as results.schema.json)."""
     return msgspec.json.schema(Record)
@@ -601,6 +774,8 @@ def schema_text() -> str:
     return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
 
 
-if __name__ == "__main__":      # python -m edgekv.records.schema: regenerate results.schema.json
+def write_schema_file() -> Path:
+    """Regenerate the committed JSON Schema:
+    ``python -c "from edgekv.records.schema import write_schema_file as w; print(w())"``."""
     SCHEMA_FILE.write_text(schema_text())
-    print(f"wrote {SCHEMA_FILE}")
+    return SCHEMA_FILE

@@ -1,0 +1,213 @@
+"""The typed results schema (issue 17): strict loading, the committed JSON Schema, upgrades, DataFrame, resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from edgekv.errors import ResultsError
+from edgekv.records import results as R
+from edgekv.records import schema as S
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = [ROOT / p for p in subprocess.run(["git", "ls-files", "*.jsonl"], cwd=ROOT, capture_output=True, text=True,
+                                              check=True).stdout.split()]
+
+
+def test_committed_json_schema_is_the_generated_one():
+    assert S.SCHEMA_FILE.read_text() == S.schema_text(), "regenerate: edgekv.records.schema.write_schema_file()"
+
+
+def test_every_committed_results_file_loads_strictly_and_validates_against_the_json_schema():
+    assert len(COMMITTED) >= 15
+    validator = jsonschema.Draft202012Validator(json.loads(S.SCHEMA_FILE.read_text()))
+    n = 0
+    for p in COMMITTED:
+        recs = R.load_records(p)          # msgspec: upgrade, then strict decode
+        assert recs and all(isinstance(r, S.Record) for r in recs)
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            up = R.upgrade(json.loads(line), f"{p}:{i}")
+            errors = sorted(validator.iter_errors(up), key=str)
+            assert not errors, f"{p}:{i}: {errors[0].message} at {list(errors[0].absolute_path)}"
+            assert S.encode(S.decode(up, f"{p}:{i}")) == up      # one serialiser: the record comes back as written
+            n += 1
+    assert n >= 100
+
+
+def test_real_v1_files_of_the_previous_release_upgrade_and_decode():
+    # tests/data/v1: the measured reports' sweeps as the previous release wrote them (schema 1, commit 93ecc2e)
+    files = sorted((ROOT / "tests" / "data" / "v1").glob("*.jsonl"))
+    assert len(files) == 2
+    for p in files:
+        raw = [json.loads(x) for x in p.read_text().splitlines()]
+        assert {r["schema_version"] for r in raw} == {1}
+        recs = R.load_records(p)
+        assert len(recs) == len(raw)
+        for old, new in zip(raw, recs):
+            assert new.schema_version == S.SCHEMA_VERSION and new.prediction.process is None
+            assert new.model.sha256 == old["model"]["sha256"] and new.memory.peak_rss_bytes == old["memory"]["peak_rss_bytes"]
+
+
+def _one_line(tmp_path, obj, name="r.jsonl") -> str:
+    p = tmp_path / name
+    p.write_text(json.dumps(obj) + "\n")
+    with pytest.raises(ResultsError) as e:
+        R.load(p)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{p}:1: "), msg
+    return msg
+
+
+def _real() -> dict:
+    return json.loads((ROOT / "tests" / "data" / "smollm2-sweep.jsonl").read_text().splitlines()[0])
+
+
+def test_schema_version_alone_fails_at_load_in_one_line(tmp_path):
+    msg = _one_line(tmp_path, {"schema_version": 1})
+    # the v1 -> v2 upgrade runs first (on the plain dict), then strict decoding names the first missing key
+    assert msg.endswith(": missing; not a complete edgekv record (re-run the bench, or remove the line)"), msg
+
+
+def test_missing_unknown_and_mistyped_keys_name_the_key(tmp_path):
+    r = _real()
+    del r["settings"]["n_ctx"]
+    assert ":1: settings.n_ctx: missing" in _one_line(tmp_path, r)
+    r = _real()
+    r["memory"]["peak_rss_mb"] = 1
+    assert ":1: memory.peak_rss_mb: unknown key" in _one_line(tmp_path, r)
+    r = _real()
+    r["speed"]["tg"]["mean_ts"] = "fast"
+    assert ":1: speed.tg.mean_ts: expected float | null, got str" in _one_line(tmp_path, r)
+    r = _real()
+    r["kind"] = "benchmark"
+    assert ":1: kind: invalid enum value 'benchmark'" in _one_line(tmp_path, r)
+
+
+def test_the_cli_says_it_in_one_line(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"schema_version": 1}\n')
+    out = subprocess.run([sys.executable, "-m", "edgekv.cli", "merge", str(p), "-o", str(tmp_path / "m.jsonl")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    err = out.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"edgekv: error: {p}:1: ") and ": missing; " in err[0], out.stderr
+
+
+def test_bench_refuses_a_results_file_of_another_model(tmp_path):
+    """A real bench of Gemma 3 270M onto a real SmolLM2 results file refuses before measuring (issue 17, point 7)."""
+    out = tmp_path / "smollm2.jsonl"
+    out.write_bytes((ROOT / "tests" / "data" / "smollm2-sweep.jsonl").read_bytes())
+    before = out.read_bytes()
+    p = subprocess.run([sys.executable, "-m", "edgekv.cli", "bench", "gemma3-270m", "-c", "512", "-p", "16", "-n", "4",
+                        "-r", "1", "-t", "1", "-o", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, p.stderr
+    err = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(err) == 1 and err[0].startswith("edgekv: error: "), p.stderr
+    smol = json.loads(before.splitlines()[0])["model"]
+    assert f"{out} holds results of another model ({smol['name']}, sha256 {smol['sha256'][:12]}" in err[0]
+    assert "Gemma" in err[0] and "--force" in err[0] and "-o" in err[0]
+    assert out.read_bytes() == before
+
+
+def test_force_accepts_another_model():
+    from edgekv.orchestration.sweep import check_resumable
+
+    recs = R.load(ROOT / "tests" / "data" / "smollm2-sweep.jsonl")
+    env = recs[0]["environment"]
+    with pytest.raises(ResultsError, match="another model"):
+        check_resumable(recs, env, "0" * 64, Path("x.jsonl"), force=False, model_name="M")
+    check_resumable(recs, env, "0" * 64, Path("x.jsonl"), force=True, model_name="M")
+    check_resumable(recs, env, recs[0]["model"]["sha256"], Path("x.jsonl"), force=False)
+
+
+def test_results_frame_of_a_real_committed_file():
+    import edgekv
+    from edgekv.records.frame import COLUMNS
+
+    path = ROOT / "reports" / "smollm2-135m" / "sweep.jsonl"
+    recs = edgekv.load_results(path)
+    df = edgekv.results_frame(path)
+    assert list(df.columns) == list(COLUMNS) and len(df) == len(recs) == len(path.read_text().splitlines())
+    raw = [json.loads(x) for x in path.read_text().splitlines()]
+    for (_, row), r in zip(df.iterrows(), raw):
+        assert row["kv_bytes_formula"] == r["prediction"]["formula"]["total_bytes"]
+        assert row["kv_mib_llamacpp"] == r["llama_log"]["kv_mib"]
+        assert row["kv_mib_llamacpp_dryrun"] == r["prediction"]["engine"]["kv_mib"]
+        assert row["peak_rss_bytes_measured"] == r["memory"]["peak_rss_bytes"]
+        assert row["tg_tokens_per_s_mean"] == r["speed"]["tg"]["mean_ts"]
+        assert row["type_k"] == r["settings"]["type_k"] and row["n_ctx"] == r["settings"]["n_ctx"]
+    assert str(df["peak_rss_bytes_measured"].dtype) == "Int64"
+    both = edgekv.results_frame([path, ROOT / "bench" / "results" / "cuda-h100" / "smollm2-135m.jsonl"])
+    assert len(both) == len(df) + len(edgekv.load_results(ROOT / "bench" / "results" / "cuda-h100" / "smollm2-135m.jsonl"))
+    assert both["peak_gpu_bytes_measured"].notna().sum() > 0 and df["peak_gpu_bytes_measured"].isna().all()
+
+
+def test_predict_rows_become_predict_records_that_load_and_merge(tmp_path, smollm2_path):
+    """Real `edgekv predict --json --engine` rows (llama.cpp's dry run beside the formula) as kind-predict Records."""
+    out = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-c", "512,4096",
+                          "-ctk", "f16,q4_0", "--engine", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    skip = ("model", "arch", "weights_bytes", "source", "saving_vs_f16", "engine", "layers", "process")
+    recs = [S.predict_record(model_path=r["model"], arch=r["arch"], weights_bytes=r["weights_bytes"],
+                             formula={k: v for k, v in r.items() if k not in skip}, engine=r.get("engine"),
+                             process=r.get("process"), saving_vs_f16=r["saving_vs_f16"],
+                             key_settings=R.KEY_SETTINGS) for r in rows]
+    assert all(r.prediction.process.peak_rss_bytes for r in recs)
+    assert len(recs) == 4 and all(r.kind == "predict" and r.prediction.engine.match for r in recs)
+    assert [r.prediction.formula.total_bytes for r in recs] == [r["total_bytes"] for r in rows]
+    p = tmp_path / "pred.jsonl"
+    R.write_all(p, [S.encode(x) for x in recs])
+    assert [S.encode(x) for x in R.load_records(p)] == [S.encode(x) for x in recs]
+    assert edgekv_frame_kv(p) == [r["total_bytes"] for r in rows]
+
+
+def edgekv_frame_kv(p):
+    import edgekv
+
+    return list(edgekv.results_frame(p)["kv_bytes_formula"])
+
+
+def test_quality_json_rows_are_records_that_load_like_bench_records(tmp_path, smollm2_path):
+    """A real `edgekv quality --json` pass: kind-quality records with schema_version, model sha256 and settings."""
+    import edgekv
+
+    out = subprocess.run([sys.executable, "-m", "edgekv.cli", "quality", str(smollm2_path), "-c", "128", "--chunks", "1",
+                          "-ctk", "f16,q8_0", "-t", "2", "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    recs = json.loads(out.stdout)
+    assert [(r["kind"], r["schema_version"], r["settings"]["type_k"]) for r in recs] == \
+        [("quality", S.SCHEMA_VERSION, "f16"), ("quality", S.SCHEMA_VERSION, "q8_0")]
+    p = tmp_path / "q.jsonl"
+    R.write_all(p, recs)                                   # checked against the schema on the way out
+    typed = R.load_records(p)
+    assert typed[0].model.sha256 and typed[1].quality.quality.kld_mean > 0 and typed[0].quality.pass_.n_vocab > 0
+    df = edgekv.results_frame(p)
+    assert list(df["quality_status"]) == ["ok", "ok"] and df["kld_mean"].iloc[1] == recs[1]["quality"]["quality"]["kld_mean"]
+    assert df["kv_bytes_formula"].isna().all()            # nothing predicted in a quality record
+
+
+def test_one_engine_serialiser_matches_what_predict_prints(smollm2_path, gemma3_path):
+    """schema.engine_block on real llama.cpp dry runs = the block predict --engine prints today (views), key for key."""
+    from edgekv.core.predict import ContextParams, predict
+    from edgekv.edges.engine import EngineSession
+    from edgekv.orchestration.api import load_model
+    from edgekv.output import views
+
+    for path in (smollm2_path, gemma3_path):
+        m = load_model(str(path))
+        cfgs = [ContextParams(n_ctx=1024), ContextParams(n_ctx=4096, type_k="q8_0", type_v="q8_0", flash_attn="on")]
+        with EngineSession(m.ref.path, header=m.header) as eng:
+            results = eng.run(cfgs)
+        for c, res in zip(cfgs, results):
+            p = predict(m.shape, c)
+            new = S.engine_block(p, res, m.weights_bytes)
+            assert res.ok and new["match"] is True and new["kv_mib"] > 0
+            assert json.dumps(new) == json.dumps(views._engine_block(p, res, m.weights_bytes))
+            sweep_style = S.engine_block(p, res)
+            assert "total_bytes" not in sweep_style and sweep_style["caches"] == new["caches"]
