@@ -287,3 +287,23 @@ def test_bench_summary_shows_gpu_columns(capsys):
     r = recs[4]
     assert f"{r['memory']['peak_gpu_bytes'] / REP.MIB:.1f}" in out
     assert f"{r['differences']['context_gpu_growth_bytes'] / REP.MIB:.1f}" in out
+
+
+def test_quality_json_output_loads_in_report_and_merge(tmp_path, smollm2_path):
+    """`edgekv quality --json` prints records of kind quality: report and merge read them like bench records."""
+    out = subprocess.run([sys.executable, "-m", "edgekv.cli", "quality", str(smollm2_path), "-c", "128", "--chunks", "1",
+                          "-ctk", "f16,q8_0", "-t", "2", "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    qfile = tmp_path / "quality.json"
+    qfile.write_text(out.stdout)
+    recs = load_any(qfile)
+    assert [r["kind"] for r in recs] == ["quality", "quality"]
+    kld = recs[1]["quality"]["quality"]["kld_mean"]
+    REP.write_report(recs, tmp_path / "r", plots=False)
+    md = (tmp_path / "r" / "README.md").read_text()
+    assert "### Quality, measured" in md and f"{kld:.6f}" in md
+    merged = tmp_path / "merged.jsonl"
+    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "merge", str(qfile), "-o", str(merged)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [x["kind"] for x in load_any(merged)] == ["quality", "quality"]

@@ -63,6 +63,10 @@ def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None) ->
         raise ResultsError(f"{p}: empty; no results in it")
     if isinstance(first, list):
         items = first
+        if items and all(isinstance(x, dict) and "schema_version" in x for x in items):
+            # `edgekv quality --json` (records of kind quality) and predict output written as records:
+            # upgraded and decoded strictly like the lines of a results file
+            return [R.check_record(R.upgrade(x, f"{p}:{i}"), f"{p}:{i}") for i, x in enumerate(items, 1)]
         if items and all(isinstance(x, dict) and x.get("source") == "formula" for x in items):
             return predict_records(items, p)
         if items and all(isinstance(x, dict) and "samples_ts" in x for x in items):
@@ -193,8 +197,8 @@ def differences_of(rec: dict[str, Any]) -> S.Differences | None:
 
 
 def speed_of(rec: dict[str, Any], test: str) -> S.SpeedTest | None:
-    tests = typed_block(rec, "speed", dict[str, S.SpeedTest])
-    return tests.get(test) if tests else None
+    speed = typed_block(rec, "speed", S.Speed)
+    return unset_none(getattr(speed, test)) if speed is not None else None
 
 
 def quality_of(rec: dict[str, Any]) -> S.Quality | None:
