@@ -148,7 +148,11 @@ def test_quality_by_z_test(records):
 
     def q(kld, err):
         r = copy.deepcopy(rec)
-        r["quality"] = {"status": "ok", "quality": {"kld_mean": kld, "kld_mean_err": err}}
+        from tests.test_report import real_quality_block
+
+        block = real_quality_block()
+        block["quality"].update({"kld_mean": kld, "kld_mean_err": err})
+        r["quality"] = block
         return r
     m = next(x for x in compare_records([q(0.010, 0.0002)], [q(0.015, 0.0002)], THR)["pairs"][0]["metrics"]
              if x["metric"] == "kld")

@@ -196,8 +196,8 @@ def test_one_engine_serialiser_matches_what_predict_prints(smollm2_path, gemma3_
     """schema.engine_block on real llama.cpp dry runs = the block predict --engine prints today (views), key for key."""
     from edgekv.core.predict import ContextParams, predict
     from edgekv.edges.engine import EngineSession
+    from edgekv.orchestration import predictrows
     from edgekv.orchestration.api import load_model
-    from edgekv.output import views
 
     for path in (smollm2_path, gemma3_path):
         m = load_model(str(path))
@@ -208,6 +208,6 @@ def test_one_engine_serialiser_matches_what_predict_prints(smollm2_path, gemma3_
             p = predict(m.shape, c)
             new = S.engine_block(p, res, m.weights_bytes)
             assert res.ok and new["match"] is True and new["kv_mib"] > 0
-            assert json.dumps(new) == json.dumps(views._engine_block(p, res, m.weights_bytes))
+            assert json.dumps(new) == json.dumps(predictrows.engine_block(p, res, m.weights_bytes))
             sweep_style = S.engine_block(p, res)
             assert "total_bytes" not in sweep_style and sweep_style["caches"] == new["caches"]

@@ -126,7 +126,7 @@ def test_nothing_unmeasured_is_shown_as_measured(tmp_path):
     """A record without OS memory (e.g. from a run that died) shows dashes, not the prediction."""
     recs = load_any(FIXTURE)
     broken = copy.deepcopy(recs[0])
-    broken["memory"] = {}
+    broken["memory"] = None      # the schema's "nothing measured" (a run that died)
     broken.pop("llama_log")
     out = tmp_path / "r"
     REP.write_report([broken], out, plots=False)
@@ -136,12 +136,20 @@ def test_nothing_unmeasured_is_shown_as_measured(tmp_path):
     assert "Process memory, measured" not in md and "context memory MiB, measured" not in md
 
 
+def real_quality_block() -> dict:
+    """A quality block a real sweep wrote (reports/smollm2-135m), the schema's one layout."""
+    sweep = Path(__file__).resolve().parent.parent / "reports" / "smollm2-135m" / "sweep.jsonl"
+    return next(r["quality"] for r in map(json.loads, sweep.read_text().splitlines()) if r.get("quality"))
+
+
 def _with_quality(rec, kld, ppl, base_ppl):
     r = copy.deepcopy(rec)
-    # the layout edgekv.orchestration.quality.measure() returns per row (test data, not a measurement)
-    r["quality"] = {"status": "ok", "error": None, "quality": {
-        "ppl": ppl, "ppl_err": 0.05, "base_ppl": base_ppl, "kld_mean": kld, "kld_mean_err": kld / 20 if kld else 0.0,
-        "kld_p99": kld * 8, "same_top_rate": 0.99 - kld}}
+    # a real sweep's quality block with the figures replaced (test data, not a measurement)
+    q = real_quality_block()
+    q["quality"].update({"ppl": ppl, "ppl_err": 0.05, "base_ppl": base_ppl, "kld_mean": kld,
+                         "kld_mean_err": kld / 20 if kld else 0.0, "kld_p99": kld * 8, "same_top_rate": 0.99 - kld})
+    r["quality"] = {**q, "n_ctx": r["settings"]["n_ctx"], "type_k": r["settings"]["type_k"],
+                    "type_v": r["settings"]["type_v"]}
     return r
 
 
@@ -149,8 +157,9 @@ def test_quality_table_and_plot_when_quality_blocks_exist(tmp_path):
     recs = [r for r in load_any(FIXTURE) if r["settings"]["n_ctx"] == 1024]
     q = {"f16": (0.0, 10.0), "q8_0": (0.002, 10.01), "q4_0": (0.03, 10.4)}
     recs = [_with_quality(r, q[r["settings"]["type_k"]][0], q[r["settings"]["type_k"]][1], 10.0) for r in recs]
-    recs.append({**copy.deepcopy(recs[0]),
-                 "quality": {"status": "unavailable", "reason": "edgekv.orchestration.quality is not installed"}})
+    unavailable = {**recs[0]["quality"], "status": "unavailable", "error": "edgekv.orchestration.quality is not installed",
+                   "quality": None, "pass": None}
+    recs.append({**copy.deepcopy(recs[0]), "quality": unavailable})
     recs[-1]["settings"] = {**recs[-1]["settings"], "n_ctx": 2048}
     out = tmp_path / "q"
     res = REP.write_report(recs, out)
@@ -294,3 +303,23 @@ def test_bench_summary_shows_gpu_columns(capsys):
     r = recs[4]
     assert f"{r['memory']['peak_gpu_bytes'] / REP.MIB:.1f}" in out
     assert f"{r['differences']['context_gpu_growth_bytes'] / REP.MIB:.1f}" in out
+
+
+def test_quality_json_output_loads_in_report_and_merge(tmp_path, smollm2_path):
+    """`edgekv quality --json` prints records of kind quality: report and merge read them like bench records."""
+    out = subprocess.run([sys.executable, "-m", "edgekv.cli", "quality", str(smollm2_path), "-c", "128", "--chunks", "1",
+                          "-ctk", "f16,q8_0", "-t", "2", "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    qfile = tmp_path / "quality.json"
+    qfile.write_text(out.stdout)
+    recs = load_any(qfile)
+    assert [r["kind"] for r in recs] == ["quality", "quality"]
+    kld = recs[1]["quality"]["quality"]["kld_mean"]
+    REP.write_report(recs, tmp_path / "r", plots=False)
+    md = (tmp_path / "r" / "README.md").read_text()
+    assert "### Quality, measured" in md and f"{kld:.6f}" in md
+    merged = tmp_path / "merged.jsonl"
+    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "merge", str(qfile), "-o", str(merged)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [x["kind"] for x in load_any(merged)] == ["quality", "quality"]

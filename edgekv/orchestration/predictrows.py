@@ -13,41 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edgekv.core.predict import MIB, STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, predict
+from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, predict
 from edgekv.orchestration.api import LoadedModel, llama_python_defaults_cost
 
 
 def engine_block(pred: KVPrediction, res, weights_bytes: int) -> dict[str, Any]:
-    """llama.cpp's dry run of one configuration beside the formula's prediction (the row's ``engine``)."""
-    from edgekv.orchestration.crosscheck import compare, engine_lines
+    """llama.cpp's dry run of one configuration beside the formula's prediction (the row's ``engine``): the one
+    engine serialiser, :func:`edgekv.records.schema.engine_block`."""
+    from edgekv.records.schema import engine_block as serialise
 
-    if pred.status == STATUS_UNSUPPORTED:
-        # edgekv does not model this cache: nothing to compare, llama.cpp's own figures stand alone
-        d: dict[str, Any] = {"ok": res.ok, "error": res.error, "match": None, "diffs": []}
-    else:
-        diffs = compare(pred, res)
-        d = {"ok": res.ok, "error": res.error, "match": not diffs, "diffs": diffs}
-    if res.ok:
-        # where edgekv does not model the cache, llama.cpp's own figures stand in for it, buffers of kinds the log
-        # parser does not know included (so a cache class newer than edgekv never hides its bytes)
-        other = sum(res.log.other_buffers.values())
-        caches = pred.total_bytes if pred.status == STATUS_OK else (res.log.caches_mib_total + other) * MIB
-        d.update({
-            "caches": engine_lines(res),
-            "kv_mib": round(res.log.kv_mib_total, 2),
-            "recurrent_mib": round(res.log.recurrent_mib_total, 2),
-            "state_mib": round(res.log.state_mib_total, 2),
-            "other_buffers_mib": res.log.other_buffers,
-            "compute_mib": res.log.compute_buffers,
-            "output_mib": res.log.output_buffers,
-            "flash_attn_resolved": res.log.fa_resolved,
-            "n_ctx": res.n_ctx,
-            # weights (tensor table) + caches (the formula's bytes; llama.cpp's printed MiB where edgekv does not
-            # model the cache) + llama.cpp's compute and output buffers
-            "total_bytes": int(weights_bytes + caches + (res.log.compute_mib_total + res.log.output_mib_total) * MIB),
-            "total_caches_from": "formula" if pred.status == STATUS_OK else "llama.cpp",
-        })
-    return d
+    return serialise(pred, res, weights_bytes)
 
 
 def _dry_runs(m: LoadedModel, configs: list[ContextParams], preds: list[KVPrediction], n_gpu_layers: int):

@@ -7,6 +7,8 @@ from typing import Any
 
 from edgekv.core.predict import MIB, llama_mib
 from edgekv.edges.load import record_busy
+from edgekv.output.inputs import differences_of, llama_log_of, memory_of, quality_of, speed_of, unset_none
+from edgekv.records import schema as S
 
 
 def case_label(s: dict[str, Any]) -> str:
@@ -100,23 +102,68 @@ class Progress:
                 self._desc(phase)
 
 
-def _ts(speed: dict[str, Any] | None, test: str) -> str:
-    if not speed or test not in speed or speed[test].get("mean_ts") is None:
+def _ts(speed: dict[str, S.SpeedTest | None], test: str) -> str:
+    v = speed.get(test)
+    if v is None or v.mean_ts is None:
         return "-"
-    v = speed[test]
-    ci = v.get("ci95_ts")
+    ci = v.ci95_ts
     half = f"±{(ci[1] - ci[0]) / 2:.1f}" if ci else ""
-    warn = " !" if v.get("unstable") else ""
-    return f"{v['mean_ts']:.1f}{half}{warn}"
+    warn = " !" if v.unstable else ""
+    return f"{v.mean_ts:.1f}{half}{warn}"
 
 
-def _quality_cells(q: dict[str, Any] | None) -> list[str]:
-    if not q:
+def _quality_cells(q: S.Quality | None) -> list[str]:
+    if q is None:
         return ["-", "-"]
-    if q.get("status") != "ok" or not q.get("quality"):
-        return ["-", f"[yellow]{q.get('status')}[/]"]
-    v = q["quality"]
-    return [f"{v['ppl']:.4f}", f"{v['kld_mean']:.6f} ± {v['kld_mean_err']:.6f}"]
+    if q.status != "ok" or q.quality is None:
+        return ["-", f"[yellow]{q.status}[/]"]
+    v = q.quality
+    return [f"{v.ppl:.4f}", f"{v.kld_mean:.6f} ± {v.kld_mean_err:.6f}"]
+
+
+_WIDE = (("n_ctx", "right"), ("depth", "right"), ("K/V", "left"), ("KV MiB\nformula", "right"),
+         ("KV MiB\nllama.cpp", "right"), ("same", "center"), ("peak RSS\nMiB", "right"),
+         ("anon\nMiB", "right"), ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
+# below 110 columns (an 80-column terminal): depth, llama.cpp's KV and anon go; ✓ beside the formula's KV
+# says llama.cpp printed the same bytes (issue 19)
+_NARROW = (("n_ctx", "right"), ("K/V", "left"), ("KV MiB\n= llama", "right"), ("peak\nRSS MiB", "right"),
+           ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
+
+
+def _summary_row(r: dict[str, Any], narrow: bool, with_gpu: bool, with_quality: bool) -> list[str]:
+    s = r["settings"]
+    f = (r.get("prediction") or {}).get("formula") or {}
+    kv = s["type_k"] if s["type_k"] == s["type_v"] else f"{s['type_k']}/{s['type_v']}"
+    log, mem, diff = llama_log_of(r), memory_of(r), differences_of(r)
+    match = diff.llama_kv_matches_formula if diff is not None else None
+    same = {True: "[green]✓[/]", False: "[red]✗[/]"}.get(match, "-")
+    formula_mib = llama_mib(f["total_bytes"]) if f.get("total_bytes") is not None else "-"
+    llama_kv = f"{log.kv_mib + (unset_none(log.recurrent_mib) or 0):.2f}" if log is not None else "-"
+    peak_b = mem.peak_rss_bytes if mem is not None else None
+    anon_b = unset_none(mem.anon_after_fill_bytes) if mem is not None else None
+    peak = f"{peak_b / MIB:.1f}" if peak_b else "-"
+    anon = f"{anon_b / MIB:.1f}" if anon_b else "-"
+    status = r["status"] if r["status"] == "ok" else f"[yellow]{r['status']}: {r.get('reason')}[/]"
+    if record_busy(r):
+        status += f" [yellow]busy {100 * r['load'].get('others_share_max', 0):.0f}%[/]"
+    sp = {t: speed_of(r, t) for t in ("pp", "tg")}
+    row = [str(s["n_ctx"]), str(s["n_depth"]), kv, formula_mib, llama_kv, same, peak, anon, _ts(sp, "pp"),
+           _ts(sp, "tg"), status]
+    if narrow:
+        row = [str(s["n_ctx"]), kv, f"{formula_mib} {same}", peak, _ts(sp, "pp"), _ts(sp, "tg"), status]
+    if with_gpu:
+        g = mem.peak_gpu_bytes if mem is not None else None
+        gc = unset_none(diff.context_gpu_growth_bytes) if diff is not None else None
+        row += [f"{g / MIB:.1f}" if g else "-", f"{gc / MIB:.1f}" if gc is not None else "-"]
+    if with_quality:
+        row += _quality_cells(quality_of(r))
+    return row
+
+
+def _gpu_seen(r: dict[str, Any]) -> bool:
+    mem, diff = memory_of(r), differences_of(r)
+    return bool(mem is not None and mem.peak_gpu_bytes) or (
+        diff is not None and unset_none(diff.context_gpu_growth_bytes) is not None)
 
 
 def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
@@ -126,19 +173,10 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
         return
     m = records[0]["model"]
     t = Table(title=f"{m.get('name')} ({m.get('arch')}): measured, beside the prediction", title_justify="left")
-    # below 110 columns (an 80-column terminal): depth, llama.cpp's KV and anon go; ✓ beside the formula's KV
-    # says llama.cpp printed the same bytes (issue 19)
     narrow = con.width < 110
-    cols = (("n_ctx", "right"), ("depth", "right"), ("K/V", "left"), ("KV MiB\nformula", "right"),
-            ("KV MiB\nllama.cpp", "right"), ("same", "center"), ("peak RSS\nMiB", "right"),
-            ("anon\nMiB", "right"), ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
-    if narrow:
-        cols = (("n_ctx", "right"), ("K/V", "left"), ("KV MiB\n= llama", "right"), ("peak\nRSS MiB", "right"),
-                ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
-    for col, j in cols:
+    for col, j in _NARROW if narrow else _WIDE:
         t.add_column(col, justify=j)
-    with_gpu = any((r.get("memory") or {}).get("peak_gpu_bytes") or (r.get("differences") or {}).get("context_gpu_growth_bytes")
-                   is not None for r in records)
+    with_gpu = any(_gpu_seen(r) for r in records)
     if with_gpu:
         t.add_column("GPU MiB\npeak", justify="right")
         t.add_column("GPU MiB\ncontext", justify="right")
@@ -146,36 +184,16 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
     if with_quality:
         t.add_column("PPL", justify="right")
         t.add_column("KLD vs f16", justify="right")
-    unstable = busy_rows = False
     for r in records:
-        s = r["settings"]
-        f = (r.get("prediction") or {}).get("formula") or {}
-        kv = s["type_k"] if s["type_k"] == s["type_v"] else f"{s['type_k']}/{s['type_v']}"
-        log = r.get("llama_log") or {}
-        mem = r.get("memory") or {}
-        diff = r.get("differences") or {}
-        same = {True: "[green]✓[/]", False: "[red]✗[/]"}.get(diff.get("llama_kv_matches_formula"), "-")
-        formula_mib = llama_mib(f["total_bytes"]) if f.get("total_bytes") is not None else "-"
-        llama_kv = f"{(log.get('kv_mib') or 0) + (log.get('recurrent_mib') or 0):.2f}" if log.get("kv_mib") is not None else "-"
-        peak = f"{mem['peak_rss_bytes'] / MIB:.1f}" if mem.get("peak_rss_bytes") else "-"
-        anon = f"{mem['anon_after_fill_bytes'] / MIB:.1f}" if mem.get("anon_after_fill_bytes") else "-"
-        status = r["status"] if r["status"] == "ok" else f"[yellow]{r['status']}: {r.get('reason')}[/]"
-        if record_busy(r):
-            busy_rows = True
-            status += f" [yellow]busy {100 * r['load'].get('others_share_max', 0):.0f}%[/]"
-        sp = r.get("speed") or {}
-        unstable |= any(v.get("unstable") for v in sp.values())
-        row = [str(s["n_ctx"]), str(s["n_depth"]), kv, formula_mib, llama_kv, same, peak, anon, _ts(sp, "pp"),
-               _ts(sp, "tg"), status]
-        if narrow:
-            row = [str(s["n_ctx"]), kv, f"{formula_mib} {same}", peak, _ts(sp, "pp"), _ts(sp, "tg"), status]
-        if with_gpu:
-            g, gc = mem.get("peak_gpu_bytes"), diff.get("context_gpu_growth_bytes")
-            row += [f"{g / MIB:.1f}" if g else "-", f"{gc / MIB:.1f}" if gc is not None else "-"]
-        if with_quality:
-            row += _quality_cells(r.get("quality"))
-        t.add_row(*row)
+        t.add_row(*_summary_row(r, narrow, with_gpu, with_quality))
     con.print(t)
+    busy_rows = any(record_busy(r) for r in records)
+    unstable = any(v is not None and v.unstable for r in records for v in (speed_of(r, "pp"), speed_of(r, "tg")))
+    _summary_legend(con, narrow, with_gpu, with_quality, busy_rows, unstable)
+    con.print(f"Results: {output}")
+
+
+def _summary_legend(con, narrow: bool, with_gpu: bool, with_quality: bool, busy_rows: bool, unstable: bool) -> None:
     con.print("KV MiB: formula = predicted from the GGUF header; llama.cpp = its own `llama_kv_cache: size` lines in this "
               "run. Peak RSS = OS-measured peak of the run's process (sampled every 5 ms; during the timed tests read "
               "by the process itself after each repetition); anon = its anonymous pages "
@@ -195,4 +213,3 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
     if unstable:
         con.print("[yellow]! marks results whose standard deviation is at least 10% of the mean: the machine was busy "
                   "or the run too short; rerun with more repetitions (-r) on a quiet machine.[/]")
-    con.print(f"Results: {output}")

@@ -46,7 +46,7 @@ from typing import Any
 
 from edgekv.core.stats import summarize, welch, z_test
 from edgekv.errors import EnvironmentMismatch, UsageError
-from edgekv.output.inputs import device_label, load_any, machine_label
+from edgekv.output.inputs import device_label, llama_log_of, load_any, machine_label, memory_of, quality_of, speed_of, unset_none
 from edgekv.records import results as R
 
 ALPHA = 0.05
@@ -178,23 +178,23 @@ def _values(recs: list[dict[str, Any]], metric: str) -> tuple[list[float], float
     errs: list[float] = []
     for r in recs:
         if metric in ("pp", "tg"):
-            v = (r.get("speed") or {}).get(metric) or {}
-            xs += [float(x) for x in (v.get("samples_ts") or []) if x is not None]
+            v = speed_of(r, metric)
+            xs += [float(x) for x in (v.samples_ts if v is not None else []) if x is not None]
         elif metric == "rss":
-            v = (r.get("memory") or {}).get("peak_rss_bytes")
-            if v:
-                xs.append(v / (1024 * 1024))
+            mem = memory_of(r)
+            if mem is not None and mem.peak_rss_bytes:
+                xs.append(mem.peak_rss_bytes / (1024 * 1024))
         elif metric == "kv":
-            log = r.get("llama_log") or {}
-            if log.get("kv_mib") is not None:
-                xs.append(float(log.get("kv_mib") or 0) + float(log.get("recurrent_mib") or 0))
+            log = llama_log_of(r)
+            if log is not None:
+                xs.append(float(log.kv_mib or 0) + float(unset_none(log.recurrent_mib) or 0))
         else:
-            from edgekv.output.report import quality_block
-
-            status, _, q = quality_block(r)
-            if status == "ok" and q and q.get(f"{metric}_mean" if metric == "kld" else metric) is not None:
-                xs.append(float(q[f"{metric}_mean" if metric == "kld" else metric]))
-                e = q.get(f"{metric}_mean_err" if metric == "kld" else f"{metric}_err")
+            q = quality_of(r)
+            stats = q.quality if q is not None and q.status == "ok" else None
+            value = getattr(stats, f"{metric}_mean" if metric == "kld" else metric, None)
+            if value is not None:
+                xs.append(float(value))
+                e = getattr(stats, f"{metric}_mean_err" if metric == "kld" else f"{metric}_err")
                 if e is not None:
                     errs.append(float(e))
     se = None
@@ -306,6 +306,33 @@ def _busy_verdict(res: dict[str, Any], busy: list[str], force: bool) -> None:
         res["refused"] = "busy machine"
 
 
+def _compared_pairs(pairs, varying: list[str], thr: dict[str, Threshold], alpha: float,
+                    force: bool) -> list[dict[str, Any]]:
+    """Every metric of every paired configuration, tested (in the report's sort order)."""
+    from edgekv.output.report import sort_key
+
+    multi_device = len({device_label(bs[0]) for bs, _ in pairs}) > 1
+    out_pairs = []
+    for bs, cs in sorted(pairs, key=lambda p: sort_key(p[0][0])):
+        metrics = []
+        busy = _busy_sides(bs, cs)
+        for name, m in METRICS.items():
+            bx, be = _values(bs, name)
+            cx, ce = _values(cs, name)
+            res = compare_metric(m, bx, be, cx, ce, thr[name], alpha)
+            if res is not None:
+                _busy_verdict(res, busy, force)
+                metrics.append(res)
+        b0 = bs[0]
+        out_pairs.append({
+            "model": (b0.get("model") or {}).get("name"), "device": device_label(b0),
+            "config": (f"{device_label(b0).split(':')[0]}: " if multi_device else "") + _label(b0, varying),
+            "settings": b0.get("settings"), "n_base_records": len(bs), "n_cand_records": len(cs), "metrics": metrics,
+            "busy": busy,
+        })
+    return out_pairs
+
+
 def compare_records(base_all: list[dict[str, Any]], cand_all: list[dict[str, Any]], thr: dict[str, Threshold],
                     force: bool = False, alpha: float = ALPHA, base_name: str = "BASE",
                     cand_name: str = "CAND") -> dict[str, Any]:
@@ -328,25 +355,7 @@ def compare_records(base_all: list[dict[str, Any]], cand_all: list[dict[str, Any
                                   "their figures are not comparable. Pass --force to compare anyway")
     all_recs = [r for bs, cs in pairs for r in bs + cs]
     varying = _varying(all_recs)
-    multi_device = len({device_label(bs[0]) for bs, _ in pairs}) > 1
-    out_pairs = []
-    for bs, cs in sorted(pairs, key=lambda p: sort_key(p[0][0])):
-        metrics = []
-        busy = _busy_sides(bs, cs)
-        for name, m in METRICS.items():
-            bx, be = _values(bs, name)
-            cx, ce = _values(cs, name)
-            res = compare_metric(m, bx, be, cx, ce, thr[name], alpha)
-            if res is not None:
-                _busy_verdict(res, busy, force)
-                metrics.append(res)
-        b0 = bs[0]
-        out_pairs.append({
-            "model": (b0.get("model") or {}).get("name"), "device": device_label(b0),
-            "config": (f"{device_label(b0).split(':')[0]}: " if multi_device else "") + _label(b0, varying),
-            "settings": b0.get("settings"), "n_base_records": len(bs), "n_cand_records": len(cs), "metrics": metrics,
-            "busy": busy,
-        })
+    out_pairs = _compared_pairs(pairs, varying, thr, alpha, force)
     failures = []
     for bs, cs in sorted(failed_pairs, key=lambda p: sort_key(p[0][0])):
         failures.append({"model": (bs[0].get("model") or {}).get("name"), "config": _label(bs[0], varying),

@@ -18,10 +18,14 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
+from msgspec import UNSET
 
 from edgekv.errors import ResultsError
 from edgekv.records import results as R
+from edgekv.records import schema as S
 
 KIND_BENCH = "bench"
 KIND_LLAMA_BENCH = "llama-bench"
@@ -59,6 +63,10 @@ def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None) ->
         raise ResultsError(f"{p}: empty; no results in it")
     if isinstance(first, list):
         items = first
+        if items and all(isinstance(x, dict) and "schema_version" in x for x in items):
+            # `edgekv quality --json` (records of kind quality) and predict output written as records:
+            # upgraded and decoded strictly like the lines of a results file
+            return [R.check_record(R.upgrade(x, f"{p}:{i}"), f"{p}:{i}") for i, x in enumerate(items, 1)]
         if items and all(isinstance(x, dict) and x.get("source") == "formula" for x in items):
             return predict_records(items, p)
         if items and all(isinstance(x, dict) and "samples_ts" in x for x in items):
@@ -147,6 +155,59 @@ def predict_records(rows: Iterable[dict[str, Any]], source: str | os.PathLike) -
             "environment": {},
         })
     return out
+
+
+# -- typed blocks --------------------------------------------------------------------------------------
+#
+# The measured blocks (memory, llama_log, differences, speed, quality, effective) are read as the schema's
+# types (:mod:`edgekv.records.schema`): attributes, no guessing.  ``settings``, ``model`` and ``prediction``
+# are still read from the plain dict: records of kind ``predict`` (from ``predict --json``) do not decode as a
+# whole :class:`~edgekv.records.schema.Record` yet, and every bench record carries a ``load`` block
+# (edgekv.edges.load) the schema does not name yet.  When both decode, the readers take ``Record`` attributes.
+
+T = TypeVar("T")
+
+
+def unset_none(x: Any) -> Any:
+    """A field a record does not hold (msgspec's UNSET) as None: shown as a dash, never filled in."""
+    return None if x is UNSET else x
+
+
+def typed_block(rec: dict[str, Any], name: str, typ: type[T]) -> T | None:
+    """``rec[name]`` decoded strictly as the schema's type; None where the record holds no such block."""
+    v = rec.get(name)
+    if v is None or isinstance(v, msgspec.Struct):
+        return v
+    try:
+        return msgspec.convert(v, typ, strict=True)
+    except msgspec.ValidationError as e:
+        raise ResultsError(f"{rec.get('source_file') or 'record'}: {name}: {e}; not a usable edgekv result") from None
+
+
+def memory_of(rec: dict[str, Any]) -> S.Memory | None:
+    return typed_block(rec, "memory", S.Memory)
+
+
+def llama_log_of(rec: dict[str, Any]) -> S.LlamaLog | None:
+    return typed_block(rec, "llama_log", S.LlamaLog)
+
+
+def differences_of(rec: dict[str, Any]) -> S.Differences | None:
+    return typed_block(rec, "differences", S.Differences)
+
+
+def speed_of(rec: dict[str, Any], test: str) -> S.SpeedTest | None:
+    speed = typed_block(rec, "speed", S.Speed)
+    return unset_none(getattr(speed, test)) if speed is not None else None
+
+
+def quality_of(rec: dict[str, Any]) -> S.Quality | None:
+    """The quality pass of a record (``status``, ``error``, ``quality``: the statistics, None unless ok)."""
+    return typed_block(rec, "quality", S.Quality)
+
+
+def effective_of(rec: dict[str, Any]) -> S.Effective | None:
+    return typed_block(rec, "effective", S.Effective)
 
 
 # -- machines ----------------------------------------------------------------------------------------

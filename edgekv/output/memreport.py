@@ -12,6 +12,7 @@ from typing import Any
 
 from edgekv.core.memmodel import STACK_ORDER, stacked
 from edgekv.core.predict import MIB
+from edgekv.output.inputs import memory_of
 
 COLORS = {"baseline": "#8c8c8c", "weights": "#4c72b0", "KV": "#dd8452", "compute": "#55a868", "output": "#c44e52",
           "other": "#8172b3", "unexplained": "#ffffff"}
@@ -34,7 +35,8 @@ def explained(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in recs:
         proc = (r.get("prediction") or {}).get("process")
-        meas = (r.get("memory") or {}).get("peak_rss_bytes")
+        mem = memory_of(r)
+        meas = mem.peak_rss_bytes if mem is not None else None
         if r.get("status") != "ok" or not meas:
             continue
         row: dict[str, Any] = {"label": _label(r), "measured": meas, "predicted": None, "stack": None}
@@ -46,12 +48,12 @@ def explained(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def table(recs: list[dict[str, Any]]):
-    from edgekv.output.report import Table
-
+def table(recs: list[dict[str, Any]]) -> tuple[str, str, list[str], list[list[str]], list[str]] | None:
+    """(title, intro, headers, rows, alignment) of the explained-memory table; None when no record holds a
+    whole-process prediction.  The report wraps it in its ``Table``."""
     rows = explained(recs)
     if not any(x["stack"] is not None for x in rows):
-        return []          # records from before the process model (schema 1): nothing to explain, nothing invented
+        return None        # records from before the process model (schema 1): nothing to explain, nothing invented
     headers = ["configuration", *[f"{k} MiB" for k in STACK_ORDER], "predicted MiB", "measured peak MiB",
                "unexplained MiB", "unexplained %"]
     body = []
@@ -71,7 +73,7 @@ def table(recs: list[dict[str, Any]]):
              f"(workload `{wl}`: runtime baseline measured once per environment, llama.cpp's host structures and "
              "compute buffer from its dry run for the graph the run reaches, weights/KV/work/output by formula), "
              "*measured* by the OS; *unexplained* = measured − predicted.")
-    return [Table("Explained memory", intro, headers, body, ["l"] + ["r"] * (len(headers) - 1))]
+    return "Explained memory", intro, headers, body, ["l"] + ["r"] * (len(headers) - 1)
 
 
 def plot(recs: list[dict[str, Any]]) -> bytes | None:

@@ -24,7 +24,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,22 @@ from edgekv.core.cachetypes import CACHE_TYPES
 from edgekv.core.llamalog import device_mib
 from edgekv.core.predict import MIB
 from edgekv.edges.safepath import atomic_write
-from edgekv.output.inputs import KIND_BENCH, KIND_LLAMA_BENCH, KIND_PREDICT, device_label, machine_label
+from edgekv.output.inputs import (
+    KIND_BENCH,
+    KIND_LLAMA_BENCH,
+    KIND_PREDICT,
+    device_label,
+    differences_of,
+    effective_of,
+    llama_log_of,
+    machine_label,
+    memory_of,
+    quality_of,
+    speed_of,
+    unset_none,
+)
 from edgekv.records import results as R
+from edgekv.records import schema as S
 
 REPORT_FORMAT = 1
 DASH = "–"
@@ -77,16 +91,10 @@ def _mib_sum(d: Any) -> float | None:
     return sum(vals) if vals else None
 
 
-def quality_block(rec: dict[str, Any]) -> tuple[str | None, str | None, dict[str, Any] | None]:
-    """(status, reason, statistics) of a record's quality block, whatever its nesting."""
-    q = rec.get("quality")
-    if not isinstance(q, dict):
-        return None, None, None
-    if isinstance(q.get("quality"), dict):
-        return q.get("status") or "ok", q.get("error") or q.get("reason"), q["quality"]
-    if any(k in q for k in ("kld_mean", "ppl")):
-        return q.get("status") or "ok", None, q
-    return q.get("status") or "unavailable", q.get("reason") or q.get("error"), None
+def quality_block(rec: dict[str, Any]) -> tuple[str | None, str | None, S.QualityStats | None]:
+    """(status, error, statistics) of a record's quality pass (the schema's ``Quality``); Nones without one."""
+    q = quality_of(rec)
+    return (None, None, None) if q is None else (q.status, q.error, q.quality)
 
 
 def _type_rank(t: str | None) -> tuple:
@@ -122,79 +130,104 @@ def _group_key(r: dict[str, Any]) -> tuple:
 
 
 def _speed(r: dict[str, Any], test: str) -> dict[str, Any]:
-    v = (r.get("speed") or {}).get(test) or {}
-    ci = v.get("ci95_ts") or [None, None]
-    samples = v.get("samples_ts") or []
+    v = speed_of(r, test)
+    if v is None:
+        return {"n_tokens": None, "mean": None, "lo": None, "hi": None, "cv": None, "n": 0, "unstable": False}
+    ci = v.ci95_ts or [None, None]
+    samples = v.samples_ts
     if len(samples) >= 2 and all(x > 0 for x in samples):
         from edgekv.core.stats import summarize  # records written before issue 19 hold a linear interval that can go below 0
 
         ci = summarize(samples)["ci95"] or ci
-    return {"n_tokens": v.get("n_tokens"), "mean": v.get("mean_ts"), "lo": ci[0], "hi": ci[1], "cv": v.get("cv"),
-            "n": len(samples), "unstable": bool(v.get("unstable"))}
+    return {"n_tokens": v.n_tokens, "mean": v.mean_ts, "lo": ci[0], "hi": ci[1], "cv": v.cv, "n": len(samples),
+            "unstable": v.unstable}
 
 
-def flat_row(r: dict[str, Any]) -> dict[str, Any]:
-    s = r.get("settings") or {}
-    m = r.get("model") or {}
+def _kv_cols(r: dict[str, Any]) -> dict[str, Any]:
+    """KV-cache columns: predicted (formula), llama.cpp (dry run, the run's log), measured growth (OS, device)."""
     pred = r.get("prediction") or {}
-    f = pred.get("formula") or {}
-    eng = pred.get("engine") or {}
-    log = r.get("llama_log") or {}
-    mem = r.get("memory") or {}
-    diff = r.get("differences") or {}
-    eff = r.get("effective") or {}
-    kv_pred = f.get("total_bytes")
-    kv_run = None
-    if log.get("kv_mib") is not None:
-        kv_run = (log.get("kv_mib") or 0) + (log.get("recurrent_mib") or 0)
-    kv_buf = None
-    if log.get("kv_buffers_mib") is not None:
-        kv_buf = (_mib_sum(log.get("kv_buffers_mib")) or 0) + (_mib_sum(log.get("rs_buffers_mib")) or 0)
-    a_load, a_ctx = mem.get("anon_after_load_bytes"), mem.get("anon_after_context_bytes")
+    kv_pred = (pred.get("formula") or {}).get("total_bytes")
+    eng = pred.get("engine") or {}      # predict records' engine block holds more than the schema's Engine (recurrent/state MiB)
+    log, mem, diff = llama_log_of(r), memory_of(r), differences_of(r)
+    kv_run = kv_buf = kv_on_device = None
+    if log is not None:
+        kv_run = log.kv_mib + (unset_none(log.recurrent_mib) or 0)
+        kv_bufs, rs_bufs = unset_none(log.kv_buffers_mib), unset_none(log.rs_buffers_mib)
+        if kv_bufs is not None:
+            kv_buf = (_mib_sum(kv_bufs) or 0) + (_mib_sum(rs_bufs) or 0)
+        # KV on a GPU: the host's anonymous memory does not hold it, so it is not compared with the prediction;
+        # the GPU's (NVML) growth minus llama.cpp's device compute buffers is
+        kv_on_device = bool(device_mib(kv_bufs) + device_mib(rs_bufs))
+    a_load = unset_none(mem.anon_after_load_bytes) if mem is not None else None
+    a_ctx = unset_none(mem.anon_after_context_bytes) if mem is not None else None
     growth = a_ctx - a_load if a_load is not None and a_ctx is not None else None
-    # KV on a GPU: the host's anonymous memory does not hold it, so it is not compared with the prediction;
-    # the GPU's (NVML) growth minus llama.cpp's device compute buffers is
-    kv_on_device = bool(device_mib(log.get("kv_buffers_mib")) + device_mib(log.get("rs_buffers_mib"))) if log else None
     gmp = growth - kv_pred if growth is not None and kv_pred is not None and not kv_on_device else None
-    g_growth = diff.get("context_gpu_growth_bytes")
-    g_compute = diff.get("gpu_compute_buffer_bytes")
-    g_gmp = diff.get("context_gpu_growth_minus_compute_minus_formula_bytes")
-    pp, tg = _speed(r, "pp"), _speed(r, "tg")
-    qs, _, q = quality_block(r)
-    q = q or {}
-    ppl, base_ppl = q.get("ppl"), q.get("base_ppl")
-    row = {
-        "model": m.get("name"), "model_sha256": m.get("sha256"), "arch": m.get("arch"), "device": device_label(r),
-        "kind": r.get("kind"), "status": r.get("status"), "reason": r.get("reason"),
-        "n_ctx": s.get("n_ctx"), "n_depth": s.get("n_depth"), "type_k": s.get("type_k"), "type_v": s.get("type_v"),
-        "flash_attn": s.get("flash_attn"), "flash_attn_effective": eff.get("flash_attn"),
-        "n_threads": s.get("n_threads"), "n_gpu_layers": s.get("n_gpu_layers"), "n_batch": s.get("n_batch"),
-        "n_ubatch": s.get("n_ubatch"), "n_prompt": s.get("n_prompt"), "n_gen": s.get("n_gen"),
-        "repetitions": s.get("repetitions"),
+    g_growth, g_compute, g_gmp = ((unset_none(diff.context_gpu_growth_bytes), unset_none(diff.gpu_compute_buffer_bytes),
+                                   unset_none(diff.context_gpu_growth_minus_compute_minus_formula_bytes))
+                                  if diff is not None else (None, None, None))
+    return {
         "kv_predicted_bytes": kv_pred, "kv_predicted_mib": _r(kv_pred / MIB, 2) if kv_pred is not None else None,
         "kv_engine_mib": (_r(eng.get("kv_mib") + (eng.get("recurrent_mib") or 0) + (eng.get("state_mib") or 0), 2)
                           if eng.get("kv_mib") is not None else None),
-        "kv_llama_run_mib": _r(kv_run, 2), "kv_llama_cache_lines": len(log.get("kv") or []) or None,
+        "kv_llama_run_mib": _r(kv_run, 2), "kv_llama_cache_lines": (len(log.kv) if log is not None else 0) or None,
         "kv_buffer_mib": _r(kv_buf, 2),
-        "kv_llama_matches_formula": diff.get("llama_kv_matches_formula"), "kv_saving_vs_f16_predicted": None,
+        "kv_llama_matches_formula": diff.llama_kv_matches_formula if diff is not None else None,
+        "kv_saving_vs_f16_predicted": None,
         "context_growth_measured_bytes": growth, "context_growth_minus_predicted_bytes": gmp,
         "context_growth_error_pct": _r(100.0 * gmp / kv_pred, 2) if gmp is not None and kv_pred else None,
         "kv_on_device": kv_on_device, "context_gpu_growth_bytes": g_growth,
         "gpu_compute_buffer_mib": _r(g_compute / MIB, 2) if g_compute is not None else None,
         "context_gpu_growth_minus_predicted_bytes": g_gmp,
         "context_gpu_growth_error_pct": _r(100.0 * g_gmp / kv_pred, 2) if g_gmp is not None and kv_pred else None,
-        "peak_rss_bytes": mem.get("peak_rss_bytes"), "kernel_maxrss_bytes": mem.get("kernel_maxrss_bytes"),
-        "anon_after_fill_bytes": mem.get("anon_after_fill_bytes"), "file_after_fill_bytes": mem.get("file_after_fill_bytes"),
-        "peak_gpu_bytes": mem.get("peak_gpu_bytes"), "peak_footprint_bytes": mem.get("peak_footprint_bytes"),
-        "compute_buffer_mib": _r(_mib_sum(log.get("compute_mib")), 2), "peak_rss_saving_vs_f16_measured": None,
-        "pp_n_tokens": pp["n_tokens"], "pp_ts_mean": _r(pp["mean"], 3), "pp_ts_ci95_low": _r(pp["lo"], 3),
-        "pp_ts_ci95_high": _r(pp["hi"], 3), "pp_ts_cv": _r(pp["cv"], 4), "pp_samples": pp["n"] or None,
-        "tg_n_tokens": tg["n_tokens"], "tg_ts_mean": _r(tg["mean"], 3), "tg_ts_ci95_low": _r(tg["lo"], 3),
-        "tg_ts_ci95_high": _r(tg["hi"], 3), "tg_ts_cv": _r(tg["cv"], 4), "tg_samples": tg["n"] or None,
-        "quality_status": qs, "ppl": _r(ppl, 4), "ppl_err": _r(q.get("ppl_err"), 4), "base_ppl": _r(base_ppl, 4),
+    }
+
+
+def _process_cols(r: dict[str, Any]) -> dict[str, Any]:
+    """Whole-process memory the OS measured, and llama.cpp's compute reservations."""
+    mem, log = memory_of(r), llama_log_of(r)
+    m = {k: (unset_none(getattr(mem, k)) if mem is not None else None) for k in
+         ("peak_rss_bytes", "kernel_maxrss_bytes", "anon_after_fill_bytes", "file_after_fill_bytes", "peak_gpu_bytes",
+          "peak_footprint_bytes")}
+    return {**m, "compute_buffer_mib": _r(_mib_sum(log.compute_mib), 2) if log is not None else None,
+            "peak_rss_saving_vs_f16_measured": None}
+
+
+def _speed_cols(r: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for test in ("pp", "tg"):
+        v = _speed(r, test)
+        out.update({f"{test}_n_tokens": v["n_tokens"], f"{test}_ts_mean": _r(v["mean"], 3),
+                    f"{test}_ts_ci95_low": _r(v["lo"], 3), f"{test}_ts_ci95_high": _r(v["hi"], 3),
+                    f"{test}_ts_cv": _r(v["cv"], 4), f"{test}_samples": v["n"] or None})
+    return out
+
+
+def _quality_cols(r: dict[str, Any]) -> dict[str, Any]:
+    qs, _, q = quality_block(r)
+    if q is None:
+        return {"quality_status": qs, "ppl": None, "ppl_err": None, "base_ppl": None, "ppl_delta_pct": None,
+                "kld_mean": None, "kld_mean_err": None, "kld_p99": None, "same_top_rate": None}
+    ppl, base_ppl = q.ppl, q.base_ppl
+    return {
+        "quality_status": qs, "ppl": _r(ppl, 4), "ppl_err": _r(q.ppl_err, 4), "base_ppl": _r(base_ppl, 4),
         "ppl_delta_pct": _r(100.0 * (ppl / base_ppl - 1), 3) if ppl and base_ppl else None,
-        "kld_mean": _r(q.get("kld_mean"), 6), "kld_mean_err": _r(q.get("kld_mean_err"), 6),
-        "kld_p99": _r(q.get("kld_p99"), 6), "same_top_rate": _r(q.get("same_top_rate"), 5),
+        "kld_mean": _r(q.kld_mean, 6), "kld_mean_err": _r(q.kld_mean_err, 6),
+        "kld_p99": _r(q.kld_p99, 6), "same_top_rate": _r(q.same_top_rate, 5),
+    }
+
+
+def flat_row(r: dict[str, Any]) -> dict[str, Any]:
+    """One row of results.csv / results.json: a configuration's settings and every figure, units in the names."""
+    s = r.get("settings") or {}
+    m = r.get("model") or {}
+    eff = effective_of(r)
+    row = {
+        "model": m.get("name"), "model_sha256": m.get("sha256"), "arch": m.get("arch"), "device": device_label(r),
+        "kind": r.get("kind"), "status": r.get("status"), "reason": r.get("reason"),
+        **{k: s.get(k) for k in ("n_ctx", "n_depth", "type_k", "type_v", "flash_attn")},
+        "flash_attn_effective": unset_none(eff.flash_attn) if eff is not None else None,
+        **{k: s.get(k) for k in ("n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "n_prompt", "n_gen", "repetitions")},
+        **_kv_cols(r), **_process_cols(r), **_speed_cols(r), **_quality_cols(r),
         "time_utc": r.get("time_utc"),
     }
     load = r.get("load") or {}
@@ -442,47 +475,69 @@ def _model_section(name: str, recs: list[dict[str, Any]]) -> Section:
     return sec
 
 
-def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
-    ok = [r for r in rows if r["status"] == "ok" and r["kv_predicted_bytes"] is not None]
-    if not ok:
-        return []
-    depth_matters = any(len({x["n_depth"] for x in ok if (x["n_ctx"], x["type_k"], x["type_v"]) == k}) > 1
-                        for k in {(x["n_ctx"], x["type_k"], x["type_v"]) for x in ok})
-    cols = _setting_cols(ok, depth_matters)
-    has_engine = any(r["kv_engine_mib"] is not None for r in ok)
-    has_run = any(r["kv_llama_run_mib"] is not None for r in ok)
-    has_meas = any(r["context_growth_measured_bytes"] is not None for r in ok)
-    heads = [h for _, h in cols] + ["KV MiB, predicted (formula)"]
-    if has_engine:
-        heads.append("KV MiB, llama.cpp dry run")
-    if has_run:
-        heads += ["KV MiB, llama.cpp in the run", "KV buffer MiB, llama.cpp"]
-    if has_meas:
-        # not "error": this is what llama.cpp allocates beside the KV cache (issue 19); a formula-vs-llama.cpp
-        # mismatch is the only error and shows in the llama.cpp columns
-        heads += ["context memory MiB, measured (OS)", "beside the KV MiB (measured − predicted)", "beside the KV, % of KV"]
-    has_gpu = any(r["context_gpu_growth_bytes"] is not None for r in ok)
-    if has_gpu:
-        heads += ["context GPU memory MiB, measured (device)", "GPU compute buffers MiB, llama.cpp",
-                  "GPU − compute − predicted MiB", "GPU beside the KV, % of KV"]
-    heads.append("KV saving vs f16, predicted")
-    body = []
-    for r in ok:
-        cells = _cells(r, cols) + [fmt_mib_b(r["kv_predicted_bytes"])]
-        if has_engine:
-            cells.append(fmt_mib(r["kv_engine_mib"]))
-        if has_run:
-            cells += [fmt_mib(r["kv_llama_run_mib"]), fmt_mib(r["kv_buffer_mib"])]
-        if has_meas:
-            g = r["context_growth_measured_bytes"]
-            d = r["context_growth_minus_predicted_bytes"]
-            cells += [fmt_mib_b(g), DASH if d is None else f"{d / MIB:+,.2f}", fmt_pct(r["context_growth_error_pct"])]
-        if has_gpu:
-            gd = r["context_gpu_growth_minus_predicted_bytes"]
-            cells += [fmt_mib_b(r["context_gpu_growth_bytes"]), fmt_mib(r["gpu_compute_buffer_mib"]),
-                      DASH if gd is None else f"{gd / MIB:+,.2f}", fmt_pct(r["context_gpu_growth_error_pct"])]
-        cells.append(fmt_x(r["kv_saving_vs_f16_predicted"]))
-        body.append(cells)
+@dataclass(frozen=True)
+class ColumnGroup:
+    """Columns a table shows only when some row has what they show (no column of dashes only)."""
+
+    heads: tuple[str, ...]
+    cells: Callable[[dict[str, Any]], list[str]]
+    shown: Callable[[dict[str, Any]], bool] | None = None     # None: always shown
+
+
+def _grouped(rows: list[dict[str, Any]], groups: Sequence[ColumnGroup]) -> list[ColumnGroup]:
+    return [g for g in groups if g.shown is None or any(g.shown(r) for r in rows)]
+
+
+def _signed_mib(b: int | None) -> str:
+    return DASH if b is None else f"{b / MIB:+,.2f}"
+
+
+# the KV-cache table: predicted, llama.cpp (dry run, the run's own log), measured (OS, and a GPU's memory)
+_KV_GROUPS = (
+    ColumnGroup(("KV MiB, predicted (formula)",), lambda r: [fmt_mib_b(r["kv_predicted_bytes"])]),
+    ColumnGroup(("KV MiB, llama.cpp dry run",), lambda r: [fmt_mib(r["kv_engine_mib"])],
+                lambda r: r["kv_engine_mib"] is not None),
+    ColumnGroup(("KV MiB, llama.cpp in the run", "KV buffer MiB, llama.cpp"),
+                lambda r: [fmt_mib(r["kv_llama_run_mib"]), fmt_mib(r["kv_buffer_mib"])],
+                lambda r: r["kv_llama_run_mib"] is not None),
+    # not "error": this is what llama.cpp allocates beside the KV cache (issue 19); a formula-vs-llama.cpp
+    # mismatch is the only error and shows in the llama.cpp columns
+    ColumnGroup(("context memory MiB, measured (OS)", "beside the KV MiB (measured − predicted)", "beside the KV, % of KV"),
+                lambda r: [fmt_mib_b(r["context_growth_measured_bytes"]),
+                           _signed_mib(r["context_growth_minus_predicted_bytes"]), fmt_pct(r["context_growth_error_pct"])],
+                lambda r: r["context_growth_measured_bytes"] is not None),
+    ColumnGroup(("context GPU memory MiB, measured (device)", "GPU compute buffers MiB, llama.cpp",
+                 "GPU − compute − predicted MiB", "GPU beside the KV, % of KV"),
+                lambda r: [fmt_mib_b(r["context_gpu_growth_bytes"]), fmt_mib(r["gpu_compute_buffer_mib"]),
+                           _signed_mib(r["context_gpu_growth_minus_predicted_bytes"]),
+                           fmt_pct(r["context_gpu_growth_error_pct"])],
+                lambda r: r["context_gpu_growth_bytes"] is not None),
+    ColumnGroup(("KV saving vs f16, predicted",), lambda r: [fmt_x(r["kv_saving_vs_f16_predicted"])]),
+)
+
+# the whole-process table: what the OS measured, and llama.cpp's compute reservations beside it
+_PROCESS_GROUPS = (
+    ColumnGroup(("peak RSS MiB",), lambda r: [fmt_mib_b(r["peak_rss_bytes"])]),
+    ColumnGroup(("anonymous MiB after fill", "file-backed MiB after fill"),
+                lambda r: [fmt_mib_b(r["anon_after_fill_bytes"]), fmt_mib_b(r["file_after_fill_bytes"])],
+                lambda r: r["anon_after_fill_bytes"] is not None),
+    ColumnGroup(("GPU MiB (NVML, this process)",), lambda r: [fmt_mib_b(r["peak_gpu_bytes"])],
+                lambda r: bool(r["peak_gpu_bytes"])),
+    ColumnGroup(("footprint MiB (macOS)",), lambda r: [fmt_mib_b(r["peak_footprint_bytes"])],
+                lambda r: bool(r["peak_footprint_bytes"])),
+    ColumnGroup(("compute buffers MiB, llama.cpp (reserved)", "peak RSS saving vs f16, measured"),
+                lambda r: [fmt_mib(r["compute_buffer_mib"]), fmt_x(r["peak_rss_saving_vs_f16_measured"])]),
+)
+
+
+def _table(title: str, intro: str, rows: list[dict[str, Any]], cols: list[tuple[str, str]],
+           groups: Sequence[ColumnGroup]) -> Table:
+    heads = [h for _, h in cols] + [h for g in groups for h in g.heads]
+    body = [_cells(r, cols) + [c for g in groups for c in g.cells(r)] for r in rows]
+    return Table(title, intro, heads, body, _align(cols, len(heads) - len(cols)))
+
+
+def _kv_intro(ok: list[dict[str, Any]], has_engine: bool, has_run: bool, has_meas: bool, has_gpu: bool) -> str:
     intro = ("KV cache by context and cache type. *Predicted* is edgekv's formula from the GGUF header")
     if has_engine or has_run:
         intro += "; *llama.cpp* columns are llama.cpp's own `llama_kv_cache: size` figures"
@@ -493,7 +548,7 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
                   "(the KV cache plus small output and scheduler buffers), from the OS. *Beside the KV* = measured − "
                   "predicted: those other buffers, also as a share of the predicted KV; it is not an error of the "
                   "prediction (that would be a llama.cpp column differing from the formula)")
-    if any(r["context_gpu_growth_bytes"] is not None for r in ok):
+    if has_gpu:
         intro += ("; where the cache lives on a GPU, *context GPU memory* is how much the device memory in use "
                   "(read by the run itself through ggml, e.g. cudaMemGetInfo, right after the load and right after "
                   "the context) grew when llama.cpp created the context: the KV buffers plus the compute buffers ggml "
@@ -505,40 +560,33 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
         intro += (" This model has several cache objects (e.g. full and sliding-window layers): llama.cpp prints one "
                   "size line per cache, each rounded to 0.01 MiB, so its columns (their sum) can differ by 0.01 from "
                   "the formula's exact total; the check against the formula compares each line and the cell counts.")
+    return intro
+
+
+_PROCESS_INTRO = (
+    "Whole-process memory of each run, measured by the OS: the peak resident set over the whole run (model "
+    "loaded, context created, cache filled to the test depth: sampled every 5 ms; the timed tests: read by "
+    "the process itself after each repetition, so that sampling never slows them), leaving out only the "
+    "moments the harness saves or restores its depth state; its anonymous "
+    "(KV, compute and output buffers) and file-backed (memory-mapped weights) parts after the fill. "
+    "Compute buffers are llama.cpp's reservations; only the pages a graph touches become resident.")
+
+
+def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
+    ok = [r for r in rows if r["status"] == "ok" and r["kv_predicted_bytes"] is not None]
+    if not ok:
+        return []
+    depth_matters = any(len({x["n_depth"] for x in ok if (x["n_ctx"], x["type_k"], x["type_v"]) == k}) > 1
+                        for k in {(x["n_ctx"], x["type_k"], x["type_v"]) for x in ok})
+    groups = _grouped(ok, _KV_GROUPS)
+    has_engine, has_run, has_meas, has_gpu = (g in groups for g in _KV_GROUPS[1:5])
     ttl = "KV cache: predicted" + (", llama.cpp" if has_engine or has_run else "") + (", measured" if has_meas else "")
-    tables = [Table(ttl, intro, heads, body, _align(cols, len(heads) - len(cols)))]
+    tables = [_table(ttl, _kv_intro(ok, has_engine, has_run, has_meas, has_gpu), ok, _setting_cols(ok, depth_matters),
+                     groups)]
     proc = [r for r in ok if r["peak_rss_bytes"] is not None]
     if proc:
-        pcols = _setting_cols(proc, depth_matters)
-        has_gpu = any(r["peak_gpu_bytes"] for r in proc)
-        has_fp = any(r["peak_footprint_bytes"] for r in proc)
-        has_anon = any(r["anon_after_fill_bytes"] is not None for r in proc)
-        heads = [h for _, h in pcols] + ["peak RSS MiB"]
-        if has_anon:
-            heads += ["anonymous MiB after fill", "file-backed MiB after fill"]
-        if has_gpu:
-            heads.append("GPU MiB (NVML, this process)")
-        if has_fp:
-            heads.append("footprint MiB (macOS)")
-        heads += ["compute buffers MiB, llama.cpp (reserved)", "peak RSS saving vs f16, measured"]
-        body = []
-        for r in proc:
-            cells = _cells(r, pcols) + [fmt_mib_b(r["peak_rss_bytes"])]
-            if has_anon:
-                cells += [fmt_mib_b(r["anon_after_fill_bytes"]), fmt_mib_b(r["file_after_fill_bytes"])]
-            if has_gpu:
-                cells.append(fmt_mib_b(r["peak_gpu_bytes"]))
-            if has_fp:
-                cells.append(fmt_mib_b(r["peak_footprint_bytes"]))
-            cells += [fmt_mib(r["compute_buffer_mib"]), fmt_x(r["peak_rss_saving_vs_f16_measured"])]
-            body.append(cells)
-        intro = ("Whole-process memory of each run, measured by the OS: the peak resident set over the whole run (model "
-                 "loaded, context created, cache filled to the test depth: sampled every 5 ms; the timed tests: read by "
-                 "the process itself after each repetition, so that sampling never slows them), leaving out only the "
-                 "moments the harness saves or restores its depth state; its anonymous "
-                 "(KV, compute and output buffers) and file-backed (memory-mapped weights) parts after the fill. "
-                 "Compute buffers are llama.cpp's reservations; only the pages a graph touches become resident.")
-        tables.append(Table("Process memory, measured", intro, heads, body, _align(pcols, len(heads) - len(pcols))))
+        tables.append(_table("Process memory, measured", _PROCESS_INTRO, proc, _setting_cols(proc, depth_matters),
+                             _grouped(proc, _PROCESS_GROUPS)))
     return tables
 
 
@@ -707,7 +755,8 @@ def _explained_memory(recs: list[dict[str, Any]]) -> list[Table]:
     """The explained-memory table (edgekv.output.memreport): measured peak vs the whole-process prediction's parts."""
     from edgekv.output.memreport import table
 
-    return table(recs)
+    t = table(recs)
+    return [Table(*t)] if t is not None else []
 
 
 def _explained_plot(recs: list[dict[str, Any]], slug: str) -> list[tuple[str, str, bytes]]:
