@@ -193,11 +193,12 @@ def test_quality_json_rows_are_records_that_load_like_bench_records(tmp_path, sm
 
 
 def test_one_engine_serialiser_matches_what_predict_prints(smollm2_path, gemma3_path):
-    """schema.engine_block on real llama.cpp dry runs = the block predict --engine prints today (views), key for key."""
+    """crosscheck.engine_block, the one serialiser of llama.cpp's dry run that sweep and predict --engine both call, on real
+    llama.cpp dry runs: the formula matches, and only predict's call (with the weights) adds the process total."""
     from edgekv.core.predict import ContextParams, predict
     from edgekv.edges.engine import EngineSession
-    from edgekv.orchestration import predictrows
     from edgekv.orchestration.api import load_model
+    from edgekv.orchestration.crosscheck import engine_block
 
     for path in (smollm2_path, gemma3_path):
         m = load_model(str(path))
@@ -206,8 +207,8 @@ def test_one_engine_serialiser_matches_what_predict_prints(smollm2_path, gemma3_
             results = eng.run(cfgs)
         for c, res in zip(cfgs, results):
             p = predict(m.shape, c)
-            new = S.engine_block(p, res, m.weights_bytes)
+            new = engine_block(p, res, m.weights_bytes)
             assert res.ok and new["match"] is True and new["kv_mib"] > 0
-            assert json.dumps(new) == json.dumps(predictrows.engine_block(p, res, m.weights_bytes))
-            sweep_style = S.engine_block(p, res)
+            assert new["total_bytes"] > new["kv_mib"] * 2**20 and new["total_caches_from"] == "formula"
+            sweep_style = engine_block(p, res)
             assert "total_bytes" not in sweep_style and sweep_style["caches"] == new["caches"]

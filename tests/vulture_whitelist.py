@@ -28,7 +28,7 @@ _.v_padding             # LlamaMemoryLog
 is_recurrent            # ModelShape.layers[i].is_recurrent
 
 # other engineers of issue 17 own these folders; each is listed for the coordinator and goes there
-_.total_cases           # edgekv/output/benchview.py:55, set never read (consumers)
-_._todo_work            # edgekv/output/benchview.py:56, set never read (consumers)
-GENERATED               # edgekv/output/report.py, unused constant (consumers)
-env_signature           # edgekv/records/results.py, unused function (records)
+# edgekv/records/schema.py: public names for notebooks and maintainers (not called inside edgekv)
+_.KINDS                 # the record kinds, documented beside Record.kind
+_.PROVENANCE            # which source each block's numbers come from (formula / llama.cpp / measured)
+_.write_schema_file     # regenerates results.schema.json; named by tests/test_records.py's failure message

@@ -9,7 +9,9 @@ agreement over a grid that includes large contexts pins the bytes exactly.
 
 from __future__ import annotations
 
-from edgekv.core.predict import STATUS_OK, KVPrediction, llama_mib
+from typing import Any
+
+from edgekv.core.predict import MIB, STATUS_OK, STATUS_UNSUPPORTED, KVPrediction, llama_mib
 from edgekv.edges.engine import EngineResult
 
 
@@ -95,3 +97,30 @@ def compare(pred: KVPrediction, res: EngineResult) -> list[str]:
             if e[k] != g.get(k):
                 diffs.append(f"recurrent state {k}: engine {g.get(k)}, formula {e[k]}")
     return diffs
+
+
+def engine_block(pred: Any, res: Any, weights_bytes: int | None = None) -> dict[str, Any]:
+    """The one serialiser of llama.cpp's dry run beside the formula (``prediction.engine``; sweep and predict).
+
+    ``pred`` a :class:`~edgekv.core.predict.KVPrediction`, ``res`` an :class:`~edgekv.edges.engine.EngineResult`.
+    With ``weights_bytes`` (the tensor table's weights), ``total_bytes`` = weights + caches + compute + output
+    buffers.  ``match`` is None where edgekv does not model the cache (nothing to compare)."""
+    if pred.status == STATUS_UNSUPPORTED:
+        d: dict[str, Any] = {"ok": res.ok, "error": res.error, "match": None, "diffs": []}
+    else:
+        diffs = compare(pred, res)
+        d = {"ok": res.ok, "error": res.error, "match": not diffs, "diffs": diffs}
+    if res.ok:
+        log = res.log
+        d.update({"caches": engine_lines(res), "kv_mib": round(log.kv_mib_total, 2),
+                  "recurrent_mib": round(log.recurrent_mib_total, 2), "state_mib": round(log.state_mib_total, 2),
+                  "other_buffers_mib": log.other_buffers, "compute_mib": log.compute_buffers,
+                  "output_mib": log.output_buffers, "flash_attn_resolved": log.fa_resolved, "n_ctx": res.n_ctx})
+        if weights_bytes is not None:
+            # caches: the formula's bytes; llama.cpp's printed MiB where edgekv does not model the cache (buffers of
+            # kinds the log parser does not know included, so a newer cache class never hides its bytes)
+            other = sum(log.other_buffers.values())
+            caches = pred.total_bytes if pred.status == STATUS_OK else (log.caches_mib_total + other) * MIB
+            d["total_bytes"] = int(weights_bytes + caches + (log.compute_mib_total + log.output_mib_total) * MIB)
+            d["total_caches_from"] = "formula" if pred.status == STATUS_OK else "llama.cpp"
+    return d

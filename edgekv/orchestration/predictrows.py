@@ -15,14 +15,7 @@ from typing import Any
 
 from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, predict
 from edgekv.orchestration.api import LoadedModel, llama_python_defaults_cost
-
-
-def engine_block(pred: KVPrediction, res, weights_bytes: int) -> dict[str, Any]:
-    """llama.cpp's dry run of one configuration beside the formula's prediction (the row's ``engine``): the one
-    engine serialiser, :func:`edgekv.records.schema.engine_block`."""
-    from edgekv.records.schema import engine_block as serialise
-
-    return serialise(pred, res, weights_bytes)
+from edgekv.orchestration.crosscheck import engine_block
 
 
 def _dry_runs(m: LoadedModel, configs: list[ContextParams], preds: list[KVPrediction], n_gpu_layers: int):

@@ -232,12 +232,12 @@ def quality_records(rows: list[dict[str, Any]], model: str | os.PathLike | None,
     compare, merge and :func:`edgekv.results_frame` load it like bench records.  Checked against the schema."""
     import time
 
-    from edgekv import __version__
     from edgekv.edges.environment import collect
     from edgekv.edges.sources import verified_sha256
     from edgekv.orchestration.api import load_model
     from edgekv.records import results as R
     from edgekv.records.schema import SCHEMA_VERSION, decode, encode, model_block
+    from edgekv.version import __version__
 
     m = load_model(None if model is None else str(model))
     sha = verified_sha256(m.ref.path)

@@ -27,9 +27,9 @@ from edgekv.edges.environment import default_threads
 from edgekv.edges.home import edgekv_home, verified_sha256
 from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.api import LoadedModel
-from edgekv.orchestration.crosscheck import compare, engine_lines
+from edgekv.orchestration.crosscheck import compare, engine_block, engine_lines
 from edgekv.records import results as R
-from edgekv.records.schema import engine_block, growth_minus_formula_bytes, speed_test
+from edgekv.records.schema import growth_minus_formula_bytes, speed_test
 from edgekv.records.schema import model_block as schema_model_block
 
 ENGINE_PYTHON = "llama-cpp-python"

@@ -53,10 +53,7 @@ class Progress:
 
     def on_event(self, kind: str, data: dict[str, Any]) -> None:
         with self.lock:
-            if kind == "start":
-                self.total_cases = data["todo"]
-                self._todo_work = None
-            elif kind == "plan":
+            if kind == "plan":
                 self.task = self.p.add_task("starting", total=max(1, data["work"]))
             elif kind == "case":
                 s = data["case"].settings

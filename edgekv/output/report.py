@@ -927,7 +927,6 @@ def render_html(doc: Document) -> str:
 
 # -- writing the folder ---------------------------------------------------------------------------------
 
-GENERATED = ("README.md", "results.csv", "results.json", "report.html")
 _PLOT_RE = re.compile(r"^(memory_vs_context|speed_vs_depth|kld|explained_memory)(-[a-z0-9-]+)?\.png$")
 
 

@@ -82,10 +82,6 @@ def config_key(model_sha256: str | None, settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def env_signature(env: dict[str, Any]) -> dict[str, Any]:
-    return {k: env.get(k) for k in CHECKED_ENVIRONMENT}
-
-
 def env_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     out = []
     for k in CHECKED_ENVIRONMENT:
