@@ -27,7 +27,6 @@ _.swa_full_warned       # LlamaMemoryLog
 _.v_padding             # LlamaMemoryLog
 is_recurrent            # ModelShape.layers[i].is_recurrent
 
-# other engineers of issue 17 own these folders; each is listed for the coordinator and goes there
 # edgekv/records/schema.py: public names for notebooks and maintainers (not called inside edgekv)
 _.KINDS                 # the record kinds, documented beside Record.kind
 _.PROVENANCE            # which source each block's numbers come from (formula / llama.cpp / measured)
