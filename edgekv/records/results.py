@@ -126,6 +126,16 @@ def check_record(record: dict[str, Any], where: str) -> dict[str, Any]:
     return record
 
 
+def as_record(x: Record | dict[str, Any], where: str = "record") -> Record:
+    """A :class:`Record` as it is, or a plain record dict upgraded and strictly decoded (the consumers' entry:
+    report, compare, benchview and merge read attributes, whatever they were handed)."""
+    if isinstance(x, Record):
+        return x
+    if not isinstance(x, dict):
+        raise ResultsError(f"{where}: expected a results record (a JSON object), got {type(x).__name__}")
+    return decode(upgrade(x, where), where)
+
+
 def load_records(path: str | os.PathLike, tolerate_torn_tail: bool = True,
                  skipped: list[Skipped] | None = None) -> list[Record]:
     """Load an edgekv JSONL results file as typed :class:`Record` objects (upgrades, then strict decoding).
