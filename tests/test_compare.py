@@ -300,6 +300,11 @@ def test_every_input_kind_loads_as_records(records, tmp_path):
     assert load_many([FIXTURE, listed]) == records + records[:2]
     preds = load_any(OLD_PREDICT)
     assert load_any(wrapped) == [msgspec.structs.replace(r, source_file=str(wrapped)) for r in preds]
+    # today's predict --json: the records themselves (a list; under "predictions" beside a --budget answer)
+    listed.write_text(json.dumps(plain(preds)))
+    assert load_any(listed) == preds
+    wrapped.write_text(json.dumps({"predictions": plain(preds), "budget": []}))
+    assert load_any(wrapped) == preds
     assert len(preds) == len(rows) == 4
     for r, row in zip(preds, rows):
         f, eng = r.prediction.formula, r.prediction.engine

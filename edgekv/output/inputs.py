@@ -4,8 +4,9 @@ Every accepted input comes back as typed :class:`edgekv.records.schema.Record` o
 file's content (never from its name):
 
 * edgekv results (JSONL, :func:`edgekv.records.results.load_records`: upgrades, then strict decoding),
-* a JSON list of records (``edgekv quality --json``, ``edgekv predict --json``): each upgraded and decoded
-  strictly like a line of a results file,
+* a JSON list of records (``edgekv quality --json``, ``edgekv predict --json``), or such a list under
+  ``"predictions"`` (``edgekv predict --budget --json``, beside its budget): each upgraded and decoded strictly
+  like a line of a results file,
 * llama-bench ``-o json`` / ``-o jsonl`` output (:func:`edgekv.orchestration.llamabench.load_llama_bench_file`:
   records of kind ``llama-bench``, speed only, no memory),
 * the prediction rows an older ``edgekv predict --json`` printed (a JSON list of rows with
@@ -68,7 +69,7 @@ def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None) ->
         raise ResultsError(f"{p}: empty; no results in it")
     if isinstance(first, list):
         items = first
-        if items and all(isinstance(x, dict) and "schema_version" in x for x in items):
+        if _all_records(items):
             # `edgekv quality --json` (records of kind quality) and `edgekv predict --json` (kind predict):
             # upgraded and decoded strictly like the lines of a results file
             return [R.as_record(x, f"{p}:{i}") for i, x in enumerate(items, 1)]
@@ -88,9 +89,16 @@ def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None) ->
             from edgekv.orchestration.llamabench import load_llama_bench_file
 
             return load_llama_bench_file(p)
-        if isinstance(first.get("predictions"), list):
-            return predict_records(first["predictions"], p)
+        preds = first.get("predictions")
+        if isinstance(preds, list):     # `predict --budget --json`: records beside the budget; older: prediction rows
+            if _all_records(preds):
+                return [R.as_record(x, f"{p}: prediction {i}") for i, x in enumerate(preds, 1)]
+            return predict_records(preds, p)
     raise ResultsError(f"{p}: neither edgekv results, llama-bench JSON/JSONL nor edgekv predict --json output")
+
+
+def _all_records(items: list[Any]) -> bool:
+    return bool(items) and all(isinstance(x, dict) and "schema_version" in x for x in items)
 
 
 def _load_results(p: Path, skipped: list[R.Skipped] | None) -> list[S.Record]:
@@ -155,12 +163,12 @@ def predict_records(rows: Iterable[Any], source: str | os.PathLike) -> list[S.Re
         if unknown:
             raise ResultsError(f"{where}: {unknown[0]}: unknown key in an edgekv predict --json row; written by another "
                                "tool or a newer edgekv (upgrade edgekv, or remove the key)")
+        made = {k: r[k] for k in ("engine", "process") if r.get(k) is not None}   # None: not asked, left out
         try:
             out.append(S.predict_record(
                 model_path=str(r.get("model") or ""), arch=r.get("arch"), weights_bytes=r.get("weights_bytes"),
-                formula={k: v for k, v in r.items() if k in formula_keys}, engine=r.get("engine"),
-                process=r.get("process"), settings={k: r.get(k) for k in _ROW_SETTINGS}, source_file=str(source),
-                key_settings=R.KEY_SETTINGS))
+                formula={k: v for k, v in r.items() if k in formula_keys}, **made,
+                settings={k: r.get(k) for k in _ROW_SETTINGS}, source_file=str(source), key_settings=R.KEY_SETTINGS))
         except msgspec.ValidationError as e:
             # the loader's wording: 'prediction.formula.n_ctx: expected int, got str; ...'
             raise ResultsError(f"{where}: {S._explain(str(e))}") from None
