@@ -18,6 +18,7 @@ from edgekv.core.stats import summarize
 from edgekv.orchestration import plan as P
 from edgekv.output.compare import compare_records, parse_thresholds, render_markdown
 from edgekv.output.inputs import load_any
+from edgekv.records import schema as S
 
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "smollm2-sweep.jsonl"
@@ -26,7 +27,13 @@ THR = parse_thresholds(None)
 
 @pytest.fixture(scope="module")
 def records():
-    return load_any(FIXTURE)
+    """The fixture's records as plain dicts (the lines of the file): the consumers decode what they are handed."""
+    return [S.encode(r) for r in load_any(FIXTURE)]
+
+
+def load_block(busy: bool, share: float) -> dict:
+    """A ``load`` block of the shape edgekv.edges.load.LoadMonitor.stop writes (its windows left empty: test data)."""
+    return {"cpus": 2, "before": {}, "during": {}, "threshold_share": 0.1, "busy": busy, "others_share_max": share}
 
 
 # -- point 7: an interval for a rate is never negative -------------------------------------------------------
@@ -92,7 +99,7 @@ def _render(records, width):
 @pytest.mark.parametrize("width", [80, 100])
 def test_bench_summary_fits_the_terminal(records, width):
     recs = copy.deepcopy(records)
-    recs[0]["load"] = {"busy": True, "others_share_max": 0.43, "cpus": 2}
+    recs[0]["load"] = load_block(True, 0.43)
     out = _render(recs, width)
     assert "…" not in out, out
     assert max(len(line) for line in out.splitlines()) <= width
@@ -133,7 +140,7 @@ def test_compare_refuses_significance_on_busy_rows_unless_forced(records):
     cand = _slower(rec, 0.7)
     quiet = compare_records([rec], [cand], THR)
     assert quiet["exit_code"] == 1
-    cand["load"] = {"busy": True, "others_share_max": 0.5, "cpus": 2}
+    cand["load"] = load_block(True, 0.5)
     busy = compare_records([rec], [cand], THR)
     tg = next(m for m in busy["pairs"][0]["metrics"] if m["metric"] == "tg")
     assert tg["refused"] == "busy machine" and tg["verdict"] == "not significant" and not tg["regression"]
@@ -219,8 +226,8 @@ def test_report_marks_busy_rows(records, tmp_path):
 
     recs = copy.deepcopy(records)
     for r in recs:
-        r["load"] = {"busy": False, "others_share_max": 0.02, "cpus": 2}
-    recs[1]["load"] = {"busy": True, "others_share_max": 0.43, "cpus": 2}
+        r["load"] = load_block(False, 0.02)
+    recs[1]["load"] = load_block(True, 0.43)
     write_report(recs, str(tmp_path / "r"), plots=False)
     md = (tmp_path / "r" / "README.md").read_text()
     speed = md[md.index("Speed, measured"):]

@@ -23,11 +23,18 @@ import pytest
 
 from edgekv.cli.main import main
 from edgekv.output import report as REP
-from edgekv.output.inputs import load_any
+from edgekv.output.inputs import load_any as _load_any
+from edgekv.records import schema as S
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = Path(__file__).parent / "golden" / "smollm2-sweep"
 FIXTURE = DATA / "smollm2-sweep.jsonl"
+
+
+def load_any(path):
+    """An input file's records (edgekv.output.inputs.load_any) as the plain dicts these tests edit; the report
+    decodes what it is handed."""
+    return [S.encode(r) for r in _load_any(path)]
 
 
 def _golden(name: str, got: str, root: Path = GOLDEN) -> None:

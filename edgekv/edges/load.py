@@ -111,5 +111,7 @@ def busy_note(load: dict[str, Any] | None) -> str | None:
     return f"busy: other work used {100 * load.get('others_share_max', 0):.0f} % of {load.get('cpus')} CPUs"
 
 
-def record_busy(rec: dict[str, Any]) -> bool:
-    return bool((rec.get("load") or {}).get("busy"))
+def record_busy(rec: Any) -> bool:
+    """A results record (:class:`edgekv.records.schema.Record`) measured while other work took a significant
+    share of the CPUs (its ``load`` block says busy; absent or None: not known to be busy)."""
+    return bool(rec.load and rec.load.busy)

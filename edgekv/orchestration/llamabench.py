@@ -8,7 +8,8 @@ llama-bench sizes each test's context as depth + test tokens (pp: ``n_depth + n_
 ``n_depth + n_gen``; tools/llama-bench/llama-bench.cpp:1305-1320), so its KV figures are predicted
 for those contexts, not for ``-c``.  It does not accept ``f32`` cache types.
 
-Also converts llama-bench JSON/JSONL output files into edgekv records (for ``edgekv compare``).
+Also converts llama-bench JSON/JSONL output files into typed records of kind ``llama-bench`` (for ``edgekv
+compare``, ``report`` and ``merge``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from edgekv.edges.engine import EngineResult
 from edgekv.errors import ResultsError
 from edgekv.orchestration.crosscheck import compare, engine_lines
 from edgekv.records import results as R
-from edgekv.records.schema import speed_test
+from edgekv.records.schema import Record, decode, speed_test
 
 LLAMA_BENCH_TYPES = {"f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
 _CTX_START = re.compile(r"llama_context: constructing llama_context")
@@ -121,8 +122,11 @@ def run_llama_bench_case(spec, case, env, base, gpu_probe, emit) -> dict[str, An
 FA_INT = {-1: "auto", 0: "off", 1: "on"}
 
 
-def load_llama_bench_file(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Read llama-bench ``-o json`` or ``-o jsonl`` output as edgekv records (speed only)."""
+def load_llama_bench_file(path: str | os.PathLike) -> list[Record]:
+    """Read llama-bench ``-o json`` or ``-o jsonl`` output as records of kind ``llama-bench`` (speed only).
+
+    Each row is decoded strictly (:func:`edgekv.records.schema.decode`): a value of the wrong type refuses
+    the file in one line naming ``file: entry N: key``."""
     p = Path(path)
     text = p.read_text()
     try:
@@ -137,11 +141,13 @@ def load_llama_bench_file(path: str | os.PathLike) -> list[dict[str, Any]]:
     for i, row in enumerate(rows, 1):
         if not isinstance(row, dict) or "samples_ts" not in row or "n_prompt" not in row:
             raise ResultsError(f"{p}: entry {i} is not a llama-bench result (no samples_ts / n_prompt)")
-        out.append(from_llama_bench_row(row, str(p)))
+        out.append(from_llama_bench_row(row, str(p), f"{p}: entry {i}"))
     return out
 
 
-def from_llama_bench_row(row: dict[str, Any], source: str) -> dict[str, Any]:
+def from_llama_bench_row(row: dict[str, Any], source: str, where: str) -> Record:
+    """One llama-bench JSON row as a record of kind ``llama-bench``, decoded strictly (``where`` names the row
+    in the one-line error)."""
     test = "pp" if row.get("n_prompt", 0) > 0 and row.get("n_gen", 0) == 0 else \
         "tg" if row.get("n_gen", 0) > 0 and row.get("n_prompt", 0) == 0 else "pg"
     fa = row.get("flash_attn")
@@ -154,7 +160,7 @@ def from_llama_bench_row(row: dict[str, Any], source: str) -> dict[str, Any]:
         "repetitions": len(row.get("samples_ts") or []), "warmup": None, "quality": None, "test": test,
     }
     n_tok = (row.get("n_prompt") or 0) + (row.get("n_gen") or 0)
-    return {
+    return decode({
         "schema_version": R.SCHEMA_VERSION, "kind": "llama-bench", "config_key": None, "status": "ok", "reason": None,
         "time_utc": row.get("test_time"), "source_file": source,
         "model": {"path": row.get("model_filename"), "name": row.get("model_type"), "sha256": None,
@@ -164,4 +170,4 @@ def from_llama_bench_row(row: dict[str, Any], source: str) -> dict[str, Any]:
         "environment": {"cpu_model": row.get("cpu_info"), "devices": row.get("gpu_info") or None,
                         "backends": row.get("backends"), "llama_cpp_commit": row.get("build_commit"),
                         "llama_bench_build_number": row.get("build_number")},
-    }
+    }, where)

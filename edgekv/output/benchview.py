@@ -7,7 +7,8 @@ from typing import Any
 
 from edgekv.core.predict import MIB, llama_mib
 from edgekv.edges.load import record_busy
-from edgekv.output.inputs import differences_of, llama_log_of, memory_of, quality_of, speed_of, unset_none
+from edgekv.output.inputs import speed_of, unset_none
+from edgekv.records import results as R
 from edgekv.records import schema as S
 
 
@@ -127,49 +128,52 @@ _NARROW = (("n_ctx", "right"), ("K/V", "left"), ("KV MiB\n= llama", "right"), ("
            ("pp t/s", "right"), ("tg t/s", "right"), ("status", "left"))
 
 
-def _summary_row(r: dict[str, Any], narrow: bool, with_gpu: bool, with_quality: bool) -> list[str]:
-    s = r["settings"]
-    f = (r.get("prediction") or {}).get("formula") or {}
-    kv = s["type_k"] if s["type_k"] == s["type_v"] else f"{s['type_k']}/{s['type_v']}"
-    log, mem, diff = llama_log_of(r), memory_of(r), differences_of(r)
-    match = diff.llama_kv_matches_formula if diff is not None else None
+def _summary_row(r: S.Record, narrow: bool, with_gpu: bool, with_quality: bool) -> list[str]:
+    s = r.settings
+    pred = unset_none(r.prediction)
+    total = pred.formula.total_bytes if pred is not None else None
+    kv = s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}"
+    log, mem, diff = unset_none(r.llama_log), unset_none(r.memory), unset_none(r.differences)
+    match = unset_none(diff.llama_kv_matches_formula) if diff is not None else None
     same = {True: "[green]✓[/]", False: "[red]✗[/]"}.get(match, "-")
-    formula_mib = llama_mib(f["total_bytes"]) if f.get("total_bytes") is not None else "-"
+    formula_mib = llama_mib(total) if total is not None else "-"
     llama_kv = f"{log.kv_mib + (unset_none(log.recurrent_mib) or 0):.2f}" if log is not None else "-"
     peak_b = mem.peak_rss_bytes if mem is not None else None
     anon_b = unset_none(mem.anon_after_fill_bytes) if mem is not None else None
     peak = f"{peak_b / MIB:.1f}" if peak_b else "-"
     anon = f"{anon_b / MIB:.1f}" if anon_b else "-"
-    status = r["status"] if r["status"] == "ok" else f"[yellow]{r['status']}: {r.get('reason')}[/]"
+    status = r.status if r.status == "ok" else f"[yellow]{r.status}: {r.reason}[/]"
     if record_busy(r):
-        status += f" [yellow]busy {100 * r['load'].get('others_share_max', 0):.0f}%[/]"
+        status += f" [yellow]busy {100 * r.load.others_share_max:.0f}%[/]"
     sp = {t: speed_of(r, t) for t in ("pp", "tg")}
-    row = [str(s["n_ctx"]), str(s["n_depth"]), kv, formula_mib, llama_kv, same, peak, anon, _ts(sp, "pp"),
+    row = [str(s.n_ctx), str(s.n_depth), kv, formula_mib, llama_kv, same, peak, anon, _ts(sp, "pp"),
            _ts(sp, "tg"), status]
     if narrow:
-        row = [str(s["n_ctx"]), kv, f"{formula_mib} {same}", peak, _ts(sp, "pp"), _ts(sp, "tg"), status]
+        row = [str(s.n_ctx), kv, f"{formula_mib} {same}", peak, _ts(sp, "pp"), _ts(sp, "tg"), status]
     if with_gpu:
         g = mem.peak_gpu_bytes if mem is not None else None
         gc = unset_none(diff.context_gpu_growth_bytes) if diff is not None else None
         row += [f"{g / MIB:.1f}" if g else "-", f"{gc / MIB:.1f}" if gc is not None else "-"]
     if with_quality:
-        row += _quality_cells(quality_of(r))
+        row += _quality_cells(unset_none(r.quality))
     return row
 
 
-def _gpu_seen(r: dict[str, Any]) -> bool:
-    mem, diff = memory_of(r), differences_of(r)
+def _gpu_seen(r: S.Record) -> bool:
+    mem, diff = unset_none(r.memory), unset_none(r.differences)
     return bool(mem is not None and mem.peak_gpu_bytes) or (
         diff is not None and unset_none(diff.context_gpu_growth_bytes) is not None)
 
 
-def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
+def render_summary(con, records: list[S.Record | dict[str, Any]], output: str) -> None:
+    """The table after a bench: one row per record (Records, or the sweep's plain record dicts: decoded once here)."""
     from rich.table import Table
 
     if not records:
         return
-    m = records[0]["model"]
-    t = Table(title=f"{m.get('name')} ({m.get('arch')}): measured, beside the prediction", title_justify="left")
+    records = [R.as_record(r, f"{output}: record {i}") for i, r in enumerate(records, 1)]
+    m = records[0].model
+    t = Table(title=f"{m.name} ({unset_none(m.arch)}): measured, beside the prediction", title_justify="left")
     narrow = con.width < 110
     for col, j in _NARROW if narrow else _WIDE:
         t.add_column(col, justify=j)
@@ -177,7 +181,7 @@ def render_summary(con, records: list[dict[str, Any]], output: str) -> None:
     if with_gpu:
         t.add_column("GPU MiB\npeak", justify="right")
         t.add_column("GPU MiB\ncontext", justify="right")
-    with_quality = any(r.get("quality") for r in records)
+    with_quality = any(unset_none(r.quality) is not None for r in records)
     if with_quality:
         t.add_column("PPL", justify="right")
         t.add_column("KLD vs f16", justify="right")

@@ -44,10 +44,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from edgekv.core.stats import summarize, welch, z_test
 from edgekv.errors import EnvironmentMismatch, UsageError
-from edgekv.output.inputs import device_label, llama_log_of, load_any, machine_label, memory_of, quality_of, speed_of, unset_none
+from edgekv.output.inputs import device_label, load_any, machine_label, speed_of, unset_none
 from edgekv.records import results as R
+from edgekv.records import schema as S
 
 ALPHA = 0.05
 
@@ -119,40 +122,46 @@ def parse_thresholds(text: str | None) -> dict[str, Threshold]:
 PAIR_SETTINGS = tuple(k for k in R.KEY_SETTINGS if k != "repetitions") + ("test",)
 
 
-def _model_id(rec: dict[str, Any]) -> str:
-    m = rec.get("model") or {}
-    if m.get("sha256"):
-        return str(m["sha256"])
-    return f"{os.path.basename(str(m.get('path') or ''))}:{m.get('size_bytes')}"
+def _setting(rec: S.Record, key: str) -> Any:
+    """One setting of a record as plain JSON: None where the record does not hold it, a block as its dict."""
+    v = unset_none(getattr(rec.settings, key))
+    return S.encode_block(v) if isinstance(v, msgspec.Struct) else v
 
 
-def _config_part(rec: dict[str, Any]) -> str:
-    s = rec.get("settings") or {}
-    return json.dumps([_model_id(rec), [s.get(k) for k in PAIR_SETTINGS]], default=str)
+def _model_id(rec: S.Record) -> str:
+    m = rec.model
+    if m.sha256:
+        return str(m.sha256)
+    return f"{os.path.basename(str(m.path or ''))}:{unset_none(m.size_bytes)}"
 
 
-def _place(rec: dict[str, Any]) -> str:
-    env = rec.get("environment") or {}
+def _config_part(rec: S.Record) -> str:
+    return json.dumps([_model_id(rec), [_setting(rec, k) for k in PAIR_SETTINGS]], default=str)
+
+
+def _place(rec: S.Record) -> str:
+    env = rec.environment
     return json.dumps([machine_label(rec), env.get("backends"), env.get("devices")], default=str)
 
 
-def _group(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    g: dict[tuple[str, str], list[dict[str, Any]]] = {}
+def _group(records: list[S.Record]) -> dict[tuple[str, str], list[S.Record]]:
+    g: dict[tuple[str, str], list[S.Record]] = {}
     for r in records:
         g.setdefault((_config_part(r), _place(r)), []).append(r)
     return g
 
 
-def pair(base: list[dict[str, Any]], cand: list[dict[str, Any]]):
-    """(pairs [(base records, cand records)], only in base, only in cand)."""
-    bg, cg = _group(base), _group(cand)
+def pair(base: list[S.Record | dict[str, Any]], cand: list[S.Record | dict[str, Any]]):
+    """(pairs [(base records, cand records)], only in base, only in cand); records or plain record dicts."""
+    bg = _group([R.as_record(r, f"BASE record {i}") for i, r in enumerate(base, 1)])
+    cg = _group([R.as_record(r, f"CAND record {i}") for i, r in enumerate(cand, 1)])
     b_places, c_places = {p for _, p in bg}, {p for _, p in cg}
     remap: dict[str, str] = {}
     if len(b_places) == 1 and len(c_places) == 1 and b_places != c_places:
         # one machine on each side, named differently (another host name, another runner):
         # pair them; the environment check then decides whether that is allowed
         remap = {next(iter(c_places)): next(iter(b_places))}
-    cg2: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    cg2: dict[tuple[str, str], list[S.Record]] = {}
     for (c, p), rs in cg.items():
         cg2.setdefault((c, remap.get(p, p)), []).extend(rs)
     pairs = [(bg[k], cg2[k]) for k in bg if k in cg2]
@@ -164,7 +173,7 @@ def pair(base: list[dict[str, Any]], cand: list[dict[str, Any]]):
 def environment_differences(pairs) -> list[str]:
     seen: list[str] = []
     for bs, cs in pairs:
-        for d in R.env_differences(bs[0].get("environment") or {}, cs[0].get("environment") or {}):
+        for d in R.env_differences(bs[0].environment, cs[0].environment):
             if d not in seen:
                 seen.append(d)
     return seen
@@ -172,7 +181,7 @@ def environment_differences(pairs) -> list[str]:
 
 # -- metrics ----------------------------------------------------------------------------------------------
 
-def _values(recs: list[dict[str, Any]], metric: str) -> tuple[list[float], float | None]:
+def _values(recs: list[S.Record], metric: str) -> tuple[list[float], float | None]:
     """(samples, standard error of an estimate) of one metric over the pooled records of one side."""
     xs: list[float] = []
     errs: list[float] = []
@@ -181,15 +190,15 @@ def _values(recs: list[dict[str, Any]], metric: str) -> tuple[list[float], float
             v = speed_of(r, metric)
             xs += [float(x) for x in (v.samples_ts if v is not None else []) if x is not None]
         elif metric == "rss":
-            mem = memory_of(r)
+            mem = unset_none(r.memory)
             if mem is not None and mem.peak_rss_bytes:
                 xs.append(mem.peak_rss_bytes / (1024 * 1024))
         elif metric == "kv":
-            log = llama_log_of(r)
+            log = unset_none(r.llama_log)
             if log is not None:
                 xs.append(float(log.kv_mib or 0) + float(unset_none(log.recurrent_mib) or 0))
         else:
-            q = quality_of(r)
+            q = unset_none(r.quality)
             stats = q.quality if q is not None and q.status == "ok" else None
             value = getattr(stats, f"{metric}_mean" if metric == "kld" else metric, None)
             if value is not None:
@@ -246,29 +255,30 @@ def compare_metric(metric: Metric, bx: list[float], be: float | None, cx: list[f
     }
 
 
-def _label(rec: dict[str, Any], varying: list[str]) -> str:
-    s = rec.get("settings") or {}
-    kv = s.get("type_k") if s.get("type_k") == s.get("type_v") else f"{s.get('type_k')}/{s.get('type_v')}"
-    parts = [f"{kv} @ {s.get('n_ctx') if s.get('n_ctx') is not None else '-'}"]
-    if s.get("n_depth") is not None:
-        parts.append(f"d{s.get('n_depth')}")
-    if s.get("test"):
-        parts.append(f"{s['test']}{s.get('n_prompt') if s['test'] == 'pp' else s.get('n_gen')}")
+def _label(rec: S.Record, varying: list[str]) -> str:
+    s = rec.settings
+    kv = s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}"
+    parts = [f"{kv} @ {s.n_ctx if s.n_ctx is not None else '-'}"]
+    if s.n_depth is not None:
+        parts.append(f"d{s.n_depth}")
+    test = unset_none(s.test)
+    if test:
+        parts.append(f"{test}{s.n_prompt if test == 'pp' else s.n_gen}")
     flags = {"flash_attn": "fa", "n_threads": "t", "n_gpu_layers": "ngl", "n_batch": "b", "n_ubatch": "ub",
              "n_prompt": "p", "n_gen": "n", "warmup": "warmup", "swa_full": "swa_full", "n_seq_max": "np",
              "kv_unified": "kvu", "engine": "engine", "quality": "quality"}
     for k in varying:
         if k in flags:
-            parts.append(f"{flags[k]}={s.get(k)}")
+            parts.append(f"{flags[k]}={_setting(rec, k)}")
     return " ".join(parts)
 
 
-def _varying(recs: list[dict[str, Any]]) -> list[str]:
+def _varying(recs: list[S.Record]) -> list[str]:
     out = []
     for k in PAIR_SETTINGS:
         if k in ("type_k", "type_v", "n_ctx", "n_depth", "test"):
             continue
-        if len({json.dumps((r.get("settings") or {}).get(k), default=str) for r in recs}) > 1:
+        if len({json.dumps(_setting(r, k), default=str) for r in recs}) > 1:
             out.append(k)
     return out
 
@@ -288,7 +298,7 @@ def compare(base_path: str | os.PathLike, cand_path: str | os.PathLike, threshol
 SPEED_METRICS = frozenset({"pp", "tg"})
 
 
-def _busy_sides(bs: list[dict[str, Any]], cs: list[dict[str, Any]]) -> list[str]:
+def _busy_sides(bs: list[S.Record], cs: list[S.Record]) -> list[str]:
     """Which sides had a configuration measured while other work took a significant share of the CPUs."""
     from edgekv.edges.load import record_busy
 
@@ -325,24 +335,27 @@ def _compared_pairs(pairs, varying: list[str], thr: dict[str, Threshold], alpha:
                 metrics.append(res)
         b0 = bs[0]
         out_pairs.append({
-            "model": (b0.get("model") or {}).get("name"), "device": device_label(b0),
+            "model": b0.model.name, "device": device_label(b0),
             "config": (f"{device_label(b0).split(':')[0]}: " if multi_device else "") + _label(b0, varying),
-            "settings": b0.get("settings"), "n_base_records": len(bs), "n_cand_records": len(cs), "metrics": metrics,
-            "busy": busy,
+            "settings": S.encode_block(b0.settings), "n_base_records": len(bs), "n_cand_records": len(cs),
+            "metrics": metrics, "busy": busy,
         })
     return out_pairs
 
 
-def compare_records(base_all: list[dict[str, Any]], cand_all: list[dict[str, Any]], thr: dict[str, Threshold],
-                    force: bool = False, alpha: float = ALPHA, base_name: str = "BASE",
+def compare_records(base_all: list[S.Record | dict[str, Any]], cand_all: list[S.Record | dict[str, Any]],
+                    thr: dict[str, Threshold], force: bool = False, alpha: float = ALPHA, base_name: str = "BASE",
                     cand_name: str = "CAND") -> dict[str, Any]:
+    """Compare two sets of records (Records, or plain record dicts: each decoded strictly once here)."""
     from edgekv.output.report import sort_key
 
-    base = [r for r in base_all if r.get("status") == "ok"]
-    cand = [r for r in cand_all if r.get("status") == "ok"]
+    base_all = [R.as_record(r, f"{base_name}: record {i}") for i, r in enumerate(base_all, 1)]
+    cand_all = [R.as_record(r, f"{cand_name}: record {i}") for i, r in enumerate(cand_all, 1)]
+    base = [r for r in base_all if r.status == "ok"]
+    cand = [r for r in cand_all if r.status == "ok"]
     pairs, only_b, only_c = pair(base, cand)
     # configurations BASE measured that CAND attempted and could not run
-    c_failed = [r for r in cand_all if r.get("status") != "ok"]
+    c_failed = [r for r in cand_all if r.status != "ok"]
     failed_pairs, _, _ = pair(base, c_failed) if c_failed else ([], [], [])
     if not pairs and not failed_pairs:
         what = "no configuration of " + cand_name + " matches one of " + base_name
@@ -358,8 +371,8 @@ def compare_records(base_all: list[dict[str, Any]], cand_all: list[dict[str, Any
     out_pairs = _compared_pairs(pairs, varying, thr, alpha, force)
     failures = []
     for bs, cs in sorted(failed_pairs, key=lambda p: sort_key(p[0][0])):
-        failures.append({"model": (bs[0].get("model") or {}).get("name"), "config": _label(bs[0], varying),
-                         "status": cs[0].get("status"), "reason": cs[0].get("reason"), "regression": True})
+        failures.append({"model": bs[0].model.name, "config": _label(bs[0], varying),
+                         "status": cs[0].status, "reason": cs[0].reason, "regression": True})
     failed_keys = {_config_part(cs[0]) for _, cs in failed_pairs}
     only_b = [rs for rs in only_b if _config_part(rs[0]) not in failed_keys]
     n_reg = sum(1 for p in out_pairs for m in p["metrics"] if m["regression"]) + len(failures)
@@ -373,7 +386,7 @@ def compare_records(base_all: list[dict[str, Any]], cand_all: list[dict[str, Any
         "n_base": len(base_all), "n_cand": len(cand_all), "pairs": out_pairs, "failed_in_cand": failures,
         "only_in_base": sorted(_label(rs[0], varying) for rs in only_b),
         "only_in_cand": sorted(_label(rs[0], varying) for rs in only_c),
-        "not_ok_in_base": sum(1 for r in base_all if r.get("status") != "ok"),
+        "not_ok_in_base": sum(1 for r in base_all if r.status != "ok"),
         "verdicts": counts, "regressions": n_reg, "exit_code": 1 if n_reg else 0,
     }
 

@@ -1,15 +1,21 @@
 """Reading what ``report``, ``compare`` and ``merge`` are given, and writing merged files.
 
-Three kinds of input file are accepted, detected from their content (never from their name):
+Every accepted input comes back as typed :class:`edgekv.records.schema.Record` objects, detected from the
+file's content (never from its name):
 
-* edgekv results (JSONL, :mod:`edgekv.records.results`; strict loading with upgrades),
-* llama-bench ``-o json`` / ``-o jsonl`` output (through :func:`edgekv.orchestration.llamabench.load_llama_bench_file`:
-  speed only, no memory),
-* ``edgekv predict --json`` output (a JSON list of prediction rows, or ``{"predictions": [...]}``):
-  records of kind ``predict`` that hold a prediction and nothing measured.
+* edgekv results (JSONL, :func:`edgekv.records.results.load_records`: upgrades, then strict decoding),
+* a JSON list of records (``edgekv quality --json``, ``edgekv predict --json``), or such a list under
+  ``"predictions"`` (``edgekv predict --budget --json``, beside its budget): each upgraded and decoded strictly
+  like a line of a results file,
+* llama-bench ``-o json`` / ``-o jsonl`` output (:func:`edgekv.orchestration.llamabench.load_llama_bench_file`:
+  records of kind ``llama-bench``, speed only, no memory),
+* the prediction rows an older ``edgekv predict --json`` printed (a JSON list of rows with
+  ``source == "formula"``, or ``{"predictions": [...]}``): records of kind ``predict``
+  (:func:`edgekv.records.schema.predict_record`) that hold a prediction and nothing measured.
 
-Every record that comes back has the same layout (``settings``, ``model``, ``environment``, ...), so the
-presentation code never has to know where it came from, and knows from ``kind`` what was measured.
+Every record has the same typed layout (``settings``, ``model``, ``prediction``, ``environment``, ...), so the
+presentation code reads attributes, never has to know where a record came from, and knows from ``kind``
+what was measured.
 """
 
 from __future__ import annotations
@@ -41,8 +47,8 @@ def drain_notes() -> list[str]:
     return out
 
 
-def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None) -> list[dict[str, Any]]:
-    """Load one input file of any accepted kind as a list of records.
+def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None) -> list[S.Record]:
+    """Load one input file of any accepted kind as a list of :class:`~edgekv.records.schema.Record`.
 
     Without ``skipped`` an unusable line of an edgekv results file refuses the file with one line
     naming ``file:line`` (a torn last line is left out and noted in :data:`NOTES`); with a list,
@@ -63,10 +69,10 @@ def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None) ->
         raise ResultsError(f"{p}: empty; no results in it")
     if isinstance(first, list):
         items = first
-        if items and all(isinstance(x, dict) and "schema_version" in x for x in items):
-            # `edgekv quality --json` (records of kind quality) and predict output written as records:
+        if _all_records(items):
+            # `edgekv quality --json` (records of kind quality) and `edgekv predict --json` (kind predict):
             # upgraded and decoded strictly like the lines of a results file
-            return [R.check_record(R.upgrade(x, f"{p}:{i}"), f"{p}:{i}") for i, x in enumerate(items, 1)]
+            return [R.as_record(x, f"{p}:{i}") for i, x in enumerate(items, 1)]
         if items and all(isinstance(x, dict) and x.get("source") == "formula" for x in items):
             return predict_records(items, p)
         if items and all(isinstance(x, dict) and "samples_ts" in x for x in items):
@@ -83,16 +89,23 @@ def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None) ->
             from edgekv.orchestration.llamabench import load_llama_bench_file
 
             return load_llama_bench_file(p)
-        if isinstance(first.get("predictions"), list):
-            return predict_records(first["predictions"], p)
+        preds = first.get("predictions")
+        if isinstance(preds, list):     # `predict --budget --json`: records beside the budget; older: prediction rows
+            if _all_records(preds):
+                return [R.as_record(x, f"{p}: prediction {i}") for i, x in enumerate(preds, 1)]
+            return predict_records(preds, p)
     raise ResultsError(f"{p}: neither edgekv results, llama-bench JSON/JSONL nor edgekv predict --json output")
 
 
-def _load_results(p: Path, skipped: list[R.Skipped] | None) -> list[dict[str, Any]]:
+def _all_records(items: list[Any]) -> bool:
+    return bool(items) and all(isinstance(x, dict) and "schema_version" in x for x in items)
+
+
+def _load_results(p: Path, skipped: list[R.Skipped] | None) -> list[S.Record]:
     if skipped is not None:
-        return R.load(p, skipped=skipped)
+        return R.load_records(p, skipped=skipped)
     mine: list[R.Skipped] = []
-    recs = R.load(p, skipped=mine)
+    recs = R.load_records(p, skipped=mine)
     bad = [x for x in mine if not x.why.startswith("torn last line")]
     if bad:
         more = f" (and {len(bad) - 1} more unusable lines)" if len(bad) > 1 else ""
@@ -120,50 +133,56 @@ def _first_object(text: str) -> Any:
     return "not json"
 
 
-def load_many(paths: Sequence[str | os.PathLike], skipped: list[R.Skipped] | None = None) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def load_many(paths: Sequence[str | os.PathLike], skipped: list[R.Skipped] | None = None) -> list[S.Record]:
+    out: list[S.Record] = []
     for p in paths:
         out.extend(load_any(p, skipped))
     return out
 
 
-_FORMULA_SKIP = ("model", "arch", "weights_bytes", "source", "saving_vs_f16", "engine", "layers")
+# The keys of an older `predict --json` row that are not formula fields (the rest are
+# :class:`~edgekv.records.schema.Formula` fields, ``saving_vs_f16`` and ``layers`` included), and the settings
+# a row names.
+_ROW_KEYS = ("model", "arch", "weights_bytes", "source", "engine", "process")
+_ROW_SETTINGS = ("n_ctx", "type_k", "type_v", "flash_attn", "swa_full", "n_seq_max", "kv_unified", "n_batch", "n_ubatch")
 
 
-def predict_records(rows: Iterable[dict[str, Any]], source: str | os.PathLike) -> list[dict[str, Any]]:
-    """``edgekv predict --json`` rows as records of kind ``predict`` (prediction only, nothing measured)."""
+def predict_records(rows: Iterable[Any], source: str | os.PathLike) -> list[S.Record]:
+    """Rows of an older ``edgekv predict --json`` as records of kind ``predict`` (prediction only, nothing measured),
+    built by :func:`edgekv.records.schema.predict_record`.
+
+    Strict: a row key that is neither a formula field nor one of ``_ROW_KEYS``, or a value of the wrong type,
+    refuses the file in one line naming the file, the row and the key."""
+    formula_keys = set(S.Formula.__struct_fields__)
     out = []
     for i, r in enumerate(rows, 1):
         if not isinstance(r, dict) or "n_ctx" not in r or "type_k" not in r:
             raise ResultsError(f"{source}: prediction {i} has no n_ctx/type_k; not edgekv predict --json output")
-        formula = {k: v for k, v in r.items() if k not in _FORMULA_SKIP}
-        model_path = str(r.get("model") or "")
-        settings = {k: None for k in R.KEY_SETTINGS}
-        settings.update({k: r.get(k) for k in ("n_ctx", "type_k", "type_v", "flash_attn", "swa_full", "n_seq_max",
-                                               "kv_unified", "n_batch", "n_ubatch")})
-        prediction: dict[str, Any] = {"formula": formula}
-        if r.get("engine") is not None:
-            prediction["engine"] = r["engine"]
-        out.append({
-            "schema_version": R.SCHEMA_VERSION, "kind": KIND_PREDICT, "config_key": None,
-            "status": "ok" if r.get("status") == "ok" else "skipped", "reason": r.get("reason"),
-            "source_file": str(source),
-            "model": {"path": model_path, "name": Path(model_path).stem if model_path else None, "arch": r.get("arch"),
-                      "sha256": None, "size_bytes": r.get("weights_bytes")},
-            "settings": settings,
-            "prediction": prediction,
-            "environment": {},
-        })
+        where = f"{source}: prediction {i}"
+        unknown = [k for k in r if k not in formula_keys and k not in _ROW_KEYS]
+        if unknown:
+            raise ResultsError(f"{where}: {unknown[0]}: unknown key in an edgekv predict --json row; written by another "
+                               "tool or a newer edgekv (upgrade edgekv, or remove the key)")
+        made = {k: r[k] for k in ("engine", "process") if r.get(k) is not None}   # None: not asked, left out
+        try:
+            out.append(S.predict_record(
+                model_path=str(r.get("model") or ""), arch=r.get("arch"), weights_bytes=r.get("weights_bytes"),
+                formula={k: v for k, v in r.items() if k in formula_keys}, **made,
+                settings={k: r.get(k) for k in _ROW_SETTINGS}, source_file=str(source), key_settings=R.KEY_SETTINGS))
+        except msgspec.ValidationError as e:
+            # the loader's wording: 'prediction.formula.n_ctx: expected int, got str; ...'
+            raise ResultsError(f"{where}: {S._explain(str(e))}") from None
     return out
 
 
 # -- typed blocks --------------------------------------------------------------------------------------
 #
-# The measured blocks (memory, llama_log, differences, speed, quality, effective) are read as the schema's
-# types (:mod:`edgekv.records.schema`): attributes, no guessing.  ``settings``, ``model`` and ``prediction``
-# are still read from the plain dict: records of kind ``predict`` (from ``predict --json``) do not decode as a
-# whole :class:`~edgekv.records.schema.Record` yet, and every bench record carries a ``load`` block
-# (edgekv.edges.load) the schema does not name yet.  When both decode, the readers take ``Record`` attributes.
+# Every record is a :class:`~edgekv.records.schema.Record`: ``settings``, ``model``, ``prediction`` and the
+# measured blocks are read as attributes (``rec.settings.n_ctx``, ``rec.memory.peak_rss_bytes``); a block a
+# record does not hold is msgspec's ``UNSET`` (:func:`unset_none` shows it as None, a dash: never filled in).
+# ``environment`` is a free-form mapping by design (its keys grow with the platform): ``.get`` there.
+# The ``*_of`` helpers below take a Record (and return its attribute) or a plain record dict (its block
+# decoded strictly as the schema's type), for readers that have not moved to attributes yet.
 
 T = TypeVar("T")
 
@@ -173,8 +192,10 @@ def unset_none(x: Any) -> Any:
     return None if x is UNSET else x
 
 
-def typed_block(rec: dict[str, Any], name: str, typ: type[T]) -> T | None:
-    """``rec[name]`` decoded strictly as the schema's type; None where the record holds no such block."""
+def typed_block(rec: S.Record | dict[str, Any], name: str, typ: type[T]) -> T | None:
+    """The record's block ``name`` as the schema's type; None where the record holds no such block."""
+    if isinstance(rec, S.Record):
+        return unset_none(getattr(rec, name))
     v = rec.get(name)
     if v is None or isinstance(v, msgspec.Struct):
         return v
@@ -184,48 +205,49 @@ def typed_block(rec: dict[str, Any], name: str, typ: type[T]) -> T | None:
         raise ResultsError(f"{rec.get('source_file') or 'record'}: {name}: {e}; not a usable edgekv result") from None
 
 
-def memory_of(rec: dict[str, Any]) -> S.Memory | None:
+def memory_of(rec: S.Record | dict[str, Any]) -> S.Memory | None:
     return typed_block(rec, "memory", S.Memory)
 
 
-def llama_log_of(rec: dict[str, Any]) -> S.LlamaLog | None:
+def llama_log_of(rec: S.Record | dict[str, Any]) -> S.LlamaLog | None:
     return typed_block(rec, "llama_log", S.LlamaLog)
 
 
-def differences_of(rec: dict[str, Any]) -> S.Differences | None:
+def differences_of(rec: S.Record | dict[str, Any]) -> S.Differences | None:
     return typed_block(rec, "differences", S.Differences)
 
 
-def speed_of(rec: dict[str, Any], test: str) -> S.SpeedTest | None:
+def speed_of(rec: S.Record | dict[str, Any], test: str) -> S.SpeedTest | None:
+    """One speed test (``pp``, ``tg``, ``pg``) of a record; None where it was not run."""
     speed = typed_block(rec, "speed", S.Speed)
     return unset_none(getattr(speed, test)) if speed is not None else None
 
 
-def quality_of(rec: dict[str, Any]) -> S.Quality | None:
+def quality_of(rec: S.Record | dict[str, Any]) -> S.Quality | None:
     """The quality pass of a record (``status``, ``error``, ``quality``: the statistics, None unless ok)."""
     return typed_block(rec, "quality", S.Quality)
 
 
-def effective_of(rec: dict[str, Any]) -> S.Effective | None:
+def effective_of(rec: S.Record | dict[str, Any]) -> S.Effective | None:
     return typed_block(rec, "effective", S.Effective)
 
 
 # -- machines ----------------------------------------------------------------------------------------
 
-def machine_label(rec: dict[str, Any]) -> str | None:
+def machine_label(rec: S.Record | dict[str, Any]) -> str | None:
     """The machine a record was measured on: the ``machine`` column merge keeps, else the host name."""
-    m = rec.get("machine")
-    if m:
-        return str(m)
-    env = rec.get("environment") or {}
-    return env.get("machine_id") or None
+    rec = R.as_record(rec)
+    if rec.machine:
+        return str(rec.machine)
+    return rec.environment.get("machine_id") or None
 
 
-def device_label(rec: dict[str, Any]) -> str:
+def device_label(rec: S.Record | dict[str, Any]) -> str:
     """'machine: devices (backends)', the column a multi-machine report shows; '-' for predictions."""
-    if rec.get("kind") == KIND_PREDICT:
+    rec = R.as_record(rec)
+    if rec.kind == KIND_PREDICT:
         return "-"
-    env = rec.get("environment") or {}
+    env = rec.environment
     devs = env.get("devices")
     devs = ", ".join(str(d) for d in devs) if isinstance(devs, list) else (devs or env.get("cpu_model") or "?")
     back = env.get("backends")
@@ -235,18 +257,18 @@ def device_label(rec: dict[str, Any]) -> str:
     return f"{name}: {s}" if name else s
 
 
-def merge_files(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -> list[dict[str, Any]]:
+def merge_files(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -> list[S.Record]:
     """Several machines' results into one file: every row kept, in input order, each with a ``machine``.
 
     The output is written atomically (temp file + rename), so it may also be one of the inputs.
     """
-    records: list[dict[str, Any]] = []
+    records: list[S.Record] = []
     for p in paths:
         for r in load_any(p):
-            if not r.get("machine"):
+            if not r.machine:
                 label = machine_label(r)
                 if label:
-                    r = {**r, "machine": label}
+                    r = msgspec.structs.replace(r, machine=label)
             records.append(r)
-    R.write_all(output, records)
+    R.write_all(output, [S.encode(r) for r in records])
     return records

@@ -109,7 +109,13 @@ def _settings_tuple(r: dict[str, Any]) -> tuple:
                   "n_seq_max", "kv_unified", "engine", "test"))
 
 
+def _plain(r: Any) -> dict[str, Any]:
+    """Bridge until this module reads Record attributes (branch i18-report replaces it): load_any now returns Records."""
+    return S.encode(r) if isinstance(r, S.Record) else r
+
+
 def sort_key(r: dict[str, Any]) -> tuple:
+    r = _plain(r)
     s = r.get("settings") or {}
     m = r.get("model") or {}
     return (str(m.get("name") or ""), str(m.get("sha256") or ""), device_label(r), s.get("n_ctx") or 0,
@@ -943,6 +949,7 @@ def write_report(records: Sequence[dict[str, Any]], outdir: str | os.PathLike, t
 
         raise UsageError(f"-o {out}: exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
+    records = [_plain(r) for r in records]
     doc = build(records, title=title, plots=plots, note=note)
     rows = flat_rows(records)
     for old in out.iterdir():      # plots of an earlier report that this one no longer has

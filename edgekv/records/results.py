@@ -119,13 +119,6 @@ class Skipped:
         return f"{self.file}:{self.line}: {self.why}"
 
 
-def check_record(record: dict[str, Any], where: str) -> dict[str, Any]:
-    """Strict: the upgraded dict must decode as a :class:`~edgekv.records.schema.Record`, else ResultsError
-    naming ``where: key`` and what to do (missing, unknown or mistyped key)."""
-    decode(record, where)
-    return record
-
-
 def as_record(x: Record | dict[str, Any], where: str = "record") -> Record:
     """A :class:`Record` as it is, or a plain record dict upgraded and strictly decoded (the consumers' entry:
     report, compare, benchview and merge read attributes, whatever they were handed)."""
