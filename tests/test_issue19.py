@@ -218,9 +218,9 @@ def test_report_marks_busy_rows(records, tmp_path):
     from edgekv.output.report import write_report
 
     recs = copy.deepcopy(records)
-    for r in recs:
-        r["load"] = {"busy": False, "others_share_max": 0.02, "cpus": 2}
-    recs[1]["load"] = {"busy": True, "others_share_max": 0.43, "cpus": 2}
+    for r in recs:     # a whole load block (the report decodes records strictly); the figures are test data
+        r["load"] = {"cpus": 2, "before": {}, "during": {}, "threshold_share": 0.1, "busy": False, "others_share_max": 0.02}
+    recs[1]["load"] = {**recs[1]["load"], "busy": True, "others_share_max": 0.43}
     write_report(recs, str(tmp_path / "r"), plots=False)
     md = (tmp_path / "r" / "README.md").read_text()
     speed = md[md.index("Speed, measured"):]
