@@ -127,7 +127,7 @@ def load_many(paths: Sequence[str | os.PathLike], skipped: list[R.Skipped] | Non
     return out
 
 
-_FORMULA_SKIP = ("model", "arch", "weights_bytes", "source", "saving_vs_f16", "engine", "layers")
+_FORMULA_SKIP = ("model", "arch", "weights_bytes", "source", "saving_vs_f16", "engine", "layers", "process")
 
 
 def predict_records(rows: Iterable[dict[str, Any]], source: str | os.PathLike) -> list[dict[str, Any]]:
@@ -142,8 +142,9 @@ def predict_records(rows: Iterable[dict[str, Any]], source: str | os.PathLike) -
         settings.update({k: r.get(k) for k in ("n_ctx", "type_k", "type_v", "flash_attn", "swa_full", "n_seq_max",
                                                "kv_unified", "n_batch", "n_ubatch")})
         prediction: dict[str, Any] = {"formula": formula}
-        if r.get("engine") is not None:
-            prediction["engine"] = r["engine"]
+        for block in ("engine", "process"):      # llama.cpp's dry run; the whole-process prediction
+            if r.get(block) is not None:
+                prediction[block] = r[block]
         out.append({
             "schema_version": R.SCHEMA_VERSION, "kind": KIND_PREDICT, "config_key": None,
             "status": "ok" if r.get("status") == "ok" else "skipped", "reason": r.get("reason"),

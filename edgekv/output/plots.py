@@ -88,7 +88,8 @@ def memory_plot(rows: list[dict[str, Any]]) -> bytes | None:
     for kv in _order({_kv(r) for r in ok}):
         rs = sorted({(r["n_ctx"], r["kv_bytes_formula"]) for r in ok if _kv(r) == kv})
         ax.plot([x for x, _ in rs], [y / MIB for _, y in rs], "-", color=_color(kv), lw=1.6, label=f"{kv} predicted")
-        eng = sorted({(r["n_ctx"], r["kv_mib_llamacpp_dryrun"]) for r in ok if _kv(r) == kv and r["kv_mib_llamacpp_dryrun"] is not None})
+        eng = sorted({(r["n_ctx"], r["kv_mib_llamacpp_dryrun"]) for r in ok
+                      if _kv(r) == kv and r["kv_mib_llamacpp_dryrun"] is not None})
         if eng and not measured:
             ax.plot([x for x, _ in eng], [y for _, y in eng], "x", color=_color(kv), ms=7, ls="none",
                     label=f"{kv} llama.cpp dry run")
