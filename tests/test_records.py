@@ -141,6 +141,16 @@ def test_results_frame_of_a_real_committed_file():
         assert row["peak_rss_bytes_measured"] == r["memory"]["peak_rss_bytes"]
         assert row["tg_tokens_per_s_mean"] == r["speed"]["tg"]["mean_ts"]
         assert row["type_k"] == r["settings"]["type_k"] and row["n_ctx"] == r["settings"]["n_ctx"]
+        mem = r["memory"]
+        growth = mem["anon_after_context_bytes"] - mem["anon_after_load_bytes"]
+        assert row["context_anon_growth_bytes_measured"] == growth
+        assert row["context_anon_growth_minus_formula_bytes"] == growth - r["prediction"]["formula"]["total_bytes"]
+        # savings need the f16 record of the same configuration (here: same context and depth)
+        f16 = next(x for x in raw if x["settings"]["type_k"] == "f16" and x["settings"]["n_ctx"] == r["settings"]["n_ctx"])
+        assert row["kv_saving_vs_f16_formula"] == \
+            f16["prediction"]["formula"]["total_bytes"] / r["prediction"]["formula"]["total_bytes"]
+        assert row["peak_rss_saving_vs_f16_measured"] == f16["memory"]["peak_rss_bytes"] / mem["peak_rss_bytes"]
+        assert row["tg_n_samples"] == len(r["speed"]["tg"]["samples_ts"]) and row["quality_status"] == r["quality"]["status"]
     assert str(df["peak_rss_bytes_measured"].dtype) == "Int64"
     both = edgekv.results_frame([path, ROOT / "bench" / "results" / "cuda-h100" / "smollm2-135m.jsonl"])
     assert len(both) == len(df) + len(edgekv.load_results(ROOT / "bench" / "results" / "cuda-h100" / "smollm2-135m.jsonl"))

@@ -23,18 +23,11 @@ import pytest
 
 from edgekv.cli.main import main
 from edgekv.output import report as REP
-from edgekv.output.inputs import load_any as _load_any
-from edgekv.records import schema as S
+from edgekv.records import results as R
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = Path(__file__).parent / "golden" / "smollm2-sweep"
 FIXTURE = DATA / "smollm2-sweep.jsonl"
-
-
-def load_any(path):
-    """An input file's records (edgekv.output.inputs.load_any) as the plain dicts these tests edit; the report
-    decodes what it is handed."""
-    return [S.encode(r) for r in _load_any(path)]
 
 
 def _golden(name: str, got: str, root: Path = GOLDEN) -> None:
@@ -85,7 +78,7 @@ def test_every_file_is_written(written):
 def test_rendering_is_deterministic(written, tmp_path):
     again = tmp_path / "again"
     # another order of the same records, through the CLI with --json
-    recs = load_any(FIXTURE)
+    recs = R.load(FIXTURE)
     shuffled = tmp_path / "shuffled.jsonl"
     shuffled.write_text("".join(json.dumps(r) + "\n" for r in reversed(recs)))
     assert main(["report", str(shuffled), "-o", str(again)]) == 0
@@ -110,7 +103,7 @@ def test_environment_heads_the_report_and_sources_are_labelled(written):
 
 
 def test_figures_are_the_records_figures(written):
-    recs = {(r["settings"]["n_ctx"], r["settings"]["type_k"]): r for r in load_any(FIXTURE)}
+    recs = {(r["settings"]["n_ctx"], r["settings"]["type_k"]): r for r in R.load(FIXTURE)}
     rows = list(csv.DictReader(io.StringIO((written / "results.csv").read_text())))
     assert len(rows) == len(recs) == 9
     for row in rows:
@@ -125,13 +118,78 @@ def test_figures_are_the_records_figures(written):
         assert float(row["kv_saving_vs_f16_predicted"]) == pytest.approx(
             f16["prediction"]["formula"]["total_bytes"] / r["prediction"]["formula"]["total_bytes"], abs=1e-3)
     js = json.loads((written / "results.json").read_text())
-    assert js["rows"] == json.loads(json.dumps(REP.flat_rows(load_any(FIXTURE))))
+    assert js["rows"] == json.loads(json.dumps(REP.csv_rows(R.load(FIXTURE))))
     assert js["columns"] == list(REP.COLUMNS)
+
+
+COMMITTED_SWEEP = Path(__file__).resolve().parent.parent / "reports" / "smollm2-135m"
+
+
+def _frame_value(v):
+    """A pandas cell as a plain value (pd.NA -> None, numpy scalars -> Python)."""
+    import pandas as pd
+
+    if v is pd.NA or (not isinstance(v, str) and pd.isna(v)):
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
+def test_results_csv_is_the_frame_through_one_mapping():
+    """Every column of the committed results.csv is one column of the notebook frame (edgekv.results_frame), and
+    its values are the frame's, rounded as the report prints them: the report has no flattener of its own."""
+    import edgekv
+    from edgekv.records import frame as F
+
+    assert [c for c, _, _ in REP.EXPORT] == list(REP.COLUMNS)
+    assert {f for _, f, _ in REP.EXPORT + REP.EXPORT_LOAD} <= set(F.COLUMNS)
+    sweep = COMMITTED_SWEEP / "sweep.jsonl"
+    df = edgekv.results_frame(sweep)
+    committed = list(csv.DictReader(io.StringIO((COMMITTED_SWEEP / "results.csv").read_text())))
+    settings = ("n_ctx", "n_depth", "type_k", "type_v", "flash_attn", "n_threads", "n_ubatch", "n_prompt", "n_gen")
+    by_key = {tuple(str(_frame_value(x[k])) for k in settings): x for _, x in df.iterrows()}
+    assert len(committed) == len(df) == len(by_key) == 12
+    checked = 0
+    for row in committed:
+        x = by_key[tuple(row[k] or "None" for k in settings)]
+        for col, fcol, nd in REP.EXPORT:
+            v = _frame_value(x[fcol])
+            if row[col] == "":
+                assert v is None, (col, v)
+            elif isinstance(v, bool):
+                assert row[col] == ("true" if v else "false"), col
+            elif isinstance(v, (int, float)):
+                assert float(row[col]) == (round(float(v), nd) if nd is not None else v), (col, row[col], v)
+            else:
+                assert row[col] == str(v), col
+            checked += row[col] != ""
+    assert checked > 12 * 30                 # most of the columns hold a figure in a measured sweep
+    # results.json: the same rows, exact, from the frame's rows of the typed records (no pandas in between)
+    js = json.loads((COMMITTED_SWEEP / "results.json").read_text())
+    recs = REP.sort_records(edgekv.load_results(sweep))
+    want = [{c: REP._r(x[f], nd) if nd is not None else x[f] for c, f, nd in REP.EXPORT} for x in F.frame_rows(recs)]
+    assert js["rows"] == json.loads(json.dumps(want))
+
+
+def test_build_accepts_dicts_and_records_alike():
+    """report.build decodes what it is given once: plain dicts, typed Records or a mix give the same bytes."""
+    dicts = R.load(FIXTURE)
+    typed = R.load_records(FIXTURE)
+    mixed = [d if i % 2 else t for i, (d, t) in enumerate(zip(dicts, typed))]
+    out = []
+    for recs in (dicts, typed, mixed):
+        doc = REP.build(recs, plots=False)
+        out.append((REP.render_markdown(doc), REP.render_csv(doc), REP.render_json(doc), REP.render_html(doc)))
+    assert out[0] == out[1] == out[2]
+    assert "KV MiB, llama.cpp in the run" in out[0][0] and out[0][1].count("\n") == 10
+    from edgekv.errors import ResultsError
+
+    with pytest.raises(ResultsError, match="record 2: settings.n_ctx"):
+        REP.build([dicts[0], {**dicts[1], "settings": {**dicts[1]["settings"], "n_ctx": "4096"}}], plots=False)
 
 
 def test_nothing_unmeasured_is_shown_as_measured(tmp_path):
     """A record without OS memory (e.g. from a run that died) shows dashes, not the prediction."""
-    recs = load_any(FIXTURE)
+    recs = R.load(FIXTURE)
     broken = copy.deepcopy(recs[0])
     broken["memory"] = None      # the schema's "nothing measured" (a run that died)
     broken.pop("llama_log")
@@ -161,7 +219,7 @@ def _with_quality(rec, kld, ppl, base_ppl):
 
 
 def test_quality_table_and_plot_when_quality_blocks_exist(tmp_path):
-    recs = [r for r in load_any(FIXTURE) if r["settings"]["n_ctx"] == 1024]
+    recs = [r for r in R.load(FIXTURE) if r["settings"]["n_ctx"] == 1024]
     q = {"f16": (0.0, 10.0), "q8_0": (0.002, 10.01), "q4_0": (0.03, 10.4)}
     recs = [_with_quality(r, q[r["settings"]["type_k"]][0], q[r["settings"]["type_k"]][1], 10.0) for r in recs]
     unavailable = {**recs[0]["quality"], "status": "unavailable", "error": "edgekv.orchestration.quality is not installed",
@@ -319,14 +377,16 @@ def test_quality_json_output_loads_in_report_and_merge(tmp_path, smollm2_path):
     assert out.returncode == 0, out.stderr
     qfile = tmp_path / "quality.json"
     qfile.write_text(out.stdout)
-    recs = load_any(qfile)
+    recs = json.loads(out.stdout)
     assert [r["kind"] for r in recs] == ["quality", "quality"]
     kld = recs[1]["quality"]["quality"]["kld_mean"]
-    REP.write_report(recs, tmp_path / "r", plots=False)
+    from edgekv.output.inputs import load_any
+
+    REP.write_report(load_any(qfile), tmp_path / "r", plots=False)      # dicts or Records: report decodes them once
     md = (tmp_path / "r" / "README.md").read_text()
     assert "### Quality, measured" in md and f"{kld:.6f}" in md
     merged = tmp_path / "merged.jsonl"
     r = subprocess.run([sys.executable, "-m", "edgekv.cli", "merge", str(qfile), "-o", str(merged)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert [x["kind"] for x in load_any(merged)] == ["quality", "quality"]
+    assert [x["kind"] for x in R.load(merged)] == ["quality", "quality"]

@@ -10,45 +10,52 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from edgekv.core.memmodel import STACK_ORDER, stacked
 from edgekv.core.predict import MIB
-from edgekv.output.inputs import memory_of
+from edgekv.records.frame import unset_none as _v
+from edgekv.records.schema import Process, Record
 
 COLORS = {"baseline": "#8c8c8c", "weights": "#4c72b0", "KV": "#dd8452", "compute": "#55a868", "output": "#c44e52",
           "other": "#8172b3", "unexplained": "#ffffff"}
 
 
-def _label(r: dict[str, Any]) -> str:
-    s = r.get("settings") or {}
-    kv = s.get("type_k") if s.get("type_k") == s.get("type_v") else f"{s.get('type_k')}/{s.get('type_v')}"
+def _label(r: Record) -> str:
+    s = r.settings
+    kv = s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}"
     extra = []
-    if s.get("n_ubatch") not in (None, 512):
-        extra.append(f"-ub {s['n_ubatch']}")
-    if s.get("no_mmap"):
+    if s.n_ubatch not in (None, 512):
+        extra.append(f"-ub {s.n_ubatch}")
+    if _v(s.no_mmap):
         extra.append("-lm none")
-    if s.get("n_gpu_layers") not in (None, -1):
-        extra.append(f"-ngl {s['n_gpu_layers']}")
-    return f"{s.get('n_ctx')} {kv}" + (f" ({', '.join(extra)})" if extra else "") + f" t{s.get('n_threads')}"
+    if s.n_gpu_layers not in (None, -1):
+        extra.append(f"-ngl {s.n_gpu_layers}")
+    return f"{s.n_ctx} {kv}" + (f" ({', '.join(extra)})" if extra else "") + f" t{s.n_threads}"
 
 
-def explained(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _process(r: Record) -> Process | None:
+    p = _v(r.prediction)
+    return _v(p.process) if p is not None else None
+
+
+def explained(recs: list[Record]) -> list[dict[str, Any]]:
     out = []
     for r in recs:
-        proc = (r.get("prediction") or {}).get("process")
-        mem = memory_of(r)
+        proc, mem = _process(r), _v(r.memory)
         meas = mem.peak_rss_bytes if mem is not None else None
-        if r.get("status") != "ok" or not meas:
+        if r.status != "ok" or not meas:
             continue
         row: dict[str, Any] = {"label": _label(r), "measured": meas, "predicted": None, "stack": None}
-        if proc and proc.get("peak_rss_bytes"):
-            row["predicted"] = proc["peak_rss_bytes"]
-            row["stack"] = stacked(proc.get("parts") or [])
-            row["workload"] = proc.get("workload")
+        if proc is not None and proc.peak_rss_bytes:
+            row["predicted"] = proc.peak_rss_bytes
+            row["stack"] = stacked(msgspec.to_builtins(_v(proc.parts) or []))
+            row["workload"] = _v(proc.workload)
         out.append(row)
     return out
 
 
-def table(recs: list[dict[str, Any]]) -> tuple[str, str, list[str], list[list[str]], list[str]] | None:
+def table(recs: list[Record]) -> tuple[str, str, list[str], list[list[str]], list[str]] | None:
     """(title, intro, headers, rows, alignment) of the explained-memory table; None when no record holds a
     whole-process prediction.  The report wraps it in its ``Table``."""
     rows = explained(recs)
@@ -66,7 +73,7 @@ def table(recs: list[dict[str, Any]]) -> tuple[str, str, list[str], list[list[st
         body.append([x["label"], *[f"{x['stack'][k] / MIB:.1f}" for k in STACK_ORDER], f"{x['predicted'] / MIB:.1f}",
                      f"{x['measured'] / MIB:.1f}", f"{d / MIB:+.1f}", f"{100 * d / x['predicted']:+.2f}"])
     wl = next((x.get("workload") for x in rows if x.get("workload")), "bench")
-    after = any(((r.get("prediction") or {}).get("process") or {}).get("predicted_after_measurement") for r in recs)
+    after = any(_process(r) is not None and _v(_process(r).predicted_after_measurement) for r in recs)
     when = ("after the runs were measured (`bench/explain_reports.py`, same settings and model)" if after
             else "before the run")
     intro = (f"Peak RSS of each run explained part by part: *predicted* {when} by edgekv's process model "
@@ -76,7 +83,7 @@ def table(recs: list[dict[str, Any]]) -> tuple[str, str, list[str], list[list[st
     return "Explained memory", intro, headers, body, ["l"] + ["r"] * (len(headers) - 1)
 
 
-def plot(recs: list[dict[str, Any]]) -> bytes | None:
+def plot(recs: list[Record]) -> bytes | None:
     rows = [x for x in explained(recs) if x["stack"] is not None]
     if not rows:
         return None

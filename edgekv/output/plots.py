@@ -1,4 +1,5 @@
-"""PNG plots for reports (matplotlib, Agg backend).  Measures nothing; draws the flat report rows.
+"""PNG plots for reports (matplotlib, Agg backend).  Measures nothing; draws the report's rows of the results
+frame (:func:`edgekv.output.report.report_rows`: :data:`edgekv.records.frame.COLUMNS`, rounded as printed).
 
 * memory vs context: the prediction as a line per cache type, llama.cpp's own figures and the OS
   measurements as points (never joined to the prediction);
@@ -76,24 +77,25 @@ def _device_groups(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def memory_plot(rows: list[dict[str, Any]]) -> bytes | None:
-    ok = [r for r in rows if r["status"] == "ok" and r["kv_predicted_bytes"] is not None and r["n_ctx"]]
+    ok = [r for r in rows if r["status"] == "ok" and r["kv_bytes_formula"] is not None and r["n_ctx"]]
     if not ok:
         return None
-    measured = [r for r in ok if r["peak_rss_bytes"] is not None]
+    measured = [r for r in ok if r["peak_rss_bytes_measured"] is not None]
     plt, fig, axes = _fig(2 if measured else 1)
     ax = axes[0]
     devices = _device_groups(ok)
     markers = ["o", "s", "^", "D", "v", "P"]
     for kv in _order({_kv(r) for r in ok}):
-        rs = sorted({(r["n_ctx"], r["kv_predicted_bytes"]) for r in ok if _kv(r) == kv})
+        rs = sorted({(r["n_ctx"], r["kv_bytes_formula"]) for r in ok if _kv(r) == kv})
         ax.plot([x for x, _ in rs], [y / MIB for _, y in rs], "-", color=_color(kv), lw=1.6, label=f"{kv} predicted")
-        eng = sorted({(r["n_ctx"], r["kv_engine_mib"]) for r in ok if _kv(r) == kv and r["kv_engine_mib"] is not None})
+        eng = sorted({(r["n_ctx"], r["kv_mib_llamacpp_dryrun"]) for r in ok
+                      if _kv(r) == kv and r["kv_mib_llamacpp_dryrun"] is not None})
         if eng and not measured:
             ax.plot([x for x, _ in eng], [y for _, y in eng], "x", color=_color(kv), ms=7, ls="none",
                     label=f"{kv} llama.cpp dry run")
         for di, dev in enumerate(devices):
-            pts = sorted((r["n_ctx"], r["context_growth_measured_bytes"]) for r in ok
-                         if _kv(r) == kv and r["device"] == dev and r["context_growth_measured_bytes"] is not None)
+            pts = sorted((r["n_ctx"], r["context_anon_growth_bytes_measured"]) for r in ok
+                         if _kv(r) == kv and r["device"] == dev and r["context_anon_growth_bytes_measured"] is not None)
             if pts:
                 ax.plot([x for x, _ in pts], [y / MIB for _, y in pts], markers[di % len(markers)], color=_color(kv),
                         ms=5, ls="none", mfc="none",
@@ -109,7 +111,7 @@ def memory_plot(rows: list[dict[str, Any]]) -> bytes | None:
         ax = axes[1]
         for kv in _order({_kv(r) for r in measured}):
             for di, dev in enumerate(devices):
-                pts = sorted((r["n_ctx"], r["peak_rss_bytes"]) for r in measured if _kv(r) == kv and r["device"] == dev)
+                pts = sorted((r["n_ctx"], r["peak_rss_bytes_measured"]) for r in measured if _kv(r) == kv and r["device"] == dev)
                 if pts:
                     ax.plot([x for x, _ in pts], [y / MIB for _, y in pts], markers[di % len(markers)] + "--",
                             color=_color(kv), ms=5, lw=0.8,
@@ -122,7 +124,8 @@ def memory_plot(rows: list[dict[str, Any]]) -> bytes | None:
 
 
 def speed_plot(rows: list[dict[str, Any]]) -> bytes | None:
-    sp = [r for r in rows if r["status"] == "ok" and (r["pp_ts_mean"] is not None or r["tg_ts_mean"] is not None)]
+    sp = [r for r in rows if r["status"] == "ok"
+          and (r["pp_tokens_per_s_mean"] is not None or r["tg_tokens_per_s_mean"] is not None)]
     if not sp:
         return None
     plt, fig, axes = _fig(2)
@@ -130,8 +133,9 @@ def speed_plot(rows: list[dict[str, Any]]) -> bytes | None:
     for ax, test, title in ((axes[0], "pp", "Prefill"), (axes[1], "tg", "Decode")):
         for kv in _order({_kv(r) for r in sp}):
             for di, dev in enumerate(devices):
-                pts = sorted((r["n_depth"] or 0, r[f"{test}_ts_mean"], r[f"{test}_ts_ci95_low"], r[f"{test}_ts_ci95_high"])
-                             for r in sp if _kv(r) == kv and r["device"] == dev and r[f"{test}_ts_mean"] is not None)
+                pts = sorted((r["n_depth"] or 0, r[f"{test}_tokens_per_s_mean"], r[f"{test}_tokens_per_s_ci95_low"],
+                              r[f"{test}_tokens_per_s_ci95_high"]) for r in sp
+                             if _kv(r) == kv and r["device"] == dev and r[f"{test}_tokens_per_s_mean"] is not None)
                 if not pts:
                     continue
                 xs = [p[0] for p in pts]

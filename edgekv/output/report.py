@@ -9,9 +9,14 @@ Every figure is labelled with where it comes from:
   anonymous and file-backed pages, GPU memory through NVML, macOS footprint) and the timed tests
   (``speed``), and the quality pass (``quality``).
 
-A value a record does not hold is shown as ``–`` (never filled in from another source).  Rendering is
-deterministic: the same records give byte-identical Markdown, CSV and JSON (no rendering timestamps,
-a stable sort, fixed float formatting); PNGs carry no software/date metadata.
+Every figure comes from the rows of :func:`edgekv.records.frame.frame_rows`, the flattener behind
+``edgekv.results_frame``: :func:`build` decodes its inputs once (:func:`~edgekv.records.results.as_record`:
+dicts or Records), makes those rows once, and the tables, the problems list, the plots and results.csv /
+results.json read their columns.  results.csv / results.json keep their own column names (``kv_predicted_bytes``
+where the frame says ``kv_bytes_formula``): they are the report's stable export format, older than the notebook
+frame and read by users' scripts, so :data:`EXPORT` maps each to its frame column, once.  A value a record does not hold is shown as ``–`` (never filled in from
+another source).  Rendering is deterministic: the same records give byte-identical Markdown, CSV and JSON
+(no rendering timestamps, a stable sort, fixed float formatting); PNGs carry no software/date metadata.
 """
 
 from __future__ import annotations
@@ -30,47 +35,60 @@ from pathlib import Path
 from typing import Any
 
 from edgekv.core.cachetypes import CACHE_TYPES
-from edgekv.core.llamalog import device_mib
 from edgekv.core.predict import MIB
 from edgekv.edges.safepath import atomic_write
-from edgekv.output.inputs import (
-    KIND_BENCH,
-    KIND_LLAMA_BENCH,
-    KIND_PREDICT,
-    device_label,
-    differences_of,
-    effective_of,
-    llama_log_of,
-    machine_label,
-    memory_of,
-    quality_of,
-    speed_of,
-    unset_none,
-)
-from edgekv.records import results as R
-from edgekv.records import schema as S
+from edgekv.output.inputs import KIND_BENCH, KIND_LLAMA_BENCH, KIND_PREDICT
+from edgekv.records import frame as F
+from edgekv.records.frame import unset_none as _v
+from edgekv.records.results import as_record
+from edgekv.records.schema import Record
 
 REPORT_FORMAT = 1
 DASH = "–"
 
-# -- flat rows (one per record): the content of results.csv / results.json ---------------------------
+# -- results.csv / results.json: the report's export format, from the frame ----------------------------
 
-COLUMNS = (
-    "model", "model_sha256", "arch", "device", "kind", "status", "reason",
-    "n_ctx", "n_depth", "type_k", "type_v", "flash_attn", "flash_attn_effective", "n_threads", "n_gpu_layers",
-    "n_batch", "n_ubatch", "n_prompt", "n_gen", "repetitions",
-    "kv_predicted_bytes", "kv_predicted_mib", "kv_engine_mib", "kv_llama_run_mib", "kv_llama_cache_lines", "kv_buffer_mib",
-    "kv_llama_matches_formula", "kv_saving_vs_f16_predicted",
-    "context_growth_measured_bytes", "context_growth_minus_predicted_bytes", "context_growth_error_pct",
-    "kv_on_device", "context_gpu_growth_bytes", "gpu_compute_buffer_mib", "context_gpu_growth_minus_predicted_bytes",
-    "context_gpu_growth_error_pct",
-    "peak_rss_bytes", "kernel_maxrss_bytes", "anon_after_fill_bytes", "file_after_fill_bytes", "peak_gpu_bytes",
-    "peak_footprint_bytes", "compute_buffer_mib", "peak_rss_saving_vs_f16_measured",
-    "pp_n_tokens", "pp_ts_mean", "pp_ts_ci95_low", "pp_ts_ci95_high", "pp_ts_cv", "pp_samples",
-    "tg_n_tokens", "tg_ts_mean", "tg_ts_ci95_low", "tg_ts_ci95_high", "tg_ts_cv", "tg_samples",
-    "quality_status", "ppl", "ppl_err", "base_ppl", "ppl_delta_pct", "kld_mean", "kld_mean_err", "kld_p99",
-    "same_top_rate", "time_utc",
+# (results.csv column, frame column, digits the report prints it with; None: as it is).  The export's names
+# are older than the notebook frame's (edgekv.records.frame.COLUMNS: unit and source in every name) and users'
+# scripts read results.csv / results.json, so they stay as they are; this table is the one place the two sets
+# of names meet.  The rounded figures are also what the tables and plots show.
+EXPORT: tuple[tuple[str, str, int | None], ...] = (
+    ("model", "model_name", None), ("model_sha256", "model_sha256", None), ("arch", "arch", None),
+    ("device", "device", None), ("kind", "kind", None), ("status", "status", None), ("reason", "reason", None),
+    ("n_ctx", "n_ctx", None), ("n_depth", "n_depth", None), ("type_k", "type_k", None), ("type_v", "type_v", None),
+    ("flash_attn", "flash_attn", None), ("flash_attn_effective", "flash_attn_llamacpp", None),
+    ("n_threads", "n_threads", None), ("n_gpu_layers", "n_gpu_layers", None), ("n_batch", "n_batch", None),
+    ("n_ubatch", "n_ubatch", None), ("n_prompt", "n_prompt", None), ("n_gen", "n_gen", None),
+    ("repetitions", "repetitions", None),
+    ("kv_predicted_bytes", "kv_bytes_formula", None), ("kv_predicted_mib", "kv_mib_formula", 2),
+    ("kv_engine_mib", "kv_mib_llamacpp_dryrun", 2), ("kv_llama_run_mib", "kv_mib_llamacpp", 2),
+    ("kv_llama_cache_lines", "kv_cache_lines_llamacpp", None), ("kv_buffer_mib", "kv_buffer_mib_llamacpp", 2),
+    ("kv_llama_matches_formula", "kv_matches_formula_llamacpp", None),
+    ("kv_saving_vs_f16_predicted", "kv_saving_vs_f16_formula", 3),
+    ("context_growth_measured_bytes", "context_anon_growth_bytes_measured", None),
+    ("context_growth_minus_predicted_bytes", "context_anon_growth_minus_formula_bytes", None),
+    ("context_growth_error_pct", "context_anon_growth_minus_formula_pct", 2),
+    ("kv_on_device", "kv_on_device_llamacpp", None), ("context_gpu_growth_bytes", "context_gpu_growth_bytes_measured", None),
+    ("gpu_compute_buffer_mib", "gpu_compute_buffer_mib_llamacpp", 2),
+    ("context_gpu_growth_minus_predicted_bytes", "context_gpu_growth_minus_compute_minus_formula_bytes", None),
+    ("context_gpu_growth_error_pct", "context_gpu_growth_minus_compute_minus_formula_pct", 2),
+    ("peak_rss_bytes", "peak_rss_bytes_measured", None), ("kernel_maxrss_bytes", "kernel_maxrss_bytes_measured", None),
+    ("anon_after_fill_bytes", "anon_after_fill_bytes_measured", None),
+    ("file_after_fill_bytes", "file_after_fill_bytes_measured", None), ("peak_gpu_bytes", "peak_gpu_bytes_measured", None),
+    ("peak_footprint_bytes", "peak_footprint_bytes_measured", None), ("compute_buffer_mib", "compute_mib_llamacpp", 2),
+    ("peak_rss_saving_vs_f16_measured", "peak_rss_saving_vs_f16_measured", 3),
+    *((f"{t}{c}", f"{t}{f}", nd) for t in ("pp_", "tg_") for c, f, nd in (
+        ("n_tokens", "n_tokens", None), ("ts_mean", "tokens_per_s_mean", 3), ("ts_ci95_low", "tokens_per_s_ci95_low", 3),
+        ("ts_ci95_high", "tokens_per_s_ci95_high", 3), ("ts_cv", "tokens_per_s_cv", 4), ("samples", "n_samples", None))),
+    ("quality_status", "quality_status", None), ("ppl", "ppl", 4), ("ppl_err", "ppl_err", 4), ("base_ppl", "base_ppl", 4),
+    ("ppl_delta_pct", "ppl_delta_pct", 3), ("kld_mean", "kld_mean", 6), ("kld_mean_err", "kld_mean_err", 6),
+    ("kld_p99", "kld_p99", 6), ("same_top_rate", "same_top_rate", 5), ("time_utc", "time_utc", None),
 )
+# issue 19: other processes' share of the CPUs (edgekv.edges.load); only in results.json rows of records that have it
+EXPORT_LOAD: tuple[tuple[str, str, int | None], ...] = (
+    ("machine_busy", "machine_busy", None), ("others_cpu_share_pct", "others_cpu_share_pct", 1))
+COLUMNS = tuple(c for c, _, _ in EXPORT)
+_DIGITS = {f: nd for _, f, nd in EXPORT + EXPORT_LOAD if nd is not None}
 
 
 def _r(x: Any, nd: int = 4) -> Any:
@@ -84,183 +102,48 @@ def _r(x: Any, nd: int = 4) -> Any:
     return x
 
 
-def _mib_sum(d: Any) -> float | None:
-    if not isinstance(d, dict) or not d:
-        return None
-    vals = [v for v in d.values() if isinstance(v, (int, float))]
-    return sum(vals) if vals else None
-
-
-def quality_block(rec: dict[str, Any]) -> tuple[str | None, str | None, S.QualityStats | None]:
-    """(status, error, statistics) of a record's quality pass (the schema's ``Quality``); Nones without one."""
-    q = quality_of(rec)
-    return (None, None, None) if q is None else (q.status, q.error, q.quality)
-
-
 def _type_rank(t: str | None) -> tuple:
     ct = CACHE_TYPES.get(str(t))
     return (-ct.bits_per_element, ct.name) if ct else (0.0, str(t))
 
 
-def _settings_tuple(r: dict[str, Any]) -> tuple:
-    s = r.get("settings") or {}
-    return tuple("" if s.get(k) is None else str(s.get(k)) for k in
-                 ("flash_attn", "n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "n_prompt", "n_gen", "swa_full",
-                  "n_seq_max", "kv_unified", "engine", "test"))
+def sort_key(r: Record | dict[str, Any]) -> tuple:
+    """The report's order: model, machine, context, depth, cache types (widest first), other settings."""
+    r = as_record(r)
+    s, m = r.settings, r.model
+    rest = tuple("" if _v(v) is None else str(_v(v)) for v in
+                 (s.flash_attn, s.n_threads, s.n_gpu_layers, s.n_batch, s.n_ubatch, s.n_prompt, s.n_gen, s.swa_full,
+                  s.n_seq_max, s.kv_unified, s.engine, s.test))
+    return (str(_v(m.name) or ""), str(_v(m.sha256) or ""), F.device_label(r), s.n_ctx or 0, s.n_depth or 0,
+            _type_rank(s.type_k), _type_rank(s.type_v), rest, str(r.kind or ""), str(_v(r.time_utc) or ""))
 
 
-def _plain(r: Any) -> dict[str, Any]:
-    """Bridge until this module reads Record attributes (branch i18-report replaces it): load_any now returns Records."""
-    return S.encode(r) if isinstance(r, S.Record) else r
+def typed(records: Sequence[Record | dict[str, Any]]) -> list[Record]:
+    """Every input as a :class:`Record` (a dict upgraded and strictly decoded), once."""
+    return [as_record(r, f"record {i}") for i, r in enumerate(records, 1)]
 
 
-def sort_key(r: dict[str, Any]) -> tuple:
-    r = _plain(r)
-    s = r.get("settings") or {}
-    m = r.get("model") or {}
-    return (str(m.get("name") or ""), str(m.get("sha256") or ""), device_label(r), s.get("n_ctx") or 0,
-            s.get("n_depth") or 0, _type_rank(s.get("type_k")), _type_rank(s.get("type_v")), _settings_tuple(r),
-            str(r.get("kind") or ""), str(r.get("time_utc") or ""))
-
-
-def sort_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def sort_records(records: Sequence[Record]) -> list[Record]:
     return sorted(records, key=sort_key)
 
 
-def _group_key(r: dict[str, Any]) -> tuple:
-    """Everything that must agree for an f16 record to be another record's baseline."""
-    s = r.get("settings") or {}
-    m = r.get("model") or {}
-    rest = tuple(str(s.get(k)) for k in R.KEY_SETTINGS if k not in ("type_k", "type_v", "quality", "repetitions"))
-    return (m.get("sha256") or m.get("path"), device_label(r), r.get("kind"), rest, s.get("test"))
+def report_rows(recs: Sequence[Record]) -> list[dict[str, Any]]:
+    """The frame's rows (:func:`edgekv.records.frame.frame_rows`) of records in report order, each figure rounded to
+    the digits the report prints (:data:`EXPORT`), so that the tables, the plots and results.csv agree."""
+    return [{k: _r(v, _DIGITS[k]) if k in _DIGITS else v for k, v in x.items()} for x in F.frame_rows(recs)]
 
 
-def _speed(r: dict[str, Any], test: str) -> dict[str, Any]:
-    v = speed_of(r, test)
-    if v is None:
-        return {"n_tokens": None, "mean": None, "lo": None, "hi": None, "cv": None, "n": 0, "unstable": False}
-    ci = v.ci95_ts or [None, None]
-    samples = v.samples_ts
-    if len(samples) >= 2 and all(x > 0 for x in samples):
-        from edgekv.core.stats import summarize  # records written before issue 19 hold a linear interval that can go below 0
-
-        ci = summarize(samples)["ci95"] or ci
-    return {"n_tokens": v.n_tokens, "mean": v.mean_ts, "lo": ci[0], "hi": ci[1], "cv": v.cv, "n": len(samples),
-            "unstable": v.unstable}
-
-
-def _kv_cols(r: dict[str, Any]) -> dict[str, Any]:
-    """KV-cache columns: predicted (formula), llama.cpp (dry run, the run's log), measured growth (OS, device)."""
-    pred = r.get("prediction") or {}
-    kv_pred = (pred.get("formula") or {}).get("total_bytes")
-    eng = pred.get("engine") or {}      # predict records' engine block holds more than the schema's Engine (recurrent/state MiB)
-    log, mem, diff = llama_log_of(r), memory_of(r), differences_of(r)
-    kv_run = kv_buf = kv_on_device = None
-    if log is not None:
-        kv_run = log.kv_mib + (unset_none(log.recurrent_mib) or 0)
-        kv_bufs, rs_bufs = unset_none(log.kv_buffers_mib), unset_none(log.rs_buffers_mib)
-        if kv_bufs is not None:
-            kv_buf = (_mib_sum(kv_bufs) or 0) + (_mib_sum(rs_bufs) or 0)
-        # KV on a GPU: the host's anonymous memory does not hold it, so it is not compared with the prediction;
-        # the GPU's (NVML) growth minus llama.cpp's device compute buffers is
-        kv_on_device = bool(device_mib(kv_bufs) + device_mib(rs_bufs))
-    a_load = unset_none(mem.anon_after_load_bytes) if mem is not None else None
-    a_ctx = unset_none(mem.anon_after_context_bytes) if mem is not None else None
-    growth = a_ctx - a_load if a_load is not None and a_ctx is not None else None
-    gmp = growth - kv_pred if growth is not None and kv_pred is not None and not kv_on_device else None
-    g_growth, g_compute, g_gmp = ((unset_none(diff.context_gpu_growth_bytes), unset_none(diff.gpu_compute_buffer_bytes),
-                                   unset_none(diff.context_gpu_growth_minus_compute_minus_formula_bytes))
-                                  if diff is not None else (None, None, None))
-    return {
-        "kv_predicted_bytes": kv_pred, "kv_predicted_mib": _r(kv_pred / MIB, 2) if kv_pred is not None else None,
-        "kv_engine_mib": (_r(eng.get("kv_mib") + (eng.get("recurrent_mib") or 0) + (eng.get("state_mib") or 0), 2)
-                          if eng.get("kv_mib") is not None else None),
-        "kv_llama_run_mib": _r(kv_run, 2), "kv_llama_cache_lines": (len(log.kv) if log is not None else 0) or None,
-        "kv_buffer_mib": _r(kv_buf, 2),
-        "kv_llama_matches_formula": diff.llama_kv_matches_formula if diff is not None else None,
-        "kv_saving_vs_f16_predicted": None,
-        "context_growth_measured_bytes": growth, "context_growth_minus_predicted_bytes": gmp,
-        "context_growth_error_pct": _r(100.0 * gmp / kv_pred, 2) if gmp is not None and kv_pred else None,
-        "kv_on_device": kv_on_device, "context_gpu_growth_bytes": g_growth,
-        "gpu_compute_buffer_mib": _r(g_compute / MIB, 2) if g_compute is not None else None,
-        "context_gpu_growth_minus_predicted_bytes": g_gmp,
-        "context_gpu_growth_error_pct": _r(100.0 * g_gmp / kv_pred, 2) if g_gmp is not None and kv_pred else None,
-    }
-
-
-def _process_cols(r: dict[str, Any]) -> dict[str, Any]:
-    """Whole-process memory the OS measured, and llama.cpp's compute reservations."""
-    mem, log = memory_of(r), llama_log_of(r)
-    m = {k: (unset_none(getattr(mem, k)) if mem is not None else None) for k in
-         ("peak_rss_bytes", "kernel_maxrss_bytes", "anon_after_fill_bytes", "file_after_fill_bytes", "peak_gpu_bytes",
-          "peak_footprint_bytes")}
-    return {**m, "compute_buffer_mib": _r(_mib_sum(log.compute_mib), 2) if log is not None else None,
-            "peak_rss_saving_vs_f16_measured": None}
-
-
-def _speed_cols(r: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for test in ("pp", "tg"):
-        v = _speed(r, test)
-        out.update({f"{test}_n_tokens": v["n_tokens"], f"{test}_ts_mean": _r(v["mean"], 3),
-                    f"{test}_ts_ci95_low": _r(v["lo"], 3), f"{test}_ts_ci95_high": _r(v["hi"], 3),
-                    f"{test}_ts_cv": _r(v["cv"], 4), f"{test}_samples": v["n"] or None})
+def export_row(x: dict[str, Any]) -> dict[str, Any]:
+    """One frame row as a results.csv / results.json row (:data:`EXPORT`)."""
+    out = {c: x[f] for c, f, _ in EXPORT}
+    if x["machine_busy"] is not None:
+        out.update({c: x[f] for c, f, _ in EXPORT_LOAD})
     return out
 
 
-def _quality_cols(r: dict[str, Any]) -> dict[str, Any]:
-    qs, _, q = quality_block(r)
-    if q is None:
-        return {"quality_status": qs, "ppl": None, "ppl_err": None, "base_ppl": None, "ppl_delta_pct": None,
-                "kld_mean": None, "kld_mean_err": None, "kld_p99": None, "same_top_rate": None}
-    ppl, base_ppl = q.ppl, q.base_ppl
-    return {
-        "quality_status": qs, "ppl": _r(ppl, 4), "ppl_err": _r(q.ppl_err, 4), "base_ppl": _r(base_ppl, 4),
-        "ppl_delta_pct": _r(100.0 * (ppl / base_ppl - 1), 3) if ppl and base_ppl else None,
-        "kld_mean": _r(q.kld_mean, 6), "kld_mean_err": _r(q.kld_mean_err, 6),
-        "kld_p99": _r(q.kld_p99, 6), "same_top_rate": _r(q.same_top_rate, 5),
-    }
-
-
-def flat_row(r: dict[str, Any]) -> dict[str, Any]:
-    """One row of results.csv / results.json: a configuration's settings and every figure, units in the names."""
-    s = r.get("settings") or {}
-    m = r.get("model") or {}
-    eff = effective_of(r)
-    row = {
-        "model": m.get("name"), "model_sha256": m.get("sha256"), "arch": m.get("arch"), "device": device_label(r),
-        "kind": r.get("kind"), "status": r.get("status"), "reason": r.get("reason"),
-        **{k: s.get(k) for k in ("n_ctx", "n_depth", "type_k", "type_v", "flash_attn")},
-        "flash_attn_effective": unset_none(eff.flash_attn) if eff is not None else None,
-        **{k: s.get(k) for k in ("n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "n_prompt", "n_gen", "repetitions")},
-        **_kv_cols(r), **_process_cols(r), **_speed_cols(r), **_quality_cols(r),
-        "time_utc": r.get("time_utc"),
-    }
-    load = r.get("load") or {}
-    if load:   # issue 19: other processes' share of the CPUs (edgekv.edges.load); only in rows of records that have it
-        row["machine_busy"] = bool(load.get("busy"))
-        row["others_cpu_share_pct"] = _r(100.0 * (load.get("others_share_max") or 0.0), 1)
-    return row
-
-
-def flat_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    recs = sort_records(records)
-    rows = [flat_row(r) for r in recs]
-    # savings against the f16/f16 record of the same configuration (same model, device, settings)
-    base: dict[tuple, dict[str, Any]] = {}
-    for r, row in zip(recs, rows):
-        s = r.get("settings") or {}
-        if s.get("type_k") == "f16" and s.get("type_v") == "f16" and row["status"] == "ok":
-            base.setdefault(_group_key(r), row)
-    for r, row in zip(recs, rows):
-        b = base.get(_group_key(r))
-        if b is None or row["status"] != "ok":
-            continue
-        if b["kv_predicted_bytes"] and row["kv_predicted_bytes"]:
-            row["kv_saving_vs_f16_predicted"] = _r(b["kv_predicted_bytes"] / row["kv_predicted_bytes"], 3)
-        if b["peak_rss_bytes"] and row["peak_rss_bytes"]:
-            row["peak_rss_saving_vs_f16_measured"] = _r(b["peak_rss_bytes"] / row["peak_rss_bytes"], 3)
-    return rows
+def csv_rows(records: Sequence[Record | dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of results.csv / results.json for these records (sorted as the report sorts them)."""
+    return [export_row(x) for x in report_rows(sort_records(typed(records)))]
 
 
 # -- formatting ---------------------------------------------------------------------------------------
@@ -295,7 +178,7 @@ def fmt_ts(mean: float | None, lo: float | None, hi: float | None, unstable: boo
 
 
 def kv_label(row: dict[str, Any]) -> str:
-    k, v = row.get("type_k"), row.get("type_v")
+    k, v = row["type_k"], row["type_v"]
     return str(k) if k == v else f"{k}/{v}"
 
 
@@ -324,7 +207,7 @@ class Section:
 # -- the document ---------------------------------------------------------------------------------------
 
 def _varying(rows: list[dict[str, Any]], key: str) -> bool:
-    return len({str(r.get(key)) for r in rows}) > 1
+    return len({str(r[key]) for r in rows}) > 1
 
 
 def _setting_cols(rows: list[dict[str, Any]], with_depth: bool) -> list[tuple[str, str]]:
@@ -348,10 +231,9 @@ def _cells(row: dict[str, Any], cols: list[tuple[str, str]]) -> list[str]:
         if k == "kv":
             out.append(kv_label(row))
         elif k == "n_ctx":
-            out.append(_ctx(row.get("n_ctx")))
+            out.append(_ctx(row["n_ctx"]))
         else:
-            v = row.get(k)
-            out.append(DASH if v is None else str(v))
+            out.append(DASH if row[k] is None else str(row[k]))
     return out
 
 
@@ -359,21 +241,21 @@ def _align(cols: list[tuple[str, str]], n_values: int) -> list[str]:
     return ["l" if k in ("device", "kv", "flash_attn") else "r" for k, _ in cols] + ["r"] * n_values
 
 
-def _env_section(records: list[dict[str, Any]]) -> Section:
-    measured = [r for r in records if r.get("kind") != KIND_PREDICT]
+def _env_section(records: list[Record]) -> Section:
+    measured = [r for r in records if r.kind != KIND_PREDICT]
     sec = Section("Environment")
     if not measured:
         sec.paragraphs.append("**Predicted only — nothing here was measured.** Every figure in this report comes from "
                               "the GGUF header (edgekv's formula, and llama.cpp's own dry run where a column says so); "
                               "no model was run and no machine was measured.")
         return sec
-    by_machine: dict[str, list[dict[str, Any]]] = {}
+    by_machine: dict[str, list[Record]] = {}
     for r in measured:
-        by_machine.setdefault(device_label(r), []).append(r)
+        by_machine.setdefault(F.device_label(r), []).append(r)
     labels = sorted(by_machine)
     fields = [
-        ("machine", lambda e, rs: machine_label(rs[0]) or DASH),
-        ("devices (backends)", lambda e, rs: device_label(rs[0]).split(": ", 1)[-1]),
+        ("machine", lambda e, rs: F.machine_label(rs[0]) or DASH),
+        ("devices (backends)", lambda e, rs: F.device_label(rs[0]).split(": ", 1)[-1]),
         ("llama.cpp", lambda e, rs: " ".join(x for x in (
             f"commit {e.get('llama_cpp_commit')}" if e.get("llama_cpp_commit") else "",
             f"(llama-cpp-python {e.get('llama_cpp_python')})" if e.get("llama_cpp_python") else "",
@@ -396,7 +278,7 @@ def _env_section(records: list[dict[str, Any]]) -> Section:
         cells = []
         for lab in labels:
             rs = by_machine[lab]
-            cells.append(_md_safe(str(fn(rs[0].get("environment") or {}, rs))))
+            cells.append(_md_safe(str(fn(rs[0].environment, rs))))
         rows.append([name] + cells)
     heads = [""] + [f"machine {i + 1}" for i in range(len(labels))] if len(labels) > 1 else ["", "value"]
     sec.tables.append(Table("", "", heads, rows, ["l"] * (len(labels) + 1)))
@@ -434,8 +316,8 @@ def _gpu(e: dict[str, Any]) -> str:
     return ", ".join(parts) or DASH
 
 
-def _time_range(rs: list[dict[str, Any]]) -> str:
-    ts = sorted(str(r.get("time_utc")) for r in rs if r.get("time_utc"))
+def _time_range(rs: list[Record]) -> str:
+    ts = sorted(str(r.time_utc) for r in rs if _v(r.time_utc))
     if not ts:
         return DASH
     return ts[0] if ts[0] == ts[-1] else f"{ts[0]} … {ts[-1]}"
@@ -452,30 +334,32 @@ def _md_safe(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-def _model_section(name: str, recs: list[dict[str, Any]]) -> Section:
-    m = recs[0].get("model") or {}
+def _model_section(name: str, recs: list[Record]) -> Section:
+    m = recs[0].model
+    arch, n_layer, n_head_kv, head_dim_k = _v(m.arch), _v(m.n_layer), _v(m.n_head_kv), _v(m.head_dim_k)
+    n_swa, shared, n_ctx_train, size = _v(m.n_swa), _v(m.shared_kv_layers), _v(m.n_ctx_train), _v(m.size_bytes)
     sec = Section(f"Model: {name}")
     facts = []
-    if m.get("arch"):
-        facts.append(f"architecture `{m['arch']}`")
-    if m.get("n_layer"):
-        facts.append(f"{m['n_layer']} layers")
-    if m.get("n_head_kv"):
-        facts.append(f"KV heads {', '.join(map(str, m['n_head_kv']))}")
-    if m.get("head_dim_k"):
-        facts.append(f"head dim {', '.join(map(str, m['head_dim_k']))}")
-    if m.get("n_swa"):
-        facts.append(f"sliding window {m['n_swa']} on {m.get('swa_layers')} layers")
-    if m.get("shared_kv_layers"):
-        facts.append(f"{m['shared_kv_layers']} layers share another layer's KV")
-    if m.get("n_ctx_train"):
-        facts.append(f"trained context {m['n_ctx_train']}")
-    if m.get("size_bytes"):
-        facts.append(f"weights {m['size_bytes'] / MIB:,.1f} MiB")
-    if m.get("path"):
-        facts.append(f"file `{os.path.basename(str(m['path']))}`")
-    if m.get("sha256"):
-        facts.append(f"sha256 `{m['sha256']}`")
+    if arch:
+        facts.append(f"architecture `{arch}`")
+    if n_layer:
+        facts.append(f"{n_layer} layers")
+    if n_head_kv:
+        facts.append(f"KV heads {', '.join(map(str, n_head_kv))}")
+    if head_dim_k:
+        facts.append(f"head dim {', '.join(map(str, head_dim_k))}")
+    if n_swa:
+        facts.append(f"sliding window {n_swa} on {_v(m.swa_layers)} layers")
+    if shared:
+        facts.append(f"{shared} layers share another layer's KV")
+    if n_ctx_train:
+        facts.append(f"trained context {n_ctx_train}")
+    if size:
+        facts.append(f"weights {size / MIB:,.1f} MiB")
+    if m.path:
+        facts.append(f"file `{os.path.basename(str(m.path))}`")
+    if m.sha256:
+        facts.append(f"sha256 `{m.sha256}`")
     if facts:
         sec.paragraphs.append("; ".join(facts) + ".")
     return sec
@@ -483,15 +367,27 @@ def _model_section(name: str, recs: list[dict[str, Any]]) -> Section:
 
 @dataclass(frozen=True)
 class ColumnGroup:
-    """Columns a table shows only when some row has what they show (no column of dashes only)."""
+    """Frame columns a table shows together, each with its heading and format; shown only when some row has a
+    value in the ``when`` column (None: always; ``nonzero``: a value other than 0), so no column of dashes only."""
 
-    heads: tuple[str, ...]
-    cells: Callable[[dict[str, Any]], list[str]]
-    shown: Callable[[dict[str, Any]], bool] | None = None     # None: always shown
+    cols: tuple[tuple[str, str, Callable[[Any], str]], ...]      # (heading, frame column, format)
+    when: str | None = None
+    nonzero: bool = False
+
+    @property
+    def heads(self) -> list[str]:
+        return [h for h, _, _ in self.cols]
+
+    def cells(self, row: dict[str, Any]) -> list[str]:
+        return [fmt(row[col]) for _, col, fmt in self.cols]
+
+    def shown(self, rows: list[dict[str, Any]]) -> bool:
+        w = self.when
+        return w is None or any(r[w] is not None and (bool(r[w]) or not self.nonzero) for r in rows)
 
 
 def _grouped(rows: list[dict[str, Any]], groups: Sequence[ColumnGroup]) -> list[ColumnGroup]:
-    return [g for g in groups if g.shown is None or any(g.shown(r) for r in rows)]
+    return [g for g in groups if g.shown(rows)]
 
 
 def _signed_mib(b: int | None) -> str:
@@ -500,39 +396,36 @@ def _signed_mib(b: int | None) -> str:
 
 # the KV-cache table: predicted, llama.cpp (dry run, the run's own log), measured (OS, and a GPU's memory)
 _KV_GROUPS = (
-    ColumnGroup(("KV MiB, predicted (formula)",), lambda r: [fmt_mib_b(r["kv_predicted_bytes"])]),
-    ColumnGroup(("KV MiB, llama.cpp dry run",), lambda r: [fmt_mib(r["kv_engine_mib"])],
-                lambda r: r["kv_engine_mib"] is not None),
-    ColumnGroup(("KV MiB, llama.cpp in the run", "KV buffer MiB, llama.cpp"),
-                lambda r: [fmt_mib(r["kv_llama_run_mib"]), fmt_mib(r["kv_buffer_mib"])],
-                lambda r: r["kv_llama_run_mib"] is not None),
+    ColumnGroup((("KV MiB, predicted (formula)", "kv_bytes_formula", fmt_mib_b),)),
+    ColumnGroup((("KV MiB, llama.cpp dry run", "kv_mib_llamacpp_dryrun", fmt_mib),), "kv_mib_llamacpp_dryrun"),
+    ColumnGroup((("KV MiB, llama.cpp in the run", "kv_mib_llamacpp", fmt_mib),
+                 ("KV buffer MiB, llama.cpp", "kv_buffer_mib_llamacpp", fmt_mib)), "kv_mib_llamacpp"),
     # not "error": this is what llama.cpp allocates beside the KV cache (issue 19); a formula-vs-llama.cpp
     # mismatch is the only error and shows in the llama.cpp columns
-    ColumnGroup(("context memory MiB, measured (OS)", "beside the KV MiB (measured − predicted)", "beside the KV, % of KV"),
-                lambda r: [fmt_mib_b(r["context_growth_measured_bytes"]),
-                           _signed_mib(r["context_growth_minus_predicted_bytes"]), fmt_pct(r["context_growth_error_pct"])],
-                lambda r: r["context_growth_measured_bytes"] is not None),
-    ColumnGroup(("context GPU memory MiB, measured (device)", "GPU compute buffers MiB, llama.cpp",
-                 "GPU − compute − predicted MiB", "GPU beside the KV, % of KV"),
-                lambda r: [fmt_mib_b(r["context_gpu_growth_bytes"]), fmt_mib(r["gpu_compute_buffer_mib"]),
-                           _signed_mib(r["context_gpu_growth_minus_predicted_bytes"]),
-                           fmt_pct(r["context_gpu_growth_error_pct"])],
-                lambda r: r["context_gpu_growth_bytes"] is not None),
-    ColumnGroup(("KV saving vs f16, predicted",), lambda r: [fmt_x(r["kv_saving_vs_f16_predicted"])]),
+    ColumnGroup((("context memory MiB, measured (OS)", "context_anon_growth_bytes_measured", fmt_mib_b),
+                 ("beside the KV MiB (measured − predicted)", "context_anon_growth_minus_formula_bytes", _signed_mib),
+                 ("beside the KV, % of KV", "context_anon_growth_minus_formula_pct", fmt_pct)),
+                "context_anon_growth_bytes_measured"),
+    ColumnGroup((("context GPU memory MiB, measured (device)", "context_gpu_growth_bytes_measured", fmt_mib_b),
+                 ("GPU compute buffers MiB, llama.cpp", "gpu_compute_buffer_mib_llamacpp", fmt_mib),
+                 ("GPU − compute − predicted MiB", "context_gpu_growth_minus_compute_minus_formula_bytes", _signed_mib),
+                 ("GPU beside the KV, % of KV", "context_gpu_growth_minus_compute_minus_formula_pct", fmt_pct)),
+                "context_gpu_growth_bytes_measured"),
+    ColumnGroup((("KV saving vs f16, predicted", "kv_saving_vs_f16_formula", fmt_x),)),
 )
 
 # the whole-process table: what the OS measured, and llama.cpp's compute reservations beside it
 _PROCESS_GROUPS = (
-    ColumnGroup(("peak RSS MiB",), lambda r: [fmt_mib_b(r["peak_rss_bytes"])]),
-    ColumnGroup(("anonymous MiB after fill", "file-backed MiB after fill"),
-                lambda r: [fmt_mib_b(r["anon_after_fill_bytes"]), fmt_mib_b(r["file_after_fill_bytes"])],
-                lambda r: r["anon_after_fill_bytes"] is not None),
-    ColumnGroup(("GPU MiB (NVML, this process)",), lambda r: [fmt_mib_b(r["peak_gpu_bytes"])],
-                lambda r: bool(r["peak_gpu_bytes"])),
-    ColumnGroup(("footprint MiB (macOS)",), lambda r: [fmt_mib_b(r["peak_footprint_bytes"])],
-                lambda r: bool(r["peak_footprint_bytes"])),
-    ColumnGroup(("compute buffers MiB, llama.cpp (reserved)", "peak RSS saving vs f16, measured"),
-                lambda r: [fmt_mib(r["compute_buffer_mib"]), fmt_x(r["peak_rss_saving_vs_f16_measured"])]),
+    ColumnGroup((("peak RSS MiB", "peak_rss_bytes_measured", fmt_mib_b),)),
+    ColumnGroup((("anonymous MiB after fill", "anon_after_fill_bytes_measured", fmt_mib_b),
+                 ("file-backed MiB after fill", "file_after_fill_bytes_measured", fmt_mib_b)),
+                "anon_after_fill_bytes_measured"),
+    ColumnGroup((("GPU MiB (NVML, this process)", "peak_gpu_bytes_measured", fmt_mib_b),), "peak_gpu_bytes_measured",
+                nonzero=True),
+    ColumnGroup((("footprint MiB (macOS)", "peak_footprint_bytes_measured", fmt_mib_b),),
+                "peak_footprint_bytes_measured", nonzero=True),
+    ColumnGroup((("compute buffers MiB, llama.cpp (reserved)", "compute_mib_llamacpp", fmt_mib),
+                 ("peak RSS saving vs f16, measured", "peak_rss_saving_vs_f16_measured", fmt_x))),
 )
 
 
@@ -562,7 +455,7 @@ def _kv_intro(ok: list[dict[str, Any]], has_engine: bool, has_run: bool, has_mea
                   "comparison with the prediction; the device rounds each allocation up (CUDA on an H100: 2 MiB "
                   "steps), so a few MiB remain (the host-side measured columns then hold no KV)")
     intro += "."
-    if any((r.get("kv_llama_cache_lines") or 0) > 1 for r in ok):
+    if any((r["kv_cache_lines_llamacpp"] or 0) > 1 for r in ok):
         intro += (" This model has several cache objects (e.g. full and sliding-window layers): llama.cpp prints one "
                   "size line per cache, each rounded to 0.01 MiB, so its columns (their sum) can differ by 0.01 from "
                   "the formula's exact total; the check against the formula compares each line and the cell counts.")
@@ -579,7 +472,7 @@ _PROCESS_INTRO = (
 
 
 def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
-    ok = [r for r in rows if r["status"] == "ok" and r["kv_predicted_bytes"] is not None]
+    ok = [r for r in rows if r["status"] == "ok" and r["kv_bytes_formula"] is not None]
     if not ok:
         return []
     depth_matters = any(len({x["n_depth"] for x in ok if (x["n_ctx"], x["type_k"], x["type_v"]) == k}) > 1
@@ -589,7 +482,7 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
     ttl = "KV cache: predicted" + (", llama.cpp" if has_engine or has_run else "") + (", measured" if has_meas else "")
     tables = [_table(ttl, _kv_intro(ok, has_engine, has_run, has_meas, has_gpu), ok, _setting_cols(ok, depth_matters),
                      groups)]
-    proc = [r for r in ok if r["peak_rss_bytes"] is not None]
+    proc = [r for r in ok if r["peak_rss_bytes_measured"] is not None]
     if proc:
         tables.append(_table("Process memory, measured", _PROCESS_INTRO, proc, _setting_cols(proc, depth_matters),
                              _grouped(proc, _PROCESS_GROUPS)))
@@ -598,7 +491,7 @@ def _memory_tables(rows: list[dict[str, Any]]) -> list[Table]:
 
 def _pivot_tables(rows: list[dict[str, Any]]) -> list[Table]:
     """The tables people circulate: per context, each cache type's figure and its saving vs f16."""
-    ok = [r for r in rows if r["status"] == "ok" and r["kv_predicted_bytes"] is not None and r["type_k"] == r["type_v"]]
+    ok = [r for r in rows if r["status"] == "ok" and r["kv_bytes_formula"] is not None and r["type_k"] == r["type_v"]]
     if not ok:
         return []
     # one value per (device, n_ctx, type): the first row in sort order (lowest depth, default settings first)
@@ -607,9 +500,9 @@ def _pivot_tables(rows: list[dict[str, Any]]) -> list[Table]:
     multi = len(devices) > 1
     out = []
     for title, key, skey, intro in (
-        ("KV cache per cache type, predicted", "kv_predicted_bytes", "kv_saving_vs_f16_predicted",
+        ("KV cache per cache type, predicted", "kv_bytes_formula", "kv_saving_vs_f16_formula",
          "Predicted KV MiB (formula, from the GGUF header) and the saving against f16 in parentheses."),
-        ("Peak RSS per cache type, measured", "peak_rss_bytes", "peak_rss_saving_vs_f16_measured",
+        ("Peak RSS per cache type, measured", "peak_rss_bytes_measured", "peak_rss_saving_vs_f16_measured",
          "Measured peak resident memory of the whole process (MiB, OS) and the saving against f16 in parentheses."),
     ):
         cells: dict[tuple, dict[str, Any]] = {}
@@ -636,7 +529,8 @@ def _pivot_tables(rows: list[dict[str, Any]]) -> list[Table]:
 
 
 def _speed_table(rows: list[dict[str, Any]]) -> list[Table]:
-    sp = [r for r in rows if r["status"] == "ok" and (r["pp_ts_mean"] is not None or r["tg_ts_mean"] is not None)]
+    sp = [r for r in rows if r["status"] == "ok"
+          and (r["pp_tokens_per_s_mean"] is not None or r["tg_tokens_per_s_mean"] is not None)]
     if not sp:
         return []
     cols = _setting_cols(sp, True)
@@ -645,20 +539,21 @@ def _speed_table(rows: list[dict[str, Any]]) -> list[Table]:
     pp_h = f"prefill t/s (pp{pp_n[0]})" if len(pp_n) == 1 else "prefill t/s"
     tg_h = f"decode t/s (tg{tg_n[0]})" if len(tg_n) == 1 else "decode t/s"
     heads = [h for _, h in cols] + [pp_h + " [95% CI]", tg_h + " [95% CI]", "samples"]
-    any_busy = any(r.get("machine_busy") for r in sp)
+    any_busy = any(r["machine_busy"] for r in sp)
     if any_busy:
         heads.append("machine")
     body = []
     for r in sp:
-        pp_uns = r["pp_ts_cv"] is not None and r["pp_ts_cv"] >= 0.10
-        tg_uns = r["tg_ts_cv"] is not None and r["tg_ts_cv"] >= 0.10
-        n = sorted({x for x in (r["pp_samples"], r["tg_samples"]) if x})
-        body.append(_cells(r, cols) + [fmt_ts(r["pp_ts_mean"], r["pp_ts_ci95_low"], r["pp_ts_ci95_high"], pp_uns),
-                                       fmt_ts(r["tg_ts_mean"], r["tg_ts_ci95_low"], r["tg_ts_ci95_high"], tg_uns),
-                                       "/".join(map(str, n)) or DASH])
+        cells = []
+        for t in ("pp", "tg"):
+            cv = r[f"{t}_tokens_per_s_cv"]
+            cells.append(fmt_ts(r[f"{t}_tokens_per_s_mean"], r[f"{t}_tokens_per_s_ci95_low"],
+                                r[f"{t}_tokens_per_s_ci95_high"], cv is not None and cv >= 0.10))
+        n = sorted({x for x in (r["pp_n_samples"], r["tg_n_samples"]) if x})
+        body.append(_cells(r, cols) + cells + ["/".join(map(str, n)) or DASH])
         if any_busy:
-            body[-1].append(f"⚠️ busy ({_f1(r.get('others_cpu_share_pct'))}% of the CPUs to other work)"
-                            if r.get("machine_busy") else ("quiet" if "machine_busy" in r else DASH))
+            body[-1].append(f"⚠️ busy ({_f1(r['others_cpu_share_pct'])}% of the CPUs to other work)"
+                            if r["machine_busy"] else ("quiet" if r["machine_busy"] is not None else DASH))
     intro = ("Tokens per second measured at the given KV depth (the cache already holds *depth* tokens when the timed "
              "tests start): mean and the 95% confidence interval of the mean (Student t) over every repetition. "
              "`!` marks results whose standard deviation is at least 10% of the mean (a busy machine: rerun with more "
@@ -685,25 +580,24 @@ def _quality_table(rows: list[dict[str, Any]]) -> list[Table]:
         body.append(_cells(r, cols) + [ppl, fmt_pct(r["ppl_delta_pct"], 2), kld,
                                        DASH if r["kld_p99"] is None else f"{r['kld_p99']:.6f}",
                                        DASH if r["same_top_rate"] is None else f"{100 * r['same_top_rate']:.2f}%",
-                                       fmt_x(r["kv_saving_vs_f16_predicted"])])
+                                       fmt_x(r["kv_saving_vs_f16_formula"])])
     intro = ("Quality cost of the cache type, measured: perplexity and the KL divergence of each token's distribution "
              "from the f16-cache baseline on the same model and text (± is the standard error). Δ PPL is against the "
              "baseline of the same pass.")
     return [Table("Quality, measured", intro, heads, body, _align(cols, 6))]
 
 
-def _problems(rows: list[dict[str, Any]], recs: list[dict[str, Any]]) -> list[str]:
+def _problems(rows: list[dict[str, Any]]) -> list[str]:
     out = []
-    for r, rec in zip(rows, recs):
+    for r in rows:
         if r["status"] != "ok":
             out.append(f"{kv_label(r)} @ {_ctx(r['n_ctx'])}"
-                       + (f" (-fa {r['flash_attn']})" if r.get("flash_attn") not in (None, "auto") else "")
+                       + (f" (-fa {r['flash_attn']})" if r["flash_attn"] not in (None, "auto") else "")
                        + f": **{r['status']}**: {_md_safe(str(r['reason'] or 'no reason recorded'))}")
-        elif r["kv_llama_matches_formula"] is False:
+        elif r["kv_matches_formula_llamacpp"] is False:
             out.append(f"{kv_label(r)} @ {_ctx(r['n_ctx'])}: llama.cpp's KV lines differ from the formula "
-                       f"({_md_safe(str((rec.get('differences') or {}).get('llama_kv_diffs')))}) — a bug in edgekv's "
-                       "prediction; please report it.")
-        qs, reason, _ = quality_block(rec)
+                       f"({_md_safe(str(r['kv_diffs_llamacpp']))}) — a bug in edgekv's prediction; please report it.")
+        qs, reason = r["quality_status"], r["quality_error"]
         if qs not in (None, "ok"):
             out.append(f"{kv_label(r)} @ {_ctx(r['n_ctx'])}: quality {qs}"
                        + (f": {_md_safe(str(reason))}" if reason else ""))
@@ -717,21 +611,24 @@ class Document:
     sections: list[Section]
     plots: dict[str, bytes]
     note: str | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)      # the frame's rows, report order, as printed
+    records: list[Record] = field(default_factory=list)           # the records, report order
 
 
-def build(records: Sequence[dict[str, Any]], title: str | None = None, plots: bool = True,
+def build(records: Sequence[Record | dict[str, Any]], title: str | None = None, plots: bool = True,
           note: str | None = None) -> Document:
+    """The report of these records (Records, or dicts decoded once with as_record): every table, problem and plot
+    reads the frame's rows (:func:`report_rows`)."""
     if not records:
         from edgekv.errors import ResultsError
 
         raise ResultsError("no records to report on")
-    recs = sort_records(records)
-    rows = flat_rows(recs)
+    recs = sort_records(typed(records))
+    rows = report_rows(recs)
     models: dict[str, list[int]] = {}
     for i, r in enumerate(recs):
-        m = r.get("model") or {}
-        models.setdefault(str(m.get("name") or m.get("path") or "model"), []).append(i)
-    predicted_only = all(r.get("kind") == KIND_PREDICT for r in recs)
+        models.setdefault(str(_v(r.model.name) or r.model.path or "model"), []).append(i)
+    predicted_only = all(r.kind == KIND_PREDICT for r in recs)
     names = sorted(models)
     if title is None:
         title = f"edgekv report: {', '.join(names)}" + (" (predicted only)" if predicted_only else "")
@@ -751,13 +648,14 @@ def build(records: Sequence[dict[str, Any]], title: str | None = None, plots: bo
             for fname, alt, png in P.all_plots(mrows, slug) + _explained_plot(mrecs, slug):
                 images[fname] = png
                 sec.images.append((fname, alt))
-        sec.bullets = _problems(mrows, mrecs)
+        sec.bullets = _problems(mrows)
         sections.append(sec)
     sections.append(_legend(recs, predicted_only))
-    return Document(title, predicted_only, sections, images, note.strip() if note and note.strip() else None)
+    return Document(title, predicted_only, sections, images, note.strip() if note and note.strip() else None,
+                    rows, recs)
 
 
-def _explained_memory(recs: list[dict[str, Any]]) -> list[Table]:
+def _explained_memory(recs: list[Record]) -> list[Table]:
     """The explained-memory table (edgekv.output.memreport): measured peak vs the whole-process prediction's parts."""
     from edgekv.output.memreport import table
 
@@ -765,7 +663,7 @@ def _explained_memory(recs: list[dict[str, Any]]) -> list[Table]:
     return [Table(*t)] if t is not None else []
 
 
-def _explained_plot(recs: list[dict[str, Any]], slug: str) -> list[tuple[str, str, bytes]]:
+def _explained_plot(recs: list[Record], slug: str) -> list[tuple[str, str, bytes]]:
     from edgekv.output.memreport import plot
 
     png = plot(recs)
@@ -776,7 +674,7 @@ def _slug(s: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")[:40] or "model"
 
 
-def _legend(recs: list[dict[str, Any]], predicted_only: bool) -> Section:
+def _legend(recs: list[Record], predicted_only: bool) -> Section:
     sec = Section("How to read this report")
     sec.bullets = [
         "**predicted (formula)**: edgekv's KV-cache bytes from the GGUF header alone, following llama.cpp's rules "
@@ -790,7 +688,7 @@ def _legend(recs: list[dict[str, Any]], predicted_only: bool) -> Section:
             f"did not record are shown as `{DASH}`; nothing is filled in from another source.",
             "Savings (×) divide the f16/f16 figure by the figure of the same configuration with the other cache type.",
         ]
-    kinds = sorted({str(r.get("kind")) for r in recs})
+    kinds = sorted({r.kind for r in recs})
     if KIND_LLAMA_BENCH in kinds:
         sec.bullets.append("Rows from llama-bench files carry speed only (llama-bench measures no memory); their context "
                            "is llama-bench's own (depth + test tokens).")
@@ -839,12 +737,14 @@ def render_markdown(doc: Document) -> str:
 
 # -- CSV / JSON -----------------------------------------------------------------------------------------
 
-def render_csv(rows: list[dict[str, Any]]) -> str:
+def render_csv(doc: Document) -> str:
+    """results.csv: the frame's rows through :data:`EXPORT`."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(COLUMNS)
-    for r in rows:
-        w.writerow(["" if r.get(c) is None else _csv_value(r.get(c)) for c in COLUMNS])
+    for x in doc.rows:
+        r = export_row(x)
+        w.writerow(["" if r[c] is None else _csv_value(r[c]) for c in COLUMNS])
     return buf.getvalue()
 
 
@@ -854,17 +754,17 @@ def _csv_value(v: Any) -> str:
     return str(v)
 
 
-def render_json(doc: Document, rows: list[dict[str, Any]], records: Sequence[dict[str, Any]]) -> str:
+def render_json(doc: Document) -> str:
+    """results.json: the environments, and the frame's rows through :data:`EXPORT` (and :data:`EXPORT_LOAD`)."""
     envs: dict[str, dict[str, Any]] = {}
-    for r in sort_records(records):
-        if r.get("kind") == KIND_PREDICT:
+    for r in doc.records:
+        if r.kind == KIND_PREDICT:
             continue
-        envs.setdefault(device_label(r), {k: v for k, v in (r.get("environment") or {}).items()
-                                          if k not in ("argv", "time_utc")})
+        envs.setdefault(F.device_label(r), {k: v for k, v in r.environment.items() if k not in ("argv", "time_utc")})
     obj = {
         "edgekv_report": REPORT_FORMAT, "title": doc.title, "predicted_only": doc.predicted_only,
         "environments": [{"device": k, **v} for k, v in sorted(envs.items())],
-        "columns": list(COLUMNS), "rows": rows,
+        "columns": list(COLUMNS), "rows": [export_row(x) for x in doc.rows],
     }
     return json.dumps(obj, indent=1, sort_keys=False, ensure_ascii=False, default=str) + "\n"
 
@@ -940,7 +840,7 @@ def _write(path: Path, data: bytes) -> None:
     atomic_write(path, data)
 
 
-def write_report(records: Sequence[dict[str, Any]], outdir: str | os.PathLike, title: str | None = None,
+def write_report(records: Sequence[Record | dict[str, Any]], outdir: str | os.PathLike, title: str | None = None,
                  plots: bool = True, note: str | None = None) -> dict[str, Any]:
     """Render every file of a report into ``outdir``; returns what was written."""
     out = Path(outdir)
@@ -949,24 +849,22 @@ def write_report(records: Sequence[dict[str, Any]], outdir: str | os.PathLike, t
 
         raise UsageError(f"-o {out}: exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    records = [_plain(r) for r in records]
     doc = build(records, title=title, plots=plots, note=note)
-    rows = flat_rows(records)
     for old in out.iterdir():      # plots of an earlier report that this one no longer has
         if _PLOT_RE.match(old.name) and old.name not in doc.plots:
             old.unlink()
     files = {
         "README.md": render_markdown(doc).encode(),
-        "results.csv": render_csv(rows).encode(),
-        "results.json": render_json(doc, rows, records).encode(),
+        "results.csv": render_csv(doc).encode(),
+        "results.json": render_json(doc).encode(),
         **doc.plots,
         "report.html": render_html(doc).encode(),
     }
     for name, data in files.items():
         _write(out / name, data)
     kinds: dict[str, int] = {}
-    for r in records:
-        kinds[str(r.get("kind"))] = kinds.get(str(r.get("kind")), 0) + 1
+    for r in doc.records:
+        kinds[r.kind] = kinds.get(r.kind, 0) + 1
     return {
         "output": str(out), "title": doc.title, "predicted_only": doc.predicted_only, "records": len(records),
         "kinds": dict(sorted(kinds.items())), "files": [str(out / n) for n in files],
@@ -974,5 +872,5 @@ def write_report(records: Sequence[dict[str, Any]], outdir: str | os.PathLike, t
     }
 
 
-__all__ = ["COLUMNS", "Document", "build", "flat_rows", "render_csv", "render_html", "render_json", "render_markdown",
-           "write_report", "KIND_BENCH"]
+__all__ = ["COLUMNS", "EXPORT", "Document", "build", "csv_rows", "render_csv", "render_html", "render_json",
+           "render_markdown", "write_report", "KIND_BENCH"]
