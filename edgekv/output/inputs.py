@@ -84,7 +84,10 @@ def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None) ->
 
             return load_llama_bench_file(p)
         if isinstance(first.get("predictions"), list):
-            return predict_records(first["predictions"], p)
+            preds = first["predictions"]       # predict --budget --json: records beside the budget; older: rows
+            if preds and all(isinstance(x, dict) and "schema_version" in x for x in preds):
+                return [R.check_record(R.upgrade(x, f"{p}:{i}"), f"{p}:{i}") for i, x in enumerate(preds, 1)]
+            return predict_records(preds, p)
     raise ResultsError(f"{p}: neither edgekv results, llama-bench JSON/JSONL nor edgekv predict --json output")
 
 
