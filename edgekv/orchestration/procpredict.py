@@ -221,10 +221,3 @@ def process_blocks(m, configs: list[ContextParams], settings: ProcessSettings,
     if not m.header.tensors:
         notes.append("metadata-only header (no tensor table): the weights are unknown and counted as 0 MiB")
     return [p.to_dict() if p is not None else None for p in procs], notes
-    for r, p in zip(rows, procs):
-        r["process"] = p.to_dict() if p is not None else None
-    if baseline.bytes is None:
-        notes.append(f"peak RSS not predicted: {baseline.note}")
-    if not m.header.tensors:
-        notes.append("metadata-only header (no tensor table): the weights are unknown and counted as 0 MiB")
-    return notes

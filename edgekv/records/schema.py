@@ -27,8 +27,8 @@ per-phase peaks keyed by phase name, per-device byte counts, and the per-layer b
 ``predict --layers`` (``prediction.formula.layers``, one dict per layer as :mod:`edgekv.core.predict` has it).
 
 Kinds: ``bench`` records must carry every identifying block (checked in :func:`decode`); ``predict``
-records (``edgekv predict --json``, built by :func:`predict_record`), ``quality`` records (``edgekv quality --json``) and imported llama-bench
-rows leave out what they do not have (``UNSET``: absent in the JSON, never invented).
+records (``edgekv predict --json``, built by :func:`predict_record`), ``quality`` records (``edgekv quality
+--json``) and imported llama-bench rows leave out what they do not have (``UNSET``: absent in the JSON, never invented).
 
 Units are in the field names (``_bytes``, ``_mib``, ``_s``, ``_ns``, ``_ts`` = tokens per second).
 The keys of committed schema-2 files are kept as they are (``mean_ts`` etc.).
