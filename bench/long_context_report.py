@@ -172,7 +172,8 @@ def main(out: Path = OUT, only: list[str] | None = None) -> int:
     from edgekv.records.results import as_record
     from edgekv.records.schema import encode
 
-    old = load(out / "predictions.json") if (out / "predictions.json").exists() else []
+    keep = only is not None and (out / "predictions.json").exists()      # the other models' records are kept
+    old = load(out / "predictions.json") if keep else []
     recs: list = []
     failures = 0
     for model, (fname, arch, meta, family, _per_token, _what) in MODELS.items():

@@ -101,7 +101,8 @@ def test_kv_only_leaves_the_process_out_and_layers_go_in(capsys, smollm2_path):
 def test_budget_finds_largest_context(capsys, smollm2_path, tmp_path):
     out = run_json(capsys, "predict", str(smollm2_path), "-ctk", "f16,q4_0", "--budget", "300MiB")
     assert set(out) == {"predictions", "budget"}
-    assert [S.decode(x, "predictions").kind for x in out["predictions"]] == ["predict", "predict"]
+    recs = [S.decode(x, "predictions") for x in out["predictions"]]      # 3 default contexts x 2 cache types
+    assert len(recs) == 6 and {(r.kind, r.settings.type_k) for r in recs} == {("predict", "f16"), ("predict", "q4_0")}
     rows = {r["type_k"]: r for r in out["budget"]}
     f16, q4 = rows["f16"], rows["q4_0"]
     assert 0 < f16["max_n_ctx"] < q4["max_n_ctx"] <= 8192          # capped at the trained context
