@@ -268,9 +268,9 @@ def test_predict_engine_shows_a_match_for_special_caches(name, family_dir, capsy
     path = _family_path(family_dir, name)
     args = ["predict", str(path), "-c", "5000,70000", "-np", "2", "--n-rs-seq", "2", "--engine"]
     assert main(args + ["--json", "--layers"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    for row in rows:
-        assert row["status"] == "ok" and row["engine"]["match"] is True, row["engine"]["diffs"]
+    for rec in json.loads(capsys.readouterr().out):
+        row, e = rec["prediction"]["formula"], rec["prediction"]["engine"]
+        assert row["status"] == "ok" and e["match"] is True, e["diffs"]
         assert [c["kind"] for c in row["caches"]] == SPECIAL_KINDS[SPECS[name]["memory"]]
         assert row["total_bytes"] == sum(c["bytes"] for c in row["caches"])
         per_layer = sum(x["k_bytes"] + x["v_bytes"] + x["r_bytes"] + x["s_bytes"] + sum(x["other"].values())
