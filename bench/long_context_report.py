@@ -207,10 +207,10 @@ def results_csv(recs: list) -> str:
                 "recurrent_bytes_formula", "state_bytes_formula", "llama_cpp_mib_sum", "llama_cpp_matches"]
                + [f"{k}_bytes" for k in kinds])
     for r in recs:
-        f, e = r.prediction.formula, r.prediction.engine
-        k = by_kind(f)
-        w.writerow([label(r), r.model.arch, f.n_ctx, f.type_k, f.type_v, f.total_bytes, f.kv_bytes,
-                    f.recurrent_bytes, f.state_bytes, f"{e.kv_mib + e.recurrent_mib + e.state_mib:.2f}", e.match]
+        p, e = r.prediction.formula, r.prediction.engine
+        k = by_kind(p)
+        w.writerow([label(r), r.model.arch, p.n_ctx, p.type_k, p.type_v, p.total_bytes, p.kv_bytes,
+                    p.recurrent_bytes, p.state_bytes, f"{e.kv_mib + e.recurrent_mib + e.state_mib:.2f}", e.match]
                    + [k.get(x, 0) for x in kinds])
     return f.getvalue()
 
