@@ -35,6 +35,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from msgspec import UNSET
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shape_headers import discover_tensors, kv, write_header  # noqa: E402
@@ -126,10 +129,31 @@ def gib(n: float | None) -> str:
     return "-" if n is None else f"{n / GIB:,.2f}"
 
 
-def by_kind(row: dict) -> dict[str, int]:
+LABELS = {spec[0]: model for model, spec in MODELS.items()}     # header file -> the model's label in the tables
+
+
+def label(rec: Any) -> str:
+    """A record's model label: the script's name for the header file the record names (records carry no label
+    of their own; the strict schema has no such field)."""
+    return LABELS[Path(rec.model.path).name]
+
+
+def load(path: Path) -> list:
+    """predictions.json as typed records (kind ``predict``), strictly decoded."""
+    from edgekv.records.results import as_record
+
+    return [as_record(x, f"{path}:{i}") for i, x in enumerate(json.loads(path.read_text()), 1)]
+
+
+def find(recs: list, m: str, n: int = 1048576, t: str = "f16") -> Any:
+    return next(x for x in recs if label(x) == m and x.settings.n_ctx == n and x.settings.type_k == t)
+
+
+def by_kind(formula: Any) -> dict[str, int]:
+    """Bytes per cache kind of one record's formula (``prediction.formula``)."""
     out: dict[str, int] = {}
-    for c in row["caches"]:
-        out[c["kind"]] = out.get(c["kind"], 0) + c["bytes"]
+    for c in formula.caches:
+        out[c.kind] = out.get(c.kind, 0) + c.bytes
     return out
 
 
@@ -145,52 +169,53 @@ def main(out: Path = OUT, only: list[str] | None = None) -> int:
     """Regenerate the headers and dry runs of ``only`` (default: every model; the others' rows are kept from
     predictions.json), then README.md and results.csv from all rows."""
     out.mkdir(parents=True, exist_ok=True)
-    old = json.loads((out / "predictions.json").read_text()) if (out / "predictions.json").exists() else []
-    all_rows: list[dict] = []
+    from edgekv.records.results import as_record
+    from edgekv.records.schema import encode
+
+    keep = only is not None and (out / "predictions.json").exists()      # the other models' records are kept
+    old = load(out / "predictions.json") if keep else []
+    recs: list = []
     failures = 0
     for model, (fname, arch, meta, family, _per_token, _what) in MODELS.items():
         if only is not None and model not in only:
-            all_rows += [r for r in old if r["label"] == model]
+            recs += [r for r in old if label(r) == model]
             continue
         header = out / fname
         write_header(header, discover_tensors(family, arch, meta()))
         rel = header.relative_to(ROOT) if header.is_relative_to(ROOT) else header
-        rows = json.loads(edgekv("predict", str(rel), "-c", ",".join(map(str, CONTEXTS)), "-ctk", ",".join(TYPES),
-                                 "--engine", "--json"))
-        for r in rows:
-            r["label"] = model
-        all_rows += rows
-    for r in all_rows:
-        e = r["engine"]
-        ok = r["status"] == "ok" and e["ok"] and e["match"] is True
+        got = json.loads(edgekv("predict", str(rel), "-c", ",".join(map(str, CONTEXTS)), "-ctk", ",".join(TYPES),
+                                "--engine", "--json"))
+        recs += [as_record(x, f"predict {rel}:{i}") for i, x in enumerate(got, 1)]
+    for r in recs:
+        f, e = r.prediction.formula, r.prediction.engine
+        ok = r.status == "ok" and e.ok and e.match is True
         failures += not ok
-        print(f"{r['label']:18s} {r['n_ctx']:8d} {r['type_k']:5s} formula {gib(r['total_bytes'])} GiB  "
-              f"llama.cpp {'agrees' if ok else 'DIFFERS: ' + '; '.join(e.get('diffs') or [str(e.get('error'))])}")
-    (out / "predictions.json").write_text(json.dumps(all_rows, indent=1) + "\n")
-    (out / "results.csv").write_text(results_csv(all_rows))
-    (out / "README.md").write_text(readme(all_rows))
+        print(f"{label(r):18s} {f.n_ctx:8d} {f.type_k:5s} formula {gib(f.total_bytes)} GiB  "
+              f"llama.cpp {'agrees' if ok else 'DIFFERS: ' + '; '.join(e.diffs or [str(e.error)])}")
+    (out / "predictions.json").write_text(json.dumps([encode(r) for r in recs], indent=1) + "\n")
+    (out / "results.csv").write_text(results_csv(recs))
+    (out / "README.md").write_text(readme(recs))
     print(f"report in {out}")
     return 1 if failures else 0
 
 
-def results_csv(rows: list[dict]) -> str:
-    kinds = sorted({c["kind"] for r in rows for c in r["caches"]})
+def results_csv(recs: list) -> str:
+    kinds = sorted({c.kind for r in recs for c in r.prediction.formula.caches})
     f = io.StringIO()
     w = csv.writer(f, lineterminator="\n")
     w.writerow(["model", "arch", "n_ctx", "type_k", "type_v", "total_bytes_formula", "kv_bytes_formula",
                 "recurrent_bytes_formula", "state_bytes_formula", "llama_cpp_mib_sum", "llama_cpp_matches"]
                + [f"{k}_bytes" for k in kinds])
-    for r in rows:
-        e = r["engine"]
-        k = by_kind(r)
-        w.writerow([r["label"], r["arch"], r["n_ctx"], r["type_k"], r["type_v"], r["total_bytes"], r["kv_bytes"],
-                    r["recurrent_bytes"], r["state_bytes"],
-                    f"{e['kv_mib'] + e['recurrent_mib'] + e['state_mib']:.2f}", e["match"]]
+    for r in recs:
+        p, e = r.prediction.formula, r.prediction.engine
+        k = by_kind(p)
+        w.writerow([label(r), r.model.arch, p.n_ctx, p.type_k, p.type_v, p.total_bytes, p.kv_bytes,
+                    p.recurrent_bytes, p.state_bytes, f"{e.kv_mib + e.recurrent_mib + e.state_mib:.2f}", e.match]
                    + [k.get(x, 0) for x in kinds])
     return f.getvalue()
 
 
-def readme(rows: list[dict]) -> str:
+def readme(recs: list) -> str:
     L = ["# KV cache and state at 128K, 256K and 1M tokens: predicted, with llama.cpp's dry run", "",
          "> **Predicted only.** Nothing here was measured: every figure comes from GGUF headers (edgekv's formula) "
          "and from llama.cpp's own dry run on them (`no_alloc`: nothing read, nothing allocated).", "",
@@ -200,61 +225,60 @@ def readme(rows: list[dict]) -> str:
          "`edgekv predict HEADER -c 131072,262144,1048576 -ctk f16,q8_0,q4_0 --engine --json` (llama.cpp's defaults: "
          "flash attention auto, one sequence, `-ub 512`). `predictions.json` holds every row, with every cache "
          "object and llama.cpp's printed lines; `results.csv` the same per cache kind. **In all "
-         f"{len(rows)} configurations llama.cpp's dry run printed exactly the formula's figures.**", "",
+         f"{len(recs)} configurations llama.cpp's dry run printed exactly the formula's figures.**", "",
          "GiB = 2^30 bytes. The articles quote \"GB\" for 1,000,000 tokens of f16 computed with the per-token "
          "formula; llama.cpp's 1M is 1,048,576 tokens.", "",
          "## Totals (all caches and state), GiB", "",
          "| model | n_ctx | f16 | q8_0 | q4_0 | llama.cpp = formula |", "|:---|---:|---:|---:|---:|:---:|"]
-    models = list(dict.fromkeys(r["label"] for r in rows))
+    models = list(dict.fromkeys(label(r) for r in recs))
     for m in models:
         for n in CONTEXTS:
             cells = []
             agree = True
             for t in TYPES:
-                r = next(x for x in rows if x["label"] == m and x["n_ctx"] == n and x["type_k"] == t)
-                cells.append(gib(r["total_bytes"]))
-                agree &= bool(r["engine"]["match"])
+                r = find(recs, m, n, t)
+                cells.append(gib(r.prediction.formula.total_bytes))
+                agree &= bool(r.prediction.engine.match)
             L.append(f"| {m} | {n:,} | " + " | ".join(cells) + f" | {'✓' if agree else '✗'} |")
     L += ["", "## Where the bytes go at 1,048,576 tokens, f16", "",
           "| model | cache object (llama.cpp) | cells per sequence | layers | GiB |", "|:---|:---|---:|---:|---:|"]
     for m in models:
-        r = next(x for x in rows if x["label"] == m and x["n_ctx"] == 1048576 and x["type_k"] == "f16")
-        for c in r["caches"]:
-            name = KIND_LABEL.get(c["kind"], c["kind"]) + (f" ({c['name']})" if c.get("name") else "")
-            cells = c.get("cells", c.get("state_rows"))
-            L.append(f"| {m} | {name} | {cells:,} | {c['layers']} | {gib(c['bytes'])} |")
+        for c in find(recs, m).prediction.formula.caches:
+            name = KIND_LABEL.get(c.kind, c.kind) + (f" ({c.name})" if c.name is not UNSET else "")
+            cells = c.cells if c.cells is not UNSET else c.state_rows
+            L.append(f"| {m} | {name} | {cells:,} | {c.layers} | {gib(c.bytes)} |")
     L += ["", "## llama.cpp's allocation against the articles' per-token formula (f16)", "",
           "| model | the articles' formula | per token | x 1,000,000 tokens (GiB) | x 1,048,576 (GiB) | "
           "llama.cpp at 1,048,576 (GiB) |", "|:---|:---|---:|---:|---:|---:|"]
     for m in models:
         _f, _a, _meta, _fam, per_token, what = MODELS[m]
-        r = next(x for x in rows if x["label"] == m and x["n_ctx"] == 1048576 and x["type_k"] == "f16")
+        total = find(recs, m).prediction.formula.total_bytes
         if per_token:
             L.append(f"| {m} | {what} | {per_token:,} B | {gib(per_token * 1_000_000)} | {gib(per_token * 1048576)} "
-                     f"| {gib(r['total_bytes'])} |")
+                     f"| {gib(total)} |")
         else:
-            L.append(f"| {m} | {what} | - | - | - | {gib(r['total_bytes'])} |")
-    L += ["", "## Where llama.cpp differs from the simple formulas", ""] + differences(rows) + [""]
+            L.append(f"| {m} | {what} | - | - | - | {gib(total)} |")
+    L += ["", "## Where llama.cpp differs from the simple formulas", ""] + differences(recs) + [""]
     return "\n".join(L)
 
 
-def differences(rows: list[dict]) -> list[str]:
-    def row(m: str, n: int = 1048576, t: str = "f16") -> dict:
-        return next(x for x in rows if x["label"] == m and x["n_ctx"] == n and x["type_k"] == t)
+def differences(recs: list) -> list[str]:
+    def row(m: str, n: int = 1048576, t: str = "f16") -> Any:
+        return find(recs, m, n, t).prediction.formula
 
     out = []
     q = row("Qwen2.5-72B")
     out.append(f"- **Tokens, not GB.** The articles multiply by 1,000,000 tokens and print GiB as \"GB\"; llama.cpp's "
                f"1M context is 1,048,576 cells (a multiple of 256, so no padding here). For the 72B GQA shape that is "
-               f"{gib(327680 * 1_000_000)} GiB (the articles' ~305 GB) against llama.cpp's {gib(q['total_bytes'])} "
+               f"{gib(327680 * 1_000_000)} GiB (the articles' ~305 GB) against llama.cpp's {gib(q.total_bytes)} "
                "GiB: the same bytes per token, 4.9 % more tokens. Padding matters below 1M: a context that is not a "
                "multiple of 256 is rounded up, per sequence.")
     d = row("DeepSeek-V3")
     out.append(f"- **MLA and the MTP layer.** DeepSeek-V3 caches one 576-wide K row per layer and no V (llama.cpp "
                f"refuses K and V types that differ). The GGUF has 62 blocks, but the NextN/MTP block gets no cache in "
                f"the main context (`il < n_layer()`, llama-model.cpp create_memory), so 61 layers: "
-               f"{gib(d['total_bytes'])} GiB, exactly the per-token formula at 1,048,576 tokens. With q4_0 the row "
-               f"of 576 is 18 blocks of 32: {gib(row('DeepSeek-V3', t='q4_0')['total_bytes'])} GiB.")
+               f"{gib(d.total_bytes)} GiB, exactly the per-token formula at 1,048,576 tokens. With q4_0 the row "
+               f"of 576 is 18 blocks of 32: {gib(row('DeepSeek-V3', t='q4_0').total_bytes)} GiB.")
     s = row("Qwen3.5-397B-A17B")
     s128 = row("Qwen3.5-397B-A17B", 131072, "q4_0")
     k = by_kind(s)
@@ -264,7 +288,7 @@ def differences(rows: list[dict]) -> list[str]:
                f"and a 128 x 8,192 state per layer), constant in context. The articles leave it out. It is multiplied "
                f"by the sequences (`-np`) and by `1 + n_rs_seq` when rollback snapshots are on (`--n-rs-seq`, set by "
                f"llama-server's MTP/EAGLE3/DFlash drafting); at 128K with q4_0 it is "
-               f"{100 * s128['recurrent_bytes'] / s128['total_bytes']:.1f} % of the total.")
+               f"{100 * s128.recurrent_bytes / s128.total_bytes:.1f} % of the total.")
     v = row("DeepSeek-V4-Flash")
     kv4 = by_kind(v)
     out.append(f"- **DeepSeek-V4: window, compressed and indexer caches, and f32 compressor state.** llama.cpp "
@@ -273,9 +297,9 @@ def differences(rows: list[dict]) -> list[str]:
                f"tokens on the 21 ratio-4 layers ({gib(kv4.get('dsv4_csa'))} GiB), an HCA cache of one row per 128 "
                f"tokens on the 20 ratio-128 layers ({gib(kv4.get('dsv4_hca'))} GiB), a lightning-indexer K cache of "
                f"128 per row at 1/4 on the CSA layers ({gib(kv4.get('dsv4_indexer'))} GiB), and f32 compressor "
-               f"states ({kv4.get('dsv4_state', 0):,} bytes). Total {gib(v['total_bytes'])} GiB at 1M with f16 "
-               f"({gib(row('DeepSeek-V4-Flash', t='q4_0')['total_bytes'])} GiB with q4_0). The indexer alone is "
-               f"{100 * kv4.get('dsv4_indexer', 0) / v['total_bytes']:.0f} % of it; a formula that counts only the "
+               f"states ({kv4.get('dsv4_state', 0):,} bytes). Total {gib(v.total_bytes)} GiB at 1M with f16 "
+               f"({gib(row('DeepSeek-V4-Flash', t='q4_0').total_bytes)} GiB with q4_0). The indexer alone is "
+               f"{100 * kv4.get('dsv4_indexer', 0) / v.total_bytes:.0f} % of it; a formula that counts only the "
                "compressed KV misses it. Every cache keeps one stream per sequence even with `--kv-unified`, and the "
                "compressed cell counts are rounded up to a multiple of 256 (an 8K context still gets 256 HCA rows).")
     out.append("- **Window caches** are sized `pad(n_swa + n_ubatch, 256)` per sequence (here 128 + 512 -> 768 "

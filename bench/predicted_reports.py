@@ -124,21 +124,29 @@ MODELS = {
 }
 
 
-def engine_summary(rows: list[dict], fname: str) -> str:
-    """One paragraph of llama.cpp's own dry-run figures (weights, KV, compute buffer) from predictions.json."""
+def engine_summary(recs: list, fname: str) -> str:
+    """One paragraph of llama.cpp's own dry-run figures (weights, KV, compute buffer) from predictions.json's
+    records (kind ``predict``)."""
     def mib(x: float) -> str:
         return f"{x:,.2f}"
 
-    e0 = rows[0]["engine"]
+    e0 = recs[0].prediction.engine
     parts = []
-    for r in rows:
-        if r["type_k"] in ("f16", "q4_0"):
-            e = r["engine"]
-            parts.append(f"{r['n_ctx']} {r['type_k']}: KV {mib(e['kv_mib'])}, compute {mib(sum(e['compute_mib'].values()))}")
+    for r in recs:
+        f, e = r.prediction.formula, r.prediction.engine
+        if f.type_k in ("f16", "q4_0"):
+            parts.append(f"{f.n_ctx} {f.type_k}: KV {mib(e.kv_mib)}, compute {mib(sum(e.compute_mib.values()))}")
     return (f"\n\n**llama.cpp's own dry run on this header** (`edgekv predict {fname} ... --engine`, CPU build of the "
-            f"vendored llama.cpp, nothing read or allocated): weights {e0['weights_bytes']:,} bytes "
-            f"({mib(e0['weights_bytes'] / 2**20)} MiB, `llama_model_size`, equal to the tensor table's sum); "
+            f"vendored llama.cpp, nothing read or allocated): weights {e0.weights_bytes:,} bytes "
+            f"({mib(e0.weights_bytes / 2**20)} MiB, `llama_model_size`, equal to the tensor table's sum); "
             f"MiB as llama.cpp printed them: " + "; ".join(parts) + ". Every KV figure equals the formula's.")
+
+
+def records(text: str, where: str) -> list:
+    """``edgekv predict --json`` output as typed records (strictly decoded: a wrong shape is one error line)."""
+    from edgekv.records.results import as_record
+
+    return [as_record(x, f"{where}:{i}") for i, x in enumerate(json.loads(text), 1)]
 
 
 def edgekv(*args: str) -> str:
@@ -158,18 +166,18 @@ def main(out_root: Path = ROOT / "reports") -> int:
         rel = header.relative_to(ROOT) if header.is_relative_to(ROOT) else header
         preds = edgekv("predict", str(rel), "-c", ctxs, "-ctk", TYPES, "--engine", "--json")
         (d / "predictions.json").write_text(preds)
-        rows = json.loads(preds)
-        got = {(r["n_ctx"], r["type_k"]): llama_mib(r["kv_bytes"]) for r in rows}
+        recs = records(preds, str(d / "predictions.json"))
+        got = {(r.settings.n_ctx, r.settings.type_k): llama_mib(r.prediction.formula.kv_bytes) for r in recs}
         for key, want in published.items():
             ok = got.get(key) == want
             failures += not ok
             print(f"{name}: {key[1]:5s} @ {key[0]:6d}: predicted {got.get(key)} MiB, published {want} MiB "
                   f"{'ok' if ok else 'MISMATCH'}")
-        bad = [r for r in rows if not (r["engine"]["ok"] and r["engine"]["match"])]
+        bad = [r for r in recs if not (r.prediction.engine.ok and r.prediction.engine.match)]
         failures += len(bad)
-        print(f"{name}: llama.cpp's dry run agrees with the formula on {len(rows) - len(bad)}/{len(rows)} rows; "
-              f"weights {rows[0]['weights_bytes']:,} bytes")
-        note = note + engine_summary(rows, fname)
+        print(f"{name}: llama.cpp's dry run agrees with the formula on {len(recs) - len(bad)}/{len(recs)} records; "
+              f"weights {recs[0].model.size_bytes:,} bytes")
+        note = note + engine_summary(recs, fname)
         rel_preds = (d / "predictions.json").relative_to(ROOT) if d.is_relative_to(ROOT) else d / "predictions.json"
         edgekv("report", str(rel_preds), "-o", str(d), "--title", title, "--note", note)
         print(f"{name}: report in {d}")

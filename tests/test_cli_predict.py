@@ -6,14 +6,19 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import msgspec
 import pytest
 
 from edgekv.cli.main import main
 from edgekv.core.predict import MIB
+from edgekv.records import results as R
+from edgekv.records import schema as S
 
-REQUIRED_FIELDS = {"n_ctx", "n_ctx_padded", "type_k", "type_v", "flash_attn", "swa_full", "n_seq_max", "status",
-                   "reason", "kv_bytes", "k_bytes", "v_bytes", "recurrent_bytes", "weights_bytes", "caches"}
+FORMULA_FIELDS = {"n_ctx", "n_ctx_padded", "type_k", "type_v", "flash_attn", "swa_full", "n_seq_max", "status",
+                  "reason", "kv_bytes", "k_bytes", "v_bytes", "recurrent_bytes", "total_bytes", "caches",
+                  "saving_vs_f16"}
 
 
 def run_json(capsys, *argv):
@@ -21,57 +26,83 @@ def run_json(capsys, *argv):
     return json.loads(capsys.readouterr().out)
 
 
-def test_predict_default_model_json_contract(capsys):
-    rows = run_json(capsys, "predict", "-c", "4096,1000", "-ctk", "f16,q4_0")
-    assert len(rows) == 4
-    for r in rows:
-        assert r.keys() >= REQUIRED_FIELDS
-        assert r["status"] == "ok"
-        for c in r["caches"]:
+def records(capsys, *argv) -> list[S.Record]:
+    """`edgekv predict ... --json` decoded strictly as the schema's records (a stray or missing key fails here)."""
+    return [S.decode(x, f"predict --json [{i}]") for i, x in enumerate(run_json(capsys, *argv))]
+
+
+def test_predict_default_model_json_contract(capsys, smollm2_path):
+    raw = run_json(capsys, "predict", "-c", "4096,1000", "-ctk", "f16,q4_0")
+    assert len(raw) == 4
+    for r in raw:
+        assert r["kind"] == "predict" and r["schema_version"] == S.SCHEMA_VERSION and r["config_key"] is None
+        assert set(r["settings"]) == set(R.KEY_SETTINGS)             # every key setting, None where predict has none
+        assert r["settings"]["engine"] is None and r["settings"]["n_threads"] is None
+        assert Path(r["model"]["path"]) == smollm2_path and r["model"]["name"] == smollm2_path.stem   # the default
+        assert r["model"]["arch"] == "llama"
+        assert r["model"]["size_bytes"] > 0 and r["model"]["sha256"] is None
+        assert r["prediction"]["formula"].keys() >= FORMULA_FIELDS and "engine" not in r["prediction"]
+        assert r["status"] == r["prediction"]["formula"]["status"] == "ok"
+        for c in r["prediction"]["formula"]["caches"]:
             assert {"kind", "cells", "layers", "k_bytes", "v_bytes"} <= c.keys()
-    by = {(r["n_ctx"], r["type_k"]): r for r in rows}
+    recs = [S.decode(x, "predict --json") for x in raw]
+    assert [S.encode(x) for x in recs] == raw                      # typed and back: nothing lost, nothing added
+    by = {(r.settings.n_ctx, r.settings.type_k): r.prediction.formula for r in recs}
     # SmolLM2: 30 layers x 3 KV heads x 64 dims, K and V
-    assert by[(4096, "f16")]["kv_bytes"] == 30 * 2 * 192 * 2 * 4096
-    assert by[(4096, "q4_0")]["kv_bytes"] == 30 * 2 * (192 // 32 * 18) * 4096
-    assert by[(1000, "f16")]["n_ctx_padded"] == 1024
-    assert by[(4096, "q4_0")]["saving_vs_f16"] == pytest.approx(32 / 9, rel=1e-3)
+    assert by[(4096, "f16")].kv_bytes == 30 * 2 * 192 * 2 * 4096
+    assert by[(4096, "q4_0")].kv_bytes == 30 * 2 * (192 // 32 * 18) * 4096
+    assert by[(1000, "f16")].n_ctx_padded == 1024
+    assert by[(4096, "q4_0")].saving_vs_f16 == pytest.approx(32 / 9, rel=1e-3)
 
 
 def test_ctv_follows_ctk_pairwise_and_single_value(capsys):
-    rows = run_json(capsys, "predict", "-c", "512", "-ctk", "q8_0,q4_0", "-ctv", "f16")
-    assert [(r["type_k"], r["type_v"]) for r in rows] == [("q8_0", "f16"), ("q4_0", "f16")]
-    rows = run_json(capsys, "predict", "-c", "512", "-ctk", "q8_0,q4_0", "-ctv", "q8_0,q4_0")
-    assert [(r["type_k"], r["type_v"]) for r in rows] == [("q8_0", "q8_0"), ("q4_0", "q4_0")]
+    recs = records(capsys, "predict", "-c", "512", "-ctk", "q8_0,q4_0", "-ctv", "f16")
+    assert [(r.settings.type_k, r.settings.type_v) for r in recs] == [("q8_0", "f16"), ("q4_0", "f16")]
+    recs = records(capsys, "predict", "-c", "512", "-ctk", "q8_0,q4_0", "-ctv", "q8_0,q4_0")
+    assert [(r.prediction.formula.type_k, r.prediction.formula.type_v) for r in recs] == [("q8_0", "q8_0"),
+                                                                                          ("q4_0", "q4_0")]
 
 
 def test_invalid_combination_is_reported_not_crashed(capsys):
-    rows = run_json(capsys, "predict", "-c", "4096", "-ctk", "q4_0", "-fa", "off")
-    assert rows[0]["status"] == "invalid"
-    assert "flash_attn" in rows[0]["reason"]
-    assert rows[0]["kv_bytes"] is None
+    (r,) = records(capsys, "predict", "-c", "4096", "-ctk", "q4_0", "-fa", "off")
+    f = r.prediction.formula
+    assert f.status == "invalid" and r.status == "skipped" and r.reason == f.reason
+    assert "flash_attn" in f.reason
+    assert f.kv_bytes is None and f.saving_vs_f16 is None
+    assert r.prediction.process is None                            # never a partial sum
 
 
 def test_swa_model_shows_two_caches(capsys, gemma3_path):
-    rows = run_json(capsys, "predict", str(gemma3_path), "-c", "4096", "-ctk", "f16")
-    caches = rows[0]["caches"]
-    assert [c["kind"] for c in caches] == ["full", "swa"]
-    assert [c["layers"] for c in caches] == [3, 15]
-    assert caches[1]["cells"] == 1024      # PAD256(min(4096, 512 + 512))
-    swa_full = run_json(capsys, "predict", str(gemma3_path), "-c", "4096", "-ctk", "f16", "--swa-full")
-    assert swa_full[0]["caches"][1]["cells"] == 4096
+    caches = records(capsys, "predict", str(gemma3_path), "-c", "4096", "-ctk", "f16")[0].prediction.formula.caches
+    assert [c.kind for c in caches] == ["full", "swa"]
+    assert [c.layers for c in caches] == [3, 15]
+    assert caches[1].cells == 1024      # PAD256(min(4096, 512 + 512))
+    swa_full = records(capsys, "predict", str(gemma3_path), "-c", "4096", "-ctk", "f16", "--swa-full")
+    assert swa_full[0].prediction.formula.caches[1].cells == 4096
+    assert swa_full[0].settings.swa_full is True
 
 
 def test_engine_column_agrees(capsys, gemma3_path):
-    rows = run_json(capsys, "predict", str(gemma3_path), "-c", "1000,8192", "-ctk", "f16,q8_0", "-np", "2", "--engine")
-    for r in rows:
-        e = r["engine"]
-        assert e["ok"] and e["match"], e["diffs"]
-        assert e["compute_mib"]["CPU"] > 0
-        assert e["total_bytes"] > r["weights_bytes"] + r["kv_bytes"]
+    recs = records(capsys, "predict", str(gemma3_path), "-c", "1000,8192", "-ctk", "f16,q8_0", "-np", "2", "--engine")
+    for r in recs:
+        e = r.prediction.engine
+        assert e.ok and e.match, e.diffs
+        assert e.compute_mib["CPU"] > 0
+        assert e.total_bytes > r.model.size_bytes + r.prediction.formula.kv_bytes
+        assert e.weights_bytes == r.model.size_bytes and r.settings.n_seq_max == 2
 
 
-def test_budget_finds_largest_context(capsys, smollm2_path):
+def test_kv_only_leaves_the_process_out_and_layers_go_in(capsys, smollm2_path):
+    (r,) = records(capsys, "predict", str(smollm2_path), "-c", "512", "-ctk", "f16", "--kv-only", "--layers")
+    assert r.prediction.process is msgspec.UNSET and r.prediction.engine is msgspec.UNSET      # not asked: absent
+    assert len(r.prediction.formula.layers) == 30 and r.prediction.formula.layers[0]["k_bytes"] > 0
+
+
+def test_budget_finds_largest_context(capsys, smollm2_path, tmp_path):
     out = run_json(capsys, "predict", str(smollm2_path), "-ctk", "f16,q4_0", "--budget", "300MiB")
+    assert set(out) == {"predictions", "budget"}
+    recs = [S.decode(x, "predictions") for x in out["predictions"]]      # 3 default contexts x 2 cache types
+    assert len(recs) == 6 and {(r.kind, r.settings.type_k) for r in recs} == {("predict", "f16"), ("predict", "q4_0")}
     rows = {r["type_k"]: r for r in out["budget"]}
     f16, q4 = rows["f16"], rows["q4_0"]
     assert 0 < f16["max_n_ctx"] < q4["max_n_ctx"] <= 8192          # capped at the trained context
@@ -79,8 +110,13 @@ def test_budget_finds_largest_context(capsys, smollm2_path):
         assert r["max_n_ctx"] % 256 == 0
         assert r["total_bytes"] <= 300 * MIB
     # one step more for f16 must not fit: check with llama.cpp's own numbers through the CLI
-    nxt = run_json(capsys, "predict", str(smollm2_path), "-c", str(f16["max_n_ctx"] + 256), "-ctk", "f16", "--engine")
-    assert nxt[0]["engine"]["total_bytes"] > 300 * MIB
+    (nxt,) = records(capsys, "predict", str(smollm2_path), "-c", str(f16["max_n_ctx"] + 256), "-ctk", "f16", "--engine")
+    assert nxt.prediction.engine.total_bytes > 300 * MIB
+    # the --budget output loads in report like the plain list (the records; the budget answers no configuration)
+    p = tmp_path / "budget.json"
+    p.write_text(json.dumps(out))
+    assert main(["report", str(p), "-o", str(tmp_path / "rep"), "--no-plots"]) == 0
+    assert "f16" in (tmp_path / "rep" / "README.md").read_text()
 
 
 def test_inspect_json(capsys, gemma3_path):

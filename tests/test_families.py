@@ -165,13 +165,13 @@ def test_predict_engine_on_an_unsupported_family_shows_llama_cpp_figures(family_
 
     path = _family_path(family_dir, "dflash-own-embd")
     assert main(["predict", str(path), "-c", "4096", "-ctk", "f16", "--engine", "--json"]) == 0
-    (row,) = json.loads(capsys.readouterr().out)
-    e = row["engine"]
-    assert row["status"] == "unsupported" and row["kv_bytes"] is None
+    (rec,) = json.loads(capsys.readouterr().out)
+    row, e = rec["prediction"]["formula"], rec["prediction"]["engine"]
+    assert row["status"] == "unsupported" and row["kv_bytes"] is None and rec["status"] == "skipped"
     assert e["ok"] and e["match"] is None and e["diffs"] == [] and e["total_caches_from"] == "llama.cpp"
     assert e["kv_mib"] > 0
     extra = sum(e["compute_mib"].values()) + sum(e["output_mib"].values())
-    assert abs(e["total_bytes"] - (row["weights_bytes"] + (e["kv_mib"] + e["recurrent_mib"] + extra) * 2**20)) < 1
+    assert abs(e["total_bytes"] - (rec["model"]["size_bytes"] + (e["kv_mib"] + e["recurrent_mib"] + extra) * 2**20)) < 1
     assert main(["predict", str(path), "-c", "4096", "-ctk", "f16", "--engine"]) == 0
     table = capsys.readouterr().out
     assert "n/a" in table and "✗" not in table and "llama.cpp's own figures" in table
@@ -268,9 +268,9 @@ def test_predict_engine_shows_a_match_for_special_caches(name, family_dir, capsy
     path = _family_path(family_dir, name)
     args = ["predict", str(path), "-c", "5000,70000", "-np", "2", "--n-rs-seq", "2", "--engine"]
     assert main(args + ["--json", "--layers"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    for row in rows:
-        assert row["status"] == "ok" and row["engine"]["match"] is True, row["engine"]["diffs"]
+    for rec in json.loads(capsys.readouterr().out):
+        row, e = rec["prediction"]["formula"], rec["prediction"]["engine"]
+        assert row["status"] == "ok" and e["match"] is True, e["diffs"]
         assert [c["kind"] for c in row["caches"]] == SPECIAL_KINDS[SPECS[name]["memory"]]
         assert row["total_bytes"] == sum(c["bytes"] for c in row["caches"])
         per_layer = sum(x["k_bytes"] + x["v_bytes"] + x["r_bytes"] + x["s_bytes"] + sum(x["other"].values())
@@ -312,10 +312,10 @@ def test_a_cache_kind_edgekv_does_not_know_shows_llama_cpp_figures(family_dir, c
     monkeypatch.setitem(arch.UNSUPPORTED_CACHES, "minimax-m3", "a cache class edgekv has no rule for")
     path = _family_path(family_dir, "minimax-m3")
     assert main(["predict", str(path), "-c", "8192", "-ctk", "f16", "--engine", "--json"]) == 0
-    (row,) = json.loads(capsys.readouterr().out)
+    (rec,) = json.loads(capsys.readouterr().out)
+    row, e = rec["prediction"]["formula"], rec["prediction"]["engine"]
     assert row["status"] == "unsupported" and row["kv_bytes"] is None and row["total_bytes"] is None
     assert "minimax-m3" in row["reason"] and "no rule" in row["reason"]
-    e = row["engine"]
     assert e["ok"] and e["match"] is None and e["total_caches_from"] == "llama.cpp"
     # llama.cpp's two cache lines (main + indexer), as it printed them; the formula's bytes for the real rule
     monkeypatch.undo()
@@ -337,7 +337,8 @@ def test_an_architecture_edgekv_does_not_know_is_unsupported_not_an_error(tmp_pa
     path = tmp_path / "future.gguf"
     write_spec(path, spec)
     assert main(["predict", str(path), "-c", "4096", "-ctk", "f16", "--json"]) == 0
-    (row,) = json.loads(capsys.readouterr().out)
+    (rec,) = json.loads(capsys.readouterr().out)
+    row = rec["prediction"]["formula"]
     assert row["status"] == "unsupported" and "llama99" in row["reason"] and row["kv_bytes"] is None
     assert main(["predict", str(path), "-c", "4096", "--engine"]) == 1
     err = capsys.readouterr().err

@@ -18,22 +18,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from conftest import SMOL_FILE, SMOL_REPO
+from conftest import SMOL_FILE, SMOL_REPO, _snapshot
 
 CACHES = ("edgekv-home", "hf-cache")
-
-
-def _tree(root: Path) -> dict[str, tuple[int, int]]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for n in filenames + dirnames:
-            p = Path(dirpath) / n
-            try:
-                st = p.lstat()
-            except OSError:
-                continue
-            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
-    return out
 
 
 class Sandbox:
@@ -60,12 +47,12 @@ class Sandbox:
         return env
 
     def run(self, *args: str, timeout: float = 90, **extra: str) -> tuple[int, str, str, float]:
-        before = _tree(self.root)
+        before = _snapshot(self.root)
         t0 = time.monotonic()
         p = subprocess.run([sys.executable, "-m", "edgekv.cli", *args], capture_output=True, text=True,
                            env=self.env(**extra), timeout=timeout, cwd=self.root)
         wall = time.monotonic() - t0
-        after = _tree(self.root)
+        after = _snapshot(self.root)
         changed = [k for k, v in after.items() if before.get(k) != v]
         outside = [k for k in changed if k.split(os.sep, 1)[0] not in CACHES]
         assert not outside, f"edgekv wrote outside its caches: {outside}"
@@ -250,7 +237,7 @@ def test_content_range_with_unknown_total_is_handled(box, smollm2_path):
                               "--json")
     assert rc == 0, err
     rc2, out2, err2, _ = box.run("predict", str(smollm2_path), "-c", "512", "-ctk", "f16", "--json")
-    got, want = json.loads(out)[0], json.loads(out2)[0]
+    got, want = json.loads(out)[0]["prediction"]["formula"], json.loads(out2)[0]["prediction"]["formula"]
     assert got["total_bytes"] == want["total_bytes"] and got["status"] == want["status"] == "ok"
 
 

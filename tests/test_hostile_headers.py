@@ -61,14 +61,15 @@ def test_the_unedited_model_is_valid_for_both(tmp_path, capsys):
     rc, out, err = run(capsys, "predict", str(p), "-c", "512", "-ctk", "f16", "--engine", "--json")
     assert rc == 0, err
     row = json.loads(out)[0]
-    assert row["status"] == "ok" and row["engine"]["ok"] and row["engine"]["match"] and row["kv_bytes"] == 1 << 20
+    e, f = row["prediction"]["engine"], row["prediction"]["formula"]
+    assert row["status"] == "ok" and e["ok"] and e["match"] and f["kv_bytes"] == 1 << 20
 
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_a_shape_llama_cpp_refuses_is_invalid_never_a_number(tmp_path, capsys, case):
     p = variant(tmp_path / "bad.gguf", BAD[case])
     rc, out, err = run(capsys, "predict", str(p), "-c", "512,4096", "-ctk", "f16,q8_0", "--json")
-    rows = json.loads(out)
+    rows = [r["prediction"]["formula"] for r in json.loads(out)]
     assert rc == 1 and len(rows) == 4
     assert all(r["status"] == "invalid" and r["total_bytes"] is None and r["kv_bytes"] is None for r in rows)
     assert all(r["reason"].startswith("llama.cpp refuses to load this model") for r in rows)

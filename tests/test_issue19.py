@@ -73,13 +73,13 @@ def test_predict_default_contexts_are_the_models_and_within_its_trained_context(
 
     assert main(["predict", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    ctxs = sorted({r["n_ctx"] for r in rows})
+    ctxs = sorted({r["settings"]["n_ctx"] for r in rows})
     full = P.model_contexts(load_model(None).shape.n_ctx_train, registry_sweep_defaults(None).contexts)
     assert ctxs == sorted(full) == [2048, 4096, 8192]
     assert max(ctxs) <= load_model(None).shape.n_ctx_train
     # a plain path (no models.toml entry): 4K/16K/32K within the trained context (8K): the trained context rule
     assert main(["predict", str(smollm2_path), "--json"]) == 0
-    assert sorted({r["n_ctx"] for r in json.loads(capsys.readouterr().out)}) == [2048, 4096, 8192]
+    assert sorted({r["settings"]["n_ctx"] for r in json.loads(capsys.readouterr().out)}) == [2048, 4096, 8192]
     assert P.quick_contexts(8192) == [1024, 2048] and P.quick_contexts(1024) == [512, 1024]
     assert P.model_contexts(131072) == [4096, 16384, 32768]
 

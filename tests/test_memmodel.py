@@ -162,9 +162,9 @@ def test_failed_calibration_marks_the_prediction(tmp_path, monkeypatch, capsys, 
     monkeypatch.setenv("EDGEKV_HOME", str(tmp_path))
     monkeypatch.setattr(calibrate, "measure_python", lambda: (None, [], "calibration failed: child died with SIGKILL"))
     assert main(["predict", str(smollm2_path), "-c", "2048", "--json"]) == 0
-    row = json.loads(capsys.readouterr().out)[0]
-    assert row["process"]["peak_rss_bytes"] is None
-    assert any("calibration failed" in n for n in row["process"]["notes"])
+    proc = json.loads(capsys.readouterr().out)[0]["prediction"]["process"]
+    assert proc["peak_rss_bytes"] is None
+    assert any("calibration failed" in n for n in proc["notes"])
     assert not (tmp_path / "calibration" / "python-baseline.json").exists()      # a failure is never cached
     assert main(["predict", str(smollm2_path), "-c", "2048"]) == 0
     assert "calibration failed" in capsys.readouterr().out
@@ -178,8 +178,9 @@ def run_json(capsys, *argv):
 
 
 def test_predict_rows_carry_the_process(capsys, gemma3_path):
-    gen = run_json(capsys, "predict", str(gemma3_path), "-c", "4096", "-ctk", "f16")[0]["process"]
-    ppl = run_json(capsys, "predict", str(gemma3_path), "-c", "4096", "-ctk", "f16", "--workload", "perplexity")[0]["process"]
+    gen = run_json(capsys, "predict", str(gemma3_path), "-c", "4096", "-ctk", "f16")[0]["prediction"]["process"]
+    ppl = run_json(capsys, "predict", str(gemma3_path), "-c", "4096", "-ctk", "f16",
+                   "--workload", "perplexity")[0]["prediction"]["process"]
     assert gen["workload"] == "generate" and ppl["workload"] == "perplexity"
     assert set(gen) >= {"peak_rss_bytes", "device_bytes", "workload", "parts"}
     for p in gen["parts"]:
@@ -203,7 +204,7 @@ def test_budget_answers_from_the_process(capsys, smollm2_path):
     assert q4["max_n_ctx"] < 8192 or "trained context (8192)" in q4["note"]
     # one step more does not fit, by the same prediction through predict itself
     nxt = run_json(capsys, "predict", str(smollm2_path), "-c", str(f16["max_n_ctx"] + 256), "-ctk", "f16")
-    assert nxt[0]["process"]["peak_rss_bytes"] > 300 * MIB
+    assert nxt[0]["prediction"]["process"]["peak_rss_bytes"] > 300 * MIB
 
 
 def test_budget_below_the_runtime(capsys, smollm2_path):

@@ -106,7 +106,7 @@ def test_published_figures_cli(name, headers):
         [sys.executable, "-m", "edgekv.cli", "predict", str(headers[name]), "-c", ",".join(map(str, ctxs)),
          "-ctk", ",".join(types), "--json"],
         capture_output=True, text=True, check=True, timeout=120)
-    rows = json.loads(out.stdout)
-    got = {(r["n_ctx"], r["type_k"]): llama_mib(r["kv_bytes"]) for r in rows}
+    formulas = [r["prediction"]["formula"] for r in json.loads(out.stdout)]      # kind-predict records
+    got = {(f["n_ctx"], f["type_k"]): llama_mib(f["kv_bytes"]) for f in formulas}
     for key, want in figures.items():
         assert got[key] == want, key

@@ -60,12 +60,12 @@ def test_predict_engine_works_on_every_committed_header(header):
     r = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(header), "-c", "4096,32768", "-ctk",
                         "f16,q4_0", "--engine", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = json.loads(r.stdout)
-    assert len(rows) == 4
-    for row in rows:
-        e = row["engine"]
+    recs = json.loads(r.stdout)
+    assert len(recs) == 4
+    for rec in recs:
+        e = rec["prediction"]["engine"]
         assert e["ok"] and e["match"] is True, e
-        assert e["weights_bytes"] == row["weights_bytes"] > 0
+        assert e["weights_bytes"] == rec["model"]["size_bytes"] > 0
         assert sum(e["compute_mib"].values()) > 0
 
 
@@ -113,16 +113,18 @@ def test_long_context_report_is_consistent_and_agrees_with_llama_cpp():
     from edgekv.orchestration.api import load_model
 
     mod = _load("long_context_report")
-    rows = json.loads((LONG / "predictions.json").read_text())
-    assert len(rows) == len(mod.MODELS) * len(mod.CONTEXTS) * len(mod.TYPES)
-    assert all(r["status"] == "ok" and r["engine"]["ok"] and r["engine"]["match"] is True for r in rows)
-    assert (LONG / "README.md").read_text() == mod.readme(rows), "rerun bench/long_context_report.py --render-only"
-    assert (LONG / "results.csv").read_text() == mod.results_csv(rows)
+    recs = mod.load(LONG / "predictions.json")           # kind-predict records, strictly decoded
+    assert len(recs) == len(mod.MODELS) * len(mod.CONTEXTS) * len(mod.TYPES)
+    assert all(r.kind == "predict" and r.status == "ok" and r.prediction.engine.ok and r.prediction.engine.match is True
+               for r in recs)
+    assert (LONG / "README.md").read_text() == mod.readme(recs), "rerun bench/long_context_report.py --render-only"
+    assert (LONG / "results.csv").read_text() == mod.results_csv(recs)
     for model, (fname, *_rest) in mod.MODELS.items():
         shape = load_model(str(LONG / fname)).shape
-        for r in (x for x in rows if x["label"] == model):
-            p = predict(shape, ContextParams(n_ctx=r["n_ctx"], type_k=r["type_k"], type_v=r["type_v"]))
-            assert p.total_bytes == r["total_bytes"] and [c.kind for c in p.caches] == [c["kind"] for c in r["caches"]]
+        for r in (x for x in recs if mod.label(x) == model):
+            f = r.prediction.formula
+            p = predict(shape, ContextParams(n_ctx=f.n_ctx, type_k=f.type_k, type_v=f.type_v))
+            assert p.total_bytes == f.total_bytes and [c.kind for c in p.caches] == [c.kind for c in f.caches]
     md = (LONG / "README.md").read_text()
     # the articles' figures, from their per-token formula at 1,000,000 tokens of f16
     for article in ("305.18", "65.45", "28.61"):
@@ -136,5 +138,6 @@ def test_long_context_headers_dry_run_at_one_million_tokens(fname):
                         "1048576", "-ctk", "q8_0", "--engine", "--json"], capture_output=True, text=True, timeout=600,
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
-    (row,) = json.loads(r.stdout)
-    assert row["engine"]["ok"] and row["engine"]["match"] is True, row["engine"]
+    (rec,) = json.loads(r.stdout)
+    e = rec["prediction"]["engine"]
+    assert e["ok"] and e["match"] is True, e

@@ -157,24 +157,21 @@ def test_results_frame_of_a_real_committed_file():
     assert both["peak_gpu_bytes_measured"].notna().sum() > 0 and df["peak_gpu_bytes_measured"].isna().all()
 
 
-def test_predict_rows_become_predict_records_that_load_and_merge(tmp_path, smollm2_path):
-    """Real `edgekv predict --json --engine` rows (llama.cpp's dry run beside the formula) as kind-predict Records."""
+def test_predict_json_prints_predict_records_that_load_and_merge(tmp_path, smollm2_path):
+    """Real `edgekv predict --json --engine` (llama.cpp's dry run beside the formula) prints kind-predict Records:
+    they decode strictly, write and read back byte for byte, and give the DataFrame the formula's bytes."""
     out = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-c", "512,4096",
                           "-ctk", "f16,q4_0", "--engine", "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    rows = json.loads(out.stdout)
-    skip = ("model", "arch", "weights_bytes", "source", "saving_vs_f16", "engine", "layers", "process")
-    recs = [S.predict_record(model_path=r["model"], arch=r["arch"], weights_bytes=r["weights_bytes"],
-                             formula={k: v for k, v in r.items() if k not in skip}, engine=r.get("engine"),
-                             process=r.get("process"), saving_vs_f16=r["saving_vs_f16"],
-                             key_settings=R.KEY_SETTINGS) for r in rows]
+    raw = json.loads(out.stdout)
+    recs = [S.decode(x, f"stdout:{i}") for i, x in enumerate(raw, 1)]
     assert all(r.prediction.process.peak_rss_bytes for r in recs)
     assert len(recs) == 4 and all(r.kind == "predict" and r.prediction.engine.match for r in recs)
-    assert [r.prediction.formula.total_bytes for r in recs] == [r["total_bytes"] for r in rows]
+    assert all(r.schema_version == S.SCHEMA_VERSION and set(S.encode(r)["settings"]) == set(R.KEY_SETTINGS) for r in recs)
     p = tmp_path / "pred.jsonl"
     R.write_all(p, [S.encode(x) for x in recs])
-    assert [S.encode(x) for x in R.load_records(p)] == [S.encode(x) for x in recs]
-    assert edgekv_frame_kv(p) == [r["total_bytes"] for r in rows]
+    assert [S.encode(x) for x in R.load_records(p)] == raw
+    assert edgekv_frame_kv(p) == [r.prediction.formula.total_bytes for r in recs]
 
 
 def edgekv_frame_kv(p):

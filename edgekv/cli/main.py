@@ -156,7 +156,7 @@ def predict(
     _notes(m)
     out = run_predict(m, req)
     if as_json:
-        _print_json({"predictions": out.rows, "budget": out.budget} if out.budget is not None else out.rows)
+        _print_json(out.to_json())
     else:
         con = _console()
         render_predict(con, m, req.base, out, engine=engine)

@@ -117,6 +117,34 @@ def _hf_cached_file(f: HfFile, revision: str | None = None) -> str | None:
     return p if isinstance(p, str) and os.path.isfile(p) else None
 
 
+def _status(e: Exception) -> int:
+    response = getattr(e, "response", None)
+    return response.status_code if response is not None else 0
+
+
+def _hub_error(e: Exception, f: HfFile, display: str) -> SourceError:
+    """One error line for huggingface-hub's HTTP errors (gated, missing repository / revision / file, any other
+    status), the same for the HEAD that checks a file and for the download."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if isinstance(e, GatedRepoError):
+        return SourceError(f"{display}: {f.repo} is gated; accept its terms on the website, then 'hf auth login' "
+                           "or set HF_TOKEN")
+    if isinstance(e, RepositoryNotFoundError):
+        return SourceError(f"{display}: repository {f.repo} not found on {hf_endpoint()} (or it is private: log in "
+                           "with 'hf auth login')")
+    if isinstance(e, RevisionNotFoundError):
+        return SourceError(f"{display}: revision '{f.revision}' not found in {f.repo}")
+    if isinstance(e, RemoteEntryNotFoundError):
+        return SourceError(f"{display}: {f.filename} not found in {f.repo} at revision {f.revision}")
+    return _http_error(_status(e), "", display)
+
+
 def _hf_head(f: HfFile, display: str, deadline: Deadline | None = None):
     dl = deadline or Deadline()
     return dl.run(display, _hf_head_now, f, display, dl)
@@ -125,34 +153,18 @@ def _hf_head(f: HfFile, display: str, deadline: Deadline | None = None):
 def _hf_head_now(f: HfFile, display: str, dl: Deadline):
     """The hub's HEAD for a file: (commit, etag, size, location, headers for the range GETs)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        RemoteEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.errors import HfHubHTTPError
     from huggingface_hub.utils import build_hf_headers
 
     ep = hf_endpoint()
     url = hf_hub_url(f.repo, f.filename, revision=f.revision, endpoint=ep)
     try:
         meta = get_hf_file_metadata(url, timeout=min(HTTP_TIMEOUT_S, max(dl.left(), 0.05)), endpoint=ep)
-    except GatedRepoError:
-        raise SourceError(f"{display}: {f.repo} is gated; accept its terms on the website, then 'hf auth login' "
-                          "or set HF_TOKEN") from None
-    except RepositoryNotFoundError:
-        raise SourceError(f"{display}: repository {f.repo} not found on {ep} (or it is private: log in with "
-                          "'hf auth login')") from None
-    except RevisionNotFoundError:
-        raise SourceError(f"{display}: revision '{f.revision}' not found in {f.repo}") from None
-    except RemoteEntryNotFoundError:
-        raise SourceError(f"{display}: {f.filename} not found in {f.repo} at revision {f.revision}") from None
     except HfHubHTTPError as e:
-        status = e.response.status_code if e.response is not None else 0
+        status = _status(e)
         if status >= 500:
             raise _ServerUnavailable(f"HTTP {status}") from None
-        raise _http_error(status, "", display) from None
+        raise _hub_error(e, f, display) from None
     if not meta.commit_hash:
         raise SourceError(f"{display}: {ep} did not send X-Repo-Commit; is HF_ENDPOINT a Hugging Face hub?")
     check_commit(meta.commit_hash, f"{display}: X-Repo-Commit from {ep}")
@@ -298,15 +310,7 @@ def _split_siblings(f: HfFile) -> list[HfFile]:
 
 def _hf_download(f: HfFile, display: str) -> str:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        OfflineModeIsEnabled,
-        RemoteEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
     if not offline() and not (_COMMIT_RE.fullmatch(f.revision) and _hf_cached_file(f)):
         try:    # the hub's X-Repo-Commit names a folder of the cache: check it before huggingface-hub uses it
@@ -320,18 +324,8 @@ def _hf_download(f: HfFile, display: str) -> str:
         why = "HF_HUB_OFFLINE is set" if offline() else f"{urlsplit(hf_endpoint()).netloc} cannot be reached"
         raise SourceError(f"{display}: {why} and {f.filename} is not in the Hugging Face cache "
                           f"({hf_cache_dir()}); connect and run 'edgekv models pull' again") from None
-    except GatedRepoError:
-        raise SourceError(f"{display}: {f.repo} is gated; accept its terms on the website, then 'hf auth login' "
-                          "or set HF_TOKEN") from None
-    except RepositoryNotFoundError:
-        raise SourceError(f"{display}: repository {f.repo} not found (or private: 'hf auth login')") from None
-    except RevisionNotFoundError:
-        raise SourceError(f"{display}: revision '{f.revision}' not found in {f.repo}") from None
-    except RemoteEntryNotFoundError:
-        raise SourceError(f"{display}: {f.filename} not found in {f.repo} at revision {f.revision}") from None
     except HfHubHTTPError as e:
-        status = e.response.status_code if e.response is not None else 0
-        raise _http_error(status, "", display) from None
+        raise _hub_error(e, f, display) from None
     except _network_errors() as e:
         raise SourceError(f"{display}: download failed ({type(e).__name__}: {e}); run it again to resume") from None
     except ValueError as e:     # huggingface-hub's own path checks (an invalid commit or file name)

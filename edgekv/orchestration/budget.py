@@ -11,18 +11,53 @@ says what is missing instead of answering from a partial sum.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Union
+
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
 
 from edgekv.core.memmodel import WORKLOAD_HELP
 from edgekv.core.predict import KV_PAD, MIB, STATUS_OK, ContextParams, largest_fitting, max_context_for_budget, predict
 from edgekv.errors import EngineError
 from edgekv.orchestration.api import LoadedModel
+from edgekv.records.schema import Process
+
+OptInt = Union[int, None, UnsetType]
+
+
+class BudgetRow(Struct, kw_only=True, forbid_unknown_fields=True):
+    """One ``--budget`` answer: the largest context for one cache pair (``predict --budget --json``'s ``budget``).
+
+    Absent fields (``UNSET``) are the ones a branch cannot give: no peak without a runtime baseline, a
+    ``lower_bound_bytes`` only when llama.cpp's dry run failed, a ``process`` only when the search found a context."""
+
+    budget_bytes: int
+    cap: int
+    workload: str
+    workload_means: str
+    type_k: str
+    type_v: str
+    max_n_ctx: Union[int, None]                 # None: no answer; 0: nothing fits
+    peak_rss_bytes: OptInt = UNSET              # predicted peak at max_n_ctx (None: not predicted)
+    device_bytes: Union[dict[str, int], UnsetType] = UNSET
+    cache_bytes: OptInt = UNSET                 # formula, at max_n_ctx
+    compute_bytes: OptInt = UNSET               # llama.cpp's dry run (host compute buffer)
+    weights_bytes: OptInt = UNSET
+    lower_bound_bytes: OptInt = UNSET           # runtime + weights + caches when there are no compute buffers
+    total_bytes: OptInt = UNSET
+    process: Union[Process, UnsetType] = UNSET  # the whole-process prediction at max_n_ctx
+    source: Union[str, UnsetType] = UNSET       # where the answer comes from
+    note: str = ""
+
+
+def _typed(rows: list[dict[str, Any]]) -> list[BudgetRow]:
+    return [msgspec.convert(r, BudgetRow, strict=True) for r in rows]
 
 
 # long: one row per cache pair from the formula, the dry run and the process model side by side
 def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str]], budget_bytes: int,
                  n_gpu_layers: int = -1, cap: int | None = None, workload: str = "generate", n_threads: int = 0,
-                 use_mmap: bool = True, baseline=None) -> list[dict[str, Any]]:
+                 use_mmap: bool = True, baseline=None) -> list[BudgetRow]:
     from edgekv.edges.engine import EngineSession
     from edgekv.orchestration.calibrate import runtime_baseline
     from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
@@ -42,12 +77,12 @@ def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str
         for tk, tv in pairs:
             rows.append({**common, "type_k": tk, "type_v": tv, "max_n_ctx": None, "peak_rss_bytes": None,
                          "note": f"no answer: {baseline.note} (the runtime baseline is unknown)"})
-        return rows
+        return _typed(rows)
     if budget_bytes < baseline.bytes:
         for tk, tv in pairs:
             rows.append({**common, "type_k": tk, "type_v": tv, "max_n_ctx": 0, "peak_rss_bytes": None,
                          "note": f"nothing fits: the runtime alone needs {baseline.bytes / MIB:.0f} MiB"})
-        return rows
+        return _typed(rows)
     try:
         session = EngineSession(m.ref.path, n_gpu_layers=n_gpu_layers, header=m.header).__enter__()
     except EngineError as e:
@@ -70,7 +105,7 @@ def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str
                          f"failed ({e})")
             row["note"] = "; ".join(notes)
             rows.append(row)
-        return rows
+        return _typed(rows)
     try:
         for tk, tv in pairs:
             params = replace(base, type_k=tk, type_v=tv)
@@ -109,4 +144,4 @@ def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str
             rows.append(row)
     finally:
         session.__exit__(None, None, None)
-    return rows
+    return _typed(rows)

@@ -1,6 +1,7 @@
-"""What ``edgekv predict`` computes, before anything is shown: one row per configuration.
+"""What ``edgekv predict`` computes, before anything is shown: one typed record (kind ``predict``,
+:func:`edgekv.records.schema.predict_record`) per configuration.
 
-Each row holds edgekv's formula (:mod:`edgekv.core.predict`), and with ``engine`` llama.cpp's own dry run
+Each record holds edgekv's formula (:mod:`edgekv.core.predict`), and with ``engine`` llama.cpp's own dry run
 beside it (:class:`edgekv.edges.engine.EngineSession`, compared line by line by
 :mod:`edgekv.orchestration.crosscheck`); :func:`run_predict` adds the whole-process prediction
 (:mod:`edgekv.orchestration.procpredict`), the ``--budget`` table (:mod:`edgekv.orchestration.budget`),
@@ -13,9 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
+from msgspec import UNSET
+
 from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, predict
 from edgekv.orchestration.api import LoadedModel, llama_python_defaults_cost
 from edgekv.orchestration.crosscheck import engine_block
+from edgekv.records.results import KEY_SETTINGS
+from edgekv.records.schema import Record, encode, predict_record
 
 
 def _dry_runs(m: LoadedModel, configs: list[ContextParams], preds: list[KVPrediction], n_gpu_layers: int):
@@ -30,34 +36,41 @@ def _dry_runs(m: LoadedModel, configs: list[ContextParams], preds: list[KVPredic
         return results, eng.model_size_bytes      # llama_model_size(): llama.cpp's own weights figure
 
 
-def predict_rows(m: LoadedModel, configs: list[ContextParams], engine: bool = False, n_gpu_layers: int = -1,
-                 with_layers: bool = False) -> list[dict[str, Any]]:
-    """One ``edgekv predict --json`` row per configuration: the formula, its saving against f16 and, with
-    ``engine``, llama.cpp's dry run beside it."""
-    # TODO(issue 17): these rows become Records of kind ``predict`` once edgekv.records.schema lands
+def _engine_blocks(m: LoadedModel, configs: list[ContextParams], preds: list[KVPrediction],
+                   n_gpu_layers: int) -> list[dict[str, Any]]:
+    """``prediction.engine`` per configuration: llama.cpp's dry run beside the formula, with its weights figure."""
+    results, engine_weights = _dry_runs(m, configs, preds, n_gpu_layers)
+    out = []
+    for p, res in zip(preds, results):
+        block = (engine_block(p, res, m.weights_bytes) if res is not None else
+                 {"ok": False, "error": "not run: llama.cpp would abort", "match": True, "diffs": []})
+        out.append({**block, "weights_bytes": engine_weights})
+    return out
+
+
+def _saving_vs_f16(shape: Any, c: ContextParams, p: KVPrediction, f16: dict[int, KVPrediction]) -> float | None:
+    """f16 cache bytes / these cache bytes at the same context (formula), None where either is not ok."""
+    if c.n_ctx not in f16:
+        f16[c.n_ctx] = predict(shape, replace(c, type_k="f16", type_v="f16"))
+    base = f16[c.n_ctx]
+    return (round(base.total_bytes / p.total_bytes, 3)
+            if p.status == STATUS_OK and base.status == STATUS_OK and p.total_bytes else None)
+
+
+def predict_records(m: LoadedModel, configs: list[ContextParams], engine: bool = False, n_gpu_layers: int = -1,
+                    with_layers: bool = False, processes: list[dict[str, Any] | None] | None = None) -> list[Record]:
+    """One ``edgekv predict --json`` record (kind ``predict``) per configuration: the formula and its saving
+    against f16; with ``engine`` llama.cpp's dry run beside it; with ``processes`` (one per configuration,
+    None where not predicted) the whole-process prediction."""
     shape = m.shape
     preds = [predict(shape, c) for c in configs]
-    f16_cache: dict[tuple, KVPrediction] = {}
-    engine_results = None
-    if engine:
-        engine_results, engine_weights = _dry_runs(m, configs, preds, n_gpu_layers)
-    rows = []
-    for i, (c, p) in enumerate(zip(configs, preds)):
-        key = (c.n_ctx,)
-        if key not in f16_cache:
-            f16_cache[key] = predict(shape, replace(c, type_k="f16", type_v="f16"))
-        base = f16_cache[key]
-        row = {"model": m.ref.path, "arch": shape.arch, **p.to_dict(with_layers=with_layers),
-               "weights_bytes": m.weights_bytes, "source": "formula"}
-        row["saving_vs_f16"] = (round(base.total_bytes / p.total_bytes, 3)
-                                if p.status == STATUS_OK and base.status == STATUS_OK and p.total_bytes else None)
-        if engine_results is not None:
-            res = engine_results[i]
-            row["engine"] = (engine_block(p, res, m.weights_bytes) if res is not None else
-                             {"ok": False, "error": "not run: llama.cpp would abort", "match": True, "diffs": []})
-            row["engine"]["weights_bytes"] = engine_weights
-        rows.append(row)
-    return rows
+    engines = _engine_blocks(m, configs, preds, n_gpu_layers) if engine else None
+    f16: dict[int, KVPrediction] = {}
+    return [predict_record(model_path=m.ref.path, arch=shape.arch, weights_bytes=m.weights_bytes,
+                           formula=p.to_dict(with_layers=with_layers), saving_vs_f16=_saving_vs_f16(shape, c, p, f16),
+                           engine=engines[i] if engines is not None else UNSET,
+                           process=processes[i] if processes is not None else UNSET, key_settings=KEY_SETTINGS)
+            for i, (c, p) in enumerate(zip(configs, preds))]
 
 
 @dataclass
@@ -69,7 +82,7 @@ class PredictRequest:
     pairs: list[tuple[str, str]]
     engine: bool = False
     n_gpu_layers: int = -1
-    layers: bool = False            # the per-layer table (terminal) or per-row layers (with_layers_json)
+    layers: bool = False            # the per-layer table (terminal) or per-record layers (with_layers_json)
     with_layers_json: bool = False
     process: Any = None             # procpredict.ProcessSettings (workload, threads, mmap, GPU layers)
     kv_only: bool = False           # caches only: no whole-process prediction
@@ -78,46 +91,55 @@ class PredictRequest:
 
 @dataclass
 class PredictOutcome:
-    """What ``edgekv predict`` shows: rows, notes and the optional tables, computed before rendering."""
+    """What ``edgekv predict`` shows: typed records, notes and the optional tables, computed before rendering."""
 
-    rows: list[dict[str, Any]]
+    records: list[Record]
     process_notes: list[str] = field(default_factory=list)
-    budget: list[dict[str, Any]] | None = None
+    budget: list[Any] | None = None          # budget.BudgetRow per cache pair (--budget)
     # (n_ctx, bytes with llama.cpp's command-line defaults, bytes with llama-cpp-python's Llama() defaults)
     defaults_cost: tuple[int, int, int] | None = None
     layer_params: ContextParams | None = None
     layer_prediction: KVPrediction | None = None
 
+    def to_json(self) -> Any:
+        """What ``--json`` prints: the list of records; with ``--budget`` ``{"predictions": [records],
+        "budget": [rows]}`` (a budget row answers a question about a cache pair, not one configuration, so it
+        stays beside the records, never inside one)."""
+        recs = [encode(r) for r in self.records]
+        if self.budget is None:
+            return recs
+        return {"predictions": recs, "budget": [msgspec.to_builtins(b) for b in self.budget]}
 
-def _defaults_cost(m: LoadedModel, base: ContextParams, rows: list[dict[str, Any]]) -> tuple[int, int, int] | None:
-    ok_rows = [r for r in rows if r["status"] == STATUS_OK]
-    if not ok_rows:
+
+def _defaults_cost(m: LoadedModel, base: ContextParams, recs: list[Record]) -> tuple[int, int, int] | None:
+    ok = [r.prediction.formula for r in recs if r.prediction.formula.status == STATUS_OK]
+    if not ok:
         return None
-    last = max(ok_rows, key=lambda r: r["n_ctx_padded"])
-    cost = llama_python_defaults_cost(m.shape, replace(base, n_ctx=last["n_ctx"], type_k="f16", type_v="f16"))
-    return (last["n_ctx"], cost[0], cost[1]) if cost else None
+    last = max(ok, key=lambda f: f.n_ctx_padded)
+    cost = llama_python_defaults_cost(m.shape, replace(base, n_ctx=last.n_ctx, type_k="f16", type_v="f16"))
+    return (last.n_ctx, cost[0], cost[1]) if cost else None
 
 
 def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
-    """Compute everything ``edgekv predict`` prints: formula rows (and llama.cpp's dry run), the
+    """Compute everything ``edgekv predict`` prints: formula records (and llama.cpp's dry run), the
     whole-process prediction, the budget table, and the notes the view adds under the table."""
-    rows = predict_rows(m, req.configs, engine=req.engine, n_gpu_layers=req.n_gpu_layers,
-                        with_layers=req.with_layers_json)
-    out = PredictOutcome(rows)
+    processes, notes = None, []
     if not req.kv_only:
-        from edgekv.orchestration.procpredict import attach_process_rows
+        from edgekv.orchestration.procpredict import process_blocks
 
-        out.process_notes = attach_process_rows(m, req.configs, rows, req.process)
+        processes, notes = process_blocks(m, req.configs, req.process)
+    out = PredictOutcome(predict_records(m, req.configs, engine=req.engine, n_gpu_layers=req.n_gpu_layers,
+                                         with_layers=req.with_layers_json, processes=processes), notes)
     if req.budget_bytes is not None:
         from edgekv.orchestration.budget import budget_table
 
         p = req.process
         out.budget = budget_table(m, req.base, req.pairs, req.budget_bytes, n_gpu_layers=req.n_gpu_layers,
                                   workload=p.workload, n_threads=p.n_threads, use_mmap=p.use_mmap)
-    out.defaults_cost = _defaults_cost(m, req.base, rows)
+    out.defaults_cost = _defaults_cost(m, req.base, out.records)
     if req.layers:
-        first = next((r for r in rows if r["status"] == STATUS_OK), None)
+        first = next((r.prediction.formula for r in out.records if r.prediction.formula.status == STATUS_OK), None)
         if first:
-            out.layer_params = replace(req.base, n_ctx=first["n_ctx"], type_k=first["type_k"], type_v=first["type_v"])
+            out.layer_params = replace(req.base, n_ctx=first.n_ctx, type_k=first.type_k, type_v=first.type_v)
             out.layer_prediction = predict(m.shape, out.layer_params)
     return out

@@ -194,12 +194,13 @@ def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings
             session.__exit__(None, None, None)
 
 
-def attach_process_rows(m, configs: list[ContextParams], rows: list[dict[str, Any]], settings: ProcessSettings,
-                        baseline=None) -> list[str]:
-    """Add ``process`` (the whole-process prediction) to each ``edgekv predict`` row; return notes to print.
+def process_blocks(m, configs: list[ContextParams], settings: ProcessSettings,
+                   baseline=None) -> tuple[list[dict[str, Any] | None], list[str]]:
+    """``prediction.process`` (the whole-process prediction) of each ``edgekv predict`` configuration, and the
+    notes to print.
 
-    A row whose cache is invalid/unsupported gets ``process: None``; when llama.cpp's dry run cannot run,
-    every row gets ``process: None`` and the reason is returned (never a partial sum)."""
+    A configuration whose cache is invalid/unsupported gets None; when llama.cpp's dry run cannot run, every
+    configuration gets None and the reason is a note (never a partial sum)."""
     from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
     from edgekv.orchestration.calibrate import runtime_baseline
@@ -213,14 +214,10 @@ def attach_process_rows(m, configs: list[ContextParams], rows: list[dict[str, An
         with EngineSession(m.ref.path, n_gpu_layers=settings.n_gpu_layers, header=m.header) as eng:
             procs = predict_processes(m, configs, settings, baseline, eng)
     except EngineError as e:
-        for r in rows:
-            r["process"] = None
         notes.append(f"whole-process memory not predicted: {e}")
-        return notes
-    for r, p in zip(rows, procs):
-        r["process"] = p.to_dict() if p is not None else None
+        return [None] * len(configs), notes
     if baseline.bytes is None:
         notes.append(f"peak RSS not predicted: {baseline.note}")
     if not m.header.tensors:
         notes.append("metadata-only header (no tensor table): the weights are unknown and counted as 0 MiB")
-    return notes
+    return [p.to_dict() if p is not None else None for p in procs], notes

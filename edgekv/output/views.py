@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from msgspec import UNSET
+
 from edgekv.core.predict import MIB, STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, llama_mib
 from edgekv.core.shape import MEMORY_DSV4, MEMORY_HYBRID, MEMORY_HYBRID_IDX, MEMORY_HYBRID_ISWA, MEMORY_RECURRENT, ModelShape
 from edgekv.orchestration.api import LoadedModel
+from edgekv.orchestration.budget import BudgetRow
 from edgekv.orchestration.predictrows import PredictOutcome
+from edgekv.records.schema import Process, Record
 
 MEMORY_DESCRIPTION = {
     "kv": "one KV cache",
@@ -190,48 +194,59 @@ def _predict_table(con, title: str, has_rec: bool, engine: bool, proc_cols: list
     return t, show_reserved
 
 
-def _predict_cells(r: dict[str, Any], shape: ModelShape, has_rec: bool, engine: bool,
+def _v(x: Any) -> Any:
+    """A field the record does not hold (msgspec's UNSET) as None: shown as a dash, never filled in."""
+    return None if x is UNSET else x
+
+
+def _kv_label(type_k: str, type_v: str) -> str:
+    return type_k if type_k == type_v else f"{type_k}/{type_v}"
+
+
+def _predict_cells(rec: Record, shape: ModelShape, has_rec: bool, engine: bool,
                    show_reserved: bool) -> tuple[list[str], str, bool]:
-    """(cells, note, beyond the trained context) of one predict row, process columns left out."""
-    kv = r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
-    n = str(r["n_ctx"]) if r["n_ctx_padded"] == r["n_ctx"] else f"{r['n_ctx']}→{r['n_ctx_padded']}"
+    """(cells, note, beyond the trained context) of one predict record, process columns left out."""
+    f = rec.prediction.formula
+    n = str(f.n_ctx) if f.n_ctx_padded == f.n_ctx else f"{f.n_ctx}→{f.n_ctx_padded}"
     note, beyond = "", False
-    if r["status"] != STATUS_OK:
-        note = f"[yellow]{r['status']}: {r['reason']}[/]"
-    elif r["n_ctx_seq"] > shape.n_ctx_train and shape.n_ctx_train:
+    if f.status != STATUS_OK:
+        note = f"[yellow]{f.status}: {f.reason}[/]"
+    elif f.n_ctx_seq > shape.n_ctx_train and shape.n_ctx_train:
         note, beyond = "beyond trained context", True
-    cells = [n, kv]
-    if r["status"] == STATUS_OK:
-        cells.append(llama_mib(r["kv_bytes"]))
+    cells = [n, _kv_label(f.type_k, f.type_v)]
+    if f.status == STATUS_OK:
+        cells.append(llama_mib(f.kv_bytes))
         if has_rec:
-            cells.append(llama_mib(r["recurrent_bytes"] + (r.get("state_bytes") or 0)))
-        cells.append(f"{r['saving_vs_f16']:.2f}×" if r["saving_vs_f16"] else "-")
+            cells.append(llama_mib(f.recurrent_bytes + (_v(f.state_bytes) or 0)))
+        saving = _v(f.saving_vs_f16)
+        cells.append(f"{saving:.2f}×" if saving else "-")
     else:
         cells += ["-"] * (3 if has_rec else 2)
     if engine:
-        e = r["engine"]
-        if e["ok"]:
-            cells += [f"{e['kv_mib']:.2f}", _same_cell(e["match"]), f"{sum(e['compute_mib'].values()):.2f}"]
-            cells += [fmt_mib(e["total_bytes"])] if show_reserved else []
-            if e["match"] is False:
-                note = (note + " " if note else "") + "[red]" + "; ".join(e["diffs"][:2]) + "[/]"
+        e = rec.prediction.engine
+        if e.ok:
+            cells += [f"{e.kv_mib:.2f}", _same_cell(e.match), f"{sum(e.compute_mib.values()):.2f}"]
+            cells += [fmt_mib(_v(e.total_bytes))] if show_reserved else []
+            if e.match is False:
+                note = (note + " " if note else "") + "[red]" + "; ".join(e.diffs[:2]) + "[/]"
         else:
-            cells += ["-", _same_cell(e["match"]), "-"] + (["-"] if show_reserved else [])
-            if r["status"] == STATUS_OK:
-                note = f"[red]llama.cpp: {e['error']}[/]"
+            cells += ["-", _same_cell(e.match), "-"] + (["-"] if show_reserved else [])
+            if f.status == STATUS_OK:
+                note = f"[red]llama.cpp: {e.error}[/]"
     return cells, note, beyond
 
 
 def render_predict(con, m: LoadedModel, base: ContextParams, out: PredictOutcome, engine: bool) -> None:
-    """The predict table and its footnotes, from rows :func:`edgekv.orchestration.predictrows.run_predict` computed."""
-    shape, rows = m.shape, out.rows
+    """The predict table and its footnotes, from the records :func:`edgekv.orchestration.predictrows.run_predict`
+    computed."""
+    shape, recs = m.shape, out.records
     has_rec = _has_state(shape)
-    proc_cols = process_columns(rows)
+    proc_cols = process_columns(recs)
     t, show_reserved = _predict_table(con, f"{shape.name or m.ref.name} ({shape.arch}): cache memory predicted from "
                                       "the GGUF header", has_rec, engine, proc_cols)
     warn_ctx = False
     table_rows = []
-    for r in rows:
+    for r in recs:
         cells, note, beyond = _predict_cells(r, shape, has_rec, engine, show_reserved)
         warn_ctx |= beyond
         table_rows.append((cells + process_cells(r, proc_cols), note))
@@ -241,7 +256,7 @@ def render_predict(con, m: LoadedModel, base: ContextParams, out: PredictOutcome
     for cells, note in table_rows:
         t.add_row(*cells, *([note] if has_notes else []))
     con.print(t)
-    process_legend(con, rows)
+    process_legend(con, recs)
     _predict_footnotes(con, m, base, out, engine, warn_ctx)
     if out.layer_prediction is not None and out.layer_params is not None:
         render_layers(con, out.layer_prediction, out.layer_params)
@@ -249,7 +264,7 @@ def render_predict(con, m: LoadedModel, base: ContextParams, out: PredictOutcome
 
 def _predict_footnotes(con, m: LoadedModel, base: ContextParams, out: PredictOutcome, engine: bool,
                        warn_ctx: bool) -> None:
-    rows, shape = out.rows, m.shape
+    formulas, shape = [r.prediction.formula for r in out.records], m.shape
     fa_note = {"auto": "-fa auto", "on": "-fa on", "off": "-fa off"}[base.flash_attn]
     con.print(f"Settings: {fa_note}, --swa-full {'on' if base.swa_full else 'off'}, -np {base.n_seq_max}"
               f"{', --kv-unified' if base.kv_unified else ''}, -ub {base.n_ubatch}, -b {base.n_batch} "
@@ -259,9 +274,9 @@ def _predict_footnotes(con, m: LoadedModel, base: ContextParams, out: PredictOut
     if engine:
         con.print("llama.cpp columns come from its own dry run (no weights read, nothing allocated); "
                   "✓ means every figure in its cache lines equals the formula's.")
-        if any(r["status"] == STATUS_UNSUPPORTED for r in rows):
+        if any(f.status == STATUS_UNSUPPORTED for f in formulas):
             con.print("n/a: edgekv does not model this cache; the KV and total columns are llama.cpp's own figures.")
-        if any(len(r.get("caches") or []) > 1 for r in rows):
+        if any(len(f.caches) > 1 for f in formulas):
             con.print("This model has several cache objects: llama.cpp prints one size line per cache, each rounded "
                       "to 0.01 MiB, so its column (their sum) can differ by 0.01 from the formula's exact total.")
     if out.defaults_cost:
@@ -271,44 +286,49 @@ def _predict_footnotes(con, m: LoadedModel, base: ContextParams, out: PredictOut
     if warn_ctx:
         con.print(f"Note: the model was trained for {shape.n_ctx_train} tokens; llama.cpp allocates larger "
                   "contexts anyway and warns.")
-    for note in sorted({n for r in rows for n in r.get("notes", [])}):
+    for note in sorted({n for f in formulas for n in (_v(f.notes) or [])}):
         con.print(f"Note: {note}")
 
 
-def process_columns(rows: list[dict[str, Any]]) -> list[str]:
+def _process(rec: Record) -> Process | None:
+    """The record's whole-process prediction; None where it was not asked (--kv-only) or not predicted."""
+    return _v(rec.prediction.process)
+
+
+def process_columns(recs: list[Record]) -> list[str]:
     """Column titles for the whole-process prediction (peak RSS, and memory per device when offloaded)."""
-    procs = [r.get("process") for r in rows if r.get("process")]
-    if not any("process" in r for r in rows):
+    if all(r.prediction.process is UNSET for r in recs):       # --kv-only: not asked
         return []
-    wl = procs[0]["workload"] if procs else "generate"
+    procs = [p for p in map(_process, recs) if p is not None]
+    wl = _v(procs[0].workload) or "generate" if procs else "generate"
     cols = [f"peak RSS MiB\n(predicted,\n{wl})"]
-    devs = sorted({d for p in procs for d in (p.get("device_bytes") or {})})
+    devs = sorted({d for p in procs for d in (_v(p.device_bytes) or {})})
     cols += [f"{d} MiB\n(predicted)" for d in devs]
     return cols
 
 
-def process_cells(r: dict[str, Any], cols: list[str]) -> list[str]:
+def process_cells(rec: Record, cols: list[str]) -> list[str]:
     if not cols:
         return []
-    p = r.get("process")
-    if not p:
+    p = _process(rec)
+    if p is None:
         return ["-"] * len(cols)
-    out = [fmt_mib(p["peak_rss_bytes"]) if p.get("peak_rss_bytes") is not None else "no baseline"]
+    out = [fmt_mib(p.peak_rss_bytes) if p.peak_rss_bytes is not None else "no baseline"]
+    devices = _v(p.device_bytes) or {}
     for c in cols[1:]:
-        dev = c.split(" MiB")[0]
-        b = (p.get("device_bytes") or {}).get(dev)
+        b = devices.get(c.split(" MiB")[0])
         out.append(fmt_mib(b) if b is not None else "-")
     return out
 
 
-def process_legend(con, rows: list[dict[str, Any]]) -> None:
-    procs = [r["process"] for r in rows if r.get("process")]
+def process_legend(con, recs: list[Record]) -> None:
+    procs = [p for p in map(_process, recs) if p is not None]
     if not procs:
         return
-    p = max(procs, key=lambda q: q.get("peak_rss_bytes") or 0)
-    parts = ", ".join(f"{q['name']} {fmt_mib(q['bytes'])}" + ("" if q.get("where", "host") == "host" else f" on {q['where']}")
-                      for q in p["parts"])
-    con.print(f"Peak RSS (predicted) = the whole process at its peak for the '{p['workload']}' workload: {parts} "
+    p = max(procs, key=lambda q: q.peak_rss_bytes or 0)
+    parts = ", ".join(f"{q.name} {fmt_mib(q.bytes)}" + ("" if q.where == "host" else f" on {q.where}")
+                      for q in (_v(p.parts) or []))
+    con.print(f"Peak RSS (predicted) = the whole process at its peak for the '{p.workload}' workload: {parts} "
               "(largest row; `--json` lists every part with its source).")
 
 
@@ -329,26 +349,25 @@ def render_layers(con, p: KVPrediction, params: ContextParams) -> None:
     con.print(t)
 
 
-def render_budget(con, m: LoadedModel, budget_bytes: int, rows: list[dict[str, Any]]) -> None:
+def render_budget(con, m: LoadedModel, budget_bytes: int, rows: list[BudgetRow]) -> None:
     from rich.table import Table
 
-    wl = rows[0].get("workload", "generate") if rows else "generate"
+    wl = rows[0].workload if rows else "generate"
     t = Table(title=f"Largest context whose predicted peak RSS fits {fmt_mib(budget_bytes)} MiB "
                     f"(workload: {wl})", title_justify="left")
     for col in ("K/V", "max n_ctx", "KV MiB", "weights MiB", "compute MiB", "peak RSS MiB", "note"):
         t.add_column(col, justify="left" if col in ("K/V", "note") else "right")
     for r in rows:
-        kv = r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
-        if r.get("max_n_ctx"):
-            peak = (fmt_mib(r["peak_rss_bytes"]) if r.get("peak_rss_bytes") is not None else
-                    f"≥ {fmt_mib(r['lower_bound_bytes'])}" if r.get("lower_bound_bytes") is not None else "-")
-            t.add_row(kv, str(r["max_n_ctx"]), fmt_mib(r["cache_bytes"]), fmt_mib(r.get("weights_bytes")),
-                      "-" if r.get("compute_bytes") is None else fmt_mib(r["compute_bytes"]), peak, r.get("note") or "")
+        kv = _kv_label(r.type_k, r.type_v)
+        if r.max_n_ctx:
+            peak, low = _v(r.peak_rss_bytes), _v(r.lower_bound_bytes)
+            peak_cell = fmt_mib(peak) if peak is not None else f"≥ {fmt_mib(low)}" if low is not None else "-"
+            compute = _v(r.compute_bytes)
+            t.add_row(kv, str(r.max_n_ctx), fmt_mib(_v(r.cache_bytes)), fmt_mib(_v(r.weights_bytes)),
+                      "-" if compute is None else fmt_mib(compute), peak_cell, r.note)
         else:
-            t.add_row(kv, "does not fit" if r.get("max_n_ctx") == 0 else "no answer", "-", "-", "-", "-",
-                      r.get("note") or "")
+            t.add_row(kv, "does not fit" if r.max_n_ctx == 0 else "no answer", "-", "-", "-", "-", r.note)
     con.print(t)
     if rows:
-        con.print(f"Workload '{wl}': {rows[0].get('workload_means', '')}. Peak RSS = runtime baseline + llama.cpp's "
+        con.print(f"Workload '{wl}': {rows[0].workload_means}. Peak RSS = runtime baseline + llama.cpp's "
                   "host structures + weights + caches + the workload's compute buffer + work and output buffers.")
-

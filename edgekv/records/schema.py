@@ -27,8 +27,8 @@ per-phase peaks keyed by phase name, per-device byte counts, and the per-layer b
 ``predict --layers`` (``prediction.formula.layers``, one dict per layer as :mod:`edgekv.core.predict` has it).
 
 Kinds: ``bench`` records must carry every identifying block (checked in :func:`decode`); ``predict``
-rows (:func:`predict_record`), ``quality`` records (``edgekv quality --json``) and imported llama-bench
-rows leave out what they do not have (``UNSET``: absent in the JSON, never invented).
+records (``edgekv predict --json``, built by :func:`predict_record`), ``quality`` records (``edgekv quality
+--json``) and imported llama-bench rows leave out what they do not have (``UNSET``: absent in the JSON, never invented).
 
 Units are in the field names (``_bytes``, ``_mib``, ``_s``, ``_ns``, ``_ts`` = tokens per second).
 The keys of committed schema-2 files are kept as they are (``mean_ts`` etc.).
@@ -678,33 +678,36 @@ def speed_test(n_tokens: int, samples_ns: list[int] | None, samples_ts: list[flo
 
 
 def predict_record(*, model_path: str, arch: str | None, weights_bytes: int | None, formula: dict[str, Any],
-                   engine: dict[str, Any] | None = None, process: dict[str, Any] | None = None,
-                   saving_vs_f16: float | None = None, settings: dict[str, Any] | None = None,
-                   source_file: str | None = None, key_settings: tuple[str, ...] = ()) -> Record:
-    """A record of kind ``predict`` (formula, and llama.cpp's dry run when asked; nothing measured).
+                   engine: Any = UNSET, process: Any = UNSET, saving_vs_f16: Any = UNSET,
+                   settings: dict[str, Any] | None = None, source_file: str | None = None,
+                   key_settings: tuple[str, ...] = ()) -> Record:
+    """A record of kind ``predict`` (``edgekv predict --json``): the formula, and llama.cpp's dry run and the
+    whole-process prediction when they were made; nothing measured.
 
-    ``formula`` is :meth:`KVPrediction.to_dict`; ``settings`` the asked values (every key setting present,
-    None where a prediction has none: pass ``key_settings`` to fill them).  Encode with :func:`encode`."""
-    import msgspec as _m
-
-    st = {k: None for k in key_settings}
+    ``formula`` is :meth:`KVPrediction.to_dict`; ``saving_vs_f16`` goes into it (None: no saving to give);
+    ``engine`` and ``process`` are left out when ``UNSET`` (not asked) and kept as None when asked but not
+    predicted.  ``settings`` are the asked values (every key setting present, None where a prediction has none:
+    pass ``key_settings`` to name them all).  The model is named after its file (the reports' model column).
+    Decoded strictly: a block of the wrong shape is an error here, not a dash later.  Encode with :func:`encode`."""
+    st: dict[str, Any] = {k: None for k in key_settings}
     st.update(settings or {k: formula.get(k) for k in ("n_ctx", "type_k", "type_v", "flash_attn", "swa_full",
                                                        "n_seq_max", "kv_unified", "n_batch", "n_ubatch")})
+    prediction: dict[str, Any] = {"formula": formula if saving_vs_f16 is UNSET else
+                                  {**formula, "saving_vs_f16": saving_vs_f16}}
+    if engine is not UNSET:
+        prediction["engine"] = engine
+    if process is not UNSET:
+        prediction["process"] = process
     obj: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "kind": "predict", "config_key": None,
         "status": "ok" if formula.get("status") == "ok" else "skipped", "reason": formula.get("reason"),
         "model": {"path": model_path, "name": Path(model_path).stem if model_path else None, "arch": arch,
                   "sha256": None, "size_bytes": weights_bytes},
-        "settings": st,
-        "prediction": {"formula": formula, **({"engine": engine} if engine is not None else {}),
-                       **({"process": process} if process is not None else {})},
-        "environment": {},
+        "settings": st, "prediction": prediction, "environment": {},
     }
-    if saving_vs_f16 is not None:
-        obj["prediction"]["formula"] = {**formula, "saving_vs_f16": saving_vs_f16}
     if source_file is not None:
         obj["source_file"] = source_file
-    return _m.convert(obj, Record, strict=True)
+    return msgspec.convert(obj, Record, strict=True)
 
 
 def model_block(m: Any, sha: str | None) -> dict[str, Any]:
