@@ -34,4 +34,3 @@ _.write_schema_file     # regenerates results.schema.json; named by tests/test_r
 
 # edgekv/output/inputs.py helpers the report no longer calls (it reads Record attributes); inputs.py is another
 # branch's (i18-compare): the coordinator removes what is dead there after the merge, with this entry
-_.effective_of          # was edgekv/output/report.py's; unused since the report reads rec.effective

@@ -349,7 +349,8 @@ def merge(
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
     """Several machines' results into one file: every row kept, each with its machine."""
-    from edgekv.output.inputs import device_label, drain_notes, merge_files
+    from edgekv.output.inputs import drain_notes, merge_files
+    from edgekv.records.frame import device_label
 
     recs = merge_files(inputs, output)
     _warn_lines(drain_notes())

@@ -7,9 +7,10 @@ from typing import Any
 
 from edgekv.core.predict import MIB, llama_mib
 from edgekv.edges.load import record_busy
-from edgekv.output.inputs import speed_of, unset_none
+from edgekv.output.inputs import speed_of
 from edgekv.records import results as R
 from edgekv.records import schema as S
+from edgekv.records.frame import unset_none
 
 
 def case_label(s: dict[str, Any]) -> str:

@@ -48,9 +48,10 @@ import msgspec
 
 from edgekv.core.stats import summarize, welch, z_test
 from edgekv.errors import EnvironmentMismatch, UsageError
-from edgekv.output.inputs import device_label, load_any, machine_label, speed_of, unset_none
+from edgekv.output.inputs import load_any, speed_of
 from edgekv.records import results as R
 from edgekv.records import schema as S
+from edgekv.records.frame import device_label, machine_label, unset_none
 
 ALPHA = 0.05
 

@@ -24,14 +24,14 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
-from msgspec import UNSET
 
 from edgekv.errors import ResultsError
 from edgekv.records import results as R
 from edgekv.records import schema as S
+from edgekv.records.frame import machine_label, unset_none
 
 KIND_BENCH = "bench"
 KIND_LLAMA_BENCH = "llama-bench"
@@ -181,80 +181,13 @@ def predict_records(rows: Iterable[Any], source: str | os.PathLike) -> list[S.Re
 # measured blocks are read as attributes (``rec.settings.n_ctx``, ``rec.memory.peak_rss_bytes``); a block a
 # record does not hold is msgspec's ``UNSET`` (:func:`unset_none` shows it as None, a dash: never filled in).
 # ``environment`` is a free-form mapping by design (its keys grow with the platform): ``.get`` there.
-# The ``*_of`` helpers below take a Record (and return its attribute) or a plain record dict (its block
-# decoded strictly as the schema's type), for readers that have not moved to attributes yet.
-
-T = TypeVar("T")
+# The machine and device labels live with the one flattener (:mod:`edgekv.records.frame`).
 
 
-def unset_none(x: Any) -> Any:
-    """A field a record does not hold (msgspec's UNSET) as None: shown as a dash, never filled in."""
-    return None if x is UNSET else x
-
-
-def typed_block(rec: S.Record | dict[str, Any], name: str, typ: type[T]) -> T | None:
-    """The record's block ``name`` as the schema's type; None where the record holds no such block."""
-    if isinstance(rec, S.Record):
-        return unset_none(getattr(rec, name))
-    v = rec.get(name)
-    if v is None or isinstance(v, msgspec.Struct):
-        return v
-    try:
-        return msgspec.convert(v, typ, strict=True)
-    except msgspec.ValidationError as e:
-        raise ResultsError(f"{rec.get('source_file') or 'record'}: {name}: {e}; not a usable edgekv result") from None
-
-
-def memory_of(rec: S.Record | dict[str, Any]) -> S.Memory | None:
-    return typed_block(rec, "memory", S.Memory)
-
-
-def llama_log_of(rec: S.Record | dict[str, Any]) -> S.LlamaLog | None:
-    return typed_block(rec, "llama_log", S.LlamaLog)
-
-
-def differences_of(rec: S.Record | dict[str, Any]) -> S.Differences | None:
-    return typed_block(rec, "differences", S.Differences)
-
-
-def speed_of(rec: S.Record | dict[str, Any], test: str) -> S.SpeedTest | None:
+def speed_of(rec: S.Record, test: str) -> S.SpeedTest | None:
     """One speed test (``pp``, ``tg``, ``pg``) of a record; None where it was not run."""
-    speed = typed_block(rec, "speed", S.Speed)
+    speed = unset_none(rec.speed)
     return unset_none(getattr(speed, test)) if speed is not None else None
-
-
-def quality_of(rec: S.Record | dict[str, Any]) -> S.Quality | None:
-    """The quality pass of a record (``status``, ``error``, ``quality``: the statistics, None unless ok)."""
-    return typed_block(rec, "quality", S.Quality)
-
-
-def effective_of(rec: S.Record | dict[str, Any]) -> S.Effective | None:
-    return typed_block(rec, "effective", S.Effective)
-
-
-# -- machines ----------------------------------------------------------------------------------------
-
-def machine_label(rec: S.Record | dict[str, Any]) -> str | None:
-    """The machine a record was measured on: the ``machine`` column merge keeps, else the host name."""
-    rec = R.as_record(rec)
-    if rec.machine:
-        return str(rec.machine)
-    return rec.environment.get("machine_id") or None
-
-
-def device_label(rec: S.Record | dict[str, Any]) -> str:
-    """'machine: devices (backends)', the column a multi-machine report shows; '-' for predictions."""
-    rec = R.as_record(rec)
-    if rec.kind == KIND_PREDICT:
-        return "-"
-    env = rec.environment
-    devs = env.get("devices")
-    devs = ", ".join(str(d) for d in devs) if isinstance(devs, list) else (devs or env.get("cpu_model") or "?")
-    back = env.get("backends")
-    back = "+".join(str(b) for b in back) if isinstance(back, list) else back
-    name = machine_label(rec)
-    s = f"{devs} ({back})" if back else str(devs)
-    return f"{name}: {s}" if name else s
 
 
 def merge_files(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -> list[S.Record]:

@@ -14,9 +14,10 @@ Every figure comes from the rows of :func:`edgekv.records.frame.frame_rows`, the
 dicts or Records), makes those rows once, and the tables, the problems list, the plots and results.csv /
 results.json read their columns.  results.csv / results.json keep their own column names (``kv_predicted_bytes``
 where the frame says ``kv_bytes_formula``): they are the report's stable export format, older than the notebook
-frame and read by users' scripts, so :data:`EXPORT` maps each to its frame column, once.  A value a record does not hold is shown as ``–`` (never filled in from
-another source).  Rendering is deterministic: the same records give byte-identical Markdown, CSV and JSON
-(no rendering timestamps, a stable sort, fixed float formatting); PNGs carry no software/date metadata.
+frame and read by users' scripts, so :data:`EXPORT` maps each to its frame column, once.  A value a record
+does not hold is shown as ``–`` (never filled in from another source).  Rendering is deterministic: the same records give
+byte-identical Markdown, CSV and JSON (no rendering timestamps, a stable sort, fixed float formatting); PNGs
+carry no software/date metadata.
 """
 
 from __future__ import annotations
