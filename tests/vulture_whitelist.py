@@ -31,6 +31,3 @@ is_recurrent            # ModelShape.layers[i].is_recurrent
 _.KINDS                 # the record kinds, documented beside Record.kind
 _.PROVENANCE            # which source each block's numbers come from (formula / llama.cpp / measured)
 _.write_schema_file     # regenerates results.schema.json; named by tests/test_records.py's failure message
-
-# edgekv/output/inputs.py helpers the report no longer calls (it reads Record attributes); inputs.py is another
-# branch's (i18-compare): the coordinator removes what is dead there after the merge, with this entry
