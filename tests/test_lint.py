@@ -34,3 +34,24 @@ def test_no_dead_code(tmp_path):
     assert r.returncode in (0, 3) and not r.stderr.strip(), r.stdout + r.stderr
     assert not found, "unused code (remove it, or add it to tests/vulture_whitelist.py saying where it is used):\n" + \
         "\n".join(found)
+
+
+def test_tracked_links_stay_inside_the_repository():
+    """A symlink committed by mistake (a worktree's `bench/.build -> /elsewhere`) would replace a checkout's build
+    folder; every tracked link must be relative and resolve inside the repository."""
+    import os
+    import shutil
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        import pytest
+
+        pytest.skip("not a git checkout")
+    out = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    links = [line.split("\t", 1)[1] for line in out.splitlines() if line.startswith("120000 ")]
+    bad = []
+    for rel in links:
+        target = os.readlink(ROOT / rel)
+        inside = (ROOT / rel).parent.joinpath(target).resolve().is_relative_to(ROOT)
+        if os.path.isabs(target) or not inside:
+            bad.append(f"{rel} -> {target}")
+    assert not bad, "tracked symlinks pointing outside the repository (git rm --cached them):\n" + "\n".join(bad)
