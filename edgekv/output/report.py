@@ -337,30 +337,21 @@ def _md_safe(s: str) -> str:
 
 def _model_section(name: str, recs: list[Record]) -> Section:
     m = recs[0].model
-    arch, n_layer, n_head_kv, head_dim_k = _v(m.arch), _v(m.n_layer), _v(m.n_head_kv), _v(m.head_dim_k)
-    n_swa, shared, n_ctx_train, size = _v(m.n_swa), _v(m.shared_kv_layers), _v(m.n_ctx_train), _v(m.size_bytes)
     sec = Section(f"Model: {name}")
-    facts = []
-    if arch:
-        facts.append(f"architecture `{arch}`")
-    if n_layer:
-        facts.append(f"{n_layer} layers")
-    if n_head_kv:
-        facts.append(f"KV heads {', '.join(map(str, n_head_kv))}")
-    if head_dim_k:
-        facts.append(f"head dim {', '.join(map(str, head_dim_k))}")
-    if n_swa:
-        facts.append(f"sliding window {n_swa} on {_v(m.swa_layers)} layers")
-    if shared:
-        facts.append(f"{shared} layers share another layer's KV")
-    if n_ctx_train:
-        facts.append(f"trained context {n_ctx_train}")
-    if size:
-        facts.append(f"weights {size / MIB:,.1f} MiB")
-    if m.path:
-        facts.append(f"file `{os.path.basename(str(m.path))}`")
-    if m.sha256:
-        facts.append(f"sha256 `{m.sha256}`")
+    # (value, its phrase): a fact is shown only where the record holds it
+    candidates = (
+        (_v(m.arch), lambda x: f"architecture `{x}`"),
+        (_v(m.n_layer), lambda x: f"{x} layers"),
+        (_v(m.n_head_kv), lambda x: f"KV heads {', '.join(map(str, x))}"),
+        (_v(m.head_dim_k), lambda x: f"head dim {', '.join(map(str, x))}"),
+        (_v(m.n_swa), lambda x: f"sliding window {x} on {_v(m.swa_layers)} layers"),
+        (_v(m.shared_kv_layers), lambda x: f"{x} layers share another layer's KV"),
+        (_v(m.n_ctx_train), lambda x: f"trained context {x}"),
+        (_v(m.size_bytes), lambda x: f"weights {x / MIB:,.1f} MiB"),
+        (m.path, lambda x: f"file `{os.path.basename(str(x))}`"),
+        (m.sha256, lambda x: f"sha256 `{x}`"),
+    )
+    facts = [phrase(x) for x, phrase in candidates if x]
     if facts:
         sec.paragraphs.append("; ".join(facts) + ".")
     return sec
