@@ -75,7 +75,7 @@ def _inputs(**kw) -> ProcessInputs:
     tensors = [T("token_embd.weight", (576, 49152), 3, 15_925_248),
                T("blk.0.ffn_down.weight", (1536, 576), 3, 552_960), T("blk.0.ffn_up.weight", (576, 1536), 2, 497_664)]
     base = dict(workload="generate", n_ubatch=512, n_batch=2048, n_seq_max=1, n_threads=2, tensors=tensors,
-                n_vocab=49152, n_layer=1, cpu_features=["avx2"], baseline_bytes=50 * MIB, kv_host_bytes=90 * MIB,
+                n_vocab=49152, n_layer=1, cpu_features=["avx2", "repack"], baseline_bytes=50 * MIB, kv_host_bytes=90 * MIB,
                 compute_workload={"CPU": 17 * MIB}, compute_reserved={"CPU": 98 * MIB},
                 host_structures_bytes=15 * MIB)
     base.update(kw)

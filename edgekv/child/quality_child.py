@@ -248,7 +248,8 @@ def run(payload: dict[str, Any], ev: EventWriter) -> None:
     cap.install()
     lc.llama_backend_init()
     t0 = time.perf_counter()
-    mparams = model_params(int(payload.get("n_gpu_layers", -1)), dry=False)
+    mparams = model_params(int(payload.get("n_gpu_layers", -1)), dry=False,
+                           use_extra_bufts=payload.get("repack", True) is not False)
     model = lc.llama_model_load_from_file(payload["model_path"].encode(), mparams)
     lines = cap.take()
     if not model:

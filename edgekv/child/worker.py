@@ -25,7 +25,8 @@ def _engine(_payload: dict, ev: EventWriter) -> None:
             if op == "quit":
                 break
             if op == "load":
-                ev.emit("response", data=runner.load(req["model_path"], req.get("n_gpu_layers", -1)))
+                ev.emit("response", data=runner.load(req["model_path"], req.get("n_gpu_layers", -1),
+                                                     bool(req.get("use_extra_bufts", True))))
             elif op == "contexts":
                 keep = bool(req.get("keep_log"))
                 nom = int(req.get("n_outputs_max") or 0)
@@ -55,13 +56,26 @@ def _baseline(payload: dict, ev: EventWriter) -> None:
     baseline(payload, ev)
 
 
+def _preflight(payload: dict, ev: EventWriter) -> None:
+    from edgekv.child.workload import preflight
+
+    preflight(payload, ev)
+
+
+def _extra_buffers(payload: dict, ev: EventWriter) -> None:
+    from edgekv.child.workload import extra_buffers
+
+    extra_buffers(payload, ev)
+
+
 def _quality(payload: dict, ev: EventWriter) -> None:
     from edgekv.child.quality_child import run
 
     run(payload, ev)
 
 
-SUBCOMMANDS = {"engine": _engine, "bench": _bench, "env": _env, "quality": _quality, "baseline": _baseline}
+SUBCOMMANDS = {"engine": _engine, "bench": _bench, "env": _env, "quality": _quality, "baseline": _baseline,
+               "preflight": _preflight, "extra_buffers": _extra_buffers}
 STREAMING = {"engine"}   # these read requests from stdin themselves
 
 

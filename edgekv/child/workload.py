@@ -174,6 +174,71 @@ def baseline(_payload: dict, ev: EventWriter) -> None:
                "system_info": L.llama_print_system_info().decode("utf-8", "replace").strip()})
 
 
+def preflight(payload: dict, ev: EventWriter) -> None:
+    """The extra-buffer preflight (edgekv.orchestration.preflight): load the probe model with the CPU backend's
+    extra buffer types on, then decode a batch of 2 and a batch of 32 tokens.  Each step is announced first
+    (``phase`` events), so a parent that sees this process die knows which step killed it."""
+    import llama_cpp as L
+
+    from edgekv.core.llamalog import parse_memory_log
+    from edgekv.edges.engine import LogCapture, context_params, model_params
+
+    cap = LogCapture()
+    cap.install()
+    L.llama_backend_init()
+    system_info = L.llama_print_system_info().decode("utf-8", "replace").strip()
+    ev.emit("phase", phase="load")
+    model = L.llama_model_load_from_file(payload["model_path"].encode(), model_params(0, dry=False, use_extra_bufts=True))
+    buffers = parse_memory_log([x for _, x in cap.take()]).model_buffers
+    if not model:
+        ev.result({"ok": False, "step": "load", "reason": "llama.cpp could not load the probe model",
+                   "buffers": buffers, "system_info": system_info})
+        return
+    from edgekv.core.predict import ContextParams
+
+    ev.emit("phase", phase="context")
+    ctx = L.llama_init_from_model(model, context_params(ContextParams(n_ctx=64, n_batch=32, n_ubatch=32),
+                                                         n_threads=int(payload.get("n_threads") or 0) or None))
+    if not ctx:
+        ev.result({"ok": False, "step": "context", "reason": "llama.cpp could not create the probe's context",
+                   "buffers": buffers, "system_info": system_info})
+        return
+    mem = L.llama_get_memory(ctx)
+    for n in (2, 32):
+        ev.emit("phase", phase=f"batch{n}")
+        L.llama_memory_clear(mem, True)
+        toks = (L.llama_token * n)(*[(7 * i + 1) % 512 for i in range(n)])
+        rc = L.llama_decode(ctx, L.llama_batch_get_one(toks, n))
+        if rc != 0:
+            ev.result({"ok": False, "step": f"batch{n}", "reason": f"llama_decode returned {rc}", "buffers": buffers,
+                       "system_info": system_info})
+            return
+        L.llama_synchronize(ctx)
+    ev.result({"ok": True, "buffers": buffers, "system_info": system_info})
+    L.llama_free(ctx)
+    L.llama_model_free(model)
+
+
+def extra_buffers(payload: dict, ev: EventWriter) -> None:
+    """llama.cpp's own sizes of the CPU backend's extra buffers (AMX, CPU_REPACK) for a model: a real load (the
+    dry run allocates no weights, so its model buffer lines say 0.00), its ``load_tensors: ... model buffer size``
+    lines, and nothing else (no context)."""
+    import llama_cpp as L
+
+    from edgekv.core.llamalog import parse_memory_log
+    from edgekv.edges.engine import LogCapture, model_params
+
+    cap = LogCapture()
+    cap.install()
+    L.llama_backend_init()
+    model = L.llama_model_load_from_file(payload["model_path"].encode(),
+                                         model_params(0, dry=False, use_extra_bufts=bool(payload.get("repack", True))))
+    lines = [x for _, x in cap.take()]
+    ev.result({"ok": bool(model), "buffers": parse_memory_log(lines).model_buffers})
+    if model:
+        L.llama_model_free(model)
+
+
 # -- the measured run ---------------------------------------------------------------------------------
 
 class _Runner:
@@ -251,7 +316,7 @@ def bench(payload: dict, ev: EventWriter) -> None:
 
     ev.emit("phase", phase="load")
     t = time.perf_counter()
-    mparams = model_params(s["n_gpu_layers"], dry=False)
+    mparams = model_params(s["n_gpu_layers"], dry=False, use_extra_bufts=s.get("repack", True) is not False)
     if s.get("no_mmap"):
         mparams.load_mode = 0     # LLAMA_LOAD_MODE_NONE: llama.cpp's `-lm none` (older builds: --no-mmap)
     model = L.llama_model_load_from_file(payload["model_path"].encode(), mparams)

@@ -134,7 +134,7 @@ class BenchMonitor:
         s0 = self.todo[0] if self.todo else {"n_prompt": self.spec.n_prompt, "n_gen": self.spec.n_gen,
                                              "repetitions": self.spec.repetitions}
         for line in plan_lines(data["total"], self.contexts, types, s0, total, basis, data["output"],
-                               data["existing"], self.full_hint):
+                               data["existing"], self.full_hint, repack=self.spec.repack):
             self._print(line)
         w = Window()
         time.sleep(0.3)
@@ -195,6 +195,7 @@ class BenchArgs:
     timeout: float
     force: bool
     no_mmap: bool
+    repack: str | None = None
 
     @classmethod
     def from_flags(cls, flags: dict[str, Any], model: str | None) -> BenchArgs:
@@ -205,7 +206,7 @@ class BenchArgs:
 def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     """The sweep the flags ask for (registry defaults, --full, checks), its contexts, and the hint naming the full
     sweep when the quick default runs."""
-    from edgekv.cli.options import pair_types, parse_fa_list, parse_int_list, parse_type_list
+    from edgekv.cli.options import pair_types, parse_fa_list, parse_int_list, parse_repack_list, parse_type_list
     from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES
     from edgekv.orchestration.api import load_model, registry_sweep_defaults
     from edgekv.orchestration.plan import FULL, QUICK, model_contexts, quick_contexts
@@ -238,7 +239,7 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
                      timeout_s=a.timeout, engine=ENGINE_LLAMA_BENCH if a.llama_bench else ENGINE_PYTHON,
                      llama_bench=a.llama_bench,
                      quality={"enabled": True, "corpus": a.corpus, "chunks": a.chunks} if a.quality else None,
-                     use_mmap=not a.no_mmap)
+                     use_mmap=not a.no_mmap, repack=parse_repack_list(a.repack))
     full_hint = None
     if not a.full and not a.ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
         full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "

@@ -20,6 +20,7 @@ from edgekv.cli.options import (
     pair_types,
     parse_flash_attn,
     parse_int_list,
+    parse_repack_list,
     parse_size,
     parse_type_list,
 )
@@ -54,6 +55,10 @@ UB_OPT = typer.Option(512, "-ub", "--ubatch-size", help="Physical batch size.")
 B_OPT = typer.Option(2048, "-b", "--batch-size", help="Logical batch size.")
 NGL_OPT = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers on the GPU for the engine dry run (-1: all).")
 JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
+REPACK_OPT = typer.Option(None, "--repack", show_default=False,
+                          help="llama-bench's --repack 0|1 (a list sweeps them): the CPU backend's AMX / CPU_REPACK "
+                               "weight copies (0: none, llama.cpp's -nr). Default: 1, llama.cpp's default, unless "
+                               "edgekv's preflight saw those kernels crash on this CPU (then 0, said before the plan).")
 
 
 def _notes(m) -> None:
@@ -139,6 +144,9 @@ def predict(
                                                           "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
     kv_only: bool = typer.Option(False, "--kv-only", help="Caches only: skip the whole-process prediction "
                                                           "(which runs llama.cpp's dry run)."),
+    repack: str = typer.Option("1", "--repack", help="llama-bench's --repack 0|1: predict with the CPU backend's AMX / "
+                                                     "CPU_REPACK weight copies (1, llama.cpp's default) or without "
+                                                     "them (0, llama.cpp's -nr)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Exact KV-cache bytes from the GGUF header, and the peak memory of the whole llama.cpp process."""
@@ -150,7 +158,7 @@ def predict(
     m = load_model(spec_name)
     ctxs = _predict_contexts(ctx_size, spec_name, m)
     req = _predict_request(ctxs, cache_type_k, cache_type_v, flash_attn, swa_full, parallel, kv_unified, ubatch_size,
-                           batch_size, n_rs_seq, budget, workload, threads, no_mmap, n_gpu_layers)
+                           batch_size, n_rs_seq, budget, workload, threads, no_mmap, n_gpu_layers, repack)
     req.engine, req.kv_only = engine, kv_only
     req.layers, req.with_layers_json = layers and not as_json, layers and as_json
     _notes(m)
@@ -171,7 +179,8 @@ def predict(
 
 def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[str], flash_attn: str, swa_full: bool,
                      parallel: int, kv_unified: bool, ubatch_size: int, batch_size: int, n_rs_seq: int,
-                     budget: Optional[str], workload: str, threads: int, no_mmap: bool, n_gpu_layers: int):
+                     budget: Optional[str], workload: str, threads: int, no_mmap: bool, n_gpu_layers: int,
+                     repack: str = "1"):
     """predict's flags checked (one line naming the flag when one is wrong) and turned into a PredictRequest."""
     from edgekv.core.memmodel import WORKLOADS
     from edgekv.core.predict import ContextParams
@@ -196,7 +205,11 @@ def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[
         raise UsageError(f"--workload: unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")
     if threads < 0:
         raise UsageError("-t/--threads must be at least 0")
-    process = ProcessSettings(workload=workload, n_threads=threads, use_mmap=not no_mmap, n_gpu_layers=n_gpu_layers)
+    rp = parse_repack_list(repack)
+    if rp is None or len(rp) != 1:
+        raise UsageError("--repack: predict takes one value, 0 or 1")
+    process = ProcessSettings(workload=workload, n_threads=threads, use_mmap=not no_mmap, n_gpu_layers=n_gpu_layers,
+                              use_extra_bufts=rp[0])
     return PredictRequest(base=base, configs=configs, pairs=pairs, n_gpu_layers=n_gpu_layers, process=process,
                           budget_bytes=budget_bytes)
 
@@ -256,6 +269,7 @@ def bench(
     force: bool = typer.Option(False, "--force", help="Append to a results file from another environment or model."),
     no_mmap: bool = typer.Option(False, "--no-mmap", help="Read the weights into memory instead of mapping the file "
                                                           "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
+    repack: Optional[str] = REPACK_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""

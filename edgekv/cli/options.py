@@ -104,6 +104,22 @@ def parse_fa_list(text: str, flag: str = "-fa") -> list[str]:
     return [parse_flash_attn(p, flag) for p in str(text).split(",") if p.strip()]
 
 
+def parse_repack_list(text: str | None, flag: str = "--repack") -> list[bool] | None:
+    """llama-bench's ``--repack <0|1>`` (a list sweeps them); None when not given (llama.cpp's default, unless the
+    extra-buffer preflight found its kernels crash here)."""
+    if text is None:
+        return None
+    out: list[bool] = []
+    for p in str(text).split(","):
+        p = p.strip()
+        if p not in ("0", "1"):
+            raise UsageError(f"{flag}: '{p}' is not 0 or 1 (0: no AMX/CPU_REPACK weight copies, llama.cpp's -nr; "
+                             "1: llama.cpp's default)")
+        if (p == "1") not in out:
+            out.append(p == "1")
+    return out
+
+
 def parse_size(text: str, flag: str) -> int:
     """'16GiB', '16G' (decimal), '1.5 GiB', '800MiB', or plain bytes."""
     m = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", str(text))

@@ -38,6 +38,9 @@ def quality(
                                           help="CPU threads (default: physical cores)."),
     n_gpu_layers: int = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers on the GPU (-1: all)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", show_default=False, help="Give up after this many seconds."),
+    repack: Optional[str] = typer.Option(None, "--repack", show_default=False,
+                                         help="llama-bench's --repack 0|1: the CPU backend's AMX / CPU_REPACK weight "
+                                              "copies. Default: 1 unless edgekv's preflight saw them crash here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """Perplexity and KL divergence of quantized KV caches against the f16 KV cache (same model, same tokens).
@@ -63,7 +66,8 @@ def quality(
     progress = _Progress(enabled=not as_json and sys.stderr.isatty(), ctxs=ctxs, chunks=chunks, n_batch=batch_size)
     with progress:
         rows = measure(_model(model, model_opt), configs, corpus, ctxs, chunks, n_batch=batch_size, n_ubatch=ubatch_size,
-                       n_threads=threads, n_gpu_layers=n_gpu_layers, timeout=timeout, on_event=progress.on_event)
+                       n_threads=threads, n_gpu_layers=n_gpu_layers, timeout=timeout, on_event=progress.on_event,
+                       repack=_one_repack(repack))
     if as_json:
         from edgekv.orchestration.quality import quality_records
 
@@ -71,6 +75,16 @@ def quality(
                                     n_ubatch=ubatch_size, n_gpu_layers=n_gpu_layers))
     else:
         render_quality(_console(), rows)
+
+
+def _one_repack(text: str | None) -> bool | None:
+    from edgekv.cli.options import parse_repack_list
+    from edgekv.errors import UsageError
+
+    rp = parse_repack_list(text)
+    if rp is not None and len(rp) != 1:
+        raise UsageError("--repack: quality takes one value, 0 or 1")
+    return rp[0] if rp else None
 
 
 class _Progress:
@@ -99,6 +113,9 @@ class _Progress:
             self.bar.stop()
 
     def on_event(self, ev: dict[str, Any]) -> None:
+        if ev.get("event") == "note":        # e.g. the extra-buffer preflight's fallback to --repack 0
+            sys.stderr.write(f"edgekv: {ev['message']}\n")
+            return
         if self.bar is None:
             return
         from edgekv.orchestration.quality import plan

@@ -19,6 +19,21 @@ What becomes *resident* on a CPU (vendored llama.cpp 0c1e570, paths under vendor
   AVX2 and q2_K with AVX512 on x86, when ne[1] % 8 == 0; matrix weights only, never token_embd, which
   is read by GET_ROWS).  With mmap the original pages are still read while repacking, so they stay
   resident as well.
+* AMX (Intel Xeons since Sapphire Rapids, a build with ``__AMX_INT8__`` and ``__AVX512VNNI__``: its system info
+  says ``AMX_INT8 = 1``): the CPU backend offers its extra buffer types in a fixed order, AMX first, then
+  CPU_REPACK (ggml/src/ggml-cpu/ggml-cpu.cpp:42-71 ``ggml_backend_cpu_get_extra_buffer_types``), and llama.cpp gives
+  each weight the first buffer type whose ``supports_op`` accepts the op it is used with
+  (src/llama-model-loader.cpp:1067-1078 ``select_weight_buft``; the probe op is a MUL_MAT of the weight by a
+  512-token f32 activation, :927-960).  AMX accepts a contiguous MUL_MAT (never MUL_MAT_ID, never GET_ROWS) of
+  Q4_0/Q4_1/Q8_0 (ne0 % 32), Q4_K/Q5_K/Q6_K/IQ4_XS (ne0 % 256) or F16 (ne0 % 16) weights whose ne1 % 32 == 0
+  (ggml-cpu/amx/amx.cpp:145-190).  Its copy is packed: ne1 rows of ``get_row_size`` bytes
+  (amx/mmq.cpp:245-260, 2267-2287): the block bytes, plus an int32 per block for Q8_0, plus 4 bytes per block for
+  Q4_K/Q5_K, plus 2 for IQ4_XS; F16 is copied as it is.  A tied output layer (no ``output.weight``) is a duplicate
+  of token_embd that the output layer uses in a MUL_MAT, so it gets its own packed copy (the load log says
+  ``amx repack tensor token_embd.weight``), while token_embd itself stays in the mapping.  With mmap the original
+  pages are read while packing and stay resident, as for CPU_REPACK.
+* ``use_extra_bufts = false`` (llama-bench ``--repack 0``, llama-cli ``-nr``) removes the extra buffer types
+  altogether, AMX and CPU_REPACK alike (src/llama-model.cpp:1109-1125 ``make_cpu_buft_list``).
 * KV cache / recurrent state: cleared when created (llama-kv-cache.cpp ``ggml_backend_buffer_clear``),
   so all of it is resident from the start.
 * compute buffer: ggml-alloc reserves the worst graph for n_ubatch tokens and n_outputs_max outputs
@@ -146,6 +161,104 @@ def repacked(t: Tensor, cpu_features: Iterable[str]) -> bool:
     return False
 
 
+# -- extra buffer types (AMX, CPU_REPACK) ----------------------------------------------------------------
+
+BUFT_AMX = "AMX"
+BUFT_REPACK = "CPU_REPACK"
+TENSOR_ALIGNMENT = 32          # ggml/src/ggml-impl.h: both extra buffer types align tensors to it
+AMX_TILE_N = 16                # ggml-cpu/amx/common.h TILE_N: supports_op wants ne1 % (2 * TILE_N)
+# (block elements, block bytes, extra bytes per block in the packed row): amx/mmq.cpp get_row_size
+_AMX_ROW = {T_Q4_0: (32, 18, 0), T_Q4_1: (32, 20, 0), T_Q8_0: (32, 34, 4),
+            T_Q4_K: (256, 144, 4), T_Q5_K: (256, 176, 4), T_Q6_K: (256, 210, 0), T_IQ4_XS: (256, 136, 2)}
+_AMX_F16_ALIGN = 16
+
+
+def extra_buffer_types(cpu_features: Iterable[str], use_extra_bufts: bool = True) -> tuple[str, ...]:
+    """The CPU backend's extra buffer types, in llama.cpp's order, from its system info's features (lower-case:
+    ``amx_int8``, ``avx512_vnni``, ``repack``); none with ``use_extra_bufts`` off (``--repack 0``)."""
+    if not use_extra_bufts:
+        return ()
+    f = {x.lower() for x in cpu_features}
+    out = []
+    if "amx_int8" in f and "avx512_vnni" in f:
+        out.append(BUFT_AMX)
+    if "repack" in f:
+        out.append(BUFT_REPACK)
+    return tuple(out)
+
+
+def amx_supported(t: Tensor) -> bool:
+    """amx.cpp supports_op for the MUL_MAT llama.cpp probes the weight with."""
+    if not is_matrix_weight(t) or any(d != 1 for d in t.shape[2:]) or "_exps" in t.name:
+        return False                        # GET_ROWS, norms, and MUL_MAT_ID experts never go there
+    k, n = t.shape[0], t.shape[1]
+    if n % (2 * AMX_TILE_N):
+        return False
+    if t.ggml_type == T_F16:
+        return k % _AMX_F16_ALIGN == 0
+    row = _AMX_ROW.get(t.ggml_type)
+    return row is not None and k % row[0] == 0
+
+
+def amx_alloc_bytes(t: Tensor) -> int:
+    """ggml_backend_amx_get_alloc_size: ne1 packed rows (F16 and other types: the tensor's own bytes)."""
+    row = _AMX_ROW.get(t.ggml_type)
+    if row is None:
+        return t.n_bytes
+    blk, size, extra = row
+    return t.shape[1] * (t.shape[0] // blk) * (size + extra)
+
+
+def extra_buffer_of(t: Tensor, extra: Sequence[str], cpu_features: Iterable[str]) -> str | None:
+    """The extra buffer type llama.cpp puts a host weight in (the first in ``extra`` that supports it), or None:
+    the plain CPU buffer (the file mapping, or the anonymous model buffer with --no-mmap)."""
+    for buft in extra:
+        if buft == BUFT_AMX and amx_supported(t):
+            return BUFT_AMX
+        if buft == BUFT_REPACK and repacked(t, cpu_features):
+            return BUFT_REPACK
+    return None
+
+
+@dataclass(frozen=True)
+class _TiedOutput:
+    """token_embd as the output layer uses it (llama.cpp's TENSOR_DUPLICATED): a MUL_MAT weight of its own."""
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    n_bytes: int
+
+
+def tied_output(tensors: Sequence[Tensor]) -> Tensor | None:
+    """The output layer's duplicate of token_embd when the file has no ``output.weight`` (tied embeddings)."""
+    if any(t.name == "output.weight" for t in tensors):
+        return None
+    emb = next((t for t in tensors if t.name == "token_embd.weight"), None)
+    if emb is None or len(emb.shape) < 2:
+        return None
+    return _TiedOutput("output.weight", tuple(emb.shape), emb.ggml_type, emb.n_bytes)
+
+
+def extra_buffer_bytes(tensors: Sequence[Tensor], cpu_features: Iterable[str], use_extra_bufts: bool = True,
+                       tied_on_host: bool = True) -> dict[str, tuple[int, int]]:
+    """{buffer type: (bytes llama.cpp allocates, tensors)} of the extra buffers, as its load log prints them
+    (``load_tensors: AMX model buffer size = ...``): each tensor's alloc size padded to the buffer's alignment."""
+    feats = list(cpu_features)
+    extra = extra_buffer_types(feats, use_extra_bufts)
+    out: dict[str, tuple[int, int]] = {}
+    if not extra:
+        return out
+    tied = tied_output(tensors) if tied_on_host else None
+    for t in list(tensors) + ([tied] if tied is not None else []):
+        buft = extra_buffer_of(t, extra, feats)
+        if buft is None:
+            continue
+        size = amx_alloc_bytes(t) if buft == BUFT_AMX else t.n_bytes
+        b, n = out.get(buft, (0, 0))
+        out[buft] = (b + -(-size // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT, n + 1)
+    return out
+
+
 def layer_of(name: str) -> int | None:
     if name.startswith("blk."):
         try:
@@ -237,6 +350,7 @@ class ProcessInputs:
     n_layer: int
     cpu_features: Sequence[str] = ()
     use_mmap: bool = True
+    use_extra_bufts: bool = True                # llama-bench --repack (off: no AMX, no CPU_REPACK copy)
     n_gpu_layers: int = 0                       # layers actually offloaded (0 on a CPU-only build)
     gpu_device: str | None = None               # e.g. "CUDA0"
     baseline_bytes: int | None = None
@@ -274,6 +388,12 @@ def _is_host_buffer(name: str) -> bool:
     return name.upper().startswith("CPU") or name.endswith("_Host")
 
 
+EXTRA_NOTES = {
+    BUFT_AMX: "{n} tensors packed for the AMX kernels (an anonymous copy; the mapped pages were read while packing)",
+    BUFT_REPACK: "{n} tensors re-laid for the CPU GEMM kernels",
+}
+
+
 # long: one Part per allocation of the process, in llama.cpp's allocation order
 def predict_process(x: ProcessInputs) -> ProcessPrediction:
     """Peak resident memory of the process (and memory per device) for one configuration."""
@@ -292,8 +412,8 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
     on_gpu = [t for t in x.tensors if tensor_on_gpu(t.name, x.n_layer, x.n_gpu_layers)]
     gpu_names = {t.name for t in on_gpu}
     host = [t for t in x.tensors if t.name not in gpu_names]
-    rep = [t for t in host if repacked(t, x.cpu_features)]
-    rep_bytes = sum(t.n_bytes for t in rep)
+    extra = extra_buffer_types(x.cpu_features, x.use_extra_bufts)
+    in_extra = sum(t.n_bytes for t in host if extra_buffer_of(t, extra, x.cpu_features) is not None)
     if x.use_mmap:
         # every tensor's pages are read: the CPU ones by the graph, the repacked and offloaded ones while
         # loading (copied out of the mapping); llama.cpp unmaps only the ranges outside the CPU tensors
@@ -301,12 +421,11 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
         parts.append(Part("weights (mmap)", mapped, SRC_FORMULA, kind="file",
                           note=f"{len(host)} tensors read through the file mapping"))
     else:
-        anon = sum(t.n_bytes for t in host) - rep_bytes
-        parts.append(Part("weights (--no-mmap)", anon, SRC_FORMULA,
+        parts.append(Part("weights (--no-mmap)", sum(t.n_bytes for t in host) - in_extra, SRC_FORMULA,
                           note="CPU model buffer: tensors read into anonymous memory"))
-    if rep_bytes:
-        parts.append(Part("weights (CPU_REPACK copy)", rep_bytes, SRC_FORMULA,
-                          note=f"{len(rep)} tensors re-laid for the CPU GEMM kernels"))
+    tied_host = not (x.gpu_device and tensor_on_gpu("output.weight", x.n_layer, x.n_gpu_layers))
+    for buft, (b, n) in extra_buffer_bytes(host, x.cpu_features, x.use_extra_bufts, tied_host).items():
+        parts.append(Part(f"weights ({buft} copy)", b, SRC_FORMULA, note=EXTRA_NOTES[buft].format(n=n)))
     if on_gpu and x.gpu_device:
         dev_w = sum(device_alloc_bytes(t, x.gpu_device) for t in on_gpu)
         tied = not any(t.name == "output.weight" for t in x.tensors)

@@ -66,11 +66,13 @@ class LogCapture:
         return out
 
 
-def model_params(n_gpu_layers: int, dry: bool):
+def model_params(n_gpu_layers: int, dry: bool, use_extra_bufts: bool = True):
     import llama_cpp
 
     mp = llama_cpp.llama_model_default_params()
     mp.n_gpu_layers = n_gpu_layers
+    # llama-bench --repack / llama-cli -nr: the CPU backend's extra buffer types (AMX, CPU_REPACK)
+    mp.use_extra_bufts = bool(use_extra_bufts)
     if dry:
         mp.no_alloc = True
         mp.load_mode = 0      # LLAMA_LOAD_MODE_NONE: with mmap, no_alloc asserts (reference §8)
@@ -131,11 +133,12 @@ class DryRunner:
         self.model = None
         self.host_growth: dict[str, int | None] = {}
 
-    def load(self, model_path: str, n_gpu_layers: int = -1) -> dict[str, Any]:
+    def load(self, model_path: str, n_gpu_layers: int = -1, use_extra_bufts: bool = True) -> dict[str, Any]:
         lc = self.llama_cpp
         self.cap.take()
         rss0 = _rss_now()
-        self.model = lc.llama_model_load_from_file(model_path.encode(), model_params(n_gpu_layers, dry=True))
+        self.model = lc.llama_model_load_from_file(model_path.encode(),
+                                                   model_params(n_gpu_layers, dry=True, use_extra_bufts=use_extra_bufts))
         rss1 = _rss_now()
         self.host_growth = {"load": rss1 - rss0 if rss0 is not None and rss1 is not None else None}
         lines = self.cap.take()
@@ -279,9 +282,10 @@ class EngineSession:
     """
 
     def __init__(self, model_path: str, n_gpu_layers: int = -1, header: GGUFHeader | None = None,
-                 timeout: float = 600.0):
+                 timeout: float = 600.0, use_extra_bufts: bool = True):
         self.model_path = model_path
         self.n_gpu_layers = n_gpu_layers
+        self.use_extra_bufts = use_extra_bufts
         self.header = header
         self.timeout = timeout
         self.model_size_bytes: int | None = None
@@ -295,7 +299,8 @@ class EngineSession:
         try:
             path, self.sparse = self._stack.enter_context(loadable_path(self.model_path, self.header))
             self._child = self._stack.enter_context(ChildSession(worker_argv("engine")))
-            info = self._child.request({"op": "load", "model_path": path, "n_gpu_layers": self.n_gpu_layers},
+            info = self._child.request({"op": "load", "model_path": path, "n_gpu_layers": self.n_gpu_layers,
+                                        "use_extra_bufts": self.use_extra_bufts},
                                        timeout=self.timeout)
         except ChildDied as e:
             self._stack.close()

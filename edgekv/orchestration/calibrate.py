@@ -87,6 +87,12 @@ def _atomic_write(p: Path, obj: dict[str, Any]) -> None:
     atomic_write(p, json.dumps(obj, indent=1, sort_keys=True))
 
 
+# the calibration store, for the other per-environment measurements (edgekv.orchestration.preflight)
+fingerprint_key = _key
+store_path = _store_path
+write_json = _atomic_write
+
+
 def cpu_features_from_system_info(system_info: str | None) -> list[str]:
     """CPU features llama.cpp's CPU backend reports (``AVX2 = 1 | ...``), lower-case."""
     out = []

@@ -124,3 +124,57 @@ def engine_block(pred: Any, res: Any, weights_bytes: int | None = None) -> dict[
             d["total_bytes"] = int(weights_bytes + caches + (log.compute_mib_total + log.output_mib_total) * MIB)
             d["total_caches_from"] = "formula" if pred.status == STATUS_OK else "llama.cpp"
     return d
+
+
+# -- the CPU backend's extra buffers (AMX, CPU_REPACK): formula beside llama.cpp's own load ---------------------
+
+EXTRA_CHECK_MAX_SHARE = 0.25      # a real load allocates the extra buffers: at most this share of available memory
+
+
+def extra_buffer_check(m, cpu_features: list[str], use_extra_bufts: bool = True,
+                       timeout: float = 300.0) -> dict[str, Any]:
+    """{"formula": {buft: MiB}, "llama": {buft: MiB} | None, "same": bool | None, "note": str}.
+
+    llama.cpp's dry run allocates no weights (its model buffer lines print 0.00), so its own figure for the extra
+    buffers comes from a real load in a child (of the header's sparse stand-in when only the header is here: the
+    holes read as zeros), skipped with the reason when the copies would take more than a quarter of the memory
+    available now."""
+    import psutil
+
+    from edgekv.core.memmodel import extra_buffer_bytes
+    from edgekv.edges.engine import loadable_path
+    from edgekv.edges.process import run_child, worker_argv
+
+    formula = {k: round(b / MIB, 2) for k, (b, _n) in
+               extra_buffer_bytes(m.header.tensors, cpu_features, use_extra_bufts).items()}
+    out: dict[str, Any] = {"formula": formula, "llama": None, "same": None, "note": ""}
+    need = sum(formula.values()) * MIB
+    avail = psutil.virtual_memory().available
+    if need > EXTRA_CHECK_MAX_SHARE * avail:
+        out["note"] = (f"llama.cpp's figure not read: a real load would allocate {need / MIB:.0f} MiB of weight copies, "
+                       f"more than a quarter of the {avail / MIB:.0f} MiB available")
+        return out
+    with loadable_path(m.ref.path, m.header) as (path, _sparse):
+        res = run_child(worker_argv("extra_buffers"), {"model_path": path, "repack": use_extra_bufts}, timeout=timeout)
+    r = res.result or {}
+    if not res.ok or not r.get("ok"):
+        out["note"] = f"llama.cpp's figure not read: {res.failure_reason() or 'the load failed'}"
+        return out
+    llama = {k: float(v) for k, v in (r.get("buffers") or {}).items() if k in ("AMX", "CPU_REPACK")}
+    out.update(llama=llama, same=llama == formula)
+    return out
+
+
+def extra_buffer_line(check: dict[str, Any]) -> str:
+    """One line for ``predict --engine``: each extra buffer, formula and llama.cpp."""
+    f, ll = check["formula"], check["llama"]
+    names = sorted(set(f) | set(ll or {}))
+    if not names:
+        return "extra buffers (AMX, CPU_REPACK): none for this model on this build (formula" + (
+            " and llama.cpp agree)" if ll is not None else f"; {check['note']})")
+    cells = []
+    for n in names:
+        a = f"{f.get(n, 0.0):.2f} MiB formula"
+        b = f", {ll.get(n, 0.0):.2f} MiB llama.cpp {'✓' if ll.get(n) == f.get(n) else '✗'}" if ll is not None else ""
+        cells.append(f"{n} {a}{b}")
+    return "extra buffers: " + "; ".join(cells) + (f" ({check['note']})" if check["note"] else "")

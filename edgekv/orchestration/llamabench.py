@@ -43,6 +43,8 @@ def argv_for(path: str, model_path: str, s: dict[str, Any], test: str) -> list[s
         argv += ["-ngl", str(s["n_gpu_layers"])]
     if not s["warmup"]:
         argv.append("--no-warmup")
+    if s.get("repack") is not None:       # llama-bench --repack: use_extra_bufts (AMX, CPU_REPACK)
+        argv += ["--repack", "1" if s["repack"] else "0"]
     return argv
 
 
@@ -159,6 +161,8 @@ def from_llama_bench_row(row: dict[str, Any], source: str, where: str) -> Record
         "n_prompt": row.get("n_prompt"), "n_gen": row.get("n_gen"), "n_depth": row.get("n_depth", 0),
         "repetitions": len(row.get("samples_ts") or []), "warmup": None, "quality": None, "test": test,
     }
+    if isinstance(row.get("repack"), (bool, int)):      # llama-bench prints its --repack as "repack"
+        settings["repack"] = bool(row["repack"])
     n_tok = (row.get("n_prompt") or 0) + (row.get("n_gen") or 0)
     return decode({
         "schema_version": R.SCHEMA_VERSION, "kind": "llama-bench", "config_key": None, "status": "ok", "reason": None,

@@ -184,11 +184,13 @@ def fmt_duration(s: float | None) -> str:
 
 
 def plan_lines(n_cases: int, contexts: list[int], types: list[str], settings0: dict[str, Any], total_s: float,
-               basis: str, output: str, existing: int, full_hint: str | None) -> list[str]:
+               basis: str, output: str, existing: int, full_hint: str | None,
+               repack: list[bool] | None = None) -> list[str]:
     depth = "context - " + str(max(settings0["n_prompt"], settings0["n_gen"]))
+    rp = "" if not repack or repack == [True] else ", --repack " + ",".join("1" if r else "0" for r in repack)
     lines = [
         f"Plan: {n_cases} configurations ({', '.join(types)} x {', '.join(str(c) for c in contexts)}; "
-        f"-p {settings0['n_prompt']} -n {settings0['n_gen']} -r {settings0['repetitions']}, depth {depth}), "
+        f"-p {settings0['n_prompt']} -n {settings0['n_gen']} -r {settings0['repetitions']}, depth {depth}{rp}), "
         "each in a fresh process" + (f"; {existing} already done, resuming" if existing else "") + ".",
         f"Estimated time: {fmt_duration(total_s)} ({basis}).",
         f"Results: {output}",

@@ -95,6 +95,7 @@ class PredictOutcome:
 
     records: list[Record]
     process_notes: list[str] = field(default_factory=list)
+    extra_buffers: dict[str, Any] | None = None  # --engine: the AMX/CPU_REPACK copies, formula and llama.cpp
     budget: list[Any] | None = None          # budget.BudgetRow per cache pair (--budget)
     # (n_ctx, bytes with llama.cpp's command-line defaults, bytes with llama-cpp-python's Llama() defaults)
     defaults_cost: tuple[int, int, int] | None = None
@@ -130,6 +131,12 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
         processes, notes = process_blocks(m, req.configs, req.process)
     out = PredictOutcome(predict_records(m, req.configs, engine=req.engine, n_gpu_layers=req.n_gpu_layers,
                                          with_layers=req.with_layers_json, processes=processes), notes)
+    if req.engine and m.header.tensors:
+        from edgekv.orchestration.calibrate import runtime_baseline
+        from edgekv.orchestration.crosscheck import extra_buffer_check, extra_buffer_line
+
+        out.extra_buffers = extra_buffer_check(m, runtime_baseline().cpu_features, req.process.use_extra_bufts)
+        out.process_notes.append(extra_buffer_line(out.extra_buffers))
     if req.budget_bytes is not None:
         from edgekv.orchestration.budget import budget_table
 

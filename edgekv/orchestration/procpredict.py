@@ -30,6 +30,7 @@ class ProcessSettings:
     n_threads: int = 0
     use_mmap: bool = True
     n_gpu_layers: int = -1
+    use_extra_bufts: bool = True       # --repack: AMX / CPU_REPACK copies of the weights (llama.cpp's default: on)
     # a run of known size (edgekv bench / llama-bench): prompt, generated tokens and cache depth.  The
     # largest graph such a run computes has min(n_ubatch, largest batch) tokens and attends over the cells
     # it reaches (depth + test tokens), so its compute buffer is reserved for exactly that graph.  None:
@@ -156,7 +157,7 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
         workload=settings.workload, n_ubatch=pred.n_ubatch, n_batch=pred.n_batch, n_seq_max=params.n_seq_max,
         n_threads=settings.n_threads or default_threads(), tensors=m.header.tensors, n_vocab=shape.n_vocab,
         n_layer=n_layer, cpu_features=baseline.cpu_features if baseline is not None else (),
-        use_mmap=settings.use_mmap, n_gpu_layers=n_gpu_eff, gpu_device=dev,
+        use_mmap=settings.use_mmap, use_extra_bufts=settings.use_extra_bufts, n_gpu_layers=n_gpu_eff, gpu_device=dev,
         baseline_bytes=baseline.bytes if baseline is not None else None,
         baseline_note=baseline.note if baseline is not None else "not calibrated",
         kv_host_bytes=host_kv, kv_device_bytes=dev_kv, compute_workload=cw, compute_note=compute_note,
@@ -179,7 +180,8 @@ def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings
     runnable = [(i, c) for i, (c, p) in enumerate(zip(configs, preds)) if p.status == STATUS_OK and not p.aborts]
     own = session is None
     if own:
-        session = EngineSession(m.ref.path, n_gpu_layers=settings.n_gpu_layers, header=m.header).__enter__()
+        session = EngineSession(m.ref.path, n_gpu_layers=settings.n_gpu_layers, header=m.header,
+                                use_extra_bufts=settings.use_extra_bufts).__enter__()
     try:
         out: list[ProcessPrediction | None] = [None] * len(configs)
         load_info = dict(getattr(session, "model_info", {}) or {})
@@ -211,7 +213,8 @@ def process_blocks(m, configs: list[ContextParams], settings: ProcessSettings,
         notes.append(f"runtime baseline {baseline.bytes / MIB:.1f} MiB measured now ({baseline.note})"
                      if baseline.bytes is not None else baseline.note)
     try:
-        with EngineSession(m.ref.path, n_gpu_layers=settings.n_gpu_layers, header=m.header) as eng:
+        with EngineSession(m.ref.path, n_gpu_layers=settings.n_gpu_layers, header=m.header,
+                           use_extra_bufts=settings.use_extra_bufts) as eng:
             procs = predict_processes(m, configs, settings, baseline, eng)
     except EngineError as e:
         notes.append(f"whole-process memory not predicted: {e}")

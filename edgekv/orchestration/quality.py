@@ -86,6 +86,18 @@ def _invalid_reason(shape, c: QualityConfig, n_ctx: int, p: dict[str, int], n_ub
     return pred.reason if pred.status == STATUS_INVALID else None
 
 
+def resolve_repack(repack: bool | None, on_event: Callable[[dict[str, Any]], None] | None) -> bool:
+    """The --repack the quality child runs with: as asked, else the preflight's (said through ``on_event``)."""
+    if repack is not None:
+        return repack
+    from edgekv.orchestration.preflight import preflight
+
+    pf = preflight()
+    if not pf.repack and on_event is not None:
+        on_event({"event": "note", "message": pf.fallback_line})
+    return pf.repack
+
+
 # long: the one entry point: validates, plans and runs the child, then shapes rows
 def measure(
     model: str | os.PathLike | None,
@@ -104,6 +116,7 @@ def measure(
     emulate_llama: bool = False,
     timeout: float | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
+    repack: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Perplexity and KL divergence of each cache configuration against the f16/f16 baseline.
 
@@ -113,6 +126,8 @@ def measure(
     ``emulate_llama``: also report the statistics llama-perplexity's 16-bit base file would give
     (``quality["llama_uint16"]``), for the agreement check in ``bench/``.
     ``on_event``: receives the child's events (``tokens``, ``progress``) as they arrive.
+    ``repack``: llama-bench's --repack (the CPU backend's AMX / CPU_REPACK weight copies); None: llama.cpp's
+    default unless the extra-buffer preflight saw those kernels crash here (edgekv.orchestration.preflight).
 
     Returns one row per (n_ctx, config), n_ctx-major, in the order given (see the module docstring).
     Raises :class:`CorpusError` (empty, binary, too short), :class:`EngineError` (llama.cpp refused
@@ -162,6 +177,7 @@ def measure(
             "n_ctx": ctxs,
             "configs": [asdict(cfgs[i]) for i in run_cfgs],
             "n_gpu_layers": n_gpu_layers,
+            "repack": resolve_repack(repack, on_event),
             "options": {"n_batch": n_batch, "n_ubatch": n_ubatch, "n_threads": threads, "chunks": chunks,
                         "base_type_k": base_k, "base_type_v": base_v, "emulate_llama": emulate_llama},
         }
@@ -303,6 +319,7 @@ class SweepQuality:
         try:
             rows = measure(sp.model.ref.path, cfgs, self.corpus, n_ctx, self.chunks, flash_attn=fa, n_batch=sp.n_batch,
                            n_ubatch=sp.n_ubatch, n_threads=sp.n_threads or None, n_gpu_layers=sp.n_gpu_layers,
+                           repack=(sp.repack or [True])[0] if len(sp.repack or [True]) == 1 else None,
                            timeout=sp.timeout_s, on_event=lambda ev: emit("child", {**ev, "phase": "quality"}))
         except (CorpusError, EngineError, RunFailed, UsageError) as e:
             for c in cfgs:

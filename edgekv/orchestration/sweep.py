@@ -59,6 +59,11 @@ class SweepSpec:
     llama_bench: str | None = None
     quality: dict[str, Any] | None = None
     use_mmap: bool = True
+    # --repack 0,1: the CPU backend's extra buffer types (AMX, CPU_REPACK).  None: llama.cpp's default (1) unless
+    # the extra-buffer preflight found that their kernels crash here (then 0, said before the plan)
+    repack: list[bool] | None = None
+    repack_note: str | None = None           # why the sweep runs with --repack 0 when the user did not ask
+    preflight: Any = None                    # the extra-buffer preflight's verdict (edgekv.orchestration.preflight)
 
 
 @dataclass
@@ -85,7 +90,7 @@ def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
                 raise UsageError(
                     f"-d {d} with -p {spec.n_prompt} -n {spec.n_gen} does not fit in -c {n_ctx}: "
                     "depth + tokens per test must not exceed the context")
-            for fa in spec.flash_attn:
+            for fa, rp in ((fa, rp) for rp in (spec.repack or [True]) for fa in spec.flash_attn):
                 for tk, tv in spec.pairs:
                     params = ContextParams(n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa, swa_full=spec.swa_full,
                                            n_seq_max=spec.n_seq_max, kv_unified=spec.kv_unified,
@@ -96,7 +101,7 @@ def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
                         "n_batch": spec.n_batch, "n_ubatch": spec.n_ubatch, "n_threads": threads,
                         "n_gpu_layers": spec.n_gpu_layers, "n_prompt": spec.n_prompt, "n_gen": spec.n_gen,
                         "n_depth": d, "repetitions": spec.repetitions, "warmup": spec.warmup,
-                        "quality": _quality_key(spec.quality),
+                        "quality": _quality_key(spec.quality), "repack": rp,
                     }
                     if not spec.use_mmap:
                         settings["no_mmap"] = True
@@ -324,6 +329,7 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
         raise UsageError(f"{m.ref.spec}: only the header is available; measured runs need the whole model "
                          "(edgekv models pull NAME)")
     sha = verified_sha256(m.ref.path)
+    resolve_repack(spec, emit)
     cases = expand(spec, sha)
     output = Path(output) if output else default_output(spec, cases)
     writer = R.ResultsWriter(output)    # writable, locked for the whole sweep, tail repaired: before measuring
@@ -331,6 +337,23 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
         return _run_locked(spec, writer, cases, sha, env, force, emit, t0)
     finally:
         writer.close()
+
+
+def resolve_repack(spec: SweepSpec, emit: Callable[[str, dict[str, Any]], None]) -> None:
+    """``spec.repack`` when the user gave none: llama.cpp's default unless the extra-buffer preflight (cached per
+    environment) saw its kernels kill the probe here; a ``--repack 1`` asked on such a machine is said too."""
+    from edgekv.orchestration.preflight import preflight
+
+    pf = preflight("binary", spec.llama_bench) if spec.engine == ENGINE_LLAMA_BENCH else preflight()
+    spec.preflight = pf
+    if spec.repack is None:
+        spec.repack = [pf.repack]
+        if not pf.repack:
+            spec.repack_note = pf.fallback_line
+            emit("note", {"message": spec.repack_note})
+    elif True in spec.repack and not pf.repack:
+        emit("note", {"message": f"{pf.crash_cause}: --repack 1 runs as asked, and every configuration that runs a "
+                                 f"prompt batch is expected to fail there ({pf.detail})"})
 
 
 # long: the sweep loop under the results lock: environment, engine, cases, resume
@@ -345,6 +368,8 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
     for note in writer.notes:
         emit("note", {"message": note})
     env = env or collect()
+    if spec.preflight is not None:
+        env = {**env, "extra_buffers_preflight": spec.preflight.environment_block()}
     existing = writer.existing
     check_resumable(existing, env, sha, output, force, model_name=spec.model.shape.name or spec.model.ref.name)
     done_keys = {r.get("config_key") for r in existing}
@@ -442,6 +467,7 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
             for c in run:
                 st = c.settings
                 settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
+                                           use_extra_bufts=st.get("repack", True) is not False,
                                            n_gpu_layers=spec.n_gpu_layers, n_prompt=st["n_prompt"], n_gen=st["n_gen"],
                                            n_depth=st["n_depth"],
                                            # the worker restores these caches from a state file (run_sweep's restore)
@@ -477,6 +503,7 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
                     params = replace(c.params, n_ctx=st["n_depth"] + count, swa_full=False, n_seq_max=1,
                                      kv_unified=False)
                     settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
+                                               use_extra_bufts=st.get("repack", True) is not False,
                                                n_gpu_layers=spec.n_gpu_layers,
                                                n_prompt=count if test == "pp" else 0, n_gen=count if test == "tg" else 0,
                                                n_depth=st["n_depth"], keeps_depth_state=st["n_depth"] > 0)

@@ -16,7 +16,8 @@ from edgekv.records.frame import unset_none
 def case_label(s: dict[str, Any]) -> str:
     kv = s["type_k"] if s["type_k"] == s["type_v"] else f"{s['type_k']}/{s['type_v']}"
     fa = "" if s["flash_attn"] == "auto" else f" fa={s['flash_attn']}"
-    return f"{kv} @ {s['n_ctx']} (d{s['n_depth']}){fa}"
+    rp = " repack=0" if s.get("repack") is False else ""
+    return f"{kv} @ {s['n_ctx']} (d{s['n_depth']}){fa}{rp}"
 
 
 def case_work(s: dict[str, Any]) -> int:
@@ -192,7 +193,24 @@ def render_summary(con, records: list[S.Record | dict[str, Any]], output: str) -
     busy_rows = any(record_busy(r) for r in records)
     unstable = any(v is not None and v.unstable for r in records for v in (speed_of(r, "pp"), speed_of(r, "tg")))
     _summary_legend(con, narrow, with_gpu, with_quality, busy_rows, unstable)
+    note = repack_note(records)
+    if note:
+        con.print(f"[yellow]{note}[/]", highlight=False)
     con.print(f"Results: {output}")
+
+
+def repack_note(records: list[S.Record]) -> str | None:
+    """One line when the records were measured with --repack 0 because the extra-buffer preflight saw llama.cpp's
+    AMX/CPU_REPACK kernels crash on this machine (the environment block says so), else None."""
+    for r in records:
+        pf = r.environment.get("extra_buffers_preflight") if isinstance(r.environment, dict) else None
+        if isinstance(pf, dict) and pf.get("runs") is False and unset_none(r.settings.repack) is False:
+            bufs = ", ".join(pf.get("extra_buffers_mib") or {}) or "extra buffer"
+            return (f"--repack 0: llama.cpp's {bufs} kernels crash on this CPU" +
+                    (" (llama.cpp #20824)" if "AMX" in bufs else "") + f" ({pf.get('detail')}); measured without "
+                    "those weight copies, the setting that runs here: decode is slower than llama.cpp's AMX path "
+                    "where it works (about 2x on the machines in ../shared/reference/amx.md)")
+    return None
 
 
 def _summary_legend(con, narrow: bool, with_gpu: bool, with_quality: bool, busy_rows: bool, unstable: bool) -> None:

@@ -51,7 +51,7 @@ from edgekv.errors import EnvironmentMismatch, UsageError
 from edgekv.output.inputs import load_any, speed_of
 from edgekv.records import results as R
 from edgekv.records import schema as S
-from edgekv.records.frame import device_label, machine_label, unset_none
+from edgekv.records.frame import device_label, machine_label, repack_of, unset_none
 
 ALPHA = 0.05
 
@@ -120,11 +120,13 @@ def parse_thresholds(text: str | None) -> dict[str, Threshold]:
 
 # -- pairing ----------------------------------------------------------------------------------------------
 
-PAIR_SETTINGS = tuple(k for k in R.KEY_SETTINGS if k != "repetitions") + ("test",)
+PAIR_SETTINGS = tuple(k for k in R.KEY_SETTINGS if k != "repetitions") + ("test", "repack")
 
 
 def _setting(rec: S.Record, key: str) -> Any:
     """One setting of a record as plain JSON: None where the record does not hold it, a block as its dict."""
+    if key == "repack":                 # absent in older records: llama.cpp's default, on
+        return repack_of(rec.settings)
     v = unset_none(getattr(rec.settings, key))
     return S.encode_block(v) if isinstance(v, msgspec.Struct) else v
 

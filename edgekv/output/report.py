@@ -274,6 +274,9 @@ def _env_section(records: list[Record]) -> Section:
         ("command", lambda e, rs: f"`{_argv(e)}`" if e.get("argv") else DASH),
         ("CI", lambda e, rs: "yes" if e.get("ci") else "no"),
     ]
+    if any(rs[0].environment.get("extra_buffers_preflight") for rs in by_machine.values()):
+        # records written before the preflight existed have no such row: their reports stay as they were
+        fields.insert(-3, ("extra buffers (AMX, CPU_REPACK)", lambda e, rs: _extra_buffers(e, rs)))
     rows = []
     for name, fn in fields:
         cells = []
@@ -288,6 +291,17 @@ def _env_section(records: list[Record]) -> Section:
                           + (f" on {len(labels)} machines" if len(labels) > 1 else "") + ". Each configuration ran in a "
                           "fresh process; the environment is recorded by the run itself, not typed in.")
     return sec
+
+
+def _extra_buffers(e: dict[str, Any], rs: list[Record]) -> str:
+    """The extra-buffer preflight's verdict, and the --repack the configurations ran with."""
+    pf = e.get("extra_buffers_preflight")
+    if not isinstance(pf, dict):
+        return DASH
+    used = sorted({"1" if F.repack_of(r.settings) else "0" for r in rs})
+    verdict = {True: "run here", False: "crash on this CPU" + (" (llama.cpp #20824)" if "AMX" in (
+        pf.get("extra_buffers_mib") or {}) else ""), None: "unknown"}[pf.get("runs")]
+    return f"kernels {verdict}: {pf.get('detail')}; measured with --repack {','.join(used)}"
 
 
 def _cpu(e: dict[str, Any]) -> str:

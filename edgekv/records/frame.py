@@ -29,7 +29,7 @@ COLUMNS = (
     # identity and settings (what was asked)
     "file", "kind", "status", "reason", "model_name", "model_sha256", "arch", "machine", "device", "engine", "n_ctx",
     "type_k", "type_v", "flash_attn", "n_seq_max", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "n_prompt",
-    "n_gen", "n_depth", "repetitions", "no_mmap", "time_utc",
+    "n_gen", "n_depth", "repetitions", "no_mmap", "repack", "time_utc",
     # what llama.cpp used
     "flash_attn_llamacpp",
     # KV cache (every cache: KV + recurrent + state): formula, llama.cpp's dry run, llama.cpp's log in the measured run
@@ -66,6 +66,12 @@ def unset_none(x: Any) -> Any:
 
 
 _v = unset_none
+
+
+def repack_of(settings: Any) -> bool:
+    """A record's --repack (use_extra_bufts): records written before the setting existed ran llama.cpp's default, on."""
+    v = unset_none(getattr(settings, "repack", UNSET))
+    return True if v is None else bool(v)
 
 
 def _mib_total(d: Any) -> float | None:
@@ -108,7 +114,8 @@ def _identity(rec: Record, file: str | None) -> dict[str, Any]:
         "engine": s.engine, "n_ctx": s.n_ctx, "type_k": s.type_k, "type_v": s.type_v, "flash_attn": s.flash_attn,
         "n_seq_max": s.n_seq_max, "n_batch": s.n_batch, "n_ubatch": s.n_ubatch, "n_threads": s.n_threads,
         "n_gpu_layers": s.n_gpu_layers, "n_prompt": s.n_prompt, "n_gen": s.n_gen, "n_depth": s.n_depth,
-        "repetitions": s.repetitions, "no_mmap": bool(_v(s.no_mmap)), "time_utc": _v(rec.time_utc),
+        "repetitions": s.repetitions, "no_mmap": bool(_v(s.no_mmap)), "repack": repack_of(s),
+        "time_utc": _v(rec.time_utc),
         "flash_attn_llamacpp": _v(eff.flash_attn) if eff is not None else None,
     }
 
@@ -232,6 +239,7 @@ def group_key(rec: Record) -> tuple:
 
     s = rec.settings
     rest = tuple(str(_v(getattr(s, k))) for k in KEY_SETTINGS if k not in ("type_k", "type_v", "quality", "repetitions"))
+    rest += (str(repack_of(s)),)
     return (_v(rec.model.sha256) or _v(rec.model.path), device_label(rec), rec.kind, rest, _v(s.test))
 
 

@@ -79,6 +79,8 @@ def config_key(model_sha256: str | None, settings: dict[str, Any]) -> str:
     key = {"model_sha256": model_sha256, **{k: settings.get(k) for k in KEY_SETTINGS}}
     if settings.get("no_mmap"):          # only when set, so the keys of earlier records stay the same
         key["no_mmap"] = True
+    if settings.get("repack") is False:   # likewise: on is llama.cpp's default and what earlier records ran
+        key["repack"] = False
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 

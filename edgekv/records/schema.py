@@ -112,6 +112,9 @@ class Settings(_Block, kw_only=True):
     warmup: _d(Union[bool, None], "one untimed warm-up run before the timed ones (None: unknown, imported llama-bench)")
     quality: _d(Union[QualitySettings, None], "quality pass asked with the bench, or None")
     no_mmap: _d(Union[bool, UnsetType], "weights read into anonymous memory (--no-mmap); only present when set") = UNSET
+    repack: _d(Union[bool, UnsetType], "the CPU backend's extra buffer types (AMX, CPU_REPACK) on: llama-bench --repack, "
+                                       "llama_model_params.use_extra_bufts; absent in records written before it "
+                                       "(llama.cpp's default, on)") = UNSET
     test: _d(Union[str, UnsetType], "imported llama-bench row: its test (pp, tg, pg)") = UNSET
 
 

@@ -1,0 +1,93 @@
+"""A tiny synthetic GGUF that llama.cpp loads and runs: the probe model of the extra-buffer preflight.
+
+One llama block (n_embd 256, 4 heads of 64, n_ff 512, a 512-token vocabulary with no tokenizer) whose matrix
+weights are Q4_0: a type both of the CPU backend's extra buffer types take (AMX packs Q4_0 when ne0 % 32 and
+ne1 % 32 are 0; CPU_REPACK re-lays it on AVX2/NEON when ne1 % 8 is 0), so a build with either puts every matrix
+there and the probe's batches run through those kernels.  The weights are zeros in a sparse file: a few KB on
+disk, and llama.cpp computes on them like on any other weights (the probe asks whether the kernels run, not what
+they compute).
+
+The header is written with gguf-py's ``GGUFWriter`` (llama.cpp's own writer), the file then extended to the size
+its tensor table implies.  The path is always edgekv's own (:func:`probe_model_path`), checked to stay inside
+``EDGEKV_HOME``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from edgekv.edges.home import edgekv_home
+from edgekv.edges.safepath import atomic_path
+
+N_EMBD, N_HEAD, N_FF, N_VOCAB, N_CTX_TRAIN = 256, 4, 512, 512, 256
+PROBE_VERSION = 1
+
+
+def _tensors() -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, ne in ggml order, type) of the probe model."""
+    e, f, v = N_EMBD, N_FF, N_VOCAB
+    return [
+        ("token_embd.weight", (e, v), "F32"),
+        ("output_norm.weight", (e,), "F32"),
+        ("output.weight", (e, v), "Q4_0"),
+        ("blk.0.attn_norm.weight", (e,), "F32"),
+        ("blk.0.attn_q.weight", (e, e), "Q4_0"),
+        ("blk.0.attn_k.weight", (e, e), "Q4_0"),
+        ("blk.0.attn_v.weight", (e, e), "Q4_0"),
+        ("blk.0.attn_output.weight", (e, e), "Q4_0"),
+        ("blk.0.ffn_norm.weight", (e,), "F32"),
+        ("blk.0.ffn_gate.weight", (e, f), "Q4_0"),
+        ("blk.0.ffn_up.weight", (e, f), "Q4_0"),
+        ("blk.0.ffn_down.weight", (f, e), "Q4_0"),
+    ]
+
+
+def write_probe_model(path: str | os.PathLike) -> int:
+    """Write the probe GGUF at ``path`` (header, then a hole to the full size); return the file size."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+    w = GGUFWriter(path, "llama", use_temp_file=False)
+    w.add_name("edgekv extra-buffer probe")
+    w.add_block_count(1)
+    w.add_context_length(N_CTX_TRAIN)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD)
+    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(N_VOCAB)
+    w.add_tokenizer_model("none")     # no vocabulary: llama.cpp sizes the embeddings from llama.vocab_size
+    total = 0
+    for name, ne, type_name in _tensors():
+        qt = GGMLQuantizationType[type_name]
+        blck, tsize = GGML_QUANT_SIZES[qt]
+        n = 1
+        for x in ne:
+            n *= x
+        nbytes = n // blck * tsize
+        # GGUFWriter takes numpy order (ne reversed) and writes ggml order back
+        w.add_tensor_info(name, list(reversed(ne)), None, nbytes, raw_dtype=qt)
+        total += GGUFWriter.ggml_pad(nbytes, w.data_alignment)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    assert w.fout is not None
+    header_end = w.fout[0].tell()
+    w.close()
+    size = GGUFWriter.ggml_pad(header_end, w.data_alignment) + total
+    with open(path, "r+b") as f:
+        f.truncate(size)
+    return size
+
+
+def probe_model_path() -> Path:
+    """The probe model under ``EDGEKV_HOME/calibration/``, written on first use."""
+    folder = edgekv_home() / "calibration"
+    p = folder / f"extra-buffer-probe-v{PROBE_VERSION}.gguf"
+    if not p.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_path(p, root=folder, what="the preflight's probe model") as tmp:
+            write_probe_model(tmp)
+    return p

@@ -1,0 +1,131 @@
+"""The extra-buffer preflight: do llama.cpp's AMX / CPU_REPACK kernels run on this machine?
+
+On Intel Xeons with AMX (Sapphire Rapids and later: many cloud VMs and CI runners) llama.cpp copies eligible
+weights into its AMX buffer, and on some of them its AMX matrix kernels crash on every batch of 2 or more tokens
+(llama.cpp #20824, open; ../shared/reference/amx.md).  A run that only learns that when each configuration dies
+measures nothing.  So once per environment (cached with the runtime baseline under ``EDGEKV_HOME/calibration/``,
+keyed by the same fingerprint, re-run when it changes) a child loads a tiny Q4_0 model
+(:mod:`edgekv.edges.tinymodel`) with the extra buffer types on and decodes a batch of 2 and a batch of 32 tokens
+(about 2 s).  If it dies, edgekv measures with ``--repack 0`` (``use_extra_bufts = false``), the setting that
+runs there, and says so; an explicit ``--repack 1`` still runs as asked.
+
+For a user's llama-bench the probe is that binary itself: ``-p 2,32 -n 0 -r 1 --repack 1`` on the same model.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
+
+PREFLIGHT_VERSION = 1
+ISSUE = "llama.cpp #20824"
+CRASH_TEXT = f"llama.cpp's AMX kernels crash on this CPU ({ISSUE})"
+
+
+@dataclass
+class Preflight:
+    """The preflight's verdict for one environment."""
+
+    runs: bool | None                    # True: the extra buffer types run; False: they kill the process; None: unknown
+    detail: str                          # one line: what ran, or how it died
+    extra_buffers: dict[str, float] = field(default_factory=dict)   # the probe's extra buffers (MiB), from its log
+    fingerprint_key: str = ""
+    remeasured: bool = False
+
+    @property
+    def repack(self) -> bool:
+        """The --repack setting to measure with when the user gives none: llama.cpp's default (1) unless it crashes."""
+        return self.runs is not False
+
+    @property
+    def fallback_line(self) -> str:
+        """What bench/quality print before their plan when they fall back to --repack 0."""
+        return f"{self.crash_cause}: measuring with --repack 0, the setting that runs here ({self.detail})"
+
+    @property
+    def crash_cause(self) -> str:
+        return CRASH_TEXT if "AMX" in self.extra_buffers else (
+            f"llama.cpp's {'/'.join(self.extra_buffers) or 'extra buffer'} kernels crash on this CPU")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def environment_block(self) -> dict[str, Any]:
+        """What a record's environment says of it (``extra_buffers_preflight``)."""
+        return {"runs": self.runs, "detail": self.detail, "extra_buffers_mib": dict(self.extra_buffers)}
+
+
+def verdict(ok: bool, signal_no: int | None, step: str | None, buffers: dict[str, float], why: str | None) -> Preflight:
+    """The verdict from what the probe did (pure): died by a signal in a decode -> the kernels crash here."""
+    extra = {k: v for k, v in (buffers or {}).items() if k in ("AMX", "CPU_REPACK") or "REPACK" in k or "KLEIDI" in k}
+    names = ", ".join(f"{k} {v:.2f} MiB" for k, v in extra.items()) or "no extra buffer"
+    if ok:
+        return Preflight(True, f"the probe decoded batches of 2 and 32 tokens with {names}", extra)
+    if signal_no is not None:
+        sig = signal.Signals(signal_no).name if signal_no in signal.Signals._value2member_map_ else str(signal_no)
+        where = {"batch2": "a batch of 2 tokens", "batch32": "a batch of 32 tokens"}.get(step or "", step or "start-up")
+        return Preflight(False, f"the probe died with {sig} decoding {where} with {names}", extra)
+    return Preflight(None, f"the probe could not run: {why or 'no result'}", extra)
+
+
+def _cache_path(runtime: str, binary: str | None):
+    import hashlib
+    import os
+
+    digest = hashlib.sha256(os.path.abspath(binary or "").encode()).hexdigest()[:10]
+    name = "python" if runtime == "python" else "binary-" + digest
+    return store_path(f"{name}-preflight")
+
+
+def _probe_python() -> Preflight:
+    from edgekv.edges.process import run_child, worker_argv
+    from edgekv.edges.tinymodel import probe_model_path
+
+    res = run_child(worker_argv("preflight"), {"model_path": str(probe_model_path())}, timeout=120.0)
+    r = res.result or {}
+    step = next((e.get("phase") for e in reversed(res.events) if e.get("event") == "phase"), None)
+    if res.timed_out:
+        return Preflight(None, f"the probe timed out in {step or 'start-up'}")
+    return verdict(bool(res.ok and r.get("ok")), res.signal, r.get("step") or step, r.get("buffers") or {},
+                   r.get("reason") or res.failure_reason())
+
+
+def _probe_binary(binary: str) -> Preflight:
+    from edgekv.core.llamalog import parse_memory_log
+    from edgekv.edges.process import run_child
+    from edgekv.edges.tinymodel import probe_model_path
+
+    argv = [binary, "-m", str(probe_model_path()), "-p", "2,32", "-n", "0", "-r", "1", "--repack", "1", "-o", "jsonl"]
+    res = run_child(argv, None, stdin_data=b"", timeout=120.0, capture_output=True)
+    buffers = parse_memory_log(res.stderr or "").model_buffers
+    if res.timed_out:
+        return Preflight(None, "the probe (llama-bench) timed out", buffers)
+    ok = res.returncode == 0 and '"n_prompt"' in (res.stdout or "")
+    step = "batch32" if (res.stdout or "").count('"n_prompt"') == 1 else "batch2"
+    return verdict(ok, res.signal, step, buffers, res.failure_reason() or "llama-bench printed no result")
+
+
+def preflight(runtime: str = "python", binary: str | None = None, refresh: bool = False) -> Preflight:
+    """The cached verdict for this environment, probing when absent, stale, or ``refresh``."""
+    fp = {**fingerprint(runtime, binary), "preflight": PREFLIGHT_VERSION}
+    key = fingerprint_key(fp)
+    path = _cache_path(runtime, binary)
+    if not refresh:
+        try:
+            cached = json.loads(path.read_text())
+            if cached.get("fingerprint_key") == key:
+                return Preflight(cached["runs"], cached["detail"], dict(cached.get("extra_buffers") or {}), key)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    pf = _probe_python() if runtime == "python" else _probe_binary(binary or "")
+    pf.fingerprint_key, pf.remeasured = key, True
+    if pf.runs is not None:       # an unknown verdict is said, never cached
+        try:
+            write_json(path, {**pf.to_dict(), "remeasured": False})
+        except OSError:
+            pass
+    return pf
