@@ -40,6 +40,7 @@ from edgekv.core.stats import summarize, welch  # noqa: E402
 from edgekv.edges.environment import cpu_model  # noqa: E402
 from edgekv.edges.process import run_child  # noqa: E402
 from edgekv.orchestration.api import load_model  # noqa: E402
+from edgekv.orchestration.preflight import preflight  # noqa: E402
 from edgekv.orchestration.sweep import SweepSpec, default_depth, run_sweep  # noqa: E402
 
 
@@ -79,6 +80,8 @@ def run_llama_bench(exe, model_path, n_ctx, t, args) -> dict:
     d = default_depth(n_ctx, args.p, args.n)
     argv = [str(exe), "-m", model_path, "-p", str(args.p), "-n", str(args.n), "-d", str(d), "-ctk", t, "-ctv", t,
             "-fa", args.fa, "-t", str(args.t), "-r", str(args.r), "-b", "2048", "-ub", "512", "-o", "jsonl"]
+    # the --repack edgekv's side measures with: llama.cpp's default, or 0 where its AMX kernels crash (issue 25)
+    argv += ["--repack", "1" if preflight().repack else "0"]
     res = run_child(argv, stdin_data=b"", capture_output=True, env=llama_bench_env(exe, args.libs), timeout=3600)
     if res.returncode != 0:
         raise SystemExit(f"llama-bench failed: {res.failure_reason()}\n{res.stderr_tail}")

@@ -48,6 +48,7 @@ from llama_tools import llama_cpp_python_version, tool, write_section  # noqa: E
 
 from edgekv.edges.corpus import resolve_corpus  # noqa: E402
 from edgekv.edges.sources import resolve_model  # noqa: E402
+from edgekv.orchestration.preflight import preflight  # noqa: E402
 from edgekv.orchestration.quality import measure, plan  # noqa: E402
 
 BEGIN, END = "<!-- quality:begin -->", "<!-- quality:end -->"
@@ -83,6 +84,8 @@ def run_llama(exe: Path, argv: list[str]) -> dict[str, Any]:
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = f"{exe.parent}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":")
     cpu0, t0 = _cpu_children(), time.perf_counter()
+    if not preflight().repack:       # llama.cpp's AMX kernels crash on this CPU: the setting edgekv uses (issue 25)
+        argv = [*argv, "--no-repack"]
     p = subprocess.run([str(exe), *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     wall, cpu = time.perf_counter() - t0, _cpu_children() - cpu0
     out = p.stdout.decode("utf-8", "replace")

@@ -43,9 +43,12 @@ def _reference(model_path, corpus_path, type_k: str, chunks: int = CHUNKS):
     import llama_cpp
     from scipy.special import log_softmax
 
+    from tests.llamaparams import preflight_model_params
+
     ggml = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
-                          flash_attn=True, type_k=ggml[type_k], type_v=ggml[type_k], n_threads=2, verbose=False)
+    with preflight_model_params():      # on a CPU whose AMX kernels crash, the setting that runs there (--repack 0)
+        llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
+                              flash_attn=True, type_k=ggml[type_k], type_v=ggml[type_k], n_threads=2, verbose=False)
     data = Path(corpus_path).read_bytes()
     if data.endswith(b"\n"):          # llama-perplexity -f drops one trailing newline
         data = data[:-1]

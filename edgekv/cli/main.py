@@ -287,6 +287,29 @@ def bench(
         raise typer.Exit(130)
 
 
+# -- info -------------------------------------------------------------------------------------------------
+
+@app.command()
+def info(
+    llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
+                                              help="Also run the preflight on your own llama-bench binary."),
+    refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of reading the cached calibration."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """This machine as llama.cpp sees it: its CPU features, extra buffer types (AMX, CPU_REPACK), the runtime
+    baseline and the extra-buffer preflight (do those kernels run here?), each cached per environment."""
+    from edgekv.orchestration.machine import machine_info
+    from edgekv.output.views import render_info
+
+    if llama_bench is not None and not (os.path.isfile(llama_bench) and os.access(llama_bench, os.X_OK)):
+        raise UsageError(f"--llama-bench: {llama_bench} is not an executable file")
+    res = machine_info(llama_bench, refresh)
+    if as_json:
+        _print_json(res)
+    else:
+        render_info(_console(), res)
+
+
 # -- report, compare, merge ------------------------------------------------------------------------------
 
 @app.command()

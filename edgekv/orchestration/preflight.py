@@ -99,7 +99,7 @@ def _probe_binary(binary: str) -> Preflight:
     from edgekv.edges.process import run_child
     from edgekv.edges.tinymodel import probe_model_path
 
-    argv = [binary, "-m", str(probe_model_path()), "-p", "2,32", "-n", "0", "-r", "1", "--repack", "1", "-o", "jsonl"]
+    argv = [binary, "-m", str(probe_model_path()), "-p", "2,32", "-n", "0", "-r", "1", "--repack", "1", "-o", "jsonl", "-v"]
     res = run_child(argv, None, stdin_data=b"", timeout=120.0, capture_output=True)
     buffers = parse_memory_log(res.stderr or "").model_buffers
     if res.timed_out:

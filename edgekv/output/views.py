@@ -78,6 +78,26 @@ def inspect_dict(m: LoadedModel) -> dict[str, Any]:
     }
 
 
+def render_info(con, info: dict[str, Any]) -> None:
+    """``edgekv info``: one line per fact, each saying where it comes from."""
+    MIB = 1024 * 1024
+    con.print(f"llama-cpp-python {info.get('llama_cpp_python') or '?'}")
+    con.print("CPU features (llama.cpp's system info): " + (", ".join(info["cpu_features"]) or "none reported"))
+    con.print("Extra buffer types of this build: " + (", ".join(info["extra_buffer_types"]) or "none") +
+              " (weights copied for faster kernels; --repack 0 turns them off)")
+    b = info.get("runtime_baseline_bytes")
+    con.print(f"Runtime baseline: {b / MIB:.1f} MiB ({info.get('runtime_baseline_note')})" if b else
+              f"Runtime baseline: not measured ({info.get('runtime_baseline_note')})")
+    for label, pf in (("Preflight (llama-cpp-python)", info["preflight"]), ("Preflight (llama-bench)", info.get("llama_bench"))):
+        if not pf:
+            continue
+        verdict = {True: "the extra buffer types run here", False: "their kernels CRASH here",
+                   None: "could not tell"}[pf.get("runs")]
+        default = "--repack 1 (llama.cpp's default)" if pf.get("repack_default") else "--repack 0"
+        con.print(f"{label}: {verdict} ({pf.get('detail')}); bench and quality measure with {default}",
+                  highlight=False, markup=False)
+
+
 def render_inspect(con, m: LoadedModel) -> None:
     from rich.table import Table
 
