@@ -296,8 +296,10 @@ def info(
     refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of reading the cached calibration."),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """This machine as llama.cpp sees it: its CPU features, extra buffer types (AMX, CPU_REPACK), the runtime
-    baseline and the extra-buffer preflight (do those kernels run here?), each cached per environment."""
+    """This machine as llama.cpp sees it: CPU features, extra buffer types, runtime baseline, preflight.
+
+    The extra buffer types (AMX, CPU_REPACK) and whether their kernels run here (the preflight), each measured
+    once per environment and cached."""
     from edgekv.orchestration.machine import machine_info
     from edgekv.output.views import render_info
 
