@@ -49,7 +49,7 @@ def quality(
     """
     from edgekv.cli.options import _console, _model, _print_json
     from edgekv.errors import UsageError
-    from edgekv.orchestration.quality import QualityConfig, measure
+    from edgekv.orchestration.quality import QualityConfig, measure, resolve_repack
 
     ctxs = parse_int_list(ctx_size, "-c/--ctx-size", minimum=2)
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
@@ -64,15 +64,16 @@ def quality(
     configs = [QualityConfig(k, v, fa) for fa in fas for k, v in pairs]
 
     progress = _Progress(enabled=not as_json and sys.stderr.isatty(), ctxs=ctxs, chunks=chunks, n_batch=batch_size)
+    rp = resolve_repack(_one_repack(repack), progress.on_event)     # the preflight's, when not given
     with progress:
         rows = measure(_model(model, model_opt), configs, corpus, ctxs, chunks, n_batch=batch_size, n_ubatch=ubatch_size,
                        n_threads=threads, n_gpu_layers=n_gpu_layers, timeout=timeout, on_event=progress.on_event,
-                       repack=_one_repack(repack))
+                       repack=rp)
     if as_json:
         from edgekv.orchestration.quality import quality_records
 
         _print_json(quality_records(rows, _model(model, model_opt), corpus=corpus, chunks=chunks, n_batch=batch_size,
-                                    n_ubatch=ubatch_size, n_gpu_layers=n_gpu_layers))
+                                    n_ubatch=ubatch_size, n_gpu_layers=n_gpu_layers, repack=rp))
     else:
         render_quality(_console(), rows)
 

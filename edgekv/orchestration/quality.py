@@ -242,7 +242,7 @@ def measure(
 
 def quality_records(rows: list[dict[str, Any]], model: str | os.PathLike | None, *, corpus: str | None,
                     chunks: int | None, n_batch: int, n_ubatch: int, n_gpu_layers: int,
-                    env: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                    env: dict[str, Any] | None = None, repack: bool = True) -> list[dict[str, Any]]:
     """``edgekv quality --json``: each :func:`measure` row as a record of kind ``quality`` (``schema_version``,
     model, settings, environment; the row itself is the ``quality`` block, as in a bench record), so report,
     compare, merge and :func:`edgekv.results_frame` load it like bench records.  Checked against the schema."""
@@ -267,6 +267,7 @@ def quality_records(rows: list[dict[str, Any]], model: str | os.PathLike | None,
             "n_ubatch": n_ubatch, "n_threads": q.get("n_threads"), "n_gpu_layers": n_gpu_layers, "n_prompt": None,
             "n_gen": None, "n_depth": None, "repetitions": None, "warmup": None,
             "quality": {"corpus": corpus or (q.get("corpus") or {}).get("name") or "pydoc", "chunks": chunks},
+            "repack": repack,
         }
         rec = {
             "schema_version": SCHEMA_VERSION, "kind": "quality", "config_key": R.config_key(sha, settings),
