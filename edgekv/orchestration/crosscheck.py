@@ -137,8 +137,8 @@ def extra_buffer_check(m, cpu_features: list[str], use_extra_bufts: bool = True,
 
     llama.cpp's dry run allocates no weights (its model buffer lines print 0.00), so its own figure for the extra
     buffers comes from a real load in a child (of the header's sparse stand-in when only the header is here: the
-    holes read as zeros), skipped with the reason when the copies would take more than a quarter of the memory
-    available now."""
+    holes read as zeros), skipped with the reason when the mapped file and the copies would take more than a quarter
+    of the memory available now."""
     import psutil
 
     from edgekv.core.memmodel import extra_buffer_bytes
@@ -148,11 +148,14 @@ def extra_buffer_check(m, cpu_features: list[str], use_extra_bufts: bool = True,
     formula = {k: round(b / MIB, 2) for k, (b, _n) in
                extra_buffer_bytes(m.header.tensors, cpu_features, use_extra_bufts).items()}
     out: dict[str, Any] = {"formula": formula, "llama": None, "same": None, "note": ""}
-    need = sum(formula.values()) * MIB
+    # a real load maps the whole file with MAP_POPULATE (src/llama-model.cpp:1812 init_mappings(prefetch=true),
+    # src/llama-mmap.cpp:480): every page of it becomes resident, then the copies are allocated
+    need = sum(formula.values()) * MIB + m.header.file_size
     avail = psutil.virtual_memory().available
     if need > EXTRA_CHECK_MAX_SHARE * avail:
-        out["note"] = (f"llama.cpp's figure not read: a real load would allocate {need / MIB:.0f} MiB of weight copies, "
-                       f"more than a quarter of the {avail / MIB:.0f} MiB available")
+        out["note"] = (f"llama.cpp's figure not read: a real load would map the {m.header.file_size / MIB:.0f} MiB file "
+                       f"and allocate {sum(formula.values()):.0f} MiB of weight copies, more than a quarter of the "
+                       f"{avail / MIB:.0f} MiB available")
         return out
     with loadable_path(m.ref.path, m.header) as (path, _sparse):
         res = run_child(worker_argv("extra_buffers"), {"model_path": path, "repack": use_extra_bufts}, timeout=timeout)
