@@ -15,7 +15,9 @@ its tensor table implies.  The path is always edgekv's own (:func:`probe_model_p
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from edgekv.edges.home import edgekv_home
 from edgekv.edges.safepath import atomic_path
@@ -45,7 +47,7 @@ def _tensors() -> list[tuple[str, tuple[int, ...], str]]:
 
 def write_probe_model(path: str | os.PathLike) -> int:
     """Write the probe GGUF at ``path`` (header, then a hole to the full size); return the file size."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFWriter
 
     w = GGUFWriter(path, "llama", use_temp_file=False)
     w.add_name("edgekv extra-buffer probe")
@@ -59,16 +61,26 @@ def write_probe_model(path: str | os.PathLike) -> int:
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(N_VOCAB)
     w.add_tokenizer_model("none")     # no vocabulary: llama.cpp sizes the embeddings from llama.vocab_size
+    return write_sparse(w, path, [(name, ne, GGMLQuantizationType[t]) for name, ne, t in _tensors()])
+
+
+def write_sparse(w, path: str | os.PathLike, tensors: Iterable[tuple[str, Sequence[int], Any]]) -> int:
+    """Finish a ``GGUFWriter`` whose metadata is added: the tensor-info table of ``tensors`` (name, ne in ggml
+    order, ``GGMLQuantizationType``), the header written, then the file extended to the size the table implies
+    (a hole: no tensor data is written).  Returns the file size."""
+    from gguf import GGML_QUANT_SIZES, GGUFWriter
+
     total = 0
-    for name, ne, type_name in _tensors():
-        qt = GGMLQuantizationType[type_name]
+    for name, ne, qt in tensors:
         blck, tsize = GGML_QUANT_SIZES[qt]
         n = 1
         for x in ne:
-            n *= x
+            n *= int(x)
+        if int(ne[0]) % blck:
+            raise ValueError(f"{name}: ne0={ne[0]} is not a multiple of the {qt.name} block size {blck}")
         nbytes = n // blck * tsize
         # GGUFWriter takes numpy order (ne reversed) and writes ggml order back
-        w.add_tensor_info(name, list(reversed(ne)), None, nbytes, raw_dtype=qt)
+        w.add_tensor_info(name, list(reversed([int(x) for x in ne])), None, nbytes, raw_dtype=qt)
         total += GGUFWriter.ggml_pad(nbytes, w.data_alignment)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -70,22 +70,9 @@ def write_gguf(path: str | os.PathLike, arch: str, metadata: Iterable[Sequence[A
         if k == "general.architecture":
             continue            # GGUFWriter adds it itself, first
         _add_kv(w, k, t, v)
-    total = 0
-    for name, ne, type_name in tensors:
-        nb = tensor_nbytes(ne, type_name)
-        # GGUFWriter takes the shape in numpy order (reversed ne) and writes it back in ggml order
-        w.add_tensor_info(name, list(reversed([int(x) for x in ne])), None, nb, raw_dtype=TENSOR_TYPES[type_name])
-        total += GGUFWriter.ggml_pad(nb, w.data_alignment)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    assert w.fout is not None
-    header_end = w.fout[0].tell()
-    w.close()
-    size = GGUFWriter.ggml_pad(header_end, w.data_alignment) + total
-    with open(path, "r+b") as f:
-        f.truncate(size)
-    return size
+    from edgekv.edges.tinymodel import write_sparse
+
+    return write_sparse(w, path, [(name, ne, TENSOR_TYPES[type_name]) for name, ne, type_name in tensors])
 
 
 def write_spec(path: str | os.PathLike, spec: dict[str, Any]) -> int:
