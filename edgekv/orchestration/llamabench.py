@@ -43,8 +43,8 @@ def argv_for(path: str, model_path: str, s: dict[str, Any], test: str) -> list[s
         argv += ["-ngl", str(s["n_gpu_layers"])]
     if not s["warmup"]:
         argv.append("--no-warmup")
-    if s.get("repack") is not None:       # llama-bench --repack: use_extra_bufts (AMX, CPU_REPACK)
-        argv += ["--repack", "1" if s["repack"] else "0"]
+    if s.get("repack") is False:          # llama-bench --repack 0 (use_extra_bufts off); 1 is its default, and
+        argv += ["--repack", "0"]         # builds older than the flag refuse it, so it is passed only when off
     return argv
 
 

@@ -9,7 +9,8 @@ keyed by the same fingerprint, re-run when it changes) a child loads a tiny Q4_0
 (about 2 s).  If it dies, edgekv measures with ``--repack 0`` (``use_extra_bufts = false``), the setting that
 runs there, and says so; an explicit ``--repack 1`` still runs as asked.
 
-For a user's llama-bench the probe is that binary itself: ``-p 2,32 -n 0 -r 1 --repack 1`` on the same model.
+For a user's llama-bench the probe is that binary itself: ``-p 2,32 -n 0 -r 1`` on the same model (its default
+``--repack 1``, not passed: builds older than the flag refuse it).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _probe_binary(binary: str) -> Preflight:
     from edgekv.edges.process import run_child
     from edgekv.edges.tinymodel import probe_model_path
 
-    argv = [binary, "-m", str(probe_model_path()), "-p", "2,32", "-n", "0", "-r", "1", "--repack", "1", "-o", "jsonl", "-v"]
+    argv = [binary, "-m", str(probe_model_path()), "-p", "2,32", "-n", "0", "-r", "1", "-o", "jsonl", "-v"]
     res = run_child(argv, None, stdin_data=b"", timeout=120.0, capture_output=True)
     buffers = parse_memory_log(res.stderr or "").model_buffers
     if res.timed_out:
