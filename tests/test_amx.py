@@ -287,3 +287,18 @@ def test_compare_pairs_records_from_before_the_setting_with_repack_1(tmp_path):
     assert len(pairs) == len({R.as_record(r, "x").config_key for r in old}) and not only_b and not only_c
     pairs, only_b, only_c = pair(old, off)
     assert not pairs and only_b and only_c
+
+
+def test_predict_says_when_the_default_would_crash_here(smollm2_path, monkeypatch, capsys):
+    import edgekv.orchestration.preflight as P
+    from edgekv.cli.main import main
+
+    crashed = P.verdict(False, signal.SIGSEGV, "batch2", {"AMX": 0.66}, None)
+    monkeypatch.setattr(P, "cached", lambda *a, **k: crashed)
+    assert main(["predict", str(smollm2_path), "-c", "512", "-ctk", "f16", "--kv-only"]) == 0
+    out = capsys.readouterr().out
+    assert "llama.cpp #20824" in out and "--repack 0" in out
+    assert main(["predict", str(smollm2_path), "-c", "512", "-ctk", "f16", "--kv-only", "--repack", "0"]) == 0
+    assert "#20824" not in capsys.readouterr().out
+    assert main(["predict", str(smollm2_path), "--repack", "2"]) == 2
+    assert "--repack: '2' is not 0 or 1" in capsys.readouterr().err

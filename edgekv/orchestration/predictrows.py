@@ -121,6 +121,17 @@ def _defaults_cost(m: LoadedModel, base: ContextParams, recs: list[Record]) -> t
     return (last.n_ctx, cost[0], cost[1]) if cost else None
 
 
+def _crash_note(notes: list[str], use_extra_bufts: bool) -> None:
+    """When this environment's extra-buffer preflight (already cached: predict probes nothing) saw the kernels crash,
+    say that the default prediction describes a process that dies here."""
+    from edgekv.orchestration.preflight import cached
+
+    pf = cached()
+    if pf is not None and pf.runs is False and use_extra_bufts:
+        notes.append(f"{pf.crash_cause}: llama.cpp with its default (--repack 1) dies on the first prompt batch here; "
+                     "`--repack 0` (llama.cpp's -nr) predicts the setting that runs")
+
+
 def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
     """Compute everything ``edgekv predict`` prints: formula records (and llama.cpp's dry run), the
     whole-process prediction, the budget table, and the notes the view adds under the table."""
@@ -131,6 +142,7 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
         processes, notes = process_blocks(m, req.configs, req.process)
     out = PredictOutcome(predict_records(m, req.configs, engine=req.engine, n_gpu_layers=req.n_gpu_layers,
                                          with_layers=req.with_layers_json, processes=processes), notes)
+    _crash_note(out.process_notes, req.process.use_extra_bufts)
     if req.engine and m.header.tensors:
         from edgekv.orchestration.calibrate import runtime_baseline
         from edgekv.orchestration.crosscheck import extra_buffer_check, extra_buffer_line

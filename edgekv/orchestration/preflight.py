@@ -110,18 +110,25 @@ def _probe_binary(binary: str) -> Preflight:
     return verdict(ok, res.signal, step, buffers, res.failure_reason() or "llama-bench printed no result")
 
 
+def cached(runtime: str = "python", binary: str | None = None) -> Preflight | None:
+    """The verdict already cached for this environment, or None (nothing is probed)."""
+    key = fingerprint_key({**fingerprint(runtime, binary), "preflight": PREFLIGHT_VERSION})
+    try:
+        c = json.loads(_cache_path(runtime, binary).read_text())
+        if c.get("fingerprint_key") == key:
+            return Preflight(c["runs"], c["detail"], dict(c.get("extra_buffers") or {}), key)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def preflight(runtime: str = "python", binary: str | None = None, refresh: bool = False) -> Preflight:
     """The cached verdict for this environment, probing when absent, stale, or ``refresh``."""
-    fp = {**fingerprint(runtime, binary), "preflight": PREFLIGHT_VERSION}
-    key = fingerprint_key(fp)
+    key = fingerprint_key({**fingerprint(runtime, binary), "preflight": PREFLIGHT_VERSION})
     path = _cache_path(runtime, binary)
-    if not refresh:
-        try:
-            cached = json.loads(path.read_text())
-            if cached.get("fingerprint_key") == key:
-                return Preflight(cached["runs"], cached["detail"], dict(cached.get("extra_buffers") or {}), key)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+    known = None if refresh else cached(runtime, binary)
+    if known is not None:
+        return known
     pf = _probe_python() if runtime == "python" else _probe_binary(binary or "")
     pf.fingerprint_key, pf.remeasured = key, True
     if pf.runs is not None:       # an unknown verdict is said, never cached
