@@ -244,7 +244,7 @@ def evaluate(lc, model, vocab, cap: LogCapture, tokens: np.ndarray, n_ctx: int, 
 def run(payload: dict[str, Any], ev: EventWriter) -> None:
     import llama_cpp as lc
 
-    cap = LogCapture()
+    cap = LogCapture(tee=lambda line: ev.emit("log", line=line))     # survives a crash: the parent keeps the tail
     cap.install()
     lc.llama_backend_init()
     t0 = time.perf_counter()

@@ -308,7 +308,7 @@ def bench(payload: dict, ev: EventWriter) -> None:
     from edgekv.core.predict import ContextParams
     from edgekv.edges.engine import LogCapture, context_params, model_params
 
-    cap = LogCapture()
+    cap = LogCapture(tee=lambda line: ev.emit("log", line=line))     # survives a crash: the parent keeps the tail
     cap.install()
     L.llama_backend_init()
     timing["import_s"] = time.perf_counter() - t_begin

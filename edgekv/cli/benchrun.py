@@ -275,6 +275,32 @@ def run_bench(a: BenchArgs, as_json: bool, console: Callable[..., Any]) -> Sweep
         return run_sweep(spec, output=a.output, force=a.force, on_event=mon.on_event)
 
 
+def finish(res: SweepResult, err) -> int:
+    """bench's exit status, its closing line on ``err`` when not 0: 130 interrupted (resume by rerunning), else
+    :func:`exit_line`'s (README: Exit status)."""
+    if res.interrupted:
+        err.print(interrupted_line(res))
+        return 130
+    code, line = exit_line(res)
+    if line:
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
+    return code
+
+
+def exit_line(res: SweepResult) -> tuple[int, str | None]:
+    """bench's exit status (edgekv.core.diagnose.exit_status) and the one closing line saying why it is not 0."""
+    from edgekv.core.diagnose import exit_status
+
+    new = res.records[len(res.records) - res.new:] if res.new else []
+    code, why = exit_status([str(r.get("status")) for r in new],
+                            sum(1 for r in res.records if r.get("status") == "ok"))
+    if not code:
+        return 0, None
+    first = next((r for r in new if r.get("status") not in ("ok", "skipped")), None) or (new[0] if new else None)
+    where = f" (first: {case_label(first['settings'])}: {first.get('reason')})" if first else ""
+    return code, f"edgekv: {why}{where}; exit {code}"
+
+
 def interrupted_line(res: SweepResult) -> str:
     return (f"Interrupted: {len(res.records) - res.skipped_existing} configurations saved to {res.output}; "
             "run the same command again to resume.")

@@ -274,7 +274,7 @@ def bench(
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
     flags = dict(locals())      # the flags above by name: BenchArgs has one field per flag
-    from edgekv.cli.benchrun import BenchArgs, interrupted_line, run_bench
+    from edgekv.cli.benchrun import BenchArgs, finish, run_bench
     from edgekv.output.benchview import render_summary
 
     res = run_bench(BenchArgs.from_flags(flags, _model(model, model_opt)), as_json, _console)
@@ -282,9 +282,9 @@ def bench(
         _print_json(res.records)
     else:
         render_summary(_console(), res.records, str(res.output))
-    if res.interrupted:
-        _console(stderr=True).print(interrupted_line(res))
-        raise typer.Exit(130)
+    code = finish(res, _console(stderr=True))      # 130 interrupted; 1 unless all started were measured
+    if code:
+        raise typer.Exit(code)
 
 
 # -- info -------------------------------------------------------------------------------------------------

@@ -57,15 +57,14 @@ def quality(
     fas = parse_fa_list(flash_attn)
     if not fas:
         raise UsageError("-fa: needs on, off or auto")
-    if chunks is not None and chunks < 1:
-        raise UsageError("--chunks must be at least 1")
-    if threads is not None and threads < 1:
-        raise UsageError("-t/--threads must be at least 1")
+    for flag, v in (("--chunks", chunks), ("-t/--threads", threads)):
+        if v is not None and v < 1:
+            raise UsageError(f"{flag} must be at least 1")
     configs = [QualityConfig(k, v, fa) for fa in fas for k, v in pairs]
 
     progress = _Progress(enabled=not as_json and sys.stderr.isatty(), ctxs=ctxs, chunks=chunks, n_batch=batch_size)
-    rp = resolve_repack(_one_repack(repack), progress.on_event)     # the preflight's, when not given
     with progress:
+        rp = resolve_repack(_one_repack(repack), progress.on_event)     # the preflight's, when not given
         rows = measure(_model(model, model_opt), configs, corpus, ctxs, chunks, n_batch=batch_size, n_ubatch=ubatch_size,
                        n_threads=threads, n_gpu_layers=n_gpu_layers, timeout=timeout, on_event=progress.on_event,
                        repack=rp)
@@ -76,6 +75,24 @@ def quality(
                                     n_ubatch=ubatch_size, n_gpu_layers=n_gpu_layers, repack=rp))
     else:
         render_quality(_console(), rows)
+    _exit(rows)
+
+
+def _exit(rows: list[dict[str, Any]]) -> None:
+    """quality's exit status, as bench's: 1 when a configuration failed or nothing was measured (invalid pairs,
+    refused before running, fail the run only then); one closing line says why."""
+    import typer
+
+    from edgekv.core.diagnose import exit_status
+
+    statuses = ["skipped" if r.get("status") == "invalid" else str(r.get("status")) for r in rows]
+    code, why = exit_status(statuses, statuses.count("ok"))
+    if code:
+        first = next((r for r in rows if r.get("status") not in ("ok", "invalid")), None) or (rows[0] if rows else None)
+        where = (f" (first: {first['type_k']}/{first['type_v']} @ {first['n_ctx']}: {first.get('error')})"
+                 if first else "")
+        sys.stderr.write(f"edgekv: {why}{where}; exit {code}\n")
+        raise typer.Exit(code)
 
 
 def _one_repack(text: str | None) -> bool | None:

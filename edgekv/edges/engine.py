@@ -34,14 +34,21 @@ LOG_LEVEL_ERROR = 4
 
 # -- child side ---------------------------------------------------------------------------------------
 
-class LogCapture:
-    """Collects llama.cpp/ggml log messages, joining continuation pieces into lines."""
+LOG_LEVEL_INFO = 2
 
-    def __init__(self) -> None:
+
+class LogCapture:
+    """Collects llama.cpp/ggml log messages, joining continuation pieces into lines.
+
+    ``tee`` also receives each complete line of level INFO or above as it arrives: a measuring child forwards them
+    to its parent, so that the last lines before a crash survive the process (``edgekv.core.diagnose``)."""
+
+    def __init__(self, tee: Any = None) -> None:
         self.lines: list[tuple[int, str]] = []
         self._partial = ""
         self._level = 0
         self._cb = None
+        self._tee = tee
 
     def install(self) -> None:
         import llama_cpp
@@ -54,6 +61,8 @@ class LogCapture:
             while "\n" in self._partial:
                 line, self._partial = self._partial.split("\n", 1)
                 self.lines.append((self._level, line))
+                if self._tee is not None and self._level >= LOG_LEVEL_INFO and line.strip():
+                    self._tee(line)
 
         self._cb = llama_cpp.llama_log_callback(on_log)   # keep a reference: ctypes must not free it
         llama_cpp.llama_log_set(self._cb, ctypes.c_void_p(0))

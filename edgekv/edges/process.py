@@ -9,6 +9,7 @@ OOM kill or a timeout into a :class:`ChildResult` with the reason instead of an 
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -51,6 +52,20 @@ class ChildResult:
     gpu_phase_peaks: dict[str, int] = field(default_factory=dict)   # NVML, per phase of the child
     stdout: str | None = None
     stderr: str | None = None
+    log_tail: list[str] = field(default_factory=list)   # the last llama.cpp lines the child forwarded ("log" events)
+    last_phase: str | None = None                       # the last phase the child announced
+    oom_kills_rose: bool = False                        # the kernel's oom_kill counter rose while the child ran
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.signal is None:
+            return None
+        return signal.Signals(self.signal).name if self.signal in signal.Signals._value2member_map_ else \
+            f"signal {self.signal}"
+
+    def last_error(self) -> str | None:
+        """The line of the child's stderr that explains its death (an assert, an exception), if any."""
+        return _last_meaningful_line(self.stderr_tail) or None
 
     @property
     def ok(self) -> bool:
@@ -63,7 +78,9 @@ class ChildResult:
             return f"timed out after {self.wall_s:.0f} s"
         if self.signal is not None:
             name = signal.Signals(self.signal).name if self.signal in signal.Signals._value2member_map_ else str(self.signal)
-            hint = " (killed: out of memory?)" if self.signal == signal.SIGKILL else ""
+            hint = ""
+            if self.signal == signal.SIGKILL:      # OOM is said only where the kernel's counter says so
+                hint = " (killed by the kernel's OOM killer)" if self.oom_kills_rose else " (killed)"
             if self.signal == signal.SIGABRT:
                 hint = " (llama.cpp aborted)"
             last = _last_meaningful_line(self.stderr_tail)
@@ -87,6 +104,30 @@ def _last_meaningful_line(text: str) -> str:
         if not line.startswith("Traceback") and not any(n in line for n in _NOISE):
             return line[:400]
     return ""
+
+
+def oom_kill_count(proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> int | None:
+    """The kernel's OOM kills so far, as it counts them: ``oom_kill`` in /proc/vmstat (the machine) plus the
+    same counter in this process's cgroup v2 ``memory.events`` (a container's limit); None where neither exists."""
+    total, seen = 0, False
+    try:
+        with open(os.path.join(proc_root, "vmstat"), "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    total, seen = total + int(line.split()[1]), True
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(os.path.join(proc_root, "self", "cgroup"), "rb") as f:
+            rel = next((x.split(b":", 2)[2].strip().decode() for x in f if x.startswith(b"0::")), None)
+        if rel is not None:
+            with open(os.path.join(cgroup_root, rel.lstrip("/"), "memory.events"), "rb") as f:
+                for line in f:
+                    if line.startswith(b"oom_kill "):
+                        total, seen = total + int(line.split()[1]), True
+    except (OSError, ValueError, IndexError):
+        pass
+    return total if seen else None
 
 
 def _smaps_rollup(pid: int) -> tuple[int, int] | None:
@@ -281,6 +322,7 @@ def run_child(
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     child_env.setdefault("GGML_NO_BACKTRACE", "1")   # an abort should not spend seconds in gdb
     data = stdin_data if stdin_data is not None else json.dumps(payload or {}).encode()
+    oom0 = oom_kill_count()
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE if capture_output else subprocess.DEVNULL,
@@ -300,6 +342,7 @@ def run_child(
 
     events: list[dict[str, Any]] = []
     stderr_chunks: list[bytes] = []
+    log_tail: collections.deque[str] = collections.deque(maxlen=8)
 
     def pump_stderr() -> None:
         assert proc.stderr is not None
@@ -321,6 +364,9 @@ def run_child(
                 try:
                     ev = json.loads(raw)
                 except ValueError:
+                    continue
+                if ev.get("event") == "log":       # llama.cpp's lines: only the tail is kept, nobody else sees them
+                    log_tail.append(str(ev.get("line", "")))
                     continue
                 events.append(ev)
                 if sampler is not None:
@@ -405,8 +451,12 @@ def run_child(
     res = ChildResult(
         returncode=proc.returncode, signal=sig, timed_out=timed_out, wall_s=wall, events=events, result=result,
         stderr_tail=b"".join(stderr_chunks)[-8000:].decode("utf-8", "replace"),
-        kernel_maxrss_bytes=maxrss,
+        kernel_maxrss_bytes=maxrss, log_tail=list(log_tail),
+        last_phase=next((str(e.get("phase")) for e in reversed(events) if e.get("event") == "phase"), None),
     )
+    if sig is not None:
+        oom1 = oom_kill_count()
+        res.oom_kills_rose = oom0 is not None and oom1 is not None and oom1 > oom0
     if capture_output:
         res.stdout = b"".join(stdout_chunks).decode("utf-8", "replace")
         res.stderr = b"".join(all_stderr).decode("utf-8", "replace")

@@ -48,6 +48,17 @@ def argv_for(path: str, model_path: str, s: dict[str, Any], test: str) -> list[s
     return argv
 
 
+def _diagnose(child, test: str, s: dict[str, Any]):
+    """Where and why llama-bench died: its stderr carries llama.cpp's log (the AMX buffer line among it)."""
+    from edgekv.core.diagnose import diagnose
+
+    lines = [x for x in (child.stderr or "").splitlines() if x.strip()]
+    return diagnose(f"llama-bench {test}", child.signal_name, None if child.signal is not None else child.returncode,
+                    child.timed_out, lines[-8:], s["n_prompt"], child.oom_kills_rose, load_log=lines,
+                    last_error=child.last_error(),
+                    multi_token=(test == "pp" and s["n_prompt"] >= 2) or s["n_depth"] >= 2)
+
+
 def split_contexts(stderr: str) -> list[str]:
     parts = _CTX_START.split(stderr)
     return parts[1:] if len(parts) > 1 else []
@@ -77,7 +88,8 @@ def run_llama_bench_case(spec, case, env, base, gpu_probe, emit) -> dict[str, An
                           capture_output=True)
         wall += time.perf_counter() - t
         if child.returncode != 0 or child.timed_out:
-            base.update(status="failed", reason=f"llama-bench {test}: {child.failure_reason()}")
+            d = _diagnose(child, test, s)
+            base.update(status="failed", reason=f"llama-bench {test}: {d.line()}", failure=d.to_dict())
             return base
         rows = [json.loads(x) for x in (child.stdout or "").splitlines() if x.strip().startswith("{")]
         if not rows:

@@ -300,6 +300,7 @@ class SweepResult:
     skipped_existing: int
     wall_s: float
     interrupted: bool = False
+    new: int = 0                      # how many of ``records`` (the last ones) this run wrote
 
 
 def check_resumable(existing: list[dict[str, Any]], env: dict[str, Any], model_sha: str | None, output: Path,
@@ -407,15 +408,10 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
                 child = run_child(worker_argv("bench"), payload, timeout=spec.timeout_s, sample_memory=True,
                                   gpu_probe=gpu_probe, on_event=lambda ev: emit("child", ev))
                 wall = time.perf_counter() - t
-                res = child.result or {}
-                if child.ok and res.get("status") == "ok":
-                    status, reason = "ok", None
-                elif child.ok and res.get("status") == "failed" and "effective" not in res and res.get("ctx_log"):
-                    status, reason = "skipped", f"llama.cpp refused the context: {res.get('reason')}"
-                else:
-                    status = "failed"
-                    reason = res.get("reason") if child.ok else child.failure_reason()
+                status, reason, failure = child_outcome(child, case)
                 rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
+                if failure is not None:
+                    rec["failure"] = failure
             attach_process(rec, processes.get(case.key) if rec["status"] != "skipped" else None)
             if quality is not None and rec["status"] == "ok":
                 rec["quality"] = quality(case, emit)
@@ -425,7 +421,28 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
             emit("done", {"i": i, "n": len(todo), "record": rec})
     except KeyboardInterrupt:
         interrupted = True
-    return SweepResult(output, existing + records, len(cases) - len(todo), time.perf_counter() - t0, interrupted)
+    return SweepResult(output, existing + records, len(cases) - len(todo), time.perf_counter() - t0, interrupted,
+                       new=len(records))
+
+
+def child_outcome(child, case: Case) -> tuple[str, str | None, dict[str, Any] | None]:
+    """(status, reason, failure block) of a measured child: ok; skipped when llama.cpp refused the context; else
+    failed, with where and why (edgekv.core.diagnose): the phase, the signal, the last llama.cpp lines, and a
+    known cause (llama.cpp's AMX crash, an OOM kill the kernel counted, the deadline)."""
+    from edgekv.core.diagnose import diagnose
+
+    res = child.result or {}
+    if child.ok and res.get("status") == "ok":
+        return "ok", None, None
+    if child.ok and res.get("status") == "failed" and "effective" not in res and res.get("ctx_log"):
+        return "skipped", f"llama.cpp refused the context: {res.get('reason')}", None
+    if child.ok:                        # the child said why (a llama.cpp error it caught): keep its words
+        d = diagnose(child.last_phase, None, 0, False, child.log_tail, case.settings.get("n_prompt"))
+        return "failed", res.get("reason") or "failed", d.to_dict()
+    d = diagnose(child.last_phase, child.signal_name, None if child.signal is not None else child.returncode,
+                 child.timed_out, child.log_tail, case.settings.get("n_prompt"), child.oom_kills_rose,
+                 last_error=child.last_error())
+    return "failed", d.line(), d.to_dict()
 
 
 def _dry_runs(spec: SweepSpec, todo: list[Case]) -> dict[str, EngineResult]:

@@ -580,6 +580,20 @@ class LlamaBench(_Block, kw_only=True):
     contexts: _d(list[LlamaBenchContext], "the contexts it created")
 
 
+class Failure(_Block, kw_only=True):
+    """Where and why a measuring process died (edgekv.core.diagnose): the parent's view of the dead child."""
+
+    phase: _d(OptStr, "the run's phase when it died: load, context, warm-up, prompt at depth, prompt, generate, ...")
+    signal: _d(OptStr, "the signal that ended it (SIGSEGV, SIGKILL, ...), None when it exited")
+    exit_code: _d(OptInt, "its exit code when no signal ended it")
+    timed_out: _d(bool, "stopped at the --timeout deadline")
+    cause: _d(OptStr, "a recognised cause: amx-crash (llama.cpp #20824) | oom-kill (the kernel counted it) | "
+                      "timeout | None")
+    cause_text: _d(OptStr, "the cause in words, with what to do")
+    log_tail: _d(list[str], "the last llama.cpp log lines (INFO and above) it forwarded before it died")
+    last_error: _d(Union[str, None, UnsetType], "its last error line on stderr (an assert, an exception)") = UNSET
+
+
 # -- the record ---------------------------------------------------------------------------------------
 
 class Record(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -617,6 +631,7 @@ class Record(Struct, kw_only=True, forbid_unknown_fields=True):
     load: _d(Union[Load, None, UnsetType], "other work on the machine during the run (edgekv bench)") = UNSET
     plan: _d(Union[Plan, None, UnsetType], "time estimate vs wall time (edgekv bench)") = UNSET
     machine: _d(Union[str, UnsetType], "machine label added by `edgekv merge` (device and host)") = UNSET
+    failure: _d(Union[Failure, UnsetType], "where and why the measuring process died (status failed)") = UNSET
 
 
 # -- decode / encode ----------------------------------------------------------------------------------
