@@ -24,6 +24,47 @@ class LoadedModel:
     def weights_bytes(self) -> int:
         return self.header.weights_bytes
 
+    @property
+    def incomplete(self) -> str | None:
+        """For a local file (or split) shorter than its header's tensor table needs (an interrupted download, a file
+        cut after its header): one line with the bytes present and expected; None otherwise.  A remote model's
+        header cache is header-only by design (``ref.complete`` False) and says nothing."""
+        import os
+
+        if not self.ref.complete or not self.header.tensors:
+            return None
+        n = len(self.header.shards)
+        files = list(self.ref.shards) or (local_split_paths(self.ref.path, n) if n > 1 else [self.ref.path])
+        try:
+            present = sum(os.path.getsize(p) for p in files)
+        except OSError:
+            return None
+        need = self.header.file_size
+        if present >= need:
+            return None
+        name = self.ref.spec or self.ref.path
+        if present <= self.header.data_offset:         # cut right after its header: a header-only file
+            return f"{name}: the header only ({_size(present)} of {_size(need)}): the prediction uses the header only"
+        return (f"{name}: only {_size(present)} of {_size(need)} present: tensor data missing "
+                "(an interrupted download?); the prediction uses the header only")
+
+    def require_whole(self, what: str) -> None:
+        """Refuse, in one line, to run llama.cpp on a model whose tensor data is not all here."""
+        from edgekv.errors import UsageError
+
+        if self.incomplete:
+            raise UsageError(f"{self.incomplete.split(': the prediction')[0].split('; the prediction')[0]}; {what} "
+                             "needs the whole file: "
+                             "download it again (edgekv models pull NAME for a registry model)")
+
+
+def _size(n: int) -> str:
+    """Bytes as a person reads a download's size (decimal units, as file managers and browsers show them)."""
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= f:
+            return f"{n / f:.2f} {unit}" if unit == "GB" else f"{n / f:.1f} {unit}"
+    return f"{n} B"
+
 
 def _checked_shape(shape: ModelShape, header) -> ModelShape:
     """The shape with ``invalid_reason`` set when llama.cpp would refuse the file (edgekv.core.shapecheck)."""

@@ -135,13 +135,19 @@ def _crash_note(notes: list[str], use_extra_bufts: bool) -> None:
 def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
     """Compute everything ``edgekv predict`` prints: formula records (and llama.cpp's dry run), the
     whole-process prediction, the budget table, and the notes the view adds under the table."""
+    # --engine runs on a header-only file too (llama.cpp's dry run reads no tensor data: edgekv.edges.engine
+    # loadable_path gives it a sparse stand-in; the shape headers of the predicted reports rely on it): warned, not refused
     processes, notes = None, []
     if not req.kv_only:
         from edgekv.orchestration.procpredict import process_blocks
 
         processes, notes = process_blocks(m, req.configs, req.process)
+    notes = ([m.incomplete] if m.incomplete else []) + notes
     out = PredictOutcome(predict_records(m, req.configs, engine=req.engine, n_gpu_layers=req.n_gpu_layers,
                                          with_layers=req.with_layers_json, processes=processes), notes)
+    if m.incomplete:                    # the --json records say it too
+        for r in out.records:
+            r.model.incomplete = m.incomplete
     _crash_note(out.process_notes, req.process.use_extra_bufts)
     if req.engine and m.header.tensors:
         from edgekv.orchestration.calibrate import runtime_baseline

@@ -151,6 +151,7 @@ def measure(
     m = load_model(None if model is None else str(model))
     if not m.ref.complete:
         raise UsageError(f"{m.ref.spec}: the quality pass needs the whole model file, not only its header")
+    m.require_whole("edgekv quality")
     corp = corpus if isinstance(corpus, Corpus) else resolve_corpus(corpus)
 
     # Refusals llama.cpp would make (or aborts it would die of), known before running anything.

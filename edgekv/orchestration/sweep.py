@@ -329,6 +329,7 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
     if not m.ref.complete:
         raise UsageError(f"{m.ref.spec}: only the header is available; measured runs need the whole model "
                          "(edgekv models pull NAME)")
+    m.require_whole("edgekv bench")
     sha = verified_sha256(m.ref.path)
     resolve_repack(spec, emit)
     cases = expand(spec, sha)

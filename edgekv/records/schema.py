@@ -141,6 +141,8 @@ class Model(_Block, kw_only=True):
     shared_kv_layers: _d(Union[int, UnsetType], "layers reusing another layer's KV (no cache of their own)") = UNSET
     recurrent_layers: _d(Union[int, UnsetType], "layers with recurrent state") = UNSET
     mla: _d(Union[bool, UnsetType], "multi-head latent attention") = UNSET
+    incomplete: _d(Union[str, UnsetType], "a local file shorter than its tensor table needs: bytes present and "
+                                          "expected (the prediction used the header only)") = UNSET
 
 
 # -- prediction ---------------------------------------------------------------------------------------
