@@ -279,8 +279,10 @@ def finish(res: SweepResult, err) -> int:
     """bench's exit status, its closing line on ``err`` when not 0: 130 interrupted (resume by rerunning), else
     :func:`exit_line`'s (README: Exit status)."""
     if res.interrupted:
+        from edgekv.cli.signals import interrupted_code
+
         err.print(interrupted_line(res))
-        return 130
+        return interrupted_code()
     code, line = exit_line(res)
     if line:
         err.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -302,5 +304,8 @@ def exit_line(res: SweepResult) -> tuple[int, str | None]:
 
 
 def interrupted_line(res: SweepResult) -> str:
-    return (f"Interrupted: {len(res.records) - res.skipped_existing} configurations saved to {res.output}; "
+    from edgekv.cli.signals import interrupted_by
+
+    return (f"Interrupted ({interrupted_by()}): {len(res.records) - res.skipped_existing} configurations saved to "
+            f"{res.output}; "
             "run the same command again to resume.")

@@ -491,8 +491,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad is not None:
         sys.stderr.write(f"edgekv: error: {bad}\n")
         return 2
+    from edgekv.cli.signals import handled, interrupted_by, interrupted_code
+
     try:
-        rc = cmd.main(args=argv, prog_name="edgekv", standalone_mode=False)
+        with handled():                 # SIGTERM / SIGHUP: like Ctrl-C (edgekv.cli.signals)
+            rc = cmd.main(args=argv, prog_name="edgekv", standalone_mode=False)
         return rc if isinstance(rc, int) else 0
     except typer.Exit as e:
         return e.exit_code
@@ -500,8 +503,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("edgekv: aborted\n")
         return 130
     except KeyboardInterrupt:
-        sys.stderr.write("edgekv: interrupted\n")
-        return 130
+        sys.stderr.write(f"edgekv: interrupted ({interrupted_by()})\n")
+        return interrupted_code()
     except typer.TyperException as e:  # click usage errors (bad flag, missing value, ...)
         if debug:
             raise

@@ -282,6 +282,30 @@ class _Sampler(threading.Thread):
             self.stop_evt.wait(SAMPLE_INTERVAL_S)
 
 
+def die_with_parent() -> Callable[[], None] | None:
+    """Linux: a function for ``Popen(preexec_fn=...)`` that asks the kernel to SIGKILL the child when the process
+    that started it dies, even by SIGKILL (``prctl(PR_SET_PDEATHSIG)``), so a measuring child never runs on as an
+    orphan at full CPU.  Resolved here, before any fork, so the forked child only makes the call; the parent's pid
+    is checked after it, since the parent may have died before the call was made."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()                 # the process about to start the child
+    pr_set_pdeathsig = 1
+
+    def set_pdeathsig() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return set_pdeathsig
+
+
 # Every child loads libllama (``import llama_cpp``) before anything imports numpy.  With numpy 2.5.2
 # imported first, a CUDA build of llama.cpp (H100, CUDA 13, GCC 13) died with SIGSEGV inside std::regex
 # while loading a model's tokenizer; with llama_cpp imported first the same process loads and runs.
@@ -327,6 +351,7 @@ def run_child(
     proc = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE if capture_output else subprocess.DEVNULL,
         stderr=subprocess.PIPE, pass_fds=(w_fd,), env=child_env, start_new_session=True, cwd=cwd,
+        preexec_fn=die_with_parent(),
     )
     os.close(w_fd)
     if on_event is not None:
@@ -520,7 +545,7 @@ class ChildSession:
         child_env.setdefault("GGML_NO_BACKTRACE", "1")
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            pass_fds=(w_fd,), env=child_env, start_new_session=True,
+            pass_fds=(w_fd,), env=child_env, start_new_session=True, preexec_fn=die_with_parent(),
         )
         os.close(w_fd)
         self._q: queue.Queue = queue.Queue()
@@ -625,7 +650,7 @@ def rss_before_model(argv_for_model: Callable[[str], list[str]], timeout: float 
         fifo = os.path.join(d, "model.gguf")
         os.mkfifo(fifo)
         proc = subprocess.Popen(argv_for_model(fifo), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent())
         rss: int | None = None
         reason = ""
         try:

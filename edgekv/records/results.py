@@ -34,6 +34,7 @@ lines it left out and why.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -225,6 +226,7 @@ class ResultsWriter:
             raise ResultsError(f"{p}: is a directory; -o takes a results file (.jsonl)")
         _make_parent(p)
         self.created = not p.exists()
+        self.appended = 0
         self.fd = _open_for_append(p)
         try:
             _lock(self.fd, p, wait=False)
@@ -235,7 +237,21 @@ class ResultsWriter:
             raise
 
     def append(self, record: dict[str, Any]) -> None:
-        _write_record(self.fd, record, str(self.path))
+        """Append one record whole, or nothing: a write that fails (a full disk) is cut back to the last complete
+        line and refused in one line saying how many records the file keeps."""
+        size = os.fstat(self.fd).st_size
+        try:
+            _write_record(self.fd, record, str(self.path))
+        except OSError as e:
+            try:
+                os.ftruncate(self.fd, size)           # no torn record stays behind
+            except OSError:
+                pass
+            kept = len(self.existing) + self.appended
+            why = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+            raise ResultsError(f"{self.path}: results file: {why}; {kept} records kept, the {_ordinal(kept + 1)} not "
+                               "written (free space, then rerun the same command to resume)") from None
+        self.appended += 1
 
     def close(self) -> None:
         if self.fd < 0:
@@ -252,6 +268,10 @@ class ResultsWriter:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _make_parent(p: Path) -> None:

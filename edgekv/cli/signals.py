@@ -1,0 +1,51 @@
+"""SIGTERM and SIGHUP handled like Ctrl-C: what ``timeout``, a CI job's cancellation and ``kill`` send.
+
+While a command runs, either signal raises :class:`Terminated` (a ``KeyboardInterrupt``) in the main thread, so the
+same path as Ctrl-C runs: the measuring child's process group is stopped, the records already written stay, and
+the command exits 128 + the signal's number (143 for SIGTERM, 129 for SIGHUP; 130 for Ctrl-C)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+
+HANDLED = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
+
+
+class Terminated(KeyboardInterrupt):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_received: list[int] = []
+
+
+def _raise(signum: int, _frame: object) -> None:
+    _received.append(signum)
+    raise Terminated(signum)
+
+
+def interrupted_code() -> int:
+    """The exit status of an interrupted command: 128 + the signal that stopped it (130: Ctrl-C)."""
+    return 128 + _received[-1] if _received else 130
+
+
+def interrupted_by() -> str:
+    return signal.Signals(_received[-1]).name if _received else "Ctrl-C"
+
+
+@contextlib.contextmanager
+def handled() -> Iterator[None]:
+    """SIGTERM/SIGHUP raise :class:`Terminated` inside the block (main thread only); the old handlers come back."""
+    _received.clear()
+    try:
+        old = {s: signal.signal(s, _raise) for s in HANDLED}
+    except ValueError:          # not the main thread: leave signals alone
+        old = {}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
