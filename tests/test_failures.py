@@ -122,3 +122,27 @@ def test_quality_exits_1_when_nothing_was_measured(smollm2_path, capsys):
     code = main(["quality", str(smollm2_path), "-c", "256", "-ctk", "q4_0", "-fa", "off", "--chunks", "1"])
     assert code == 1
     assert "edgekv: nothing was measured (1 configuration skipped)" in capsys.readouterr().err
+
+
+def test_resume_measures_failed_configurations_again(smollm2_path, tmp_path):
+    """Issue 27 point 8: rerunning the same sweep measures again what failed (the old record stays as history, and
+    readers take the newest per configuration); ok and skipped ones stay done; --no-retry keeps today's behaviour."""
+    from edgekv.output.inputs import load_any
+    from edgekv.records import results as R
+
+    recs = _sweep_killing(smollm2_path, tmp_path, signal.SIGKILL, "fill")
+    out = tmp_path / "f.jsonl"
+    assert [r["status"] for r in R.load(out)] == ["failed", "ok"]
+    m = load_model(str(smollm2_path))
+    base = {"model": m, "contexts": [512], "pairs": [("f16", "f16"), ("q8_0", "q8_0")], "depths": [448], **TINY}
+    seen: list = []
+    kept = run_sweep(SweepSpec(**base, retry_failed=False), output=out,
+                     on_event=lambda k, d: seen.append(d) if k == "start" else None)
+    assert kept.new == 0 and seen[0]["retry"] == 0 and seen[0]["existing"] == 2
+    seen.clear()
+    again = run_sweep(SweepSpec(**base), output=out, on_event=lambda k, d: seen.append(d) if k == "start" else None)
+    assert again.new == 1 and seen[0]["retry"] == 1 and seen[0]["existing"] == 1
+    assert [r["status"] for r in R.load(out)] == ["failed", "ok", "ok"]          # history kept in the file
+    latest = load_any(out)
+    assert [r.status for r in latest] == ["ok", "ok"]                            # readers: the newest per configuration
+    assert latest[0].config_key == recs[0]["config_key"]

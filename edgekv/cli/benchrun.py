@@ -110,9 +110,11 @@ class BenchMonitor:
         from edgekv.edges.home import edgekv_home
 
         cases = data["todo_cases"]
-        if data["existing"]:
+        if data["existing"] or data.get("retry"):
+            again = (f"; {data['retry']} failed earlier, measured again (--no-retry keeps them)" if data.get("retry")
+                     else "")
             self.prog.p.console.print(f"Resuming {data['output']}: {data['existing']} of {data['total']} "
-                                      "configurations already done.", highlight=False, markup=False)
+                                      f"configurations already done{again}.", highlight=False, markup=False)
         m = self.spec.model
         kvpt = kv_f16_per_token(m, cases[0].params) if cases else 0
         self.planner = Planner(m.weights_bytes, kvpt)
@@ -196,6 +198,7 @@ class BenchArgs:
     force: bool
     no_mmap: bool
     repack: str | None = None
+    no_retry: bool = False
 
     @classmethod
     def from_flags(cls, flags: dict[str, Any], model: str | None) -> BenchArgs:
@@ -239,7 +242,7 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
                      timeout_s=a.timeout, engine=ENGINE_LLAMA_BENCH if a.llama_bench else ENGINE_PYTHON,
                      llama_bench=a.llama_bench,
                      quality={"enabled": True, "corpus": a.corpus, "chunks": a.chunks} if a.quality else None,
-                     use_mmap=not a.no_mmap, repack=parse_repack_list(a.repack))
+                     use_mmap=not a.no_mmap, repack=parse_repack_list(a.repack), retry_failed=not a.no_retry)
     full_hint = None
     if not a.full and not a.ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
         full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "

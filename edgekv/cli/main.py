@@ -270,16 +270,19 @@ def bench(
     no_mmap: bool = typer.Option(False, "--no-mmap", help="Read the weights into memory instead of mapping the file "
                                                           "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
     repack: Optional[str] = REPACK_OPT,
+    no_retry: bool = typer.Option(False, "--no-retry", help="On resume, keep configurations that failed earlier "
+                                                            "instead of measuring them again."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
     flags = dict(locals())      # the flags above by name: BenchArgs has one field per flag
     from edgekv.cli.benchrun import BenchArgs, finish, run_bench
     from edgekv.output.benchview import render_summary
+    from edgekv.records.results import latest
 
     res = run_bench(BenchArgs.from_flags(flags, _model(model, model_opt)), as_json, _console)
     if as_json:
-        _print_json(res.records)
+        _print_json(latest(res.records))        # a failed configuration measured again: its newest record
     else:
         render_summary(_console(), res.records, str(res.output))
     code = finish(res, _console(stderr=True))      # 130 interrupted; 1 unless all started were measured

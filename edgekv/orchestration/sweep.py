@@ -64,6 +64,7 @@ class SweepSpec:
     repack: list[bool] | None = None
     repack_note: str | None = None           # why the sweep runs with --repack 0 when the user did not ask
     preflight: Any = None                    # the extra-buffer preflight's verdict (edgekv.orchestration.preflight)
+    retry_failed: bool = True                # resume measures failed configurations again (--no-retry: off)
 
 
 @dataclass
@@ -341,6 +342,15 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
         writer.close()
 
 
+def resume_keys(existing: list[dict[str, Any]], retry_failed: bool = True) -> tuple[set[str], set[str]]:
+    """(configurations already done, configurations whose last record failed) of a results file: a rerun measures
+    the failed ones again (a crash, a timeout on a busy machine, an OOM kill whose cause was fixed) unless
+    ``retry_failed`` is off (``--no-retry``); ``ok`` and deliberately ``skipped`` ones stay done."""
+    last = {r.get("config_key"): r.get("status") for r in existing if r.get("config_key")}
+    failed = {k for k, st in last.items() if st == "failed"}
+    return (set(last) - failed if retry_failed else set(last)), failed
+
+
 def resolve_repack(spec: SweepSpec, emit: Callable[[str, dict[str, Any]], None]) -> None:
     """``spec.repack`` when the user gave none: llama.cpp's default unless the extra-buffer preflight (cached per
     environment) saw its kernels kill the probe here; a ``--repack 1`` asked on such a machine is said too."""
@@ -374,10 +384,11 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
         env = {**env, "extra_buffers_preflight": spec.preflight.environment_block()}
     existing = writer.existing
     check_resumable(existing, env, sha, output, force, model_name=spec.model.shape.name or spec.model.ref.name)
-    done_keys = {r.get("config_key") for r in existing}
+    done_keys, retry = resume_keys(existing, spec.retry_failed)
     todo = [c for c in cases if c.key not in done_keys]
     emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),
-                   "existing": len(cases) - len(todo), "env": env, "model_sha256": sha})
+                   "existing": len(cases) - len(todo), "env": env, "model_sha256": sha,
+                   "retry": sum(1 for c in todo if c.key in retry)})
 
     model = model_block(m, sha)
     engine_results = _dry_runs(spec, todo) if spec.engine == ENGINE_PYTHON else {}

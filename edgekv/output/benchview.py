@@ -173,7 +173,7 @@ def render_summary(con, records: list[S.Record | dict[str, Any]], output: str) -
 
     if not records:
         return
-    records = [R.as_record(r, f"{output}: record {i}") for i, r in enumerate(records, 1)]
+    records = R.latest([R.as_record(r, f"{output}: record {i}") for i, r in enumerate(records, 1)])
     m = records[0].model
     t = Table(title=f"{m.name} ({unset_none(m.arch)}): measured, beside the prediction", title_justify="left")
     narrow = con.width < 110

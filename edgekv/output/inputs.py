@@ -103,7 +103,7 @@ def _all_records(items: list[Any]) -> bool:
 
 def _load_results(p: Path, skipped: list[R.Skipped] | None) -> list[S.Record]:
     if skipped is not None:
-        return R.load_records(p, skipped=skipped)
+        return R.latest(R.load_records(p, skipped=skipped))
     mine: list[R.Skipped] = []
     recs = R.load_records(p, skipped=mine)
     bad = [x for x in mine if not x.why.startswith("torn last line")]
@@ -111,7 +111,7 @@ def _load_results(p: Path, skipped: list[R.Skipped] | None) -> list[S.Record]:
         more = f" (and {len(bad) - 1} more unusable lines)" if len(bad) > 1 else ""
         raise ResultsError(f"{bad[0]}{more}; fix or remove the line ('edgekv report' skips such lines and says so)")
     NOTES.extend(f"{x}: left out" for x in mine)
-    return recs
+    return R.latest(recs)
 
 
 def _first_object(text: str) -> Any:

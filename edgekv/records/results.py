@@ -85,6 +85,21 @@ def config_key(model_sha256: str | None, settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def latest(records: list[Any]) -> list[Any]:
+    """One record per configuration: the last one a file holds for each ``config_key`` (a failed configuration
+    measured again on resume leaves its earlier record in the file as history), in the order of first appearance;
+    records without a key (imported llama-bench rows, predictions) are all kept.  Records or plain dicts."""
+    def key(r: Any) -> Any:
+        return r.get("config_key") if isinstance(r, dict) else getattr(r, "config_key", None)
+
+    last = {key(r): i for i, r in enumerate(records) if key(r)}
+    first: dict[Any, int] = {}
+    for i, r in enumerate(records):
+        if key(r):
+            first.setdefault(key(r), i)
+    return [records[last[key(r)]] if key(r) else r for i, r in enumerate(records) if not key(r) or first[key(r)] == i]
+
+
 def env_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     out = []
     for k in CHECKED_ENVIRONMENT:
