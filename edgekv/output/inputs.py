@@ -47,12 +47,13 @@ def drain_notes() -> list[str]:
     return out
 
 
-def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None) -> list[S.Record]:
+def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None, history: bool = False) -> list[S.Record]:
     """Load one input file of any accepted kind as a list of :class:`~edgekv.records.schema.Record`.
 
     Without ``skipped`` an unusable line of an edgekv results file refuses the file with one line
     naming ``file:line`` (a torn last line is left out and noted in :data:`NOTES`); with a list,
-    unusable lines are left out and described there (``report`` says how many and why).
+    unusable lines are left out and described there (``report`` says how many and why).  A results file gives the
+    newest record of each configuration (:func:`edgekv.records.results.latest`); ``history`` keeps every line (merge).
     """
     p = Path(path)
     try:
@@ -84,7 +85,8 @@ def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None) ->
         raise ResultsError(f"{p}: a JSON list that is neither llama-bench output nor edgekv predict --json output")
     if isinstance(first, dict):
         if "schema_version" in first:
-            return _load_results(p, skipped)
+            recs = _load_results(p, skipped)
+            return recs if history else R.latest(recs)
         if "samples_ts" in first:
             from edgekv.orchestration.llamabench import load_llama_bench_file
 
@@ -103,7 +105,7 @@ def _all_records(items: list[Any]) -> bool:
 
 def _load_results(p: Path, skipped: list[R.Skipped] | None) -> list[S.Record]:
     if skipped is not None:
-        return R.latest(R.load_records(p, skipped=skipped))
+        return R.load_records(p, skipped=skipped)
     mine: list[R.Skipped] = []
     recs = R.load_records(p, skipped=mine)
     bad = [x for x in mine if not x.why.startswith("torn last line")]
@@ -111,7 +113,7 @@ def _load_results(p: Path, skipped: list[R.Skipped] | None) -> list[S.Record]:
         more = f" (and {len(bad) - 1} more unusable lines)" if len(bad) > 1 else ""
         raise ResultsError(f"{bad[0]}{more}; fix or remove the line ('edgekv report' skips such lines and says so)")
     NOTES.extend(f"{x}: left out" for x in mine)
-    return R.latest(recs)
+    return recs
 
 
 def _first_object(text: str) -> Any:
@@ -197,7 +199,7 @@ def merge_files(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -
     """
     records: list[S.Record] = []
     for p in paths:
-        for r in load_any(p):
+        for r in load_any(p, history=True):
             if not r.machine:
                 label = machine_label(r)
                 if label:

@@ -86,11 +86,19 @@ def config_key(model_sha256: str | None, settings: dict[str, Any]) -> str:
 
 
 def latest(records: list[Any]) -> list[Any]:
-    """One record per configuration: the last one a file holds for each ``config_key`` (a failed configuration
-    measured again on resume leaves its earlier record in the file as history), in the order of first appearance;
-    records without a key (imported llama-bench rows, predictions) are all kept.  Records or plain dicts."""
+    """One record per configuration and machine: the last one a file holds for each ``config_key`` on each machine
+    (a failed configuration measured again on resume leaves its earlier record in the file as history), in the order
+    of first appearance; records without a key (imported llama-bench rows, predictions) are all kept.  Records or
+    plain dicts."""
     def key(r: Any) -> Any:
-        return r.get("config_key") if isinstance(r, dict) else getattr(r, "config_key", None)
+        d = r if isinstance(r, dict) else {"config_key": getattr(r, "config_key", None),
+                                           "machine": getattr(r, "machine", None),
+                                           "environment": getattr(r, "environment", None)}
+        if not d.get("config_key"):
+            return None
+        machine = d.get("machine") if isinstance(d.get("machine"), str) else None     # `edgekv merge`'s label
+        env = d.get("environment") if isinstance(d.get("environment"), dict) else {}
+        return d["config_key"], machine or env.get("machine_id")   # the same configuration on another machine
 
     last = {key(r): i for i, r in enumerate(records) if key(r)}
     first: dict[Any, int] = {}
