@@ -240,6 +240,8 @@ def test_ctrl_c_then_rerun_resumes(tmp_path):
     (lambda t: ["bench", "-c", "512", "-d", "600"], 2, "does not fit"),
     (lambda t: ["bench", "-p", "0", "-n", "0"], 2, "nothing to measure"),
     (lambda t: ["bench", "--llama-bench", str(t / "nope")], 2, "--llama-bench"),
+    (lambda t: ["bench", "--timeout", "-1"], 2, "--timeout must be a positive number"),
+    (lambda t: ["bench", "--repack", "2"], 2, "--repack: '2' is not 0 or 1"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, make_args, code, words):
     (tmp_path / "corrupt.gguf").write_bytes(b"GGML" + os.urandom(100))

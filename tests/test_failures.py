@@ -146,3 +146,21 @@ def test_resume_measures_failed_configurations_again(smollm2_path, tmp_path):
     latest = load_any(out)
     assert [r.status for r in latest] == ["ok", "ok"]                            # readers: the newest per configuration
     assert latest[0].config_key == recs[0]["config_key"]
+
+
+def test_a_context_llama_cpp_refused_shows_no_kv_mismatch_mark():
+    """Issue 27: a refused context showed `KV llama.cpp 0.00 ✗`, a mismatch mark where llama.cpp allocated nothing."""
+    import json
+
+    from edgekv.output.benchview import _summary_row
+    from edgekv.records import results as R
+
+    src = Path(__file__).parent / "data" / "smollm2-sweep.jsonl"
+    raw = json.loads(src.read_text().splitlines()[0])
+    raw.update(status="skipped", reason="llama.cpp refused the context: failed to allocate buffer")
+    raw["llama_log"] = {**raw["llama_log"], "kv": [], "kv_mib": 0.0}
+    raw["differences"] = {**raw["differences"], "llama_kv_matches_formula": False}
+    row = _summary_row(R.as_record(raw, "refused"), narrow=False, with_gpu=False, with_quality=False)
+    assert row[4] == "-" and row[5] == "-"
+    ok = _summary_row(R.as_record(json.loads(src.read_text().splitlines()[0]), "ok"), False, False, False)
+    assert ok[4] != "-" and "✓" in ok[5]

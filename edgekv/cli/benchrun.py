@@ -258,6 +258,8 @@ def _check(a: BenchArgs, n_prompt: int, n_gen: int, repetitions: int) -> None:
             raise UsageError(f"{name} must be at least {lo}")
     if n_prompt == 0 and n_gen == 0:
         raise UsageError("-p and -n cannot both be 0: there would be nothing to measure")
+    if not a.timeout > 0:
+        raise UsageError(f"--timeout must be a positive number of seconds (got {a.timeout:g})")
     if (a.corpus is not None or a.chunks is not None) and not a.quality:
         raise UsageError("--corpus and --chunks choose the quality pass: add --quality")
     if a.chunks is not None and a.chunks < 1:

@@ -140,6 +140,8 @@ def _summary_row(r: S.Record, narrow: bool, with_gpu: bool, with_quality: bool) 
     same = {True: "[green]✓[/]", False: "[red]✗[/]"}.get(match, "-")
     formula_mib = llama_mib(total) if total is not None else "-"
     llama_kv = f"{log.kv_mib + (unset_none(log.recurrent_mib) or 0):.2f}" if log is not None else "-"
+    if r.status != "ok" and (log is None or not log.kv):     # llama.cpp allocated no cache: nothing to compare
+        llama_kv, same = "-", "-"
     peak_b = mem.peak_rss_bytes if mem is not None else None
     anon_b = unset_none(mem.anon_after_fill_bytes) if mem is not None else None
     peak = f"{peak_b / MIB:.1f}" if peak_b else "-"
