@@ -136,7 +136,8 @@ class BenchMonitor:
         s0 = self.todo[0] if self.todo else {"n_prompt": self.spec.n_prompt, "n_gen": self.spec.n_gen,
                                              "repetitions": self.spec.repetitions}
         for line in plan_lines(data["total"], self.contexts, types, s0, total, basis, data["output"],
-                               data["existing"], self.full_hint, repack=self.spec.repack):
+                               data["existing"], self.full_hint, repack=self.spec.repack,
+                               unfit=data.get("unfit")):
             self._print(line)
         w = Window()
         time.sleep(0.3)
@@ -242,7 +243,8 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
                      timeout_s=a.timeout, engine=ENGINE_LLAMA_BENCH if a.llama_bench else ENGINE_PYTHON,
                      llama_bench=a.llama_bench,
                      quality={"enabled": True, "corpus": a.corpus, "chunks": a.chunks} if a.quality else None,
-                     use_mmap=not a.no_mmap, repack=parse_repack_list(a.repack), retry_failed=not a.no_retry)
+                     use_mmap=not a.no_mmap, repack=parse_repack_list(a.repack), retry_failed=not a.no_retry,
+                     force_fit=a.force)
     full_hint = None
     if not a.full and not a.ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
         full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "

@@ -55,6 +55,10 @@ UB_OPT = typer.Option(512, "-ub", "--ubatch-size", help="Physical batch size.")
 B_OPT = typer.Option(2048, "-b", "--batch-size", help="Logical batch size.")
 NGL_OPT = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers on the GPU for the engine dry run (-1: all).")
 JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
+FORCE_OPT = typer.Option(False, "--force", help="Append to a results file from another environment or model, and run "
+                                                "configurations predicted not to fit the memory available.")
+NO_RETRY_OPT = typer.Option(False, "--no-retry", help="On resume, keep configurations that failed earlier instead of "
+                                                      "measuring them again.")
 REPACK_OPT = typer.Option(None, "--repack", show_default=False,
                           help="llama-bench's --repack 0|1 (a list sweeps them): the CPU backend's AMX / CPU_REPACK "
                                "weight copies (0: none, llama.cpp's -nr). Default: 1, llama.cpp's default, unless "
@@ -266,12 +270,11 @@ def bench(
     chunks: Optional[int] = typer.Option(None, "--chunks", show_default=False,
                                          help="With --quality: chunks per context size (default: 2)."),
     timeout: float = typer.Option(3600.0, "--timeout", help="Seconds allowed per configuration."),
-    force: bool = typer.Option(False, "--force", help="Append to a results file from another environment or model."),
+    force: bool = FORCE_OPT,
     no_mmap: bool = typer.Option(False, "--no-mmap", help="Read the weights into memory instead of mapping the file "
                                                           "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
     repack: Optional[str] = REPACK_OPT,
-    no_retry: bool = typer.Option(False, "--no-retry", help="On resume, keep configurations that failed earlier "
-                                                            "instead of measuring them again."),
+    no_retry: bool = NO_RETRY_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""

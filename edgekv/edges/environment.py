@@ -133,6 +133,11 @@ def collect(argv: list[str] | None = None, with_llama: bool = True) -> dict[str,
         if ls.get("error"):
             env["llama_error"] = ls["error"]
     env["nvidia"] = nvidia_info()
+    from edgekv.edges.machine_memory import available_memory
+
+    avail = available_memory()           # at the start of the run; bench reads it again before each configuration
+    env["memory_available_bytes"] = avail.bytes if avail else None
+    env["memory_available_source"] = avail.source if avail else None
     return env
 
 

@@ -55,6 +55,7 @@ class ChildResult:
     log_tail: list[str] = field(default_factory=list)   # the last llama.cpp lines the child forwarded ("log" events)
     last_phase: str | None = None                       # the last phase the child announced
     oom_kills_rose: bool = False                        # the kernel's oom_kill counter rose while the child ran
+    stopped_reason: str | None = None                   # why the parent's watchdog stopped it
 
     @property
     def signal_name(self) -> str | None:
@@ -331,6 +332,7 @@ def run_child(
     sample_memory: bool = False,
     gpu_probe: Callable[[int], int | None] | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
+    watchdog: Callable[[], str | None] | None = None,
     stdin_data: bytes | None = None,
     capture_output: bool = False,
     cwd: str | None = None,
@@ -422,6 +424,7 @@ def run_child(
         except BrokenPipeError:
             pass
         timed_out = False
+        stopped: str | None = None
         # A thread blocks in wait4 (no polling: on a 2-core machine every wake-up of ours is time taken
         # from llama.cpp's threads); this thread waits on an Event in short slices so Ctrl-C still works.
         reaped: dict[str, Any] = {}
@@ -441,6 +444,9 @@ def run_child(
                 timed_out = True
                 _kill_group(proc.pid)
                 done.wait()
+                break
+            stopped = _watch(watchdog, proc.pid, done)     # e.g. the machine's memory nearly exhausted
+            if stopped:
                 break
         _, status, rusage = reaped["r"]
     except BaseException:
@@ -476,7 +482,7 @@ def run_child(
     res = ChildResult(
         returncode=proc.returncode, signal=sig, timed_out=timed_out, wall_s=wall, events=events, result=result,
         stderr_tail=b"".join(stderr_chunks)[-8000:].decode("utf-8", "replace"),
-        kernel_maxrss_bytes=maxrss, log_tail=list(log_tail),
+        kernel_maxrss_bytes=maxrss, log_tail=list(log_tail), stopped_reason=stopped,
         last_phase=next((str(e.get("phase")) for e in reversed(events) if e.get("event") == "phase"), None),
     )
     if sig is not None:
@@ -498,6 +504,24 @@ def run_child(
         res.phase_peaks = dict(sampler.phase_peaks)
         res.gpu_phase_peaks = dict(sampler.gpu_phase_peaks)
     return res
+
+
+def _watch(watchdog: Callable[[], str | None] | None, pid: int, done: threading.Event) -> str | None:
+    """Ask the watchdog (every wake-up of the parent's wait, 0.25 s); when it gives a reason, stop the child's process
+    group and return the reason with the child's resident memory at that moment."""
+    if watchdog is None:
+        return None
+    why = watchdog()
+    if not why:
+        return None
+    try:
+        rss = psutil.Process(pid).memory_info().rss
+        why += f" at {rss / (1 << 30):.1f} GiB RSS" if rss >= 1 << 30 else f" at {rss / (1 << 20):.0f} MiB RSS"
+    except psutil.Error:
+        pass
+    _kill_group(pid)
+    done.wait()
+    return why
 
 
 def _kill_group(pid: int) -> None:

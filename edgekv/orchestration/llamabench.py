@@ -84,9 +84,14 @@ def run_llama_bench_case(spec, case, env, base, gpu_probe, emit) -> dict[str, An
         emit("child", {"event": "phase", "phase": f"llama-bench {test}"})
         argv = argv_for(spec.llama_bench, os.path.abspath(spec.model.ref.path), s, test)
         t = time.perf_counter()
+        from edgekv.orchestration.sweep import memory_watchdog
+
         child = run_child(argv, stdin_data=b"", timeout=spec.timeout_s, sample_memory=True, gpu_probe=gpu_probe,
-                          capture_output=True)
+                          capture_output=True, watchdog=memory_watchdog)
         wall += time.perf_counter() - t
+        if child.stopped_reason:
+            base.update(status="failed", reason=f"llama-bench {test}: {child.stopped_reason}")
+            return base
         if child.returncode != 0 or child.timed_out:
             d = _diagnose(child, test, s)
             base.update(status="failed", reason=f"llama-bench {test}: {d.line()}", failure=d.to_dict())

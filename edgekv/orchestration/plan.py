@@ -185,7 +185,7 @@ def fmt_duration(s: float | None) -> str:
 
 def plan_lines(n_cases: int, contexts: list[int], types: list[str], settings0: dict[str, Any], total_s: float,
                basis: str, output: str, existing: int, full_hint: str | None,
-               repack: list[bool] | None = None) -> list[str]:
+               repack: list[bool] | None = None, unfit: dict[str, str] | None = None) -> list[str]:
     depth = "context - " + str(max(settings0["n_prompt"], settings0["n_gen"]))
     rp = "" if not repack or repack == [True] else ", --repack " + ",".join("1" if r else "0" for r in repack)
     lines = [
@@ -195,6 +195,10 @@ def plan_lines(n_cases: int, contexts: list[int], types: list[str], settings0: d
         f"Estimated time: {fmt_duration(total_s)} ({basis}).",
         f"Results: {output}",
     ]
+    if unfit:
+        first = next(iter(unfit.values())).split("; skipped")[0]
+        lines.insert(1, f"{len(unfit)} of {n_cases - existing} configurations predicted not to fit the memory available "
+                        f"now (first: {first}): skipped (--force runs them).")
     if full_hint:
         lines.append(full_hint)
     return lines

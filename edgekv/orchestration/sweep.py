@@ -65,6 +65,7 @@ class SweepSpec:
     repack_note: str | None = None           # why the sweep runs with --repack 0 when the user did not ask
     preflight: Any = None                    # the extra-buffer preflight's verdict (edgekv.orchestration.preflight)
     retry_failed: bool = True                # resume measures failed configurations again (--no-retry: off)
+    force_fit: bool = False                  # --force: run configurations predicted not to fit the memory available
 
 
 @dataclass
@@ -386,13 +387,15 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
     check_resumable(existing, env, sha, output, force, model_name=spec.model.shape.name or spec.model.ref.name)
     done_keys, retry = resume_keys(existing, spec.retry_failed)
     todo = [c for c in cases if c.key not in done_keys]
-    emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),
-                   "existing": len(cases) - len(todo), "env": env, "model_sha256": sha,
-                   "retry": sum(1 for c in todo if c.key in retry)})
-
-    model = model_block(m, sha)
+    # llama.cpp's dry runs and the whole-process predictions come first: the plan says what will not fit
     engine_results = _dry_runs(spec, todo) if spec.engine == ENGINE_PYTHON else {}
     processes = process_predictions(spec, todo)
+    unfit = {c.key: why for c in todo if (why := fit_check(spec, c, processes.get(c.key)))}
+    emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),
+                   "existing": len(cases) - len(todo), "env": env, "model_sha256": sha,
+                   "retry": sum(1 for c in todo if c.key in retry), "unfit": unfit})
+
+    model = model_block(m, sha)
     gpu_probe = nvml_process_probe()
     records: list[dict[str, Any]] = []
     interrupted = False
@@ -405,9 +408,12 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
         for i, case in enumerate(todo):
             emit("case", {"i": i, "n": len(todo), "case": case})
             eng = engine_results.get(case.key)
+            unfit_now = fit_check(spec, case, processes.get(case.key))
             if case.prediction.status != STATUS_OK or (eng is not None and not eng.ok):
                 reason = case.prediction.reason if case.prediction.status != STATUS_OK else f"llama.cpp: {eng.error}"
                 rec = build_record(spec, case, env, model, eng, None, 0.0, "skipped", reason)
+            elif unfit_now:             # read again right before it: other programs take memory meanwhile
+                rec = build_record(spec, case, env, model, eng, None, 0.0, "skipped", unfit_now)
             elif spec.engine == ENGINE_LLAMA_BENCH:
                 from edgekv.orchestration.llamabench import run_llama_bench_case
 
@@ -418,7 +424,7 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
                            "restore": "truncate" if m.shape.memory == MEMORY_KV else "snapshot"}
                 t = time.perf_counter()
                 child = run_child(worker_argv("bench"), payload, timeout=spec.timeout_s, sample_memory=True,
-                                  gpu_probe=gpu_probe, on_event=lambda ev: emit("child", ev))
+                                  gpu_probe=gpu_probe, on_event=lambda ev: emit("child", ev), watchdog=memory_watchdog)
                 wall = time.perf_counter() - t
                 status, reason, failure = child_outcome(child, case)
                 rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
@@ -437,6 +443,42 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
                        new=len(records))
 
 
+def fit_check(spec: SweepSpec, case: Case, proc: Any) -> str | None:
+    """Why a configuration is not started (its predicted peak plus the margin exceeds the memory available now,
+    edgekv.core.fit), or None: it fits, nothing is known of the machine, or ``--force``.  Without a whole-process
+    prediction the cache and the weights stand in for it, and the line says so."""
+    from edgekv.core.fit import fits, unfit_reason
+    from edgekv.edges.machine_memory import available_memory
+
+    if spec.force_fit or case.prediction.status != STATUS_OK:
+        return None
+    peak = getattr(proc, "peak_rss_bytes", None)
+    basis = "predicted peak"
+    if not peak:
+        peak, basis = case.prediction.total_bytes + spec.model.weights_bytes, "KV cache + weights (no whole-process prediction)"
+    avail = available_memory()
+    if avail is None or fits(peak, avail.bytes):
+        return None
+    return unfit_reason(peak, avail.bytes, avail.source, basis)
+
+
+def memory_watchdog() -> str | None:
+    """Checked while a configuration runs: a reason to stop it when the machine's available memory (the cgroup's
+    too) has fallen below the floor (edgekv.core.fit.watchdog_floor), before the kernel's OOM killer picks a process
+    -- perhaps not edgekv's -- else None."""
+    from edgekv.core.fit import size, watchdog_floor
+    from edgekv.edges.machine_memory import available_memory
+
+    avail = available_memory()
+    if avail is None:
+        return None
+    floor = watchdog_floor(avail.total)
+    if avail.bytes >= floor:
+        return None
+    return (f"stopped: machine memory nearly exhausted ({size(avail.bytes)} available < {size(floor)} floor, "
+            f"{avail.source})")
+
+
 def child_outcome(child, case: Case) -> tuple[str, str | None, dict[str, Any] | None]:
     """(status, reason, failure block) of a measured child: ok; skipped when llama.cpp refused the context; else
     failed, with where and why (edgekv.core.diagnose): the phase, the signal, the last llama.cpp lines, and a
@@ -448,6 +490,10 @@ def child_outcome(child, case: Case) -> tuple[str, str | None, dict[str, Any] | 
         return "ok", None, None
     if child.ok and res.get("status") == "failed" and "effective" not in res and res.get("ctx_log"):
         return "skipped", f"llama.cpp refused the context: {res.get('reason')}", None
+    if child.stopped_reason:            # the watchdog stopped it: say where, keep what was measured before
+        d = diagnose(child.last_phase, None, None, False, child.log_tail, case.settings.get("n_prompt"))
+        d.cause, d.cause_text = "memory-watchdog", child.stopped_reason
+        return "failed", f"{child.stopped_reason} in {d.phase}" if d.phase else child.stopped_reason, d.to_dict()
     if child.ok:                        # the child said why (a llama.cpp error it caught): keep its words
         d = diagnose(child.last_phase, None, 0, False, child.log_tail, case.settings.get("n_prompt"))
         return "failed", res.get("reason") or "failed", d.to_dict()

@@ -590,7 +590,7 @@ class Failure(_Block, kw_only=True):
     exit_code: _d(OptInt, "its exit code when no signal ended it")
     timed_out: _d(bool, "stopped at the --timeout deadline")
     cause: _d(OptStr, "a recognised cause: amx-crash (llama.cpp #20824) | oom-kill (the kernel counted it) | "
-                      "timeout | None")
+                      "timeout | memory-watchdog (edgekv stopped it: the machine's memory nearly exhausted) | None")
     cause_text: _d(OptStr, "the cause in words, with what to do")
     log_tail: _d(list[str], "the last llama.cpp log lines (INFO and above) it forwarded before it died")
     last_error: _d(Union[str, None, UnsetType], "its last error line on stderr (an assert, an exception)") = UNSET
