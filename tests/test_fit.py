@@ -69,7 +69,8 @@ def test_a_low_reading_skips_and_force_runs_it(smollm2_path, tmp_path, monkeypat
     import edgekv.edges.machine_memory as MM
     from edgekv.cli.main import main
 
-    monkeypatch.setattr(MM, "available_memory", lambda *a, **k: Available(100 * MIB, "cgroup limit", 200 * MIB))
+    # above the watchdog's 256 MiB floor, below the predicted peak + 256 MiB margin
+    monkeypatch.setattr(MM, "available_memory", lambda *a, **k: Available(300 * MIB, "cgroup limit", 400 * MIB))
     args = ["bench", str(smollm2_path), "-c", "512", "-ctk", "f16", "-d", "64", "-p", "16", "-n", "4", "-r", "1", "-t", "2"]
     assert main([*args, "-o", str(tmp_path / "a.jsonl")]) == 1
     assert "available (cgroup limit); skipped (--force runs it anyway)" in capsys.readouterr().out

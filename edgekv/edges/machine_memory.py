@@ -90,3 +90,19 @@ def available_memory(proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgrou
     if room is not None and room[0] < avail:
         return Available(room[0], "cgroup limit", room[1])
     return Available(avail, "MemAvailable", total)
+
+
+def memory_watchdog() -> str | None:
+    """Checked while a configuration runs: a reason to stop it when the machine's available memory (the cgroup's
+    too) has fallen below the floor (edgekv.core.fit.watchdog_floor), before the kernel's OOM killer picks a process
+    -- perhaps not edgekv's -- else None."""
+    from edgekv.core.fit import size, watchdog_floor
+
+    avail = available_memory()
+    if avail is None:
+        return None
+    floor = watchdog_floor(avail.total)
+    if avail.bytes >= floor:
+        return None
+    return (f"stopped: machine memory nearly exhausted ({size(avail.bytes)} available < {size(floor)} floor, "
+            f"{avail.source})")

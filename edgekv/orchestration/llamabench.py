@@ -84,7 +84,7 @@ def run_llama_bench_case(spec, case, env, base, gpu_probe, emit) -> dict[str, An
         emit("child", {"event": "phase", "phase": f"llama-bench {test}"})
         argv = argv_for(spec.llama_bench, os.path.abspath(spec.model.ref.path), s, test)
         t = time.perf_counter()
-        from edgekv.orchestration.sweep import memory_watchdog
+        from edgekv.edges.machine_memory import memory_watchdog
 
         child = run_child(argv, stdin_data=b"", timeout=spec.timeout_s, sample_memory=True, gpu_probe=gpu_probe,
                           capture_output=True, watchdog=memory_watchdog)

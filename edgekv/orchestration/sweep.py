@@ -25,6 +25,7 @@ from edgekv.core.shape import MEMORY_KV
 from edgekv.edges.engine import EngineResult
 from edgekv.edges.environment import default_threads
 from edgekv.edges.home import edgekv_home, verified_sha256
+from edgekv.edges.machine_memory import memory_watchdog
 from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.api import LoadedModel
 from edgekv.orchestration.crosscheck import compare, engine_block, engine_lines
@@ -424,7 +425,8 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
                            "restore": "truncate" if m.shape.memory == MEMORY_KV else "snapshot"}
                 t = time.perf_counter()
                 child = run_child(worker_argv("bench"), payload, timeout=spec.timeout_s, sample_memory=True,
-                                  gpu_probe=gpu_probe, on_event=lambda ev: emit("child", ev), watchdog=memory_watchdog)
+                                  gpu_probe=gpu_probe, on_event=lambda ev: emit("child", ev),
+                                  watchdog=memory_watchdog)
                 wall = time.perf_counter() - t
                 status, reason, failure = child_outcome(child, case)
                 rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
@@ -460,23 +462,6 @@ def fit_check(spec: SweepSpec, case: Case, proc: Any) -> str | None:
     if avail is None or fits(peak, avail.bytes):
         return None
     return unfit_reason(peak, avail.bytes, avail.source, basis)
-
-
-def memory_watchdog() -> str | None:
-    """Checked while a configuration runs: a reason to stop it when the machine's available memory (the cgroup's
-    too) has fallen below the floor (edgekv.core.fit.watchdog_floor), before the kernel's OOM killer picks a process
-    -- perhaps not edgekv's -- else None."""
-    from edgekv.core.fit import size, watchdog_floor
-    from edgekv.edges.machine_memory import available_memory
-
-    avail = available_memory()
-    if avail is None:
-        return None
-    floor = watchdog_floor(avail.total)
-    if avail.bytes >= floor:
-        return None
-    return (f"stopped: machine memory nearly exhausted ({size(avail.bytes)} available < {size(floor)} floor, "
-            f"{avail.source})")
 
 
 def child_outcome(child, case: Case) -> tuple[str, str | None, dict[str, Any] | None]:
