@@ -200,7 +200,7 @@ def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[
         raise UsageError("-ub and -b must be at least 1")
     if n_rs_seq < 0:
         raise UsageError("--n-rs-seq must not be negative")
-    budget_bytes = parse_size(budget, "--budget") if budget else None
+    budget_bytes = _budget_bytes(budget) if budget else None
     base = ContextParams(n_ctx=ctxs[0], type_k=pairs[0][0], type_v=pairs[0][1], flash_attn=fa, swa_full=swa_full,
                          n_seq_max=parallel, kv_unified=kv_unified, n_batch=batch_size, n_ubatch=ubatch_size,
                          n_rs_seq=n_rs_seq)
@@ -216,6 +216,20 @@ def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[
                               use_extra_bufts=rp[0])
     return PredictRequest(base=base, configs=configs, pairs=pairs, n_gpu_layers=n_gpu_layers, process=process,
                           budget_bytes=budget_bytes)
+
+
+def _budget_bytes(budget: str) -> int:
+    """--budget SIZE, or ``auto``: the memory available now (edgekv.edges.machine_memory; said on stderr)."""
+    if budget.strip().lower() != "auto":
+        return parse_size(budget, "--budget")
+    from edgekv.core.fit import size
+    from edgekv.edges.machine_memory import available_memory
+
+    avail = available_memory()
+    if avail is None:
+        raise UsageError("--budget auto: this machine's available memory cannot be read; give a size (16GiB)")
+    sys.stderr.write(f"edgekv: --budget auto: {size(avail.bytes)} available now ({avail.source})\n")
+    return avail.bytes
 
 
 def _predict_contexts(ctx_size: Optional[str], spec_name: Optional[str], m) -> list[int]:

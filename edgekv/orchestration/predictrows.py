@@ -121,6 +121,30 @@ def _defaults_cost(m: LoadedModel, base: ContextParams, recs: list[Record]) -> t
     return (last.n_ctx, cost[0], cost[1]) if cost else None
 
 
+def _fit_marks(out: PredictOutcome) -> None:
+    """Each predicted process checked against the memory available now (edgekv.core.fit): ``fits`` and the figure
+    used in its record, and one note naming those that do not fit."""
+    from edgekv.core.fit import fits, size
+    from edgekv.edges.machine_memory import available_memory
+
+    avail = available_memory()
+    if avail is None:
+        return
+    out_of: list[str] = []
+    for r in out.records:
+        proc = r.prediction.process
+        if proc is UNSET or proc is None or not proc.peak_rss_bytes:
+            continue
+        proc.fits, proc.available_bytes, proc.available_source = fits(proc.peak_rss_bytes, avail.bytes), avail.bytes, \
+            avail.source
+        if not proc.fits:
+            f = r.prediction.formula
+            out_of.append(f"{f.n_ctx}/{f.type_k if f.type_k == f.type_v else f.type_k + '/' + f.type_v}")
+    if out_of:
+        out.process_notes.append(f"does not fit this machine now ({size(avail.bytes)} available, {avail.source}; "
+                                 f"predicted peak + margin): {', '.join(out_of)}")
+
+
 def _crash_note(notes: list[str], use_extra_bufts: bool) -> None:
     """When this environment's extra-buffer preflight (already cached: predict probes nothing) saw the kernels crash,
     say that the default prediction describes a process that dies here."""
@@ -149,6 +173,8 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
         for r in out.records:
             r.model.incomplete = m.incomplete
     _crash_note(out.process_notes, req.process.use_extra_bufts)
+    if processes is not None:
+        _fit_marks(out)
     if req.engine and m.header.tensors:
         from edgekv.orchestration.calibrate import runtime_baseline
         from edgekv.orchestration.crosscheck import extra_buffer_check, extra_buffer_line

@@ -268,6 +268,9 @@ def render_predict(con, m: LoadedModel, base: ContextParams, out: PredictOutcome
     table_rows = []
     for r in recs:
         cells, note, beyond = _predict_cells(r, shape, has_rec, engine, show_reserved)
+        proc = _v(r.prediction.process)
+        if proc is not None and _v(proc.fits) is False:
+            note = (note + " " if note else "") + "[red]does not fit here[/]"
         warn_ctx |= beyond
         table_rows.append((cells + process_cells(r, proc_cols), note))
     has_notes = any(note for _, note in table_rows)

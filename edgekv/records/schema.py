@@ -268,6 +268,10 @@ class Process(_Block, kw_only=True):
     notes: _d(Union[list[str], UnsetType], "caveats") = UNSET
     predicted_after_measurement: _d(Union[PredictedAfter, UnsetType], "added later by edgekv") = UNSET
     error: _d(Union[str, None, UnsetType], "why the dry run behind it failed") = UNSET
+    fits: _d(Union[bool, None, UnsetType], "edgekv predict: the peak plus the margin (edgekv.core.fit) within the "
+                                           "memory available when it predicted") = UNSET
+    available_bytes: _d(Union[int, None, UnsetType], "edgekv predict: the memory available then") = UNSET
+    available_source: _d(Union[str, None, UnsetType], "which figure: MemAvailable | cgroup limit | ...") = UNSET
 
 
 class Prediction(_Block, kw_only=True):
