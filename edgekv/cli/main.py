@@ -55,6 +55,9 @@ UB_OPT = typer.Option(512, "-ub", "--ubatch-size", help="Physical batch size.")
 B_OPT = typer.Option(2048, "-b", "--batch-size", help="Logical batch size.")
 NGL_OPT = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers on the GPU for the engine dry run (-1: all).")
 JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
+PREDICT_REPACK_OPT = typer.Option("1", "--repack", help="llama-bench's --repack 0|1: predict with the CPU backend's "
+                                                        "AMX / CPU_REPACK weight copies (1, llama.cpp's default) or "
+                                                        "without them (0, llama.cpp's -nr).")
 FORCE_OPT = typer.Option(False, "--force", help="Append to a results file from another environment or model, and run "
                                                 "configurations predicted not to fit the memory available.")
 NO_RETRY_OPT = typer.Option(False, "--no-retry", help="On resume, keep configurations that failed earlier instead of "
@@ -148,9 +151,8 @@ def predict(
                                                           "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
     kv_only: bool = typer.Option(False, "--kv-only", help="Caches only: skip the whole-process prediction "
                                                           "(which runs llama.cpp's dry run)."),
-    repack: str = typer.Option("1", "--repack", help="llama-bench's --repack 0|1: predict with the CPU backend's AMX / "
-                                                     "CPU_REPACK weight copies (1, llama.cpp's default) or without "
-                                                     "them (0, llama.cpp's -nr)."),
+    repack: str = PREDICT_REPACK_OPT,
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the llama.cpp command each row assumes."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Exact KV-cache bytes from the GGUF header, and the peak memory of the whole llama.cpp process."""
@@ -163,7 +165,7 @@ def predict(
     ctxs = _predict_contexts(ctx_size, spec_name, m)
     req = _predict_request(ctxs, cache_type_k, cache_type_v, flash_attn, swa_full, parallel, kv_unified, ubatch_size,
                            batch_size, n_rs_seq, budget, workload, threads, no_mmap, n_gpu_layers, repack)
-    req.engine, req.kv_only = engine, kv_only
+    req.engine, req.kv_only, req.verbose = engine, kv_only, verbose
     req.layers, req.with_layers_json = layers and not as_json, layers and as_json
     _notes(m)
     out = run_predict(m, req)

@@ -87,6 +87,7 @@ class PredictRequest:
     process: Any = None             # procpredict.ProcessSettings (workload, threads, mmap, GPU layers)
     kv_only: bool = False           # caches only: no whole-process prediction
     budget_bytes: int | None = None
+    verbose: bool = False           # -v: print the llama.cpp command of every row
 
 
 @dataclass
@@ -119,6 +120,23 @@ def _defaults_cost(m: LoadedModel, base: ContextParams, recs: list[Record]) -> t
     last = max(ok, key=lambda f: f.n_ctx_padded)
     cost = llama_python_defaults_cost(m.shape, replace(base, n_ctx=last.n_ctx, type_k="f16", type_v="f16"))
     return (last.n_ctx, cost[0], cost[1]) if cost else None
+
+
+def _command_lines(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
+    """Each record's llama.cpp arguments (``llama_cpp_args``): the context settings and the process settings the
+    whole-process prediction assumed."""
+    from edgekv.core.llamacmd import llama_cpp_args, shell_line
+
+    p = req.process
+    for r in out.records:
+        f = r.prediction.formula
+        st = {"n_ctx": f.n_ctx, "type_k": f.type_k, "type_v": f.type_v, "flash_attn": req.base.flash_attn,
+              "n_batch": req.base.n_batch, "n_ubatch": req.base.n_ubatch, "n_seq_max": req.base.n_seq_max,
+              "kv_unified": req.base.kv_unified, "swa_full": req.base.swa_full, "n_threads": p.n_threads,
+              "n_gpu_layers": req.n_gpu_layers, "no_mmap": not p.use_mmap, "repack": p.use_extra_bufts}
+        r.llama_cpp_args = llama_cpp_args(st, m.ref.path)
+        if req.verbose:
+            out.process_notes.append("llama.cpp: " + shell_line("llama-server", r.llama_cpp_args))
 
 
 def _fit_marks(out: PredictOutcome) -> None:
@@ -172,6 +190,7 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
     if m.incomplete:                    # the --json records say it too
         for r in out.records:
             r.model.incomplete = m.incomplete
+    _command_lines(out, m, req)
     _crash_note(out.process_notes, req.process.use_extra_bufts)
     if processes is not None:
         _fit_marks(out)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from edgekv.core.llamacmd import llama_cpp_args
 from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, device_mib
 from edgekv.core.predict import MIB, STATUS_OK, ContextParams, KVPrediction, predict
 from edgekv.core.shape import MEMORY_KV
@@ -165,6 +166,7 @@ def build_record(spec: SweepSpec, case: Case, env: dict[str, Any], model: dict[s
         "settings": case.settings,
         "prediction": _prediction_block(case.prediction, eng),
         "environment": env,
+        "llama_cpp_args": llama_cpp_args(case.settings, model.get("path")),
     }
     res = (child.result or {}) if child is not None else {}
     if res:

@@ -638,6 +638,8 @@ class Record(Struct, kw_only=True, forbid_unknown_fields=True):
     plan: _d(Union[Plan, None, UnsetType], "time estimate vs wall time (edgekv bench)") = UNSET
     machine: _d(Union[str, UnsetType], "machine label added by `edgekv merge` (device and host)") = UNSET
     failure: _d(Union[Failure, UnsetType], "where and why the measuring process died (status failed)") = UNSET
+    llama_cpp_args: _d(Union[list[str], UnsetType], "the llama-cli / llama-server arguments of this configuration "
+                                                     "(edgekv.core.llamacmd): reproduce it with llama.cpp alone") = UNSET
 
 
 # -- decode / encode ----------------------------------------------------------------------------------
