@@ -41,6 +41,15 @@ VARIANTS = {
     "large": [],                          # the trained context of SmolLM2 (8192), and Gemma at the same size
     "repack0": ["--repack", "0"],         # no extra buffer types (llama.cpp's -nr): Gemma's Q4_K matrices stay mapped
 }
+# Issue 27 point 6: zero-weight models (sparse files, edgekv.edges.tinymodel.write_sparse) of the two shapes the issue
+# names: a llama with Q4_0 matrices (re-laid by CPU_REPACK on AVX2) and a Q8_0 token embedding tied as the output,
+# and a qwen2 shape with Q8_0 weights and an untied output.  (arch, n_embd, n_ff, n_vocab, n_layer, n_head, n_head_kv,
+# matrix type, embedding type, tied)
+SYNTHETIC = {
+    "llama-q4_0-tied": ("llama", 1024, 2816, 49152, 40, 16, 8, "Q4_0", "Q8_0", True),
+    "qwen2-q8_0-untied": ("qwen2", 896, 4864, 151936, 12, 14, 2, "Q8_0", "Q8_0", False),
+}
+SYNTHETIC_CTX = "1024,2048"
 LARGE_CTX = "8192"
 VARIANT_CTX = "2048"
 VARIANT_TYPES = "f16,q4_0"
@@ -51,17 +60,63 @@ def edgekv() -> list[str]:
     return [sys.executable, "-m", "edgekv.cli"]
 
 
+def synthetic(name: str) -> str:
+    """Write (once) the zero-weight GGUF of a SYNTHETIC shape under bench/.build/ (ignored by git); its path."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFWriter
+
+    from edgekv.edges.tinymodel import write_sparse
+
+    arch, e, f, v, n_layer, h, kv, mat, emb, tied = SYNTHETIC[name]
+    path = ROOT / "bench" / ".build" / "synthetic" / f"{name}.gguf"
+    if path.exists():
+        return str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = GGUFWriter(path, arch, use_temp_file=False)
+    w.add_block_count(n_layer)
+    w.add_context_length(8192)
+    w.add_embedding_length(e)
+    w.add_feed_forward_length(f)
+    w.add_head_count(h)
+    w.add_head_count_kv(kv)
+    w.add_rope_dimension_count(e // h)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(v)
+    w.add_tokenizer_model("none")
+    hd, t = e // h, []
+    t.append(("token_embd.weight", (e, v), Q[emb]))
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        t += [(b + "attn_norm.weight", (e,), Q.F32), (b + "ffn_norm.weight", (e,), Q.F32),
+              (b + "attn_q.weight", (e, e), Q[mat]), (b + "attn_k.weight", (e, kv * hd), Q[mat]),
+              (b + "attn_v.weight", (e, kv * hd), Q[mat]), (b + "attn_output.weight", (e, e), Q[mat]),
+              (b + "ffn_gate.weight", (e, f), Q[mat]), (b + "ffn_up.weight", (e, f), Q[mat]),
+              (b + "ffn_down.weight", (f, e), Q[mat])]
+        if arch == "qwen2":
+            t += [(b + "attn_q.bias", (e,), Q.F32), (b + "attn_k.bias", (kv * hd,), Q.F32),
+                  (b + "attn_v.bias", (kv * hd,), Q.F32)]
+    t.append(("output_norm.weight", (e,), Q.F32))
+    if not tied:
+        t.append(("output.weight", (e, v), Q[emb]))
+    write_sparse(w, path, t)
+    return str(path)
+
+
 def run(model: str, variant: str) -> Path:
     out = OUT / f"{model}-{variant}.jsonl"
-    ctx = MODELS[model] if variant == "base" else LARGE_CTX if variant == "large" else VARIANT_CTX
-    types = TYPES if variant == "base" else VARIANT_TYPES
+    if model in SYNTHETIC:
+        ctx = SYNTHETIC_CTX
+    else:
+        ctx = MODELS[model] if variant == "base" else LARGE_CTX if variant == "large" else VARIANT_CTX
+    types = TYPES if variant == "base" and model not in SYNTHETIC else VARIANT_TYPES
     extra = list(VARIANTS[variant])
     if variant == "llamabench":
         sys.path.insert(0, str(ROOT / "bench"))
         from llama_tools import tool
 
         extra.append(str(tool("llama-bench")))
-    argv = edgekv() + ["bench", model, "-c", ctx, "-ctk", types, *COMMON, *extra, "-o", str(out), "--json"]
+    target = synthetic(model) if model in SYNTHETIC else model
+    argv = edgekv() + ["bench", target, "-c", ctx, "-ctk", types, *COMMON, *extra, "-o", str(out), "--json"]
     print("+", " ".join(argv[2:]), flush=True)
     subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return out
