@@ -245,7 +245,7 @@ def test_bench_record_carries_prediction_and_residual(tmp_path, smollm2_path):
                      n_threads=2)
     res = run_sweep(spec, output=tmp_path / "r.jsonl")
     (rec,) = res.records
-    assert rec["status"] == "ok" and rec["schema_version"] == 2
+    assert rec["status"] == "ok" and rec["schema_version"] == R.SCHEMA_VERSION
     proc = rec["prediction"]["process"]
     assert proc["workload"] == "bench" and proc["peak_rss_bytes"] > 0
     meas = rec["memory"]["peak_rss_bytes"]
@@ -283,8 +283,8 @@ def test_v1_files_upgrade(path):
     recs = R.load(ROOT / path)
     assert len(recs) == len(raw)
     for old, new in zip(raw, recs):
-        assert new["schema_version"] == R.SCHEMA_VERSION == 2
-        assert new["prediction"]["process"] is None and "memory_residual" not in new
+        assert new["schema_version"] == R.SCHEMA_VERSION == 3
+        assert new["prediction"]["process"] is None and new["prediction"]["speed"] is None and "memory_residual" not in new
         assert new["memory"] == old.get("memory") and new["config_key"] == old["config_key"]
 
 

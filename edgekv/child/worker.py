@@ -68,6 +68,12 @@ def _extra_buffers(payload: dict, ev: EventWriter) -> None:
     extra_buffers(payload, ev)
 
 
+def _speed_probe(payload: dict, ev: EventWriter) -> None:
+    from edgekv.child.workload import speed_probe
+
+    speed_probe(payload, ev)
+
+
 def _quality(payload: dict, ev: EventWriter) -> None:
     from edgekv.child.quality_child import run
 
@@ -75,7 +81,7 @@ def _quality(payload: dict, ev: EventWriter) -> None:
 
 
 SUBCOMMANDS = {"engine": _engine, "bench": _bench, "env": _env, "quality": _quality, "baseline": _baseline,
-               "preflight": _preflight, "extra_buffers": _extra_buffers}
+               "preflight": _preflight, "extra_buffers": _extra_buffers, "speed_probe": _speed_probe}
 STREAMING = {"engine"}   # these read requests from stdin themselves
 
 

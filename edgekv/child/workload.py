@@ -239,6 +239,67 @@ def extra_buffers(payload: dict, ev: EventWriter) -> None:
         L.llama_model_free(model)
 
 
+def speed_probe(payload: dict, ev: EventWriter) -> None:
+    """The speed calibration's measurements (edgekv.orchestration.speedcal): for each model, each context, each
+    step, the KV cache filled to a depth and then ``reps`` timed runs of a prompt of ``n`` tokens ("pp") or of
+    ``n`` generated tokens ("tg"), back at that depth before each.  Reports every timed run in nanoseconds and
+    llama.cpp's own graph sizes (``graph: nodes = ...``) for each context."""
+    import llama_cpp as L
+
+    from edgekv.core.llamalog import parse_graph_line
+    from edgekv.core.predict import ContextParams
+    from edgekv.edges.engine import LogCapture, context_params, model_params
+
+    cap = LogCapture()
+    cap.install()
+    L.llama_backend_init()
+    rng = random.Random(SEED)
+    out: list[dict[str, Any]] = []
+    for m in payload["models"]:
+        model = L.llama_model_load_from_file(m["model_path"].encode(),
+                                             model_params(0, dry=False, use_extra_bufts=bool(m.get("repack", True))))
+        cap.take()
+        if not model:
+            ev.result({"ok": False, "reason": f"llama.cpp could not load the calibration model {m['key']}"})
+            return
+        n_vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(model)))
+        for c in m["contexts"]:
+            ctx = L.llama_init_from_model(model, context_params(ContextParams(**c["params"]), n_threads=c["n_threads"]))
+            graph = parse_graph_line([x for _, x in cap.take()])
+            if not ctx:
+                ev.result({"ok": False, "reason": f"llama.cpp could not create a context for {m['key']}/{c['key']}"})
+                return
+            runner = _Runner(L, ctx, int(L.llama_n_batch(ctx)), n_vocab, False, 0, rng)
+            mem = L.llama_get_memory(ctx)
+            for st in c["steps"]:
+                ev.emit("progress", phase="calibrate", step=f"{m['key']}/{c['key']}/{st['key']}")
+                d, n = int(st["depth"]), int(st["n"])
+                L.llama_memory_clear(mem, True)
+                if d:
+                    runner.run_prompt(runner.prompt_chunks(d))
+                ns = []
+                for _ in range(int(st.get("warmup", 1)) + int(st["reps"])):
+                    if not L.llama_memory_seq_rm(mem, 0, d, -1):
+                        L.llama_memory_clear(mem, True)
+                        if d:
+                            runner.run_prompt(runner.prompt_chunks(d))
+                    if st["test"] == "pp":
+                        work = runner.prompt_chunks(n)
+                        t0 = time.perf_counter_ns()
+                        runner.run_prompt(work)
+                    else:
+                        toks = runner.gen_tokens(n)
+                        t0 = time.perf_counter_ns()
+                        runner.run_gen(toks, d)
+                    ns.append(time.perf_counter_ns() - t0)
+                out.append({"model": m["key"], "context": c["key"], "step": st["key"], "test": st["test"], "depth": d,
+                            "n": n, "ns": ns[int(st.get("warmup", 1)):], "graph": graph})
+            runner.close()
+            L.llama_free(ctx)
+        L.llama_model_free(model)
+    ev.result({"ok": True, "results": out})
+
+
 # -- the measured run ---------------------------------------------------------------------------------
 
 class _Runner:

@@ -21,7 +21,14 @@ import psutil
 from edgekv.core.predict import MIB
 from edgekv.edges.load import BUSY_SHARE, LoadMonitor, Window, busy_note
 from edgekv.errors import UsageError
-from edgekv.orchestration.plan import Planner, fmt_duration, kv_f16_per_token, plan_lines, same_machine_history
+from edgekv.orchestration.plan import (
+    Planner,
+    fmt_duration,
+    kv_f16_per_token,
+    plan_lines,
+    same_machine_history,
+    speed_seconds,
+)
 from edgekv.output.benchview import Progress, case_label
 
 if TYPE_CHECKING:
@@ -40,13 +47,17 @@ def _rate(speed: dict[str, Any], test: str) -> str | None:
 def case_line(i: int, n: int, rec: dict[str, Any], wall_s: float, elapsed_s: float, remaining_s: float | None) -> str:
     parts = []
     sp = rec.get("speed") or {}
+    pred = rec.get("prediction") or {}
+    psp = pred.get("speed") or {}
     for t in ("pp", "tg"):
         r = _rate(sp, t)
         if r:
-            parts.append(r)
+            p = (psp.get(t) or {}).get("tokens_per_s")
+            parts.append(r + (f" (predicted {p:.1f})" if p else ""))
     mem = rec.get("memory") or {}
     if mem.get("peak_rss_bytes"):
-        parts.append(f"peak RSS {mem['peak_rss_bytes'] / MIB:.1f} MiB")
+        pp = (pred.get("process") or {}).get("peak_rss_bytes")
+        parts.append(f"peak RSS {mem['peak_rss_bytes'] / MIB:.1f} MiB" + (f" (predicted {pp / MIB:.1f})" if pp else ""))
     f = ((rec.get("prediction") or {}).get("formula") or {}).get("total_bytes")
     same = (rec.get("differences") or {}).get("llama_kv_matches_formula")
     if f is not None:
@@ -118,15 +129,23 @@ class BenchMonitor:
         m = self.spec.model
         kvpt = kv_f16_per_token(m, cases[0].params) if cases else 0
         self.planner = Planner(m.weights_bytes, kvpt)
+        from edgekv.orchestration.plan import settings_id
+
+        speeds = data.get("speeds") or {}
+        self.planner.speeds = {settings_id(c.settings): speeds[c.key] for c in cases if speeds.get(c.key)}
+        modelled = bool(cases) and all(speed_seconds(c.settings, speeds.get(c.key)) is not None for c in cases)
         from pathlib import Path
 
         hist = same_machine_history(Path(data["output"]), edgekv_home() / "runs", data.get("model_sha256"),
                                     data.get("env") or {})
         for r in hist:
             self.planner.learn(r["settings"], r["timing"]["wall_s"])
+        cal_id = next((b.get("calibration_id") for b in speeds.values() if b.get("calibration_id")), None)
         basis = (f"calibrated on {len(hist)} earlier configurations of this model on this machine" if hist else
+                 f"the speed model's prefill and decode of each configuration at its depth (this machine's "
+                 f"calibration {cal_id}); recalibrated after each configuration" if modelled else
                  "cost model of each configuration's prefill and decode at its depth, from a reference 2-core "
-                 "machine scaled to this model; recalibrated after each configuration")
+                 "machine scaled to this model (no speed prediction); recalibrated after each configuration")
         self.planner.basis = basis
         self.todo = [c.settings for c in cases]
         total = self.planner.remaining(self.todo)

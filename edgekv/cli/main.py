@@ -153,9 +153,15 @@ def predict(
                                                           "(which runs llama.cpp's dry run)."),
     repack: str = PREDICT_REPACK_OPT,
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the llama.cpp command each row assumes."),
+    min_tg: Optional[float] = typer.Option(None, "--min-tg", show_default=False,
+                                           help="With --budget: the largest context that fits and decodes at least "
+                                                "this many tokens/s at full depth (predicted on this machine)."),
+    depth: Optional[int] = typer.Option(None, "-d", "--n-depth", show_default=False,
+                                        help="Depth the speed is predicted at (default: the context minus -p 512)."),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Exact KV-cache bytes from the GGUF header, and the peak memory of the whole llama.cpp process."""
+    """Exact KV-cache bytes from the GGUF header, the peak memory of the whole llama.cpp process, and its
+    prefill and decode speed on this machine (predicted)."""
     from edgekv.orchestration.api import load_model
     from edgekv.orchestration.predictrows import run_predict
     from edgekv.output.views import render_budget, render_predict
@@ -166,6 +172,18 @@ def predict(
     req = _predict_request(ctxs, cache_type_k, cache_type_v, flash_attn, swa_full, parallel, kv_unified, ubatch_size,
                            batch_size, n_rs_seq, budget, workload, threads, no_mmap, n_gpu_layers, repack)
     req.engine, req.kv_only, req.verbose = engine, kv_only, verbose
+    if depth is not None and depth < 0:
+        raise UsageError("-d/--n-depth must be 0 or more")
+    req.depth = depth
+    if min_tg is not None:
+        if budget is None:
+            raise UsageError("--min-tg needs --budget (the speed floor narrows the budget's answer); "
+                             "add --budget auto for the memory available now")
+        if min_tg <= 0:
+            raise UsageError("--min-tg must be a positive number of tokens/s")
+        if kv_only:
+            raise UsageError("--min-tg needs the speed prediction, which --kv-only skips")
+    req.min_tg = min_tg
     req.layers, req.with_layers_json = layers and not as_json, layers and as_json
     _notes(m)
     out = run_predict(m, req)
@@ -332,6 +350,60 @@ def info(
         _print_json(res)
     else:
         render_info(_console(), res)
+
+
+@app.command()
+def calibrate(
+    model: Optional[str] = typer.Argument(None, show_default=False,
+                                          help="Also calibrate the weight types this model uses (path or name)."),
+    threads: int = typer.Option(0, "-t", "--threads", help="CPU threads (0: physical cores, llama.cpp's default)."),
+    cache_type_k: str = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
+                                     help="K/V cache types to calibrate (comma-separated; V follows K)."),
+    flash_attn: str = FA_OPT,
+    repack: str = PREDICT_REPACK_OPT,
+    allow_busy: bool = typer.Option(False, "--allow-busy", help="Keep a calibration taken while other work used the "
+                                                                "CPUs (marked busy) instead of refusing it."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Measure this machine's speed coefficients for the speed model (about a minute; cached per environment,
+    thread count and --repack; predict and bench use them)."""
+    from edgekv.edges.environment import default_threads
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.speedcal import CalibrationError
+    from edgekv.orchestration.speedcal import calibrate as run_calibration
+
+    if threads < 0:
+        raise UsageError("-t/--threads must be 0 (physical cores) or more")
+    n = threads or default_threads()
+    fa = parse_flash_attn(flash_attn)
+    rp = parse_repack_list(repack)
+    if rp is None or len(rp) != 1:
+        raise UsageError("--repack: give one value (0 or 1) to calibrate")
+    pairs = [(t, t, fa) for t in parse_type_list(cache_type_k, "-ctk")]
+    types: list[str] = []
+    geometries: list = [None]         # no model: the generic attention model
+    feats = runtime_baseline().cpu_features
+    if model:
+        from edgekv.orchestration.api import load_model
+        from edgekv.orchestration.speedpredict import model_speed_shape, weight_types
+
+        sh = model_speed_shape(load_model(model), feats, rp[0], None)
+        types = weight_types(sh)
+        geometries = sorted({lay.geometry for lay in sh.attn})
+    con = _console(stderr=True)
+    con.print(f"Calibrating speed with -t {n}, --repack {int(rp[0])}: {', '.join(p[0] for p in pairs)}"
+              + (f"; weight types {', '.join(types)}" if types else "") + " ...", highlight=False)
+    try:
+        sc = run_calibration(n, rp[0], types, pairs, feats, refresh=True, allow_busy=allow_busy, geometries=geometries,
+                             progress=lambda step: con.print(f"  {step}", highlight=False) if not as_json else None)
+    except CalibrationError as e:
+        raise UsageError(str(e)) from None
+    if as_json:
+        _print_json(sc.cal.to_dict())
+        return
+    from edgekv.output.views import render_calibration
+
+    render_calibration(_console(), sc)
 
 
 # -- report, compare, merge ------------------------------------------------------------------------------

@@ -112,6 +112,7 @@ class LlamaMemoryLog:
     fa_forced_for_quantized_v: bool = False
     gpu_layers: tuple[int, int] | None = None
     errors: list[str] = field(default_factory=list)
+    graph: dict[str, int] | None = None   # llama.cpp's graph sizes (nodes, splits; parse_graph_line)
 
     @property
     def kv_mib_total(self) -> float:
@@ -218,6 +219,7 @@ def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
             m = RE_OTHER_BUFFER.search(line)
             if m:
                 _add(out.other_buffers, f"{m['fn']} {m['what'].strip()} {m['dev']}", m["mib"])
+    out.graph = parse_graph_line(lines)
     return out
 
 
@@ -229,3 +231,22 @@ def is_host_buffer(name: str) -> bool:
 
 def device_mib(buffers: dict[str, float] | None) -> float:
     return sum(v for k, v in (buffers or {}).items() if not is_host_buffer(k))
+
+
+# llama-context.cpp:754 (llama_context's graph reserve):
+#   "sched_reserve: graph: nodes = 967, splits = 1, input objects = ..., input tensors = ..."
+#   "sched_reserve: graph (pp bs=512, tg bs=1): nodes = 1011 / 985, splits = 1 / 1, ..."
+RE_GRAPH = re.compile(r"graph(?: \(pp bs=(?P<bs_pp>\d+), tg bs=(?P<bs_tg>\d+)\))?: nodes = (?P<pp>\d+)(?: / (?P<tg>\d+))?, "
+                      r"splits = (?P<spp>\d+)(?: / (?P<stg>\d+))?")
+
+
+def parse_graph_line(text: str | list[str]) -> dict[str, int] | None:
+    """llama.cpp's graph sizes at context creation: nodes and splits of the prompt (ubatch) graph and of the
+    one-token graph (the same figure when llama.cpp prints one); None when no such line is there."""
+    lines = text.splitlines() if isinstance(text, str) else text
+    for line in lines:
+        m = RE_GRAPH.search(line)
+        if m:
+            pp, spp = int(m["pp"]), int(m["spp"])
+            return {"nodes_pp": pp, "nodes_tg": int(m["tg"] or pp), "splits_pp": spp, "splits_tg": int(m["stg"] or spp)}
+    return None

@@ -103,3 +103,66 @@ def probe_model_path() -> Path:
         with atomic_path(p, root=folder, what="the preflight's probe model") as tmp:
             write_probe_model(tmp)
     return p
+
+
+# -- the speed calibration's models ----------------------------------------------------------------------
+
+SPEED_MODELS_VERSION = 1
+
+
+def write_llama(path: str | os.PathLike, *, n_embd: int, n_ff: int, n_layer: int, n_head: int, n_head_kv: int,
+                mat_type: str, n_vocab: int = 256, head_dim: int | None = None, out_type: str | None = None,
+                name: str = "edgekv speed calibration") -> int:
+    """A llama-architecture GGUF of zero weights in a sparse file (the speed calibration's models): ``n_layer``
+    blocks whose seven matrices are ``mat_type``, F32 norms, an F32 token embedding and a separate output matrix
+    (``out_type``, default ``mat_type``).  Returns the file size."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    Q = GGMLQuantizationType
+    hd = head_dim or n_embd // n_head
+    w = GGUFWriter(path, "llama", use_temp_file=False)
+    w.add_name(name)
+    w.add_block_count(n_layer)
+    w.add_context_length(32768)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_dimension_count(hd)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model("none")
+    m = Q[mat_type]
+    t: list[tuple[str, tuple[int, ...], Any]] = [("token_embd.weight", (n_embd, n_vocab), Q.F32)]
+    if n_head * hd % 32 or n_embd % 32:
+        raise ValueError(f"n_embd {n_embd} and n_head x head_dim {n_head * hd} must be multiples of 32")
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        t += [(b + "attn_norm.weight", (n_embd,), Q.F32), (b + "ffn_norm.weight", (n_embd,), Q.F32),
+              (b + "attn_q.weight", (n_embd, n_head * hd), m), (b + "attn_k.weight", (n_embd, n_head_kv * hd), m),
+              (b + "attn_v.weight", (n_embd, n_head_kv * hd), m), (b + "attn_output.weight", (n_head * hd, n_embd), m),
+              (b + "ffn_gate.weight", (n_embd, n_ff), m), (b + "ffn_up.weight", (n_embd, n_ff), m),
+              (b + "ffn_down.weight", (n_ff, n_embd), m)]
+    t += [("output_norm.weight", (n_embd,), Q.F32), ("output.weight", (n_embd, n_vocab), Q[out_type or mat_type])]
+    return write_sparse(w, path, t)
+
+
+def speed_model_path(name: str, **shape: Any) -> Path:
+    """A calibration model under ``EDGEKV_HOME/calibration/speed/`` (``name`` is edgekv's own, never user
+    input), written on first use; the shape is part of the file name's hash so a changed shape is rewritten."""
+    import hashlib
+    import json
+    import re
+
+    if not re.fullmatch(r"[a-z0-9_]+", name):
+        raise ValueError(f"bad calibration model name {name!r}")
+    folder = edgekv_home() / "calibration" / "speed"
+    tag = hashlib.sha256(json.dumps([SPEED_MODELS_VERSION, shape], sort_keys=True).encode()).hexdigest()[:10]
+    p = folder / f"{name}-{tag}.gguf"
+    if not p.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_path(p, root=folder, what="a speed calibration model") as tmp:
+            write_llama(tmp, **shape)
+    return p

@@ -44,6 +44,7 @@ class BudgetRow(Struct, kw_only=True, forbid_unknown_fields=True):
     compute_bytes: OptInt = UNSET               # llama.cpp's dry run (host compute buffer)
     weights_bytes: OptInt = UNSET
     lower_bound_bytes: OptInt = UNSET           # runtime + weights + caches when there are no compute buffers
+    predicted_tg_tokens_per_s: Union[float, None, UnsetType] = UNSET   # --min-tg: decode at max_n_ctx (predicted)
     total_bytes: OptInt = UNSET
     process: Union[Process, UnsetType] = UNSET  # the whole-process prediction at max_n_ctx
     source: Union[str, UnsetType] = UNSET       # where the answer comes from
@@ -57,7 +58,10 @@ def _typed(rows: list[dict[str, Any]]) -> list[BudgetRow]:
 # long: one row per cache pair from the formula, the dry run and the process model side by side
 def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str]], budget_bytes: int,
                  n_gpu_layers: int = -1, cap: int | None = None, workload: str = "generate", n_threads: int = 0,
-                 use_mmap: bool = True, baseline=None) -> list[BudgetRow]:
+                 use_mmap: bool = True, baseline=None, min_tg=None) -> list[BudgetRow]:
+    """``min_tg``: (type_k, type_v, n_ctx) -> predicted decode tokens/s at that context's full depth, or None when
+    it is not predicted; with it, a context counts only when its peak fits **and** it decodes at least
+    ``min_tg.floor`` tokens/s (--min-tg).  Decode slows as the context grows, so the search stays a bisection."""
     from edgekv.edges.engine import EngineSession
     from edgekv.orchestration.calibrate import runtime_baseline
     from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
@@ -116,9 +120,14 @@ def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str
                     seen[n] = predict_processes(m, [replace(params, n_ctx=n)], settings, baseline, session)[0]
                 return seen[n]
 
-            def fits(n: int) -> bool:
+            def fits(n: int, tk: str = tk, tv: str = tv) -> bool:
                 p = proc_at(n)
-                return p is not None and p.peak_rss_bytes is not None and p.peak_rss_bytes <= budget_bytes
+                if p is None or p.peak_rss_bytes is None or p.peak_rss_bytes > budget_bytes:
+                    return False
+                if min_tg is None:
+                    return True
+                ts = min_tg(tk, tv, n)
+                return ts is not None and ts >= min_tg.floor
 
             best = largest_fitting(fits, KV_PAD, cap)
             row: dict[str, Any] = {**common, "type_k": tk, "type_v": tv, "max_n_ctx": best}
@@ -136,10 +145,22 @@ def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str
                 if best == cap:
                     notes.append(f"capped at the trained context ({cap}): the search stops there, larger contexts "
                                  "were not tried" if trained else f"capped at the search limit ({cap})")
+                if min_tg is not None:
+                    ts = min_tg(tk, tv, best)
+                    row["predicted_tg_tokens_per_s"] = ts
+                    mem_best = largest_fitting(lambda n: (proc_at(n) is not None and proc_at(n).peak_rss_bytes is not None
+                                                          and proc_at(n).peak_rss_bytes <= budget_bytes), KV_PAD, cap)
+                    if mem_best > best:
+                        notes.append(f"limited by --min-tg {min_tg.floor:g}: {mem_best} tokens would fit in memory, "
+                                     f"but decode at full depth is predicted below that")
             else:
                 row.update({"peak_rss_bytes": None, "cache_bytes": None, "compute_bytes": None, "total_bytes": None})
                 pr = predict(shape, replace(params, n_ctx=KV_PAD))
-                notes.append(pr.reason if pr.status != STATUS_OK else f"not even {KV_PAD} tokens fit")
+                slow = min_tg is not None and min_tg(tk, tv, KV_PAD) is None
+                notes.append(pr.reason if pr.status != STATUS_OK else
+                             f"no speed prediction for {tk}/{tv}" if slow else
+                             f"not even {KV_PAD} tokens fit" + (f" and decode at {min_tg.floor:g} t/s"
+                                                                if min_tg is not None else ""))
             row["note"] = "; ".join(n for n in notes if n)
             rows.append(row)
     finally:

@@ -96,6 +96,33 @@ def prior_seconds(settings: dict[str, Any], weights_bytes: int, kv_f16_per_token
     return t
 
 
+def speed_seconds(settings: dict[str, Any], speed: dict[str, Any] | None) -> float | None:
+    """Predicted wall seconds of one bench configuration from the speed model's prediction for it
+    (``prediction.speed``: pp and tg at the configuration's depth, with the attention part of each), or None when
+    there is none.  The fill (depth tokens from an empty cache) costs the prompt's non-attention time per token plus
+    its attention part scaled to the fill's mean depth (attention is linear in the depth)."""
+    if not speed or speed.get("error"):
+        return None
+    p, n, d, r = settings["n_prompt"], settings["n_gen"], settings["n_depth"], settings["repetitions"]
+    pp, tg = speed.get("pp"), speed.get("tg")
+    if (p and not pp) or (n and not tg) or (d and not pp):
+        return None
+
+    def per_token(block: dict[str, Any], depth: float) -> float:
+        att = sum(x["s_per_token"] for x in block["parts"] if x["name"] == "attention")
+        rest = block["s_per_token"] - att
+        at = block["depth"] + block["n_tokens"] / 2
+        return rest + (att * (depth / at) if at > 0 else 0.0)
+
+    t = _OVERHEAD_S
+    if settings.get("warmup", True):
+        t += (p * per_token(pp, p / 2) if p else 0.0) + (per_token(tg, 0) if n else 0.0)
+    if d:
+        t += d * per_token(pp, d / 2)
+    t += r * ((p * pp["s_per_token"] if p else 0.0) + (n * tg["s_per_token"] if n else 0.0))
+    return t
+
+
 def _type_key(s: dict[str, Any]) -> str:
     return f"{s['type_k']}/{s['type_v']}"
 
@@ -110,9 +137,13 @@ class Planner:
     basis: str = "prior"
     t0: float = field(default_factory=time.monotonic)
     initial_total_s: float | None = None
+    # the speed model's prediction per configuration (json of its settings -> prediction.speed): when there is
+    # one, it is the cost model; the reference prior only stands in where the speed model predicted nothing
+    speeds: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def prior(self, s: dict[str, Any]) -> float:
-        return prior_seconds(s, self.weights_bytes, self.kv_f16_per_token)
+        t = speed_seconds(s, self.speeds.get(settings_id(s)))
+        return t if t is not None else prior_seconds(s, self.weights_bytes, self.kv_f16_per_token)
 
     def learn(self, settings: dict[str, Any], wall_s: float) -> None:
         if wall_s and wall_s > 0:
@@ -133,6 +164,10 @@ class Planner:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
+
+
+def settings_id(s: dict[str, Any]) -> str:
+    return json.dumps(s, sort_keys=True, default=str)
 
 
 def kv_f16_per_token(model, params) -> int:

@@ -88,6 +88,11 @@ class PredictRequest:
     kv_only: bool = False           # caches only: no whole-process prediction
     budget_bytes: int | None = None
     verbose: bool = False           # -v: print the llama.cpp command of every row
+    depth: int | None = None        # -d: the depth the speed is predicted at (None: the context minus -p)
+    n_prompt: int = 512             # the predicted tests: llama-bench's pp512 and tg128 at that depth
+    n_gen: int = 128
+    speed: bool = True              # predict tokens/s too (calibrating this machine when needed)
+    min_tg: float | None = None     # --budget with --min-tg: decode at full depth at least this fast
 
 
 @dataclass
@@ -102,6 +107,7 @@ class PredictOutcome:
     defaults_cost: tuple[int, int, int] | None = None
     layer_params: ContextParams | None = None
     layer_prediction: KVPrediction | None = None
+    speed_model: Any = None                  # (SpeedShape, Calibration, threads) when speed was predicted
 
     def to_json(self) -> Any:
         """What ``--json`` prints: the list of records; with ``--budget`` ``{"predictions": [records],
@@ -174,6 +180,113 @@ def _crash_note(notes: list[str], use_extra_bufts: bool) -> None:
                      "`--repack 0` (llama.cpp's -nr) predicts the setting that runs")
 
 
+def speed_depth(n_ctx: int, req: PredictRequest) -> int:
+    """The depth a row's speed is predicted at: -d, else the context minus the prompt (the cache full at the end
+    of the test, as bench fills it)."""
+    if req.depth is not None:
+        return min(req.depth, max(0, n_ctx - 1))
+    return max(0, n_ctx - max(req.n_prompt, req.n_gen))
+
+
+def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
+    """``prediction.speed`` in every record (edgekv.core.speed): pp and tg at the row's depth with this machine's
+    calibration (measured now when absent: a progress line on stderr), or the reason there is none."""
+    import sys
+
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block
+    from edgekv.records.schema import SpeedPrediction
+
+    def none(why: str) -> None:
+        for r in out.records:
+            r.prediction.speed = msgspec.convert({"calibration_id": None, "error": why}, SpeedPrediction)
+        out.process_notes.append(f"no speed prediction: {why}")
+
+    if req.kv_only:
+        return none("--kv-only (the speed model needs llama.cpp's graph size from its dry run)")
+    if not m.header.tensors:
+        return none("the file has no tensor table (the speed model reads the weights a token touches from it)")
+    if req.n_gpu_layers not in (0,) and _offloads(out):
+        return none("layers offloaded to a GPU: the speed model is calibrated for the CPU here (README: GPU forms)")
+    ok = [r for r in out.records if r.prediction.formula.status == STATUS_OK]
+    if not ok:
+        return
+    graph = _graph(m, req)
+    if graph is None:
+        return none("llama.cpp's dry run did not give its graph size for this model")
+    p = req.process
+    from edgekv.edges.environment import default_threads
+
+    threads = p.n_threads or default_threads()
+    xs = []
+    for r in ok:
+        f = r.prediction.formula
+        xs.append(SpeedInputs(threads, req.n_prompt, req.n_gen, speed_depth(f.n_ctx, req), req.base.n_batch,
+                              req.base.n_ubatch, f.type_k, f.type_v, req.base.flash_attn, p.use_extra_bufts))
+    feats = runtime_baseline().cpu_features
+    sh = model_speed_shape(m, feats, p.use_extra_bufts, graph)
+    started = []
+
+    def progress(step: str) -> None:
+        if not started:
+            sys.stderr.write("edgekv: calibrating this machine's speed (once per environment and thread count; "
+                             "'edgekv calibrate' re-measures) ...\n")
+            started.append(1)
+
+    cal, note = calibration_for(sh, xs, feats, progress=progress, allow_busy=True)
+    if note and cal is not None:
+        out.process_notes.append(f"speed calibration: {note}")
+    if cal is not None and cal.notes:
+        out.process_notes.append("speed calibration: " + "; ".join(cal.notes) + " (re-measure on a quiet machine: "
+                                 "'edgekv calibrate')")
+    for r, x in zip(ok, xs):
+        r.prediction.speed = msgspec.convert(speed_block(sh, cal, x, note), SpeedPrediction)
+    if cal is not None:
+        out.speed_model = (sh, cal, threads)
+
+
+class _MinTg:
+    """--min-tg for the budget search: predicted decode tokens/s at a context's full depth (the context minus -n)."""
+
+    def __init__(self, floor: float, speed_model: Any, req: PredictRequest):
+        self.floor, self.model, self.req = floor, speed_model, req
+
+    def __call__(self, type_k: str, type_v: str, n_ctx: int) -> float | None:
+        from edgekv.core.speed import MissingCalibration, predict_tg
+
+        if self.model is None:
+            return None
+        sh, cal, _threads = self.model
+        try:
+            return predict_tg(sh, cal, max(0, n_ctx - self.req.n_gen), self.req.n_gen, type_k, type_v,
+                              self.req.base.flash_attn).tokens_per_s
+        except MissingCalibration:
+            return None
+
+
+def _offloads(out: PredictOutcome) -> bool:
+    for r in out.records:
+        proc = r.prediction.process
+        if proc is not UNSET and proc is not None and proc.device_bytes not in (UNSET, None) and proc.device_bytes:
+            return True
+    return False
+
+
+def _graph(m: LoadedModel, req: PredictRequest) -> dict[str, int] | None:
+    """llama.cpp's graph size (nodes of the prompt and one-token graphs) for this model, from one dry run."""
+    from edgekv.edges.engine import EngineSession
+    from edgekv.errors import EngineError
+
+    c = replace(req.base, n_ctx=min(req.base.n_ctx or 4096, 4096))
+    try:
+        with EngineSession(m.ref.path, n_gpu_layers=req.n_gpu_layers, header=m.header,
+                           use_extra_bufts=req.process.use_extra_bufts) as eng:
+            (r,) = eng.run([c])
+    except EngineError:
+        return None
+    return r.log.graph if r.ok else None
+
+
 def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
     """Compute everything ``edgekv predict`` prints: formula records (and llama.cpp's dry run), the
     whole-process prediction, the budget table, and the notes the view adds under the table."""
@@ -194,6 +307,8 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
     _crash_note(out.process_notes, req.process.use_extra_bufts)
     if processes is not None:
         _fit_marks(out)
+    if req.speed:
+        _speeds(out, m, req)
     if req.engine and m.header.tensors:
         from edgekv.orchestration.calibrate import runtime_baseline
         from edgekv.orchestration.crosscheck import extra_buffer_check, extra_buffer_line
@@ -204,7 +319,8 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
         from edgekv.orchestration.budget import budget_table
 
         p = req.process
-        out.budget = budget_table(m, req.base, req.pairs, req.budget_bytes, n_gpu_layers=req.n_gpu_layers,
+        floor = _MinTg(req.min_tg, out.speed_model, req) if req.min_tg is not None else None
+        out.budget = budget_table(m, req.base, req.pairs, req.budget_bytes, n_gpu_layers=req.n_gpu_layers, min_tg=floor,
                                   workload=p.workload, n_threads=p.n_threads, use_mmap=p.use_mmap)
     out.defaults_cost = _defaults_cost(m, req.base, out.records)
     if req.layers:

@@ -68,6 +68,7 @@ class SweepSpec:
     preflight: Any = None                    # the extra-buffer preflight's verdict (edgekv.orchestration.preflight)
     retry_failed: bool = True                # resume measures failed configurations again (--no-retry: off)
     force_fit: bool = False                  # --force: run configurations predicted not to fit the memory available
+    predict_speed: bool = True               # the speed model's prediction in every record (calibrating when needed)
 
 
 @dataclass
@@ -393,10 +394,11 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
     # llama.cpp's dry runs and the whole-process predictions come first: the plan says what will not fit
     engine_results = _dry_runs(spec, todo) if spec.engine == ENGINE_PYTHON else {}
     processes = process_predictions(spec, todo)
+    speeds = speed_predictions(spec, todo, engine_results, emit) if spec.predict_speed else {}
     unfit = {c.key: why for c in todo if (why := fit_check(spec, c, processes.get(c.key)))}
     emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),
                    "existing": len(cases) - len(todo), "env": env, "model_sha256": sha,
-                   "retry": sum(1 for c in todo if c.key in retry), "unfit": unfit})
+                   "retry": sum(1 for c in todo if c.key in retry), "unfit": unfit, "speeds": speeds})
 
     model = model_block(m, sha)
     gpu_probe = nvml_process_probe()
@@ -435,6 +437,7 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
                 if failure is not None:
                     rec["failure"] = failure
             attach_process(rec, processes.get(case.key) if rec["status"] != "skipped" else None)
+            attach_speed(rec, speeds.get(case.key))
             if quality is not None and rec["status"] == "ok":
                 rec["quality"] = quality(case, emit)
             emit("record", {"i": i, "case": case, "record": rec})   # listeners may add blocks (load, plan)
@@ -578,6 +581,63 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
     except EngineError as e:
         return {c.key: {"error": str(e)} for c in run}
     return out
+
+
+def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[str, EngineResult],
+                      emit: Callable[[str, dict[str, Any]], None]) -> dict[str, dict[str, Any]]:
+    """``prediction.speed`` for every configuration to run (edgekv.core.speed), keyed by case key.  The
+    calibration is this machine's (cached; what it lacks is measured now, and that is said before the plan);
+    llama.cpp's graph size comes from the configuration's dry run (one is run when the sweep has none)."""
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block
+
+    run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts]
+    if not run:
+        return {}
+    graph = next((r.log.graph for r in engine_results.values() if r.ok and r.log.graph), None)
+    if graph is None:
+        graph = _graph_from_dry_run(spec, run[0])
+    feats = runtime_baseline().cpu_features
+    out: dict[str, dict[str, Any]] = {}
+    groups: dict[tuple[int, bool], list[Case]] = {}
+    for c in run:
+        x = SpeedInputs.from_settings(c.settings)
+        groups.setdefault((x.n_threads, x.repack), []).append(c)
+    for (_threads, repack), cases in groups.items():
+        sh = model_speed_shape(spec.model, feats, repack, graph)
+        xs = [SpeedInputs.from_settings(c.settings) for c in cases]
+        cal, note = calibration_for(sh, xs, feats,
+                                    progress=lambda step: emit("calibrate", {"step": step}), allow_busy=True)
+        if note:
+            emit("note", {"message": f"speed calibration: {note}"})
+        for c, x in zip(cases, xs):
+            out[c.key] = speed_block(sh, cal, x, note if cal is None else None)
+    return out
+
+
+def _graph_from_dry_run(spec: SweepSpec, case: Case) -> dict[str, int] | None:
+    from edgekv.edges.engine import EngineSession
+    from edgekv.errors import EngineError
+
+    try:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+            (r,) = eng.run([case.params])
+        return r.log.graph if r.ok else None
+    except EngineError:
+        return None
+
+
+def attach_speed(rec: dict[str, Any], block: dict[str, Any] | None) -> None:
+    """``prediction.speed`` and the residual (measured - predicted, %) in a record."""
+    from edgekv.orchestration.speedpredict import residual
+
+    if block is None or rec["status"] == "skipped":
+        rec["prediction"].setdefault("speed", None)
+        return
+    rec["prediction"]["speed"] = block
+    res = residual(rec)
+    if res is not None:
+        rec["speed_residual"] = res
 
 
 def attach_process(rec: dict[str, Any], proc: Any) -> None:

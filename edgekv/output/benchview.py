@@ -102,14 +102,29 @@ class Progress:
                 self._desc(phase)
 
 
-def _ts(speed: dict[str, S.SpeedTest | None], test: str) -> str:
+def _ts(speed: dict[str, S.SpeedTest | None], test: str, predicted: float | None = None) -> str:
     v = speed.get(test)
+    pred = f"\n[dim]{predicted:.1f}[/]" if predicted else ""
     if v is None or v.mean_ts is None:
-        return "-"
+        return "-" + pred
     ci = v.ci95_ts
     half = f"±{(ci[1] - ci[0]) / 2:.1f}" if ci else ""
     warn = " !" if v.unstable else ""
-    return f"{v.mean_ts:.1f}{half}{warn}"
+    return f"{v.mean_ts:.1f}{half}{warn}{pred}"
+
+
+def predicted_ts(r: S.Record, test: str) -> float | None:
+    """The speed model's tokens/s for a test in a record (None: not predicted)."""
+    pred = unset_none(r.prediction)
+    sp = unset_none(pred.speed) if pred is not None else None
+    t = unset_none(getattr(sp, test)) if sp is not None else None
+    return t.tokens_per_s if t is not None else None
+
+
+def predicted_peak(r: S.Record) -> int | None:
+    pred = unset_none(r.prediction)
+    proc = unset_none(pred.process) if pred is not None else None
+    return proc.peak_rss_bytes if proc is not None else None
 
 
 def _quality_cells(q: S.Quality | None) -> list[str]:
@@ -144,16 +159,17 @@ def _summary_row(r: S.Record, narrow: bool, with_gpu: bool, with_quality: bool) 
         llama_kv, same = "-", "-"
     peak_b = mem.peak_rss_bytes if mem is not None else None
     anon_b = unset_none(mem.anon_after_fill_bytes) if mem is not None else None
-    peak = f"{peak_b / MIB:.1f}" if peak_b else "-"
+    peak_p = predicted_peak(r)
+    peak = (f"{peak_b / MIB:.1f}" if peak_b else "-") + (f"\n[dim]{peak_p / MIB:.1f}[/]" if peak_p else "")
     anon = f"{anon_b / MIB:.1f}" if anon_b else "-"
     status = r.status if r.status == "ok" else f"[yellow]{r.status}: {r.reason}[/]"
     if record_busy(r):
         status += f" [yellow]busy {100 * r.load.others_share_max:.0f}%[/]"
     sp = {t: speed_of(r, t) for t in ("pp", "tg")}
-    row = [str(s.n_ctx), str(s.n_depth), kv, formula_mib, llama_kv, same, peak, anon, _ts(sp, "pp"),
-           _ts(sp, "tg"), status]
+    pp, tg = _ts(sp, "pp", predicted_ts(r, "pp")), _ts(sp, "tg", predicted_ts(r, "tg"))
+    row = [str(s.n_ctx), str(s.n_depth), kv, formula_mib, llama_kv, same, peak, anon, pp, tg, status]
     if narrow:
-        row = [str(s.n_ctx), kv, f"{formula_mib} {same}", peak, _ts(sp, "pp"), _ts(sp, "tg"), status]
+        row = [str(s.n_ctx), kv, f"{formula_mib} {same}", peak, pp, tg, status]
     if with_gpu:
         g = mem.peak_gpu_bytes if mem is not None else None
         gc = unset_none(diff.context_gpu_growth_bytes) if diff is not None else None
@@ -220,7 +236,9 @@ def _summary_legend(con, narrow: bool, with_gpu: bool, with_quality: bool, busy_
               "run. Peak RSS = OS-measured peak of the run's process (sampled every 5 ms; during the timed tests read "
               "by the process itself after each repetition); anon = its anonymous pages "
               "after the cache was filled (KV, compute and output buffers; the weights are file-backed). t/s: mean ± "
-              "95% interval over the repetitions." + (
+              "95% interval over the repetitions. Under peak RSS, pp and tg, dimmed: edgekv's prediction made before "
+              "the run (whole-process memory model; speed model with this machine's calibration, "
+              "'edgekv calibrate')." + (
                   " GPU MiB: peak = the process's GPU memory (NVML, sampled); context = device memory the context "
                   "added (KV and compute buffers), read by the run right after the load and after the context."
                   if with_gpu else "") + (

@@ -646,12 +646,13 @@ def build(records: Sequence[Record | dict[str, Any]], title: str | None = None, 
         mrecs = [recs[i] for i in idx]
         sec = _model_section(name, mrecs)
         sec.tables += _pivot_tables(mrows) + _memory_tables(mrows) + _speed_table(mrows) + _quality_table(mrows)
-        sec.tables += _explained_memory(mrecs)
+        sec.tables += _explained_memory(mrecs) + _explained_speed(mrecs)
         if plots:
             from edgekv.output import plots as P
 
             slug = "" if len(names) == 1 else "-" + _slug(name)
-            for fname, alt, png in P.all_plots(mrows, slug) + _explained_plot(mrecs, slug):
+            for fname, alt, png in P.all_plots(mrows, slug) + _explained_plot(mrecs, slug) + \
+                    _explained_speed_plots(mrecs, slug):
                 images[fname] = png
                 sec.images.append((fname, alt))
         sec.bullets = _problems(mrows)
@@ -674,6 +675,20 @@ def _explained_plot(recs: list[Record], slug: str) -> list[tuple[str, str, bytes
 
     png = plot(recs)
     return [(f"explained_memory{slug}.png", "Explained memory: predicted parts and measured peak RSS", png)] if png else []
+
+
+def _explained_speed(recs: list[Record]) -> list[Table]:
+    """The explained-speed table (edgekv.output.speedreport): measured tokens/s vs the speed model's prediction."""
+    from edgekv.output.speedreport import table
+
+    t = table(recs)
+    return [Table(*t)] if t is not None else []
+
+
+def _explained_speed_plots(recs: list[Record], slug: str) -> list[tuple[str, str, bytes]]:
+    from edgekv.output.speedreport import plots
+
+    return [(f"{stem}{slug}.png", alt, png) for stem, alt, png in plots(recs)]
 
 
 def _slug(s: str) -> str:
@@ -839,7 +854,8 @@ def render_html(doc: Document) -> str:
 
 # -- writing the folder ---------------------------------------------------------------------------------
 
-_PLOT_RE = re.compile(r"^(memory_vs_context|speed_vs_depth|kld|explained_memory)(-[a-z0-9-]+)?\.png$")
+_PLOT_RE = re.compile(r"^(memory_vs_context|speed_vs_depth|kld|explained_memory|explained_speed|speed_model_vs_depth)"
+                      r"(-[a-z0-9-]+)?\.png$")
 
 
 def _write(path: Path, data: bytes) -> None:

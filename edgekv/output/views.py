@@ -264,6 +264,10 @@ def render_predict(con, m: LoadedModel, base: ContextParams, out: PredictOutcome
     proc_cols = process_columns(recs)
     t, show_reserved = _predict_table(con, f"{shape.name or m.ref.name} ({shape.arch}): cache memory predicted from "
                                       "the GGUF header", has_rec, engine, proc_cols)
+    with_speed = any(_speed_of(r, "tg") is not None or _speed_of(r, "pp") is not None for r in recs)
+    if with_speed:
+        t.add_column("tg t/s\n(pred.)", justify="right")
+        t.add_column("pp t/s\n(pred.)", justify="right")
     warn_ctx = False
     table_rows = []
     for r in recs:
@@ -272,7 +276,8 @@ def render_predict(con, m: LoadedModel, base: ContextParams, out: PredictOutcome
         if proc is not None and _v(proc.fits) is False:
             note = (note + " " if note else "") + "[red]does not fit here[/]"
         warn_ctx |= beyond
-        table_rows.append((cells + process_cells(r, proc_cols), note))
+        speed = [_ts_cell(_speed_of(r, "tg")), _ts_cell(_speed_of(r, "pp"))] if with_speed else []
+        table_rows.append((cells + process_cells(r, proc_cols) + speed, note))
     has_notes = any(note for _, note in table_rows)
     if has_notes:
         t.add_column("note")
@@ -280,6 +285,8 @@ def render_predict(con, m: LoadedModel, base: ContextParams, out: PredictOutcome
         t.add_row(*cells, *([note] if has_notes else []))
     con.print(t)
     process_legend(con, recs)
+    if with_speed:
+        speed_legend(con, recs)
     _predict_footnotes(con, m, base, out, engine, warn_ctx)
     if out.layer_prediction is not None and out.layer_params is not None:
         render_layers(con, out.layer_prediction, out.layer_params)
@@ -344,6 +351,37 @@ def process_cells(rec: Record, cols: list[str]) -> list[str]:
     return out
 
 
+def _speed_of(rec: Record, test: str) -> Any:
+    sp = _v(rec.prediction.speed)
+    return _v(getattr(sp, test)) if sp is not None else None
+
+
+def _ts_cell(t: Any) -> str:
+    if t is None:
+        return "-"
+    v = t.tokens_per_s
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def speed_legend(con, recs: list[Record]) -> None:
+    """What the predicted t/s columns are: the tests, the depth, the calibration; and what dominates decode."""
+    rows = [(r, _speed_of(r, "tg"), _speed_of(r, "pp")) for r in recs]
+    rows = [x for x in rows if x[1] is not None or x[2] is not None]
+    if not rows:
+        return
+    r0, tg0, pp0 = rows[0]
+    sp = _v(r0.prediction.speed)
+    tests = " and ".join(x for x in ((f"tg{tg0.n_tokens}" if tg0 else ""), (f"pp{pp0.n_tokens}" if pp0 else "")) if x)
+    depths = sorted({(t or p).depth for _r, t, p in rows})
+    dtxt = f"depth {depths[0]}" if len(depths) == 1 else "depth = the context minus the prompt (-d sets it)"
+    con.print(f"t/s (predicted): llama-bench's {tests} at {dtxt}, on this machine (speed model, calibration "
+              f"{sp.calibration_id}; edgekv calibrate); not measured: 'edgekv bench' measures them.", highlight=False)
+    last = max(rows, key=lambda x: x[0].prediction.formula.n_ctx)
+    if last[1] is not None and _v(sp.explain):
+        f = last[0].prediction.formula
+        con.print(f"Decode at {f.n_ctx}/{f.type_k}: {_v(_v(last[0].prediction.speed).explain)}.", highlight=False)
+
+
 def process_legend(con, recs: list[Record]) -> None:
     procs = [p for p in map(_process, recs) if p is not None]
     if not procs:
@@ -376,9 +414,11 @@ def render_budget(con, m: LoadedModel, budget_bytes: int, rows: list[BudgetRow])
     from rich.table import Table
 
     wl = rows[0].workload if rows else "generate"
+    speed = any(_v(r.predicted_tg_tokens_per_s) is not None for r in rows)
     t = Table(title=f"Largest context whose predicted peak RSS fits {fmt_mib(budget_bytes)} MiB "
-                    f"(workload: {wl})", title_justify="left")
-    for col in ("K/V", "max n_ctx", "KV MiB", "weights MiB", "compute MiB", "peak RSS MiB", "note"):
+                    f"(workload: {wl}){' and decodes fast enough (--min-tg)' if speed else ''}", title_justify="left")
+    for col in ("K/V", "max n_ctx", "KV MiB", "weights MiB", "compute MiB", "peak RSS MiB") + (
+            ("tg t/s (pred.)",) if speed else ()) + ("note",):
         t.add_column(col, justify="left" if col in ("K/V", "note") else "right")
     for r in rows:
         kv = _kv_label(r.type_k, r.type_v)
@@ -386,11 +426,44 @@ def render_budget(con, m: LoadedModel, budget_bytes: int, rows: list[BudgetRow])
             peak, low = _v(r.peak_rss_bytes), _v(r.lower_bound_bytes)
             peak_cell = fmt_mib(peak) if peak is not None else f"≥ {fmt_mib(low)}" if low is not None else "-"
             compute = _v(r.compute_bytes)
+            ts = _v(r.predicted_tg_tokens_per_s)
             t.add_row(kv, str(r.max_n_ctx), fmt_mib(_v(r.cache_bytes)), fmt_mib(_v(r.weights_bytes)),
-                      "-" if compute is None else fmt_mib(compute), peak_cell, r.note)
+                      "-" if compute is None else fmt_mib(compute), peak_cell,
+                      *([f"{ts:.1f}" if ts is not None else "-"] if speed else []), r.note)
         else:
-            t.add_row(kv, "does not fit" if r.max_n_ctx == 0 else "no answer", "-", "-", "-", "-", r.note)
+            t.add_row(kv, "does not fit" if r.max_n_ctx == 0 else "no answer", "-", "-", "-", "-",
+                      *(["-"] if speed else []), r.note)
     con.print(t)
     if rows:
         con.print(f"Workload '{wl}': {rows[0].workload_means}. Peak RSS = runtime baseline + llama.cpp's "
                   "host structures + weights + caches + the workload's compute buffer + work and output buffers.")
+
+
+def render_calibration(con, sc) -> None:
+    """``edgekv calibrate``: the coefficients the speed model will use, in units a reader can check."""
+    from rich.table import Table
+
+    cal = sc.cal
+    con.print(f"Speed calibration {cal.id} (-t {cal.n_threads}): {sc.note or 'cached'}", highlight=False)
+    con.print(f"Graph node: {cal.node_tg_s * 1e6:.2f} us per node of a one-token graph, {cal.node_pp_s * 1e6:.2f} us per "
+              "node of a prompt ubatch.", highlight=False)
+    if cal.bandwidth_bytes_s:
+        con.print(f"Read bandwidth: {cal.bandwidth_bytes_s / 1e9:.1f} GB/s ({cal.n_threads} threads, measured).",
+                  highlight=False)
+    t = Table(title="Weights (as the CPU backend holds them)", title_justify="left")
+    for col in ("type", "decode GB/s", "prompt GFLOP/s", "prompt s per GB streamed"):
+        t.add_column(col, justify="left" if col == "type" else "right")
+    for k in sorted(cal.matvec_s_per_byte):
+        mv = cal.matvec_s_per_byte[k]
+        fl = cal.matmul_s_per_flop.get(k)
+        sb = cal.matmul_s_per_byte.get(k)
+        t.add_row(k, f"{1e-9 / mv:.1f}", f"{1e-9 / fl:.1f}" if fl else "-", f"{sb * 1e9:.2f}" if sb is not None else "-")
+    con.print(t)
+    a = Table(title="Attention per head x (head_k + head_v) x cell", title_justify="left")
+    for col in ("K/V, flash attention", "decode ns", "prompt ns"):
+        a.add_column(col, justify="left" if col.startswith("K/V") else "right")
+    for k in sorted(cal.attn_tg_s):
+        a.add_row(k, f"{cal.attn_tg_s[k] * 1e9:.4f}", f"{cal.attn_pp_s.get(k, 0) * 1e9:.4f}")
+    con.print(a)
+    for n in cal.notes:
+        con.print(f"[yellow]Note: {n}[/]")

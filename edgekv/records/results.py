@@ -11,6 +11,10 @@ Schema history (``schema_version``):
   :mod:`edgekv.core.memmodel`) and ``memory_residual`` (measured - predicted peak RSS, bytes and %);
   optional ``settings.no_mmap``.  v1 records are upgraded with ``prediction.process = None`` (never
   predicted) and no residual: nothing is invented for them.
+* 3 -- the speed model (issue 26): ``prediction.speed`` (``pp`` and ``tg``: predicted tokens/s at the depth, the
+  parts in seconds per token with their sources, the decode roofline, the calibration id; see
+  :mod:`edgekv.core.speed`) and ``speed_residual`` (measured - predicted, % of predicted).  v2 records are
+  upgraded with ``prediction.speed = None`` (never predicted).
 
 Loading upgrades older records step by step (``UPGRADES``, on plain dicts), refuses records written
 by a newer edgekv, then decodes each record strictly into :class:`edgekv.records.schema.Record`
@@ -58,8 +62,19 @@ def _v1_to_v2(r: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
+def _v2_to_v3(r: dict[str, Any]) -> dict[str, Any]:
+    """v2 records predicted no speed: mark it absent (None)."""
+    r = dict(r)
+    if isinstance(r.get("prediction"), dict):
+        pred = dict(r["prediction"])
+        pred.setdefault("speed", None)
+        r["prediction"] = pred
+    r["schema_version"] = 3
+    return r
+
+
 # v -> function upgrading a v record to v+1, in order.
-UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 # The settings that identify a configuration: two records with equal values describe the same
 # measurement (resume skips it; compare pairs them).

@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 KINDS = ("bench", "llama-bench", "predict", "quality")
 
@@ -60,6 +60,8 @@ PROVENANCE: dict[str, str] = {
     "quality": "measured",
     "differences": "derived",
     "memory_residual": "derived",
+    "prediction.speed": "model",
+    "speed_residual": "derived",
     "load": "measured",
     "plan": "derived",
 }
@@ -274,12 +276,45 @@ class Process(_Block, kw_only=True):
     available_source: _d(Union[str, None, UnsetType], "which figure: MemAvailable | cgroup limit | ...") = UNSET
 
 
+class SpeedPartBlock(_Block, kw_only=True):
+    """One part of a predicted token's time (edgekv.core.speed)."""
+
+    name: _d(str, "fixed | weights | output head | attention")
+    s_per_token: _d(float, "seconds per token")
+    source: _d(str, "how it was obtained (the calibrated coefficient and the model's figure)")
+
+
+class SpeedTestPrediction(_Block, kw_only=True):
+    """Predicted speed of one test (pp or tg) at a depth."""
+
+    test: _d(str, "pp | tg")
+    tokens_per_s: _d(float, "predicted tokens/s")
+    depth: _d(int, "cells in the cache when the test starts")
+    n_tokens: _d(int, "prompt or generated tokens")
+    s_per_token: _d(float, "sum of the parts")
+    parts: _d(list[SpeedPartBlock], "the parts, seconds per token")
+    roofline_tokens_per_s: _d(Union[float, None], "decode bound: measured read bandwidth / bytes read per token")
+    bytes_per_token: _d(Union[float, None], "bytes a decoded token reads (weights + KV at the mean depth)")
+    calibration_id: _d(str, "the calibration the coefficients come from")
+
+
+class SpeedPrediction(_Block, kw_only=True):
+    """The speed model's prediction (issue 26; edgekv.core.speed, edgekv.orchestration.speedcal)."""
+
+    pp: _d(Union[SpeedTestPrediction, None, UnsetType], "prompt processing") = UNSET
+    tg: _d(Union[SpeedTestPrediction, None, UnsetType], "generation") = UNSET
+    calibration_id: _d(OptStr, "the calibration used")
+    error: _d(Union[str, None, UnsetType], "why no speed was predicted (a type the calibration lacks, ...)") = UNSET
+    explain: _d(Union[str, None, UnsetType], "the part that dominates, and the roofline share") = UNSET
+
+
 class Prediction(_Block, kw_only=True):
-    """What edgekv predicts: the formula, llama.cpp's dry run, the whole process."""
+    """What edgekv predicts: the formula, llama.cpp's dry run, the whole process, the speed."""
 
     formula: _d(Formula, "KV from the header (formula)")
     engine: _d(Union[Engine, None, UnsetType], "llama.cpp dry run (llama.cpp)") = UNSET
     process: _d(Union[Process, None, UnsetType], "whole-process prediction; None: never predicted") = UNSET
+    speed: _d(Union[SpeedPrediction, None, UnsetType], "predicted tokens/s (schema 3); None: not predicted") = UNSET
 
 
 # -- what llama.cpp did and reported -------------------------------------------------------------------
@@ -423,6 +458,13 @@ class MemoryResidual(_Block, kw_only=True):
     peak_rss_bytes: _d(int, "measured - predicted, bytes")
     peak_rss_pct: _d(float, "that, % of predicted")
     workload: _d(str, "the workload predicted")
+
+
+class SpeedResidual(_Block, kw_only=True):
+    """Measured minus predicted tokens/s, % of predicted (provenance: derived)."""
+
+    pp_pct: _d(Union[float, None], "prompt processing: (measured - predicted) / predicted, %")
+    tg_pct: _d(Union[float, None], "generation: (measured - predicted) / predicted, %")
 
 
 class LoadWindow(_Block, kw_only=True):
@@ -634,6 +676,7 @@ class Record(Struct, kw_only=True, forbid_unknown_fields=True):
     differences: _d(Union[Differences, None, UnsetType], "measured - predicted") = UNSET
     quality: _d(Union[Quality, None, UnsetType], "perplexity / KL divergence") = UNSET
     memory_residual: _d(Union[MemoryResidual, None, UnsetType], "measured - predicted peak RSS") = UNSET
+    speed_residual: _d(Union[SpeedResidual, None, UnsetType], "measured - predicted tokens/s (schema 3)") = UNSET
     load: _d(Union[Load, None, UnsetType], "other work on the machine during the run (edgekv bench)") = UNSET
     plan: _d(Union[Plan, None, UnsetType], "time estimate vs wall time (edgekv bench)") = UNSET
     machine: _d(Union[str, UnsetType], "machine label added by `edgekv merge` (device and host)") = UNSET

@@ -1,0 +1,345 @@
+"""The speed model: llama.cpp's prefill and decode tokens/s predicted from the model's header, its settings and a
+calibration of this machine (:mod:`edgekv.orchestration.speedcal`).  Pure: no I/O, no llama.cpp.
+
+One token of decode (a one-token graph) costs
+
+    t_tg(d) = nodes_tg * c_node                               fixed: llama.cpp's graph, one node after another
+            + sum over weight groups  bytes_g * c_matvec[g]  weights: each matrix read once (MoE: the active experts)
+            + output matrix bytes * c_matvec[output]          output head
+            + sum over attention layers  n_head * (head_k + head_v) * depth_eff * c_attn_tg[K/V, fa]
+
+and one ubatch of ``n`` prompt tokens at depth ``d``
+
+    t_ub(n, d) = nodes_pp * c_node_pp
+               + sum over weight groups  bytes_g * a_matmul[g] + 2 * params_g * n * b_matmul[g]
+               + sum over attention layers  n_head * (head_k + head_v) * n * (d + n / 2)_eff * c_attn_pp[K/V, fa]
+
+with the output head computed once per prompt (llama.cpp computes logits for the last token only).  ``depth_eff``
+is the depth a layer attends over: the whole cache for a full-attention layer, at most the window for a sliding
+window layer (the CPU kernel skips masked cells).  Every coefficient is measured by the calibration on this
+machine, at this thread count, through the llama.cpp edgekv drives; nothing is typed in from a spec sheet.
+
+The roofline beside it: decode cannot be faster than ``bandwidth / bytes read per token`` (the weights a token
+reads plus the KV cache at that depth), with the bandwidth measured, not looked up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from edgekv.core.cachetypes import CACHE_TYPES, ggml_type_name
+from edgekv.core.memmodel import (
+    BUFT_AMX,
+    BUFT_REPACK,
+    Tensor,
+    extra_buffer_of,
+    extra_buffer_types,
+    is_matrix_weight,
+    tied_output,
+)
+from edgekv.core.shape import ModelShape
+
+SPEED_MODEL_VERSION = 1
+
+
+def weight_key(type_name: str, buft: str | None) -> str:
+    """A calibration key for a weight type as the CPU backend holds it: ``q4_0``, ``q4_0+repack``, ``q4_0+amx``."""
+    t = type_name.lower()
+    return t + {None: "", BUFT_REPACK: "+repack", BUFT_AMX: "+amx"}[buft]
+
+
+def kv_key(type_k: str, type_v: str, flash_attn: str, geometry: str | None = None) -> str:
+    return f"{type_k}/{type_v}/fa={flash_attn}" + (f"@{geometry}" if geometry else "")
+
+
+@dataclass(frozen=True)
+class WeightGroup:
+    key: str              # weight_key
+    bytes: int            # bytes a decoded token reads
+    params: int           # multiply-adds per token (elements of the matrices it uses)
+    output: bool = False  # the output head (computed once per prompt, every decoded token)
+
+
+@dataclass(frozen=True)
+class AttnLayer:
+    n_head: int
+    head_k: int
+    head_v: int
+    window: int | None    # sliding window (cells), None = the whole cache
+    n_head_kv: int = 0
+
+    @property
+    def geometry(self) -> str:
+        """The attention geometry a calibration is measured for: query heads, KV heads, K and V head dims (how
+        much K/V one layer reads per cell decides which cache level serves it, so the cost per cell is measured
+        on this geometry, not scaled from another)."""
+        return f"h{self.n_head}kv{self.n_head_kv}k{self.head_k}v{self.head_v}"
+
+
+@dataclass(frozen=True)
+class SpeedShape:
+    """What the speed of a model depends on, from its header (and llama.cpp's graph size)."""
+
+    groups: tuple[WeightGroup, ...]
+    attn: tuple[AttnLayer, ...]
+    nodes_tg: int | None
+    nodes_pp: int | None
+    kv_bytes_per_token: float = 0.0       # bytes of K and V one cell holds over all layers (for the roofline)
+    notes: tuple[str, ...] = ()
+
+
+def _type_name(ggml_type: int) -> str:
+    return ggml_type_name(ggml_type).lower()
+
+
+def speed_shape(shape: ModelShape, tensors: Sequence[Tensor], cpu_features: Iterable[str], repack: bool = True,
+                nodes: dict[str, int] | None = None, expert_used: int = 0, expert_count: int = 0) -> SpeedShape:
+    """The weight groups a token reads (by type and the buffer llama.cpp puts each matrix in: the rules of
+    :func:`edgekv.core.memmodel.extra_buffer_of`), the attention layers and the graph size."""
+    feats = list(cpu_features)
+    extra = extra_buffer_types(feats, repack)
+    acc: dict[tuple[str, bool], list[int]] = {}
+    notes: list[str] = []
+    frac = expert_used / expert_count if expert_used and expert_count else 1.0
+    tied = tied_output(tensors)
+    for t in list(tensors) + ([tied] if tied is not None else []):
+        if not is_matrix_weight(t):
+            continue
+        key = weight_key(_type_name(t.ggml_type), extra_buffer_of(t, extra, feats))
+        n = 1
+        for d in t.shape:
+            n *= int(d)
+        b = t.n_bytes
+        if "_exps" in t.name and frac < 1.0:
+            n, b = int(n * frac), int(b * frac)
+        out = t.name.startswith("output.")
+        g = acc.setdefault((key, out), [0, 0])
+        g[0] += b
+        g[1] += n
+    if frac < 1.0:
+        notes.append(f"MoE: {expert_used} of {expert_count} experts read per token")
+    groups = tuple(WeightGroup(k, b, n, out) for (k, out), (b, n) in sorted(acc.items()))
+    attn = tuple(AttnLayer(lay.n_head, lay.head_k, lay.head_v, shape.n_swa if lay.is_swa and shape.n_swa else None,
+                           lay.n_head_kv)
+                 for lay in shape.layers[:shape.n_layer] if lay.attn_cache or lay.reuses is not None)
+    kv_tok = sum(lay.k_width + lay.v_width for lay in shape.layers[:shape.n_layer] if lay.attn_cache)
+    return SpeedShape(groups, attn, (nodes or {}).get("nodes_tg"), (nodes or {}).get("nodes_pp"), float(kv_tok), tuple(notes))
+
+
+@dataclass
+class Calibration:
+    """This machine's coefficients (seconds), measured by edgekv.orchestration.speedcal."""
+
+    id: str
+    n_threads: int
+    node_tg_s: float                                            # per graph node of a one-token graph
+    node_pp_s: float                                            # per graph node of a prompt ubatch
+    matvec_s_per_byte: dict[str, float] = field(default_factory=dict)
+    matmul_s_per_byte: dict[str, float] = field(default_factory=dict)   # per ubatch: the weights streamed once
+    matmul_s_per_flop: dict[str, float] = field(default_factory=dict)
+    attn_tg_s: dict[str, float] = field(default_factory=dict)   # per head x (head_k + head_v) x cell, decode
+    attn_pp_s: dict[str, float] = field(default_factory=dict)   # the same, per prompt token
+    bandwidth_bytes_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+class MissingCalibration(ValueError):
+    """A weight type or K/V pair the calibration has not measured: no guess is made."""
+
+    def __init__(self, what: str, keys: list[str]):
+        self.what, self.keys = what, keys
+        super().__init__(f"no speed prediction for {what} {', '.join(keys)}: the calibration has not measured it")
+
+
+def missing(cal: Calibration, sh: SpeedShape, type_k: str, type_v: str, flash_attn: str) -> tuple[list[str], list[str]]:
+    """(weight keys, K/V keys) the prediction needs and the calibration lacks."""
+    w = sorted({g.key for g in sh.groups if g.key not in cal.matvec_s_per_byte or g.key not in cal.matmul_s_per_flop})
+    a = sorted({k for k in attn_keys(sh, type_k, type_v, flash_attn) if k not in cal.attn_tg_s or k not in cal.attn_pp_s})
+    return w, a
+
+
+def attn_keys(sh: SpeedShape, type_k: str, type_v: str, flash_attn: str) -> list[str]:
+    """The calibration keys of the model's attention: one per K/V pair and layer geometry."""
+    return list(dict.fromkeys(kv_key(type_k, type_v, flash_attn, lay.geometry) for lay in sh.attn))
+
+
+@dataclass
+class SpeedPart:
+    name: str
+    s_per_token: float
+    source: str
+
+
+@dataclass
+class SpeedPrediction:
+    test: str                       # "tg" or "pp"
+    tokens_per_s: float
+    depth: int
+    n_tokens: int
+    parts: list[SpeedPart]
+    roofline_tokens_per_s: float | None = None
+    bytes_per_token: float | None = None
+    calibration_id: str = ""
+
+    @property
+    def s_per_token(self) -> float:
+        return sum(p.s_per_token for p in self.parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["s_per_token"] = self.s_per_token
+        return d
+
+
+def _depth_eff(depth: float, lay: AttnLayer) -> float:
+    return min(depth, lay.window) if lay.window else depth
+
+
+def split_kv_path(type_k: str, type_v: str, flash_attn: str) -> bool:
+    """Whether one-token attention runs llama.cpp's split-KV path (ggml-cpu/ops.cpp:9490: F16/F32 K == V, the
+    cache view at least 512 cells; split over cells, one chunk per thread) rather than one query row per task."""
+    return flash_attn != "off" and type_k == type_v and type_k in ("f16", "f32")
+
+
+def _pad256(n: float) -> int:
+    return max(256, -(-int(n) // 256) * 256)
+
+
+def decode_cells(used: float, n_head: int, n_threads: int, split: bool) -> float:
+    """Cells of one layer's one-token attention as the slowest thread sees them, times the thread count: the
+    cost is that thread's.  Split-KV: each thread takes a contiguous chunk of the padded view (masked cells at
+    its end are skipped).  Otherwise llama.cpp hands out query heads in small chunks as threads free up; an odd
+    head count could leave one thread a head more, but SmolLM2's 9 heads on 2 threads measure no slower per head
+    than the calibration's 8 (bench/README.md, speed model), so the cells count as they are."""
+    nth = max(1, n_threads)
+    if split and _pad256(used) >= 512:
+        chunk = -(-_pad256(used) // nth)
+        return nth * min(used, chunk)
+    return used
+
+
+def attn_units_tg(sh: SpeedShape, depth: float, n_threads: int, split: bool,
+                  coef: dict[str, float] | None = None, kv: str = "") -> float:
+    """Sum over attention layers of n_head x (head_k + head_v) x the cells the slowest thread reads (x threads);
+    with ``coef`` each layer's term is multiplied by its geometry's coefficient (``kv`` + "@" + geometry)."""
+    return sum(lay.n_head * (lay.head_k + lay.head_v) * decode_cells(_depth_eff(depth, lay), lay.n_head, n_threads, split)
+               * (coef[f"{kv}@{lay.geometry}"] if coef is not None else 1.0) for lay in sh.attn)
+
+
+def _attn_units(sh: SpeedShape, depth: float, coef: dict[str, float] | None = None, kv: str = "") -> float:
+    return sum(lay.n_head * (lay.head_k + lay.head_v) * _depth_eff(depth, lay)
+               * (coef[f"{kv}@{lay.geometry}"] if coef is not None else 1.0) for lay in sh.attn)
+
+
+def _kv_bytes_per_cell(type_k: str, type_v: str, sh: SpeedShape) -> float:
+    tk, tv = CACHE_TYPES.get(type_k), CACHE_TYPES.get(type_v)
+    if tk is None or tv is None:
+        return 0.0
+    per_k = tk.block_bytes / tk.block
+    per_v = tv.block_bytes / tv.block
+    return sh.kv_bytes_per_token * (per_k + per_v) / 2
+
+
+def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k: str, type_v: str,
+               flash_attn: str) -> SpeedPrediction:
+    """Decode tokens/s of ``n_gen`` tokens generated from ``depth`` cells (llama-bench's tg at depth)."""
+    wk, ak = missing(cal, sh, type_k, type_v, flash_attn)
+    if wk:
+        raise MissingCalibration("weight type", wk)
+    if ak:
+        raise MissingCalibration("K/V cache", ak)
+    if sh.nodes_tg is None:
+        raise MissingCalibration("graph size of", ["this model (llama.cpp's dry run did not report it)"])
+    mean_depth = depth + max(1, n_gen) / 2
+    parts = [SpeedPart("fixed", sh.nodes_tg * cal.node_tg_s, f"{sh.nodes_tg} graph nodes x {cal.node_tg_s * 1e6:.2f} us")]
+    w = sum(g.bytes * cal.matvec_s_per_byte[g.key] for g in sh.groups if not g.output)
+    parts.append(SpeedPart("weights", w, ", ".join(
+        f"{g.key} {g.bytes / 1e6:.1f} MB at {1e-9 / cal.matvec_s_per_byte[g.key]:.1f} GB/s"
+        for g in sh.groups if not g.output)))
+    o = sum(g.bytes * cal.matvec_s_per_byte[g.key] for g in sh.groups if g.output)
+    if o:
+        parts.append(SpeedPart("output head", o, ", ".join(f"{g.key} {g.bytes / 1e6:.1f} MB" for g in sh.groups if g.output)))
+    kv = kv_key(type_k, type_v, flash_attn)
+    if sh.attn:
+        t_att = attn_units_tg(sh, mean_depth, cal.n_threads, split_kv_path(type_k, type_v, flash_attn), cal.attn_tg_s, kv)
+        parts.append(SpeedPart("attention", t_att,
+                               f"{type_k}/{type_v} at mean depth {mean_depth:.0f}"))
+    t = sum(p.s_per_token for p in parts)
+    read = sum(g.bytes for g in sh.groups) + _kv_bytes_per_cell(type_k, type_v, sh) * mean_depth
+    roof = cal.bandwidth_bytes_s / read if cal.bandwidth_bytes_s and read else None
+    return SpeedPrediction("tg", 1.0 / t, depth, n_gen, parts, roof, read, cal.id)
+
+
+def ubatches(n_prompt: int, n_batch: int, n_ubatch: int) -> list[int]:
+    """The ubatch sizes llama.cpp splits a prompt of n tokens into (batches of n_batch, each in ubatches)."""
+    out: list[int] = []
+    left = n_prompt
+    while left > 0:
+        b = min(left, n_batch)
+        left -= b
+        while b > 0:
+            u = min(b, n_ubatch)
+            out.append(u)
+            b -= u
+    return out
+
+
+def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_batch: int, n_ubatch: int,
+               type_k: str, type_v: str, flash_attn: str) -> SpeedPrediction:
+    """Prefill tokens/s of a prompt of ``n_prompt`` tokens processed at ``depth`` (llama-bench's pp at depth)."""
+    wk, ak = missing(cal, sh, type_k, type_v, flash_attn)
+    if wk:
+        raise MissingCalibration("weight type", wk)
+    if ak:
+        raise MissingCalibration("K/V cache", ak)
+    if sh.nodes_pp is None:
+        raise MissingCalibration("graph size of", ["this model (llama.cpp's dry run did not report it)"])
+    kv = kv_key(type_k, type_v, flash_attn)
+    fixed = stream = flops = attn = 0.0
+    d = float(depth)
+    for n in ubatches(n_prompt, n_batch, n_ubatch):
+        fixed += sh.nodes_pp * cal.node_pp_s
+        for g in sh.groups:
+            if g.output:
+                continue
+            stream += g.bytes * cal.matmul_s_per_byte[g.key]
+            flops += 2.0 * g.params * n * cal.matmul_s_per_flop[g.key]
+        if sh.attn:
+            attn += n * _attn_units(sh, d + n / 2, cal.attn_pp_s, kv)
+        d += n
+    out = sum(g.bytes * cal.matvec_s_per_byte[g.key] for g in sh.groups if g.output)
+    p = float(max(1, n_prompt))
+    parts = [SpeedPart("fixed", fixed / p, f"{sh.nodes_pp} graph nodes per ubatch x {cal.node_pp_s * 1e6:.2f} us"),
+             SpeedPart("weights", (stream + flops) / p,
+                       ", ".join(f"{g.key} {2 * g.params / 1e9:.2f} GFLOP/token at "
+                                 f"{1e-9 / cal.matmul_s_per_flop[g.key]:.1f} GFLOP/s" for g in sh.groups if not g.output))]
+    if out:
+        parts.append(SpeedPart("output head", out / p, "the last token's logits only"))
+    if sh.attn:
+        parts.append(SpeedPart("attention", attn / p, f"{type_k}/{type_v} from depth {depth}"))
+    t = sum(x.s_per_token for x in parts)
+    return SpeedPrediction("pp", 1.0 / t, depth, n_prompt, parts, None, None, cal.id)
+
+
+def explain(pred: SpeedPrediction, measured_ts: float | None = None) -> str:
+    """One line naming the part that dominates a token's time (and how far a measured decode is from the
+    roofline)."""
+    if not pred.parts:
+        return ""
+    top = max(pred.parts, key=lambda p: p.s_per_token)
+    share = top.s_per_token / pred.s_per_token
+    line = f"{top.name}: {100 * share:.0f} % of a token's predicted time ({top.source})"
+    if pred.test == "tg" and pred.roofline_tokens_per_s:
+        got = measured_ts or pred.tokens_per_s
+        line += f"; {100 * got / pred.roofline_tokens_per_s:.0f} % of the bandwidth bound " \
+                f"({pred.roofline_tokens_per_s:.0f} t/s)"
+    return line

@@ -1,0 +1,397 @@
+"""The speed calibration: this machine's coefficients for :mod:`edgekv.core.speed`, measured through the llama.cpp
+edgekv drives, cached under ``EDGEKV_HOME/calibration/`` keyed by the environment fingerprint, the thread count and
+the ``--repack`` setting, re-measured when any of them changes.
+
+What it measures, each on zero-weight models edgekv writes itself (:func:`edgekv.edges.tinymodel.speed_model_path`,
+sparse files: nothing of the user's model is needed), in one child process:
+
+* the fixed cost of a graph node: decode and a 512-token prompt on two narrow models (n_embd 64) of 2 and 34
+  layers; the time difference over llama.cpp's own node-count difference (its ``graph: nodes = ...`` line);
+* per K/V cache type pair and flash-attention setting, the attention cost per head x head dim x cell: decode at
+  depth 128 and 2048, and a 512-token prompt at depth 0 and 1536, on a 2-layer model with 8 query and 2 KV heads;
+* per weight type (as the CPU backend holds it: repacked or not, the rules of core/memmodel), the mat-vec cost
+  per byte (decode) and the mat-mat cost per byte streamed and per FLOP (prompts of 256 and 32 tokens) on a
+  model of 24-64 MB of matrices of that type;
+* the machine's read bandwidth, independently (:func:`edgekv.edges.bandwidth.read_bandwidth`), for the roofline.
+
+Types a model needs and the calibration lacks are measured on demand (a few seconds each), never guessed.  A
+calibration taken while other work used the CPUs is refused (not cached), and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from edgekv.core.speed import Calibration, kv_key, weight_key
+from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
+
+CAL_VERSION = 1
+# 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
+# L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
+ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
+NODE_SHAPES = {"nodes_a": {"n_embd": 64, "n_ff": 128, "n_layer": 2, "n_head": 2, "n_head_kv": 2, "mat_type": "Q8_0"},
+               "nodes_b": {"n_embd": 64, "n_ff": 128, "n_layer": 34, "n_head": 2, "n_head_kv": 2, "mat_type": "Q8_0"}}
+ATTN_TG_DEPTHS = (640, 1664)   # both in the split-KV regime of an f16 cache (a view of 512 cells or more)
+ATTN_PP_DEPTHS = (0, 1024)
+ATTN_PP_N = 256
+GEOMETRY_LAYERS = 6
+TG_N = 32                 # generated tokens per timed decode run (5 runs per step, the median kept)
+PP_N = 512
+MM_N = (256, 32)
+WEIGHT_TARGET_BYTES = 48 * 1024 * 1024
+DEFAULT_KV = (("f16", "f16"), ("q8_0", "q8_0"), ("q5_0", "q5_0"), ("q4_0", "q4_0"))
+
+
+class CalibrationError(RuntimeError):
+    pass
+
+
+def weight_shape(type_name: str) -> dict[str, Any]:
+    """A llama model of about WEIGHT_TARGET_BYTES of ``type_name`` matrices (n_embd 1024, n_ff 4096; K-quants
+    need rows of 256)."""
+    from gguf import GGMLQuantizationType
+
+    from edgekv.core.cachetypes import ggml_type_info
+
+    qt = GGMLQuantizationType[type_name.upper()]
+    _name, blk, size = ggml_type_info(int(qt))
+    e, f = 1024, 4096
+    per_layer = (4 * e * e + 3 * e * f) * size / blk
+    n_layer = max(1, min(8, round(WEIGHT_TARGET_BYTES / per_layer)))
+    return {"n_embd": e, "n_ff": f, "n_layer": n_layer, "n_head": 8, "n_head_kv": 8, "mat_type": qt.name}
+
+
+@dataclass
+class SpeedCalibration:
+    cal: Calibration
+    remeasured: bool = False
+    note: str = ""
+
+
+def _key(n_threads: int, repack: bool) -> tuple[str, dict[str, Any]]:
+    fp = {**fingerprint("python"), "speed": CAL_VERSION, "threads": n_threads, "repack": repack}
+    return fingerprint_key(fp), fp
+
+
+def _path(n_threads: int, repack: bool):
+    return store_path(f"python-speed-t{int(n_threads)}-r{int(bool(repack))}")
+
+
+def _model_tensors(path) -> list[Any]:
+    from edgekv.edges.gguf_header import read_header_file
+
+    return list(read_header_file(str(path)).tensors)
+
+
+def _median_s(ns: list[int]) -> float:
+    return statistics.median(ns) / 1e9
+
+
+def _run(models: list[dict[str, Any]], progress: Callable[[str], None] | None, timeout: float = 600.0) -> list[dict]:
+    from edgekv.edges.process import run_child, worker_argv
+
+    def on_event(ev: dict[str, Any]) -> None:
+        if progress and ev.get("event") == "progress":
+            progress(str(ev.get("step")))
+
+    res = run_child(worker_argv("speed_probe"), {"models": models}, timeout=timeout, on_event=on_event)
+    r = res.result or {}
+    if not res.ok or not r.get("ok"):
+        raise CalibrationError(f"the speed calibration failed: {r.get('reason') or res.failure_reason() or 'no result'}")
+    return r["results"]
+
+
+def _ctx(key: str, n_threads: int, steps: list[dict[str, Any]], n_ctx: int = 4096, n_batch: int = 512,
+         type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto") -> dict[str, Any]:
+    return {"key": key, "n_threads": n_threads, "steps": steps,
+            "params": {"n_ctx": n_ctx, "n_batch": n_batch, "n_ubatch": n_batch, "type_k": type_k, "type_v": type_v,
+                       "flash_attn": flash_attn}}
+
+
+def _step(key: str, test: str, depth: int, n: int, reps: int, warmup: int = 1) -> dict[str, Any]:
+    return {"key": key, "test": test, "depth": depth, "n": n, "reps": reps, "warmup": warmup}
+
+
+def _attn_units(shape: dict[str, Any]) -> int:
+    hd = shape.get("head_dim") or shape["n_embd"] // shape["n_head"]
+    return shape["n_layer"] * shape["n_head"] * 2 * hd
+
+
+def base_plan(n_threads: int, repack: bool) -> list[dict[str, Any]]:
+    from edgekv.edges.tinymodel import speed_model_path
+
+    models = []
+    for name, shape in NODE_SHAPES.items():
+        models.append({"key": name, "repack": repack, "model_path": str(speed_model_path(name, **shape)),
+                       "contexts": [_ctx("f16", n_threads, [_step("tg", "tg", 0, 32, 5, 2), _step("pp", "pp", 0, PP_N, 3)],
+                                         n_ctx=1024)]})
+    return models
+
+
+def geometry_shape(geometry: str | None) -> dict[str, Any]:
+    """The attention calibration model of a geometry ("h9kv3k64v64": query heads, KV heads, K and V head dims):
+    GEOMETRY_LAYERS layers of it, narrow Q8_0 matrices; None: the generic model (ATTN_SHAPE)."""
+    if geometry is None:
+        return dict(ATTN_SHAPE)
+    m = re.fullmatch(r"h(\d+)kv(\d+)k(\d+)v(\d+)", geometry)
+    if not m:
+        raise CalibrationError(f"bad attention geometry {geometry!r}")
+    h, kv, hk, hv = (int(x) for x in m.groups())
+    if hk != hv or h % max(1, kv) or (h * hk) % 32 or hk % 32:
+        raise CalibrationError(f"no calibration model for the attention geometry {geometry} (K and V head dims must be "
+                               "equal multiples of 32, the query heads a multiple of the KV heads)")
+    return {"n_embd": h * hk, "n_ff": 256, "n_layer": GEOMETRY_LAYERS, "n_head": h, "n_head_kv": kv, "head_dim": hk,
+            "mat_type": "Q8_0"}
+
+
+def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: bool,
+              geometry: str | None = None) -> list[dict[str, Any]]:
+    from edgekv.edges.tinymodel import speed_model_path
+
+    ctxs = []
+    for tk, tv, fa in pairs:
+        steps = [_step(f"tg{d}", "tg", d, TG_N, 5) for d in ATTN_TG_DEPTHS]
+        steps += [_step(f"pp{d}", "pp", d, ATTN_PP_N, 3) for d in ATTN_PP_DEPTHS]
+        ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, type_k=tk, type_v=tv, flash_attn=fa))
+    name = "attn" if geometry is None else f"attn_{geometry}"
+    return [{"key": name, "repack": repack, "model_path": str(speed_model_path(name, **geometry_shape(geometry))),
+             "contexts": ctxs}]
+
+
+def weight_plan(types: Iterable[str], n_threads: int, repack: bool) -> list[dict[str, Any]]:
+    from edgekv.edges.tinymodel import speed_model_path
+
+    out = []
+    for t in types:
+        shape = weight_shape(t)
+        steps = [_step("tg", "tg", 0, TG_N, 5, 2)] + [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]
+        out.append({"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack,
+                    "model_path": str(speed_model_path(f"w_{t.lower()}", **shape)), "shape": shape,
+                    "contexts": [_ctx("f16", n_threads, steps, n_ctx=512)]})
+    return out
+
+
+def _by(results: list[dict], model: str, ctx: str | None = None) -> dict[str, dict]:
+    return {r["step"]: r for r in results if r["model"] == model and (ctx is None or r["context"] == ctx)}
+
+
+def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0) -> tuple[float, float]:
+    """(seconds per node of a one-token graph, seconds per node of a prompt ubatch) from the two narrow models,
+    less their own attention (``attn_tg``/``attn_pp``: the f16 coefficients, over the cells each token reads)."""
+    a, b = _by(results, "nodes_a"), _by(results, "nodes_b")
+    ga, gb = a["tg"]["graph"], b["tg"]["graph"]
+    if not ga or not gb:
+        raise CalibrationError("llama.cpp did not print its graph size (the 'graph: nodes = ...' line)")
+    sa, sb = NODE_SHAPES["nodes_a"], NODE_SHAPES["nodes_b"]
+    per_layer = sa["n_head"] * 2 * (sa["n_embd"] // sa["n_head"])
+    dl = sb["n_layer"] - sa["n_layer"]
+    tg = ((_median_s(b["tg"]["ns"]) - _median_s(a["tg"]["ns"])) / 32 - dl * per_layer * 16 * attn_tg) \
+        / max(1, gb["nodes_tg"] - ga["nodes_tg"])
+    pp = (_median_s(b["pp"]["ns"]) - _median_s(a["pp"]["ns"]) - dl * per_layer * PP_N * (PP_N / 2) * attn_pp) \
+        / max(1, gb["nodes_pp"] - ga["nodes_pp"])
+    return max(tg, 0.0), max(pp, 0.0)
+
+
+def _attn_speed_shape(shape: dict[str, Any]):
+    from edgekv.core.speed import AttnLayer, SpeedShape
+
+    hd = shape.get("head_dim") or shape["n_embd"] // shape["n_head"]
+    return SpeedShape((), tuple(AttnLayer(shape["n_head"], hd, hd, None, shape["n_head_kv"])
+                                for _ in range(shape["n_layer"])), None, None)
+
+
+def solve_attn(results: list[dict], key: str, n_threads: int = 1) -> tuple[float, float]:
+    """(decode, prompt) seconds per head x (head_k + head_v) x cell for one K/V pair and geometry (``key``: its
+    kv_key; decode: the cells the slowest thread reads, edgekv.core.speed.decode_cells)."""
+    from edgekv.core.speed import attn_units_tg, split_kv_path
+
+    geometry = key.split("@")[1] if "@" in key else None
+    shape = geometry_shape(geometry)
+    r = _by(results, "attn" if geometry is None else f"attn_{geometry}", key)
+    units = _attn_units(shape)
+    d0, d1 = ATTN_TG_DEPTHS
+    tk, tv, fa = key.split("/")[0], key.split("/")[1], key.split("fa=")[1].split("@")[0]
+    sh, split = _attn_speed_shape(shape), split_kv_path(tk, tv, fa)
+    du = attn_units_tg(sh, d1 + TG_N / 2, n_threads, split) - attn_units_tg(sh, d0 + TG_N / 2, n_threads, split)
+    tg = (_median_s(r[f"tg{d1}"]["ns"]) - _median_s(r[f"tg{d0}"]["ns"])) / TG_N / du
+    p0, p1 = ATTN_PP_DEPTHS
+    pp = (_median_s(r[f"pp{p1}"]["ns"]) - _median_s(r[f"pp{p0}"]["ns"])) / ATTN_PP_N / units / (p1 - p0)
+    return max(tg, 1e-15), max(pp, 1e-15)
+
+
+def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibration, cpu_features: list[str],
+                  repack: bool) -> None:
+    """Fill cal's mat-vec and mat-mat coefficients for each weight model of ``plan`` (the node and attention costs
+    already in ``cal`` are taken out first)."""
+    from edgekv.core.arch import shape_from_metadata
+    from edgekv.core.speed import attn_units_tg, speed_shape
+    from edgekv.edges.gguf_header import read_header_file
+
+    for m in plan:
+        r = _by(results, m["key"])
+        header = read_header_file(m["model_path"])
+        shape = shape_from_metadata(header.metadata, m["model_path"], header.value_types)
+        sh = speed_shape(shape, list(header.tensors), cpu_features, repack, r["tg"]["graph"])
+        mats = [g for g in sh.groups if not g.output]
+        outs = [g for g in sh.groups if g.output]
+        key = mats[0].key
+        w_bytes, w_params = sum(g.bytes for g in mats), sum(g.params for g in mats)
+        o_bytes = sum(g.bytes for g in outs)
+        units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
+        f16 = kv_key("f16", "f16", "auto")
+        t_tg = _median_s(r["tg"]["ns"]) / TG_N - sh.nodes_tg * cal.node_tg_s \
+            - attn_units_tg(sh, TG_N / 2, cal.n_threads, True) * cal.attn_tg_s.get(f16, 0.0)
+        mv = max(t_tg, 1e-9) / (w_bytes + o_bytes)
+        cal.matvec_s_per_byte[key] = mv
+        if outs and outs[0].key not in cal.matvec_s_per_byte:
+            cal.matvec_s_per_byte[outs[0].key] = mv
+        rest = []
+        for n in MM_N:
+            t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_pp_s - o_bytes * mv \
+                - n * units * (n / 2) * cal.attn_pp_s.get(f16, 0.0)
+            rest.append((n, t))
+        (n1, t1), (n2, t2) = rest
+        per_flop = max((t1 - t2) / (2.0 * w_params * (n1 - n2)), 1e-15)
+        per_byte = max((t1 - 2.0 * w_params * n1 * per_flop) / w_bytes, 0.0)
+        cal.matmul_s_per_flop[key] = per_flop
+        cal.matmul_s_per_byte[key] = per_byte
+
+
+def _attn_needed(cal: Calibration, pairs: Iterable[tuple[str, str, str]],
+                 geometries: Iterable[str | None]) -> dict[str | None, list[tuple[str, str, str]]]:
+    """Per geometry (None: the generic model), the K/V pairs not calibrated yet."""
+    out: dict[str | None, list[tuple[str, str, str]]] = {}
+    for g in dict.fromkeys(geometries):
+        want = [p for p in dict.fromkeys(pairs) if kv_key(*p, g) not in cal.attn_tg_s]
+        if want:
+            out[g] = want
+    return out
+
+
+def _types_needed(cal: Calibration, weight_types: Iterable[str], cpu_features: list[str], repack: bool) -> list[str]:
+    """Weight types (ggml names) whose key, as the CPU backend would hold the calibration model's matrices, is
+    not calibrated yet."""
+    from edgekv.core.memmodel import extra_buffer_of, extra_buffer_types
+
+    out = []
+    extra = extra_buffer_types(cpu_features, repack)
+    for t in dict.fromkeys(x.lower() for x in weight_types):
+        shape = weight_shape(t)
+        probe = _Probe(t, shape)
+        if weight_key(t, extra_buffer_of(probe, extra, cpu_features)) not in cal.matmul_s_per_flop:
+            out.append(t)
+    return out
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """A calibration matrix as memmodel's eligibility rules see it (n_embd x n_ff of the type)."""
+
+    type_name: str
+    shape_d: dict
+
+    @property
+    def name(self) -> str:
+        return "blk.0.ffn_up.weight"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.shape_d["n_embd"], self.shape_d["n_ff"])
+
+    @property
+    def ggml_type(self) -> int:
+        from gguf import GGMLQuantizationType
+
+        return int(GGMLQuantizationType[self.type_name.upper()])
+
+    @property
+    def n_bytes(self) -> int:
+        return 0
+
+
+# long: read the cache, measure what is missing in one child, solve in dependency order, refuse or mark a busy run
+def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] = (),
+              kv_pairs: Iterable[tuple[str, str, str]] = (), cpu_features: list[str] | None = None,
+              refresh: bool = False, progress: Callable[[str], None] | None = None,
+              allow_busy: bool = False, geometries: Iterable[str] = ()) -> SpeedCalibration:
+    """The cached calibration for this environment, thread count and --repack, with every weight type and K/V pair
+    (for each attention geometry in ``geometries``) asked for measured (only what is missing is measured;
+    everything when absent, stale or ``refresh``)."""
+    from edgekv.edges.bandwidth import read_bandwidth
+    from edgekv.edges.load import LoadMonitor
+
+    key, fp = _key(n_threads, repack)
+    path = _path(n_threads, repack)
+    cal, note = None, ""
+    if not refresh:
+        try:
+            c = json.loads(path.read_text())
+            if c.get("key") == key:
+                cal = Calibration.from_dict(c["calibration"])
+            else:
+                note = "the calibration was taken in another environment (its fingerprint changed): re-measured"
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError):
+            note = f"the calibration in {path} was unreadable: re-measured"
+    feats = list(cpu_features or [])
+    pairs = list(kv_pairs) or [(k, v, "auto") for k, v in DEFAULT_KV]
+    new = cal is None
+    if cal is None:
+        cal = Calibration(id=key[:12] + time.strftime("-%Y%m%d%H%M%S"), n_threads=n_threads, node_tg_s=0.0, node_pp_s=0.0)
+    want = _attn_needed(cal, pairs, list(geometries))
+    if new:     # the generic model's f16: what the node and weight models' own attention costs
+        want.setdefault(None, []).append(("f16", "f16", "auto"))
+    want_types = _types_needed(cal, weight_types, feats, repack)
+    if not new and not want and not want_types:
+        return SpeedCalibration(cal, False, note)
+    mon = LoadMonitor(before_s=0.3)
+    mon.start()
+    t0 = time.monotonic()
+    if new or want:
+        plan = base_plan(n_threads, repack) if new else []
+        for g, ps in want.items():
+            plan += attn_plan(ps, n_threads, repack, g)
+        res = _run(plan, progress)
+        for g, ps in want.items():
+            for p in ps:
+                k = kv_key(*p, g)
+                cal.attn_tg_s[k], cal.attn_pp_s[k] = solve_attn(res, k, n_threads)
+        if new:
+            f16 = kv_key("f16", "f16", "auto")
+            cal.node_tg_s, cal.node_pp_s = solve_nodes(res, cal.attn_tg_s.get(f16, 0.0), cal.attn_pp_s.get(f16, 0.0))
+            cal.bandwidth_bytes_s = read_bandwidth(n_threads)
+    if want_types:
+        plan = weight_plan(want_types, n_threads, repack)
+        solve_weights(_run(plan, progress), plan, cal, feats, repack)
+    load = mon.stop()
+    took = time.monotonic() - t0
+    measured = "measured " + ", ".join(x for x in ([("graph nodes, bandwidth")] if new else [])
+                                       + [", ".join(kv_key(*p, g) for p in ps) for g, ps in want.items()]
+                                       + ([", ".join(want_types)] if want_types else [])) + f" in {took:.0f} s"
+    if load.get("busy") and not allow_busy:
+        raise CalibrationError(f"the speed calibration ran while other work used "
+                               f"{100 * load.get('others_share_max', 0):.0f} % of the CPUs: not cached; run it again "
+                               "on a quiet machine ('edgekv calibrate')")
+    if load.get("busy"):
+        cal.notes.append(f"busy: other work used {100 * load.get('others_share_max', 0):.0f} % of the CPUs")
+    try:
+        write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict()})
+    except OSError as e:
+        note = (note + "; " if note else "") + f"not cached ({e.strerror})"
+    return SpeedCalibration(cal, True, "; ".join(x for x in (note, measured) if x))
+
+
+def cached(n_threads: int, repack: bool = True) -> Calibration | None:
+    key, _fp = _key(n_threads, repack)
+    try:
+        c = json.loads(_path(n_threads, repack).read_text())
+        return Calibration.from_dict(c["calibration"]) if c.get("key") == key else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

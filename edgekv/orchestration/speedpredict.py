@@ -1,0 +1,120 @@
+"""Speed predictions for a model: gathers the inputs of :mod:`edgekv.core.speed` from their edges (the header's
+tensor table, llama.cpp's graph size from its dry run, the CPU features, this machine's calibration) and returns
+the ``prediction.speed`` block a record carries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from edgekv.core.speed import (
+    Calibration,
+    MissingCalibration,
+    SpeedShape,
+    explain,
+    kv_key,
+    predict_pp,
+    predict_tg,
+    speed_shape,
+)
+
+
+def _expert_counts(meta: dict[str, Any], arch: str) -> tuple[int, int]:
+    def num(k: str) -> int:
+        v = meta.get(f"{arch}.{k}")
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+    return num("expert_used_count"), num("expert_count")
+
+
+def model_speed_shape(m, cpu_features: list[str], repack: bool, graph: dict[str, int] | None) -> SpeedShape:
+    """The speed shape of a loaded model (edgekv.orchestration.api.LoadedModel)."""
+    used, count = _expert_counts(m.header.metadata or {}, m.shape.arch)
+    return speed_shape(m.shape, list(m.header.tensors), cpu_features, repack, graph, used, count)
+
+
+def weight_types(sh: SpeedShape) -> list[str]:
+    return sorted({g.key.split("+")[0] for g in sh.groups})
+
+
+@dataclass
+class SpeedInputs:
+    """What a sweep or predict asks the speed model (one configuration's settings)."""
+
+    n_threads: int
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    n_batch: int
+    n_ubatch: int
+    type_k: str
+    type_v: str
+    flash_attn: str
+    repack: bool = True
+
+    @classmethod
+    def from_settings(cls, s: dict[str, Any]) -> SpeedInputs:
+        return cls(int(s["n_threads"]), int(s.get("n_prompt") or 0), int(s.get("n_gen") or 0), int(s.get("n_depth") or 0),
+                   int(s.get("n_batch") or 2048), int(s.get("n_ubatch") or 512), s["type_k"], s["type_v"],
+                   str(s.get("flash_attn") or "auto"), s.get("repack", True) is not False)
+
+
+def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_none: str | None = None) -> dict[str, Any]:
+    """``prediction.speed`` for one configuration: pp and tg at its depth, or the reason there is none."""
+    if cal is None:
+        return {"calibration_id": None, "error": why_none or "no speed calibration"}
+    try:
+        out: dict[str, Any] = {"calibration_id": cal.id}
+        tg = None
+        if x.n_prompt > 0:
+            out["pp"] = predict_pp(sh, cal, x.n_depth, x.n_prompt, x.n_batch, x.n_ubatch, x.type_k, x.type_v,
+                                   x.flash_attn).to_dict()
+        if x.n_gen > 0:
+            tg = predict_tg(sh, cal, x.n_depth, x.n_gen, x.type_k, x.type_v, x.flash_attn)
+            out["tg"] = tg.to_dict()
+        if tg is not None:
+            out["explain"] = explain(tg)
+        return out
+    except MissingCalibration as e:
+        return {"calibration_id": cal.id, "error": str(e)}
+
+
+def residual(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """``speed_residual``: measured - predicted tokens/s, % of predicted, per test."""
+    pred = ((rec.get("prediction") or {}).get("speed")) or {}
+    meas = rec.get("speed") or {}
+    out: dict[str, Any] = {}
+    for t in ("pp", "tg"):
+        p = (pred.get(t) or {}).get("tokens_per_s")
+        m = (meas.get(t) or {}).get("mean_ts")
+        out[f"{t}_pct"] = round(100.0 * (m - p) / p, 2) if p and m else None
+    return out if any(v is not None for v in out.values()) else None
+
+
+def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[str], progress=None,
+                    allow_busy: bool = False) -> tuple[Calibration | None, str]:
+    """This machine's calibration with everything the configurations ``xs`` need measured (on demand); (None,
+    why) when it cannot be had."""
+    from edgekv.orchestration.speedcal import CalibrationError, calibrate
+
+    if not xs:
+        return None, "nothing to predict"
+    threads = {x.n_threads for x in xs}
+    repacks = {x.repack for x in xs}
+    if len(threads) > 1 or len(repacks) > 1:
+        # one calibration per (threads, repack); the sweep calls this per group
+        raise ValueError("calibration_for: one thread count and --repack setting at a time")
+    pairs = sorted({(x.type_k, x.type_v, x.flash_attn) for x in xs})
+    geometries = sorted({lay.geometry for lay in sh.attn})
+    try:
+        sc = calibrate(next(iter(threads)), next(iter(repacks)), weight_types(sh), pairs, cpu_features,
+                       progress=progress, allow_busy=allow_busy, geometries=geometries)
+    except CalibrationError as e:
+        return None, str(e)
+    except (OSError, ValueError) as e:
+        return None, f"the speed calibration failed: {e}"
+    return sc.cal, sc.note
+
+
+def kv_label(x: SpeedInputs) -> str:
+    return kv_key(x.type_k, x.type_v, x.flash_attn)

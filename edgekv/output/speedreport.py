@@ -1,0 +1,134 @@
+"""The report's "explained speed" section: each measured token's time beside the speed model's parts.
+
+For each measured configuration whose record holds the speed prediction (``prediction.speed``, schema 3): the
+predicted parts of one decoded token (fixed graph cost, weights, output head, attention at the depth) stacked in
+milliseconds, the measured time per token as a marker; decode speed against depth with the measured points, the
+predicted line and the bandwidth roofline; and the residual table.  Records without a speed prediction (older
+schemas) are left out of the plots and listed as such in the table, never filled in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgekv.records.frame import unset_none as _v
+from edgekv.records.schema import Record
+
+PART_ORDER = ("fixed", "weights", "output head", "attention")
+COLORS = {"fixed": "#8c8c8c", "weights": "#4c72b0", "output head": "#c44e52", "attention": "#dd8452"}
+
+
+def _label(r: Record) -> str:
+    s = r.settings
+    kv = s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}"
+    extra = [f"-ub {s.n_ubatch}"] if s.n_ubatch not in (None, 512) else []
+    return f"d{s.n_depth} {kv}" + (f" ({', '.join(extra)})" if extra else "") + f" t{s.n_threads}"
+
+
+def _pred(r: Record, test: str) -> Any:
+    p = _v(r.prediction)
+    sp = _v(p.speed) if p is not None else None
+    return _v(getattr(sp, test)) if sp is not None else None
+
+
+def _meas(r: Record, test: str) -> float | None:
+    from edgekv.output.inputs import speed_of
+
+    t = speed_of(r, test)
+    return t.mean_ts if t is not None else None
+
+
+def rows(recs: list[Record]) -> list[dict[str, Any]]:
+    out = []
+    for r in recs:
+        if r.status != "ok":
+            continue
+        row: dict[str, Any] = {"label": _label(r), "depth": r.settings.n_depth, "kv": r.settings.type_k, "record": r}
+        for t in ("pp", "tg"):
+            p = _pred(r, t)
+            row[f"{t}_measured"] = _meas(r, t)
+            row[f"{t}_predicted"] = p.tokens_per_s if p is not None else None
+            row[f"{t}_parts"] = {x.name: x.s_per_token for x in p.parts} if p is not None else None
+        tg = _pred(r, "tg")
+        row["roofline"] = tg.roofline_tokens_per_s if tg is not None else None
+        if row["tg_measured"] is not None or row["pp_measured"] is not None:
+            out.append(row)
+    return out
+
+
+def table(recs: list[Record]) -> tuple[str, str, list[str], list[list[str]], list[str]] | None:
+    rs = rows(recs)
+    if not any(x["tg_predicted"] is not None or x["pp_predicted"] is not None for x in rs):
+        return None
+    headers = ["configuration", "tg measured t/s", "tg predicted t/s", "tg Δ %", "pp measured t/s",
+               "pp predicted t/s", "pp Δ %", "tg share of roofline", "largest part of a decoded token"]
+    body = []
+    for x in rs:
+        cells = [x["label"]]
+        for t in ("tg", "pp"):
+            m, p = x[f"{t}_measured"], x[f"{t}_predicted"]
+            cells += [f"{m:.1f}" if m else "–", f"{p:.1f}" if p else "–",
+                      f"{100 * (m - p) / p:+.1f}" if m and p else "–"]
+        roof = x["roofline"]
+        cells.append(f"{100 * x['tg_measured'] / roof:.0f} %" if roof and x["tg_measured"] else "–")
+        parts = x["tg_parts"]
+        if parts:
+            top = max(parts, key=parts.get)
+            cells.append(f"{top} ({100 * parts[top] / sum(parts.values()):.0f} %)")
+        else:
+            cells.append("– (no speed prediction in this record)")
+        body.append(cells)
+    intro = ("Tokens/s of each run beside edgekv's speed model (`edgekv/core/speed.py`), predicted *before* the run "
+             "from the GGUF header, llama.cpp's graph size and this machine's calibration (`edgekv calibrate`); "
+             "Δ = (measured − predicted) / predicted. The roofline is the measured read bandwidth over the bytes a "
+             "decoded token reads (weights + KV cache at that depth).")
+    return "Explained speed", intro, headers, body, ["l"] + ["r"] * (len(headers) - 1)
+
+
+def plots(recs: list[Record]) -> list[tuple[str, str, bytes]]:
+    """(file stem, alt text, PNG) of the stacked decode parts and of decode speed vs depth."""
+    rs = [x for x in rows(recs) if x["tg_parts"]]
+    if not rs:
+        return []
+    from edgekv.output.plots import _fig, _png
+
+    out = []
+    plt, fig, axes = _fig(1)
+    ax = axes[0]
+    fig.set_size_inches(8.0, 0.32 * len(rs) + 1.6)
+    ys = list(range(len(rs)))[::-1]
+    for y, x in zip(ys, rs):
+        left = 0.0
+        for k in PART_ORDER:
+            w = 1000 * x["tg_parts"].get(k, 0.0)
+            ax.barh(y, w, left=left, color=COLORS[k], edgecolor="none", label=k if y == ys[0] else None)
+            left += w
+        if x["tg_measured"]:
+            ax.plot([1000 / x["tg_measured"]], [y], marker="|", color="black", markersize=14, markeredgewidth=2,
+                    label="measured" if y == ys[0] else None)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([x["label"] for x in rs], fontsize=7)
+    ax.set_xlabel("ms per decoded token")
+    ax.set_title("Explained decode: predicted parts vs measured time per token")
+    ax.legend(fontsize=7, loc="lower right", framealpha=0.95)
+    out.append(("explained_speed", "Explained decode: predicted parts and measured time per token", _png(plt, fig)))
+
+    plt, fig, axes = _fig(1)
+    ax = axes[0]
+    for kv in sorted({x["kv"] for x in rs}):
+        sub = sorted((x for x in rs if x["kv"] == kv), key=lambda x: x["depth"])
+        line = ax.plot([x["depth"] for x in sub], [x["tg_predicted"] for x in sub], label=f"{kv} predicted")[0]
+        ax.scatter([x["depth"] for x in sub if x["tg_measured"]], [x["tg_measured"] for x in sub if x["tg_measured"]],
+                   color=line.get_color(), marker="o", label=f"{kv} measured")
+        roof = [(x["depth"], x["roofline"]) for x in sub if x["roofline"]]
+        if roof:
+            ax.plot([d for d, _ in roof], [v for _, v in roof], color=line.get_color(), linestyle=":", linewidth=1,
+                    label=f"{kv} bandwidth bound")
+    ax.set_xlabel("depth (tokens in the cache)")
+    ax.set_ylabel("decode tokens/s")
+    ax.set_yscale("log")
+    ax.set_title("Decode speed vs depth: measured, predicted, bandwidth bound")
+    ax.legend(fontsize=6, ncol=2)
+    out.append(("speed_model_vs_depth", "Decode speed vs depth: measured points, predicted line, bandwidth bound",
+                _png(plt, fig)))
+    return out

@@ -1,0 +1,275 @@
+"""The speed model (edgekv.core.speed), its calibration (edgekv.orchestration.speedcal) and where they show:
+predict's columns and --json, bench's records and lines, edgekv calibrate.
+
+The calibration runs for real once per suite (the calibration folder is shared by the suite's homes); how close
+its predictions come to measurements is checked by bench/speed_model.py, not here (no timed test)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgekv.cli.main import main
+from edgekv.core.llamalog import parse_graph_line, parse_memory_log
+from edgekv.core.speed import (
+    Calibration,
+    MissingCalibration,
+    explain,
+    kv_key,
+    predict_pp,
+    predict_tg,
+    speed_shape,
+    ubatches,
+)
+from edgekv.orchestration.api import load_model
+
+# -- llama.cpp's graph line (llama-context.cpp:754) -------------------------------------------------------------
+
+def test_graph_line_both_forms():
+    one = "llama_context: graph: nodes = 967, splits = 1, input objects = 5, input tensors = 6"
+    two = ("llama_context: graph (pp bs=512, tg bs=1): nodes = 1011 / 985, splits = 1 / 2, input objects = 5 / 4, "
+           "input tensors = 6 / 5")
+    assert parse_graph_line([one]) == {"nodes_pp": 967, "nodes_tg": 967, "splits_pp": 1, "splits_tg": 1}
+    assert parse_graph_line([two]) == {"nodes_pp": 1011, "nodes_tg": 985, "splits_pp": 1, "splits_tg": 2}
+    assert parse_graph_line(["llama_context: n_ctx = 4096"]) is None
+    assert parse_memory_log(["x", two]).graph["nodes_tg"] == 985
+
+
+# -- the pure model -------------------------------------------------------------------------------------------
+
+GEOMETRIES = ("h9kv3k64v64", "h4kv1k256v256")     # SmolLM2's and Gemma 3 270M's attention
+
+
+def _cal(**kw) -> Calibration:
+    c = Calibration(id="test", n_threads=2, node_tg_s=2e-6, node_pp_s=4e-6,
+                    matvec_s_per_byte={"q4_1": 1e-10, "q8_0": 1e-10},
+                    matmul_s_per_byte={"q4_1": 1e-11, "q8_0": 1e-11},
+                    matmul_s_per_flop={"q4_1": 2e-11, "q8_0": 1e-11},
+                    attn_tg_s={**{kv_key("f16", "f16", "auto", g): 1e-10 for g in GEOMETRIES},
+                               **{kv_key("q8_0", "q8_0", "auto", g): 3e-10 for g in GEOMETRIES}},
+                    attn_pp_s={**{kv_key("f16", "f16", "auto", g): 5e-11 for g in GEOMETRIES},
+                               **{kv_key("q8_0", "q8_0", "auto", g): 2e-10 for g in GEOMETRIES}},
+                    bandwidth_bytes_s=20e9)
+    for k, v in kw.items():
+        setattr(c, k, v)
+    return c
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path):
+    m = load_model(str(smollm2_path))
+    return m, speed_shape(m.shape, list(m.header.tensors), ["avx2"], True, {"nodes_tg": 900, "nodes_pp": 950})
+
+
+def test_shape_reads_the_weights_a_token_touches(smol):
+    m, sh = smol
+    body = [g for g in sh.groups if not g.output]
+    out = [g for g in sh.groups if g.output]
+    # SmolLM2: Q4_1 matrices (not re-laid on AVX2), the Q8_0 token embedding tied as the output head
+    assert {g.key for g in body} == {"q4_1"} and [g.key for g in out] == ["q8_0"]
+    emb = next(t for t in m.header.tensors if t.name == "token_embd.weight")
+    assert out[0].bytes == emb.n_bytes and out[0].params == emb.shape[0] * emb.shape[1]
+    assert len(sh.attn) == m.shape.n_layer and all(a.window is None for a in sh.attn)
+    assert {a.geometry for a in sh.attn} == {"h9kv3k64v64"}
+
+
+def test_decode_parts_add_up_and_attention_grows_with_depth(smol):
+    _m, sh = smol
+    cal = _cal(n_threads=1)         # one thread: no thread waits for another (test_threads_share_the_work)
+    a = predict_tg(sh, cal, 0, 32, "f16", "f16", "auto")
+    b = predict_tg(sh, cal, 4000, 32, "f16", "f16", "auto")
+    part = {p.name: p.s_per_token for p in a.parts}
+    assert abs(sum(part.values()) - 1 / a.tokens_per_s) < 1e-12
+    assert part["fixed"] == pytest.approx(900 * 2e-6)
+    body = sum(g.bytes for g in sh.groups if not g.output)
+    assert part["weights"] == pytest.approx(body * 1e-10)
+    att_a = part["attention"]
+    att_b = next(p.s_per_token for p in b.parts if p.name == "attention")
+    # mean depth 16 vs 4016: the attention part is linear in the depth
+    assert att_b / att_a == pytest.approx(4016 / 16)
+    assert b.tokens_per_s < a.tokens_per_s
+    assert 0 < b.roofline_tokens_per_s < a.roofline_tokens_per_s
+    assert "attention" in explain(b)
+
+
+def test_threads_share_the_work_as_llama_cpp_splits_it():
+    from edgekv.core.speed import decode_cells
+
+    # split-KV (f16, view >= 512 cells): 600 used cells in a 768-cell view, 384 per thread: thread 0 reads 384
+    assert decode_cells(600, 9, 2, split=True) == 2 * 384
+    assert decode_cells(2000, 9, 2, split=True) == 2048          # 2048 view: 1024 each; thread 0 reads all 1024
+    # query heads per task (quantized K/V): every cell counts once
+    assert decode_cells(2000, 9, 2, split=False) == 2000
+    assert decode_cells(300, 8, 2, split=True) == 2 * 256         # a 512-cell view: 256 used cells each, 44 / 256
+    assert decode_cells(200, 8, 2, split=True) == 200             # a 256-cell view: one head per task
+    assert decode_cells(100, 8, 1, split=True) == 100
+
+
+def test_prefill_splits_ubatches_and_computes_the_head_once(smol):
+    _m, sh = smol
+    assert ubatches(1200, 2048, 512) == [512, 512, 176]
+    assert ubatches(700, 256, 512) == [256, 256, 188]
+    cal = _cal()
+    one = predict_pp(sh, cal, 0, 512, 2048, 512, "f16", "f16", "auto")
+    two = predict_pp(sh, cal, 0, 512, 2048, 256, "f16", "f16", "auto")
+    fixed1 = next(p.s_per_token for p in one.parts if p.name == "fixed")
+    fixed2 = next(p.s_per_token for p in two.parts if p.name == "fixed")
+    assert fixed2 == pytest.approx(2 * fixed1)          # two graphs instead of one
+    head = next(p.s_per_token for p in one.parts if p.name == "output head")
+    out_bytes = sum(g.bytes for g in sh.groups if g.output)
+    assert head * 512 == pytest.approx(out_bytes * 1e-10)
+
+
+def test_sliding_window_layers_stop_at_the_window(gemma3_path):
+    m = load_model(str(gemma3_path))
+    sh = speed_shape(m.shape, list(m.header.tensors), ["avx2"], True, {"nodes_tg": 500, "nodes_pp": 520})
+    swa = [a for a in sh.attn if a.window]
+    assert swa and all(a.window == m.shape.n_swa for a in swa) and len(swa) < len(sh.attn)
+    cal = _cal(n_threads=1, matvec_s_per_byte={k: 1e-10 for k in {g.key for g in sh.groups}},
+               matmul_s_per_byte={k: 1e-11 for k in {g.key for g in sh.groups}},
+               matmul_s_per_flop={k: 1e-11 for k in {g.key for g in sh.groups}})
+    att = [next(p.s_per_token for p in predict_tg(sh, cal, d, 2, "f16", "f16", "auto").parts if p.name == "attention")
+           for d in (4000, 8000)]
+    full = len(sh.attn) - len(swa)
+    # beyond the window only the full-attention layers grow
+    per = sum(a.n_head * (a.head_k + a.head_v) for a in sh.attn if not a.window)
+    assert att[1] - att[0] == pytest.approx(per * 4000 * 1e-10) and full > 0
+
+
+def test_a_type_the_calibration_lacks_is_named_never_guessed(smol):
+    _m, sh = smol
+    cal = _cal(matvec_s_per_byte={"q8_0": 1e-10}, matmul_s_per_flop={"q8_0": 1e-11})
+    with pytest.raises(MissingCalibration, match="weight type q4_1"):
+        predict_tg(sh, cal, 0, 8, "f16", "f16", "auto")
+    with pytest.raises(MissingCalibration, match="q5_0/q5_0/fa=auto@h9kv3k64v64"):
+        predict_pp(sh, _cal(), 0, 8, 2048, 512, "q5_0", "q5_0", "auto")
+
+
+# -- the solvers recover known coefficients (a forward model of what the child measures) -------------------------
+
+def test_solvers_recover_the_coefficients(monkeypatch, tmp_path):
+    from edgekv.orchestration import speedcal as S
+
+    truth = {"node_tg": 3e-6, "node_pp": 9e-6, "attn_tg": 4e-10, "attn_pp": 2e-10}
+    nodes = {"nodes_a": (60, 70), "nodes_b": (700, 760)}
+    units = S._attn_units(S.ATTN_SHAPE)
+    out = []
+    for name, (ntg, npp) in nodes.items():
+        g = {"nodes_pp": npp, "nodes_tg": ntg, "splits_pp": 1, "splits_tg": 1}
+        out.append({"model": name, "context": "f16", "step": "tg", "ns": [int(32 * ntg * truth["node_tg"] * 1e9)] * 3,
+                    "graph": g})
+        out.append({"model": name, "context": "f16", "step": "pp", "ns": [int(npp * truth["node_pp"] * 1e9)] * 3,
+                    "graph": g})
+    node_tg, node_pp = S.solve_nodes(out)
+    assert node_tg == pytest.approx(truth["node_tg"], rel=1e-3) and node_pp == pytest.approx(truth["node_pp"], rel=1e-3)
+    key = kv_key("q5_0", "q5_0", "auto")
+    res = []
+    for d in S.ATTN_TG_DEPTHS:
+        res.append({"model": "attn", "context": key, "step": f"tg{d}",
+                    "ns": [int((0.01 + S.TG_N * units * (d + S.TG_N / 2) * truth["attn_tg"]) * 1e9)] * 3, "graph": None})
+    for d in S.ATTN_PP_DEPTHS:
+        res.append({"model": "attn", "context": key, "step": f"pp{d}",
+                    "ns": [int((0.2 + S.ATTN_PP_N * units * (d + S.ATTN_PP_N / 2) * truth["attn_pp"]) * 1e9)] * 3, "graph": None})
+    tg, pp = S.solve_attn(res, key)
+    assert tg == pytest.approx(truth["attn_tg"], rel=1e-3) and pp == pytest.approx(truth["attn_pp"], rel=1e-3)
+
+
+def _fake_results(models):
+    """What the child would report for a plan: every step timed, longer at depth and on the deeper model."""
+    out = []
+    for m in models:
+        for c in m["contexts"]:
+            for st in c["steps"]:
+                g = {"nodes_pp": 100, "nodes_tg": 90, "splits_pp": 1, "splits_tg": 1}
+                if m["key"] == "nodes_b":
+                    g = {"nodes_pp": 1000, "nodes_tg": 900, "splits_pp": 1, "splits_tg": 1}
+                ns = int(1e6 * (1 + st["depth"] / 100 + st["n"] / 10 + (10 if m["key"] == "nodes_b" else 0)))
+                out.append({"model": m["key"], "context": c["key"], "step": st["key"], "test": st["test"],
+                            "depth": st["depth"], "n": st["n"], "ns": [ns] * st["reps"], "graph": g})
+    return out
+
+
+def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch):
+    from edgekv.edges import load as L
+    from edgekv.orchestration import speedcal as S
+
+    monkeypatch.setattr(L.LoadMonitor, "start", lambda self: None)
+    monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": True, "others_share_max": 0.6})
+    monkeypatch.setattr(S, "_path", lambda t, r: S.store_path(f"test-speed-t{t}-r{int(r)}"))
+    monkeypatch.setattr(S, "_run", lambda models, progress, timeout=600.0: _fake_results(models))
+    with pytest.raises(S.CalibrationError, match="60 % of the CPUs: not cached"):
+        S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"])
+    assert S.cached(2, True) is None
+    # asked to keep it (the automatic path of predict and bench): cached, and marked
+    sc = S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"], allow_busy=True)
+    assert sc.remeasured and any(n.startswith("busy") for n in sc.cal.notes)
+    assert S.cached(2, True).notes == sc.cal.notes
+
+
+# -- real llama.cpp: one calibration for the suite, then predict / bench / calibrate ----------------------------
+
+@pytest.fixture(scope="module")
+def real_cal(smollm2_path):
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.speedcal import calibrate
+    from edgekv.orchestration.speedpredict import model_speed_shape, weight_types
+
+    feats = runtime_baseline().cpu_features
+    m = load_model(str(smollm2_path))
+    types = weight_types(model_speed_shape(m, feats, True, None))
+    sc = calibrate(2, True, types, [("f16", "f16", "auto"), ("q8_0", "q8_0", "auto")], feats, allow_busy=True)
+    return sc.cal
+
+
+def test_real_calibration_is_positive_and_cached(real_cal):
+    from edgekv.orchestration.speedcal import cached
+
+    cal = real_cal
+    assert cal.node_tg_s > 0 and cal.node_pp_s > 0 and cal.bandwidth_bytes_s > 1e8
+    assert {"q4_1", "q8_0"} <= set(cal.matvec_s_per_byte) and all(v > 0 for v in cal.matvec_s_per_byte.values())
+    assert all(cal.matmul_s_per_flop[k] > 0 for k in cal.matvec_s_per_byte)
+    assert all(cal.attn_tg_s[k] > 0 and cal.attn_pp_s[k] > 0 for k in cal.attn_tg_s)
+    again = cached(2, True)
+    assert again is not None and again.id == cal.id
+
+
+def test_predict_shows_speed_and_its_json_record(real_cal, smollm2_path, capsys):
+    rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16,q8_0", "-t", "2", "--json"])
+    assert rc == 0
+    recs = json.loads(capsys.readouterr().out)
+    for r in recs:
+        sp = r["prediction"]["speed"]
+        assert sp["calibration_id"] == real_cal.id
+        assert sp["tg"]["depth"] == 1024 - 512 and sp["tg"]["tokens_per_s"] > 0 and sp["pp"]["tokens_per_s"] > 0
+        assert {p["name"] for p in sp["tg"]["parts"]} == {"fixed", "weights", "output head", "attention"}
+        assert sp["tg"]["roofline_tokens_per_s"] > sp["tg"]["tokens_per_s"]
+    rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16", "-t", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "tg t/s" in out and "t/s (predicted)" in out
+    rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16", "-t", "2", "--kv-only", "--json"])
+    (r,) = json.loads(capsys.readouterr().out)
+    assert r["prediction"]["speed"]["error"].startswith("--kv-only")
+
+
+def test_bench_record_carries_the_speed_prediction(real_cal, smollm2_path, tmp_path, capsys):
+    out = tmp_path / "b.jsonl"
+    rc = main(["bench", str(smollm2_path), "-c", "512", "-ctk", "q8_0", "-p", "64", "-n", "8", "-r", "2", "-t", "2",
+               "-o", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    (rec,) = [json.loads(x) for x in out.read_text().splitlines()]
+    sp = rec["prediction"]["speed"]
+    assert sp["calibration_id"] == real_cal.id and sp["pp"]["depth"] == rec["settings"]["n_depth"]
+    meas = rec["speed"]["tg"]["mean_ts"]
+    assert rec["speed_residual"]["tg_pct"] == pytest.approx(100 * (meas - sp["tg"]["tokens_per_s"]) /
+                                                            sp["tg"]["tokens_per_s"], abs=0.01)
+    assert "(predicted " in text
+
+
+def test_calibrate_command(real_cal, capsys):
+    rc = main(["calibrate", "-t", "2", "-ctk", "f16", "--allow-busy", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["n_threads"] == 2 and kv_key("f16", "f16", "auto") in d["attn_tg_s"]
+    assert main(["calibrate", "-t", "-1"]) == 2
+    assert "--threads" in capsys.readouterr().err
