@@ -41,17 +41,18 @@ def edgekv() -> list[str]:
 def run(model: str, variant: str, depths: str) -> Path:
     out = OUT / f"{model}-{variant}.jsonl"
     types = TYPES if variant == "base" else VARIANT_TYPES
-    d = depths if variant == "base" else depths.split(",")[min(1, len(depths.split(",")) - 1)]
-    ctx = ",".join(str(int(x) + 512) for x in d.split(","))
+    ds = depths.split(",") if variant == "base" else [depths.split(",")[min(1, len(depths.split(",")) - 1)]]
     extra = list(VARIANTS[variant])
     if variant == "llamabench":
         sys.path.insert(0, str(ROOT / "bench"))
         from llama_tools import tool
 
         extra.append(str(tool("llama-bench")))
-    argv = edgekv() + ["bench", model, "-c", ctx, "-d", d, "-ctk", types, *COMMON, *extra, "-o", str(out), "--json"]
-    print("+", " ".join(argv[2:]), flush=True)
-    subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    for d in ds:      # bench sweeps -c x -d: one call per depth, each with a context just above it
+        argv = edgekv() + ["bench", model, "-c", str(int(d) + 512), "-d", d, "-ctk", types, *COMMON, *extra,
+                           "-o", str(out), "--json"]
+        print("+", " ".join(argv[2:]), flush=True)
+        subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return out
 
 

@@ -156,7 +156,7 @@ class BenchMonitor:
                                              "repetitions": self.spec.repetitions}
         for line in plan_lines(data["total"], self.contexts, types, s0, total, basis, data["output"],
                                data["existing"], self.full_hint, repack=self.spec.repack,
-                               unfit=data.get("unfit")):
+                               unfit=data.get("unfit"), depths=self.spec.depths):
             self._print(line)
         w = Window()
         time.sleep(0.3)

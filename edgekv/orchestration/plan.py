@@ -220,8 +220,11 @@ def fmt_duration(s: float | None) -> str:
 
 def plan_lines(n_cases: int, contexts: list[int], types: list[str], settings0: dict[str, Any], total_s: float,
                basis: str, output: str, existing: int, full_hint: str | None,
-               repack: list[bool] | None = None, unfit: dict[str, str] | None = None) -> list[str]:
-    depth = "context - " + str(max(settings0["n_prompt"], settings0["n_gen"]))
+               repack: list[bool] | None = None, unfit: dict[str, str] | None = None,
+               depths: list[int] | None = None) -> list[str]:
+    """``depths``: the depths given with -d (None: each context minus the larger test)."""
+    depth = ("context - " + str(max(settings0["n_prompt"], settings0["n_gen"])) if not depths else
+             ", ".join(str(d) for d in depths))
     rp = "" if not repack or repack == [True] else ", --repack " + ",".join("1" if r else "0" for r in repack)
     lines = [
         f"Plan: {n_cases} configurations ({', '.join(types)} x {', '.join(str(c) for c in contexts)}; "
