@@ -57,6 +57,9 @@ os.environ["EDGEKV_HOME"] = str(SESSION_DIR / "import-home")
 os.environ["HF_HOME"] = str(SESSION_DIR / "hf-home")
 os.environ.pop("HF_HUB_CACHE", None)
 os.environ.pop("HF_HUB_OFFLINE", None)
+# predict and bench use the speed calibration only when cached: the suite's homes would otherwise each spend a
+# minute calibrating (tests/test_speed.py calibrates for real, once, in the shared calibration folder)
+os.environ["EDGEKV_SPEED_CALIBRATE"] = "cached"
 
 
 def pytest_configure(config) -> None:

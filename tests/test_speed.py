@@ -217,8 +217,9 @@ def real_cal(smollm2_path):
 
     feats = runtime_baseline().cpu_features
     m = load_model(str(smollm2_path))
-    types = weight_types(model_speed_shape(m, feats, True, None))
-    sc = calibrate(2, True, types, [("f16", "f16", "auto"), ("q8_0", "q8_0", "auto")], feats, allow_busy=True)
+    sh = model_speed_shape(m, feats, True, None)
+    sc = calibrate(2, True, weight_types(sh), [("f16", "f16", "auto"), ("q8_0", "q8_0", "auto")], feats,
+                   allow_busy=True, geometries=sorted({a.geometry for a in sh.attn}))
     return sc.cal
 
 
@@ -265,6 +266,18 @@ def test_bench_record_carries_the_speed_prediction(real_cal, smollm2_path, tmp_p
     assert rec["speed_residual"]["tg_pct"] == pytest.approx(100 * (meas - sp["tg"]["tokens_per_s"]) /
                                                             sp["tg"]["tokens_per_s"], abs=0.01)
     assert "(predicted " in text
+
+
+def test_cached_only_names_what_is_missing(real_cal, smollm2_path, capsys, monkeypatch):
+    monkeypatch.setenv("EDGEKV_SPEED_CALIBRATE", "cached")
+    rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "q5_0", "-t", "2", "--json"])
+    (r,) = json.loads(capsys.readouterr().out)
+    assert rc == 0 and "q5_0/q5_0/fa=auto@h9kv3k64v64" in r["prediction"]["speed"]["error"]
+    assert "edgekv calibrate" in r["prediction"]["speed"]["error"]
+    monkeypatch.setenv("EDGEKV_SPEED_CALIBRATE", "sometimes")
+    rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16", "-t", "2", "--json"])
+    (r,) = json.loads(capsys.readouterr().out)
+    assert "auto or cached" in r["prediction"]["speed"]["error"]
 
 
 def test_calibrate_command(real_cal, capsys):

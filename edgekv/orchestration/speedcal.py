@@ -48,8 +48,22 @@ WEIGHT_TARGET_BYTES = 48 * 1024 * 1024
 DEFAULT_KV = (("f16", "f16"), ("q8_0", "q8_0"), ("q5_0", "q5_0"), ("q4_0", "q4_0"))
 
 
+SPEED_CALIBRATE_ENV = "EDGEKV_SPEED_CALIBRATE"    # auto (default): measure what a prediction needs; cached: never
+
+
 class CalibrationError(RuntimeError):
     pass
+
+
+def auto_measure() -> bool:
+    """Whether predict and bench may calibrate on their own (EDGEKV_SPEED_CALIBRATE=auto, the default) or only
+    use what is cached (=cached: a CI job that must not spend a minute measuring; the test suite)."""
+    import os
+
+    mode = os.environ.get(SPEED_CALIBRATE_ENV, "auto").strip().lower()
+    if mode not in ("auto", "cached"):
+        raise CalibrationError(f"{SPEED_CALIBRATE_ENV}={mode!r}: use auto or cached")
+    return mode == "auto"
 
 
 def weight_shape(type_name: str) -> dict[str, Any]:
@@ -319,10 +333,11 @@ class _Probe:
 def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] = (),
               kv_pairs: Iterable[tuple[str, str, str]] = (), cpu_features: list[str] | None = None,
               refresh: bool = False, progress: Callable[[str], None] | None = None,
-              allow_busy: bool = False, geometries: Iterable[str] = ()) -> SpeedCalibration:
+              allow_busy: bool = False, geometries: Iterable[str] = (), measure: bool = True) -> SpeedCalibration:
     """The cached calibration for this environment, thread count and --repack, with every weight type and K/V pair
     (for each attention geometry in ``geometries``) asked for measured (only what is missing is measured;
-    everything when absent, stale or ``refresh``)."""
+    everything when absent, stale or ``refresh``).  ``measure`` False: only what is cached, and CalibrationError
+    naming what is missing (EDGEKV_SPEED_CALIBRATE=cached)."""
     from edgekv.edges.bandwidth import read_bandwidth
     from edgekv.edges.load import LoadMonitor
 
@@ -351,6 +366,10 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     want_types = _types_needed(cal, weight_types, feats, repack)
     if not new and not want and not want_types:
         return SpeedCalibration(cal, False, note)
+    if not measure:
+        what = (["this machine"] if new else []) + [kv_key(*p, g) for g, ps in want.items() for p in ps] + want_types
+        raise CalibrationError(f"no speed calibration of {', '.join(what)} here yet and {SPEED_CALIBRATE_ENV}=cached: "
+                               "'edgekv calibrate MODEL' measures it")
     mon = LoadMonitor(before_s=0.3)
     mon.start()
     t0 = time.monotonic()

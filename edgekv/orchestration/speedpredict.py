@@ -95,7 +95,7 @@ def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[st
                     allow_busy: bool = False) -> tuple[Calibration | None, str]:
     """This machine's calibration with everything the configurations ``xs`` need measured (on demand); (None,
     why) when it cannot be had."""
-    from edgekv.orchestration.speedcal import CalibrationError, calibrate
+    from edgekv.orchestration.speedcal import CalibrationError, auto_measure, calibrate
 
     if not xs:
         return None, "nothing to predict"
@@ -108,7 +108,7 @@ def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[st
     geometries = sorted({lay.geometry for lay in sh.attn})
     try:
         sc = calibrate(next(iter(threads)), next(iter(repacks)), weight_types(sh), pairs, cpu_features,
-                       progress=progress, allow_busy=allow_busy, geometries=geometries)
+                       progress=progress, allow_busy=allow_busy, geometries=geometries, measure=auto_measure())
     except CalibrationError as e:
         return None, str(e)
     except (OSError, ValueError) as e:
