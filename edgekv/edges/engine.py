@@ -299,6 +299,7 @@ class EngineSession:
         self.timeout = timeout
         self.model_size_bytes: int | None = None
         self.sparse = False
+        self.graph: dict[str, int] | None = None
         self._stack = contextlib.ExitStack()
         self._child = None
 
@@ -348,7 +349,10 @@ class EngineSession:
                                        timeout=self.timeout)
         except ChildDied as e:
             raise EngineError(f"{self.model_path}: llama.cpp dry run failed: {e}") from None
-        return [_engine_result(c, r) for c, r in zip(configs, data["results"])]
+        out = [_engine_result(c, r) for c, r in zip(configs, data["results"])]
+        if self.graph is None:          # llama.cpp's graph size (the speed model's node count), from the first context
+            self.graph = next((r.log.graph for r in out if r.ok and r.log.graph), None)
+        return out
 
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()

@@ -188,7 +188,7 @@ def speed_depth(n_ctx: int, req: PredictRequest) -> int:
     return max(0, n_ctx - max(req.n_prompt, req.n_gen))
 
 
-def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
+def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest, graph: dict[str, int] | None = None) -> None:
     """``prediction.speed`` in every record (edgekv.core.speed): pp and tg at the row's depth with this machine's
     calibration (measured now when absent: a progress line on stderr), or the reason there is none."""
     import sys
@@ -211,7 +211,7 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
     ok = [r for r in out.records if r.prediction.formula.status == STATUS_OK]
     if not ok:
         return
-    graph = _graph(m, req)
+    graph = graph or _graph(m, req)
     if graph is None:
         return none("llama.cpp's dry run did not give its graph size for this model")
     p = req.process
@@ -293,10 +293,11 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
     # --engine runs on a header-only file too (llama.cpp's dry run reads no tensor data: edgekv.edges.engine
     # loadable_path gives it a sparse stand-in; the shape headers of the predicted reports rely on it): warned, not refused
     processes, notes = None, []
+    seen: dict[str, Any] = {}
     if not req.kv_only:
         from edgekv.orchestration.procpredict import process_blocks
 
-        processes, notes = process_blocks(m, req.configs, req.process)
+        processes, notes = process_blocks(m, req.configs, req.process, seen=seen)
     notes = ([m.incomplete] if m.incomplete else []) + notes
     out = PredictOutcome(predict_records(m, req.configs, engine=req.engine, n_gpu_layers=req.n_gpu_layers,
                                          with_layers=req.with_layers_json, processes=processes), notes)
@@ -308,7 +309,7 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
     if processes is not None:
         _fit_marks(out)
     if req.speed:
-        _speeds(out, m, req)
+        _speeds(out, m, req, seen.get("graph"))
     if req.engine and m.header.tensors:
         from edgekv.orchestration.calibrate import runtime_baseline
         from edgekv.orchestration.crosscheck import extra_buffer_check, extra_buffer_line

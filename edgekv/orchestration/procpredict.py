@@ -197,12 +197,13 @@ def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings
 
 
 def process_blocks(m, configs: list[ContextParams], settings: ProcessSettings,
-                   baseline=None) -> tuple[list[dict[str, Any] | None], list[str]]:
+                   baseline=None, seen: dict[str, Any] | None = None) -> tuple[list[dict[str, Any] | None], list[str]]:
     """``prediction.process`` (the whole-process prediction) of each ``edgekv predict`` configuration, and the
     notes to print.
 
     A configuration whose cache is invalid/unsupported gets None; when llama.cpp's dry run cannot run, every
-    configuration gets None and the reason is a note (never a partial sum)."""
+    configuration gets None and the reason is a note (never a partial sum).  ``seen`` receives llama.cpp's graph
+    size from the same dry run (``seen["graph"]``: the speed model's node count)."""
     from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
     from edgekv.orchestration.calibrate import runtime_baseline
@@ -216,6 +217,8 @@ def process_blocks(m, configs: list[ContextParams], settings: ProcessSettings,
         with EngineSession(m.ref.path, n_gpu_layers=settings.n_gpu_layers, header=m.header,
                            use_extra_bufts=settings.use_extra_bufts) as eng:
             procs = predict_processes(m, configs, settings, baseline, eng)
+            if seen is not None:
+                seen["graph"] = eng.graph
     except EngineError as e:
         notes.append(f"whole-process memory not predicted: {e}")
         return [None] * len(configs), notes
