@@ -367,8 +367,9 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     if not new and not want and not want_types:
         return SpeedCalibration(cal, False, note)
     if not measure:
-        what = (["this machine"] if new else []) + [kv_key(*p, g) for g, ps in want.items() for p in ps] + want_types
-        raise CalibrationError(f"no speed calibration of {', '.join(what)} here yet and {SPEED_CALIBRATE_ENV}=cached: "
+        what = ["this machine"] if new else [kv_key(*p, g) for g, ps in want.items() for p in ps] + want_types
+        named = ", ".join(what[:3]) + (f" and {len(what) - 3} more" if len(what) > 3 else "")
+        raise CalibrationError(f"no speed calibration of {named} here yet and {SPEED_CALIBRATE_ENV}=cached: "
                                "'edgekv calibrate MODEL' measures it")
     mon = LoadMonitor(before_s=0.3)
     mon.start()
