@@ -606,8 +606,14 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
     for (_threads, repack), cases in groups.items():
         sh = model_speed_shape(spec.model, feats, repack, graph)
         xs = [SpeedInputs.from_settings(c.settings) for c in cases]
-        cal, note = calibration_for(sh, xs, feats,
-                                    progress=lambda step: emit("calibrate", {"step": step}), allow_busy=True)
+        def progress(step: str, started: list[str] = []) -> None:  # noqa: B006 - one list per group, on purpose
+            if not started:       # the first measurement: say why the plan is a minute away
+                emit("note", {"message": "calibrating this machine's speed for the speed model (once per environment, "
+                                         "thread count and --repack; about a minute; 'edgekv calibrate' re-measures)"})
+                started.append(step)
+            emit("calibrate", {"step": step})
+
+        cal, note = calibration_for(sh, xs, feats, progress=progress, allow_busy=True)
         if note:
             emit("note", {"message": f"speed calibration: {note}"})
         for c, x in zip(cases, xs):
