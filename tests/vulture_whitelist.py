@@ -31,3 +31,6 @@ is_recurrent            # ModelShape.layers[i].is_recurrent
 _.KINDS                 # the record kinds, documented beside Record.kind
 _.PROVENANCE            # which source each block's numbers come from (formula / llama.cpp / measured)
 _.write_schema_file     # regenerates results.schema.json; named by tests/test_records.py's failure message
+
+# edgekv/core/speed.py: SpeedPrediction fields serialised with dataclasses.asdict into prediction.speed
+_.bytes_per_token       # the bytes a decoded token reads (the roofline's denominator), in --json and records

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from edgekv.core.speed import Calibration, kv_key, weight_key
+from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, weight_key
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
 CAL_VERSION = 1
@@ -89,18 +89,13 @@ class SpeedCalibration:
 
 
 def _key(n_threads: int, repack: bool) -> tuple[str, dict[str, Any]]:
-    fp = {**fingerprint("python"), "speed": CAL_VERSION, "threads": n_threads, "repack": repack}
+    fp = {**fingerprint("python"), "speed": CAL_VERSION, "model": SPEED_MODEL_VERSION, "threads": n_threads,
+          "repack": repack}
     return fingerprint_key(fp), fp
 
 
 def _path(n_threads: int, repack: bool):
     return store_path(f"python-speed-t{int(n_threads)}-r{int(bool(repack))}")
-
-
-def _model_tensors(path) -> list[Any]:
-    from edgekv.edges.gguf_header import read_header_file
-
-    return list(read_header_file(str(path)).tensors)
 
 
 def _median_s(ns: list[int]) -> float:

@@ -12,7 +12,6 @@ from edgekv.core.speed import (
     MissingCalibration,
     SpeedShape,
     explain,
-    kv_key,
     predict_pp,
     predict_tg,
     speed_shape,
@@ -114,7 +113,3 @@ def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[st
     except (OSError, ValueError) as e:
         return None, f"the speed calibration failed: {e}"
     return sc.cal, sc.note
-
-
-def kv_label(x: SpeedInputs) -> str:
-    return kv_key(x.type_k, x.type_v, x.flash_attn)
