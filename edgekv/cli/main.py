@@ -55,6 +55,11 @@ UB_OPT = typer.Option(512, "-ub", "--ubatch-size", help="Physical batch size.")
 B_OPT = typer.Option(2048, "-b", "--batch-size", help="Logical batch size.")
 NGL_OPT = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers on the GPU for the engine dry run (-1: all).")
 JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
+MIN_TG_OPT = typer.Option(None, "--min-tg", show_default=False,
+                          help="With --budget: the largest context that fits and decodes at least this many tokens/s "
+                               "at full depth (predicted on this machine).")
+PREDICT_DEPTH_OPT = typer.Option(None, "-d", "--n-depth", show_default=False,
+                                 help="Depth the speed is predicted at (default: the context minus -p 512).")
 PREDICT_REPACK_OPT = typer.Option("1", "--repack", help="llama-bench's --repack 0|1: predict with the CPU backend's "
                                                         "AMX / CPU_REPACK weight copies (1, llama.cpp's default) or "
                                                         "without them (0, llama.cpp's -nr).")
@@ -153,28 +158,50 @@ def predict(
                                                           "(which runs llama.cpp's dry run)."),
     repack: str = PREDICT_REPACK_OPT,
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the llama.cpp command each row assumes."),
-    min_tg: Optional[float] = typer.Option(None, "--min-tg", show_default=False,
-                                           help="With --budget: the largest context that fits and decodes at least "
-                                                "this many tokens/s at full depth (predicted on this machine)."),
-    depth: Optional[int] = typer.Option(None, "-d", "--n-depth", show_default=False,
-                                        help="Depth the speed is predicted at (default: the context minus -p 512)."),
+    min_tg: Optional[float] = MIN_TG_OPT,
+    depth: Optional[int] = PREDICT_DEPTH_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Exact KV-cache bytes from the GGUF header, the peak memory of the whole llama.cpp process, and its
-    prefill and decode speed on this machine (predicted)."""
+    """Exact KV-cache bytes from the GGUF header, the whole llama.cpp process's peak memory, its speed here."""
     from edgekv.orchestration.api import load_model
     from edgekv.orchestration.predictrows import run_predict
-    from edgekv.output.views import render_budget, render_predict
 
+    speed_flags = _speed_flags(depth, min_tg, budget, kv_only)
     spec_name = _model(model, model_opt)
     m = load_model(spec_name)
     ctxs = _predict_contexts(ctx_size, spec_name, m)
     req = _predict_request(ctxs, cache_type_k, cache_type_v, flash_attn, swa_full, parallel, kv_unified, ubatch_size,
                            batch_size, n_rs_seq, budget, workload, threads, no_mmap, n_gpu_layers, repack)
     req.engine, req.kv_only, req.verbose = engine, kv_only, verbose
+    req.depth, req.min_tg = speed_flags
+    req.layers, req.with_layers_json = layers and not as_json, layers and as_json
+    _notes(m)
+    out = run_predict(m, req)
+    if as_json:
+        _print_json(out.to_json())
+    else:
+        _show_predict(m, req, out, engine)
+    if m.shape.invalid_reason:      # every row says 'invalid' with the reason; no figure, and exit 1
+        sys.stderr.write(f"edgekv: error: {m.ref.spec}: {m.shape.invalid_reason}; no figure given\n")
+        raise typer.Exit(1)
+
+
+def _show_predict(m, req, out, engine: bool) -> None:
+    from edgekv.output.views import render_budget, render_predict
+
+    con = _console()
+    render_predict(con, m, req.base, out, engine=engine)
+    for note in out.process_notes:
+        con.print(f"Note: {note}")
+    if out.budget is not None:
+        render_budget(con, m, req.budget_bytes, out.budget)
+
+
+def _speed_flags(depth: Optional[int], min_tg: Optional[float], budget: Optional[str],
+                 kv_only: bool) -> tuple[Optional[int], Optional[float]]:
+    """predict's -d and --min-tg checked (one line naming the flag when one is wrong)."""
     if depth is not None and depth < 0:
         raise UsageError("-d/--n-depth must be 0 or more")
-    req.depth = depth
     if min_tg is not None:
         if budget is None:
             raise UsageError("--min-tg needs --budget (the speed floor narrows the budget's answer); "
@@ -183,22 +210,7 @@ def predict(
             raise UsageError("--min-tg must be a positive number of tokens/s")
         if kv_only:
             raise UsageError("--min-tg needs the speed prediction, which --kv-only skips")
-    req.min_tg = min_tg
-    req.layers, req.with_layers_json = layers and not as_json, layers and as_json
-    _notes(m)
-    out = run_predict(m, req)
-    if as_json:
-        _print_json(out.to_json())
-    else:
-        con = _console()
-        render_predict(con, m, req.base, out, engine=engine)
-        for note in out.process_notes:
-            con.print(f"Note: {note}")
-        if out.budget is not None:
-            render_budget(con, m, req.budget_bytes, out.budget)
-    if m.shape.invalid_reason:      # every row says 'invalid' with the reason; no figure, and exit 1
-        sys.stderr.write(f"edgekv: error: {m.ref.spec}: {m.shape.invalid_reason}; no figure given\n")
-        raise typer.Exit(1)
+    return depth, min_tg
 
 
 def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[str], flash_attn: str, swa_full: bool,
