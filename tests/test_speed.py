@@ -253,6 +253,26 @@ def test_predict_shows_speed_and_its_json_record(real_cal, smollm2_path, capsys)
     assert r["prediction"]["speed"]["error"].startswith("--kv-only")
 
 
+def test_budget_with_a_speed_floor(real_cal, smollm2_path, capsys):
+    base = ["predict", str(smollm2_path), "-ctk", "q8_0", "-t", "2", "--budget", "2GiB", "--json"]
+    assert main(base) == 0
+    (free,) = json.loads(capsys.readouterr().out)["budget"]
+    assert free["max_n_ctx"] > 256
+    assert main(base + ["--min-tg", "1000000"]) == 0
+    (none,) = json.loads(capsys.readouterr().out)["budget"]
+    assert none["max_n_ctx"] == 0 and "decode at 1e+06 t/s" in none["note"]
+    assert main(base + ["--min-tg", "1"]) == 0
+    (slow,) = json.loads(capsys.readouterr().out)["budget"]
+    assert slow["max_n_ctx"] == free["max_n_ctx"] and slow["predicted_tg_tokens_per_s"] >= 1
+    mid = slow["predicted_tg_tokens_per_s"] * 1.5
+    assert main(base + ["--min-tg", f"{mid}"]) == 0
+    (cut,) = json.loads(capsys.readouterr().out)["budget"]
+    assert 0 < cut["max_n_ctx"] < free["max_n_ctx"] and cut["predicted_tg_tokens_per_s"] >= mid
+    assert "limited by --min-tg" in cut["note"]
+    assert main(["predict", str(smollm2_path), "--min-tg", "5"]) == 2
+    assert "--min-tg needs --budget" in capsys.readouterr().err
+
+
 def test_bench_record_carries_the_speed_prediction(real_cal, smollm2_path, tmp_path, capsys):
     out = tmp_path / "b.jsonl"
     rc = main(["bench", str(smollm2_path), "-c", "512", "-ctk", "q8_0", "-p", "64", "-n", "8", "-r", "2", "-t", "2",
