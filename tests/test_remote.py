@@ -92,10 +92,14 @@ PREDICT_ARGS = ["--engine", "--json", "-c", "4096,16384", "-ctk", "f16,q4_0", "-
 
 
 def _rows(out: str) -> list[dict]:
-    """predict --json records without their model block (the path and file name differ; the bytes must not)."""
+    """predict --json records without what names the file or the moment (the model block and the llama.cpp
+    arguments name its path; the memory available is read at each call); the bytes must not differ."""
     rows = json.loads(out)
     for r in rows:
         r.pop("model")
+        assert r.pop("llama_cpp_args")[:1] == ["-m"]
+        proc = r["prediction"].get("process") or {}
+        assert proc.pop("available_bytes", 0) > 0 or "fits" not in proc
     return rows
 
 
