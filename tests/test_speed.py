@@ -209,16 +209,28 @@ def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch):
 
 # -- real llama.cpp: one calibration for the suite, then predict / bench / calibrate ----------------------------
 
+def _repack() -> bool:
+    """The --repack setting that runs here: llama.cpp's default unless its AMX kernels crash on this CPU
+    (the preflight; ../shared/reference/amx.md), so the calibration's prompt batches do not die there."""
+    from edgekv.orchestration.preflight import preflight
+
+    return preflight().repack
+
+
+RP = ["--repack", "1"]
+
+
 @pytest.fixture(scope="module")
 def real_cal(smollm2_path):
     from edgekv.orchestration.calibrate import runtime_baseline
     from edgekv.orchestration.speedcal import calibrate
     from edgekv.orchestration.speedpredict import model_speed_shape, weight_types
 
+    RP[1] = "1" if _repack() else "0"
     feats = runtime_baseline().cpu_features
     m = load_model(str(smollm2_path))
-    sh = model_speed_shape(m, feats, True, None)
-    sc = calibrate(2, True, weight_types(sh), [("f16", "f16", "auto"), ("q8_0", "q8_0", "auto")], feats,
+    sh = model_speed_shape(m, feats, RP[1] == "1", None)
+    sc = calibrate(2, RP[1] == "1", weight_types(sh), [("f16", "f16", "auto"), ("q8_0", "q8_0", "auto")], feats,
                    allow_busy=True, geometries=sorted({a.geometry for a in sh.attn}))
     return sc.cal
 
@@ -236,7 +248,7 @@ def test_real_calibration_is_positive_and_cached(real_cal):
 
 
 def test_predict_shows_speed_and_its_json_record(real_cal, smollm2_path, capsys):
-    rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16,q8_0", "-t", "2", "--json"])
+    rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16,q8_0", "-t", "2", *RP, "--json"])
     assert rc == 0
     recs = json.loads(capsys.readouterr().out)
     for r in recs:
@@ -245,7 +257,7 @@ def test_predict_shows_speed_and_its_json_record(real_cal, smollm2_path, capsys)
         assert sp["tg"]["depth"] == 1024 - 512 and sp["tg"]["tokens_per_s"] > 0 and sp["pp"]["tokens_per_s"] > 0
         assert {p["name"] for p in sp["tg"]["parts"]} == {"fixed", "weights", "output head", "attention"}
         assert sp["tg"]["roofline_tokens_per_s"] > sp["tg"]["tokens_per_s"]
-    rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16", "-t", "2"])
+    rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16", "-t", "2", *RP])
     out = capsys.readouterr().out
     assert rc == 0 and "tg t/s" in out and "t/s (predicted)" in out
     rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16", "-t", "2", "--kv-only", "--json"])
@@ -254,7 +266,7 @@ def test_predict_shows_speed_and_its_json_record(real_cal, smollm2_path, capsys)
 
 
 def test_budget_with_a_speed_floor(real_cal, smollm2_path, capsys):
-    base = ["predict", str(smollm2_path), "-ctk", "q8_0", "-t", "2", "--budget", "2GiB", "--json"]
+    base = ["predict", str(smollm2_path), "-ctk", "q8_0", "-t", "2", *RP, "--budget", "2GiB", "--json"]
     assert main(base) == 0
     (free,) = json.loads(capsys.readouterr().out)["budget"]
     assert free["max_n_ctx"] > 256
@@ -275,7 +287,7 @@ def test_budget_with_a_speed_floor(real_cal, smollm2_path, capsys):
 
 def test_bench_record_carries_the_speed_prediction(real_cal, smollm2_path, tmp_path, capsys):
     out = tmp_path / "b.jsonl"
-    rc = main(["bench", str(smollm2_path), "-c", "512", "-ctk", "q8_0", "-p", "64", "-n", "8", "-r", "2", "-t", "2",
+    rc = main(["bench", str(smollm2_path), "-c", "512", "-ctk", "q8_0", "-p", "64", "-n", "8", "-r", "2", "-t", "2", *RP,
                "-o", str(out)])
     text = capsys.readouterr().out
     assert rc == 0
@@ -290,7 +302,7 @@ def test_bench_record_carries_the_speed_prediction(real_cal, smollm2_path, tmp_p
 
 def test_cached_only_names_what_is_missing(real_cal, smollm2_path, capsys, monkeypatch):
     monkeypatch.setenv("EDGEKV_SPEED_CALIBRATE", "cached")
-    rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "q5_0", "-t", "2", "--json"])
+    rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "q5_0", "-t", "2", *RP, "--json"])
     (r,) = json.loads(capsys.readouterr().out)
     assert rc == 0 and "q5_0/q5_0/fa=auto@h9kv3k64v64" in r["prediction"]["speed"]["error"]
     assert "edgekv calibrate" in r["prediction"]["speed"]["error"]
@@ -301,7 +313,7 @@ def test_cached_only_names_what_is_missing(real_cal, smollm2_path, capsys, monke
 
 
 def test_calibrate_command(real_cal, capsys):
-    rc = main(["calibrate", "-t", "2", "-ctk", "f16", "--allow-busy", "--json"])
+    rc = main(["calibrate", "-t", "2", "-ctk", "f16", *RP, "--allow-busy", "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["n_threads"] == 2 and kv_key("f16", "f16", "auto") in d["attn_tg_s"]
     assert main(["calibrate", "-t", "-1"]) == 2
