@@ -249,16 +249,21 @@ def _kv_bytes_per_cell(type_k: str, type_v: str, sh: SpeedShape) -> float:
     return sh.kv_bytes_per_token * (per_k + per_v) / 2
 
 
-def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k: str, type_v: str,
-               flash_attn: str) -> SpeedPrediction:
-    """Decode tokens/s of ``n_gen`` tokens generated from ``depth`` cells (llama-bench's tg at depth)."""
+def _require(sh: SpeedShape, cal: Calibration, type_k: str, type_v: str, flash_attn: str, nodes: int | None) -> None:
+    """MissingCalibration naming what a prediction needs and does not have (a type, a K/V pair, the graph size)."""
     wk, ak = missing(cal, sh, type_k, type_v, flash_attn)
     if wk:
         raise MissingCalibration("weight type", wk)
     if ak:
         raise MissingCalibration("K/V cache", ak)
-    if sh.nodes_tg is None:
+    if nodes is None:
         raise MissingCalibration("graph size of", ["this model (llama.cpp's dry run did not report it)"])
+
+
+def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k: str, type_v: str,
+               flash_attn: str) -> SpeedPrediction:
+    """Decode tokens/s of ``n_gen`` tokens generated from ``depth`` cells (llama-bench's tg at depth)."""
+    _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_tg)
     mean_depth = depth + max(1, n_gen) / 2
     parts = [SpeedPart("fixed", sh.nodes_tg * cal.node_tg_s, f"{sh.nodes_tg} graph nodes x {cal.node_tg_s * 1e6:.2f} us")]
     w = sum(g.bytes * cal.matvec_s_per_byte[g.key] for g in sh.groups if not g.output)
@@ -296,13 +301,7 @@ def ubatches(n_prompt: int, n_batch: int, n_ubatch: int) -> list[int]:
 def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_batch: int, n_ubatch: int,
                type_k: str, type_v: str, flash_attn: str) -> SpeedPrediction:
     """Prefill tokens/s of a prompt of ``n_prompt`` tokens processed at ``depth`` (llama-bench's pp at depth)."""
-    wk, ak = missing(cal, sh, type_k, type_v, flash_attn)
-    if wk:
-        raise MissingCalibration("weight type", wk)
-    if ak:
-        raise MissingCalibration("K/V cache", ak)
-    if sh.nodes_pp is None:
-        raise MissingCalibration("graph size of", ["this model (llama.cpp's dry run did not report it)"])
+    _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_pp)
     kv = kv_key(type_k, type_v, flash_attn)
     fixed = stream = flops = attn = 0.0
     d = float(depth)
