@@ -162,6 +162,28 @@ def test_extra_buffers_formula_equals_a_real_load_here(tmp_path, tied, repack):
         assert check["formula"] == {}
 
 
+def test_a_get_rows_table_gets_no_extra_buffer_copy(tmp_path):
+    """Gemma 4's per-layer embedding table is read by GET_ROWS, never in a matrix product: llama.cpp keeps it out of
+    CPU_REPACK even when it is Q4_0 of a repackable shape (tests/tiny's gemma4 family, every matrix retyped Q4_0)."""
+    import json
+
+    from edgekv.orchestration.api import load_model
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.crosscheck import extra_buffer_check
+    from tests.tiny.writer import write_gguf
+
+    spec = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["families"]["gemma4"]
+    tensors = [[n, ne, "q4_0" if len([d for d in ne if d > 1]) >= 2 and ne[0] % 32 == 0 else t]
+               for n, ne, t in spec["tensors"]]
+    assert any(n == "per_layer_token_embd.weight" and t == "q4_0" and ne[1] % 8 == 0 for n, ne, t in tensors)
+    write_gguf(tmp_path / "g4.gguf", spec["arch"], spec["metadata"], tensors)
+    m = load_model(str(tmp_path / "g4.gguf"))
+    feats = runtime_baseline().cpu_features
+    check = extra_buffer_check(m, feats, use_extra_bufts=True)
+    assert check["llama"] is not None, check["note"]
+    assert check["llama"] == check["formula"] and check["same"], check
+
+
 def test_predict_engine_shows_llama_cpps_extra_buffer_figure(gemma3_path):
     r = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(gemma3_path), "-c", "1024", "-ctk", "f16",
                         "--engine"], capture_output=True, text=True, timeout=600)

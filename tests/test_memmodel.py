@@ -54,6 +54,9 @@ def test_repack_rules_follow_the_cpu_backend():
     assert repacked(T("blk.0.ffn_up.weight", (640, 2048), q4_0, 1), avx2)
     assert repacked(T("blk.0.attn_output.weight", (1024, 640), q4_k, 1), avx2)
     assert not repacked(T("blk.0.ffn_up.weight", (640, 2047), q4_0, 1), avx2)        # ne[1] % 8
+    assert not repacked(T("per_layer_token_embd.weight", (640, 2048), q4_0, 1), avx2)  # GET_ROWS, not a matmul
+    assert not repacked(T("blk.3.nextn.embed_tokens.weight", (640, 2048), q4_0, 1), avx2)
+    assert repacked(T("per_layer_model_proj.weight", (640, 2048), q4_0, 1), avx2)
     assert not repacked(T("blk.0.ffn_up.weight", (640, 2048), q5_0, 1), avx2)        # no kernel for q5_0
     assert not repacked(T("blk.0.attn_v.weight", (640, 256), q8_0, 1), avx2)         # q8_0: arm only
     assert repacked(T("blk.0.attn_v.weight", (640, 256), q8_0, 1), ["neon", "dotprod"])

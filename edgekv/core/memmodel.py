@@ -131,10 +131,29 @@ def workload_outputs(workload: str, n_batch: int, n_ubatch: int, n_seq_max: int 
 
 # -- weights ------------------------------------------------------------------------------------------
 
+# tensors llama.cpp reads by GGML_OP_GET_ROWS, a row per token, never in a matrix product (llama-arch.cpp
+# LLM_TENSOR_INFOS): the extra buffer types (CPU_REPACK, AMX) do not take them and a decoded token reads one row
+GET_ROWS_TENSORS = ("token_embd", "position_embd", "token_types", "per_layer_token_embd", "d2t", "markov_w1",
+                    "selector_predecessor", "selector_successor")
+GET_ROWS_BLOCK_TENSORS = ("attn_compressor_ape", "indexer_compressor_ape", "attn_rel_b", "ffn_gate_tid2eid",
+                          "nextn.embed_tokens")
+
+
+def is_get_rows(name: str) -> bool:
+    base = name.removesuffix(".weight").removesuffix(".bias")
+    if base in GET_ROWS_TENSORS:
+        return True
+    parts = base.split(".", 2)       # blk.N.NAME, enc.blk.N.NAME, dec.blk.N.NAME
+    if parts[0] in ("enc", "dec"):
+        parts = base.split(".", 3)[1:]
+    return len(parts) == 3 and parts[0] == "blk" and parts[2] in GET_ROWS_BLOCK_TENSORS
+
+
 def is_matrix_weight(t: Tensor) -> bool:
-    """A weight that enters a matrix product (MUL_MAT / MUL_MAT_ID): 2-D or stacked experts, not the
-    token embedding (GET_ROWS) nor norms/biases (1-D)."""
-    return len([d for d in t.shape if d > 1]) >= 2 and not t.name.startswith("token_embd")
+    """A weight that enters a matrix product (MUL_MAT / MUL_MAT_ID): 2-D or stacked experts, not a table read
+    by GET_ROWS (the token embedding, Gemma 3n/4's per-layer embeddings: :data:`GET_ROWS_TENSORS`) nor
+    norms/biases (1-D)."""
+    return len([d for d in t.shape if d > 1]) >= 2 and not is_get_rows(t.name)
 
 
 def repacked(t: Tensor, cpu_features: Iterable[str]) -> bool:
