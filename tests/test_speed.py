@@ -173,6 +173,28 @@ def test_solvers_recover_the_coefficients(monkeypatch, tmp_path):
                     "ns": [int((0.2 + S.ATTN_PP_N * units * (d + S.ATTN_PP_N / 2) * truth["attn_pp"]) * 1e9)] * 3, "graph": None})
     tg, pp = S.solve_attn(res, key)
     assert tg == pytest.approx(truth["attn_tg"], rel=1e-3) and pp == pytest.approx(truth["attn_pp"], rel=1e-3)
+    # a deeper cache measured no slower (other work hid its cost): an error, never a zero coefficient
+    flat = [{**x, "ns": [10_000_000] * 3} if x["step"].startswith("tg") else x for x in res]
+    with pytest.raises(S.CalibrationError, match="no cost for a deeper cache"):
+        S.solve_attn(flat, key)
+
+
+def test_two_processes_calibrating_keep_each_others_coefficients(monkeypatch):
+    from edgekv.orchestration import speedcal as S
+
+    monkeypatch.setattr(S, "_path", lambda t, r: S.store_path(f"test-merge-t{t}-r{int(r)}"))
+    key, fp = S._key(2, True)
+    path = S._path(2, True)
+    theirs = _cal(attn_tg_s={"q5_0/q5_0/fa=auto": 5e-10}, attn_pp_s={"q5_0/q5_0/fa=auto": 6e-10},
+                  notes=["busy: other work used 40 % of the CPUs"])
+    S.write_json(path, {"key": key, "fingerprint": fp, "calibration": theirs.to_dict()})
+    mine = _cal(attn_tg_s={"q4_0/q4_0/fa=auto": 7e-10}, attn_pp_s={"q4_0/q4_0/fa=auto": 8e-10})
+    S._merge_cached(mine, path, key)
+    assert mine.attn_tg_s == {"q4_0/q4_0/fa=auto": 7e-10, "q5_0/q5_0/fa=auto": 5e-10}
+    assert mine.notes == theirs.notes
+    other = _cal(id="another-calibration")
+    S._merge_cached(other, path, key)       # a different calibration (re-measured meanwhile): nothing taken from it
+    assert "q5_0/q5_0/fa=auto" not in other.attn_tg_s
 
 
 def _fake_results(models):
@@ -257,12 +279,34 @@ def test_predict_shows_speed_and_its_json_record(real_cal, smollm2_path, capsys)
         assert sp["tg"]["depth"] == 1024 - 512 and sp["tg"]["tokens_per_s"] > 0 and sp["pp"]["tokens_per_s"] > 0
         assert {p["name"] for p in sp["tg"]["parts"]} == {"fixed", "weights", "output head", "attention"}
         assert sp["tg"]["roofline_tokens_per_s"] > sp["tg"]["tokens_per_s"]
+        assert sp["machine"].endswith("2 threads")
     rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16", "-t", "2", *RP])
     out = capsys.readouterr().out
     assert rc == 0 and "tg t/s" in out and "t/s (predicted)" in out
     rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16", "-t", "2", "--kv-only", "--json"])
     (r,) = json.loads(capsys.readouterr().out)
     assert r["prediction"]["speed"]["error"].startswith("--kv-only")
+
+
+def test_report_of_predicted_speed(real_cal, smollm2_path, tmp_path, capsys):
+    """A predicted-only report with speed: the table, the plot, the CSV columns, and the banner that says what ran."""
+    assert main(["predict", str(smollm2_path), "-c", "1024,2048", "-ctk", "f16,q8_0", "-t", "2", *RP, "--json"]) == 0
+    preds = tmp_path / "p.json"
+    preds.write_text(capsys.readouterr().out)
+    recs = json.loads(preds.read_text())
+    assert main(["report", str(preds), "-o", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "README.md").read_text()
+    assert "No model in this report was run" in md and f"`{real_cal.id}` on " in md
+    assert "### Speed, predicted" in md and (tmp_path / "r" / "speed_predicted.png").stat().st_size > 1000
+    table = md.split("### Speed, predicted")[1].split("\n\n")[2].splitlines()
+    assert len(table) == 2 + len(recs)
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
+    for row, r in zip(sorted(rows, key=lambda x: (int(x["n_ctx"]), x["type_k"] != "f16")),
+                      sorted(recs, key=lambda x: (x["settings"]["n_ctx"], x["settings"]["type_k"] != "f16"))):
+        assert float(row["tg_ts_predicted"]) == pytest.approx(r["prediction"]["speed"]["tg"]["tokens_per_s"], rel=1e-3)
+        assert row["speed_calibration_id"] == real_cal.id
 
 
 def test_budget_with_a_speed_floor(real_cal, smollm2_path, capsys):

@@ -143,6 +143,7 @@ class Calibration:
     attn_pp_s: dict[str, float] = field(default_factory=dict)   # the same, per prompt token
     bandwidth_bytes_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    machine: str = ""                                           # the CPU and thread count it was measured on
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -31,7 +31,7 @@ from typing import Any
 from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, weight_key
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 1
+CAL_VERSION = 2           # 2: wide attention geometries calibrated over a hidden size of at most GEOMETRY_MAX_EMBD
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -41,6 +41,7 @@ ATTN_TG_DEPTHS = (640, 1664)   # both in the split-KV regime of an f16 cache (a 
 ATTN_PP_DEPTHS = (0, 1024)
 ATTN_PP_N = 256
 GEOMETRY_LAYERS = 6
+GEOMETRY_MAX_EMBD = 1024
 TG_N = 32                 # generated tokens per timed decode run (5 runs per step, the median kept)
 PP_N = 512
 MM_N = (256, 32)
@@ -155,8 +156,11 @@ def geometry_shape(geometry: str | None) -> dict[str, Any]:
     if hk != hv or h % max(1, kv) or (h * hk) % 32 or hk % 32:
         raise CalibrationError(f"no calibration model for the attention geometry {geometry} (K and V head dims must be "
                                "equal multiples of 32, the query heads a multiple of the KV heads)")
-    return {"n_embd": h * hk, "n_ff": 256, "n_layer": GEOMETRY_LAYERS, "n_head": h, "n_head_kv": kv, "head_dim": hk,
-            "mat_type": "Q8_0"}
+    # the attention reads the cache and computes per head whatever the hidden size: a wide geometry (Qwen3 8B's
+    # 32 x 128) keeps its heads over a hidden size of at most GEOMETRY_MAX_EMBD, so that filling the cache to the
+    # timed depths does not spend minutes in projections the solver subtracts anyway
+    return {"n_embd": min(h * hk, GEOMETRY_MAX_EMBD), "n_ff": 256, "n_layer": GEOMETRY_LAYERS, "n_head": h,
+            "n_head_kv": kv, "head_dim": hk, "mat_type": "Q8_0"}
 
 
 def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: bool,
@@ -231,7 +235,11 @@ def solve_attn(results: list[dict], key: str, n_threads: int = 1) -> tuple[float
     tg = (_median_s(r[f"tg{d1}"]["ns"]) - _median_s(r[f"tg{d0}"]["ns"])) / TG_N / du
     p0, p1 = ATTN_PP_DEPTHS
     pp = (_median_s(r[f"pp{p1}"]["ns"]) - _median_s(r[f"pp{p0}"]["ns"])) / ATTN_PP_N / units / (p1 - p0)
-    return max(tg, 1e-15), max(pp, 1e-15)
+    if tg <= 0 or pp <= 0:
+        # deeper attention cannot be free: other work on the machine hid its cost; never cache a zero
+        raise CalibrationError(f"the speed calibration of {key} measured no cost for a deeper cache (other work on "
+                               "the machine disturbed it): not cached; run 'edgekv calibrate' on a quiet machine")
+    return tg, pp
 
 
 def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibration, cpu_features: list[str],
@@ -355,6 +363,10 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     new = cal is None
     if cal is None:
         cal = Calibration(id=key[:12] + time.strftime("-%Y%m%d%H%M%S"), n_threads=n_threads, node_tg_s=0.0, node_pp_s=0.0)
+    if not cal.machine:     # calibrations cached before the field existed name their machine too
+        from edgekv.edges.environment import cpu_model
+
+        cal.machine = f"{cpu_model()}, {n_threads} thread{'s' if n_threads != 1 else ''}"
     want = _attn_needed(cal, pairs, list(geometries))
     if new:     # the generic model's f16: what the node and weight models' own attention costs
         want.setdefault(None, []).append(("f16", "f16", "auto"))
@@ -396,11 +408,29 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
                                "on a quiet machine ('edgekv calibrate')")
     if load.get("busy"):
         cal.notes.append(f"busy: other work used {100 * load.get('others_share_max', 0):.0f} % of the CPUs")
+    _merge_cached(cal, path, key)
     try:
         write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict()})
     except OSError as e:
         note = (note + "; " if note else "") + f"not cached ({e.strerror})"
     return SpeedCalibration(cal, True, "; ".join(x for x in (note, measured) if x))
+
+
+def _merge_cached(cal: Calibration, path, key: str) -> None:
+    """Keep what another edgekv process cached meanwhile for the same calibration (two predictions that each
+    measured a different type must not erase each other's): its coefficients this run did not measure."""
+    try:
+        c = json.loads(path.read_text())
+        other = Calibration.from_dict(c["calibration"]) if c.get("key") == key else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if other is None or other.id != cal.id:
+        return
+    for name in ("matvec_s_per_byte", "matmul_s_per_byte", "matmul_s_per_flop", "attn_tg_s", "attn_pp_s"):
+        mine = getattr(cal, name)
+        for k, v in getattr(other, name).items():
+            mine.setdefault(k, v)
+    cal.notes.extend(n for n in other.notes if n not in cal.notes)
 
 
 def cached(n_threads: int, repack: bool = True) -> Calibration | None:

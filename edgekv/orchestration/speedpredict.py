@@ -64,6 +64,8 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
         return {"calibration_id": None, "error": why_none or "no speed calibration"}
     try:
         out: dict[str, Any] = {"calibration_id": cal.id}
+        if cal.machine:
+            out["machine"] = cal.machine
         tg = None
         if x.n_prompt > 0:
             out["pp"] = predict_pp(sh, cal, x.n_depth, x.n_prompt, x.n_batch, x.n_ubatch, x.type_k, x.type_v,
