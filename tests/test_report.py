@@ -141,7 +141,7 @@ def test_results_csv_is_the_frame_through_one_mapping():
     from edgekv.records import frame as F
 
     assert [c for c, _, _ in REP.EXPORT] == list(REP.COLUMNS)
-    assert {f for _, f, _ in REP.EXPORT + REP.EXPORT_LOAD} <= set(F.COLUMNS)
+    assert {f for _, f, _ in REP.EXPORT + REP.EXPORT_LOAD + REP.EXPORT_SPEED} <= set(F.COLUMNS)
     sweep = COMMITTED_SWEEP / "sweep.jsonl"
     df = edgekv.results_frame(sweep)
     committed = list(csv.DictReader(io.StringIO((COMMITTED_SWEEP / "results.csv").read_text())))
@@ -151,7 +151,7 @@ def test_results_csv_is_the_frame_through_one_mapping():
     checked = 0
     for row in committed:
         x = by_key[tuple(row[k] or "None" for k in settings)]
-        for col, fcol, nd in REP.EXPORT:
+        for col, fcol, nd in REP.EXPORT + REP.EXPORT_SPEED:      # the committed sweep holds speed predictions
             v = _frame_value(x[fcol])
             if row[col] == "":
                 assert v is None, (col, v)
@@ -166,7 +166,8 @@ def test_results_csv_is_the_frame_through_one_mapping():
     # results.json: the same rows, exact, from the frame's rows of the typed records (no pandas in between)
     js = json.loads((COMMITTED_SWEEP / "results.json").read_text())
     recs = REP.sort_records(edgekv.load_results(sweep))
-    want = [{c: REP._r(x[f], nd) if nd is not None else x[f] for c, f, nd in REP.EXPORT} for x in F.frame_rows(recs)]
+    want = [{c: REP._r(x[f], nd) if nd is not None else x[f] for c, f, nd in REP.EXPORT + REP.EXPORT_SPEED}
+            for x in F.frame_rows(recs)]
     assert js["rows"] == json.loads(json.dumps(want))
 
 

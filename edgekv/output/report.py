@@ -88,8 +88,14 @@ EXPORT: tuple[tuple[str, str, int | None], ...] = (
 # issue 19: other processes' share of the CPUs (edgekv.edges.load); only in results.json rows of records that have it
 EXPORT_LOAD: tuple[tuple[str, str, int | None], ...] = (
     ("machine_busy", "machine_busy", None), ("others_cpu_share_pct", "others_cpu_share_pct", 1))
+# issue 26: the speed model's prediction; results.csv gains these columns only when a record holds one, so reports of
+# records without a speed prediction keep their columns
+EXPORT_SPEED: tuple[tuple[str, str, int | None], ...] = (
+    ("pp_ts_predicted", "pp_tokens_per_s_predicted", 3), ("tg_ts_predicted", "tg_tokens_per_s_predicted", 3),
+    ("tg_roofline_ts_predicted", "tg_roofline_tokens_per_s_predicted", 3),
+    ("speed_calibration_id", "speed_calibration_id", None))
 COLUMNS = tuple(c for c, _, _ in EXPORT)
-_DIGITS = {f: nd for _, f, nd in EXPORT + EXPORT_LOAD if nd is not None}
+_DIGITS = {f: nd for _, f, nd in EXPORT + EXPORT_LOAD + EXPORT_SPEED if nd is not None}
 
 
 def _r(x: Any, nd: int = 4) -> Any:
@@ -139,7 +145,13 @@ def export_row(x: dict[str, Any]) -> dict[str, Any]:
     out = {c: x[f] for c, f, _ in EXPORT}
     if x["machine_busy"] is not None:
         out.update({c: x[f] for c, f, _ in EXPORT_LOAD})
+    if x["pp_tokens_per_s_predicted"] is not None or x["tg_tokens_per_s_predicted"] is not None:
+        out.update({c: x[f] for c, f, _ in EXPORT_SPEED})
     return out
+
+
+def has_speed_prediction(rows: Sequence[dict[str, Any]]) -> bool:
+    return any(x["pp_tokens_per_s_predicted"] is not None or x["tg_tokens_per_s_predicted"] is not None for x in rows)
 
 
 def csv_rows(records: Sequence[Record | dict[str, Any]]) -> list[dict[str, Any]]:
@@ -246,9 +258,18 @@ def _env_section(records: list[Record]) -> Section:
     measured = [r for r in records if r.kind != KIND_PREDICT]
     sec = Section("Environment")
     if not measured:
-        sec.paragraphs.append("**Predicted only — nothing here was measured.** Every figure in this report comes from "
-                              "the GGUF header (edgekv's formula, and llama.cpp's own dry run where a column says so); "
-                              "no model was run and no machine was measured.")
+        cals = _calibrations(records)
+        if not cals:
+            sec.paragraphs.append("**Predicted only — nothing here was measured.** Every figure in this report comes "
+                                  "from the GGUF header (edgekv's formula, and llama.cpp's own dry run where a column "
+                                  "says so); no model was run and no machine was measured.")
+            return sec
+        sec.paragraphs.append("**Predicted only — no model here was run.** Every memory figure comes from the GGUF "
+                              "header (edgekv's formula, and llama.cpp's own dry run where a column says so). The "
+                              "speed figures are the speed model's (`edgekv/core/speed.py`): the header's shapes and "
+                              "weight types times the coefficients of one machine's speed calibration "
+                              f"({'; '.join(cals)}), which `edgekv calibrate` measured on small synthetic models "
+                              "through llama.cpp; they describe that machine only.")
         return sec
     by_machine: dict[str, list[Record]] = {}
     for r in measured:
@@ -291,6 +312,18 @@ def _env_section(records: list[Record]) -> Section:
                           + (f" on {len(labels)} machines" if len(labels) > 1 else "") + ". Each configuration ran in a "
                           "fresh process; the environment is recorded by the run itself, not typed in.")
     return sec
+
+
+def _calibrations(records: list[Record]) -> list[str]:
+    """The speed calibrations behind the records' predicted speeds: `id` (machine)."""
+    out = set()
+    for r in records:
+        p = _v(r.prediction)
+        sp = _v(p.speed) if p is not None else None
+        if sp is not None and (_v(sp.tg) is not None or _v(sp.pp) is not None):
+            m = _v(sp.machine)
+            out.add(f"`{sp.calibration_id}`" + (f" on {m}" if m else ""))
+    return sorted(out)
 
 
 def _extra_buffers(e: dict[str, Any], rs: list[Record]) -> str:
@@ -646,13 +679,13 @@ def build(records: Sequence[Record | dict[str, Any]], title: str | None = None, 
         mrecs = [recs[i] for i in idx]
         sec = _model_section(name, mrecs)
         sec.tables += _pivot_tables(mrows) + _memory_tables(mrows) + _speed_table(mrows) + _quality_table(mrows)
-        sec.tables += _explained_memory(mrecs) + _explained_speed(mrecs)
+        sec.tables += _explained_memory(mrecs) + _explained_speed(mrecs) + _predicted_speed(mrecs)
         if plots:
             from edgekv.output import plots as P
 
             slug = "" if len(names) == 1 else "-" + _slug(name)
             for fname, alt, png in P.all_plots(mrows, slug) + _explained_plot(mrecs, slug) + \
-                    _explained_speed_plots(mrecs, slug):
+                    _explained_speed_plots(mrecs, slug) + _predicted_speed_plot(mrecs, slug):
                 images[fname] = png
                 sec.images.append((fname, alt))
         sec.bullets = _problems(mrows)
@@ -689,6 +722,21 @@ def _explained_speed_plots(recs: list[Record], slug: str) -> list[tuple[str, str
     from edgekv.output.speedreport import plots
 
     return [(f"{stem}{slug}.png", alt, png) for stem, alt, png in plots(recs)]
+
+
+def _predicted_speed(recs: list[Record]) -> list[Table]:
+    """The speed model's tokens/s of records that were not run (edgekv.output.speedreport)."""
+    from edgekv.output.speedreport import predicted_table
+
+    t = predicted_table(recs)
+    return [Table(*t)] if t is not None else []
+
+
+def _predicted_speed_plot(recs: list[Record], slug: str) -> list[tuple[str, str, bytes]]:
+    from edgekv.output.speedreport import predicted_plot
+
+    png = predicted_plot(recs)
+    return [(f"speed_predicted{slug}.png", "Decode and prefill speed vs context, predicted", png)] if png else []
 
 
 def _slug(s: str) -> str:
@@ -736,11 +784,19 @@ def md_table(t: Table) -> list[str]:
     return out
 
 
+def banner(doc: Document) -> str:
+    """The first line of a predicted-only report (Markdown): what nothing in it was, and where its figures come from."""
+    if not has_speed_prediction(doc.rows):
+        return "**Predicted only.** Nothing in this report was measured: the figures are computed from GGUF metadata."
+    return ("**Predicted only.** No model in this report was run: the memory figures are computed from GGUF metadata, "
+            "the speed figures from it and a short speed calibration of one machine (`edgekv calibrate`: small "
+            "synthetic models with zero weights, run through llama.cpp).")
+
+
 def render_markdown(doc: Document) -> str:
     out = [f"# {doc.title}", ""]
     if doc.predicted_only:
-        out += ["> **Predicted only.** Nothing in this report was measured: the figures are computed from GGUF metadata.",
-                ""]
+        out += [f"> {banner(doc)}", ""]
     if doc.note:
         out += [doc.note, ""]
     for sec in doc.sections:
@@ -762,10 +818,11 @@ def render_csv(doc: Document) -> str:
     """results.csv: the frame's rows through :data:`EXPORT`."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(COLUMNS)
+    cols = COLUMNS + (tuple(c for c, _, _ in EXPORT_SPEED) if has_speed_prediction(doc.rows) else ())
+    w.writerow(cols)
     for x in doc.rows:
         r = export_row(x)
-        w.writerow(["" if r[c] is None else _csv_value(r[c]) for c in COLUMNS])
+        w.writerow(["" if r.get(c) is None else _csv_value(r[c]) for c in cols])
     return buf.getvalue()
 
 
@@ -785,7 +842,8 @@ def render_json(doc: Document) -> str:
     obj = {
         "edgekv_report": REPORT_FORMAT, "title": doc.title, "predicted_only": doc.predicted_only,
         "environments": [{"device": k, **v} for k, v in sorted(envs.items())],
-        "columns": list(COLUMNS), "rows": [export_row(x) for x in doc.rows],
+        "columns": list(COLUMNS) + ([c for c, _, _ in EXPORT_SPEED] if has_speed_prediction(doc.rows) else []),
+        "rows": [export_row(x) for x in doc.rows],
     }
     return json.dumps(obj, indent=1, sort_keys=False, ensure_ascii=False, default=str) + "\n"
 
@@ -820,8 +878,7 @@ def render_html(doc: Document) -> str:
            f"<title>{html.escape(doc.title)}</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
            f"<h1>{html.escape(doc.title)}</h1>"]
     if doc.predicted_only:
-        out.append('<p class="note"><strong>Predicted only.</strong> Nothing in this report was measured: the figures '
-                   "are computed from GGUF metadata.</p>")
+        out.append(f'<p class="note">{_inline_md(banner(doc))}</p>')
     if doc.note:
         out += [f"<p>{_inline_md(p)}</p>" for p in doc.note.split("\n\n")]
     for sec in doc.sections:
@@ -854,8 +911,8 @@ def render_html(doc: Document) -> str:
 
 # -- writing the folder ---------------------------------------------------------------------------------
 
-_PLOT_RE = re.compile(r"^(memory_vs_context|speed_vs_depth|kld|explained_memory|explained_speed|speed_model_vs_depth)"
-                      r"(-[a-z0-9-]+)?\.png$")
+_PLOT_RE = re.compile(r"^(memory_vs_context|speed_vs_depth|kld|explained_memory|explained_speed|speed_model_vs_depth"
+                      r"|speed_predicted)(-[a-z0-9-]+)?\.png$")
 
 
 def _write(path: Path, data: bytes) -> None:

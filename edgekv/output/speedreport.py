@@ -78,7 +78,11 @@ def table(recs: list[Record]) -> tuple[str, str, list[str], list[list[str]], lis
         else:
             cells.append("– (no speed prediction in this record)")
         body.append(cells)
-    intro = ("Tokens/s of each run beside edgekv's speed model (`edgekv/core/speed.py`), predicted *before* the run "
+    after = any(_v(_v(_v(r.prediction).speed).predicted_after_measurement) is not None for r in
+                (x["record"] for x in rs if x["tg_predicted"] is not None or x["pp_predicted"] is not None))
+    when = ("predicted *after* the run (added to these records later, with a calibration of that later day: see the "
+            "note at the top)" if after else "predicted *before* the run")
+    intro = (f"Tokens/s of each run beside edgekv's speed model (`edgekv/core/speed.py`), {when} "
              "from the GGUF header, llama.cpp's graph size and this machine's calibration (`edgekv calibrate`); "
              "Δ = (measured − predicted) / predicted. The roofline is the measured read bandwidth over the bytes a "
              "decoded token reads (weights + KV cache at that depth).")
@@ -132,3 +136,87 @@ def plots(recs: list[Record]) -> list[tuple[str, str, bytes]]:
     out.append(("speed_model_vs_depth", "Decode speed vs depth: measured points, predicted line, bandwidth bound",
                 _png(plt, fig)))
     return out
+
+
+def predicted_rows(recs: list[Record]) -> list[dict[str, Any]]:
+    """Predict records (no run) that hold a speed prediction: one row per configuration."""
+    from edgekv.output.inputs import KIND_PREDICT
+
+    out = []
+    for r in recs:
+        if r.kind != KIND_PREDICT or r.status != "ok":
+            continue
+        tg, pp = _pred(r, "tg"), _pred(r, "pp")
+        if tg is None and pp is None:
+            continue
+        s = r.settings
+        out.append({"n_ctx": s.n_ctx, "kv": s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}",
+                    "depth": (tg or pp).depth, "tg": tg, "pp": pp,
+                    "roofline": tg.roofline_tokens_per_s if tg is not None else None})
+    return out
+
+
+def predicted_table(recs: list[Record]) -> tuple[str, str, list[str], list[list[str]], list[str]] | None:
+    """The predicted speed of predict records: tg and pp at the depth, the decode bound, the dominant part."""
+    rs = predicted_rows(recs)
+    if not rs:
+        return None
+    tg_n = sorted({x["tg"].n_tokens for x in rs if x["tg"] is not None})
+    pp_n = sorted({x["pp"].n_tokens for x in rs if x["pp"] is not None})
+    headers = ["n_ctx", "K/V", "depth", "decode t/s" + (f" (tg{tg_n[0]})" if len(tg_n) == 1 else ""),
+               "prefill t/s" + (f" (pp{pp_n[0]})" if len(pp_n) == 1 else ""), "decode bound t/s",
+               "share of the bound", "largest part of a decoded token"]
+    body = []
+    for x in rs:
+        tg, pp, roof = x["tg"], x["pp"], x["roofline"]
+        cells = [f"{x['n_ctx']:,}", x["kv"], f"{x['depth']:,}", _ts(tg.tokens_per_s if tg else None),
+                 _ts(pp.tokens_per_s if pp else None), _ts(roof),
+                 f"{100 * tg.tokens_per_s / roof:.0f} %" if tg is not None and roof else "–"]
+        if tg is not None and tg.parts:
+            top = max(tg.parts, key=lambda p: p.s_per_token)
+            cells.append(f"{top.name} ({100 * top.s_per_token / tg.s_per_token:.0f} %)")
+        else:
+            cells.append("–")
+        body.append(cells)
+    intro = ("Tokens/s **predicted** by edgekv's speed model (`edgekv/core/speed.py`) for llama-bench's tests at depth "
+             "= the context minus the prompt: the GGUF header's shapes and weight types times the coefficients of "
+             "the speed calibration named under Environment (graph nodes, matrix throughput per weight type, "
+             "attention per K/V type and head geometry, measured through llama.cpp on synthetic models). Nothing "
+             "here was run. The decode bound is the calibration's measured read bandwidth over the bytes a decoded "
+             "token reads (weights + KV cache at that depth). On other hardware every coefficient changes: run "
+             "`edgekv predict` there (it calibrates that machine first), or `edgekv bench` to measure.")
+    return "Speed, predicted", intro, headers, body, ["r", "l"] + ["r"] * (len(headers) - 2)
+
+
+def _ts(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
+def predicted_plot(recs: list[Record]) -> bytes | None:
+    """Predicted decode and prefill tokens/s against the context (depth), one line per K/V type, with the bound."""
+    rs = predicted_rows(recs)
+    if len({x["n_ctx"] for x in rs}) < 2:
+        return None
+    from edgekv.output.plots import _fig, _png
+
+    plt, fig, axes = _fig(2)
+    for ax, test in zip(axes, ("tg", "pp")):
+        for kv in dict.fromkeys(x["kv"] for x in rs):
+            sub = sorted((x for x in rs if x["kv"] == kv and x[test] is not None), key=lambda x: x["n_ctx"])
+            if not sub:
+                continue
+            line = ax.plot([x["n_ctx"] for x in sub], [x[test].tokens_per_s for x in sub], marker="o",
+                           label=f"{kv} predicted")[0]
+            roof = [(x["n_ctx"], x["roofline"]) for x in sub if test == "tg" and x["roofline"]]
+            if roof:
+                ax.plot([d for d, _ in roof], [v for _, v in roof], color=line.get_color(), linestyle=":",
+                        linewidth=1, label=f"{kv} bandwidth bound")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context (depth = context − prompt)")
+        ax.set_ylabel(("decode" if test == "tg" else "prefill") + " tokens/s, predicted")
+        ax.set_title(("Decode" if test == "tg" else "Prefill") + " speed vs context (predicted)")
+        ax.legend(fontsize=6, ncol=2)
+    return _png(plt, fig)

@@ -52,6 +52,9 @@ COLUMNS = (
     "tg_tokens_per_s_ci95_high", "tg_tokens_per_s_cv", "tg_n_samples", "tg_unstable",
     "pp_tokens_per_s_llamabench", "tg_tokens_per_s_llamabench",
     "wall_s_measured",
+    # speed, predicted before the run (edgekv.core.speed; schema 3): llama-bench's pp and tg at the record's depth
+    "pp_tokens_per_s_predicted", "tg_tokens_per_s_predicted", "tg_roofline_tokens_per_s_predicted",
+    "speed_calibration_id",
     # other work on the machine during the run (edgekv bench), measured
     "machine_busy", "others_cpu_share_pct",
     # quality, measured against the f16 cache
@@ -207,10 +210,24 @@ def _speed(rec: Record) -> dict[str, Any]:
             f"{test}_unstable": t.unstable if t is not None else None,
             f"{test}_tokens_per_s_llamabench": _v(t.llama_bench_avg_ts) if t is not None else None,
         })
+    out.update(_speed_predicted(rec))
     load = _v(rec.load)
     out["wall_s_measured"] = rec.timing.wall_s if _v(rec.timing) is not None else None
     out["machine_busy"] = load.busy if load is not None else None
     out["others_cpu_share_pct"] = 100.0 * load.others_share_max if load is not None else None
+    return out
+
+
+def _speed_predicted(rec: Record) -> dict[str, Any]:
+    """The speed model's tokens/s for the record's tests and the decode bound (predicted; None: not predicted)."""
+    p = _v(rec.prediction)
+    sp = _v(p.speed) if p is not None else None
+    out: dict[str, Any] = {"speed_calibration_id": sp.calibration_id if sp is not None else None}
+    for test in ("pp", "tg"):
+        t = _v(getattr(sp, test)) if sp is not None else None
+        out[f"{test}_tokens_per_s_predicted"] = t.tokens_per_s if t is not None else None
+        if test == "tg":
+            out["tg_roofline_tokens_per_s_predicted"] = t.roofline_tokens_per_s if t is not None else None
     return out
 
 

@@ -304,8 +304,10 @@ class SpeedPrediction(_Block, kw_only=True):
     pp: _d(Union[SpeedTestPrediction, None, UnsetType], "prompt processing") = UNSET
     tg: _d(Union[SpeedTestPrediction, None, UnsetType], "generation") = UNSET
     calibration_id: _d(OptStr, "the calibration used")
+    machine: _d(Union[str, None, UnsetType], "the CPU and thread count the calibration was measured on") = UNSET
     error: _d(Union[str, None, UnsetType], "why no speed was predicted (a type the calibration lacks, ...)") = UNSET
     explain: _d(Union[str, None, UnsetType], "the part that dominates, and the roofline share") = UNSET
+    predicted_after_measurement: _d(Union[PredictedAfter, UnsetType], "added later by edgekv") = UNSET
 
 
 class Prediction(_Block, kw_only=True):
