@@ -1,12 +1,15 @@
-"""Add the whole-process prediction to the committed measured reports and render them again.
+"""Add the whole-process and speed predictions to the committed measured reports and render them again.
 
 The sweeps behind reports/smollm2-135m/ and reports/gemma3-270m/ were measured before edgekv predicted
 the whole process (schema 1).  They hold everything the process model needs -- the model (sha256), the
 settings of every run (context, cache types, -b/-ub, threads, prompt, generated tokens, depth) -- so the
 prediction can be made for exactly those runs without measuring them again.  It is made *now*, after
 the measurement, and every record says so (``prediction.process.predicted_after_measurement``: when and
-by which edgekv); the report's explained-memory section says so too.  A fresh sweep
-(``bench/publish_reports.py``) predicts before it measures.
+by which edgekv); the report's explained-memory section says so too.  The speed prediction (issue 26,
+``prediction.speed``) is made the same way, from this machine's speed calibration of today (measured first
+if it is not cached): a measurement of another day on the same machine class, so its residuals carry that
+day's difference too, and the note says so.  A fresh sweep (``bench/publish_reports.py``) predicts before it
+measures.
 
     .venv/bin/python bench/explain_reports.py            # both reports
     .venv/bin/python bench/explain_reports.py --models smollm2-135m
@@ -32,7 +35,8 @@ from edgekv.edges.home import verified_sha256  # noqa: E402
 from edgekv.orchestration.api import load_model  # noqa: E402
 from edgekv.orchestration.calibrate import runtime_baseline  # noqa: E402
 from edgekv.orchestration.procpredict import ProcessSettings, predict_processes  # noqa: E402
-from edgekv.orchestration.sweep import attach_process  # noqa: E402
+from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block  # noqa: E402
+from edgekv.orchestration.sweep import attach_process, attach_speed  # noqa: E402
 from edgekv.records import results as R  # noqa: E402
 
 MODELS = ("smollm2-135m", "gemma3-270m")
@@ -52,6 +56,7 @@ def explain(name: str) -> int:
     baseline = runtime_baseline()
     stamp = {"edgekv": __version__, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     n = 0
+    speed: list = []
     with EngineSession(m.ref.path, header=m.header) as eng:
         for r in recs:
             if r.get("status") != "ok":
@@ -67,20 +72,56 @@ def explain(name: str) -> int:
             proc = predict_processes(m, [params], st, baseline, eng)[0]
             if proc is None:
                 continue
+            speed.append((r, SpeedInputs.from_settings(s)))
             proc.notes.append("predicted after the measurement (bench/explain_reports.py)")
             r["prediction"]["process"] = None
             attach_process(r, proc)
             r["prediction"]["process"]["predicted_after_measurement"] = stamp
             n += 1
+        graph = eng.graph
+    n_speed, cal_id = attach_speeds(m, speed, baseline.cpu_features, graph, stamp)
     R.write_all(sweep, recs)
     md = (d / "README.md").read_text().split("\n")
     title, note = md[0].removeprefix("# "), md[2]
     if AFTER_NOTE not in note:
         note = f"{note} {AFTER_NOTE}"
+    note = note.split(" " + SPEED_NOTE_HEAD)[0]
+    if n_speed:
+        note += f" {SPEED_NOTE_HEAD} {stamp['time_utc'][:10]} (calibration `{cal_id}`), after these runs, which were " \
+                f"measured on {_measured_on(recs)}: the residuals include the difference between those days on this " \
+                "shared VM, not only the model's error."
     subprocess.run([sys.executable, "-m", "edgekv.cli", "report", str(sweep), "-o", str(d), "--title", title,
                     "--note", note, "--json"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    print(f"{name}: {n} records predicted, report rendered in {d}")
+    print(f"{name}: {n} records predicted ({n_speed} with speed), report rendered in {d}")
     return n
+
+
+SPEED_NOTE_HEAD = "The speed prediction in the explained-speed section was made with this machine's speed calibration of"
+
+
+def _measured_on(recs: list[dict]) -> str:
+    days = sorted({(r.get("environment") or {}).get("time_utc", "")[:10] for r in recs} - {""})
+    return " and ".join(days) or "an earlier day"
+
+
+def attach_speeds(m, cases: list, cpu_features: list[str], graph, stamp: dict) -> tuple[int, str | None]:
+    """``prediction.speed`` for each (record, SpeedInputs), marked as predicted after the measurement."""
+    n, cal_id = 0, None
+    for repack in sorted({x.repack for _r, x in cases}):
+        group = [(r, x) for r, x in cases if x.repack == repack]
+        sh = model_speed_shape(m, cpu_features, repack, graph)
+        cal, why = calibration_for(sh, [x for _r, x in group], cpu_features,
+                                   progress=lambda step: print(f"  calibrating: {step}", flush=True))
+        if cal is None:
+            print(f"  no speed prediction: {why}")
+            continue
+        cal_id = cal.id
+        for r, x in group:
+            block = speed_block(sh, cal, x)
+            block["predicted_after_measurement"] = stamp
+            attach_speed(r, block)
+            n += "error" not in block
+    return n, cal_id
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,7 +103,8 @@ a 1,024-cell window. `predictions.json` is `edgekv predict gemma-4-E4B-shape.ggu
 -ctk f16,q8_0,q5_0,q4_0 --json` (llama.cpp's defaults: flash attention auto, `--swa-full` off, 1 sequence). \
 It reproduces the published figures: **104 / 296 / 552 MiB with f16 and 29.25 / 83.25 / 155.25 MiB with q4_0 \
 at 4K / 16K / 32K**. The header carries the full tensor table llama.cpp asks for (discovered with \
-`bench/shape_headers.py`; every matrix typed Q4_0, an assumption that only changes the weights figure), so \
+`bench/shape_headers.py`; every matrix typed Q4_0, an assumption that changes the weights figure and the \
+predicted speed, never the KV), so \
 `predictions.json` has llama.cpp's own dry-run figures beside the formula's. With the real file, \
 `edgekv predict gemma4-e4b --engine` reads its header over HTTP and asks llama.cpp too."""
 
@@ -142,6 +143,39 @@ def engine_summary(recs: list, fname: str) -> str:
             f"MiB as llama.cpp printed them: " + "; ".join(parts) + ". Every KV figure equals the formula's.")
 
 
+def speed_summary(recs: list) -> str:
+    """One paragraph on the predicted speed: which machine's calibration, a few figures, what other hardware changes."""
+    def at(n_ctx: int, t: str):
+        for r in recs:
+            if r.settings.n_ctx == n_ctx and r.settings.type_k == t:
+                sp = r.prediction.speed
+                return sp if sp is not None and sp.tg is not None else None
+        return None
+
+    sps = [r.prediction.speed for r in recs if r.prediction.speed is not None and r.prediction.speed.tg is not None]
+    if not sps:
+        why = {r.prediction.speed.error for r in recs if r.prediction.speed is not None} - {None}
+        return "\n\n**Speed**: not predicted (" + ("; ".join(sorted(why)) or "no calibration") + ")."
+    ctxs = sorted({r.settings.n_ctx for r in recs})
+    figs = []
+    for n in (ctxs[0], 32768):
+        for t in ("f16", "q4_0"):
+            sp = at(n, t)
+            if sp is not None:
+                figs.append(f"{n} {t}: tg {sp.tg.tokens_per_s:.2f} t/s ({sp.tg.tokens_per_s / sp.tg.roofline_tokens_per_s:.0%}"
+                            f" of the bandwidth bound), pp {sp.pp.tokens_per_s:.2f} t/s")
+    return (f"\n\n**Speed, predicted for one machine** (`edgekv/core/speed.py`; calibration `{sps[0].calibration_id}` on "
+            f"{sps[0].machine}, measured by `edgekv predict` through the vendored llama.cpp's CPU backend on synthetic "
+            "zero-weight models, then applied to this header's shapes and weight types): llama-bench's tg128 and pp512 "
+            "at depth = context − 512. " + "; ".join(figs) + ". Nothing was run on the model itself. **On other "
+            "hardware every coefficient changes**: decode of the weights follows the machine's read bandwidth (the "
+            "bound column), prefill its matrix throughput for these weight types (and whether llama.cpp repacks them, "
+            "or uses AMX), attention at depth its cost per K/V type (quantized caches are much slower than f16 on CPU), "
+            "all scaled by the thread count; with layers offloaded to a GPU (`-ngl`) none of this CPU calibration "
+            "applies (the CUDA and Metal forms in the README are unverified). Run `edgekv predict` on the target "
+            "machine: it calibrates that machine first.")
+
+
 def records(text: str, where: str) -> list:
     """``edgekv predict --json`` output as typed records (strictly decoded: a wrong shape is one error line)."""
     from edgekv.records.results import as_record
@@ -154,7 +188,24 @@ def edgekv(*args: str) -> str:
                           text=True).stdout
 
 
-def main(out_root: Path = ROOT / "reports") -> int:
+def committed_speed(preds: str, committed: Path) -> str:
+    """``preds`` (predict --json) with each record's ``prediction.speed`` taken from the committed predictions.json
+    (same context and cache types): the speed figures are one machine's (its calibration), everything else must be remade
+    identically anywhere, which is what tests/test_published_reports.py checks."""
+    def key(r: dict) -> tuple:
+        s = r["settings"]
+        return s["n_ctx"], s["type_k"], s["type_v"]
+
+    speed = {key(r): r["prediction"].get("speed") for r in json.loads(committed.read_text())}
+    recs = json.loads(preds)
+    for r in recs:
+        r["prediction"]["speed"] = speed.get(key(r))
+    return json.dumps(recs, indent=1) + "\n"
+
+
+def main(out_root: Path = ROOT / "reports", speed_from: Path | None = None) -> int:
+    """Write both reports under ``out_root``; ``speed_from`` (the committed reports folder): reuse its speed
+    predictions instead of this machine's."""
     from edgekv.core.predict import llama_mib
 
     failures = 0
@@ -165,6 +216,8 @@ def main(out_root: Path = ROOT / "reports") -> int:
         write_header(header, types(discover_tensors(family, arch, meta())))
         rel = header.relative_to(ROOT) if header.is_relative_to(ROOT) else header
         preds = edgekv("predict", str(rel), "-c", ctxs, "-ctk", TYPES, "--engine", "--json")
+        if speed_from is not None:
+            preds = committed_speed(preds, speed_from / name / "predictions.json")
         (d / "predictions.json").write_text(preds)
         recs = records(preds, str(d / "predictions.json"))
         got = {(r.settings.n_ctx, r.settings.type_k): llama_mib(r.prediction.formula.kv_bytes) for r in recs}
@@ -177,7 +230,7 @@ def main(out_root: Path = ROOT / "reports") -> int:
         failures += len(bad)
         print(f"{name}: llama.cpp's dry run agrees with the formula on {len(recs) - len(bad)}/{len(recs)} records; "
               f"weights {recs[0].model.size_bytes:,} bytes")
-        note = note + engine_summary(recs, fname)
+        note = note + engine_summary(recs, fname) + speed_summary(recs)
         rel_preds = (d / "predictions.json").relative_to(ROOT) if d.is_relative_to(ROOT) else d / "predictions.json"
         edgekv("report", str(rel_preds), "-o", str(d), "--title", title, "--note", note)
         print(f"{name}: report in {d}")
