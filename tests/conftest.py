@@ -50,13 +50,16 @@ def make_home(root: Path) -> Path:
     return root
 
 
+# Nothing of the developer's edgekv or huggingface-hub settings reaches a test (EDGEKV_DEBUG=1 would turn every
+# one-line error into a traceback, HF_TOKEN or HF_ENDPOINT would change what the hub tests see); tests set what
+# they need with monkeypatch, which restores this scrubbed environment after each.
+for _name in [k for k in os.environ if k.startswith(("EDGEKV_", "HF_", "HUGGINGFACE_"))]:
+    del os.environ[_name]
 # Never the developer's home, even while test modules are imported (before pytest_configure, for edgekv imported
 # by a plugin); huggingface-hub's state (its cache, token, telemetry files) likewise: it reads HF_HOME when first
 # imported.
 os.environ["EDGEKV_HOME"] = str(SESSION_DIR / "import-home")
 os.environ["HF_HOME"] = str(SESSION_DIR / "hf-home")
-os.environ.pop("HF_HUB_CACHE", None)
-os.environ.pop("HF_HUB_OFFLINE", None)
 # predict and bench use the speed calibration only when cached: the suite's homes would otherwise each spend a
 # minute calibrating (tests/test_speed.py calibrates for real, once, in the shared calibration folder)
 os.environ["EDGEKV_SPEED_CALIBRATE"] = "cached"

@@ -41,14 +41,25 @@ def test_writes_behind_edgekvs_back():
 '''
 
 
-def _inner_run(tmp_path: Path, with_conftest: bool, inner: str = INNER) -> tuple[Path, subprocess.CompletedProcess]:
+# the developer's own settings (a traceback instead of one-line errors, another hub) never reach a test
+INNER_ENV = '''
+import os
+
+def test_sees_no_developer_settings():
+    leaked = sorted(k for k in os.environ if k in ("EDGEKV_DEBUG", "EDGEKV_SPEED_CALIBRATE_X", "HF_TOKEN", "HF_ENDPOINT"))
+    assert leaked == [], leaked
+'''
+
+
+def _inner_run(tmp_path: Path, with_conftest: bool, inner: str = INNER,
+               extra_env: dict[str, str] | None = None) -> tuple[Path, subprocess.CompletedProcess]:
     dev_home = tmp_path / f"developer-home-{with_conftest}"
     dev_home.mkdir()
     d = tmp_path / f"inner-{with_conftest}"
     d.mkdir()
     (d / "test_inner.py").write_text(inner)
     env = {**os.environ, "EDGEKV_HOME": str(dev_home), "STAND_IN_HOME": str(dev_home),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), **(extra_env or {})}
     plugin = ["-p", "tests.conftest"] if with_conftest else []
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "--rootdir", str(d),
                         "-c", os.devnull, str(d / "test_inner.py")], cwd=d, env=env, capture_output=True, text=True,
@@ -66,6 +77,13 @@ def test_without_the_fixture_the_inner_test_does_write_there(tmp_path):
     dev_home, r = _inner_run(tmp_path, with_conftest=False)
     assert r.returncode == 0, r.stdout + r.stderr
     assert {"runs", "x.jsonl", "child", "sha256"} <= {p.name for p in dev_home.rglob("*")}
+
+
+@pytest.mark.parametrize("with_conftest", [True, False])
+def test_the_developers_settings_are_scrubbed(tmp_path, with_conftest):
+    dev = {"EDGEKV_DEBUG": "1", "EDGEKV_SPEED_CALIBRATE_X": "1", "HF_TOKEN": "hf_x", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    _home, r = _inner_run(tmp_path, with_conftest, INNER_ENV, dev)
+    assert r.returncode == (0 if with_conftest else 1), r.stdout + r.stderr
 
 
 def test_a_write_into_the_developers_home_fails_the_run(tmp_path):
