@@ -52,8 +52,9 @@ def make_home(root: Path) -> Path:
 
 # Nothing of the developer's edgekv or huggingface-hub settings reaches a test (EDGEKV_DEBUG=1 would turn every
 # one-line error into a traceback, HF_TOKEN or HF_ENDPOINT would change what the hub tests see); tests set what
-# they need with monkeypatch, which restores this scrubbed environment after each.
-for _name in [k for k in os.environ if k.startswith(("EDGEKV_", "HF_", "HUGGINGFACE_"))]:
+# they need with monkeypatch, which restores this scrubbed environment after each.  Kept: where the developer's own
+# llama.cpp tools are (bench/llama_tools.py), a choice of binaries, not of behaviour.
+for _name in [k for k in os.environ if k.startswith(("EDGEKV_", "HF_", "HUGGINGFACE_")) and k != "EDGEKV_LLAMA_CPP_BIN"]:
     del os.environ[_name]
 # Never the developer's home, even while test modules are imported (before pytest_configure, for edgekv imported
 # by a plugin); huggingface-hub's state (its cache, token, telemetry files) likewise: it reads HF_HOME when first
