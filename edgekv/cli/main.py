@@ -377,8 +377,8 @@ def calibrate(
                                                                 "CPUs (marked busy) instead of refusing it."),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Measure this machine's speed coefficients for the speed model (about a minute; cached per environment,
-    thread count and --repack; predict and bench use them)."""
+    """Measure this machine's speed coefficients for the speed model (about a minute, several for a model with wide
+    attention heads; cached per environment, thread count and --repack; predict and bench use them)."""
     from edgekv.edges.environment import default_threads
     from edgekv.orchestration.calibrate import runtime_baseline
     from edgekv.orchestration.speedcal import CalibrationError

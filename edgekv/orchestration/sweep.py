@@ -609,7 +609,8 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
         def progress(step: str, started: list[str] = []) -> None:  # noqa: B006 - one list per group, on purpose
             if not started:       # the first measurement: say why the plan is a minute away
                 emit("note", {"message": "calibrating this machine's speed for the speed model (once per environment, "
-                                         "thread count and --repack; about a minute; 'edgekv calibrate' re-measures)"})
+                                         "thread count and --repack; about a minute, several for wide attention heads; "
+                                         "'edgekv calibrate' re-measures)"})
                 started.append(step)
             emit("calibrate", {"step": step})
 
