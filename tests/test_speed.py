@@ -179,10 +179,10 @@ def test_solvers_recover_the_coefficients(monkeypatch, tmp_path):
         S.solve_attn(flat, key)
 
 
-def test_two_processes_calibrating_keep_each_others_coefficients(monkeypatch):
+def test_two_processes_calibrating_keep_each_others_coefficients(monkeypatch, tmp_path):
     from edgekv.orchestration import speedcal as S
 
-    monkeypatch.setattr(S, "_path", lambda t, r: S.store_path(f"test-merge-t{t}-r{int(r)}"))
+    monkeypatch.setattr(S, "_path", lambda t, r: tmp_path / f"test-merge-t{t}-r{int(r)}.json")
     key, fp = S._key(2, True)
     path = S._path(2, True)
     theirs = _cal(attn_tg_s={"q5_0/q5_0/fa=auto": 5e-10}, attn_pp_s={"q5_0/q5_0/fa=auto": 6e-10},
@@ -212,13 +212,15 @@ def _fake_results(models):
     return out
 
 
-def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch):
+def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
     from edgekv.edges import load as L
     from edgekv.orchestration import speedcal as S
 
     monkeypatch.setattr(L.LoadMonitor, "start", lambda self: None)
     monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": True, "others_share_max": 0.6})
-    monkeypatch.setattr(S, "_path", lambda t, r: S.store_path(f"test-speed-t{t}-r{int(r)}"))
+    # its own file, not the shared calibration folder (kept between sessions: a calibration cached by an earlier
+    # run would be found and nothing measured)
+    monkeypatch.setattr(S, "_path", lambda t, r: tmp_path / f"test-speed-t{t}-r{int(r)}.json")
     monkeypatch.setattr(S, "_run", lambda models, progress, timeout=600.0: _fake_results(models))
     with pytest.raises(S.CalibrationError, match="60 % of the CPUs: not cached"):
         S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"])
