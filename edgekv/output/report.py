@@ -145,13 +145,17 @@ def export_row(x: dict[str, Any]) -> dict[str, Any]:
     out = {c: x[f] for c, f, _ in EXPORT}
     if x["machine_busy"] is not None:
         out.update({c: x[f] for c, f, _ in EXPORT_LOAD})
-    if x["pp_tokens_per_s_predicted"] is not None or x["tg_tokens_per_s_predicted"] is not None:
+    if _row_has_speed(x):
         out.update({c: x[f] for c, f, _ in EXPORT_SPEED})
     return out
 
 
+def _row_has_speed(x: dict[str, Any]) -> bool:
+    return x["pp_tokens_per_s_predicted"] is not None or x["tg_tokens_per_s_predicted"] is not None
+
+
 def has_speed_prediction(rows: Sequence[dict[str, Any]]) -> bool:
-    return any(x["pp_tokens_per_s_predicted"] is not None or x["tg_tokens_per_s_predicted"] is not None for x in rows)
+    return any(_row_has_speed(x) for x in rows)
 
 
 def csv_rows(records: Sequence[Record | dict[str, Any]]) -> list[dict[str, Any]]:

@@ -18,9 +18,14 @@ PART_ORDER = ("fixed", "weights", "output head", "attention")
 COLORS = {"fixed": "#8c8c8c", "weights": "#4c72b0", "output head": "#c44e52", "attention": "#dd8452"}
 
 
+def _kv(r: Record) -> str:
+    s = r.settings
+    return s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}"
+
+
 def _label(r: Record) -> str:
     s = r.settings
-    kv = s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}"
+    kv = _kv(r)
     extra = [f"-ub {s.n_ubatch}"] if s.n_ubatch not in (None, 512) else []
     return f"d{s.n_depth} {kv}" + (f" ({', '.join(extra)})" if extra else "") + f" t{s.n_threads}"
 
@@ -149,8 +154,7 @@ def predicted_rows(recs: list[Record]) -> list[dict[str, Any]]:
         tg, pp = _pred(r, "tg"), _pred(r, "pp")
         if tg is None and pp is None:
             continue
-        s = r.settings
-        out.append({"n_ctx": s.n_ctx, "kv": s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}",
+        out.append({"n_ctx": r.settings.n_ctx, "kv": _kv(r),
                     "depth": (tg or pp).depth, "tg": tg, "pp": pp,
                     "roofline": tg.roofline_tokens_per_s if tg is not None else None})
     return out
