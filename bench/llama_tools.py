@@ -1,4 +1,4 @@
-"""Build llama.cpp's own tools (llama-bench, llama-perplexity) from the exact tree edgekv runs.
+"""Build llama.cpp's own tools (llama-bench, llama-perplexity, llama-batched-bench, llama-server) from the exact tree edgekv runs.
 
 llama-cpp-python vendors llama.cpp; comparing edgekv with llama-bench or llama-perplexity is only
 fair when both come from the same source.  This downloads the llama-cpp-python sdist that matches
@@ -62,8 +62,10 @@ def tool(name: str) -> Path:
     if exe.is_file():
         return exe
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    # llama-server without its web UI: the prebuilt UI would be downloaded from the Hugging Face hub at build time,
+    # and edgekv only talks to the server's HTTP API.
     _run(["cmake", "-S", str(tree), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-          "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF"])
+          "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF"])
     _run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", name])
     return exe
 

@@ -356,6 +356,119 @@ class _Runner:
         self.L.llama_batch_free(self.gen_batch)
 
 
+class _SeqBatch:
+    """A llama_batch of tokens spread over sequences, filled before the clock starts (llama-batched-bench's
+    ``common_batch``): ``add`` appends one token of one sequence, ``decode`` runs it."""
+
+    def __init__(self, L, ctx, capacity: int, n_seq: int):
+        self.L, self.ctx = L, ctx
+        self.b = L.llama_batch_init(capacity, 0, n_seq)
+        self.b.n_tokens = 0
+
+    def clear(self) -> None:
+        self.b.n_tokens = 0
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> None:
+        b, i = self.b, self.b.n_tokens
+        b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, int(logits)
+        b.seq_id[i][0] = seq
+        b.n_tokens = i + 1
+
+    def decode(self, what: str) -> None:
+        rc = self.L.llama_decode(self.ctx, self.b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc} while {what}" + (" (the KV cache is full)" if rc == 1 else ""))
+
+    def free(self) -> None:
+        self.L.llama_batch_free(self.b)
+
+
+def _batched_prompt(L, ctx, rng: random.Random, n_vocab: int, n_seq: int, n_prompt: int, n_batch: int) -> list[_SeqBatch]:
+    """llama-batched-bench's prompt: ``n_seq`` sequences of ``n_prompt`` random tokens (positions 0..p-1, logits for
+    each sequence's last token), cut into batches of at most ``n_batch`` tokens."""
+    out: list[_SeqBatch] = []
+    left = n_seq * n_prompt
+    for j in range(n_seq):
+        for i in range(n_prompt):
+            if not out or out[-1].b.n_tokens == n_batch:
+                out.append(_SeqBatch(L, ctx, min(n_batch, left), n_seq))
+            out[-1].add(rng.randrange(n_vocab), i, j, i == n_prompt - 1)
+            left -= 1
+    return out
+
+
+# long: llama-batched-bench's loop (tools/batched-bench/batched-bench.cpp) with edgekv's phases and memory events
+def _batched_run(L, ctx, model, runner, s, ev, base, effective, checkpoints, timing, devmem, t_begin) -> None:
+    """``-npl N``: each repetition clears the cache, decodes N prompts of ``-p`` tokens in one go (timed: aggregate
+    prefill = N·p / t) and then ``-n`` steps of one token for each sequence (timed: aggregate decode = N·n / t), as
+    llama-batched-bench does with its default ``is_pp_shared = 0, is_tg_separate = 0``."""
+    n_seq, p, n, reps = int(s["n_parallel"]), s["n_prompt"], s["n_gen"], s["repetitions"]
+    mem = L.llama_get_memory(ctx)
+    rng, n_vocab, n_batch = runner.rng, runner.n_vocab, effective["n_batch"]
+    step = _SeqBatch(L, ctx, n_seq, n_seq)
+    ns: dict[str, list[int]] = {"pp": [], "tg": []}
+    try:
+        for r in range(reps + (1 if s["warmup"] else 0)):
+            warm = s["warmup"] and r == 0
+            rep = r if s["warmup"] else r + 1
+            if warm:
+                ev.emit("phase", phase="warmup")
+            L.llama_memory_clear(mem, False)
+            prompt = _batched_prompt(L, ctx, rng, n_vocab, n_seq, p, n_batch) if p > 0 else []
+            toks = [[rng.randrange(n_vocab) for _ in range(n_seq)] for _ in range(1 if warm else n)]
+            if not warm:
+                ev.emit("phase", phase="pp", rep=rep, reps=reps, timed=True)
+            t0 = time.perf_counter_ns()
+            for b in prompt:
+                b.decode("processing the prompts")
+            L.llama_synchronize(ctx)
+            t_pp = time.perf_counter_ns() - t0
+            for b in prompt:
+                b.free()
+            if not warm:
+                ev.emit("mem", **self_memory())
+                ev.emit("phase", phase="tg", rep=rep, reps=reps, timed=True)
+            t0 = time.perf_counter_ns()
+            for i, row in enumerate(toks):
+                step.clear()
+                for j, tok in enumerate(row):
+                    step.add(tok, p + i, j, True)
+                step.decode("generating")
+                L.llama_synchronize(ctx)
+            t_tg = time.perf_counter_ns() - t0
+            if warm:
+                timing["warmup_s"] = (t_pp + t_tg) / 1e9
+                continue
+            ev.emit("mem", **self_memory())
+            ns["pp"].append(t_pp)
+            ns["tg"].append(t_tg)
+    except RuntimeError as e:
+        ev.result({**base, "status": "failed", "reason": str(e), "checkpoints": checkpoints, "timing": timing,
+                   "effective": effective})
+        return
+    finally:
+        step.free()
+        runner.close()
+    checkpoints["end"] = _mem()
+    checkpoints["end"]["gpu_used"] = devmem.used()
+    samples = {}
+    for test, per_seq in (("pp", p), ("tg", n)):
+        if per_seq > 0:
+            total = n_seq * per_seq
+            timing[f"{test}_s"] = sum(ns[test]) / 1e9
+            samples[test] = {"n_tokens": total, "samples_ns": ns[test], "samples_ts": [total * 1e9 / x for x in ns[test]]}
+    timing["fill_s"] = 0.0
+    timing["child_total_s"] = time.perf_counter() - t_begin
+    timing["timed_s"] = sum(sum(v["samples_ns"]) for v in samples.values()) / 1e9
+    if n > 0:      # what each sequence sees: its own decode rate while the others decode beside it
+        samples["tg_seq"] = {"n_tokens": n, "samples_ns": ns["tg"], "samples_ts": [n * 1e9 / x for x in ns["tg"]]}
+    ev.result({**base, "status": "ok", "effective": effective, "checkpoints": checkpoints, "timing": timing,
+               "samples": samples, "restore": "clear", "snapshot_bytes": None, "n_vocab": n_vocab,
+               "add_bos": runner.add_bos})
+    L.llama_free(ctx)
+    L.llama_model_free(model)
+
+
 # long: one measured run in order (load, context, warm-up, timed tests, memory) whose timing marks bracket each step
 def bench(payload: dict, ev: EventWriter) -> None:
     t_begin = time.perf_counter()
@@ -428,6 +541,8 @@ def bench(payload: dict, ev: EventWriter) -> None:
     mem = L.llama_get_memory(ctx)
     p, n, d, reps = s["n_prompt"], s["n_gen"], s["n_depth"], s["repetitions"]
     samples: dict[str, Any] = {}
+    if s.get("n_parallel"):
+        return _batched_run(L, ctx, model, runner, s, ev, base, effective, checkpoints, timing, devmem, t_begin)
     restore = payload.get("restore", "snapshot")
     snapshot_bytes = None
     state_path: str | None = None

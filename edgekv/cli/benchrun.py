@@ -54,6 +54,9 @@ def case_line(i: int, n: int, rec: dict[str, Any], wall_s: float, elapsed_s: flo
         if r:
             p = (psp.get(t) or {}).get("tokens_per_s")
             parts.append(r + (f" (predicted {p:.1f})" if p else ""))
+    seq = (sp.get("tg_seq") or {}).get("mean_ts")
+    if seq is not None:
+        parts.append(f"{seq:.1f} t/s per sequence ({rec['settings']['n_parallel']} at once)")
     mem = rec.get("memory") or {}
     if mem.get("peak_rss_bytes"):
         pp = (pred.get("process") or {}).get("peak_rss_bytes")
@@ -156,7 +159,7 @@ class BenchMonitor:
                                              "repetitions": self.spec.repetitions}
         for line in plan_lines(data["total"], self.contexts, types, s0, total, basis, data["output"],
                                data["existing"], self.full_hint, repack=self.spec.repack,
-                               unfit=data.get("unfit"), depths=self.spec.depths):
+                               unfit=data.get("unfit"), depths=self.spec.depths, n_parallel=self.spec.n_parallel):
             self._print(line)
         w = Window()
         time.sleep(0.3)
@@ -219,6 +222,8 @@ class BenchArgs:
     no_mmap: bool
     repack: str | None = None
     no_retry: bool = False
+    n_parallel: str | None = None
+    kv_unified: bool = False
 
     @classmethod
     def from_flags(cls, flags: dict[str, Any], model: str | None) -> BenchArgs:
@@ -263,7 +268,8 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
                      llama_bench=a.llama_bench,
                      quality={"enabled": True, "corpus": a.corpus, "chunks": a.chunks} if a.quality else None,
                      use_mmap=not a.no_mmap, repack=parse_repack_list(a.repack), retry_failed=not a.no_retry,
-                     force_fit=a.force)
+                     force_fit=a.force, kv_unified=a.kv_unified,
+                     n_parallel=parse_int_list(a.n_parallel, "-npl") if a.n_parallel else None)
     full_hint = None
     if not a.full and not a.ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
         full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "
@@ -287,6 +293,18 @@ def _check(a: BenchArgs, n_prompt: int, n_gen: int, repetitions: int) -> None:
         raise UsageError("--chunks must be at least 1")
     if a.llama_bench is not None and not (os.path.isfile(a.llama_bench) and os.access(a.llama_bench, os.X_OK)):
         raise UsageError(f"--llama-bench: {a.llama_bench} is not an executable file")
+    if a.n_parallel is not None:
+        from edgekv.cli.options import parse_int_list
+
+        if a.depths:
+            raise UsageError("-d does not apply with -npl: like llama-batched-bench, each test starts from an empty cache")
+        if a.llama_bench is not None:
+            raise UsageError("-npl runs through llama-cpp-python (llama-bench has no parallel sequences); "
+                             "drop --llama-bench, or -npl")
+        if a.quality:
+            raise UsageError("--quality scores one sequence: drop it with -npl")
+        if max(parse_int_list(a.n_parallel, "-npl")) > 256:
+            raise UsageError("-npl: at most 256 sequences (llama.cpp's LLAMA_MAX_SEQ)")
 
 
 def run_bench(a: BenchArgs, as_json: bool, console: Callable[..., Any]) -> SweepResult:

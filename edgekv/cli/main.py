@@ -51,6 +51,15 @@ FA_OPT = typer.Option("auto", "-fa", "--flash-attn", help="Flash attention: on, 
 SWA_FULL_OPT = typer.Option(False, "--swa-full", help="Full-size SWA cache (llama.cpp's --swa-full).")
 NP_OPT = typer.Option(1, "-np", "--parallel", help="Number of sequences (n_seq_max).")
 UNIFIED_OPT = typer.Option(False, "--kv-unified", help="One KV buffer shared by all sequences.")
+BENCH_CTX_OPT = typer.Option(None, "-c", "--ctx-size", show_default=False,
+                             help="Context sizes (default: 1024,2048 within the trained context; with --full the model's "
+                                  "models.toml sweep, else 4096,16384,32768 within the trained context, as predict shows).")
+BENCH_CTK_OPT = typer.Option(None, "-ctk", "--cache-type-k", show_default=False,
+                             help="K cache types (default: models.toml sweep, else f16,q8_0,q5_0,q4_0).")
+NPL_OPT = typer.Option(None, "-npl", show_default=False,
+                       help="Sequences decoded at once, a list like llama-batched-bench's -npl 1,2,4: each of N sequences "
+                            "gets -p prompt tokens then -n generated tokens in one -c context (-np N); pp/tg are "
+                            "aggregate tokens/s.")
 UB_OPT = typer.Option(512, "-ub", "--ubatch-size", help="Physical batch size.")
 B_OPT = typer.Option(2048, "-b", "--batch-size", help="Logical batch size.")
 NGL_OPT = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers on the GPU for the engine dry run (-1: all).")
@@ -281,12 +290,8 @@ def _predict_contexts(ctx_size: Optional[str], spec_name: Optional[str], m) -> l
 def bench(
     model: Optional[str] = MODEL_ARG,
     model_opt: Optional[str] = MODEL_OPT,
-    ctx_size: Optional[str] = typer.Option(None, "-c", "--ctx-size", show_default=False,
-                                           help="Context sizes (default: 1024,2048 within the trained context; "
-                                                "with --full the model's models.toml sweep, else 4096,16384,32768 "
-                                                "within the trained context, as predict shows)."),
-    cache_type_k: Optional[str] = typer.Option(None, "-ctk", "--cache-type-k", show_default=False,
-                                               help="K cache types (default: models.toml sweep, else f16,q8_0,q5_0,q4_0)."),
+    ctx_size: Optional[str] = BENCH_CTX_OPT,
+    cache_type_k: Optional[str] = BENCH_CTK_OPT,
     cache_type_v: Optional[str] = CTV_OPT,
     flash_attn: str = typer.Option("auto", "-fa", "--flash-attn", help="on, off, auto (a list sweeps them)."),
     n_gpu_layers: int = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers to offload (-1: all)."),
@@ -321,6 +326,8 @@ def bench(
                                                           "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
     repack: Optional[str] = REPACK_OPT,
     no_retry: bool = NO_RETRY_OPT,
+    n_parallel: Optional[str] = NPL_OPT,
+    kv_unified: bool = UNIFIED_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""

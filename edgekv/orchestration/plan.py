@@ -221,14 +221,16 @@ def fmt_duration(s: float | None) -> str:
 def plan_lines(n_cases: int, contexts: list[int], types: list[str], settings0: dict[str, Any], total_s: float,
                basis: str, output: str, existing: int, full_hint: str | None,
                repack: list[bool] | None = None, unfit: dict[str, str] | None = None,
-               depths: list[int] | None = None) -> list[str]:
-    """``depths``: the depths given with -d (None: each context minus the larger test)."""
-    depth = ("context - " + str(max(settings0["n_prompt"], settings0["n_gen"])) if not depths else
-             ", ".join(str(d) for d in depths))
+               depths: list[int] | None = None, n_parallel: list[int] | None = None) -> list[str]:
+    """``depths``: the depths given with -d (None: each context minus the larger test); ``n_parallel``: -npl."""
+    depth = "depth " + ("context - " + str(max(settings0["n_prompt"], settings0["n_gen"])) if not depths else
+                        ", ".join(str(d) for d in depths))
+    if n_parallel:
+        depth = f"-npl {','.join(str(k) for k in n_parallel)} sequences at once from an empty cache"
     rp = "" if not repack or repack == [True] else ", --repack " + ",".join("1" if r else "0" for r in repack)
     lines = [
         f"Plan: {n_cases} configurations ({', '.join(types)} x {', '.join(str(c) for c in contexts)}; "
-        f"-p {settings0['n_prompt']} -n {settings0['n_gen']} -r {settings0['repetitions']}, depth {depth}{rp}), "
+        f"-p {settings0['n_prompt']} -n {settings0['n_gen']} -r {settings0['repetitions']}, {depth}{rp}), "
         "each in a fresh process" + (f"; {existing} already done, resuming" if existing else "") + ".",
         f"Estimated time: {fmt_duration(total_s)} ({basis}).",
         f"Results: {output}",

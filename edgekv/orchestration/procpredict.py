@@ -38,6 +38,9 @@ class ProcessSettings:
     n_prompt: int | None = None
     n_gen: int | None = None
     n_depth: int | None = None
+    # -npl: sequences decoded at once (llama-batched-bench), each with n_prompt then n_gen tokens from an empty cache:
+    # the prompt batch holds all of them, and the cache reaches n_parallel * (n_prompt + n_gen) cells
+    n_parallel: int | None = None
     keeps_depth_state: bool = False    # llama-bench: the filled cache's state stays in memory
     restores_state_file: bool = False  # edgekv bench on sliding-window/recurrent caches: restore from a state file
 
@@ -91,8 +94,9 @@ def workload_graph(params: ContextParams, settings: ProcessSettings) -> ContextP
     if settings.n_prompt is None or settings.n_depth is None:
         return params
     p, n, d = settings.n_prompt, settings.n_gen or 0, settings.n_depth
-    tokens = max(1, min(params.n_ubatch, max(p, d, 1)))
-    reach = pad(max(d + max(p, n), 1))
+    k = settings.n_parallel or 1
+    tokens = max(1, min(params.n_ubatch, max(k * p, d, 1)))
+    reach = pad(max(k * (p + n), 1)) if settings.n_parallel else pad(max(d + max(p, n), 1))
     n_ctx = min(params.n_ctx, reach) if params.n_ctx else reach
     return replace(params, n_ctx=n_ctx, n_ubatch=tokens, n_batch=max(tokens, min(params.n_batch, n_ctx)))
 

@@ -36,6 +36,8 @@ from edgekv.records.schema import model_block as schema_model_block
 
 ENGINE_PYTHON = "llama-cpp-python"
 ENGINE_LLAMA_BENCH = "llama-bench"
+BATCHED_NOT_PREDICTED = ("the speed model predicts one sequence at a depth; -npl's sequences decoded at once are measured, "
+                         "not predicted")
 
 
 @dataclass
@@ -69,6 +71,9 @@ class SweepSpec:
     retry_failed: bool = True                # resume measures failed configurations again (--no-retry: off)
     force_fit: bool = False                  # --force: run configurations predicted not to fit the memory available
     predict_speed: bool = True               # the speed model's prediction in every record (calibrating when needed)
+    # -npl 1,2,4: sequences decoded at once (llama-batched-bench's pl; each case's n_seq_max), each with -p prompt
+    # and -n generated tokens from an empty cache; None: the single-sequence workload at a depth
+    n_parallel: list[int] | None = None
 
 
 @dataclass
@@ -85,29 +90,47 @@ def default_depth(n_ctx: int, n_prompt: int, n_gen: int) -> int:
     return max(0, n_ctx - max(n_prompt, n_gen))
 
 
+def _depths(spec: SweepSpec, n_ctx: int, npl: int | None) -> list[int]:
+    """The depths one context is measured at, checked against it (one line naming the flags when they do not fit)."""
+    if npl is not None:            # llama-batched-bench: every test starts from an empty cache, N sequences in -c cells
+        need = npl * (spec.n_prompt + spec.n_gen)
+        if need > n_ctx:
+            raise UsageError(f"-npl {npl} with -p {spec.n_prompt} -n {spec.n_gen} needs {need} cells, more than -c {n_ctx}: "
+                             "raise -c or lower -npl, -p or -n")
+        return [0]
+    depths = spec.depths if spec.depths is not None else [default_depth(n_ctx, spec.n_prompt, spec.n_gen)]
+    for d in depths:
+        if d + max(spec.n_prompt, spec.n_gen) > n_ctx:
+            raise UsageError(
+                f"-d {d} with -p {spec.n_prompt} -n {spec.n_gen} does not fit in -c {n_ctx}: "
+                "depth + tokens per test must not exceed the context")
+    return depths
+
+
 def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
     cases = []
     threads = spec.n_threads or default_threads()
-    for n_ctx in spec.contexts:
-        depths = spec.depths if spec.depths is not None else [default_depth(n_ctx, spec.n_prompt, spec.n_gen)]
-        for d in depths:
-            if d + max(spec.n_prompt, spec.n_gen) > n_ctx:
-                raise UsageError(
-                    f"-d {d} with -p {spec.n_prompt} -n {spec.n_gen} does not fit in -c {n_ctx}: "
-                    "depth + tokens per test must not exceed the context")
+    if spec.n_parallel is not None and spec.depths:
+        raise UsageError("-d does not apply with -npl: like llama-batched-bench, each test starts from an empty cache")
+    grid = [(n_ctx, npl) for n_ctx in spec.contexts for npl in (spec.n_parallel or [None])]
+    for n_ctx, npl in grid:
+        n_seq = spec.n_seq_max if npl is None else npl
+        for d in _depths(spec, n_ctx, npl):
             for fa, rp in ((fa, rp) for rp in (spec.repack or [True]) for fa in spec.flash_attn):
                 for tk, tv in spec.pairs:
                     params = ContextParams(n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa, swa_full=spec.swa_full,
-                                           n_seq_max=spec.n_seq_max, kv_unified=spec.kv_unified,
+                                           n_seq_max=n_seq, kv_unified=spec.kv_unified,
                                            n_batch=spec.n_batch, n_ubatch=spec.n_ubatch)
                     settings = {
                         "engine": spec.engine, "n_ctx": n_ctx, "type_k": tk, "type_v": tv, "flash_attn": fa,
-                        "swa_full": spec.swa_full, "n_seq_max": spec.n_seq_max, "kv_unified": spec.kv_unified,
+                        "swa_full": spec.swa_full, "n_seq_max": n_seq, "kv_unified": spec.kv_unified,
                         "n_batch": spec.n_batch, "n_ubatch": spec.n_ubatch, "n_threads": threads,
                         "n_gpu_layers": spec.n_gpu_layers, "n_prompt": spec.n_prompt, "n_gen": spec.n_gen,
                         "n_depth": d, "repetitions": spec.repetitions, "warmup": spec.warmup,
                         "quality": _quality_key(spec.quality), "repack": rp,
                     }
+                    if npl is not None:
+                        settings["n_parallel"] = npl
                     if not spec.use_mmap:
                         settings["no_mmap"] = True
                     cases.append(Case(len(cases), settings, params, R.config_key(model_sha, settings),
@@ -534,7 +557,7 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
                 settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
                                            use_extra_bufts=st.get("repack", True) is not False,
                                            n_gpu_layers=spec.n_gpu_layers, n_prompt=st["n_prompt"], n_gen=st["n_gen"],
-                                           n_depth=st["n_depth"],
+                                           n_depth=st["n_depth"], n_parallel=st.get("n_parallel"),
                                            # the worker restores these caches from a state file (run_sweep's restore)
                                            restores_state_file=spec.model.shape.memory != MEMORY_KV and st["n_depth"] > 0)
                 out[c.key] = predict_processes(spec.model, [c.params], settings, baseline, eng)[0]
@@ -592,13 +615,15 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
     from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block
 
     run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts]
+    out: dict[str, dict[str, Any]] = {c.key: {"calibration_id": None, "error": BATCHED_NOT_PREDICTED}
+                                      for c in run if c.settings.get("n_parallel")}
+    run = [c for c in run if not c.settings.get("n_parallel")]
     if not run:
-        return {}
+        return out
     graph = next((r.log.graph for r in engine_results.values() if r.ok and r.log.graph), None)
     if graph is None:
         graph = _graph_from_dry_run(spec, run[0])
     feats = runtime_baseline().cpu_features
-    out: dict[str, dict[str, Any]] = {}
     groups: dict[tuple[int, bool], list[Case]] = {}
     for c in run:
         x = SpeedInputs.from_settings(c.settings)

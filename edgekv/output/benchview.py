@@ -17,6 +17,8 @@ def case_label(s: dict[str, Any]) -> str:
     kv = s["type_k"] if s["type_k"] == s["type_v"] else f"{s['type_k']}/{s['type_v']}"
     fa = "" if s["flash_attn"] == "auto" else f" fa={s['flash_attn']}"
     rp = " repack=0" if s.get("repack") is False else ""
+    if s.get("n_parallel"):
+        return f"{kv} @ {s['n_ctx']} (npl {s['n_parallel']}){fa}{rp}"
     return f"{kv} @ {s['n_ctx']} (d{s['n_depth']}){fa}{rp}"
 
 
@@ -25,7 +27,8 @@ def case_work(s: dict[str, Any]) -> int:
     warm = (s["n_prompt"] + 1) if s["warmup"] else 0
     q = s.get("quality") or {}
     quality = 2 * s["n_ctx"] * (q.get("chunks") or 0)     # its share of the group's pass (baseline + its own context)
-    return 300 + warm + s["n_depth"] + s["repetitions"] * (s["n_prompt"] + 4 * s["n_gen"]) + quality
+    k = s.get("n_parallel") or 1       # -npl: k prompts, and k tokens per decode step (cheaper than k steps)
+    return 300 + warm + s["n_depth"] + s["repetitions"] * (k * s["n_prompt"] + 4 * s["n_gen"]) + quality
 
 
 class Progress:
@@ -167,7 +170,12 @@ def _summary_row(r: S.Record, narrow: bool, with_gpu: bool, with_quality: bool) 
         status += f" [yellow]busy {100 * r.load.others_share_max:.0f}%[/]"
     sp = {t: speed_of(r, t) for t in ("pp", "tg")}
     pp, tg = _ts(sp, "pp", predicted_ts(r, "pp")), _ts(sp, "tg", predicted_ts(r, "tg"))
-    row = [str(s.n_ctx), str(s.n_depth), kv, formula_mib, llama_kv, same, peak, anon, pp, tg, status]
+    npl = unset_none(s.n_parallel)
+    seq = speed_of(r, "tg_seq")
+    if npl and seq is not None and seq.mean_ts is not None:
+        tg += f"\n{seq.mean_ts:.1f} /seq"
+    depth = f"npl {npl}" if npl else str(s.n_depth)
+    row = [str(s.n_ctx), depth, kv, formula_mib, llama_kv, same, peak, anon, pp, tg, status]
     if narrow:
         row = [str(s.n_ctx), kv, f"{formula_mib} {same}", peak, pp, tg, status]
     if with_gpu:

@@ -120,7 +120,7 @@ def parse_thresholds(text: str | None) -> dict[str, Threshold]:
 
 # -- pairing ----------------------------------------------------------------------------------------------
 
-PAIR_SETTINGS = tuple(k for k in R.KEY_SETTINGS if k != "repetitions") + ("test", "repack")
+PAIR_SETTINGS = tuple(k for k in R.KEY_SETTINGS if k != "repetitions") + ("test", "repack", "n_parallel")
 
 
 def _setting(rec: S.Record, key: str) -> Any:
@@ -269,7 +269,7 @@ def _label(rec: S.Record, varying: list[str]) -> str:
         parts.append(f"{test}{s.n_prompt if test == 'pp' else s.n_gen}")
     flags = {"flash_attn": "fa", "n_threads": "t", "n_gpu_layers": "ngl", "n_batch": "b", "n_ubatch": "ub",
              "n_prompt": "p", "n_gen": "n", "warmup": "warmup", "swa_full": "swa_full", "n_seq_max": "np",
-             "kv_unified": "kvu", "engine": "engine", "quality": "quality"}
+             "kv_unified": "kvu", "engine": "engine", "quality": "quality", "n_parallel": "npl"}
     for k in varying:
         if k in flags:
             parts.append(f"{flags[k]}={_setting(rec, k)}")

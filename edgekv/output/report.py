@@ -94,8 +94,11 @@ EXPORT_SPEED: tuple[tuple[str, str, int | None], ...] = (
     ("pp_ts_predicted", "pp_tokens_per_s_predicted", 3), ("tg_ts_predicted", "tg_tokens_per_s_predicted", 3),
     ("tg_roofline_ts_predicted", "tg_roofline_tokens_per_s_predicted", 3),
     ("speed_calibration_id", "speed_calibration_id", None))
+# issue 28: sequences decoded at once (-npl) and each one's decode rate; only when a record ran several
+EXPORT_PARALLEL: tuple[tuple[str, str, int | None], ...] = (
+    ("n_parallel", "n_parallel", None), ("tg_seq_ts_mean", "tg_seq_tokens_per_s_mean", 3))
 COLUMNS = tuple(c for c, _, _ in EXPORT)
-_DIGITS = {f: nd for _, f, nd in EXPORT + EXPORT_LOAD + EXPORT_SPEED if nd is not None}
+_DIGITS = {f: nd for _, f, nd in EXPORT + EXPORT_LOAD + EXPORT_SPEED + EXPORT_PARALLEL if nd is not None}
 
 
 def _r(x: Any, nd: int = 4) -> Any:
@@ -120,7 +123,7 @@ def sort_key(r: Record | dict[str, Any]) -> tuple:
     s, m = r.settings, r.model
     rest = tuple("" if _v(v) is None else str(_v(v)) for v in
                  (s.flash_attn, s.n_threads, s.n_gpu_layers, s.n_batch, s.n_ubatch, s.n_prompt, s.n_gen, s.swa_full,
-                  s.n_seq_max, s.kv_unified, s.engine, s.test))
+                  s.n_seq_max, s.kv_unified, s.engine, s.test, s.n_parallel))
     return (str(_v(m.name) or ""), str(_v(m.sha256) or ""), F.device_label(r), s.n_ctx or 0, s.n_depth or 0,
             _type_rank(s.type_k), _type_rank(s.type_v), rest, str(r.kind or ""), str(_v(r.time_utc) or ""))
 
@@ -147,7 +150,16 @@ def export_row(x: dict[str, Any]) -> dict[str, Any]:
         out.update({c: x[f] for c, f, _ in EXPORT_LOAD})
     if _row_has_speed(x):
         out.update({c: x[f] for c, f, _ in EXPORT_SPEED})
+    if x["n_parallel"] is not None:
+        out.update({c: x[f] for c, f, _ in EXPORT_PARALLEL})
     return out
+
+
+def export_columns(rows: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """results.csv's columns: :data:`EXPORT`'s, and the optional groups only when a row holds them (so reports of
+    records without them keep their bytes)."""
+    return (COLUMNS + (tuple(c for c, _, _ in EXPORT_SPEED) if has_speed_prediction(rows) else ())
+            + (tuple(c for c, _, _ in EXPORT_PARALLEL) if any(x["n_parallel"] is not None for x in rows) else ()))
 
 
 def _row_has_speed(x: dict[str, Any]) -> bool:
@@ -822,7 +834,7 @@ def render_csv(doc: Document) -> str:
     """results.csv: the frame's rows through :data:`EXPORT`."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    cols = COLUMNS + (tuple(c for c, _, _ in EXPORT_SPEED) if has_speed_prediction(doc.rows) else ())
+    cols = export_columns(doc.rows)
     w.writerow(cols)
     for x in doc.rows:
         r = export_row(x)
@@ -846,7 +858,7 @@ def render_json(doc: Document) -> str:
     obj = {
         "edgekv_report": REPORT_FORMAT, "title": doc.title, "predicted_only": doc.predicted_only,
         "environments": [{"device": k, **v} for k, v in sorted(envs.items())],
-        "columns": list(COLUMNS) + ([c for c, _, _ in EXPORT_SPEED] if has_speed_prediction(doc.rows) else []),
+        "columns": list(export_columns(doc.rows)),
         "rows": [export_row(x) for x in doc.rows],
     }
     return json.dumps(obj, indent=1, sort_keys=False, ensure_ascii=False, default=str) + "\n"

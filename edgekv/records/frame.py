@@ -29,7 +29,7 @@ COLUMNS = (
     # identity and settings (what was asked)
     "file", "kind", "status", "reason", "model_name", "model_sha256", "arch", "machine", "device", "engine", "n_ctx",
     "type_k", "type_v", "flash_attn", "n_seq_max", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "n_prompt",
-    "n_gen", "n_depth", "repetitions", "no_mmap", "repack", "time_utc",
+    "n_gen", "n_depth", "repetitions", "no_mmap", "repack", "n_parallel", "time_utc",
     # what llama.cpp used
     "flash_attn_llamacpp",
     # KV cache (every cache: KV + recurrent + state): formula, llama.cpp's dry run, llama.cpp's log in the measured run
@@ -51,6 +51,8 @@ COLUMNS = (
     "tg_n_tokens", "tg_tokens_per_s_mean", "tg_tokens_per_s_stdev", "tg_tokens_per_s_ci95_low",
     "tg_tokens_per_s_ci95_high", "tg_tokens_per_s_cv", "tg_n_samples", "tg_unstable",
     "pp_tokens_per_s_llamabench", "tg_tokens_per_s_llamabench",
+    # -npl: each sequence's decode while all decode (pp/tg above are then the aggregate of all sequences)
+    "tg_seq_tokens_per_s_mean", "tg_seq_tokens_per_s_ci95_low", "tg_seq_tokens_per_s_ci95_high",
     "wall_s_measured",
     # speed, predicted before the run (edgekv.core.speed; schema 3): llama-bench's pp and tg at the record's depth
     "pp_tokens_per_s_predicted", "tg_tokens_per_s_predicted", "tg_roofline_tokens_per_s_predicted",
@@ -118,6 +120,7 @@ def _identity(rec: Record, file: str | None) -> dict[str, Any]:
         "n_seq_max": s.n_seq_max, "n_batch": s.n_batch, "n_ubatch": s.n_ubatch, "n_threads": s.n_threads,
         "n_gpu_layers": s.n_gpu_layers, "n_prompt": s.n_prompt, "n_gen": s.n_gen, "n_depth": s.n_depth,
         "repetitions": s.repetitions, "no_mmap": bool(_v(s.no_mmap)), "repack": repack_of(s),
+        "n_parallel": _v(s.n_parallel),
         "time_utc": _v(rec.time_utc),
         "flash_attn_llamacpp": _v(eff.flash_attn) if eff is not None else None,
     }
@@ -210,6 +213,10 @@ def _speed(rec: Record) -> dict[str, Any]:
             f"{test}_unstable": t.unstable if t is not None else None,
             f"{test}_tokens_per_s_llamabench": _v(t.llama_bench_avg_ts) if t is not None else None,
         })
+    seq = _v(speed.tg_seq) if speed is not None else None
+    ci = (seq.ci95_ts if seq is not None else None) or [None, None]
+    out.update({"tg_seq_tokens_per_s_mean": seq.mean_ts if seq is not None else None,
+                "tg_seq_tokens_per_s_ci95_low": ci[0], "tg_seq_tokens_per_s_ci95_high": ci[1]})
     out.update(_speed_predicted(rec))
     load = _v(rec.load)
     out["wall_s_measured"] = rec.timing.wall_s if _v(rec.timing) is not None else None

@@ -97,6 +97,8 @@ def config_key(model_sha256: str | None, settings: dict[str, Any]) -> str:
         key["no_mmap"] = True
     if settings.get("repack") is False:   # likewise: on is llama.cpp's default and what earlier records ran
         key["repack"] = False
+    if settings.get("n_parallel") is not None:    # -npl: sequences decoded at once (absent: the one-sequence workload)
+        key["n_parallel"] = settings["n_parallel"]
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -118,6 +118,9 @@ class Settings(_Block, kw_only=True):
                                        "llama_model_params.use_extra_bufts; absent in records written before it "
                                        "(llama.cpp's default, on)") = UNSET
     test: _d(Union[str, UnsetType], "imported llama-bench row: its test (pp, tg, pg)") = UNSET
+    n_parallel: _d(Union[int, UnsetType], "sequences decoded at once (-npl, llama-batched-bench's pl): each with -p prompt "
+                                          "and -n generated tokens from an empty cache; speed.pp/tg are then aggregate "
+                                          "tokens/s of all of them; absent: one sequence at depth -d") = UNSET
 
 
 class Model(_Block, kw_only=True):
@@ -370,6 +373,8 @@ class Speed(_Block, kw_only=True):
     pp: _d(Union[SpeedTest, UnsetType], "prompt processing (-p tokens)") = UNSET
     tg: _d(Union[SpeedTest, UnsetType], "text generation (-n tokens)") = UNSET
     pg: _d(Union[SpeedTest, UnsetType], "prompt + generation in one test (imported llama-bench -pg)") = UNSET
+    tg_seq: _d(Union[SpeedTest, UnsetType], "-npl: decode tokens/s of each sequence while all n_parallel decode "
+                                            "(tg / n_parallel); absent for one sequence") = UNSET
 
 
 class TestMemory(_Block, kw_only=True):

@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""edgekv bench -npl vs llama-batched-bench: same llama.cpp source, same settings, same threads.
+
+Target (issue 28, point 1): with N sequences decoded at once, edgekv's aggregate prefill and decode tokens/s are at
+least 0.97x what llama-batched-bench reports for the same -c, -p (its -npp), -n (its -ntg), -npl, -ctk/-ctv, -fa,
+-t, -b and -ub.
+
+For every (model, cache type, N) the script runs, alternating the order over ``--rounds`` rounds, one
+``edgekv bench -npl N`` case (a fresh child process through ``run_sweep``: what a user gets, memory sampled) and one
+``llama-batched-bench -npl N,N,...`` run (``-r`` rows of the same N in one process: each row is one timed
+repetition, as each of edgekv's repetitions is) built from the llama.cpp tree vendored in the installed
+llama-cpp-python (bench/llama_tools.py).  By default llama-batched-bench runs on llama-cpp-python's own
+libllama/libggml (``--libs python``), so both sides execute the same machine code.  All samples are pooled per side;
+the ratio is edgekv mean / llama-batched-bench mean with Welch's 95 % interval.  The same records give the memory
+columns: the measured peak RSS of each edgekv case beside the whole-process prediction for that ``-np``.
+
+    python bench/parallel_vs_batched_bench.py                       # SmolLM2 and Gemma 3, -npl 1,2,4
+    python bench/parallel_vs_batched_bench.py --readme bench/README.md
+
+Run it on a quiet machine: on 2 shared cores the noise is larger than the effect being measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_vs_llama_bench import llama_bench_env  # noqa: E402
+from llama_tools import llama_cpp_python_version, tool, write_section  # noqa: E402
+
+from edgekv.core.stats import summarize, welch  # noqa: E402
+from edgekv.edges.environment import cpu_model  # noqa: E402
+from edgekv.edges.process import run_child  # noqa: E402
+from edgekv.orchestration.api import load_model  # noqa: E402
+from edgekv.orchestration.sweep import SweepSpec, run_sweep  # noqa: E402
+
+MIB = 1024 * 1024
+BEGIN, END = "<!-- parallel:begin -->", "<!-- parallel:end -->"
+
+
+def batched_bench_argv(exe: Path, model_path: str, args, t: str, npl: int) -> list[str]:
+    return [str(exe), "-m", model_path, "-c", str(args.c), "-b", str(args.b), "-ub", str(args.ub),
+            "-npp", str(args.p), "-ntg", str(args.n), "-npl", ",".join([str(npl)] * args.r), "-ctk", t, "-ctv", t,
+            "-fa", args.fa, "-t", str(args.t), "--output-format", "jsonl"]
+
+
+def parse_jsonl(stdout: str) -> list[dict]:
+    """llama-batched-bench's ``--output-format jsonl`` rows (one per -npl entry); other lines are skipped."""
+    return [json.loads(x) for x in stdout.splitlines() if x.startswith("{") and '"speed_tg"' in x]
+
+
+def run_batched_bench(exe: Path, model_path: str, args, t: str, npl: int) -> dict:
+    res = run_child(batched_bench_argv(exe, model_path, args, t, npl), stdin_data=b"", capture_output=True,
+                    env=llama_bench_env(exe, args.libs), timeout=3600)
+    rows = parse_jsonl(res.stdout or "")
+    if res.returncode != 0 or len(rows) != args.r:
+        raise SystemExit(f"llama-batched-bench failed: {res.failure_reason()}\n{res.stderr_tail}")
+    return {"pp": [r["speed_pp"] for r in rows], "tg": [r["speed_tg"] for r in rows]}
+
+
+def run_edgekv(m, args, t: str, npl: int, env) -> dict:
+    spec = SweepSpec(model=m, contexts=[args.c], pairs=[(t, t)], n_prompt=args.p, n_gen=args.n, repetitions=args.r,
+                     n_threads=args.t, flash_attn=[args.fa], n_batch=args.b, n_ubatch=args.ub, n_parallel=[npl],
+                     predict_speed=False)
+    with tempfile.TemporaryDirectory() as d:
+        rec = run_sweep(spec, output=Path(d) / "r.jsonl", env=env).records[-1]
+    if rec["status"] != "ok":
+        raise SystemExit(f"edgekv failed: {rec['reason']}")
+    return {"pp": rec["speed"]["pp"]["samples_ts"], "tg": rec["speed"]["tg"]["samples_ts"],
+            "tg_seq": rec["speed"]["tg_seq"]["mean_ts"], "peak_rss_bytes": rec["memory"]["peak_rss_bytes"],
+            "predicted_peak_rss_bytes": (rec["prediction"].get("process") or {}).get("peak_rss_bytes"),
+            "kv_matches_formula": (rec.get("differences") or {}).get("llama_kv_matches_formula")}
+
+
+def ratio(ek: list[float], bb: list[float]) -> dict:
+    a, b = summarize(bb), summarize(ek)
+    w = welch(bb, ek)
+    return {"edgekv_mean": b["mean"], "batched_bench_mean": a["mean"], "ratio": b["mean"] / a["mean"],
+            "ratio_ci95": [1 + x for x in w["change_ci95"]] if w["change_ci95"] else None, "edgekv": ek, "batched_bench": bb}
+
+
+def measure(args) -> tuple[list[dict], list[float]]:
+    from edgekv.edges.environment import collect
+
+    exe, env, rows, load1 = tool("llama-batched-bench"), collect(), [], []
+    for name in args.models.split(","):
+        m = load_model(name)
+        for t in args.ctk.split(","):
+            for npl in (int(x) for x in args.npl.split(",")):
+                ek: dict = {"pp": [], "tg": []}
+                bb: dict = {"pp": [], "tg": []}
+                mem = []
+                for rnd in range(args.rounds):
+                    for who in (("edgekv", "bb") if rnd % 2 == 0 else ("bb", "edgekv")):
+                        load1.append(round(os.getloadavg()[0], 2))
+                        if who == "edgekv":
+                            r = run_edgekv(m, args, t, npl, env)
+                            mem.append(r)
+                            dst = ek
+                        else:
+                            r = run_batched_bench(exe, os.path.abspath(m.ref.path), args, t, npl)
+                            dst = bb
+                        for k in ("pp", "tg"):
+                            dst[k] += r[k]
+                row = {"model": m.shape.name or name, "type": t, "npl": npl, "pp": ratio(ek["pp"], bb["pp"]),
+                       "tg": ratio(ek["tg"], bb["tg"]), "tg_seq": sum(x["tg_seq"] for x in mem) / len(mem),
+                       "peak_rss_bytes": max(x["peak_rss_bytes"] for x in mem),
+                       "predicted_peak_rss_bytes": mem[-1]["predicted_peak_rss_bytes"],
+                       "kv_matches_formula": all(x["kv_matches_formula"] for x in mem)}
+                rows.append(row)
+                print(f"{row['model'][:24]:<24} {t:<5} npl {npl}: pp {row['pp']['ratio']:.3f} tg {row['tg']['ratio']:.3f} "
+                      f"peak {row['peak_rss_bytes'] / MIB:.1f} MiB (predicted {row['predicted_peak_rss_bytes'] / MIB:.1f})",
+                      flush=True)
+    return rows, load1
+
+
+def markdown(out: dict) -> str:
+    st = out["settings"]
+    lines = [BEGIN, "## Parallel sequences: `edgekv bench -npl` against `llama-batched-bench` (issue 28, target ≥ 0.97×)",
+             "", "Written by `bench/parallel_vs_batched_bench.py` (edit by rerunning it). Command:", "",
+             f"    {out['command']}", "",
+             f"- `-c {st['c']} -p {st['p']} -n {st['n']} -r {st['r']} -t {st['t']} -fa {st['fa']} -b {st['b']} "
+             f"-ub {st['ub']}`, not unified (each sequence its own stream, llama.cpp's default); llama-batched-bench "
+             "gets the same values (`-npp`/`-ntg`), `-npl N` repeated `-r` times (one timed row each).",
+             f"- llama-batched-bench built from the llama.cpp tree vendored in llama-cpp-python {out['llama_cpp_python']}, "
+             + ("run on llama-cpp-python's own libllama/libggml (both sides execute the same machine code)."
+                if st["libs"] == "python" else "run on the libraries built beside it."),
+             f"- {st['rounds']} rounds, alternating which side goes first; every sample kept. Machine: "
+             f"{out['machine']['cpu']}, {out['machine']['cores_logical']} logical CPUs; 1-minute load average before "
+             f"each run: {min(out['load1'])}–{max(out['load1'])}.", "",
+             "| model | K/V | npl | edgekv pp t/s | batched-bench pp t/s | ratio [95 % CI] | edgekv tg t/s | "
+             "batched-bench tg t/s | ratio [95 % CI] | tg per sequence | peak RSS MiB (predicted) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in out["rows"]:
+        cells = []
+        for k in ("pp", "tg"):
+            x = r[k]
+            ci = f" [{x['ratio_ci95'][0]:.3f}, {x['ratio_ci95'][1]:.3f}]" if x["ratio_ci95"] else ""
+            cells += [f"{x['edgekv_mean']:.1f}", f"{x['batched_bench_mean']:.1f}", f"{x['ratio']:.3f}{ci}"]
+        pred = r["predicted_peak_rss_bytes"]
+        diff = (f"{r['peak_rss_bytes'] / MIB:.1f} ({pred / MIB:.1f}, {100 * (r['peak_rss_bytes'] - pred) / pred:+.2f} %)"
+                if pred else f"{r['peak_rss_bytes'] / MIB:.1f}")
+        lines.append(f"| {r['model']} | {r['type']} | {r['npl']} | " + " | ".join(cells) + f" | {r['tg_seq']:.1f} | {diff} |")
+    sm = out["summary"]
+    lines += ["", f"Geometric mean of the ratios: prefill **{sm['pp_geomean']:.3f}**, decode **{sm['tg_geomean']:.3f}**; "
+              f"lowest: prefill {sm['pp_min']:.3f}, decode {sm['tg_min']:.3f}. KV bytes equal llama.cpp's in every "
+              f"run: {sm['kv_all_match']}.", END]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="smollm2-135m,gemma3-270m")
+    ap.add_argument("-ctk", default="f16,q8_0")
+    ap.add_argument("-npl", default="1,2,4")
+    ap.add_argument("-c", type=int, default=4096)
+    ap.add_argument("-p", type=int, default=128)
+    ap.add_argument("-n", type=int, default=32)
+    ap.add_argument("-r", type=int, default=3)
+    ap.add_argument("-t", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("-b", type=int, default=2048)
+    ap.add_argument("-ub", type=int, default=512)
+    ap.add_argument("-fa", default="auto")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--libs", choices=("python", "own"), default="python")
+    ap.add_argument("--out", default=str(HERE / "results" / "parallel_vs_batched_bench.json"))
+    ap.add_argument("--readme", help="write the Markdown section into this file (between parallel markers)")
+    args = ap.parse_args()
+    rows, load1 = measure(args)
+
+    def geo(xs: list[float]) -> float:
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+    summary = {"pp_geomean": geo([r["pp"]["ratio"] for r in rows]), "tg_geomean": geo([r["tg"]["ratio"] for r in rows]),
+               "pp_min": min(r["pp"]["ratio"] for r in rows), "tg_min": min(r["tg"]["ratio"] for r in rows),
+               "kv_all_match": all(r["kv_matches_formula"] for r in rows)}
+    out = {"machine": {"cpu": cpu_model(), "cores_logical": os.cpu_count(), "os": platform.platform()},
+           "command": " ".join(["python", os.path.relpath(sys.argv[0])] + sys.argv[1:]), "settings": vars(args),
+           "llama_cpp_python": llama_cpp_python_version(), "load1": load1, "rows": rows, "summary": summary}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(markdown(out))
+    if args.readme:
+        write_section(Path(args.readme), BEGIN, END, markdown(out))
+
+
+if __name__ == "__main__":
+    main()
