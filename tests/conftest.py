@@ -120,6 +120,17 @@ def llama_bench_exe() -> Path:
     return tool("llama-bench")
 
 
+@pytest.fixture(scope="session")
+def llama_server_exe() -> Path:
+    """llama.cpp's own llama-server, built from the same vendored tree as llama_bench_exe (no web UI)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from llama_tools import tool
+
+    return tool("llama-server")
+
+
 def write_split(src: Path, out: Path, max_tensors: int) -> list[Path]:
     """Split a real GGUF with gguf-py's own writer (split.no / split.count / split.tensors.count)."""
     import gguf

@@ -20,7 +20,8 @@ def llama_bin(llama_bench_exe) -> Path:
     sys.path.insert(0, str(ROOT / "bench"))
     from llama_tools import tool
 
-    tool("llama-perplexity")          # same build tree: only the missing target is built
+    for name in ("llama-perplexity", "llama-batched-bench", "llama-server"):
+        tool(name)                    # same build tree: only the missing targets are built
     return llama_bench_exe.parent
 
 
@@ -64,6 +65,35 @@ def test_quality_script_against_llama_perplexity(llama_bin, tmp_path):
     md = readme.read_text()
     assert "<!-- quality:begin -->" in md and "### -c 256, 2 chunks" in md
     assert "base-logits file" in md and "MiB RSS" in md
+
+
+def test_parallel_script_against_llama_batched_bench(llama_bin, tmp_path):
+    readme, out = tmp_path / "README.md", tmp_path / "parallel.json"
+    _run("parallel_vs_batched_bench.py", ["--models", "smollm2-135m", "-ctk", "f16", "-npl", "1,2", "-c", "512", "-p",
+                                          "32", "-n", "8", "-r", "2", "-t", "2", "--rounds", "1", "--out", str(out),
+                                          "--readme", str(readme)], llama_bin)
+    res = json.loads(out.read_text())
+    assert [(r["type"], r["npl"]) for r in res["rows"]] == [("f16", 1), ("f16", 2)]
+    for r in res["rows"]:
+        for k in ("pp", "tg"):
+            assert len(r[k]["edgekv"]) == len(r[k]["batched_bench"]) == 2
+            assert r[k]["ratio"] == pytest.approx(r[k]["edgekv_mean"] / r[k]["batched_bench_mean"])
+        assert r["kv_matches_formula"] and r["predicted_peak_rss_bytes"] > 0
+    md = readme.read_text()
+    assert "<!-- parallel:begin -->" in md and "| f16 | 2 |" in md and "Geometric mean of the ratios" in md
+
+
+def test_serving_script_against_the_prediction_and_in_process(llama_bin, tmp_path):
+    readme, out = tmp_path / "README.md", tmp_path / "serving.json"
+    _run("serving_accuracy.py", ["--models", "smollm2-135m", "--np", "1,2", "-c", "512", "-p", "32", "-n", "8", "-r",
+                                 "2", "-t", "2", "--rounds", "1", "--out", str(out), "--readme", str(readme)], llama_bin)
+    res = json.loads(out.read_text())
+    assert [r["np"] for r in res["rows"]] == [1, 2]
+    for r in res["rows"]:
+        assert r["kv_match"] and r["server_predicted"] > 0 and r["server_tg"] > 0 and r["inproc_tg"] > 0
+        assert r["tg_ratio"] == pytest.approx(r["server_tg"] / r["inproc_tg"]) and r["ttft_p50_s"] > 0
+    md = readme.read_text()
+    assert "<!-- serving:begin -->" in md and "Largest memory residual" in md
 
 
 def test_fuzz_script_runs_and_finds_no_crash(tmp_path):

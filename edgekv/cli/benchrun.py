@@ -224,6 +224,7 @@ class BenchArgs:
     no_retry: bool = False
     n_parallel: str | None = None
     kv_unified: bool = False
+    llama_server: str | None = None
 
     @classmethod
     def from_flags(cls, flags: dict[str, Any], model: str | None) -> BenchArgs:
@@ -238,7 +239,7 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES
     from edgekv.orchestration.api import load_model, registry_sweep_defaults
     from edgekv.orchestration.plan import FULL, QUICK, model_contexts, quick_contexts
-    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, SweepSpec
+    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, ENGINE_SERVER, SweepSpec
 
     reg_defaults = registry_sweep_defaults(a.model)
     cache_type_k = a.cache_type_k
@@ -264,12 +265,13 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, flash_attn=fas, depths=deps, n_prompt=n_prompt,
                      n_gen=n_gen, repetitions=repetitions, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers,
                      n_batch=a.batch_size, n_ubatch=a.ubatch_size, swa_full=a.swa_full, warmup=not a.no_warmup,
-                     timeout_s=a.timeout, engine=ENGINE_LLAMA_BENCH if a.llama_bench else ENGINE_PYTHON,
-                     llama_bench=a.llama_bench,
+                     timeout_s=a.timeout,
+                     engine=ENGINE_LLAMA_BENCH if a.llama_bench else ENGINE_SERVER if a.llama_server else ENGINE_PYTHON,
+                     llama_bench=a.llama_bench, llama_server=a.llama_server,
                      quality={"enabled": True, "corpus": a.corpus, "chunks": a.chunks} if a.quality else None,
                      use_mmap=not a.no_mmap, repack=parse_repack_list(a.repack), retry_failed=not a.no_retry,
                      force_fit=a.force, kv_unified=a.kv_unified,
-                     n_parallel=parse_int_list(a.n_parallel, "-npl") if a.n_parallel else None)
+                     n_parallel=parse_int_list(a.n_parallel, "-npl") if a.n_parallel else [1] if a.llama_server else None)
     full_hint = None
     if not a.full and not a.ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
         full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "
@@ -293,6 +295,12 @@ def _check(a: BenchArgs, n_prompt: int, n_gen: int, repetitions: int) -> None:
         raise UsageError("--chunks must be at least 1")
     if a.llama_bench is not None and not (os.path.isfile(a.llama_bench) and os.access(a.llama_bench, os.X_OK)):
         raise UsageError(f"--llama-bench: {a.llama_bench} is not an executable file")
+    if a.llama_server is not None:
+        if not (os.path.isfile(a.llama_server) and os.access(a.llama_server, os.X_OK)):
+            raise UsageError(f"--llama-server: {a.llama_server} is not an executable file")
+        if a.llama_bench is not None or a.quality or a.depths:
+            raise UsageError("--llama-server measures N concurrent requests from an empty cache (-npl): drop "
+                             + ("--llama-bench" if a.llama_bench else "--quality" if a.quality else "-d"))
     if a.n_parallel is not None:
         from edgekv.cli.options import parse_int_list
 

@@ -56,6 +56,9 @@ BENCH_CTX_OPT = typer.Option(None, "-c", "--ctx-size", show_default=False,
                                   "models.toml sweep, else 4096,16384,32768 within the trained context, as predict shows).")
 BENCH_CTK_OPT = typer.Option(None, "-ctk", "--cache-type-k", show_default=False,
                              help="K cache types (default: models.toml sweep, else f16,q8_0,q5_0,q4_0).")
+LLAMA_SERVER_OPT = typer.Option(None, "--llama-server", show_default=False,
+                                help="Run your own llama-server binary on 127.0.0.1, one per configuration with -np N, "
+                                     "and drive it with N concurrent streamed requests for each -npl N (default 1).")
 NPL_OPT = typer.Option(None, "-npl", show_default=False,
                        help="Sequences decoded at once, a list like llama-batched-bench's -npl 1,2,4: each of N sequences "
                             "gets -p prompt tokens then -n generated tokens in one -c context (-np N); pp/tg are "
@@ -327,6 +330,7 @@ def bench(
     repack: Optional[str] = REPACK_OPT,
     no_retry: bool = NO_RETRY_OPT,
     n_parallel: Optional[str] = NPL_OPT,
+    llama_server: Optional[str] = LLAMA_SERVER_OPT,
     kv_unified: bool = UNIFIED_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:

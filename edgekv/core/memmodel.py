@@ -342,6 +342,18 @@ def work_buffer_bytes(tensors: Sequence[Tensor], n_tokens: int, n_outputs: int, 
     return best + CACHE_LINE_SIZE * max(1, n_threads) if best else 0
 
 
+# -- llama-server ------------------------------------------------------------------------------------
+
+def server_parts(n_slots: int, n_vocab: int) -> list[Part]:
+    """What a llama-server holds beyond llama.cpp's own buffers once its ``n_slots`` slots have served a request."""
+    return [Part("llama-server samplers", n_slots * n_vocab * TOKEN_DATA_BYTES, SRC_FORMULA,
+                 note=f"{n_slots} slot(s): each slot's sampler keeps its {n_vocab} candidates (common/sampling.cpp "
+                      "set_logits: cur.resize(n_vocab) of 12-byte llama_token_data)")]
+
+
+TOKEN_DATA_BYTES = 12        # sizeof(llama_token_data): id, logit, p
+
+
 # -- the model ----------------------------------------------------------------------------------------
 
 @dataclass
@@ -383,6 +395,7 @@ class ProcessInputs:
     host_structures_note: str = ""
     state_copy_bytes: int = 0                   # llama-bench keeps the depth state in memory (cstate.buf)
     restore_buffer_bytes: int = 0               # edgekv bench's state-file restore: the read buffer malloc keeps
+    server_slots: int = 0                       # llama-server: slots in use at once (-np), 0: not a server
 
 
 @dataclass
@@ -489,6 +502,8 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
                                "(tools/llama-bench/llama-bench.cpp cstate.buf)"))
     parts.append(Part("output buffer", x.n_vocab * 4 * out_rows, SRC_FORMULA,
                       note=f"logits for {out_rows} row(s) of {x.n_vocab} tokens"))
+    if x.server_slots:
+        parts += server_parts(x.server_slots, x.n_vocab)
     device: dict[str, int] = {}
     if x.gpu_device:
         notes.append(f"{x.gpu_device}: llama.cpp's buffers only (weights, KV, compute); the backend's own runtime "

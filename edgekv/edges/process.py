@@ -152,9 +152,10 @@ def _smaps_rollup(pid: int) -> tuple[int, int] | None:
 
 
 class _Sampler(threading.Thread):
-    def __init__(self, pid: int, gpu_probe: Callable[[int], int | None] | None):
+    def __init__(self, pid: int, gpu_probe: Callable[[int], int | None] | None, interval_s: float = SAMPLE_INTERVAL_S):
         super().__init__(daemon=True)
         self.pid = pid
+        self.interval_s = interval_s
         self.gpu_probe = gpu_probe
         self.stop_evt = threading.Event()
         self.peak_rss = 0
@@ -280,7 +281,17 @@ class _Sampler(threading.Thread):
             now = time.perf_counter()
             self.max_gap = max(self.max_gap, now - last)
             last = now
-            self.stop_evt.wait(SAMPLE_INTERVAL_S)
+            self.stop_evt.wait(self.interval_s)
+
+
+def memory_sampler(pid: int, interval_s: float = SAMPLE_INTERVAL_S,
+                   gpu_probe: Callable[[int], int | None] | None = None) -> _Sampler:
+    """A started thread sampling the resident memory (and, with ``gpu_probe``, the GPU memory) of any process
+    every ``interval_s``: read ``peak_rss``, ``peak_gpu`` and ``n``; call ``sample_once()`` for a reading now, and
+    ``stop()``, ``join()``, ``close()`` when done."""
+    sampler = _Sampler(pid, gpu_probe, interval_s)
+    sampler.start()
+    return sampler
 
 
 def die_with_parent() -> Callable[[], None] | None:

@@ -119,7 +119,13 @@ def measure_binary(binary: str) -> tuple[int | None, list[str], str]:
     there: edgekv.edges.process.rss_before_model)."""
     from edgekv.edges.process import rss_before_model
 
-    rss, why = rss_before_model(lambda model: [binary, "-m", model, "-p", "1", "-n", "1", "-r", "1"])
+    if "server" in os.path.basename(binary):      # llama-server: its HTTP listener on 127.0.0.1 is part of it
+        from edgekv.edges.server import LOCALHOST, free_port
+
+        port = str(free_port())
+        rss, why = rss_before_model(lambda model: [binary, "-m", model, "--host", LOCALHOST, "--port", port])
+    else:
+        rss, why = rss_before_model(lambda model: [binary, "-m", model, "-p", "1", "-n", "1", "-r", "1"])
     if rss is None:
         return None, [], f"calibration failed: {os.path.basename(binary)} {why}"
     return rss, [], f"{os.path.basename(binary)} with its backends, before reading a model"

@@ -41,6 +41,7 @@ class ProcessSettings:
     # -npl: sequences decoded at once (llama-batched-bench), each with n_prompt then n_gen tokens from an empty cache:
     # the prompt batch holds all of them, and the cache reaches n_parallel * (n_prompt + n_gen) cells
     n_parallel: int | None = None
+    server_slots: int = 0              # llama-server: slots in use at once (its -np); 0: not a server
     keeps_depth_state: bool = False    # llama-bench: the filled cache's state stays in memory
     restores_state_file: bool = False  # edgekv bench on sliding-window/recurrent caches: restore from a state file
 
@@ -157,7 +158,7 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
     state = state_seq_bytes(pred, settings.n_depth or 0) if settings.keeps_depth_state else 0
     restore = state_read_buffer_bytes(pred, settings.n_depth or 0) if settings.restores_state_file else 0
     return ProcessInputs(
-        state_copy_bytes=state, restore_buffer_bytes=restore,
+        state_copy_bytes=state, restore_buffer_bytes=restore, server_slots=settings.server_slots,
         workload=settings.workload, n_ubatch=pred.n_ubatch, n_batch=pred.n_batch, n_seq_max=params.n_seq_max,
         n_threads=settings.n_threads or default_threads(), tensors=m.header.tensors, n_vocab=shape.n_vocab,
         n_layer=n_layer, cpu_features=baseline.cpu_features if baseline is not None else (),

@@ -36,6 +36,7 @@ from edgekv.records.schema import model_block as schema_model_block
 
 ENGINE_PYTHON = "llama-cpp-python"
 ENGINE_LLAMA_BENCH = "llama-bench"
+ENGINE_SERVER = "llama-server"
 BATCHED_NOT_PREDICTED = ("the speed model predicts one sequence at a depth; -npl's sequences decoded at once are measured, "
                          "not predicted")
 
@@ -61,6 +62,7 @@ class SweepSpec:
     timeout_s: float = 3600.0
     engine: str = ENGINE_PYTHON
     llama_bench: str | None = None
+    llama_server: str | None = None          # --llama-server PATH: the user's server, one process per configuration
     quality: dict[str, Any] | None = None
     use_mmap: bool = True
     # --repack 0,1: the CPU backend's extra buffer types (AMX, CPU_REPACK).  None: llama.cpp's default (1) unless
@@ -415,7 +417,7 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
     done_keys, retry = resume_keys(existing, spec.retry_failed)
     todo = [c for c in cases if c.key not in done_keys]
     # llama.cpp's dry runs and the whole-process predictions come first: the plan says what will not fit
-    engine_results = _dry_runs(spec, todo) if spec.engine == ENGINE_PYTHON else {}
+    engine_results = _dry_runs(spec, todo) if spec.engine != ENGINE_LLAMA_BENCH else {}
     processes = process_predictions(spec, todo)
     speeds = speed_predictions(spec, todo, engine_results, emit) if spec.predict_speed else {}
     unfit = {c.key: why for c in todo if (why := fit_check(spec, c, processes.get(c.key)))}
@@ -447,6 +449,11 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
 
                 base = build_record(spec, case, env, model, None, None, 0.0, "ok", None)
                 rec = run_llama_bench_case(spec, case, env, base, gpu_probe, emit)
+            elif spec.engine == ENGINE_SERVER:
+                from edgekv.orchestration.serving import run_server_case
+
+                base = build_record(spec, case, env, model, eng, None, 0.0, "ok", None)
+                rec = run_server_case(spec, case, base, gpu_probe, emit)
             else:
                 payload = {"model_path": os.path.abspath(m.ref.path), "settings": case.settings,
                            "restore": "truncate" if m.shape.memory == MEMORY_KV else "snapshot"}
@@ -548,7 +555,10 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
         return {}
     if spec.engine == ENGINE_LLAMA_BENCH:
         return _llama_bench_processes(spec, run)
-    baseline = runtime_baseline()
+    # the user's llama-server: the same process model over that binary's own runtime baseline
+    baseline = runtime_baseline("binary", spec.llama_server) if spec.engine == ENGINE_SERVER else runtime_baseline()
+    if spec.engine == ENGINE_SERVER:
+        baseline.cpu_features = baseline.cpu_features or runtime_baseline().cpu_features
     out: dict[str, Any] = {}
     try:
         with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
@@ -558,6 +568,7 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
                                            use_extra_bufts=st.get("repack", True) is not False,
                                            n_gpu_layers=spec.n_gpu_layers, n_prompt=st["n_prompt"], n_gen=st["n_gen"],
                                            n_depth=st["n_depth"], n_parallel=st.get("n_parallel"),
+                                           server_slots=st["n_seq_max"] if spec.engine == ENGINE_SERVER else 0,
                                            # the worker restores these caches from a state file (run_sweep's restore)
                                            restores_state_file=spec.model.shape.memory != MEMORY_KV and st["n_depth"] > 0)
                 out[c.key] = predict_processes(spec.model, [c.params], settings, baseline, eng)[0]

@@ -124,7 +124,7 @@ def memory_plot(rows: list[dict[str, Any]]) -> bytes | None:
 
 
 def speed_plot(rows: list[dict[str, Any]]) -> bytes | None:
-    sp = [r for r in rows if r["status"] == "ok"
+    sp = [r for r in rows if r["status"] == "ok" and r["n_parallel"] is None
           and (r["pp_tokens_per_s_mean"] is not None or r["tg_tokens_per_s_mean"] is not None)]
     if not sp:
         return None

@@ -96,7 +96,9 @@ EXPORT_SPEED: tuple[tuple[str, str, int | None], ...] = (
     ("speed_calibration_id", "speed_calibration_id", None))
 # issue 28: sequences decoded at once (-npl) and each one's decode rate; only when a record ran several
 EXPORT_PARALLEL: tuple[tuple[str, str, int | None], ...] = (
-    ("n_parallel", "n_parallel", None), ("tg_seq_ts_mean", "tg_seq_tokens_per_s_mean", 3))
+    ("engine", "engine", None), ("n_parallel", "n_parallel", None), ("tg_seq_ts_mean", "tg_seq_tokens_per_s_mean", 3),
+    ("ttft_p50_s", "ttft_p50_s_measured", 4), ("ttft_p95_s", "ttft_p95_s_measured", 4),
+    ("serving_ts", "serving_tokens_per_s_measured", 3), ("failed_requests", "serving_failed_requests", None))
 COLUMNS = tuple(c for c, _, _ in EXPORT)
 _DIGITS = {f: nd for _, f, nd in EXPORT + EXPORT_LOAD + EXPORT_SPEED + EXPORT_PARALLEL if nd is not None}
 
@@ -584,7 +586,7 @@ def _pivot_tables(rows: list[dict[str, Any]]) -> list[Table]:
 
 
 def _speed_table(rows: list[dict[str, Any]]) -> list[Table]:
-    sp = [r for r in rows if r["status"] == "ok"
+    sp = [r for r in rows if r["status"] == "ok" and r["n_parallel"] is None     # -npl: edgekv.output.parallelreport
           and (r["pp_tokens_per_s_mean"] is not None or r["tg_tokens_per_s_mean"] is not None)]
     if not sp:
         return []
@@ -696,12 +698,14 @@ def build(records: Sequence[Record | dict[str, Any]], title: str | None = None, 
         sec = _model_section(name, mrecs)
         sec.tables += _pivot_tables(mrows) + _memory_tables(mrows) + _speed_table(mrows) + _quality_table(mrows)
         sec.tables += _explained_memory(mrecs) + _explained_speed(mrecs) + _predicted_speed(mrecs)
+        sec.tables += _parallel(mrows)
         if plots:
             from edgekv.output import plots as P
 
             slug = "" if len(names) == 1 else "-" + _slug(name)
             for fname, alt, png in P.all_plots(mrows, slug) + _explained_plot(mrecs, slug) + \
-                    _explained_speed_plots(mrecs, slug) + _predicted_speed_plot(mrecs, slug):
+                    _explained_speed_plots(mrecs, slug) + _predicted_speed_plot(mrecs, slug) + \
+                    _parallel_plot(mrows, slug):
                 images[fname] = png
                 sec.images.append((fname, alt))
         sec.bullets = _problems(mrows)
@@ -753,6 +757,23 @@ def _predicted_speed_plot(recs: list[Record], slug: str) -> list[tuple[str, str,
 
     png = predicted_plot(recs)
     return [(f"speed_predicted{slug}.png", "Decode and prefill speed vs context, predicted", png)] if png else []
+
+
+def _parallel(rows: list[dict[str, Any]]) -> list[Table]:
+    """Sequences at once (-npl) and the user's llama-server: throughput, latency and memory against N
+    (edgekv.output.parallelreport)."""
+    from edgekv.output.parallelreport import table
+
+    t = table(rows)
+    return [Table(*t)] if t is not None else []
+
+
+def _parallel_plot(rows: list[dict[str, Any]], slug: str) -> list[tuple[str, str, bytes]]:
+    from edgekv.output.parallelreport import plot
+
+    png = plot(rows)
+    return [(f"parallel{slug}.png", "Throughput, time to first token and memory against sequences at once", png)] \
+        if png else []
 
 
 def _slug(s: str) -> str:

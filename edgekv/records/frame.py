@@ -53,6 +53,8 @@ COLUMNS = (
     "pp_tokens_per_s_llamabench", "tg_tokens_per_s_llamabench",
     # -npl: each sequence's decode while all decode (pp/tg above are then the aggregate of all sequences)
     "tg_seq_tokens_per_s_mean", "tg_seq_tokens_per_s_ci95_low", "tg_seq_tokens_per_s_ci95_high",
+    # --llama-server: the client's time to first token and the rounds' throughput (prefill included)
+    "ttft_p50_s_measured", "ttft_p95_s_measured", "serving_tokens_per_s_measured", "serving_failed_requests",
     "wall_s_measured",
     # speed, predicted before the run (edgekv.core.speed; schema 3): llama-bench's pp and tg at the record's depth
     "pp_tokens_per_s_predicted", "tg_tokens_per_s_predicted", "tg_roofline_tokens_per_s_predicted",
@@ -217,6 +219,11 @@ def _speed(rec: Record) -> dict[str, Any]:
     ci = (seq.ci95_ts if seq is not None else None) or [None, None]
     out.update({"tg_seq_tokens_per_s_mean": seq.mean_ts if seq is not None else None,
                 "tg_seq_tokens_per_s_ci95_low": ci[0], "tg_seq_tokens_per_s_ci95_high": ci[1]})
+    sv = _v(rec.serving)
+    out.update({"ttft_p50_s_measured": sv.ttft_p50_s if sv is not None else None,
+                "ttft_p95_s_measured": sv.ttft_p95_s if sv is not None else None,
+                "serving_tokens_per_s_measured": sv.throughput_ts if sv is not None else None,
+                "serving_failed_requests": sv.n_failed if sv is not None else None})
     out.update(_speed_predicted(rec))
     load = _v(rec.load)
     out["wall_s_measured"] = rec.timing.wall_s if _v(rec.timing) is not None else None

@@ -377,6 +377,25 @@ class Speed(_Block, kw_only=True):
                                             "(tg / n_parallel); absent for one sequence") = UNSET
 
 
+class Serving(_Block, kw_only=True):
+    """The user's llama-server driven over HTTP (``edgekv bench --llama-server``; provenance: measured by edgekv's
+    client, except ``server_timings``: llama.cpp's own figures as the server sent them)."""
+
+    path: _d(str, "the llama-server binary")
+    concurrency: _d(int, "requests in flight at once (= the server's -np slots)")
+    n_requests: _d(int, "requests sent (concurrency x repetitions)")
+    n_failed: _d(int, "requests that failed (reasons in failures)")
+    ttft_s: _d(list[float], "time to first token of each request that succeeded, seconds (client: send -> first "
+                            "streamed token)")
+    ttft_p50_s: _d(OptFloat, "median time to first token")
+    ttft_p95_s: _d(OptFloat, "95th percentile of the time to first token")
+    throughput_ts: _d(OptFloat, "generated tokens of all requests / the rounds' wall time (prefill included)")
+    ready_s: _d(OptFloat, "seconds from start until /health answered 200 (model load, warm-up)")
+    failures: _d(list[str], "distinct reasons of failed requests (at most 5)")
+    server_timings: _d(list[dict[str, Any]], "the server's 'timings' of each request (prompt_n, prompt_ms, "
+                                             "predicted_n, predicted_ms, ...)")
+
+
 class TestMemory(_Block, kw_only=True):
     """Peaks of one llama-bench process (provenance: measured)."""
 
@@ -675,6 +694,8 @@ class Record(Struct, kw_only=True, forbid_unknown_fields=True):
     effective: _d(Union[Effective, None, UnsetType], "what llama.cpp used") = UNSET
     llama_log: _d(Union[LlamaLog, None, UnsetType], "what llama.cpp printed in the run") = UNSET
     speed: _d(Union[Speed, None, UnsetType], "speed per test (pp, tg)") = UNSET
+    serving: _d(Union[Serving, UnsetType], "llama-server under a real client: latency and throughput "
+                                           "(settings.engine llama-server)") = UNSET
     timing: _d(Union[Timing, None, UnsetType], "wall-clock phases") = UNSET
     restore: _d(Union[str, None, UnsetType], "how depth state was restored between repetitions") = UNSET
     snapshot_bytes: _d(Union[int, UnsetType], "bytes of the saved depth state") = UNSET

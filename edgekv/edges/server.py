@@ -1,0 +1,607 @@
+"""Start the user's own ``llama-server`` and drive it with a real HTTP client.
+
+The server runs as a child in its own process group that dies with edgekv, even when edgekv is SIGKILLed
+(``PR_SET_PDEATHSIG``, :func:`edgekv.edges.process.die_with_parent`); its stdout and stderr go to a file (a pipe
+could fill and stall it), which holds llama.cpp's memory lines for :func:`edgekv.core.llamalog.parse_memory_log`;
+its resident memory is sampled from outside on a thread.  The client sends ``/completion`` requests whose prompts
+are random token ids, at most ``concurrency`` at a time, streams each answer (server-sent events) and times every
+token as it arrives.  Only 127.0.0.1 is ever contacted, and never through a proxy (``trust_env=False``).
+
+PR_SET_PDEATHSIG fires when the *thread* that started the server ends: start a :class:`ServerProcess` from a thread
+that outlives it (the main thread, normally).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from edgekv.edges.process import _kill_group, die_with_parent, memory_sampler
+from edgekv.errors import EngineError, RunFailed, UsageError
+
+LOCALHOST = "127.0.0.1"
+READY_TIMEOUT_S = 600.0               # a large model read from a slow disk (an exit is seen at once)
+STOP_GRACE_S = 5.0
+SERVER_SAMPLE_INTERVAL_S = 0.02      # the server's memory only grows while it serves: 50 readings a second suffice
+PORT_TRIES = 3
+
+# Flags that keep llama-server from changing its memory, or the work it does, behind the benchmark's back.  Each is
+# passed only where this llama-server lists it in its --help (an older build refuses a flag it does not know), and
+# each says why.
+GUARD_FLAGS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("--cache-ram", "0"), "no host-memory prompt cache: finished slots' KV would be copied into RAM (8 GiB by default)"),
+    (("--ctx-checkpoints", "0"), "no context checkpoints: SWA and recurrent models keep up to 32 state copies per slot"),
+    (("--no-cache-prompt",), "no prompt reuse between requests (each request also says cache_prompt: false)"),
+    (("--no-context-shift",), "a full context ends the request rather than dropping tokens and going on"),
+    (("--fit", "off"), "the layers and context asked for run as given, not shrunk to the device memory free at start"),
+    (("--no-webui",), "no web UI: edgekv only talks to the HTTP API"),
+    (("--log-colors", "off"), "plain log lines for the log parser"),
+)
+# the user's environment must not change the server's settings: llama.cpp reads LLAMA_ARG_<FLAG> for most flags
+_ENV_DROP = ("LLAMA_ARG_", "LLAMA_API_KEY")
+
+
+# -- the command line ------------------------------------------------------------------------------------
+
+_FLAGS: dict[tuple[str, int], frozenset[str]] = {}     # (binary, its mtime) -> what its --help lists
+
+
+def _ask_help(exe: str, env: dict[str, str]) -> tuple[int, frozenset[str]]:
+    try:
+        out = subprocess.run([exe, "--help"], stdin=subprocess.DEVNULL, capture_output=True, timeout=60, env=env,
+                             start_new_session=True)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EngineError(f"{Path(exe).name} --help failed: {_one_line(e)}") from None
+    return out.returncode, parse_help_flags(out.stdout.decode("utf-8", "replace") + out.stderr.decode("utf-8", "replace"))
+
+
+def parse_help_flags(text: str) -> frozenset[str]:
+    """The flags a llama.cpp tool's ``--help`` lists: the comma-separated names that open an option line
+    (``-c,    --ctx-size N      size of ...``), not those its descriptions mention."""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        for tok in line.split():
+            m = re.fullmatch(r"(--?[A-Za-z][\w-]*),?", tok)
+            if m is None:
+                break
+            flags.add(m[1])
+            if not tok.endswith(","):      # the last name: its argument and the description follow
+                break
+    return frozenset(flags)
+
+
+def server_flags(exe: str | os.PathLike, env: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The flags this llama-server accepts: what its ``--help`` lists (asked once per binary and build; a binary
+    that cannot run gives an empty set, and fails again, with its reason, when started)."""
+    p = Path(exe)
+    try:
+        key = (str(p), p.stat().st_mtime_ns)
+    except OSError as e:
+        raise EngineError(f"llama-server {p}: {e.strerror or e}") from None
+    if key not in _FLAGS:
+        rc, flags = _ask_help(str(p), server_env(env))
+        if rc != 0 or not flags:
+            return flags
+        _FLAGS[key] = flags
+    return _FLAGS[key]
+
+
+def server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) without llama.cpp's own settings variables."""
+    env = dict(os.environ if base is None else base)
+    return {k: v for k, v in env.items() if not k.startswith(_ENV_DROP)}
+
+
+def _pick(known: frozenset[str], *names: str) -> str | None:
+    return next((n for n in names if n in known), None)
+
+
+def server_argv(exe: str | os.PathLike, model_path: str | os.PathLike, settings: Mapping[str, Any], port: int,
+                flags: frozenset[str] | None = None) -> list[str]:
+    """llama-server's command line for edgekv's settings (``n_ctx, n_parallel, type_k, type_v, flash_attn,
+    n_threads, n_gpu_layers, n_batch, n_ubatch, kv_unified``; optional ``repack, no_mmap, swa_full, warmup``).
+    ``flags``: what the server accepts (default: its ``--help``)."""
+    s = settings
+    known = server_flags(exe) if flags is None else flags
+    argv = [str(exe), "-m", str(model_path), "--host", LOCALHOST, "--port", str(port),
+            "-c", str(s["n_ctx"]), "-np", str(s["n_parallel"]), "-ctk", str(s["type_k"]), "-ctv", str(s["type_v"]),
+            "-fa", str(s["flash_attn"]), "-t", str(s["n_threads"]), "-tb", str(s["n_threads"]),
+            "-b", str(s["n_batch"]), "-ub", str(s["n_ubatch"]),
+            # said both ways: the server's own default depends on -np (unified only for -np auto)
+            "--kv-unified" if s["kv_unified"] else "--no-kv-unified"]
+    if s.get("n_gpu_layers", -1) != -1:
+        argv += ["-ngl", str(s["n_gpu_layers"])]
+    if s.get("swa_full"):
+        argv.append("--swa-full")
+    if s.get("warmup") is False:
+        argv.append("--no-warmup")
+    if s.get("repack") is False:          # a bool pair in llama-server (--repack / --no-repack), unlike llama-bench's
+        flag = _pick(known, "--no-repack", "-nr")      # --repack 0, which llama-server would read as a stray "0"
+        if flag is None:
+            raise UsageError(f"{Path(exe).name} has no --no-repack: it cannot run with repack off")
+        argv.append(flag)
+    if s.get("no_mmap"):                  # --no-mmap before llama.cpp's --load-mode, --load-mode none after it
+        if "--no-mmap" in known:
+            argv.append("--no-mmap")
+        elif "--load-mode" in known:
+            argv += ["--load-mode", "none"]
+        else:
+            raise UsageError(f"{Path(exe).name} has neither --no-mmap nor --load-mode: it cannot load without mmap")
+    # llama.cpp's own INFO lines (the KV cache, compute and model buffer sizes) are verbosity 4 ("trace") in the
+    # server's log: its default of 3 leaves them out, and -v (everything) would log every token at debug level
+    lv = _pick(known, "--log-verbosity", "-lv", "--verbosity")
+    if lv is not None:
+        argv += [lv, "4"]
+    for guard, _why in GUARD_FLAGS:
+        if guard[0] in known:
+            argv += list(guard)
+    return argv
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (bound to port 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOCALHOST, 0))
+        return int(s.getsockname()[1])
+
+
+def check_local(base_url: str) -> str:
+    """``base_url`` without a trailing slash, refused unless it is plain http on 127.0.0.1."""
+    u = urlsplit(base_url)
+    if u.scheme != "http" or u.hostname != LOCALHOST or u.port is None:
+        raise UsageError(f"only http://{LOCALHOST}:PORT is contacted (got '{base_url}')")
+    return base_url.rstrip("/")
+
+
+# -- the server process -----------------------------------------------------------------------------------
+
+_ERROR_MARKS = ("error", "failed", "invalid", "couldn't", "unknown", "cannot", "unable", "unsupported")
+_ABORT_MARKS = ("GGML_ASSERT", "GGML_ABORT", "terminate called", "what():", "Assertion")
+# the lines that follow the one saying why, and a backtrace's frames
+_GENERIC = ("exiting due to", "failed to load model", "failed to create context", "failed to create_context",
+            "error loading model: llama_model_loader: failed")
+_PREFIX = re.compile(r"^\d+(?:\.\d+){3} (?P<level>[A-Z]) ")     # the server's "0.00.008.247 E " in front of each line
+_BIND_FAILED = "couldn't bind HTTP server socket"
+
+
+def log_reason(text: str) -> str:
+    """What a llama-server log says went wrong, on one line: an abort's own line, else the first error line
+    (the cause; the ones after it repeat it) and, when it says more, the last one."""
+    lines: list[tuple[str, str]] = []        # (level letter or "", line without the prefix)
+    for raw in text.splitlines():
+        m = _PREFIX.match(raw)
+        line = raw[m.end():].strip() if m else raw.strip()
+        if line and not line.startswith("#") and not line.startswith(("[New ", "[Thread ", "[Inferior")):
+            lines.append((m["level"] if m else "", line))
+    aborts = [x for _, x in lines if any(k in x for k in _ABORT_MARKS)]
+    if aborts:
+        return aborts[-1][:500]
+    # a line with a level letter is an error when the server says so (E); one without (an argument refused before
+    # logging starts, an older build) when it reads like one
+    said = [x for lvl, x in lines if lvl == "E" or (not lvl and any(k in x.lower() for k in _ERROR_MARKS))]
+    errors = [x for x in said if not any(g in x for g in _GENERIC)] or said
+    if not errors:
+        return f"its log ends with: {lines[-1][1]}"[:500] if lines else ""
+    picked = [errors[0]]
+    if len(errors) > 1 and errors[-1] != errors[0]:
+        picked.append(errors[-1])
+    return " | ".join(picked)[:500]
+
+
+class ServerProcess:
+    """The user's llama-server on a free port of 127.0.0.1, ready (``/health`` answered 200) once started.
+
+    ``with ServerProcess(exe, model, settings) as srv:`` starts it and always stops it (SIGTERM to its group, then
+    SIGKILL after :data:`STOP_GRACE_S`), on an exception or Ctrl-C too.  A server that exits, or is not ready within
+    ``ready_timeout_s``, is stopped and :class:`EngineError` raised in one line naming the cause and its log's last
+    error lines."""
+
+    def __init__(self, exe: str | os.PathLike, model_path: str | os.PathLike, settings: Mapping[str, Any], *,
+                 env: Mapping[str, str] | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
+                 sample_interval_s: float = SERVER_SAMPLE_INTERVAL_S,
+                 gpu_probe: Callable[[int], int | None] | None = None):
+        self.exe = Path(exe)
+        self.model_path = Path(model_path)
+        self.settings = dict(settings)
+        self.env = server_env(env)
+        self.env.setdefault("GGML_NO_BACKTRACE", "1")     # an abort should not spend seconds in gdb
+        self.ready_timeout_s = ready_timeout_s
+        self.sample_interval_s = sample_interval_s
+        self.gpu_probe = gpu_probe
+        self.port: int | None = None
+        self.argv: list[str] = []
+        self.returncode: int | None = None
+        self.kernel_maxrss_bytes: int | None = None   # wait4's ru_maxrss: may hold the forking parent's high-water mark
+        self.ready_s: float | None = None              # seconds from start to the first 200 from /health
+        self._proc: subprocess.Popen | None = None
+        self._sampler = None
+        self._log_fd: int | None = None        # the log file, already unlinked: nothing is left behind, even on SIGKILL
+        self._log_final: str | None = None
+
+    # -- what callers read
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{LOCALHOST}:{self.port}"
+
+    @property
+    def peak_rss_bytes(self) -> int | None:
+        return (self._sampler.peak_rss or None) if self._sampler is not None else None
+
+    @property
+    def peak_gpu_bytes(self) -> int | None:
+        return self._sampler.peak_gpu if self._sampler is not None else None
+
+    @property
+    def n_samples(self) -> int:
+        return self._sampler.n if self._sampler is not None else 0
+
+    def log_text(self) -> str:
+        """The server's whole log so far (after stop: including what it printed while shutting down)."""
+        if self._log_final is not None:
+            return self._log_final
+        if self._log_fd is None:
+            return ""
+        return os.pread(self._log_fd, os.fstat(self._log_fd).st_size, 0).decode("utf-8", "replace")
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._poll() is None
+
+    # -- life
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> ServerProcess:
+        """Start the server and wait until it is ready; a port taken meanwhile by another program is retried."""
+        flags = server_flags(self.exe, self.env)
+        t0 = time.monotonic()
+        try:
+            for attempt in range(PORT_TRIES):
+                self.port = free_port()
+                self.argv = server_argv(self.exe, self.model_path, self.settings, self.port, flags)
+                self._spawn()
+                why = self._wait_ready(t0 + self.ready_timeout_s)
+                if why is None:
+                    self.ready_s = time.monotonic() - t0
+                    return self
+                text = self.log_text()
+                self.stop()
+                if _BIND_FAILED in text and attempt + 1 < PORT_TRIES:
+                    continue
+                raise EngineError(f"{self.exe.name} {why}: {log_reason(text) or 'its log is empty'}")
+        except BaseException:
+            self.stop()
+            raise
+        raise AssertionError("unreachable")
+
+    def _spawn(self) -> None:
+        fd, name = tempfile.mkstemp(prefix="edgekv-llama-server-", suffix=".log")
+        os.unlink(name)                        # read back through fd; the server writes into the same open file
+        self._log_fd, self._log_final = fd, None
+        self.returncode = self.kernel_maxrss_bytes = None
+        try:
+            self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
+                                          env=self.env, start_new_session=True, preexec_fn=die_with_parent())
+        except OSError as e:
+            self._keep_log()
+            raise EngineError(f"{self.exe.name} could not be started: {e.strerror or e}") from None
+        self._sampler = memory_sampler(self._proc.pid, self.sample_interval_s, self.gpu_probe)
+
+    def _wait_ready(self, deadline: float) -> str | None:
+        """None once /health answers 200; else why not ("exited with status 1 before it was ready")."""
+        import httpx2
+
+        with httpx2.Client(trust_env=False, timeout=httpx2.Timeout(2.0)) as client:
+            while True:
+                rc = self._poll()
+                if rc is not None:
+                    how = f"died with {_signal_name(-rc)}" if rc < 0 else f"exited with status {rc}"
+                    return f"{how} before it was ready"
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return None
+                except httpx2.HTTPError:
+                    pass                        # not listening yet
+                if time.monotonic() >= deadline:
+                    return f"was not ready within {self.ready_timeout_s:g} s"
+                time.sleep(0.05)
+
+    def _poll(self) -> int | None:
+        """The exit status once the server has ended (reaped here with wait4, for its ru_maxrss), else None."""
+        if self._proc is None or self.returncode is not None:
+            return self.returncode
+        try:
+            pid, status, rusage = os.wait4(self._proc.pid, os.WNOHANG)
+        except ChildProcessError:             # reaped elsewhere
+            self.returncode = self._proc.returncode if self._proc.returncode is not None else -1
+            return self.returncode
+        if pid == 0:
+            return None
+        self.returncode = self._proc.returncode = os.waitstatus_to_exitcode(status)
+        self.kernel_maxrss_bytes = rusage.ru_maxrss * 1024
+        return self.returncode
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after :data:`STOP_GRACE_S`; reap it; keep its log."""
+        if self._proc is None or self._log_final is not None:
+            return                             # never started, or stopped already
+        if self._sampler is not None and self._poll() is None:
+            self._sampler.sample_once()        # the last reading while it still holds everything
+        if self._poll() is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+            end = time.monotonic() + STOP_GRACE_S
+            while self._poll() is None and time.monotonic() < end:
+                time.sleep(0.02)
+        if self._poll() is None:              # SIGKILL to the group while its leader still holds the id
+            _kill_group(self._proc.pid)
+            while self._poll() is None:
+                time.sleep(0.01)
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler.join()
+            self._sampler.close()
+        self._keep_log()
+
+    def _keep_log(self) -> None:
+        if self._log_fd is None:
+            return
+        try:
+            self._log_final = self.log_text()
+        except OSError:
+            self._log_final = ""
+        finally:
+            os.close(self._log_fd)
+            self._log_fd = None
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+# -- what the server says about itself -----------------------------------------------------------------------
+
+@dataclass
+class ServerProps:
+    n_ctx_slot: int | None         # each slot's context (GET /props default_generation_settings.n_ctx)
+    total_slots: int | None        # -np
+    n_vocab: int | None            # GET /v1/models meta.n_vocab (None when this server does not say)
+    n_ctx_train: int | None
+    model_path: str | None
+    build_info: str | None
+    props: dict[str, Any] = field(default_factory=dict, repr=False)   # /props as the server sent it
+
+
+def fetch_props(base_url: str, timeout_s: float = 10.0) -> ServerProps:
+    """``GET /props`` and ``GET /v1/models`` of a ready server."""
+    import httpx2
+
+    url = check_local(base_url)
+    try:
+        with httpx2.Client(trust_env=False, timeout=httpx2.Timeout(timeout_s)) as client:
+            props = client.get(f"{url}/props").raise_for_status().json()
+            models = client.get(f"{url}/v1/models").raise_for_status().json()
+    except (httpx2.HTTPError, ValueError) as e:
+        raise EngineError(f"llama-server at {url} did not answer /props: {_one_line(e)}") from None
+    meta = next((m.get("meta") or {} for m in models.get("data") or [] if isinstance(m, dict)), {})
+    gen = props.get("default_generation_settings") or {}
+    return ServerProps(n_ctx_slot=gen.get("n_ctx"), total_slots=props.get("total_slots"), n_vocab=meta.get("n_vocab"),
+                       n_ctx_train=meta.get("n_ctx_train"), model_path=props.get("model_path"),
+                       build_info=props.get("build_info"), props=props)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:300]
+
+
+# -- the client ------------------------------------------------------------------------------------------------
+
+@dataclass
+class RequestResult:
+    """One timed ``/completion`` request.  Times are seconds from the level's first send."""
+
+    index: int
+    ok: bool
+    reason: str | None             # why it failed, one line
+    n_prompt: int                  # prompt tokens sent
+    n_tokens: int                  # generated tokens (the server's count, tokens_predicted)
+    n_chunks: int                  # stream events that carried a generated token
+    t_send_s: float
+    t_end_s: float
+    ttft_s: float | None           # send -> the first event carrying a generated token
+    decode_tps: float | None       # (tokens after the first) / (last token's time - first token's time)
+    timings: dict[str, Any] | None = None   # the server's own "timings" of its final event, as sent
+    stop_type: str | None = None
+    truncated: bool | None = None
+
+
+@dataclass
+class LevelResult:
+    """All requests of one concurrency level."""
+
+    concurrency: int
+    requests: list[RequestResult]
+    wall_s: float                  # first send -> last completion
+
+    @property
+    def n_failed(self) -> int:
+        return sum(not r.ok for r in self.requests)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(r.n_tokens for r in self.requests if r.ok)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Aggregate generation speed: generated tokens of the requests that succeeded / the level's wall time."""
+        return self.generated_tokens / self.wall_s if self.wall_s > 0 else None
+
+
+class AllRequestsFailed(RunFailed):
+    """Every request of a level failed; ``level`` holds them with their reasons."""
+
+    def __init__(self, message: str, level: LevelResult):
+        super().__init__(message)
+        self.level = level
+
+
+class _RequestError(Exception):
+    pass
+
+
+@dataclass
+class _Stream:
+    """What one streamed answer said so far."""
+
+    t_send: float
+    n_chunks: int = 0
+    n_tokens: int = 0
+    t_first: float | None = None
+    n_first: int = 0
+    t_last: float | None = None
+    final: dict[str, Any] | None = None
+
+    def on_event(self, chunk: dict[str, Any], now: float) -> None:
+        if chunk.get("tokens"):       # an incomplete UTF-8 character is held back and sent with the next token
+            self.n_chunks += 1
+            self.n_tokens = int(chunk.get("tokens_predicted") or self.n_tokens + len(chunk["tokens"]))
+            if self.t_first is None:
+                self.t_first, self.n_first = now, self.n_tokens
+            self.t_last = now
+        if chunk.get("stop"):
+            self.final = chunk
+            self.n_tokens = int(chunk.get("tokens_predicted") or self.n_tokens)
+
+    def result(self, index: int, n_prompt: int, t0: float, t_end: float, reason: str | None) -> RequestResult:
+        tps = None
+        if self.t_first is not None and self.t_last is not None and self.t_last > self.t_first:
+            tps = (self.n_tokens - self.n_first) / (self.t_last - self.t_first)
+        fin = self.final or {}
+        return RequestResult(
+            index=index, ok=reason is None, reason=reason, n_prompt=n_prompt, n_tokens=self.n_tokens,
+            n_chunks=self.n_chunks, t_send_s=self.t_send - t0, t_end_s=t_end - t0,
+            ttft_s=None if self.t_first is None else self.t_first - self.t_send, decode_tps=tps,
+            timings=fin.get("timings"), stop_type=fin.get("stop_type"), truncated=fin.get("truncated"))
+
+
+def completion_payload(prompt: list[int], n_gen: int, seed: int) -> dict[str, Any]:
+    """The ``/completion`` request: token ids in, exactly ``n_gen`` tokens out, the cheapest sampling."""
+    return {"prompt": prompt, "n_predict": n_gen, "ignore_eos": True, "cache_prompt": False, "stream": True,
+            "samplers": ["top_k"], "top_k": 1, "temperature": 0.0, "seed": seed}
+
+
+async def _stream_completion(client, payload: dict[str, Any], rec: _Stream) -> None:
+    async with client.sse("/completion", method="POST", json=payload) as es:
+        if es.response.status_code != 200:
+            body = (await es.response.aread()).decode("utf-8", "replace")
+            raise _RequestError(f"HTTP {es.response.status_code}: {_error_message(body)}")
+        async for ev in es:
+            if ev.data.strip() == "[DONE]":
+                break
+            chunk = json.loads(ev.data)
+            now = time.perf_counter()
+            if isinstance(chunk, dict) and "error" in chunk:
+                raise _RequestError(_error_message(ev.data))
+            rec.on_event(chunk, now)
+            if rec.final is not None:
+                return
+    raise _RequestError(f"the stream ended without a final event ({rec.n_tokens} tokens received)")
+
+
+def _error_message(body: str) -> str:
+    try:
+        err = json.loads(body).get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+    except (ValueError, AttributeError):
+        msg = None
+    return " ".join(str(msg or body).split())[:300] or "no body"
+
+
+async def _timed_request(client, index: int, prompt: list[int], n_gen: int, seed: int, timeout_s: float,
+                         t0: float) -> RequestResult:
+    import httpx2
+
+    rec = _Stream(t_send=time.perf_counter())
+    reason = None
+    try:
+        await asyncio.wait_for(_stream_completion(client, completion_payload(prompt, n_gen, seed), rec), timeout_s)
+    except asyncio.TimeoutError:
+        reason = f"no complete answer within {timeout_s:g} s ({rec.n_tokens} of {n_gen} tokens received)"
+    except _RequestError as e:
+        reason = str(e)
+    except (httpx2.HTTPError, ValueError) as e:
+        reason = f"{type(e).__name__}: {_one_line(e)}"
+    return rec.result(index, len(prompt), t0, time.perf_counter(), reason)
+
+
+def random_prompts(n_requests: int, n_prompt: int, n_vocab: int, seed: int) -> list[list[int]]:
+    """``n_requests`` prompts of ``n_prompt`` token ids in [0, n_vocab), the same for the same seed."""
+    rng = random.Random(seed)
+    return [[rng.randrange(n_vocab) for _ in range(n_prompt)] for _ in range(n_requests)]
+
+
+async def adrive(base_url: str, concurrency: int, n_requests: int, n_prompt: int, n_gen: int, n_vocab: int,
+                 seed: int = 0, request_timeout_s: float = 300.0, warmup: bool = False) -> LevelResult:
+    """Send ``n_requests`` streamed completions, at most ``concurrency`` in flight; see :func:`drive`."""
+    import httpx2
+
+    url = check_local(base_url)
+    if min(concurrency, n_requests, n_prompt, n_gen, n_vocab) < 1 or request_timeout_s <= 0:
+        raise UsageError("concurrency, n_requests, n_prompt, n_gen, n_vocab and the request timeout must be positive")
+    prompts = random_prompts(n_requests, n_prompt, n_vocab, seed)
+    limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx2.AsyncClient(base_url=url, trust_env=False, limits=limits,
+                                  timeout=httpx2.Timeout(request_timeout_s)) as client:
+        if warmup:                         # one short request, outside the timing (its failure shows in the level)
+            warm = random_prompts(1, min(n_prompt, 8), n_vocab, seed + 1)[0]
+            await _timed_request(client, -1, warm, min(n_gen, 2), seed, request_timeout_s, time.perf_counter())
+        results: list[RequestResult] = []
+        todo = iter(range(n_requests))     # shared by the workers; one event loop, so no lock is needed
+        t0 = time.perf_counter()
+
+        async def worker() -> None:
+            for i in todo:
+                results.append(await _timed_request(client, i, prompts[i], n_gen, seed, request_timeout_s, t0))
+
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, n_requests))))
+    results.sort(key=lambda r: r.index)
+    level = LevelResult(concurrency=concurrency, requests=results, wall_s=max(r.t_end_s for r in results))
+    if level.n_failed == len(results):
+        raise AllRequestsFailed(f"all {len(results)} requests to llama-server at {url} failed: {results[0].reason}",
+                                level)
+    return level
+
+
+def drive(base_url: str, concurrency: int, n_requests: int, n_prompt: int, n_gen: int, n_vocab: int,
+          seed: int = 0, request_timeout_s: float = 300.0, warmup: bool = False) -> LevelResult:
+    """One concurrency level against a ready server: ``n_requests`` requests of ``n_prompt`` random token ids
+    (``random.Random(seed)``) and ``n_gen`` generated tokens each, at most ``concurrency`` in flight, each with its
+    own deadline.  A request that fails is recorded with its reason; :class:`AllRequestsFailed` (a
+    :class:`RunFailed`, holding the level) only when every one failed."""
+    return asyncio.run(adrive(base_url, concurrency, n_requests, n_prompt, n_gen, n_vocab, seed, request_timeout_s,
+                              warmup))
