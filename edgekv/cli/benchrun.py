@@ -57,6 +57,10 @@ def case_line(i: int, n: int, rec: dict[str, Any], wall_s: float, elapsed_s: flo
     seq = (sp.get("tg_seq") or {}).get("mean_ts")
     if seq is not None:
         parts.append(f"{seq:.1f} t/s per sequence ({rec['settings']['n_parallel']} at once)")
+    sv = rec.get("serving") or {}
+    if sv.get("ttft_p50_s") is not None:
+        parts.append(f"TTFT p50 {sv['ttft_p50_s']:.2f} s, p95 {sv['ttft_p95_s']:.2f} s"
+                     + (f", {sv['n_failed']} of {sv['n_requests']} requests failed" if sv.get("n_failed") else ""))
     mem = rec.get("memory") or {}
     if mem.get("peak_rss_bytes"):
         pp = (pred.get("process") or {}).get("peak_rss_bytes")

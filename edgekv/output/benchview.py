@@ -219,6 +219,12 @@ def render_summary(con, records: list[S.Record | dict[str, Any]], output: str) -
     busy_rows = any(record_busy(r) for r in records)
     unstable = any(v is not None and v.unstable for r in records for v in (speed_of(r, "pp"), speed_of(r, "tg")))
     _summary_legend(con, narrow, with_gpu, with_quality, busy_rows, unstable)
+    if any(unset_none(r.settings.n_parallel) for r in records):
+        con.print("npl N: N sequences at once from an empty cache (-npl); pp and tg are tokens/s of all of them, /seq "
+                  "what each one gets." + (" llama-server rows: the server process's memory sampled from outside; pp "
+                  "from the server's own prompt_ms, tg the sum of the concurrent requests' decode rates measured by "
+                  "the client; time to first token in the lines above and in --json (serving)."
+                  if any(unset_none(r.serving) is not None for r in records) else ""))
     note = repack_note(records)
     if note:
         con.print(f"[yellow]{note}[/]", highlight=False)
