@@ -181,7 +181,11 @@ class DryRunner:
             # the first context's host structures (freed contexts leave their pages to malloc, so later
             # contexts would show less): recorded once per session
             self.host_growth["context"] = rss1 - rss0
-        r["host_growth_context_bytes"] = self.host_growth.get("context")
+            # less that context's own output buffer (llama.cpp's line; its rows follow that context's -np), so the
+            # figure holds for a context of any -np
+            out = int(round(sum(log.output_buffers.values()) * 1024 * 1024))
+            self.host_growth["context_less_output"] = rss1 - rss0 - out
+        r["host_growth_context_less_output_bytes"] = self.host_growth.get("context_less_output")
         if ctx:
             r["n_ctx"] = int(lc.llama_n_ctx(ctx))
             r["n_ctx_seq"] = int(lc.llama_n_ctx_seq(ctx)) if hasattr(lc, "llama_n_ctx_seq") else None
@@ -220,7 +224,7 @@ class EngineResult:
     n_seq_max: int | None = None
     raw_log: list[str] | None = None
     n_outputs_max: int = 0
-    host_growth_context_bytes: int | None = None
+    host_growth_context_less_output_bytes: int | None = None
 
     @property
     def compute_mib(self) -> float:
@@ -277,7 +281,7 @@ def _engine_result(c: ContextParams, r: dict[str, Any]) -> EngineResult:
     res = EngineResult(params=c, ok=r["ok"], error=r.get("error"), log=log, n_ctx=r.get("n_ctx"),
                        n_ctx_seq=r.get("n_ctx_seq"), n_batch=r.get("n_batch"), n_ubatch=r.get("n_ubatch"),
                        n_seq_max=r.get("n_seq_max"), n_outputs_max=int(r.get("n_outputs_max") or 0),
-                       host_growth_context_bytes=r.get("host_growth_context_bytes"))
+                       host_growth_context_less_output_bytes=r.get("host_growth_context_less_output_bytes"))
     if "raw_log" in r:
         res.raw_log = r["raw_log"]
     return res

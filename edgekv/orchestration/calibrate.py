@@ -181,16 +181,18 @@ def host_structures(header, measured: dict[str, int | None], n_gpu_layers: int =
     """llama.cpp's host structures for this model in this environment, measured once (in its dry run) and then
     reused, so that the same model answers the same everywhere (a local file, its header over HTTP)."""
     key = _key(fingerprint("python"))
+    # "context_less_output": the context's growth less its own output buffer, so the figure holds for any -np (files
+    # from before it held the growth with an output buffer of unknown size: measured again)
     path = edgekv_home() / "calibration" / f"host-{key}-{model_key(header)}-ngl{n_gpu_layers}.json"
     try:
         cached = json.loads(path.read_text())
-        if cached.get("load") is not None and cached.get("context") is not None:
-            return {"load": int(cached["load"]), "context": int(cached["context"])}
+        if cached.get("load") is not None and cached.get("context_less_output") is not None:
+            return {"load": int(cached["load"]), "context_less_output": int(cached["context_less_output"])}
     except (OSError, ValueError, TypeError):
         pass
-    if measured.get("load") is not None and measured.get("context") is not None:
+    if measured.get("load") is not None and measured.get("context_less_output") is not None:
         try:
-            _atomic_write(path, {"load": measured["load"], "context": measured["context"]})
+            _atomic_write(path, {"load": measured["load"], "context_less_output": measured["context_less_output"]})
         except OSError:
             pass
     return measured

@@ -145,20 +145,21 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
 
     host_struct, struct_note = None, ""
     src = eng_workload if eng_workload is not None else eng_default
+    # the dry-run session's first context's growth less that context's own output buffer (its rows follow its -np):
+    # cached and reused for every configuration of this model, whatever its -np
     measured = {"load": load_info.get("host_growth_load_bytes"),
-                "context": getattr(src, "host_growth_context_bytes", None) if src is not None else None}
+                "context_less_output": getattr(src, "host_growth_context_less_output_bytes", None) if src else None}
     hs = host_structures(m.header, measured, settings.n_gpu_layers) if measured["load"] is not None else measured
-    g_load, g_ctx = hs.get("load"), hs.get("context")
+    g_load, g_ctx = hs.get("load"), hs.get("context_less_output")
     if g_load is not None and g_ctx is not None:
-        _, rows_at_creation = workload_outputs(WORKLOAD_BENCH, params.n_batch, params.n_ubatch, params.n_seq_max)
-        out_at_creation = shape.n_vocab * 4 * rows_at_creation
-        host_struct = max(0, g_load + g_ctx - out_at_creation)
+        host_struct = max(0, g_load + g_ctx)
         struct_note = (f"dry-run process grew {g_load / MIB:.1f} MiB loading the model and "
-                       f"{g_ctx / MIB:.1f} MiB creating a context (less its {out_at_creation / MIB:.2f} MiB output buffer)")
+                       f"{g_ctx / MIB:.1f} MiB creating a context (less its output buffer)")
     state = state_seq_bytes(pred, settings.n_depth or 0) if settings.keeps_depth_state else 0
     restore = state_read_buffer_bytes(pred, settings.n_depth or 0) if settings.restores_state_file else 0
     return ProcessInputs(
         state_copy_bytes=state, restore_buffer_bytes=restore, server_slots=settings.server_slots,
+        arch=str(getattr(shape, "arch", "") or ""),
         workload=settings.workload, n_ubatch=pred.n_ubatch, n_batch=pred.n_batch, n_seq_max=params.n_seq_max,
         n_threads=settings.n_threads or default_threads(), tensors=m.header.tensors, n_vocab=shape.n_vocab,
         n_layer=n_layer, cpu_features=baseline.cpu_features if baseline is not None else (),
