@@ -142,3 +142,23 @@ def test_ctrl_c_stops_the_server(llama_server_exe, smollm2_path, tmp_path):
     assert gone, f"llama-server {server.pid} is still running"
     assert not out.exists() or all(json.loads(x) for x in out.read_text().splitlines())
     assert not Path(f"/proc/{server.pid}").exists() or psutil.Process(server.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_decode_of_all_requests_counts_only_the_time_all_of_them_decode():
+    """The server prefills a late request between decode steps: the aggregate decode is taken from the last request's
+    first token to the first request's last one, counting every request's tokens in that window."""
+    from edgekv.edges.server import RequestResult
+    from edgekv.orchestration.serving import all_decoding_rate
+
+    def req(arrivals):
+        return RequestResult(index=0, ok=True, reason=None, n_prompt=4, n_tokens=arrivals[-1][1], n_chunks=len(arrivals),
+                             t_send_s=0.0, t_end_s=arrivals[-1][0], ttft_s=arrivals[0][0], decode_tps=None,
+                             arrivals=arrivals)
+
+    early = req([(1.0 + 0.1 * i, i + 1) for i in range(30)])          # 10 t/s from 1.0 s to 3.9 s
+    late = req([(2.0 + 0.1 * i, i + 1) for i in range(30)])           # 10 t/s from 2.0 s to 4.9 s
+    # window 2.0 .. 3.9 s: early goes from 11 to 30 tokens, late from 1 to 20: 38 tokens in 1.9 s
+    assert all_decoding_rate([early, late]) == pytest.approx(38 / 1.9)
+    assert all_decoding_rate([early]) == pytest.approx(29 / 2.9)
+    apart = req([(5.0 + 0.1 * i, i + 1) for i in range(3)])             # starts after early ended: never together
+    assert all_decoding_rate([early, apart]) is None

@@ -438,6 +438,7 @@ class RequestResult:
     timings: dict[str, Any] | None = None   # the server's own "timings" of its final event, as sent
     stop_type: str | None = None
     truncated: bool | None = None
+    arrivals: list[tuple[float, int]] = field(default_factory=list)   # (s from the level's first send, tokens so far)
 
 
 @dataclass
@@ -485,6 +486,7 @@ class _Stream:
     n_first: int = 0
     t_last: float | None = None
     final: dict[str, Any] | None = None
+    arrivals: list[tuple[float, int]] = field(default_factory=list)   # (time, tokens received by then)
 
     def on_event(self, chunk: dict[str, Any], now: float) -> None:
         if chunk.get("tokens"):       # an incomplete UTF-8 character is held back and sent with the next token
@@ -493,6 +495,7 @@ class _Stream:
             if self.t_first is None:
                 self.t_first, self.n_first = now, self.n_tokens
             self.t_last = now
+            self.arrivals.append((now, self.n_tokens))
         if chunk.get("stop"):
             self.final = chunk
             self.n_tokens = int(chunk.get("tokens_predicted") or self.n_tokens)
@@ -506,7 +509,8 @@ class _Stream:
             index=index, ok=reason is None, reason=reason, n_prompt=n_prompt, n_tokens=self.n_tokens,
             n_chunks=self.n_chunks, t_send_s=self.t_send - t0, t_end_s=t_end - t0,
             ttft_s=None if self.t_first is None else self.t_first - self.t_send, decode_tps=tps,
-            timings=fin.get("timings"), stop_type=fin.get("stop_type"), truncated=fin.get("truncated"))
+            timings=fin.get("timings"), stop_type=fin.get("stop_type"), truncated=fin.get("truncated"),
+            arrivals=[(t - t0, n) for t, n in self.arrivals])
 
 
 def completion_payload(prompt: list[int], n_gen: int, seed: int) -> dict[str, Any]:

@@ -5,8 +5,8 @@ One configuration is one server process (a fresh one each time, like every measu
 when ``/health`` says so, then ``-r`` rounds of N concurrent streamed ``/completion`` requests of ``-p`` random prompt
 token ids and ``-n`` generated tokens (EOS ignored, no prompt cache) through :mod:`edgekv.edges.server`; its memory
 is sampled from outside all along.  The record holds, per round, the aggregate prefill (N·p tokens over the longest
-``prompt_ms`` the server reported: llama.cpp's own timing) and decode (the sum of the requests' own decode rates,
-measured by the client), each request's decode rate, time to first token, the server's timings as it sent them,
+``prompt_ms`` the server reported: llama.cpp's own timing) and decode (all requests' tokens per second over the time all of them
+decode at once, measured by the client), each request's decode rate, time to first token, the server's timings as it sent them,
 the server's peak RSS beside the whole-process prediction for ``-np N`` over this binary's own runtime baseline,
 and llama.cpp's KV lines from the server's log beside the formula.
 """
@@ -45,6 +45,31 @@ def _rounds(srv, s: dict[str, Any], n_vocab: int, timeout_s: float, emit) -> lis
     return levels
 
 
+def _count_at(arrivals: list[tuple[float, int]], t: float) -> int:
+    """Tokens a request had received by time ``t`` (its arrivals are in order)."""
+    n = 0
+    for when, count in arrivals:
+        if when > t:
+            break
+        n = count
+    return n
+
+
+def all_decoding_rate(requests: list[Any]) -> float | None:
+    """Tokens/s of all requests together while every one of them decodes: from the last request's first token to the
+    first request's last token (the server prefills late arrivals between decode steps, so a request's own rate
+    also holds other prompts; over this window all of them decode at once, like -npl in-process).  None when the
+    requests never decoded all at once."""
+    starts = [r.arrivals[0][0] for r in requests if r.arrivals]
+    ends = [r.arrivals[-1][0] for r in requests if r.arrivals]
+    if len(starts) != len(requests) or not starts:
+        return None
+    a, b = max(starts), min(ends)
+    if b <= a:
+        return None
+    return sum(_count_at(r.arrivals, b) - _count_at(r.arrivals, a) for r in requests) / (b - a)
+
+
 def speed_and_serving(levels: list[Any], s: dict[str, Any], exe: str, ready_s: float | None) -> tuple[dict, dict]:
     """(``speed``, ``serving``) blocks of a record from the rounds' request results."""
     k, p, n = int(s["n_parallel"]), int(s["n_prompt"]), int(s["n_gen"])
@@ -56,8 +81,9 @@ def speed_and_serving(levels: list[Any], s: dict[str, Any], exe: str, ready_s: f
         ttft += [r.ttft_s for r in ok if r.ttft_s is not None]
         rates = [r.decode_tps for r in ok if r.decode_tps]
         seq_ts += rates
-        if len(ok) == k and len(rates) == k:
-            tg_ts.append(sum(rates))
+        together = all_decoding_rate(ok) if len(ok) == k else None
+        if together:
+            tg_ts.append(together)
         prompt_ms = [float(r.timings["prompt_ms"]) for r in ok if r.timings and r.timings.get("prompt_ms")]
         if len(prompt_ms) == k:
             pp_ns.append(int(max(prompt_ms) * 1e6))

@@ -222,7 +222,7 @@ def render_summary(con, records: list[S.Record | dict[str, Any]], output: str) -
     if any(unset_none(r.settings.n_parallel) for r in records):
         con.print("npl N: N sequences at once from an empty cache (-npl); pp and tg are tokens/s of all of them, /seq "
                   "what each one gets." + (" llama-server rows: the server process's memory sampled from outside; pp "
-                  "from the server's own prompt_ms, tg the sum of the concurrent requests' decode rates measured by "
+                  "from the server's own prompt_ms, tg all requests' tokens/s while all of them decode, measured by "
                   "the client; time to first token in the lines above and in --json (serving)."
                   if any(unset_none(r.serving) is not None for r in records) else ""))
     note = repack_note(records)

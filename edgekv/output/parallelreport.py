@@ -70,7 +70,8 @@ def table(rows: list[dict[str, Any]]) -> tuple[str, str, list[str], list[list[st
     if server:
         intro += (" `llama-server`: the user's server started with -np N and driven by N concurrent streamed "
                   "requests (prompt as token ids, EOS ignored, no prompt cache) per repetition; prefill from the "
-                  "server's own `prompt_ms` (llama.cpp), decode the sum of the requests' rates measured by the client, "
+                  "server's own `prompt_ms` (llama.cpp), decode all requests' tokens per second while all of them "
+                  "decode (client), "
                   "TTFT from sending a request to its first streamed token, the HTTP layer included.")
     align = ["l", "r", "l", "r", "r", "r", "r"] + (["r", "r"] if server else []) + ["r"]
     return "Sequences at once and serving, measured", intro, heads, body, align
