@@ -294,8 +294,10 @@ class ServerProcess:
         raise AssertionError("unreachable")
 
     def _spawn(self) -> None:
-        fd, name = tempfile.mkstemp(prefix="edgekv-llama-server-", suffix=".log")
-        os.unlink(name)                        # read back through fd; the server writes into the same open file
+        # a file without a name (O_TMPFILE where the OS has it, else unlinked at once): read back through the same
+        # open file the server writes into, and nothing is left behind, even on SIGKILL
+        with tempfile.TemporaryFile(prefix="edgekv-llama-server-", suffix=".log") as tmp:
+            fd = os.dup(tmp.fileno())
         self._log_fd, self._log_final = fd, None
         self.returncode = self.kernel_maxrss_bytes = None
         try:
