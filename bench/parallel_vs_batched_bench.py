@@ -41,6 +41,7 @@ from edgekv.core.stats import summarize, welch  # noqa: E402
 from edgekv.edges.environment import cpu_model  # noqa: E402
 from edgekv.edges.process import run_child  # noqa: E402
 from edgekv.orchestration.api import load_model  # noqa: E402
+from edgekv.orchestration.preflight import preflight  # noqa: E402
 from edgekv.orchestration.sweep import SweepSpec, run_sweep  # noqa: E402
 
 MIB = 1024 * 1024
@@ -48,9 +49,11 @@ BEGIN, END = "<!-- parallel:begin -->", "<!-- parallel:end -->"
 
 
 def batched_bench_argv(exe: Path, model_path: str, args, t: str, npl: int) -> list[str]:
-    return [str(exe), "-m", model_path, "-c", str(args.c), "-b", str(args.b), "-ub", str(args.ub),
+    argv = [str(exe), "-m", model_path, "-c", str(args.c), "-b", str(args.b), "-ub", str(args.ub),
             "-npp", str(args.p), "-ntg", str(args.n), "-npl", ",".join([str(npl)] * args.r), "-ctk", t, "-ctv", t,
             "-fa", args.fa, "-t", str(args.t), "--output-format", "jsonl"]
+    # the repacking edgekv's side runs with: llama.cpp's default, or off where its AMX kernels crash (issue 25)
+    return argv if preflight().repack else argv + ["--no-repack"]
 
 
 def parse_jsonl(stdout: str) -> list[dict]:

@@ -70,8 +70,18 @@ def _gone(pid: int, within_s: float) -> bool:
 
 
 @pytest.fixture(scope="module")
-def server(llama_server_exe, smollm2_path):
-    with ServerProcess(llama_server_exe, smollm2_path, SETTINGS, env=_env(llama_server_exe)) as srv:
+def running() -> dict:
+    """SETTINGS for a server that decodes: with the CPU backend's extra buffers only where their kernels run here (the
+    server's warm-up already decodes a batch of two; on a CPU whose AMX kernels crash it would die there, see
+    ../shared/reference/amx.md): edgekv bench decides the same way (edgekv.orchestration.preflight)."""
+    from edgekv.orchestration.preflight import preflight
+
+    return {**SETTINGS, "repack": preflight().repack}
+
+
+@pytest.fixture(scope="module")
+def server(llama_server_exe, smollm2_path, running):
+    with ServerProcess(llama_server_exe, smollm2_path, running, env=_env(llama_server_exe)) as srv:
         yield srv
     assert not _our_servers()
 
@@ -178,9 +188,9 @@ def test_a_server_that_cannot_start_says_why_in_one_line(case, llama_server_exe,
     assert _our_servers() <= before
 
 
-def test_an_exception_inside_the_with_stops_the_server(llama_server_exe, smollm2_path):
+def test_an_exception_inside_the_with_stops_the_server(llama_server_exe, smollm2_path, running):
     before = _our_servers()
-    with pytest.raises(KeyboardInterrupt), ServerProcess(llama_server_exe, smollm2_path, SETTINGS,
+    with pytest.raises(KeyboardInterrupt), ServerProcess(llama_server_exe, smollm2_path, running,
                                                          env=_env(llama_server_exe)) as srv:
         pid = srv.pid
         raise KeyboardInterrupt
@@ -191,17 +201,17 @@ def test_an_exception_inside_the_with_stops_the_server(llama_server_exe, smollm2
     assert _our_servers() <= before
 
 
-def test_a_server_deaf_to_sigterm_is_killed(monkeypatch, llama_server_exe, smollm2_path):
+def test_a_server_deaf_to_sigterm_is_killed(monkeypatch, llama_server_exe, smollm2_path, running):
     import edgekv.edges.server as server_mod
 
     monkeypatch.setattr(server_mod, "STOP_GRACE_S", 0.5)
-    with ServerProcess(llama_server_exe, smollm2_path, SETTINGS, env=_env(llama_server_exe)) as srv:
+    with ServerProcess(llama_server_exe, smollm2_path, running, env=_env(llama_server_exe)) as srv:
         os.kill(srv.pid, signal.SIGSTOP)         # a stopped process leaves SIGTERM pending; SIGKILL still ends it
         t = time.monotonic()
     assert srv.returncode == -signal.SIGKILL and time.monotonic() - t < 3
 
 
-def test_a_port_taken_meanwhile_is_retried(monkeypatch, llama_server_exe, smollm2_path):
+def test_a_port_taken_meanwhile_is_retried(monkeypatch, llama_server_exe, smollm2_path, running):
     import socket
 
     import edgekv.edges.server as server_mod
@@ -213,23 +223,25 @@ def test_a_port_taken_meanwhile_is_retried(monkeypatch, llama_server_exe, smollm
         ports = iter([taken])
         real = server_mod.free_port
         monkeypatch.setattr(server_mod, "free_port", lambda: next(ports, None) or real())
-        with ServerProcess(llama_server_exe, smollm2_path, SETTINGS, env=_env(llama_server_exe)) as srv:
+        with ServerProcess(llama_server_exe, smollm2_path, running, env=_env(llama_server_exe)) as srv:
             assert srv.port != taken and srv.alive()
             assert "couldn't bind" not in srv.log_text()      # the log of the server that runs, not of the first try
 
 
-def test_the_server_dies_with_a_killed_edgekv(llama_server_exe, smollm2_path):
+def test_the_server_dies_with_a_killed_edgekv(llama_server_exe, smollm2_path, running):
     script = textwrap.dedent("""
         import sys, time
         from edgekv.edges.server import ServerProcess
         from edgekv.core.llamalog import parse_memory_log
         srv = ServerProcess(sys.argv[1], sys.argv[2], {"n_ctx": 256, "n_parallel": 1, "type_k": "f16", "type_v": "f16",
-                            "flash_attn": "auto", "n_threads": 1, "n_batch": 256, "n_ubatch": 256, "kv_unified": False})
+                            "flash_attn": "auto", "n_threads": 1, "n_batch": 256, "n_ubatch": 256, "kv_unified": False,
+                            "repack": sys.argv[3] == "1"})
         srv.start()
         print(srv.pid, flush=True)
         time.sleep(120)
     """)
-    p = subprocess.Popen([sys.executable, "-c", script, str(llama_server_exe), str(smollm2_path)], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-c", script, str(llama_server_exe), str(smollm2_path),
+                          "1" if running["repack"] else "0"], stdout=subprocess.PIPE,
                          env=_env(llama_server_exe), cwd=ROOT, text=True)
     try:
         pid = int(p.stdout.readline())
