@@ -356,6 +356,20 @@ class _Runner:
         self.L.llama_batch_free(self.gen_batch)
 
 
+def _finish_ok(L, ctx, model, ev: EventWriter, devmem: DeviceMemory, t_begin: float, samples: dict[str, Any],
+               untimed: dict[str, Any], out: dict[str, Any]) -> None:
+    """A measured run's end: the last memory checkpoint, its total and timed seconds (``samples``; ``untimed``: views
+    of the same samples, not counted again), the result, then llama.cpp's context and model freed."""
+    cps, timing = out["checkpoints"], out["timing"]
+    cps["end"] = _mem()
+    cps["end"]["gpu_used"] = devmem.used()
+    timing["child_total_s"] = time.perf_counter() - t_begin
+    timing["timed_s"] = sum(sum(v["samples_ns"]) for v in samples.values()) / 1e9
+    ev.result({**out, "status": "ok", "samples": {**samples, **untimed}})
+    L.llama_free(ctx)
+    L.llama_model_free(model)
+
+
 class _SeqBatch:
     """A llama_batch of tokens spread over sequences, filled before the clock starts (llama-batched-bench's
     ``common_batch``): ``add`` appends one token of one sequence, ``decode`` runs it."""
@@ -449,8 +463,6 @@ def _batched_run(L, ctx, model, runner, s, ev, base, effective, checkpoints, tim
     finally:
         step.free()
         runner.close()
-    checkpoints["end"] = _mem()
-    checkpoints["end"]["gpu_used"] = devmem.used()
     samples = {}
     for test, per_seq in (("pp", p), ("tg", n)):
         if per_seq > 0:
@@ -458,15 +470,12 @@ def _batched_run(L, ctx, model, runner, s, ev, base, effective, checkpoints, tim
             timing[f"{test}_s"] = sum(ns[test]) / 1e9
             samples[test] = {"n_tokens": total, "samples_ns": ns[test], "samples_ts": [total * 1e9 / x for x in ns[test]]}
     timing["fill_s"] = 0.0
-    timing["child_total_s"] = time.perf_counter() - t_begin
-    timing["timed_s"] = sum(sum(v["samples_ns"]) for v in samples.values()) / 1e9
-    if n > 0:      # what each sequence sees: its own decode rate while the others decode beside it
-        samples["tg_seq"] = {"n_tokens": n, "samples_ns": ns["tg"], "samples_ts": [n * 1e9 / x for x in ns["tg"]]}
-    ev.result({**base, "status": "ok", "effective": effective, "checkpoints": checkpoints, "timing": timing,
-               "samples": samples, "restore": "clear", "snapshot_bytes": None, "n_vocab": n_vocab,
-               "add_bos": runner.add_bos})
-    L.llama_free(ctx)
-    L.llama_model_free(model)
+    # what each sequence sees: its own decode rate while the others decode beside it (not timed again)
+    per_seq = {"tg_seq": {"n_tokens": n, "samples_ns": ns["tg"], "samples_ts": [n * 1e9 / x for x in ns["tg"]]}} \
+        if n > 0 else {}
+    _finish_ok(L, ctx, model, ev, devmem, t_begin, samples, per_seq,
+               {**base, "effective": effective, "checkpoints": checkpoints, "timing": timing, "restore": "clear",
+                "snapshot_bytes": None, "n_vocab": n_vocab, "add_bos": runner.add_bos})
 
 
 # long: one measured run in order (load, context, warm-up, timed tests, memory) whose timing marks bracket each step
@@ -627,13 +636,7 @@ def bench(payload: dict, ev: EventWriter) -> None:
         runner.close()
         if state_path is not None:
             shutil.rmtree(os.path.dirname(state_path), ignore_errors=True)
-    checkpoints["end"] = _mem()
-    checkpoints["end"]["gpu_used"] = devmem.used()
-    timing["child_total_s"] = time.perf_counter() - t_begin
-    timed = sum(sum(v["samples_ns"]) for v in samples.values()) / 1e9
-    timing["timed_s"] = timed
-    ev.result({**base, "status": "ok", "effective": effective, "checkpoints": checkpoints, "timing": timing,
-               "samples": samples, "restore": restore if d > 0 else "clear", "snapshot_bytes": snapshot_bytes,
-               "n_vocab": n_vocab, "add_bos": add_bos})
-    L.llama_free(ctx)
-    L.llama_model_free(model)
+    _finish_ok(L, ctx, model, ev, devmem, t_begin, samples, {},
+               {**base, "effective": effective, "checkpoints": checkpoints, "timing": timing,
+                "restore": restore if d > 0 else "clear", "snapshot_bytes": snapshot_bytes, "n_vocab": n_vocab,
+                "add_bos": add_bos})
