@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-MIB = 1024 * 1024
+from edgekv.core.predict import MIB
+from edgekv.output.plots import _kv
+
 DASH = "–"
-
-
-def _kv(r: dict[str, Any]) -> str:
-    return r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
 
 
 def _ts(mean: float | None, lo: float | None, hi: float | None) -> str:
