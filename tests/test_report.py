@@ -391,3 +391,14 @@ def test_quality_json_output_loads_in_report_and_merge(tmp_path, smollm2_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert [x["kind"] for x in R.load(merged)] == ["quality", "quality"]
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_h100_report_names_the_gpu(name):
+    """The environment stores NVML's GPUs under nvidia.devices; the report read nvidia.gpus and showed only the
+    driver (issue 30 point 5). The recorded H100 runs and their committed reports name the card and its memory."""
+    root = Path(__file__).parent.parent / "bench" / "results" / "cuda-h100"
+    recs = [json.loads(x) for x in (root / f"{name}.jsonl").read_text().splitlines()]
+    assert all(r["environment"]["nvidia"]["devices"] for r in recs)
+    assert REP._gpu(recs[0]["environment"]) == "NVIDIA H100 80GB HBM3 (80 GiB), driver 580.159.04"
+    assert "| GPU | NVIDIA H100 80GB HBM3 (80 GiB), driver 580.159.04 |" in (root / f"report-{name}" / "README.md").read_text()

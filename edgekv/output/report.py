@@ -372,7 +372,8 @@ def _gpu(e: dict[str, Any]) -> str:
     nv = e.get("nvidia")
     parts = []
     if isinstance(nv, dict):
-        for g in nv.get("gpus") or []:
+        # edges/environment.nvidia_info stores them under "devices" ("gpus" in no record written by edgekv)
+        for g in nv.get("devices") or nv.get("gpus") or []:
             if isinstance(g, dict):
                 parts.append(f"{g.get('name')} ({(g.get('memory_total') or 0) / 1024**3:.0f} GiB)")
         if nv.get("driver"):
