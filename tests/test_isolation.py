@@ -2,9 +2,9 @@
 
 Proved on a nested pytest run: a test that writes through edgekv (in process and in a child process) runs with
 EDGEKV_HOME pointing at a stand-in for the developer's home; with this suite's conftest the stand-in stays
-empty, without it the same test writes there (so the check can fail).  Besides, conftest's session guard compares
-the developer's home (EDGEKV_HOME as it was before pytest started, else ~/.cache/edgekv) before and after the whole
-run and fails the run if anything under it changed; a nested run shows that it does."""
+empty, without it the same test writes there (so the check can fail).  Besides, the suite runs with its own HOME
+(so edgekv's default home ~/.cache/edgekv is the session's, whatever else on the machine uses the developer's), and
+conftest's session guard fails the run if anything was written into that default home; a nested run shows it does."""
 
 from __future__ import annotations
 
@@ -31,13 +31,25 @@ def test_writes_state():
 '''
 
 
-# a test that writes into the developer's home behind edgekv's back: the session guard in conftest fails the run
+# a test that drops its own home and writes through edgekv's default (~/.cache/edgekv): the session guard in conftest
+# fails the run, and the write lands in the suite's HOME, not the developer's
 INNER_BAD = '''
+from edgekv.edges.sources import edgekv_home
+
+def test_writes_into_the_default_home(monkeypatch):
+    monkeypatch.delenv("EDGEKV_HOME")
+    edgekv_home().mkdir(parents=True, exist_ok=True)
+    (edgekv_home() / "oops").write_text("x")
+'''
+
+# the suite's HOME is its own: ~ is not the developer's
+INNER_HOME = '''
 import os
 from pathlib import Path
 
-def test_writes_behind_edgekvs_back():
-    (Path(os.environ["STAND_IN_HOME"]) / "oops").write_text("x")
+def test_home_is_the_suites():
+    assert Path.home() != Path(os.environ["REAL_HOME_FOR_TEST"])
+    assert "edgekv-test-session-" in str(Path.home())
 '''
 
 
@@ -86,11 +98,20 @@ def test_the_developers_settings_are_scrubbed(tmp_path, with_conftest):
     assert r.returncode == (0 if with_conftest else 1), r.stdout + r.stderr
 
 
-def test_a_write_into_the_developers_home_fails_the_run(tmp_path):
-    dev_home, r = _inner_run(tmp_path, with_conftest=True, inner=INNER_BAD)
+def test_a_write_into_the_default_home_fails_the_run(tmp_path):
+    real_home = tmp_path / "real-home"
+    real_home.mkdir()
+    dev_home, r = _inner_run(tmp_path, with_conftest=True, inner=INNER_BAD, extra_env={"HOME": str(real_home)})
     assert r.returncode == 1, r.stdout + r.stderr
     assert "1 passed" in r.stdout
-    assert f"edgekv: the suite wrote into the developer's EDGEKV_HOME {dev_home}: oops (a test must use" in r.stdout
+    assert "edgekv: a test wrote into edgekv's default home ~/.cache/edgekv (no EDGEKV_HOME of its own): oops" in r.stdout
+    assert list(real_home.rglob("*")) == [] and list(dev_home.rglob("*")) == []    # neither of the developer's homes
+
+
+@pytest.mark.parametrize("with_conftest", [True, False])
+def test_the_suite_has_its_own_home(tmp_path, with_conftest):
+    _home, r = _inner_run(tmp_path, with_conftest, INNER_HOME, {"REAL_HOME_FOR_TEST": str(Path.home())})
+    assert r.returncode == (0 if with_conftest else 1), r.stdout + r.stderr
 
 
 def test_each_test_has_its_own_home(edgekv_home):
