@@ -136,6 +136,36 @@ def test_gpu_parts_go_to_the_device():
     assert sum(1 for q in p.parts if q.name == "compute buffer" and q.where == "host") == 2   # CPU share + pinned
 
 
+def test_gpu_runtime_is_a_part_on_each_side():
+    # the GPU runtime measured once per environment (calibrate.device_runtime): a device part and a host part
+    kw = dict(n_gpu_layers=2, gpu_device="CUDA0", kv_host_bytes=0, kv_device_bytes=90 * MIB,
+              compute_workload={"CUDA0": 20 * MIB}, compute_reserved={"CUDA0": 98 * MIB})
+    base = predict_process(_inputs(**kw))
+    p = predict_process(_inputs(**kw, gpu_runtime_device_bytes=600 * MIB, gpu_runtime_host_bytes=150 * MIB,
+                                gpu_runtime_note="probe"))
+    assert p.device_bytes["CUDA0"] == base.device_bytes["CUDA0"] + 600 * MIB
+    assert p.peak_rss_bytes == base.peak_rss_bytes + 150 * MIB
+    assert {q.name for q in p.parts} - {q.name for q in base.parts} == {"CUDA runtime", "CUDA runtime (host side)"}
+    assert not any("not predicted" in n for n in p.notes)
+    # nothing offloaded: no runtime part even when calibrated
+    cpu = predict_process(_inputs(gpu_runtime_device_bytes=600 * MIB, gpu_runtime_host_bytes=150 * MIB))
+    assert not any("runtime" in q.name and "CUDA" in q.name for q in cpu.parts)
+
+
+def test_device_runtime_from_probe_readings():
+    from edgekv.orchestration.calibrate import device_runtime_from_probe
+
+    res = {"readings": {"init": {"rss": 100 * MIB, "process_nvml": None},
+                        "decode": {"rss": 260 * MIB, "process_nvml": 700 * MIB}},
+           "model_buffers_mib": {"CUDA0": 1.0, "CPU_Mapped": 2.0}, "kv_buffers_mib": {"CUDA0": 4.0},
+           "compute_mib": {"CUDA0": 5.0, "CUDA_Host": 3.0}}
+    dev, host, _ = device_runtime_from_probe(res)
+    assert dev == 700 * MIB - 10 * MIB and host == 160 * MIB - 5 * MIB
+    res["readings"]["decode"]["process_nvml"] = None
+    dev, _, note = device_runtime_from_probe(res)
+    assert dev is None and "NVML" in note
+
+
 def test_work_buffer_uses_the_widest_matrix():
     ts = [T("blk.0.ffn_down.weight", (2048, 640), 12, 1), T("blk.0.attn_q.weight", (640, 1024), 6, 1)]
     assert work_buffer_bytes(ts, 512, 1, 2) == 512 * 2048 // 256 * 292 + 128     # q4_K -> q8_K

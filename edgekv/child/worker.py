@@ -74,6 +74,12 @@ def _speed_probe(payload: dict, ev: EventWriter) -> None:
     speed_probe(payload, ev)
 
 
+def _device_runtime(payload: dict, ev: EventWriter) -> None:
+    from edgekv.child.workload import device_runtime
+
+    device_runtime(payload, ev)
+
+
 def _quality(payload: dict, ev: EventWriter) -> None:
     from edgekv.child.quality_child import run
 
@@ -81,7 +87,8 @@ def _quality(payload: dict, ev: EventWriter) -> None:
 
 
 SUBCOMMANDS = {"engine": _engine, "bench": _bench, "env": _env, "quality": _quality, "baseline": _baseline,
-               "preflight": _preflight, "extra_buffers": _extra_buffers, "speed_probe": _speed_probe}
+               "preflight": _preflight, "extra_buffers": _extra_buffers, "speed_probe": _speed_probe,
+               "device_runtime": _device_runtime}
 STREAMING = {"engine"}   # these read requests from stdin themselves
 
 

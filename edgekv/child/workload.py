@@ -219,6 +219,65 @@ def preflight(payload: dict, ev: EventWriter) -> None:
     L.llama_model_free(model)
 
 
+def _nvml_self() -> int | None:
+    """GPU memory this process holds (NVML, every GPU), or None without NVML."""
+    from edgekv.edges.environment import nvml_process_probe
+
+    probe = nvml_process_probe()
+    return probe(os.getpid()) if probe else None
+
+
+def device_runtime(payload: dict, ev: EventWriter) -> None:
+    """What a GPU backend's runtime holds on the device beside llama.cpp's buffers: device memory in use (ggml's
+    ``ggml_backend_dev_memory``, device-wide) and this process's own (NVML) after the backend is initialised, after
+    the model is loaded with every layer offloaded, after the context, after a prompt batch of ``n_ubatch`` tokens
+    and after one single-token decode; with llama.cpp's buffer lines, so that the runtime's share is the reading
+    less the buffers."""
+    import llama_cpp as L
+
+    from edgekv.core.llamalog import parse_memory_log
+    from edgekv.core.predict import ContextParams
+    from edgekv.edges.engine import LogCapture, context_params, model_params
+
+    cap = LogCapture()
+    cap.install()
+    L.llama_backend_init()
+    dm = DeviceMemory()
+    readings: dict[str, Any] = {}
+
+    def read(step: str) -> None:
+        readings[step] = {"device_used": dm.used(), "process_nvml": _nvml_self(), "rss": _mem()["rss"]}
+
+    read("init")
+    model = L.llama_model_load_from_file(payload["model_path"].encode(), model_params(-1, dry=False))
+    if not model:
+        ev.result({"ok": False, "step": "load", "readings": readings})
+        return
+    read("load")
+    n_ub = int(payload.get("n_ubatch") or 512)
+    cp = ContextParams(n_ctx=int(payload.get("n_ctx") or 1024), n_batch=n_ub, n_ubatch=n_ub,
+                       type_k=payload.get("type_k") or "f16", type_v=payload.get("type_k") or "f16")
+    ctx = L.llama_init_from_model(model, context_params(cp))
+    if not ctx:
+        ev.result({"ok": False, "step": "context", "readings": readings})
+        return
+    read("context")
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    toks = (L.llama_token * n_ub)(*[(7 * i + 1) % n_vocab for i in range(n_ub)])
+    rc = L.llama_decode(ctx, L.llama_batch_get_one(toks, n_ub))
+    L.llama_synchronize(ctx)
+    read("prompt")
+    one = (L.llama_token * 1)(1)
+    rc = rc or L.llama_decode(ctx, L.llama_batch_get_one(one, 1))
+    L.llama_synchronize(ctx)
+    read("decode")
+    log = parse_memory_log([x for _, x in cap.take()])
+    ev.result({"ok": rc == 0, "readings": readings, "model_buffers_mib": log.model_buffers,
+               "compute_mib": log.compute_buffers, "kv_buffers_mib": log.kv_buffers, "graph": log.graph})
+    L.llama_free(ctx)
+    L.llama_model_free(model)
+
+
 def extra_buffers(payload: dict, ev: EventWriter) -> None:
     """llama.cpp's own sizes of the CPU backend's extra buffers (AMX, CPU_REPACK) for a model: a real load (the
     dry run allocates no weights, so its model buffer lines say 0.00), its ``load_tensors: ... model buffer size``

@@ -113,6 +113,7 @@ class LlamaMemoryLog:
     gpu_layers: tuple[int, int] | None = None
     errors: list[str] = field(default_factory=list)
     graph: dict[str, int] | None = None   # llama.cpp's graph sizes (nodes, splits; parse_graph_line)
+    placement: dict[str, Any] | None = None   # the scheduler's op placement (GGML_SCHED_DEBUG=2; parse_placement)
 
     @property
     def kv_mib_total(self) -> float:
@@ -220,6 +221,7 @@ def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
             if m:
                 _add(out.other_buffers, f"{m['fn']} {m['what'].strip()} {m['dev']}", m["mib"])
     out.graph = parse_graph_line(lines)
+    out.placement = parse_placement(lines)
     return out
 
 
@@ -250,3 +252,59 @@ def parse_graph_line(text: str | list[str]) -> dict[str, int] | None:
             pp, spp = int(m["pp"]), int(m["spp"])
             return {"nodes_pp": pp, "nodes_tg": int(m["tg"] or pp), "splits_pp": spp, "splits_tg": int(m["stg"] or spp)}
     return None
+
+
+# ggml_backend_sched_print_assignments (ggml/src/ggml-backend.cpp:997-1037), printed for every graph the scheduler
+# splits when GGML_SCHED_DEBUG=2 (ggml-backend.cpp:1877): one line per node that is not a view,
+#   "node #%3d (%10.10s): %20.20s (%5.5s) [%5.5s %8.8s] use=%d,c=%d: <sources>"
+# i.e. the op (ggml_op_desc, cut to 10 characters), the node's name (llama.cpp names a layer's nodes "<what>-<il>"),
+# its size, and the backend the scheduler assigned it to (cut to 5 characters: "CUDA0", "CPU", "Vulka", "MTL0").
+RE_NODE = re.compile(r"node #\s*(?P<i>\d+) \(\s*(?P<op>[^)]*?)\): *(?P<name>.*?) \(\s*[\d.]*[KMG]?\) \[\s*(?P<backend>[^\s\]]+)")
+RE_LAYER_SUFFIX = re.compile(r"-(\d+)$")
+
+
+def parse_placement(text: str | list[str]) -> dict[str, Any] | None:
+    """Where llama.cpp's scheduler put each op of the graphs it reserved (GGML_SCHED_DEBUG=2), or None without such
+    lines.  A layer is on a device when most of its nodes are; the nodes of such a layer that the scheduler put on
+    another backend (the CPU) ran there because the device's backend does not support them (ggml's supports_op),
+    e.g. flash attention over a K/V type the CUDA build has no kernel for.  Returns the node count per backend and
+    those ops: ``{"nodes": {"CUDA0": 1820, "CPU": 64}, "off_device": [{"op": "FLASH_ATTN", "backend": "CPU",
+    "device": "CUDA0", "layers": 30}]}``."""
+    lines = text.splitlines() if isinstance(text, str) else text
+    nodes: dict[str, int] = {}
+    per_layer: dict[int, dict[str, int]] = {}
+    layer_ops: list[tuple[int, str, str]] = []
+    for line in lines:
+        m = RE_NODE.search(line)
+        if not m:
+            continue
+        be = m["backend"]
+        nodes[be] = nodes.get(be, 0) + 1
+        lm = RE_LAYER_SUFFIX.search(m["name"].strip())
+        if lm:
+            il = int(lm[1])
+            per_layer.setdefault(il, {})
+            per_layer[il][be] = per_layer[il].get(be, 0) + 1
+            layer_ops.append((il, m["op"].strip(), be))
+    if not nodes:
+        return None
+    home = {il: max(c, key=lambda b: c[b]) for il, c in per_layer.items()}
+    off: dict[tuple[str, str, str], set[int]] = {}
+    for il, op, be in layer_ops:
+        dev = home[il]
+        if dev != be and not dev.upper().startswith("CPU"):
+            off.setdefault((op, be, dev), set()).add(il)
+    return {"nodes": dict(sorted(nodes.items())),
+            "layers_on": {b: sum(1 for h in home.values() if h == b) for b in sorted(set(home.values()))},
+            "off_device": [{"op": op, "backend": be, "device": dev, "layers": len(ls)}
+                           for (op, be, dev), ls in sorted(off.items())]}
+
+
+def off_device_text(off: list[dict[str, Any]] | None) -> str | None:
+    """One phrase for :func:`parse_placement`'s ``off_device`` (None when empty): "FLASH_ATTN of 30 offloaded
+    layers runs on CPU"."""
+    if not off:
+        return None
+    parts = [f"{o['op']} of {o['layers']} offloaded layer{'s' if o['layers'] != 1 else ''} runs on {o['backend']}"
+             for o in off]
+    return "; ".join(parts)

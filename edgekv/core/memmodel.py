@@ -494,6 +494,9 @@ class ProcessInputs:
     restore_buffer_bytes: int = 0               # edgekv bench's state-file restore: the read buffer malloc keeps
     server_slots: int = 0                       # llama-server: slots in use at once (-np), 0: not a server
     arch: str = ""                              # general.architecture (llama-server: its graph's node budget)
+    gpu_runtime_device_bytes: int | None = None  # the GPU runtime beside llama.cpp's buffers (calibration), device
+    gpu_runtime_host_bytes: int | None = None    # ... and on the host
+    gpu_runtime_note: str = ""
 
 
 @dataclass
@@ -603,10 +606,12 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
     if x.server_slots:
         parts += server_parts(x.server_slots, x.n_vocab, len(x.tensors), x.arch, x.n_ubatch)
     device: dict[str, int] = {}
-    if x.gpu_device:
-        notes.append(f"{x.gpu_device}: llama.cpp's buffers only (weights, KV, compute); the backend's own runtime "
-                     "(CUDA context, cuBLAS workspace, ggml-cuda's temporary pool) is not predicted (unverified: "
-                     "needs a calibration on the device)")
+    if x.gpu_device and x.n_gpu_layers > 0:
+        parts += gpu_runtime_parts(x)
+        if x.gpu_runtime_device_bytes is None:
+            notes.append(f"{x.gpu_device}: llama.cpp's buffers only (weights, KV, compute); the backend's own runtime "
+                         "(CUDA context, cuBLAS workspace, ggml-cuda's pool) is not predicted: "
+                         + (x.gpu_runtime_note or "not calibrated"))
     for p in parts:
         if p.where != HOST:
             device[p.where] = device.get(p.where, 0) + p.bytes
@@ -615,6 +620,22 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
     if x.host_structures_bytes is None:
         notes.append("llama.cpp's host structures were not measured (no dry run)")
     return ProcessPrediction(x.workload, peak, device, parts, notes)
+
+
+def gpu_runtime_parts(x: ProcessInputs) -> list[Part]:
+    """The GPU backend's own memory beside llama.cpp's buffers (edgekv.orchestration.calibrate.device_runtime,
+    measured once per environment on the probe model): on the device the CUDA context, cuBLAS's workspace,
+    ggml-cuda's pool (ggml/src/ggml-cuda/ggml-cuda.cu ggml_cuda_pool_vmm: grown in steps, never returned), loaded
+    kernels and CUDA graphs; on the host the driver's and the libraries' own memory once they run."""
+    name = "CUDA runtime" if (x.gpu_device or "").upper().startswith("CUDA") else "GPU runtime"
+    out = []
+    if x.gpu_runtime_device_bytes is not None:
+        out.append(Part(name, x.gpu_runtime_device_bytes, SRC_CALIBRATION, where=x.gpu_device or HOST, kind="device",
+                        note="context, cuBLAS workspace, memory pool, kernels, graphs: " + x.gpu_runtime_note))
+    if x.gpu_runtime_host_bytes is not None:
+        out.append(Part(f"{name} (host side)", max(0, x.gpu_runtime_host_bytes), SRC_CALIBRATION,
+                        note="driver and libraries once a batch has run on the device: " + x.gpu_runtime_note))
+    return out
 
 
 # -- presentation helpers ---------------------------------------------------------------------------

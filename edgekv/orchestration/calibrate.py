@@ -196,3 +196,69 @@ def host_structures(header, measured: dict[str, int | None], n_gpu_layers: int =
         except OSError:
             pass
     return measured
+
+
+@dataclass
+class DeviceRuntime:
+    """What a GPU backend's runtime holds beside llama.cpp's buffers once a model has computed a batch (CUDA: the
+    context, cuBLAS's workspace, ggml-cuda's memory pool, loaded kernels and CUDA graphs), on the device and on the
+    host; measured once per environment on the probe model (None: not measured, with the reason in ``note``)."""
+
+    device_bytes: int | None
+    host_bytes: int | None
+    note: str
+    readings: dict[str, Any]
+
+
+def _mib_sum(d: dict[str, float] | None, device: bool) -> int:
+    from edgekv.core.llamalog import is_host_buffer
+
+    return int(round(sum(v for k, v in (d or {}).items() if is_host_buffer(k) != device) * 1024 * 1024))
+
+
+def device_runtime_from_probe(res: dict[str, Any]) -> tuple[int | None, int | None, str]:
+    """(device, host, note) from the device_runtime child's readings (edgekv.child.workload.device_runtime): the
+    process's GPU memory (NVML) after the first decode less the probe's device buffers, and its RSS growth from the
+    backend's initialisation to the first decode less the probe's host buffers."""
+    rd = res.get("readings") or {}
+    first, last = rd.get("init") or {}, rd.get("decode") or {}
+    bufs = [res.get("model_buffers_mib"), res.get("kv_buffers_mib"), res.get("compute_mib")]
+    dev_bufs = sum(_mib_sum(b, True) for b in bufs)
+    host_bufs = sum(_mib_sum(b, False) for b in bufs)
+    dev = last.get("process_nvml")
+    device = int(dev) - dev_bufs if dev else None
+    host = int(last["rss"]) - int(first["rss"]) - host_bufs if last.get("rss") and first.get("rss") else None
+    why = "" if dev else "; the process's GPU memory is unknown without NVML (pip install nvidia-ml-py)"
+    return device, host, "the GPU runtime after a first prompt batch and decode of the probe model" + why
+
+
+def device_runtime(gpu: str) -> DeviceRuntime:
+    """The GPU runtime's own memory for this environment and GPU (``gpu``: its name), cached like the baseline."""
+    from edgekv.edges.environment import nvidia_info
+
+    nv = nvidia_info() or {}
+    fp = {**fingerprint("python"), "gpu": gpu, "gpus": [d.get("name") for d in nv.get("devices") or []],
+          "driver": nv.get("driver")}
+    key = _key(fp)
+    path = edgekv_home() / "calibration" / f"device-runtime-{key}.json"
+    try:
+        cached = json.loads(path.read_text())
+        if cached.get("key") == key:
+            return DeviceRuntime(cached.get("device_bytes"), cached.get("host_bytes"), cached.get("note", ""),
+                                 cached.get("readings") or {})
+    except (OSError, ValueError, AttributeError):
+        pass
+    from edgekv.edges.process import run_child, worker_argv
+    from edgekv.edges.tinymodel import probe_model_path
+
+    res = run_child(worker_argv("device_runtime"), {"model_path": str(probe_model_path()), "n_ubatch": 512,
+                                                    "n_ctx": 1024}, timeout=120.0)
+    if not res.ok or not (res.result or {}).get("ok"):
+        return DeviceRuntime(None, None, f"GPU runtime not measured: {res.failure_reason() or 'the probe failed'}", {})
+    dev, host, note = device_runtime_from_probe(res.result)
+    out = DeviceRuntime(dev, host, note, res.result.get("readings") or {})
+    try:
+        _atomic_write(path, {"key": key, "fingerprint": fp, **asdict(out)})
+    except OSError as e:
+        out.note += f"; not cached ({e.strerror})"
+    return out

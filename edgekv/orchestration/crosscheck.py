@@ -115,7 +115,10 @@ def engine_block(pred: Any, res: Any, weights_bytes: int | None = None) -> dict[
         d.update({"caches": engine_lines(res), "kv_mib": round(log.kv_mib_total, 2),
                   "recurrent_mib": round(log.recurrent_mib_total, 2), "state_mib": round(log.state_mib_total, 2),
                   "other_buffers_mib": log.other_buffers, "compute_mib": log.compute_buffers,
-                  "output_mib": log.output_buffers, "flash_attn_resolved": log.fa_resolved, "n_ctx": res.n_ctx})
+                  "output_mib": log.output_buffers, "flash_attn_resolved": log.fa_resolved, "n_ctx": res.n_ctx,
+                  "graph": log.graph})
+        if log.placement is not None:
+            d["off_device"] = log.placement["off_device"]
         if weights_bytes is not None:
             # caches: the formula's bytes; llama.cpp's printed MiB where edgekv does not model the cache (buffers of
             # kinds the log parser does not know included, so a newer cache class never hides its bytes)

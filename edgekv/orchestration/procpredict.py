@@ -155,6 +155,11 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
         host_struct = max(0, g_load + g_ctx)
         struct_note = (f"dry-run process grew {g_load / MIB:.1f} MiB loading the model and "
                        f"{g_ctx / MIB:.1f} MiB creating a context (less its output buffer)")
+    rt = None
+    if dev and n_gpu_eff > 0:
+        from edgekv.orchestration.calibrate import device_runtime
+
+        rt = device_runtime(dev)
     state = state_seq_bytes(pred, settings.n_depth or 0) if settings.keeps_depth_state else 0
     restore = state_read_buffer_bytes(pred, settings.n_depth or 0) if settings.restores_state_file else 0
     return ProcessInputs(
@@ -168,7 +173,9 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
         baseline_note=baseline.note if baseline is not None else "not calibrated",
         kv_host_bytes=host_kv, kv_device_bytes=dev_kv, compute_workload=cw, compute_note=compute_note,
         compute_reserved=cr,
-        host_structures_bytes=host_struct, host_structures_note=struct_note)
+        host_structures_bytes=host_struct, host_structures_note=struct_note,
+        gpu_runtime_device_bytes=rt.device_bytes if rt else None, gpu_runtime_host_bytes=rt.host_bytes if rt else None,
+        gpu_runtime_note=rt.note if rt else "")
 
 
 def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings, baseline=None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from edgekv.core.llamalog import off_device_text
 from edgekv.core.predict import MIB, llama_mib
 from edgekv.edges.load import record_busy
 from edgekv.output.inputs import speed_of
@@ -124,6 +125,28 @@ def predicted_ts(r: S.Record, test: str) -> float | None:
     return t.tokens_per_s if t is not None else None
 
 
+def off_device(r: S.Record) -> str | None:
+    """What llama.cpp's dry run placed off the offloaded layers' device (prediction.engine.off_device), as a phrase."""
+    pred = unset_none(r.prediction)
+    eng = unset_none(pred.engine) if pred is not None else None
+    return off_device_text(unset_none(eng.off_device)) if eng is not None else None
+
+
+def off_device_note(records: list[S.Record]) -> str | None:
+    """One line when some configuration runs ops on the CPU although its layers are offloaded."""
+    rows = [(r, off_device(r)) for r in records]
+    rows = [(r, t) for r, t in rows if t]
+    if not rows:
+        return None
+    what = sorted({t for _, t in rows})
+    kvs = sorted({r.settings.type_k if r.settings.type_k == r.settings.type_v else
+                  f"{r.settings.type_k}/{r.settings.type_v}" for r, _ in rows})
+    return (f"†: llama.cpp's scheduler runs part of the graph on the CPU although the layers are offloaded ({'; '.join(what)}; "
+            f"K/V {', '.join(kvs)}): the device has no kernel for it with these settings (a default CUDA build compiles "
+            "flash attention only for the K/V pairs its system info lists as FA_QUANTS), so those rows' speeds are "
+            "largely the CPU's")
+
+
 def predicted_peak(r: S.Record) -> int | None:
     pred = unset_none(r.prediction)
     proc = unset_none(pred.process) if pred is not None else None
@@ -166,6 +189,8 @@ def _summary_row(r: S.Record, narrow: bool, with_gpu: bool, with_quality: bool) 
     peak = (f"{peak_b / MIB:.1f}" if peak_b else "-") + (f"\n[dim]{peak_p / MIB:.1f}[/]" if peak_p else "")
     anon = f"{anon_b / MIB:.1f}" if anon_b else "-"
     status = r.status if r.status == "ok" else f"[yellow]{r.status}: {r.reason}[/]"
+    if off_device(r):
+        status += " [yellow]†[/]"
     if record_busy(r):
         status += f" [yellow]busy {100 * r.load.others_share_max:.0f}%[/]"
     sp = {t: speed_of(r, t) for t in ("pp", "tg")}
@@ -226,6 +251,9 @@ def render_summary(con, records: list[S.Record | dict[str, Any]], output: str) -
                   "the client; time to first token in the lines above and in --json (serving)."
                   if any(unset_none(r.serving) is not None for r in records) else ""))
     note = repack_note(records)
+    if note:
+        con.print(f"[yellow]{note}[/]", highlight=False)
+    note = off_device_note(records)
     if note:
         con.print(f"[yellow]{note}[/]", highlight=False)
     con.print(f"Results: {output}")

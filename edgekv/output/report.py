@@ -99,6 +99,8 @@ EXPORT_PARALLEL: tuple[tuple[str, str, int | None], ...] = (
     ("engine", "engine", None), ("n_parallel", "n_parallel", None), ("tg_seq_ts_mean", "tg_seq_tokens_per_s_mean", 3),
     ("ttft_p50_s", "ttft_p50_s_measured", 4), ("ttft_p95_s", "ttft_p95_s_measured", 4),
     ("serving_ts", "serving_tokens_per_s_measured", 3), ("failed_requests", "serving_failed_requests", None))
+# issue 30: ops llama.cpp's scheduler ran on the CPU although their layer is offloaded; only when a record has some
+EXPORT_OFF_DEVICE: tuple[tuple[str, str, int | None], ...] = (("ops_off_device", "ops_off_device_llamacpp", None),)
 COLUMNS = tuple(c for c, _, _ in EXPORT)
 _DIGITS = {f: nd for _, f, nd in EXPORT + EXPORT_LOAD + EXPORT_SPEED + EXPORT_PARALLEL if nd is not None}
 
@@ -154,6 +156,8 @@ def export_row(x: dict[str, Any]) -> dict[str, Any]:
         out.update({c: x[f] for c, f, _ in EXPORT_SPEED})
     if x["n_parallel"] is not None:
         out.update({c: x[f] for c, f, _ in EXPORT_PARALLEL})
+    if x["ops_off_device_llamacpp"]:
+        out.update({c: x[f] for c, f, _ in EXPORT_OFF_DEVICE})
     return out
 
 
@@ -161,7 +165,8 @@ def export_columns(rows: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     """results.csv's columns: :data:`EXPORT`'s, and the optional groups only when a row holds them (so reports of
     records without them keep their bytes)."""
     return (COLUMNS + (tuple(c for c, _, _ in EXPORT_SPEED) if has_speed_prediction(rows) else ())
-            + (tuple(c for c, _, _ in EXPORT_PARALLEL) if any(x["n_parallel"] is not None for x in rows) else ()))
+            + (tuple(c for c, _, _ in EXPORT_PARALLEL) if any(x["n_parallel"] is not None for x in rows) else ())
+            + (tuple(c for c, _, _ in EXPORT_OFF_DEVICE) if any(x["ops_off_device_llamacpp"] for x in rows) else ()))
 
 
 def _row_has_speed(x: dict[str, Any]) -> bool:
@@ -606,7 +611,8 @@ def _speed_table(rows: list[dict[str, Any]]) -> list[Table]:
         for t in ("pp", "tg"):
             cv = r[f"{t}_tokens_per_s_cv"]
             cells.append(fmt_ts(r[f"{t}_tokens_per_s_mean"], r[f"{t}_tokens_per_s_ci95_low"],
-                                r[f"{t}_tokens_per_s_ci95_high"], cv is not None and cv >= 0.10))
+                                r[f"{t}_tokens_per_s_ci95_high"], cv is not None and cv >= 0.10)
+                         + (" †" if r["ops_off_device_llamacpp"] else ""))
         n = sorted({x for x in (r["pp_n_samples"], r["tg_n_samples"]) if x})
         body.append(_cells(r, cols) + cells + ["/".join(map(str, n)) or DASH])
         if any_busy:
@@ -616,6 +622,12 @@ def _speed_table(rows: list[dict[str, Any]]) -> list[Table]:
              "tests start): mean and the 95% confidence interval of the mean (Student t) over every repetition. "
              "`!` marks results whose standard deviation is at least 10% of the mean (a busy machine: rerun with more "
              "repetitions on a quiet one).")
+    off = sorted({r["ops_off_device_llamacpp"] for r in sp if r["ops_off_device_llamacpp"]})
+    if off:
+        intro += (" `†`: llama.cpp's scheduler ran part of the graph on the CPU although the layers are offloaded (its "
+                  "dry run's op placement, GGML_SCHED_DEBUG=2): " + "; ".join(off) + ". The device's backend has no "
+                  "kernel for that op with these settings (e.g. flash attention over a K/V type a default CUDA build "
+                  "does not compile), so those speeds are largely the CPU's.")
     if any_busy:
         intro += (" *busy*: other processes used at least 10% of the CPUs before or during that configuration "
                   "(sampled by edgekv bench): its speeds describe a shared machine; `edgekv compare` gives them no "

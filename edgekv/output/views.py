@@ -10,6 +10,7 @@ from typing import Any
 
 from msgspec import UNSET
 
+from edgekv.core.llamalog import off_device_text
 from edgekv.core.predict import MIB, STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, llama_mib
 from edgekv.core.shape import MEMORY_DSV4, MEMORY_HYBRID, MEMORY_HYBRID_IDX, MEMORY_HYBRID_ISWA, MEMORY_RECURRENT, ModelShape
 from edgekv.orchestration.api import LoadedModel
@@ -249,6 +250,10 @@ def _predict_cells(rec: Record, shape: ModelShape, has_rec: bool, engine: bool,
             cells += [fmt_mib(_v(e.total_bytes))] if show_reserved else []
             if e.match is False:
                 note = (note + " " if note else "") + "[red]" + "; ".join(e.diffs[:2]) + "[/]"
+            off = off_device_text(_v(e.off_device))
+            if off:
+                # llama.cpp's scheduler (GGML_SCHED_DEBUG=2 in the dry run): an op the device cannot run goes to the CPU
+                note = (note + " " if note else "") + f"[yellow]{off}[/]"
         else:
             cells += ["-", _same_cell(e.match), "-"] + (["-"] if show_reserved else [])
             if f.status == STATUS_OK:

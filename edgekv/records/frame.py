@@ -20,7 +20,7 @@ from typing import Any
 
 from msgspec import UNSET
 
-from edgekv.core.llamalog import device_mib
+from edgekv.core.llamalog import device_mib, off_device_text
 from edgekv.records.schema import Record, growth_minus_formula_bytes
 
 MIB = 1024 * 1024
@@ -31,7 +31,7 @@ COLUMNS = (
     "type_k", "type_v", "flash_attn", "n_seq_max", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "n_prompt",
     "n_gen", "n_depth", "repetitions", "no_mmap", "repack", "n_parallel", "time_utc",
     # what llama.cpp used
-    "flash_attn_llamacpp",
+    "flash_attn_llamacpp", "ops_off_device_llamacpp",
     # KV cache (every cache: KV + recurrent + state): formula, llama.cpp's dry run, llama.cpp's log in the measured run
     "kv_bytes_formula", "kv_mib_formula", "kv_mib_llamacpp_dryrun", "kv_mib_llamacpp", "kv_buffer_mib_llamacpp",
     "kv_cache_lines_llamacpp", "kv_matches_formula_llamacpp", "kv_diffs_llamacpp", "kv_on_device_llamacpp",
@@ -125,7 +125,15 @@ def _identity(rec: Record, file: str | None) -> dict[str, Any]:
         "n_parallel": _v(s.n_parallel),
         "time_utc": _v(rec.time_utc),
         "flash_attn_llamacpp": _v(eff.flash_attn) if eff is not None else None,
+        "ops_off_device_llamacpp": off_device_text(_off_device(rec)),
     }
+
+
+def _off_device(rec: Record) -> list[dict[str, Any]] | None:
+    """The dry run's ops that the scheduler put off their offloaded layer's device (prediction.engine.off_device)."""
+    pred = _v(rec.prediction)
+    eng = _v(pred.engine) if pred is not None else None
+    return _v(eng.off_device) if eng is not None else None
 
 
 def _kv(rec: Record) -> dict[str, Any]:

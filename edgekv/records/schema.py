@@ -242,6 +242,10 @@ class Engine(_Block, kw_only=True):
     n_ctx: _d(Union[int, None, UnsetType], "context size llama.cpp created") = UNSET
     total_bytes: _d(Union[int, None, UnsetType], "weights + caches + compute + output buffers (predict --engine)") = UNSET
     total_caches_from: _d(Union[str, UnsetType], "formula | llama.cpp: whose cache bytes total_bytes uses") = UNSET
+    graph: _d(Union[dict[str, int], None, UnsetType], "llama.cpp's graph nodes and splits (prompt and one-token graphs)") = UNSET
+    off_device: _d(Union[list[dict[str, Any]], None, UnsetType],
+                   "ops the scheduler put on another backend than their offloaded layer's device (op, backend, device, "
+                   "layers; from GGML_SCHED_DEBUG=2): on a GPU, the ops that silently run on the CPU") = UNSET
     weights_bytes: _d(Union[int, None, UnsetType], "llama_model_size(): llama.cpp's own weights figure") = UNSET
 
 
