@@ -230,9 +230,9 @@ def _nvml_self() -> int | None:
 def device_runtime(payload: dict, ev: EventWriter) -> None:
     """What a GPU backend's runtime holds on the device beside llama.cpp's buffers: device memory in use (ggml's
     ``ggml_backend_dev_memory``, device-wide) and this process's own (NVML) after the backend is initialised, after
-    the model is loaded with every layer offloaded, after the context, after a prompt batch of ``n_ubatch`` tokens
-    and after one single-token decode; with llama.cpp's buffer lines, so that the runtime's share is the reading
-    less the buffers."""
+    the model is loaded with every layer offloaded, after the context, after a prompt batch of ``n_ubatch`` tokens,
+    after the first single-token decode and after ``n_decode`` of them; with llama.cpp's buffer lines, so that the
+    runtime's share is the reading less the buffers."""
     import llama_cpp as L
 
     from edgekv.core.llamalog import parse_memory_log
@@ -256,7 +256,8 @@ def device_runtime(payload: dict, ev: EventWriter) -> None:
     read("load")
     n_ub = int(payload.get("n_ubatch") or 512)
     cp = ContextParams(n_ctx=int(payload.get("n_ctx") or 1024), n_batch=n_ub, n_ubatch=n_ub,
-                       type_k=payload.get("type_k") or "f16", type_v=payload.get("type_k") or "f16")
+                       type_k=payload.get("type_k") or "f16", type_v=payload.get("type_k") or "f16",
+                       flash_attn=payload.get("flash_attn") or "auto")
     ctx = L.llama_init_from_model(model, context_params(cp))
     if not ctx:
         ev.result({"ok": False, "step": "context", "readings": readings})
@@ -267,9 +268,14 @@ def device_runtime(payload: dict, ev: EventWriter) -> None:
     rc = L.llama_decode(ctx, L.llama_batch_get_one(toks, n_ub))
     L.llama_synchronize(ctx)
     read("prompt")
-    one = (L.llama_token * 1)(1)
-    rc = rc or L.llama_decode(ctx, L.llama_batch_get_one(one, 1))
-    L.llama_synchronize(ctx)
+    # single-token decodes as a generation makes them: ggml-cuda captures the one-token graph as a CUDA graph once
+    # it has seen it repeat, which holds memory of its own
+    for i in range(int(payload.get("n_decode") or 16)):
+        one = (L.llama_token * 1)((i * 13 + 1) % n_vocab)
+        rc = rc or L.llama_decode(ctx, L.llama_batch_get_one(one, 1))
+        L.llama_synchronize(ctx)
+        if i == 0:
+            read("decode1")
     read("decode")
     log = parse_memory_log([x for _, x in cap.take()])
     ev.result({"ok": rc == 0, "readings": readings, "model_buffers_mib": log.model_buffers,

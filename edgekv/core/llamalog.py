@@ -261,6 +261,9 @@ def parse_graph_line(text: str | list[str]) -> dict[str, int] | None:
 # its size, and the backend the scheduler assigned it to (cut to 5 characters: "CUDA0", "CPU", "Vulka", "MTL0").
 RE_NODE = re.compile(r"node #\s*(?P<i>\d+) \(\s*(?P<op>[^)]*?)\): *(?P<name>.*?) \(\s*[\d.]*[KMG]?\) \[\s*(?P<backend>[^\s\]]+)")
 RE_LAYER_SUFFIX = re.compile(r"-(\d+)$")
+# a node llama.cpp left unnamed ("node_30": flash attention, the K/V rotations) belongs to the layer of its sources:
+# "Qcur-0 (view)", "cache_k_l0 (view)"
+RE_SOURCE_LAYER = re.compile(r"(?:-|cache_[kv]_l)(\d+)\b")
 
 
 def parse_placement(text: str | list[str]) -> dict[str, Any] | None:
@@ -281,6 +284,8 @@ def parse_placement(text: str | list[str]) -> dict[str, Any] | None:
         be = m["backend"]
         nodes[be] = nodes.get(be, 0) + 1
         lm = RE_LAYER_SUFFIX.search(m["name"].strip())
+        if lm is None and m["name"].strip().startswith("node_"):
+            lm = RE_SOURCE_LAYER.search(line[m.end():])
         if lm:
             il = int(lm[1])
             per_layer.setdefault(il, {})

@@ -229,16 +229,20 @@ def device_runtime_from_probe(res: dict[str, Any]) -> tuple[int | None, int | No
     device = int(dev) - dev_bufs if dev else None
     host = int(last["rss"]) - int(first["rss"]) - host_bufs if last.get("rss") and first.get("rss") else None
     why = "" if dev else "; the process's GPU memory is unknown without NVML (pip install nvidia-ml-py)"
-    return device, host, "the GPU runtime after a first prompt batch and decode of the probe model" + why
+    return device, host, "the GPU runtime after a first prompt batch and decodes of the probe model" + why
 
 
-def device_runtime(gpu: str) -> DeviceRuntime:
-    """The GPU runtime's own memory for this environment and GPU (``gpu``: its name), cached like the baseline."""
+def device_runtime(gpu: str, flash_attn: bool = True) -> DeviceRuntime:
+    """The GPU runtime's own memory for this environment and GPU (``gpu``: its name), cached like the baseline.
+
+    Measured with flash attention on, and separately off: without it, ggml-cuda computes attention's products with
+    cuBLAS (ggml/src/ggml-cuda/ggml-cuda.cu ggml_cuda_mul_mat_batched_cublas), whose handle, workspace and kernels
+    the probe then loads too (on the H200 of bench/README.md: about 100 MiB of device and 130 MiB of host memory)."""
     from edgekv.edges.environment import nvidia_info
 
     nv = nvidia_info() or {}
     fp = {**fingerprint("python"), "gpu": gpu, "gpus": [d.get("name") for d in nv.get("devices") or []],
-          "driver": nv.get("driver")}
+          "driver": nv.get("driver"), "flash_attn": flash_attn}
     key = _key(fp)
     path = edgekv_home() / "calibration" / f"device-runtime-{key}.json"
     try:
@@ -252,7 +256,8 @@ def device_runtime(gpu: str) -> DeviceRuntime:
     from edgekv.edges.tinymodel import probe_model_path
 
     res = run_child(worker_argv("device_runtime"), {"model_path": str(probe_model_path()), "n_ubatch": 512,
-                                                    "n_ctx": 1024}, timeout=120.0)
+                                                    "n_ctx": 1024, "flash_attn": "on" if flash_attn else "off"},
+                    timeout=120.0)
     if not res.ok or not (res.result or {}).get("ok"):
         return DeviceRuntime(None, None, f"GPU runtime not measured: {res.failure_reason() or 'the probe failed'}", {})
     dev, host, note = device_runtime_from_probe(res.result)

@@ -159,7 +159,10 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
     if dev and n_gpu_eff > 0:
         from edgekv.orchestration.calibrate import device_runtime
 
-        rt = device_runtime(dev)
+        # flash attention as llama.cpp resolved it in the dry run (auto: enabled where the device supports it)
+        fa_log = getattr(getattr(eng_default, "log", None), "fa_resolved", None)
+        rt = device_runtime(dev, flash_attn=params.flash_attn == "on" or (params.flash_attn == "auto"
+                                                                          and fa_log != "disabled"))
     state = state_seq_bytes(pred, settings.n_depth or 0) if settings.keeps_depth_state else 0
     restore = state_read_buffer_bytes(pred, settings.n_depth or 0) if settings.restores_state_file else 0
     return ProcessInputs(
