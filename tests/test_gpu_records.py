@@ -77,3 +77,14 @@ def test_the_report_marks_the_fallback_speeds(pairs):
     assert "ops_off_device" in REP.export_columns(rows)
     # a prefill of about 138 t/s against 37,000 for q8_0/f16 on the same GPU
     assert marked[0]["pp_tokens_per_s_mean"] < 0.01 * max(x["pp_tokens_per_s_mean"] for x in rows)
+
+
+def test_the_cuda_table_reads_the_recorded_runs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cuda_check", ROOT / "bench" / "cuda_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = mod.table(RUNS / "run1")
+    row = next(x for x in text.splitlines() if x.startswith("| smollm2-135m-nglall | 1024 | f16 |"))
+    assert "| 816.0 | 813.2 | +2.8 MiB (+0.34 %) |" in row        # NVML peak vs predicted device memory
