@@ -18,9 +18,23 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from conftest import SMOL_FILE, SMOL_REPO, _snapshot
+from conftest import SMOL_FILE, SMOL_REPO
 
 CACHES = ("edgekv-home", "hf-cache")
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every entry under ``root`` with its size and mtime (empty when it does not exist)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 class Sandbox:
