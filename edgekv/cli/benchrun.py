@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from edgekv.core.predict import MIB
+from edgekv.core.units import kv_label
 from edgekv.edges.load import BUSY_SHARE, LoadMonitor, Window, busy_note
 from edgekv.errors import UsageError
 from edgekv.orchestration.plan import (
@@ -157,8 +158,8 @@ class BenchMonitor:
         self.todo = [c.settings for c in cases]
         total = self.planner.remaining(self.todo)
         self.planner.initial_total_s = total
-        types = list(dict.fromkeys(s["type_k"] if s["type_k"] == s["type_v"] else f"{s['type_k']}/{s['type_v']}"
-                                   for s in self.todo)) or [f"{k}" for k, _v in self.spec.pairs]
+        types = (list(dict.fromkeys(kv_label(s["type_k"], s["type_v"]) for s in self.todo))
+                 or [f"{k}" for k, _v in self.spec.pairs])
         s0 = self.todo[0] if self.todo else {"n_prompt": self.spec.n_prompt, "n_gen": self.spec.n_gen,
                                              "repetitions": self.spec.repetitions}
         for line in plan_lines(data["total"], self.contexts, types, s0, total, basis, data["output"],

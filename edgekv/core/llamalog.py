@@ -12,8 +12,6 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-MIB = 1024 * 1024
-
 # src/llama-kv-cache.cpp:301-304
 # "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB"
 RE_KV_SIZE = re.compile(

@@ -54,7 +54,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-MIB = 1024 * 1024
+from edgekv.core.units import MIB
 
 WORKLOAD_GENERATE = "generate"
 WORKLOAD_PERPLEXITY = "perplexity"

@@ -38,6 +38,7 @@ from edgekv.core.shape import (
     MEMORY_UNSUPPORTED,
     ModelShape,
 )
+from edgekv.core.units import MIB
 from edgekv.errors import UsageError
 
 LLAMA_MAX_SEQ = 256
@@ -49,7 +50,6 @@ STATUS_OK = "ok"
 STATUS_INVALID = "invalid"
 STATUS_UNSUPPORTED = "unsupported"
 
-MIB = 1024 * 1024
 
 
 def pad(x: int, n: int = KV_PAD) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 from edgekv.core.cachetypes import cache_type
 from edgekv.core.llamalog import LlamaMemoryLog, parse_memory_log
 from edgekv.core.predict import ContextParams
+from edgekv.core.units import mib_to_bytes
 from edgekv.edges.gguf_header import GGUFHeader, read_header_file
 from edgekv.errors import EngineError
 
@@ -187,7 +188,7 @@ class DryRunner:
             self.host_growth["context"] = rss1 - rss0
             # less that context's own output buffer (llama.cpp's line; its rows follow that context's -np), so the
             # figure holds for a context of any -np
-            out = int(round(sum(log.output_buffers.values()) * 1024 * 1024))
+            out = mib_to_bytes(sum(log.output_buffers.values()))
             self.host_growth["context_less_output"] = rss1 - rss0 - out
         r["host_growth_context_less_output_bytes"] = self.host_growth.get("context_less_output")
         if ctx:

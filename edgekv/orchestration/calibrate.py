@@ -212,8 +212,9 @@ class DeviceRuntime:
 
 def _mib_sum(d: dict[str, float] | None, device: bool) -> int:
     from edgekv.core.llamalog import is_host_buffer
+    from edgekv.core.units import mib_to_bytes
 
-    return int(round(sum(v for k, v in (d or {}).items() if is_host_buffer(k) != device) * 1024 * 1024))
+    return mib_to_bytes(sum(v for k, v in (d or {}).items() if is_host_buffer(k) != device))
 
 
 def device_runtime_from_probe(res: dict[str, Any]) -> tuple[int | None, int | None, str]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from edgekv.core.llamalog import off_device_text
 from edgekv.core.predict import MIB, llama_mib
+from edgekv.core.units import kv_label
 from edgekv.edges.load import record_busy
 from edgekv.output.inputs import speed_of
 from edgekv.records import results as R
@@ -15,7 +16,7 @@ from edgekv.records.frame import unset_none
 
 
 def case_label(s: dict[str, Any]) -> str:
-    kv = s["type_k"] if s["type_k"] == s["type_v"] else f"{s['type_k']}/{s['type_v']}"
+    kv = kv_label(s["type_k"], s["type_v"])
     fa = "" if s["flash_attn"] == "auto" else f" fa={s['flash_attn']}"
     rp = " repack=0" if s.get("repack") is False else ""
     if s.get("n_parallel"):
@@ -139,8 +140,7 @@ def off_device_note(records: list[S.Record]) -> str | None:
     if not rows:
         return None
     what = sorted({t for _, t in rows})
-    kvs = sorted({r.settings.type_k if r.settings.type_k == r.settings.type_v else
-                  f"{r.settings.type_k}/{r.settings.type_v}" for r, _ in rows})
+    kvs = sorted({kv_label(r.settings.type_k, r.settings.type_v) for r, _ in rows})
     return (f"†: llama.cpp's scheduler runs part of the graph on the CPU although the layers are offloaded ({'; '.join(what)}; "
             f"K/V {', '.join(kvs)}): the device has no kernel for it with these settings (a default CUDA build compiles "
             "flash attention only for the K/V pairs its system info lists as FA_QUANTS), so those rows' speeds are "
@@ -175,7 +175,7 @@ def _summary_row(r: S.Record, narrow: bool, with_gpu: bool, with_quality: bool) 
     s = r.settings
     pred = unset_none(r.prediction)
     total = pred.formula.total_bytes if pred is not None else None
-    kv = s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}"
+    kv = kv_label(s.type_k, s.type_v)
     log, mem, diff = unset_none(r.llama_log), unset_none(r.memory), unset_none(r.differences)
     match = unset_none(diff.llama_kv_matches_formula) if diff is not None else None
     same = {True: "[green]✓[/]", False: "[red]✗[/]"}.get(match, "-")

@@ -47,6 +47,7 @@ from typing import Any
 import msgspec
 
 from edgekv.core.stats import summarize, welch, z_test
+from edgekv.core.units import MIB, kv_label
 from edgekv.errors import EnvironmentMismatch, UsageError
 from edgekv.output.inputs import load_any, speed_of
 from edgekv.records import results as R
@@ -195,7 +196,7 @@ def _values(recs: list[S.Record], metric: str) -> tuple[list[float], float | Non
         elif metric == "rss":
             mem = unset_none(r.memory)
             if mem is not None and mem.peak_rss_bytes:
-                xs.append(mem.peak_rss_bytes / (1024 * 1024))
+                xs.append(mem.peak_rss_bytes / MIB)
         elif metric == "kv":
             log = unset_none(r.llama_log)
             if log is not None:
@@ -260,7 +261,7 @@ def compare_metric(metric: Metric, bx: list[float], be: float | None, cx: list[f
 
 def _label(rec: S.Record, varying: list[str]) -> str:
     s = rec.settings
-    kv = s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}"
+    kv = kv_label(s.type_k, s.type_v)
     parts = [f"{kv} @ {s.n_ctx if s.n_ctx is not None else '-'}"]
     if s.n_depth is not None:
         parts.append(f"d{s.n_depth}")

@@ -14,6 +14,7 @@ import msgspec
 
 from edgekv.core.memmodel import STACK_ORDER, stacked
 from edgekv.core.predict import MIB
+from edgekv.core.units import kv_label
 from edgekv.records.frame import unset_none as _v
 from edgekv.records.schema import Process, Record
 
@@ -23,7 +24,7 @@ COLORS = {"baseline": "#8c8c8c", "weights": "#4c72b0", "KV": "#dd8452", "compute
 
 def _label(r: Record) -> str:
     s = r.settings
-    kv = s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}"
+    kv = kv_label(s.type_k, s.type_v)
     extra = []
     if s.n_ubatch not in (None, 512):
         extra.append(f"-ub {s.n_ubatch}")

@@ -17,6 +17,7 @@ from typing import Any
 
 from edgekv.core.cachetypes import CACHE_TYPES
 from edgekv.core.predict import MIB
+from edgekv.core.units import kv_label
 
 # one fixed colour per cache type, in every plot of every report
 _COLORS = {
@@ -30,7 +31,7 @@ def _color(kv: str) -> str:
 
 
 def _kv(r: dict[str, Any]) -> str:
-    return r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
+    return kv_label(r["type_k"], r["type_v"])
 
 
 def _order(kvs) -> list[str]:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgekv.core import units
 from edgekv.core.cachetypes import CACHE_TYPES
 from edgekv.core.predict import MIB
 from edgekv.edges.safepath import atomic_write
@@ -214,8 +215,7 @@ def fmt_ts(mean: float | None, lo: float | None, hi: float | None, unstable: boo
 
 
 def kv_label(row: dict[str, Any]) -> str:
-    k, v = row["type_k"], row["type_v"]
-    return str(k) if k == v else f"{k}/{v}"
+    return units.kv_label(row["type_k"], row["type_v"])
 
 
 def _ctx(n: Any) -> str:

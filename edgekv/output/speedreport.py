@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgekv.core.units import kv_label
 from edgekv.records.frame import unset_none as _v
 from edgekv.records.schema import Record
 
@@ -19,8 +20,7 @@ COLORS = {"fixed": "#8c8c8c", "weights": "#4c72b0", "output head": "#c44e52", "a
 
 
 def _kv(r: Record) -> str:
-    s = r.settings
-    return s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}"
+    return kv_label(r.settings.type_k, r.settings.type_v)
 
 
 def _label(r: Record) -> str:

@@ -13,6 +13,7 @@ from msgspec import UNSET
 from edgekv.core.llamalog import off_device_text
 from edgekv.core.predict import MIB, STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, llama_mib
 from edgekv.core.shape import MEMORY_DSV4, MEMORY_HYBRID, MEMORY_HYBRID_IDX, MEMORY_HYBRID_ISWA, MEMORY_RECURRENT, ModelShape
+from edgekv.core.units import kv_label
 from edgekv.orchestration.api import LoadedModel
 from edgekv.orchestration.budget import BudgetRow
 from edgekv.orchestration.predictrows import PredictOutcome
@@ -81,7 +82,6 @@ def inspect_dict(m: LoadedModel) -> dict[str, Any]:
 
 def render_info(con, info: dict[str, Any]) -> None:
     """``edgekv info``: one line per fact, each saying where it comes from."""
-    MIB = 1024 * 1024
     con.print(f"llama-cpp-python {info.get('llama_cpp_python') or '?'}")
     con.print("CPU features (llama.cpp's system info): " + (", ".join(info["cpu_features"]) or "none reported"))
     con.print("Extra buffer types of this build: " + (", ".join(info["extra_buffer_types"]) or "none") +
@@ -221,7 +221,7 @@ def _v(x: Any) -> Any:
 
 
 def _kv_label(type_k: str, type_v: str) -> str:
-    return type_k if type_k == type_v else f"{type_k}/{type_v}"
+    return kv_label(type_k, type_v)
 
 
 def _predict_cells(rec: Record, shape: ModelShape, has_rec: bool, engine: bool,

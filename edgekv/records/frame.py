@@ -21,9 +21,8 @@ from typing import Any
 from msgspec import UNSET
 
 from edgekv.core.llamalog import device_mib, off_device_text
+from edgekv.core.units import MIB
 from edgekv.records.schema import Record, growth_minus_formula_bytes
-
-MIB = 1024 * 1024
 
 COLUMNS = (
     # identity and settings (what was asked)
