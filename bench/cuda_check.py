@@ -245,6 +245,25 @@ def cublas(out: Path, budget: float) -> None:
     r.note("done")
 
 
+def memory(out: Path, budget: float) -> None:
+    """Fourth call: the memory sweeps of ``run`` (full and partial offload) and -fa off again, with the runtime
+    calibrated per K/V type and with CUDA graphs per node."""
+    out.mkdir(parents=True, exist_ok=True)
+    r = Runner(out, budget)
+    os.environ["EDGEKV_SPEED_CALIBRATE"] = "cached"
+    models = standins(Path("/tmp/standin"))
+    ek = [sys.executable, "-m", "edgekv.cli"]
+    for name, half in MODELS.items():
+        for ngl in (-1, half):
+            tag = f"{name}-ngl{'all' if ngl < 0 else ngl}"
+            r.sh(tag, ek + ["bench", models[name], "-c", CTX, "-ctk", TYPES, "-ngl", str(ngl), *COMMON,
+                            "-o", str(out / f"{tag}.jsonl"), "--json"], 120, env={"EDGEKV_HOME": "/tmp/ekh-memory"})
+        r.sh(f"{name}-fa-off", ek + ["bench", models[name], "-c", CTX, "-ctk", "f16", "-fa", "off", *COMMON,
+                                     "-o", str(out / f"{name}-fa-off.jsonl"), "--json"], 120,
+             env={"EDGEKV_HOME": "/tmp/ekh-memory"})
+    r.note("done")
+
+
 def table(res: Path) -> str:
     """Predicted vs measured device memory (NVML, this process) and host peak RSS of every bench record in ``res``."""
     rows = []
@@ -285,6 +304,9 @@ def main() -> int:
     c = sub.add_parser("cublas")
     c.add_argument("--out", type=Path, required=True)
     c.add_argument("--budget", type=float, default=240.0)
+    mm = sub.add_parser("memory")
+    mm.add_argument("--out", type=Path, required=True)
+    mm.add_argument("--budget", type=float, default=300.0)
     t = sub.add_parser("table")
     t.add_argument("results", type=Path)
     p = sub.add_parser("run")
@@ -300,6 +322,8 @@ def main() -> int:
         pairs(a.out, a.budget)
     elif a.cmd == "cublas":
         cublas(a.out, a.budget)
+    elif a.cmd == "memory":
+        memory(a.out, a.budget)
     elif a.cmd == "table":
         print(table(a.results))
     else:

@@ -256,7 +256,7 @@ def device_runtime(payload: dict, ev: EventWriter) -> None:
     read("load")
     n_ub = int(payload.get("n_ubatch") or 512)
     cp = ContextParams(n_ctx=int(payload.get("n_ctx") or 1024), n_batch=n_ub, n_ubatch=n_ub,
-                       type_k=payload.get("type_k") or "f16", type_v=payload.get("type_k") or "f16",
+                       type_k=payload.get("type_k") or "f16", type_v=payload.get("type_v") or payload.get("type_k") or "f16",
                        flash_attn=payload.get("flash_attn") or "auto")
     ctx = L.llama_init_from_model(model, context_params(cp))
     if not ctx:

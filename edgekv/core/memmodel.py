@@ -497,6 +497,8 @@ class ProcessInputs:
     gpu_runtime_device_bytes: int | None = None  # the GPU runtime beside llama.cpp's buffers (calibration), device
     gpu_runtime_host_bytes: int | None = None    # ... and on the host
     gpu_runtime_note: str = ""
+    gpu_graph_host_bytes_per_node: float | None = None   # CUDA graphs of one-token decodes (calibration)
+    graph_nodes_tg: int | None = None           # llama.cpp's one-token graph (its dry run's "graph: nodes =" line)
 
 
 @dataclass
@@ -635,6 +637,10 @@ def gpu_runtime_parts(x: ProcessInputs) -> list[Part]:
     if x.gpu_runtime_host_bytes is not None:
         out.append(Part(f"{name} (host side)", max(0, x.gpu_runtime_host_bytes), SRC_CALIBRATION,
                         note="driver and libraries once a batch has run on the device: " + x.gpu_runtime_note))
+    if x.gpu_graph_host_bytes_per_node is not None and x.graph_nodes_tg:
+        out.append(Part("CUDA graphs (host side)", int(x.gpu_graph_host_bytes_per_node * x.graph_nodes_tg),
+                        SRC_CALIBRATION, note=f"single-token decodes captured as CUDA graphs: {x.graph_nodes_tg} nodes "
+                                              f"x {x.gpu_graph_host_bytes_per_node:.0f} B per node (two probes)"))
     return out
 
 

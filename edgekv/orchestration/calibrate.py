@@ -200,14 +200,17 @@ def host_structures(header, measured: dict[str, int | None], n_gpu_layers: int =
 
 @dataclass
 class DeviceRuntime:
-    """What a GPU backend's runtime holds beside llama.cpp's buffers once a model has computed a batch (CUDA: the
-    context, cuBLAS's workspace, ggml-cuda's memory pool, loaded kernels and CUDA graphs), on the device and on the
-    host; measured once per environment on the probe model (None: not measured, with the reason in ``note``)."""
+    """What a GPU backend's runtime holds beside llama.cpp's buffers once a model has computed a batch and decoded
+    tokens (CUDA: the context, cuBLAS's workspace, ggml-cuda's memory pool, loaded kernels), on the device and on the
+    host, and what its CUDA graphs of single-token decodes hold on the host per graph node; measured once per
+    environment, K/V types and flash-attention setting on the probe models (None: not measured, the reason in
+    ``note``)."""
 
     device_bytes: int | None
     host_bytes: int | None
     note: str
     readings: dict[str, Any]
+    graph_host_bytes_per_node: float | None = None
 
 
 def _mib_sum(d: dict[str, float] | None, device: bool) -> int:
@@ -217,10 +220,28 @@ def _mib_sum(d: dict[str, float] | None, device: bool) -> int:
     return mib_to_bytes(sum(v for k, v in (d or {}).items() if is_host_buffer(k) != device))
 
 
-def device_runtime_from_probe(res: dict[str, Any]) -> tuple[int | None, int | None, str]:
+def _graph_growth(res: dict[str, Any]) -> tuple[int, int] | None:
+    """(RSS growth over the decodes after the first one, the one-token graph's nodes) of a probe run."""
+    rd = res.get("readings") or {}
+    a, b = (rd.get("decode1") or {}).get("rss"), (rd.get("decode") or {}).get("rss")
+    nodes = (res.get("graph") or {}).get("nodes_tg")
+    return (int(b) - int(a), int(nodes)) if a and b and nodes else None
+
+
+def graph_cost_per_node(small: dict[str, Any], big: dict[str, Any]) -> float | None:
+    """Host bytes per graph node that ggml-cuda's CUDA graphs of single-token decodes hold (captured once the graph
+    repeats: the growth from the first decode to the last), from two probes of different node counts."""
+    a, b = _graph_growth(small), _graph_growth(big)
+    if a is None or b is None or b[1] <= a[1]:
+        return None
+    return max(0.0, (b[0] - a[0]) / (b[1] - a[1]))
+
+
+def device_runtime_from_probe(res: dict[str, Any], per_node: float | None = None) -> tuple[int | None, int | None, str]:
     """(device, host, note) from the device_runtime child's readings (edgekv.child.workload.device_runtime): the
-    process's GPU memory (NVML) after the first decode less the probe's device buffers, and its RSS growth from the
-    backend's initialisation to the first decode less the probe's host buffers."""
+    process's GPU memory (NVML) after the decodes less the probe's device buffers, and its RSS growth from the
+    backend's initialisation to the last decode less the probe's host buffers and (with ``per_node``) less its own
+    CUDA graphs, which are a part of their own."""
     rd = res.get("readings") or {}
     first, last = rd.get("init") or {}, rd.get("decode") or {}
     bufs = [res.get("model_buffers_mib"), res.get("kv_buffers_mib"), res.get("compute_mib")]
@@ -229,40 +250,51 @@ def device_runtime_from_probe(res: dict[str, Any]) -> tuple[int | None, int | No
     dev = last.get("process_nvml")
     device = int(dev) - dev_bufs if dev else None
     host = int(last["rss"]) - int(first["rss"]) - host_bufs if last.get("rss") and first.get("rss") else None
+    nodes = (res.get("graph") or {}).get("nodes_tg")
+    if host is not None and per_node is not None and nodes:
+        host -= int(per_node * int(nodes))
     why = "" if dev else "; the process's GPU memory is unknown without NVML (pip install nvidia-ml-py)"
     return device, host, "the GPU runtime after a first prompt batch and decodes of the probe model" + why
 
 
-def device_runtime(gpu: str, flash_attn: bool = True) -> DeviceRuntime:
+def device_runtime(gpu: str, flash_attn: bool = True, type_k: str = "f16", type_v: str = "f16") -> DeviceRuntime:
     """The GPU runtime's own memory for this environment and GPU (``gpu``: its name), cached like the baseline.
 
-    Measured with flash attention on, and separately off: without it, ggml-cuda computes attention's products with
-    cuBLAS (ggml/src/ggml-cuda/ggml-cuda.cu ggml_cuda_mul_mat_batched_cublas), whose handle, workspace and kernels
-    the probe then loads too (on the H200 of bench/README.md: about 100 MiB of device and 130 MiB of host memory)."""
+    Measured per flash-attention setting and K/V types: without flash attention, ggml-cuda computes attention's
+    products with cuBLAS (ggml/src/ggml-cuda/ggml-cuda.cu ggml_cuda_mul_mat_batched_cublas), whose handle, workspace
+    and kernels the probe then loads too (on the H200 of bench/README.md: about 100 MiB of device and 110 MiB of
+    host memory), and each K/V type loads its own attention kernels.  A second, deeper probe gives the host memory
+    of CUDA graphs per graph node."""
     from edgekv.edges.environment import nvidia_info
 
     nv = nvidia_info() or {}
     fp = {**fingerprint("python"), "gpu": gpu, "gpus": [d.get("name") for d in nv.get("devices") or []],
-          "driver": nv.get("driver"), "flash_attn": flash_attn}
+          "driver": nv.get("driver"), "flash_attn": flash_attn, "type_k": type_k, "type_v": type_v, "version": 2}
     key = _key(fp)
     path = edgekv_home() / "calibration" / f"device-runtime-{key}.json"
     try:
         cached = json.loads(path.read_text())
         if cached.get("key") == key:
             return DeviceRuntime(cached.get("device_bytes"), cached.get("host_bytes"), cached.get("note", ""),
-                                 cached.get("readings") or {})
+                                 cached.get("readings") or {}, cached.get("graph_host_bytes_per_node"))
     except (OSError, ValueError, AttributeError):
         pass
     from edgekv.edges.process import run_child, worker_argv
-    from edgekv.edges.tinymodel import probe_model_path
+    from edgekv.edges.tinymodel import probe_model_path, speed_model_path
 
-    res = run_child(worker_argv("device_runtime"), {"model_path": str(probe_model_path()), "n_ubatch": 512,
-                                                    "n_ctx": 1024, "flash_attn": "on" if flash_attn else "off"},
-                    timeout=120.0)
+    def probe(model: Path) -> Any:
+        return run_child(worker_argv("device_runtime"), {"model_path": str(model), "n_ubatch": 512, "n_ctx": 1024,
+                                                         "flash_attn": "on" if flash_attn else "off",
+                                                         "type_k": type_k, "type_v": type_v}, timeout=120.0)
+
+    res = probe(probe_model_path())
     if not res.ok or not (res.result or {}).get("ok"):
         return DeviceRuntime(None, None, f"GPU runtime not measured: {res.failure_reason() or 'the probe failed'}", {})
-    dev, host, note = device_runtime_from_probe(res.result)
-    out = DeviceRuntime(dev, host, note, res.result.get("readings") or {})
+    deep = probe(speed_model_path("gpu_graph_probe", n_embd=256, n_ff=512, n_layer=24, n_head=4, n_head_kv=4,
+                                  mat_type="Q4_0"))
+    per_node = graph_cost_per_node(res.result, deep.result) if deep.ok and (deep.result or {}).get("ok") else None
+    dev, host, note = device_runtime_from_probe(res.result, per_node)
+    out = DeviceRuntime(dev, host, note, res.result.get("readings") or {}, per_node)
     try:
         _atomic_write(path, {"key": key, "fingerprint": fp, **asdict(out)})
     except OSError as e:

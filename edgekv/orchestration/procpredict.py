@@ -162,7 +162,8 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
         # flash attention as llama.cpp resolved it in the dry run (auto: enabled where the device supports it)
         fa_log = getattr(getattr(eng_default, "log", None), "fa_resolved", None)
         rt = device_runtime(dev, flash_attn=params.flash_attn == "on" or (params.flash_attn == "auto"
-                                                                          and fa_log != "disabled"))
+                                                                          and fa_log != "disabled"),
+                            type_k=params.type_k, type_v=params.type_v)
     state = state_seq_bytes(pred, settings.n_depth or 0) if settings.keeps_depth_state else 0
     restore = state_read_buffer_bytes(pred, settings.n_depth or 0) if settings.restores_state_file else 0
     return ProcessInputs(
@@ -178,7 +179,9 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
         compute_reserved=cr,
         host_structures_bytes=host_struct, host_structures_note=struct_note,
         gpu_runtime_device_bytes=rt.device_bytes if rt else None, gpu_runtime_host_bytes=rt.host_bytes if rt else None,
-        gpu_runtime_note=rt.note if rt else "")
+        gpu_runtime_note=rt.note if rt else "",
+        gpu_graph_host_bytes_per_node=rt.graph_host_bytes_per_node if rt else None,
+        graph_nodes_tg=((getattr(getattr(eng_default, "log", None), "graph", None) or {}).get("nodes_tg")))
 
 
 def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings, baseline=None,
