@@ -220,7 +220,7 @@ def _mib_sum(d: dict[str, float] | None, device: bool) -> int:
     return mib_to_bytes(sum(v for k, v in (d or {}).items() if is_host_buffer(k) != device))
 
 
-def _graph_growth(res: dict[str, Any]) -> tuple[int, int] | None:
+def graph_growth(res: dict[str, Any]) -> tuple[int, int] | None:
     """(RSS growth over the decodes after the first one, the one-token graph's nodes) of a probe run."""
     rd = res.get("readings") or {}
     a, b = (rd.get("decode1") or {}).get("rss"), (rd.get("decode") or {}).get("rss")
@@ -231,7 +231,7 @@ def _graph_growth(res: dict[str, Any]) -> tuple[int, int] | None:
 def graph_cost_per_node(small: dict[str, Any], big: dict[str, Any]) -> float | None:
     """Host bytes per graph node that ggml-cuda's CUDA graphs of single-token decodes hold (captured once the graph
     repeats: the growth from the first decode to the last), from two probes of different node counts."""
-    a, b = _graph_growth(small), _graph_growth(big)
+    a, b = graph_growth(small), graph_growth(big)
     if a is None or b is None or b[1] <= a[1]:
         return None
     return max(0.0, (b[0] - a[0]) / (b[1] - a[1]))
