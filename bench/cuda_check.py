@@ -100,6 +100,14 @@ def _probe_model() -> str:
     return str(p)
 
 
+def _start(out: Path, budget: float) -> tuple[Runner, dict[str, str], list[str]]:
+    """The set-up every device call shares: the output folder, the step runner, the stand-ins and the edgekv command.
+    No CPU speed calibration (a partial offload would otherwise measure one per sweep): speed is omitted there."""
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["EDGEKV_SPEED_CALIBRATE"] = "cached"
+    return Runner(out, budget), standins(Path("/tmp/standin")), [sys.executable, "-m", "edgekv.cli"]
+
+
 class Runner:
     def __init__(self, out: Path, budget: float):
         self.out, self.t0, self.budget = out, time.monotonic(), budget
@@ -141,14 +149,9 @@ class Runner:
 
 
 def run(out: Path, bindir: Path, budget: float, ctx: str = CTX, types: str = TYPES) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    r = Runner(out, budget)
-    # no CPU speed calibration (a partial offload would otherwise measure one per sweep): speed is omitted there
-    os.environ["EDGEKV_SPEED_CALIBRATE"] = "cached"
-    ek = [sys.executable, "-m", "edgekv.cli"]
+    r, models, ek = _start(out, budget)
     r.sh("env-nvidia-smi", ["nvidia-smi", "-q"], 20)
     r.sh("env-info", ek + ["info", "--json"], 60, env={"EDGEKV_HOME": "/tmp/ekh-info"})
-    models = standins(Path("/tmp/standin"))
     bench = str(bindir / "llama-bench")
     lbenv = {"LD_LIBRARY_PATH": f"{bindir}:" + os.environ.get("LD_LIBRARY_PATH", "")}
 
@@ -212,16 +215,12 @@ PAIRS = ("f16", "q8_0", "q4_0", "q5_0", "q4_1", "q5_1", "iq4_nl", "bf16", "f32",
 def pairs(out: Path, budget: float) -> None:
     """Second call: which K/V pairs llama.cpp's CUDA build runs flash attention for on the device (the dry run's op
     placement), the runtime probe with single-token decodes (CUDA graphs), and bench on the pairs that moved."""
-    out.mkdir(parents=True, exist_ok=True)
-    r = Runner(out, budget)
-    os.environ["EDGEKV_SPEED_CALIBRATE"] = "cached"
-    models = standins(Path("/tmp/standin"))
+    r, models, ek = _start(out, budget)
     sm = models["smollm2-135m"]
     for kv in PAIRS:
         r.sh(f"sched-{kv.replace('/', '-')}", [sys.executable, "-c", SCHED_CAPTURE, sm, kv, "-1", "on"], 60, gz=True)
     for name, path in [("probe", _probe_model()), *models.items()]:
         r.sh(f"runtime-{name}-ub512", [sys.executable, "-c", RUNTIME_PROBE, path, "512"], 60)
-    ek = [sys.executable, "-m", "edgekv.cli"]
     r.sh("bench-pairs", ek + ["bench", sm, "-c", "4096", "-ctk", "q8_0,q4_1,iq4_nl", "-ctv", "f16,q4_1,iq4_nl", "-fa", "on",
                               "-p", "512", "-n", "128", "-r", "3", "-o", str(out / "bench-pairs.jsonl"), "--json"], 150,
          env={"EDGEKV_HOME": "/tmp/ekh-pairs"})
@@ -230,11 +229,7 @@ def pairs(out: Path, budget: float) -> None:
 
 def cublas(out: Path, budget: float) -> None:
     """Third call: the runtime probe with flash attention off (cuBLAS), and SmolLM2 -fa off / on measured again."""
-    out.mkdir(parents=True, exist_ok=True)
-    r = Runner(out, budget)
-    os.environ["EDGEKV_SPEED_CALIBRATE"] = "cached"
-    models = standins(Path("/tmp/standin"))
-    ek = [sys.executable, "-m", "edgekv.cli"]
+    r, models, ek = _start(out, budget)
     for fa in ("off", "on"):
         tag = f"smollm2-135m-fa-{fa}"
         r.sh(tag, ek + ["bench", models["smollm2-135m"], "-c", CTX, "-ctk", "f16", "-fa", fa, *COMMON,
@@ -248,11 +243,7 @@ def cublas(out: Path, budget: float) -> None:
 def memory(out: Path, budget: float) -> None:
     """Fourth call: the memory sweeps of ``run`` (full and partial offload) and -fa off again, with the runtime
     calibrated per K/V type and with CUDA graphs per node."""
-    out.mkdir(parents=True, exist_ok=True)
-    r = Runner(out, budget)
-    os.environ["EDGEKV_SPEED_CALIBRATE"] = "cached"
-    models = standins(Path("/tmp/standin"))
-    ek = [sys.executable, "-m", "edgekv.cli"]
+    r, models, ek = _start(out, budget)
     for name, half in MODELS.items():
         for ngl in (-1, half):
             tag = f"{name}-ngl{'all' if ngl < 0 else ngl}"

@@ -12,7 +12,7 @@ from edgekv.edges.load import record_busy
 from edgekv.output.inputs import speed_of
 from edgekv.records import results as R
 from edgekv.records import schema as S
-from edgekv.records.frame import unset_none
+from edgekv.records.frame import off_device_of, unset_none
 
 
 def case_label(s: dict[str, Any]) -> str:
@@ -128,9 +128,7 @@ def predicted_ts(r: S.Record, test: str) -> float | None:
 
 def off_device(r: S.Record) -> str | None:
     """What llama.cpp's dry run placed off the offloaded layers' device (prediction.engine.off_device), as a phrase."""
-    pred = unset_none(r.prediction)
-    eng = unset_none(pred.engine) if pred is not None else None
-    return off_device_text(unset_none(eng.off_device)) if eng is not None else None
+    return off_device_text(off_device_of(r))
 
 
 def off_device_note(records: list[S.Record]) -> str | None:

@@ -124,11 +124,11 @@ def _identity(rec: Record, file: str | None) -> dict[str, Any]:
         "n_parallel": _v(s.n_parallel),
         "time_utc": _v(rec.time_utc),
         "flash_attn_llamacpp": _v(eff.flash_attn) if eff is not None else None,
-        "ops_off_device_llamacpp": off_device_text(_off_device(rec)),
+        "ops_off_device_llamacpp": off_device_text(off_device_of(rec)),
     }
 
 
-def _off_device(rec: Record) -> list[dict[str, Any]] | None:
+def off_device_of(rec: Record) -> list[dict[str, Any]] | None:
     """The dry run's ops that the scheduler put off their offloaded layer's device (prediction.engine.off_device)."""
     pred = _v(rec.prediction)
     eng = _v(pred.engine) if pred is not None else None
