@@ -13,10 +13,12 @@ Layers, lowest first; a module may import its own layer and the layers its rule 
     cli                  anything
     edgekv (__init__)    the public facade: anything but the CLI; only the CLI may import the facade itself
 
-Function-level ("lazy") imports count like module-level ones; imports under ``if TYPE_CHECKING:`` are never
-executed and are left out.  A small AST test rather than import-linter: the rules above have per-module
-exceptions (records may use edges.safepath only, output may not use two edges modules) and the same walk
-also finds cycles through lazy imports and measures function lengths, which import-linter does not.
+Function-level ("lazy") imports count like module-level ones, and so do imports under ``if TYPE_CHECKING:``:
+never executed, but a type the core names from edges, or two modules that name each other's types, tie them together
+all the same.  No module imports another's private (``_name``) names.  A small AST test rather than
+import-linter: the rules above have per-module exceptions (records may use edges.safepath only, output may not
+use two edges modules) and the same walk also finds cycles through lazy imports and measures function lengths,
+which import-linter does not.
 """
 
 from __future__ import annotations
@@ -83,24 +85,33 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return out
 
 
-def _imports(mod: str) -> list[tuple[str, int, str]]:
-    """(imported module or top-level name, line, 'module'|'lazy') for every executed import in ``mod``."""
+def _import_nodes(mod: str):
+    """(ImportFrom/Import node, the package relative imports start from, 'module'|'lazy'|'typing')."""
     path = MODULES[mod]
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    skip = _type_checking_nodes(tree)
+    typing_only = _type_checking_nodes(tree)
     top = {id(n) for n in tree.body}
     pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-    out = []
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        where = "module" if id(node) in top else "lazy"
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, pkg, "typing" if id(node) in typing_only else "module" if id(node) in top else "lazy"
+
+
+def _base(node: ast.ImportFrom, pkg: str) -> str:
+    base = node.module or ""
+    if node.level:
+        base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+    return base
+
+
+def _imports(mod: str) -> list[tuple[str, int, str]]:
+    """(imported module or top-level name, line, 'module'|'lazy'|'typing') for every import in ``mod``."""
+    out = []
+    for node, pkg, where in _import_nodes(mod):
         if isinstance(node, ast.Import):
             out.extend((a.name, node.lineno, where) for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+        else:
+            base = _base(node, pkg)
             names = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES]
             out.extend((n, node.lineno, where) for n in names or [base])
     return out
@@ -192,6 +203,25 @@ def test_no_import_cycles():
     assert not [c for c in found if c not in KNOWN_CYCLES], f"import cycles (module-level and lazy imports): {found}"
     stale = [c for c in KNOWN_CYCLES if c not in found]
     assert not stale, f"cycles no longer there, remove them from KNOWN_CYCLES: {stale}"
+
+
+def _private_imports() -> list[str]:
+    """``from edgekv.x import _name`` in another module (dunders such as __version__ are public)."""
+    out = []
+    for mod in MODULES:
+        for node, pkg, _ in _import_nodes(mod):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _base(node, pkg)
+            out.extend(f"{MODULES[mod].relative_to(ROOT)}:{node.lineno}: {base}.{a.name}" for a in node.names
+                       if base.startswith("edgekv") and base != mod and a.name.startswith("_")
+                       and not (a.name.startswith("__") and a.name.endswith("__")))
+    return out
+
+
+def test_no_private_names_imported_across_modules():
+    bad = _private_imports()
+    assert not bad, "a private name used by another module is part of its interface: make it public\n" + "\n".join(bad)
 
 
 def test_cycle_finder_finds_a_lazy_cycle():

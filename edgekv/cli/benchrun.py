@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from edgekv.core.predict import MIB
-from edgekv.core.units import kv_label
+from edgekv.core.units import MIB, kv_label
 from edgekv.edges.load import BUSY_SHARE, LoadMonitor, Window, busy_note
 from edgekv.errors import UsageError
 from edgekv.orchestration.plan import (

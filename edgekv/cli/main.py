@@ -14,15 +14,15 @@ from typing import Optional
 import typer
 
 from edgekv.cli.options import (
-    _console,
-    _model,
-    _print_json,
+    make_console,
     pair_types,
     parse_flash_attn,
     parse_int_list,
     parse_repack_list,
     parse_size,
     parse_type_list,
+    pick_model,
+    print_json,
 )
 from edgekv.cli.quality_cli import quality as _quality_command
 from edgekv.errors import EdgekvError, ResultsError, UsageError
@@ -128,12 +128,12 @@ def inspect(
     from edgekv.orchestration.api import load_model
     from edgekv.output.views import inspect_dict, render_inspect
 
-    m = load_model(_model(model, model_opt))
+    m = load_model(pick_model(model, model_opt))
     _notes(m)
     if as_json:
-        _print_json(inspect_dict(m))
+        print_json(inspect_dict(m))
     else:
-        render_inspect(_console(), m)
+        render_inspect(make_console(), m)
 
 
 # -- predict ------------------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def predict(
     from edgekv.orchestration.predictrows import run_predict
 
     speed_flags = _speed_flags(depth, min_tg, budget, kv_only)
-    spec_name = _model(model, model_opt)
+    spec_name = pick_model(model, model_opt)
     m = load_model(spec_name)
     ctxs = _predict_contexts(ctx_size, spec_name, m)
     req = _predict_request(ctxs, cache_type_k, cache_type_v, flash_attn, swa_full, parallel, kv_unified, ubatch_size,
@@ -190,7 +190,7 @@ def predict(
     _notes(m)
     out = run_predict(m, req)
     if as_json:
-        _print_json(out.to_json())
+        print_json(out.to_json())
     else:
         _show_predict(m, req, out, engine)
     if m.shape.invalid_reason:      # every row says 'invalid' with the reason; no figure, and exit 1
@@ -201,7 +201,7 @@ def predict(
 def _show_predict(m, req, out, engine: bool) -> None:
     from edgekv.output.views import render_budget, render_predict
 
-    con = _console()
+    con = make_console()
     render_predict(con, m, req.base, out, engine=engine)
     for note in out.process_notes:
         con.print(f"Note: {note}")
@@ -340,12 +340,12 @@ def bench(
     from edgekv.output.benchview import render_summary
     from edgekv.records.results import latest
 
-    res = run_bench(BenchArgs.from_flags(flags, _model(model, model_opt)), as_json, _console)
+    res = run_bench(BenchArgs.from_flags(flags, pick_model(model, model_opt)), as_json, make_console)
     if as_json:
-        _print_json(latest(res.records))        # a failed configuration measured again: its newest record
+        print_json(latest(res.records))        # a failed configuration measured again: its newest record
     else:
-        render_summary(_console(), res.records, str(res.output))
-    code = finish(res, _console(stderr=True))      # 130 interrupted; 1 unless all started were measured
+        render_summary(make_console(), res.records, str(res.output))
+    code = finish(res, make_console(stderr=True))      # 130 interrupted; 1 unless all started were measured
     if code:
         raise typer.Exit(code)
 
@@ -370,9 +370,9 @@ def info(
         raise UsageError(f"--llama-bench: {llama_bench} is not an executable file")
     res = machine_info(llama_bench, refresh)
     if as_json:
-        _print_json(res)
+        print_json(res)
     else:
-        render_info(_console(), res)
+        render_info(make_console(), res)
 
 
 @app.command()
@@ -413,7 +413,7 @@ def calibrate(
         sh = model_speed_shape(load_model(model), feats, rp[0], None)
         types = weight_types(sh)
         geometries = sorted({lay.geometry for lay in sh.attn})
-    con = _console(stderr=True)
+    con = make_console(stderr=True)
     con.print(f"Calibrating speed with -t {n}, --repack {int(rp[0])}: {', '.join(p[0] for p in pairs)}"
               + (f"; weight types {', '.join(types)}" if types else "") + " ...", highlight=False)
     try:
@@ -422,11 +422,11 @@ def calibrate(
     except CalibrationError as e:
         raise UsageError(str(e)) from None
     if as_json:
-        _print_json(sc.cal.to_dict())
+        print_json(sc.cal.to_dict())
         return
     from edgekv.output.views import render_calibration
 
-    render_calibration(_console(), sc)
+    render_calibration(make_console(), sc)
 
 
 # -- report, compare, merge ------------------------------------------------------------------------------
@@ -464,9 +464,9 @@ def report(
         note = (note + "\n\n" if note else "") + f"**Skipped {len(skipped)} unusable input line(s)**: {why}."
     res = write_report(records, output, title=title, plots=not no_plots, note=note)
     if as_json:
-        _print_json(res)
+        print_json(res)
     else:
-        con = _console()
+        con = make_console()
         con.print(f"{res['title']}: {res['records']} configurations -> {res['output']}/")
         for f in res["files"]:
             con.print(f"  {f}")
@@ -490,7 +490,7 @@ def compare_cmd(
     res = compare(base, cand, thresholds=threshold, force=force, alpha=alpha)
     _warn_lines(drain_notes())
     if as_json:
-        _print_json(res)
+        print_json(res)
     else:
         sys.stdout.write(render_markdown(res))
     if res["exit_code"]:
@@ -515,9 +515,9 @@ def merge(
         devices[device_label(r)] = devices.get(device_label(r), 0) + 1
     res = {"output": output, "inputs": list(inputs), "records": len(recs), "devices": dict(sorted(devices.items()))}
     if as_json:
-        _print_json(res)
+        print_json(res)
     else:
-        con = _console()
+        con = make_console()
         con.print(f"{len(recs)} records from {len(inputs)} files -> {output}")
         for d, n in res["devices"].items():
             con.print(f"  {n:4d}  {d}")
@@ -537,9 +537,9 @@ def models_list(as_json: bool = JSON_OPT) -> None:
 
     reg = load_registry()
     if as_json:
-        _print_json(list_dicts(reg))
+        print_json(list_dicts(reg))
     else:
-        render_list(_console(), reg)
+        render_list(make_console(), reg)
 
 
 @models_app.command("show")
@@ -554,9 +554,9 @@ def models_show(name: str = typer.Argument(..., help="A models.toml name."), as_
     if e is None:
         raise ModelNotFound(f"'{name}' is not in {reg.path} (known: {', '.join(reg.names())})")
     if as_json:
-        _print_json(show_dict(e))
+        print_json(show_dict(e))
     else:
-        render_show(_console(), e)
+        render_show(make_console(), e)
 
 
 @models_app.command("pull")
@@ -575,9 +575,9 @@ def models_pull(
 
     r = pull_model(name, allow_unverified=allow_unverified)
     if as_json:
-        _print_json(r.to_dict())
+        print_json(r.to_dict())
     else:
-        render_pull(_console(), r)
+        render_pull(make_console(), r)
 
 
 # -- quality (edgekv/cli/quality_cli.py) -------------------------------------------------------------------

@@ -138,7 +138,7 @@ def parse_size(text: str, flag: str) -> int:
     return n
 
 
-def _console(stderr: bool = False):
+def make_console(stderr: bool = False):
     from rich.console import Console
 
     # messages on stderr never wrap (one line stays one line); tables on stdout get room when piped
@@ -148,11 +148,11 @@ def _console(stderr: bool = False):
     return con
 
 
-def _model(arg: str | None, opt: str | None) -> str | None:
+def pick_model(arg: str | None, opt: str | None) -> str | None:
     if arg and opt and arg != opt:
         raise UsageError(f"two models given ('{arg}' and -m '{opt}'); pass one")
     return opt or arg
 
 
-def _print_json(obj: Any) -> None:
+def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")

@@ -48,7 +48,7 @@ def quality(
 
     llama-perplexity's method without its logits file: each chunk runs in the f16 and the candidate contexts side by side.
     """
-    from edgekv.cli.options import _console, _model, _print_json
+    from edgekv.cli.options import make_console, pick_model, print_json
     from edgekv.errors import UsageError
     from edgekv.orchestration.quality import QualityConfig, measure, resolve_repack
 
@@ -66,16 +66,16 @@ def quality(
     progress = _Progress(enabled=not as_json and sys.stderr.isatty(), ctxs=ctxs, chunks=chunks, n_batch=batch_size)
     with progress:
         rp = resolve_repack(_one_repack(repack), progress.on_event)     # the preflight's, when not given
-        rows = measure(_model(model, model_opt), configs, corpus, ctxs, chunks, n_batch=batch_size, n_ubatch=ubatch_size,
+        rows = measure(pick_model(model, model_opt), configs, corpus, ctxs, chunks, n_batch=batch_size, n_ubatch=ubatch_size,
                        n_threads=threads, n_gpu_layers=n_gpu_layers, timeout=timeout, on_event=progress.on_event,
                        repack=rp)
     if as_json:
         from edgekv.orchestration.quality import quality_records
 
-        _print_json(quality_records(rows, _model(model, model_opt), corpus=corpus, chunks=chunks, n_batch=batch_size,
+        print_json(quality_records(rows, pick_model(model, model_opt), corpus=corpus, chunks=chunks, n_batch=batch_size,
                                     n_ubatch=ubatch_size, n_gpu_layers=n_gpu_layers, repack=rp))
     else:
-        render_quality(_console(), rows)
+        render_quality(make_console(), rows)
     _exit(rows)
 
 

@@ -15,19 +15,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from edgekv.core.shape import ModelShape
-    from edgekv.edges.gguf_header import GGUFHeader
 
 MAX_WIDTH = (1 << 31) - 1       # ggml tensor rows are int64, but no llama.cpp cache row is wider than int32
 
 
-def validate_shape(shape: ModelShape, header: GGUFHeader | None = None) -> str | None:
-    """Why llama.cpp would refuse this model (one line), or None."""
+def validate_shape(shape: ModelShape, tensors: Mapping[str, tuple[int, ...]] | None = None) -> str | None:
+    """Why llama.cpp would refuse this model (one line), or None; ``tensors``: the header's tensor name -> shape."""
     if shape.is_mla:
         return None         # MLA caches come from kv_lora_rank / rope dims, not from attn_k/attn_v
     if shape.unsupported_reason:
         return None         # edgekv does not know this architecture's keys: it has no shape to judge (unsupported)
-    tensors = {t.name: t.shape for t in header.tensors} if header is not None else {}
+    tensors = tensors or {}
     emb = tensors.get("token_embd.weight")
     if emb is not None and len(emb) == 2 and emb[0] != shape.n_embd:
         return (f"llama.cpp refuses to load this model: embedding_length is {shape.n_embd} but tensor "

@@ -24,7 +24,6 @@ and sha256 are those of the file.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import zipfile
@@ -32,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from edgekv.edges.home import edgekv_home
+from edgekv.edges.home import edgekv_home, sha256_bytes
 from edgekv.edges.safepath import atomic_write
 from edgekv.errors import CorpusError, SourceError
 
@@ -70,14 +69,6 @@ def _cache_dir() -> Path:
     return d
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    atomic_write(path, data)
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def check_text(data: bytes, what: str) -> None:
     """Refuse what llama-perplexity would silently accept: an empty file or binary data."""
     if not data:
@@ -101,10 +92,10 @@ def text_for_tokenizer(data: bytes) -> bytes:
 def _pydoc() -> Corpus:
     data = pydoc_text().encode("utf-8")
     name = f"pydoc-{platform.python_version()}"
-    digest = _sha256(data)
+    digest = sha256_bytes(data)
     path = _cache_dir() / f"{name}-{digest[:12]}.txt"
     if not path.is_file() or path.stat().st_size != len(data):
-        _write_atomic(path, data)
+        atomic_write(path, data)
     return Corpus(name=name, path=str(path), n_bytes=len(data), sha256=digest, source="builtin",
                   detail=f"pydoc_data.topics of Python {platform.python_version()}, sorted keys joined by blank lines")
 
@@ -124,10 +115,10 @@ def _wikitext2() -> Corpus:
                 data = z.read(WIKITEXT2_MEMBER)
         except (zipfile.BadZipFile, KeyError, OSError) as e:
             raise CorpusError(f"wikitext-2: {hf.path} is not the expected archive ({e}); delete it and retry") from None
-        _write_atomic(path, data)
+        atomic_write(path, data)
     data = path.read_bytes()
     check_text(data, "wikitext-2")
-    return Corpus(name=WIKITEXT2, path=str(path), n_bytes=len(data), sha256=_sha256(data), source="hub",
+    return Corpus(name=WIKITEXT2, path=str(path), n_bytes=len(data), sha256=sha256_bytes(data), source="hub",
                   detail=f"{hf.endpoint}/datasets/{WIKITEXT2_REPO} {WIKITEXT2_ARCHIVE}@{hf.revision}:{WIKITEXT2_MEMBER}")
 
 
@@ -140,7 +131,7 @@ def _file(spec: str) -> Corpus:
     except OSError as e:
         raise CorpusError(f"--corpus {spec}: {e.strerror or e}") from None
     check_text(data, f"--corpus {spec}")
-    return Corpus(name=p.name, path=str(p.resolve()), n_bytes=len(data), sha256=_sha256(data), source="file",
+    return Corpus(name=p.name, path=str(p.resolve()), n_bytes=len(data), sha256=sha256_bytes(data), source="file",
                   detail=str(p.resolve()))
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,6 +12,7 @@ from urllib.parse import unquote, urlsplit
 
 from edgekv.edges.home import edgekv_home
 from edgekv.edges.safepath import (
+    COMMIT_RE,
     atomic_write,
     check_commit,
     check_relpath,
@@ -24,9 +24,8 @@ from edgekv.edges.safepath import (
 )
 
 if TYPE_CHECKING:
-    from edgekv.edges.hub import HfFile
+    from edgekv.edges.hfref import HfFile
 
-_COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 
 
 # -- the header cache ---------------------------------------------------------------------------------
@@ -35,14 +34,14 @@ def _headers_root() -> Path:
     return edgekv_home() / "headers"
 
 
-def _hf_repo_dir(repo: str) -> Path:
+def hf_repo_dir(repo: str) -> Path:
     check_repo_id(repo, repo)
     return _headers_root() / "hf" / repo.replace("/", "--")
 
 
-def _hf_header_path(f: HfFile, commit: str) -> Path:
+def hf_header_path(f: HfFile, commit: str) -> Path:
     what = f"hf://{f.repo}/{f.filename}"
-    p = _hf_repo_dir(f.repo) / check_commit(commit, what) / check_relpath(f.filename, what)
+    p = hf_repo_dir(f.repo) / check_commit(commit, what) / check_relpath(f.filename, what)
     inside(_headers_root(), p, what)
     return p
 
@@ -52,7 +51,7 @@ def url_file_name(url: str) -> str:
     return safe_segment(unquote(urlsplit(url).path.rsplit("/", 1)[-1]), "model.gguf")
 
 
-def _url_header_path(url: str) -> Path:
+def url_header_path(url: str) -> Path:
     key = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:24]
     p = _headers_root() / "url" / key / url_file_name(url)
     inside(_headers_root(), p, url)
@@ -63,7 +62,7 @@ def _meta_path(p: Path) -> Path:
     return p.with_name(p.name + ".json")
 
 
-def _cached_header(p: Path) -> dict[str, Any] | None:
+def cached_header(p: Path) -> dict[str, Any] | None:
     """The metadata of a complete cached header file, or None."""
     inside(_headers_root(), p, str(p))
     try:
@@ -75,34 +74,34 @@ def _cached_header(p: Path) -> dict[str, Any] | None:
         return None
 
 
-def _atomic_write(p: Path, data: bytes) -> None:
+def write_header_file(p: Path, data: bytes) -> None:
     atomic_write(p, data, root=_headers_root())
 
 
-def _store_header(p: Path, data: bytes, meta: dict[str, Any]) -> None:
-    _atomic_write(p, data)
+def store_header(p: Path, data: bytes, meta: dict[str, Any]) -> None:
+    write_header_file(p, data)
     meta = {**meta, "stored_bytes": len(data), "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    _atomic_write(_meta_path(p), json.dumps(meta, indent=1).encode())   # written last: marks the header complete
+    write_header_file(_meta_path(p), json.dumps(meta, indent=1).encode())   # written last: marks the header complete
 
 
-def _ref_file(repo: str, revision: str) -> Path:
+def ref_file(repo: str, revision: str) -> Path:
     check_revision(revision, f"{repo}@{revision}")
-    p = _hf_repo_dir(repo) / "refs" / ref_name(revision)
+    p = hf_repo_dir(repo) / "refs" / ref_name(revision)
     inside(_headers_root(), p, f"{repo}@{revision}")
     return p
 
 
-def _cached_commit(repo: str, revision: str) -> str | None:
-    if _COMMIT_RE.fullmatch(revision):
+def cached_commit(repo: str, revision: str) -> str | None:
+    if COMMIT_RE.fullmatch(revision):
         return revision
     try:
-        c = _ref_file(repo, revision).read_text().strip()
+        c = ref_file(repo, revision).read_text().strip()
     except OSError:
         return None
-    return c if _COMMIT_RE.fullmatch(c) else None
+    return c if COMMIT_RE.fullmatch(c) else None
 
 
-def _merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any] | None:
+def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not stats:
         return None
     out = {"bytes_received": sum(s["bytes_received"] for s in stats), "requests": sum(s["requests"] for s in stats),
@@ -111,7 +110,7 @@ def _merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any] | None:
     return out
 
 
-def _fetch_note(display: str, fetch: dict[str, Any] | None, cache_path: Path) -> str:
+def fetch_note(display: str, fetch: dict[str, Any] | None, cache_path: Path) -> str:
     if fetch is None:
         return f"{display}: header from edgekv's cache ({cache_path.parent})"
     return (f"{display}: read the header over HTTP: {fetch['bytes_received']:,} bytes in {fetch['requests']} "

@@ -76,7 +76,13 @@ def hf_cache_dir() -> str:
     return constants.HF_HUB_CACHE
 
 
+def sha256_bytes(data: bytes) -> str:
+    """The sha256 hex digest of bytes in memory (see :func:`sha256_file` for a file)."""
+    return hashlib.sha256(data).hexdigest()
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """The sha256 hex digest of a file, read in chunks; :func:`verified_sha256` also stamps it."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for b in iter(lambda: f.read(chunk), b""):

@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from edgekv.edges.gguf_header import (
@@ -17,29 +15,31 @@ from edgekv.edges.gguf_header import (
     split_file_name,
 )
 from edgekv.edges.headercache import (
-    _COMMIT_RE,
-    _atomic_write,
-    _cached_commit,
-    _cached_header,
-    _fetch_note,
-    _hf_header_path,
-    _hf_repo_dir,
-    _merge_stats,
-    _ref_file,
-    _store_header,
+    cached_commit,
+    cached_header,
+    fetch_note,
+    hf_header_path,
+    hf_repo_dir,
+    merge_stats,
+    ref_file,
+    store_header,
+    write_header_file,
 )
+from edgekv.edges.hfref import HfFile
 from edgekv.edges.home import ModelRef, hf_cache_dir, hf_endpoint, offline, stamped_sha256
 from edgekv.edges.remote import (
     HTTP_TIMEOUT_S,
     Deadline,
-    _http_error,
-    _network_errors,
-    _offline_error,
-    _ServerUnavailable,
-    _unreachable,
+    ServerUnavailable,
     fetch_header,
+    http_error,
+    network_errors,
+    offline_error,
+    unreachable,
 )
 from edgekv.edges.safepath import (
+    COMMIT_RE,
+    SHA256_RE,
     check_commit,
     check_relpath,
     check_repo_id,
@@ -47,27 +47,7 @@ from edgekv.edges.safepath import (
 )
 from edgekv.errors import SourceError, UsageError
 
-if TYPE_CHECKING:
-    pass
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
-
-
 # -- spec parsing -------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class HfFile:
-    repo: str
-    filename: str
-    revision: str = "main"
-
-    @property
-    def spec(self) -> str:
-        return f"hf://{self.repo}/{self.filename}@{self.revision}"
-
-    def sibling(self, filename: str) -> HfFile:
-        d = self.filename.rpartition("/")[0]
-        return HfFile(self.repo, f"{d}/{filename}" if d else filename, self.revision)
-
 
 def parse_hf_spec(spec: str) -> HfFile:
     """``hf://OWNER/REPO/PATH/FILE.gguf[@REVISION]``."""
@@ -89,7 +69,7 @@ def checked_hf_file(f: HfFile, what: str) -> HfFile:
     return f
 
 
-def _hf_file_from_url(url: str) -> HfFile | None:
+def hf_file_from_url(url: str) -> HfFile | None:
     """A Hugging Face ``/resolve/`` or ``/blob/`` URL on the configured endpoint, as an HfFile."""
     u = urlsplit(url)
     try:
@@ -106,7 +86,7 @@ def _hf_file_from_url(url: str) -> HfFile | None:
 
 # -- Hugging Face -------------------------------------------------------------------------------------
 
-def _hf_cached_file(f: HfFile, revision: str | None = None) -> str | None:
+def hf_cached_file(f: HfFile, revision: str | None = None) -> str | None:
     """The complete file in the Hugging Face cache (no network), or None."""
     from huggingface_hub import try_to_load_from_cache
 
@@ -142,7 +122,7 @@ def _hub_error(e: Exception, f: HfFile, display: str) -> SourceError:
         return SourceError(f"{display}: revision '{f.revision}' not found in {f.repo}")
     if isinstance(e, RemoteEntryNotFoundError):
         return SourceError(f"{display}: {f.filename} not found in {f.repo} at revision {f.revision}")
-    return _http_error(_status(e), "", display)
+    return http_error(_status(e), "", display)
 
 
 def _hf_head(f: HfFile, display: str, deadline: Deadline | None = None):
@@ -163,7 +143,7 @@ def _hf_head_now(f: HfFile, display: str, dl: Deadline):
     except HfHubHTTPError as e:
         status = _status(e)
         if status >= 500:
-            raise _ServerUnavailable(f"HTTP {status}") from None
+            raise ServerUnavailable(f"HTTP {status}") from None
         raise _hub_error(e, f, display) from None
     if not meta.commit_hash:
         raise SourceError(f"{display}: {ep} did not send X-Repo-Commit; is HF_ENDPOINT a Hugging Face hub?")
@@ -175,21 +155,21 @@ def _hf_head_now(f: HfFile, display: str, dl: Deadline):
 
 
 # long: the numbered fallbacks (HF cache, commit, cached or fetched header, splits) share one deadline
-def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | None = None,
+def resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | None = None,
                 display_name: str | None = None, display: str | None = None) -> ModelRef:
     display = display or (spec if spec.startswith("hf://") else f.spec)
     checked_hf_file(f, display)
     dl = Deadline()
     name = display_name or f.filename.rsplit("/", 1)[-1]
-    is_commit = bool(_COMMIT_RE.fullmatch(f.revision))
+    is_commit = bool(COMMIT_RE.fullmatch(f.revision))
 
     # 1. the complete file, when the Hugging Face cache has it (all files of a split)
     def from_hf_cache(revision: str) -> ModelRef | None:
-        first = _hf_cached_file(f, revision)
+        first = hf_cached_file(f, revision)
         if first is None:
             return None
         if sha256:
-            if _blob_sha(first) not in (None, sha256):
+            if blob_sha(first) not in (None, sha256):
                 return None     # another file (the branch moved on): not the one asked for
             if stamped_sha256(first) not in (None, sha256):
                 raise SourceError(f"{first}: its content does not have sha256 {sha256} (checked by 'edgekv models "
@@ -199,7 +179,7 @@ def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | 
         if parsed and parsed[2] > 1:
             prefix, _, n = parsed
             for i in range(1, n):
-                p = _hf_cached_file(f.sibling(split_file_name(prefix, i, n)), revision)
+                p = hf_cached_file(f.sibling(split_file_name(prefix, i, n)), revision)
                 if p is None:
                     return None
                 files.append(p)
@@ -213,40 +193,40 @@ def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | 
             return ref
 
     # 2. the commit, from the hub or (offline, unreachable) from edgekv's refs
-    commit = _cached_commit(f.repo, f.revision)
+    commit = cached_commit(f.repo, f.revision)
     head = None
     why_offline = None
     if offline():
         why_offline = "HF_HUB_OFFLINE is set"
-    elif not (is_commit and _cached_header(_hf_header_path(f, f.revision))):
+    elif not (is_commit and cached_header(hf_header_path(f, f.revision))):
         try:
             head = _hf_head(f, display, dl)
-        except _network_errors() as e:
-            why_offline = _unreachable(urlsplit(hf_endpoint()).netloc, e)
+        except network_errors() as e:
+            why_offline = unreachable(urlsplit(hf_endpoint()).netloc, e)
         else:
             commit = head[0]
             if not is_commit:
-                _atomic_write(_ref_file(f.repo, f.revision), commit.encode())
+                write_header_file(ref_file(f.repo, f.revision), commit.encode())
                 ref = from_hf_cache(commit)
                 if ref:
                     return ref
     if commit is None:
-        raise _offline_error(display, f"the header of {f.repo}/{f.filename} at '{f.revision}' is not cached under "
-                             f"{_hf_repo_dir(f.repo)}", why_offline or "the revision is unknown")
+        raise offline_error(display, f"the header of {f.repo}/{f.filename} at '{f.revision}' is not cached under "
+                             f"{hf_repo_dir(f.repo)}", why_offline or "the revision is unknown")
 
     # 3. the header, cached or fetched
     fc = HfFile(f.repo, f.filename, commit)
     if head is not None:
         _check_identity(display, head[1], head[2], sha256, size)
-    first_path = _hf_header_path(fc, commit)
+    first_path = hf_header_path(fc, commit)
     paths, stats = [first_path], []
-    cached = _cached_header(first_path)
+    cached = cached_header(first_path)
     if cached is None:
         if head is None:
-            raise _offline_error(display, f"its header is not cached under {first_path.parent}",
+            raise offline_error(display, f"its header is not cached under {first_path.parent}",
                                  why_offline or "no network")
         h, data, st = fetch_header(head[3], head[4], display, deadline=dl)
-        _store_header(first_path, data, {"source": display, "commit": commit, "etag": head[1],
+        store_header(first_path, data, {"source": display, "commit": commit, "etag": head[1],
                                          "size": head[2], **st})
         stats.append(st)
     else:
@@ -261,43 +241,43 @@ def _resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | 
         prefix = parsed[0]
         for i in range(1, n):
             sib = fc.sibling(split_file_name(prefix, i, n))
-            p = _hf_header_path(sib, commit)
+            p = hf_header_path(sib, commit)
             paths.append(p)
-            if _cached_header(p) is not None:
+            if cached_header(p) is not None:
                 continue
             sdisplay = f"hf://{sib.repo}/{sib.filename}@{commit}"
             if offline() or why_offline:
-                raise _offline_error(display, f"the header of {sib.filename} is not cached",
+                raise offline_error(display, f"the header of {sib.filename} is not cached",
                                      why_offline or "HF_HUB_OFFLINE is set")
             try:
                 shead = _hf_head(sib, sdisplay, dl)
-            except _network_errors() as e:
-                raise SourceError(f"{sdisplay}: {_unreachable(urlsplit(hf_endpoint()).netloc, e)}") from None
+            except network_errors() as e:
+                raise SourceError(f"{sdisplay}: {unreachable(urlsplit(hf_endpoint()).netloc, e)}") from None
             _, sdata, sst = fetch_header(shead[3], shead[4], sdisplay, deadline=dl)
-            _store_header(p, sdata, {"source": sdisplay, "commit": commit, "etag": shead[1], "size": shead[2], **sst})
+            store_header(p, sdata, {"source": sdisplay, "commit": commit, "etag": shead[1], "size": shead[2], **sst})
             stats.append(sst)
-    fetch = _merge_stats(stats)
+    fetch = merge_stats(stats)
     return ModelRef(spec=spec, path=str(first_path), name=name, source="hf", complete=False,
                     shards=tuple(str(p) for p in paths) if n > 1 else (), origin=f"hf://{f.repo}/{f.filename}@{commit}",
-                    fetch=fetch, notes=(_fetch_note(display, fetch, first_path),))
+                    fetch=fetch, notes=(fetch_note(display, fetch, first_path),))
 
 
-def _blob_sha(path: str) -> str | None:
+def blob_sha(path: str) -> str | None:
     """The Hugging Face cache names LFS blobs by their sha256: read it from the symlink target."""
     name = Path(os.path.realpath(path)).name
-    return name if _SHA256_RE.fullmatch(name) else None
+    return name if SHA256_RE.fullmatch(name) else None
 
 
 def _check_identity(display: str, etag: str | None, size: int | None, sha256: str | None, want_size: int | None) -> None:
     """The hub's X-Linked-Etag of an LFS file is its sha256: check it before trusting a remote header."""
-    if sha256 and etag and _SHA256_RE.fullmatch(etag) and etag != sha256:
+    if sha256 and etag and SHA256_RE.fullmatch(etag) and etag != sha256:
         raise SourceError(f"{display}: the hub serves a different file (sha256 {etag}) than models.toml pins "
                           f"({sha256}); pin the revision in models.toml or update its sha256")
     if want_size and size and size != want_size:
         raise SourceError(f"{display}: the hub's file is {size:,} bytes, models.toml says {want_size:,}")
 
 
-def _split_siblings(f: HfFile) -> list[HfFile]:
+def split_siblings(f: HfFile) -> list[HfFile]:
     parsed = parse_split_name(f.filename.rsplit("/", 1)[-1])
     if parsed is None or parsed[2] == 1:
         return [f]
@@ -308,14 +288,14 @@ def _split_siblings(f: HfFile) -> list[HfFile]:
     return [f.sibling(split_file_name(prefix, i, n)) for i in range(n)]
 
 
-def _hf_download(f: HfFile, display: str) -> str:
+def hf_download(f: HfFile, display: str) -> str:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
-    if not offline() and not (_COMMIT_RE.fullmatch(f.revision) and _hf_cached_file(f)):
+    if not offline() and not (COMMIT_RE.fullmatch(f.revision) and hf_cached_file(f)):
         try:    # the hub's X-Repo-Commit names a folder of the cache: check it before huggingface-hub uses it
             _hf_head(f, display)
-        except _network_errors():
+        except network_errors():
             pass    # hf_hub_download reports it (or uses the cache)
     try:
         return hf_hub_download(f.repo, f.filename, revision=f.revision, cache_dir=hf_cache_dir(),
@@ -326,7 +306,7 @@ def _hf_download(f: HfFile, display: str) -> str:
                           f"({hf_cache_dir()}); connect and run 'edgekv models pull' again") from None
     except HfHubHTTPError as e:
         raise _hub_error(e, f, display) from None
-    except _network_errors() as e:
+    except network_errors() as e:
         raise SourceError(f"{display}: download failed ({type(e).__name__}: {e}); run it again to resume") from None
     except ValueError as e:     # huggingface-hub's own path checks (an invalid commit or file name)
         raise SourceError(f"{display}: huggingface-hub refused the download ({str(e)[:200]})") from None

@@ -87,7 +87,7 @@ def assemble_gemma3_270m() -> Path:
 
 
 # Fallback when models.toml cannot be found (an installed wheel): the two packaged models.
-_PACKAGED = {
+PACKAGED = {
     "smollm2-135m": (lambda: _packaged_smollm2(),
                      "SmolLM2-135M-Instruct Q4_1"),
     "gemma3-270m": (assemble_gemma3_270m, "Gemma 3 270M Q4_K_M"),

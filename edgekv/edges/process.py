@@ -453,7 +453,7 @@ def run_child(
         while not done.wait(0.25 if deadline is None else max(0.0, min(0.25, deadline - time.perf_counter()))):
             if deadline is not None and time.perf_counter() >= deadline:
                 timed_out = True
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 done.wait()
                 break
             stopped = _watch(watchdog, proc.pid, done)     # e.g. the machine's memory nearly exhausted
@@ -461,7 +461,7 @@ def run_child(
                 break
         _, status, rusage = reaped["r"]
     except BaseException:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         if waiter is not None:
             waiter.join()
         else:
@@ -530,12 +530,12 @@ def _watch(watchdog: Callable[[], str | None] | None, pid: int, done: threading.
         why += f" at {rss / (1 << 30):.1f} GiB RSS" if rss >= 1 << 30 else f" at {rss / (1 << 20):.0f} MiB RSS"
     except psutil.Error:
         pass
-    _kill_group(pid)
+    kill_group(pid)
     done.wait()
     return why
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -645,7 +645,7 @@ class ChildSession:
                 raise ChildDied(ev.get("error", "child error"))
 
     def kill(self) -> None:
-        _kill_group(self.proc.pid)
+        kill_group(self.proc.pid)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -716,11 +716,11 @@ def rss_before_model(argv_for_model: Callable[[str], list[str]], timeout: float 
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 proc.wait()
         finally:
             if proc.poll() is None:
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 proc.wait()
         return rss, reason
 

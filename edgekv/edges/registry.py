@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekv.core.cachetypes import CACHE_TYPE_NAMES, DEFAULT_SWEEP_TYPES
+from edgekv.edges.safepath import COMMIT_RE, SHA256_RE
 from edgekv.errors import RegistryError
 
 if sys.version_info >= (3, 11):
@@ -34,8 +35,6 @@ DEFAULT_CONTEXTS: tuple[int, ...] = (4096, 16384, 32768)
 
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-_COMMIT_RE = re.compile(r"[0-9a-f]{40}")
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _PYPI_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -246,11 +245,11 @@ class _Checker:
             raise self.fail(f"{where} file", f"{file!r} must be a relative path to a .gguf file in the repo")
         self.safe_parts(where, hf_repo, file)
         revision = self.string(where, "revision", v["revision"])
-        if revision != UNKNOWN and not _COMMIT_RE.fullmatch(revision):
+        if revision != UNKNOWN and not COMMIT_RE.fullmatch(revision):
             raise self.fail(f"{where} revision",
                             f"{revision!r} is not a 40-hex-digit commit or \"unknown\" (pin commits, not branches)")
         sha = self.string(where, "sha256", v["sha256"])
-        if sha != UNKNOWN and not _SHA256_RE.fullmatch(sha):
+        if sha != UNKNOWN and not SHA256_RE.fullmatch(sha):
             raise self.fail(f"{where} sha256", f"{sha!r} is not 64 lowercase hex digits or \"unknown\"")
         size = v.get("size_bytes")
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from edgekv.edges.gguf_header import (
@@ -18,12 +18,9 @@ from edgekv.edges.gguf_header import (
     split_count,
     split_file_name,
 )
-from edgekv.edges.headercache import _cached_header, _fetch_note, _merge_stats, _store_header, _url_header_path, url_file_name
+from edgekv.edges.headercache import cached_header, fetch_note, merge_stats, store_header, url_file_name, url_header_path
 from edgekv.edges.home import ModelRef, offline
 from edgekv.errors import EdgekvError, SourceError, UsageError
-
-if TYPE_CHECKING:
-    pass
 
 FIRST_RANGE_BYTES = 2 * 1024 * 1024      # first range request; the header of most models fits
 MAX_RANGE_BYTES = 32 * 1024 * 1024       # largest single range request
@@ -128,7 +125,7 @@ def _translate_http_error(e: BaseException, display: str) -> BaseException:
 
 # -- HTTP range reading -------------------------------------------------------------------------------
 
-def _http_error(status: int, reason: str, display: str) -> SourceError:
+def http_error(status: int, reason: str, display: str) -> SourceError:
     if status == 404:
         return SourceError(f"{display}: not found (HTTP 404); check the repo, file name and revision")
     if status in (401, 403):
@@ -140,12 +137,12 @@ def _http_error(status: int, reason: str, display: str) -> SourceError:
     return SourceError(f"{display}: HTTP {status} {reason}".rstrip())
 
 
-class _ServerUnavailable(SourceError):
+class ServerUnavailable(SourceError):
     """HTTP 5xx from the hub: like a network failure, edgekv falls back to what is cached."""
 
 
-def _unreachable(host: str, e: BaseException) -> str:
-    if isinstance(e, _ServerUnavailable):
+def unreachable(host: str, e: BaseException) -> str:
+    if isinstance(e, ServerUnavailable):
         return f"{host} answered {e}"
     return f"{host} cannot be reached ({type(e).__name__}: {e})"
 
@@ -156,11 +153,11 @@ def _timeout_errors() -> tuple[type[BaseException], ...]:
     return (httpx2.TimeoutException,)
 
 
-def _network_errors() -> tuple[type[BaseException], ...]:
+def network_errors() -> tuple[type[BaseException], ...]:
     import httpx2
     from huggingface_hub.errors import OfflineModeIsEnabled
 
-    return (httpx2.TransportError, OfflineModeIsEnabled, _ServerUnavailable)
+    return (httpx2.TransportError, OfflineModeIsEnabled, ServerUnavailable)
 
 
 class RangeReader:
@@ -198,7 +195,7 @@ class RangeReader:
                                   follow_redirects=True) as r:
             self.requests += 1
             if r.status_code >= 400:
-                raise _http_error(r.status_code, r.reason_phrase, self.display)
+                raise http_error(r.status_code, r.reason_phrase, self.display)
             enc = r.headers.get("Content-Encoding", "identity").strip().lower()
             if enc not in ("", "identity"):
                 raise SourceError(f"{self.display}: the server sent a compressed body (Content-Encoding: {enc[:40]}) "
@@ -281,7 +278,7 @@ def _fetch_header(url: str, headers: dict[str, str], display: str, first: int, d
         h = read_header(rd, name=display, size_hint=rd.total)
     except EdgekvError:
         raise
-    except _network_errors() as e:
+    except network_errors() as e:
         if isinstance(e, _timeout_errors()):
             raise SourceError(f"{display}: the server sent {dl.received:,} bytes and then nothing for "
                               f"{min(HTTP_TIMEOUT_S, dl.seconds):g} s ({type(e).__name__}); giving up") from None
@@ -297,7 +294,7 @@ def _fetch_header(url: str, headers: dict[str, str], display: str, first: int, d
     return h, keep, stats
 
 
-def _offline_error(display: str, what: str, why: str) -> SourceError:
+def offline_error(display: str, what: str, why: str) -> SourceError:
     todo = ("unset HF_HUB_OFFLINE to fetch it" if "HF_HUB_OFFLINE" in why
             else "run it again with a network connection (it is cached after one online run)")
     return SourceError(f"{display}: {why}, and {what}; {todo}")
@@ -319,19 +316,19 @@ def _url_head_now(url: str, display: str, dl: Deadline) -> tuple[str | None, int
     if r.status_code in (403, 405, 501):
         return None, None   # no HEAD (signed URLs answer 403 to it): the GET reports any real error
     if r.status_code >= 500:
-        raise _ServerUnavailable(f"HTTP {r.status_code}")
+        raise ServerUnavailable(f"HTTP {r.status_code}")
     if r.status_code >= 400:
-        raise _http_error(r.status_code, r.reason_phrase, display)
+        raise http_error(r.status_code, r.reason_phrase, display)
     size = r.headers.get("Content-Length")
     return r.headers.get("ETag"), int(size) if size and size.isdigit() else None
 
 
-def _resolve_url(url: str, spec: str) -> ModelRef:
+def resolve_url(url: str, spec: str) -> ModelRef:
     display = url
     name = url_file_name(url)
-    path = _url_header_path(url)
+    path = url_header_path(url)
     dl = Deadline()
-    cached = _cached_header(path)
+    cached = cached_header(path)
     etag = size = None
     why = None
     if offline():
@@ -339,17 +336,17 @@ def _resolve_url(url: str, spec: str) -> ModelRef:
     else:
         try:
             etag, size = _url_head(url, display, dl)
-        except _network_errors() as e:
-            why = _unreachable(urlsplit(url).netloc, e)
+        except network_errors() as e:
+            why = unreachable(urlsplit(url).netloc, e)
     stats: list[dict[str, Any]] = []
     notes: list[str] = []
     usable = cached is not None and (why is not None or (etag is not None and cached.get("etag") == etag
                                                          and cached.get("file_size") == size))
     if not usable:
         if why is not None:
-            raise _offline_error(display, f"its header is not cached under {path.parent}", why)
+            raise offline_error(display, f"its header is not cached under {path.parent}", why)
         h, data, st = fetch_header(url, {}, display, deadline=dl)
-        _store_header(path, data, {"source": url, **st, "etag": st.get("etag") or etag})
+        store_header(path, data, {"source": url, **st, "etag": st.get("etag") or etag})
         stats.append(st)
     else:
         h = read_header_file(path)
@@ -368,14 +365,14 @@ def _resolve_url(url: str, spec: str) -> ModelRef:
             surl = f"{base}/{quote(sname)}"
             sp = path.parent / sname
             paths.append(sp)
-            if _cached_header(sp) is not None:
+            if cached_header(sp) is not None:
                 continue
             if why is not None:
-                raise _offline_error(display, f"the header of {sname} is not cached", why)
+                raise offline_error(display, f"the header of {sname} is not cached", why)
             _, sdata, sst = fetch_header(surl, {}, surl, deadline=dl)
-            _store_header(sp, sdata, {"source": surl, **sst})
+            store_header(sp, sdata, {"source": surl, **sst})
             stats.append(sst)
-    fetch = _merge_stats(stats)
-    notes.insert(0, _fetch_note(display, fetch, path))
+    fetch = merge_stats(stats)
+    notes.insert(0, fetch_note(display, fetch, path))
     return ModelRef(spec=spec, path=str(path), name=name, source="url", complete=False,
                     shards=tuple(str(p) for p in paths) if n > 1 else (), origin=url, fetch=fetch, notes=tuple(notes))

@@ -32,7 +32,8 @@ MAX_SEGMENT_BYTES = 255       # NAME_MAX on Linux, macOS and Windows file system
 MAX_PATH_BYTES = 1024         # a relative file name inside a repo
 MAX_REVISION_CHARS = 255
 
-_COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")        # a full git commit id
+SHA256_RE = re.compile(r"[0-9a-f]{64}")        # a sha256 hex digest
 
 
 class UnsafePath(EdgekvError, ValueError):
@@ -55,7 +56,7 @@ def _bad_char(s: str) -> str | None:
 
 def check_commit(commit: object, what: str) -> str:
     """A 40-hex commit (what the hub must send as X-Repo-Commit), else :class:`UnsafePath`."""
-    if not isinstance(commit, str) or not _COMMIT_RE.fullmatch(commit):
+    if not isinstance(commit, str) or not COMMIT_RE.fullmatch(commit):
         raise UnsafePath(f"{what}: commit {_show(str(commit))} is not 40 lowercase hex characters; refusing to use it")
     return commit
 

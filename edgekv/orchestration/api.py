@@ -72,7 +72,7 @@ def _checked_shape(shape: ModelShape, header) -> ModelShape:
 
     from edgekv.core.shapecheck import validate_shape
 
-    why = validate_shape(shape, header)
+    why = validate_shape(shape, {t.name: t.shape for t in header.tensors} if header is not None else None)
     return _replace(shape, invalid_reason=why) if why else shape
 
 
@@ -114,9 +114,9 @@ def predict(model: str | LoadedModel | ModelShape | None = None, n_ctx: int = 40
 
 def registry_sweep_defaults(spec: str | None):
     """The models.toml sweep defaults for a registry name (the default model included), else None."""
-    from edgekv.edges.sources import DEFAULT_MODEL, _registry
+    from edgekv.edges.sources import DEFAULT_MODEL, registry_or_none
 
-    reg = _registry()
+    reg = registry_or_none()
     entry = reg.get(spec or DEFAULT_MODEL) if reg is not None else None
     return entry.sweep if entry is not None else None
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgekv.core.predict import MIB, STATUS_OK, STATUS_UNSUPPORTED, KVPrediction, llama_mib
+from edgekv.core.predict import STATUS_OK, STATUS_UNSUPPORTED, KVPrediction, llama_mib
+from edgekv.core.units import MIB
 from edgekv.edges.engine import EngineResult
 
 

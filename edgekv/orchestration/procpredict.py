@@ -21,7 +21,8 @@ from edgekv.core.memmodel import (
     tensor_on_gpu,
     workload_outputs,
 )
-from edgekv.core.predict import MIB, STATUS_OK, ContextParams, KVPrediction, predict
+from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, predict
+from edgekv.core.units import MIB
 
 
 @dataclass

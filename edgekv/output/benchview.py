@@ -6,8 +6,8 @@ import threading
 from typing import Any
 
 from edgekv.core.llamalog import off_device_text
-from edgekv.core.predict import MIB, llama_mib
-from edgekv.core.units import kv_label
+from edgekv.core.predict import llama_mib
+from edgekv.core.units import MIB, kv_label
 from edgekv.edges.load import record_busy
 from edgekv.output.inputs import speed_of
 from edgekv.records import results as R

@@ -13,8 +13,7 @@ from typing import Any
 import msgspec
 
 from edgekv.core.memmodel import STACK_ORDER, stacked
-from edgekv.core.predict import MIB
-from edgekv.core.units import kv_label
+from edgekv.core.units import MIB, kv_label
 from edgekv.records.frame import unset_none as _v
 from edgekv.records.schema import Process, Record
 
@@ -88,9 +87,9 @@ def plot(recs: list[Record]) -> bytes | None:
     rows = [x for x in explained(recs) if x["stack"] is not None]
     if not rows:
         return None
-    from edgekv.output.plots import _fig, _png
+    from edgekv.output.plots import new_figure, png_bytes
 
-    plt, fig, axes = _fig(1)
+    plt, fig, axes = new_figure(1)
     ax = axes[0]
     fig.set_size_inches(8.0, 0.32 * len(rows) + 1.6)
     ys = list(range(len(rows)))[::-1]
@@ -113,4 +112,4 @@ def plot(recs: list[Record]) -> bytes | None:
     top = max(max(x["measured"], x["predicted"]) for x in rows) / MIB
     ax.set_xlim(0, top * 1.42)          # room on the right for the legend, clear of the bars
     ax.legend(fontsize=7, loc="center right", framealpha=0.95)
-    return _png(plt, fig)
+    return png_bytes(plt, fig)

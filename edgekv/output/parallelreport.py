@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgekv.core.predict import MIB
-from edgekv.output.plots import _kv
+from edgekv.core.units import MIB, row_kv_label
 
 DASH = "–"
 
@@ -37,7 +36,7 @@ def _peak(r: dict[str, Any]) -> str:
 
 def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ok = [r for r in rows if r["n_parallel"] is not None and r["status"] == "ok"]
-    return sorted(ok, key=lambda r: (str(r["engine"]), r["n_ctx"] or 0, _kv(r), r["n_parallel"]))
+    return sorted(ok, key=lambda r: (str(r["engine"]), r["n_ctx"] or 0, row_kv_label(r), r["n_parallel"]))
 
 
 def table(rows: list[dict[str, Any]]) -> tuple[str, str, list[str], list[list[str]], list[str]] | None:
@@ -51,7 +50,7 @@ def table(rows: list[dict[str, Any]]) -> tuple[str, str, list[str], list[list[st
     heads += ["peak RSS MiB (predicted, residual)"]
     body = []
     for r in ok:
-        cells = [str(r["engine"]), str(r["n_ctx"]), _kv(r), str(r["n_parallel"]),
+        cells = [str(r["engine"]), str(r["n_ctx"]), row_kv_label(r), str(r["n_parallel"]),
                  _ts(r["pp_tokens_per_s_mean"], r["pp_tokens_per_s_ci95_low"], r["pp_tokens_per_s_ci95_high"]),
                  _ts(r["tg_tokens_per_s_mean"], r["tg_tokens_per_s_ci95_low"], r["tg_tokens_per_s_ci95_high"]),
                  _ts(r["tg_seq_tokens_per_s_mean"], None, None)]
@@ -79,16 +78,16 @@ def plot(rows: list[dict[str, Any]]) -> bytes | None:
     ok = _rows(rows)
     if not ok or len({r["n_parallel"] for r in ok}) < 2:
         return None
-    from edgekv.output.plots import _color, _fig, _png
+    from edgekv.output.plots import kv_color, new_figure, png_bytes
 
     server = any(r["ttft_p50_s_measured"] is not None for r in ok)
-    plt, fig, axes = _fig(3 if server else 2)
-    groups = sorted({(str(r["engine"]), _kv(r), r["n_ctx"]) for r in ok})
+    plt, fig, axes = new_figure(3 if server else 2)
+    groups = sorted({(str(r["engine"]), row_kv_label(r), r["n_ctx"]) for r in ok})
     for engine, kv, n_ctx in groups:
-        g = sorted((r for r in ok if (str(r["engine"]), _kv(r), r["n_ctx"]) == (engine, kv, n_ctx)),
+        g = sorted((r for r in ok if (str(r["engine"]), row_kv_label(r), r["n_ctx"]) == (engine, kv, n_ctx)),
                    key=lambda r: r["n_parallel"])
         xs = [r["n_parallel"] for r in g]
-        style = dict(color=_color(kv), marker="o" if engine != "llama-server" else "s",
+        style = dict(color=kv_color(kv), marker="o" if engine != "llama-server" else "s",
                      ls="-" if engine != "llama-server" else "--", ms=4, lw=1,
                      label=f"{kv} @ {n_ctx}" + (f" ({engine})" if len({e for e, _, _ in groups}) > 1 else ""))
         axes[0].plot(xs, [r["tg_tokens_per_s_mean"] for r in g], **style)
@@ -96,7 +95,7 @@ def plot(rows: list[dict[str, Any]]) -> bytes | None:
         axes[-1].plot(xs, peak, **style)
         pred = [(x, r["peak_rss_bytes_predicted"] / MIB) for x, r in zip(xs, g) if r["peak_rss_bytes_predicted"]]
         if pred:
-            axes[-1].plot([p[0] for p in pred], [p[1] for p in pred], color=_color(kv), ls=":", lw=1)
+            axes[-1].plot([p[0] for p in pred], [p[1] for p in pred], color=kv_color(kv), ls=":", lw=1)
         if server and engine == "llama-server":
             axes[1].plot(xs, [r["ttft_p50_s_measured"] for r in g], **style)
     axes[0].set_title("Decode, all sequences (measured)")
@@ -111,4 +110,4 @@ def plot(rows: list[dict[str, Any]]) -> bytes | None:
         ax.set_xticks(sorted({r["n_parallel"] for r in ok}))
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
-    return _png(plt, fig)
+    return png_bytes(plt, fig)

@@ -16,8 +16,7 @@ import io
 from typing import Any
 
 from edgekv.core.cachetypes import CACHE_TYPES
-from edgekv.core.predict import MIB
-from edgekv.core.units import kv_label
+from edgekv.core.units import MIB, row_kv_label
 
 # one fixed colour per cache type, in every plot of every report
 _COLORS = {
@@ -26,12 +25,8 @@ _COLORS = {
 }
 
 
-def _color(kv: str) -> str:
+def kv_color(kv: str) -> str:
     return _COLORS.get(kv.split("/")[0], "#333333")
-
-
-def _kv(r: dict[str, Any]) -> str:
-    return kv_label(r["type_k"], r["type_v"])
 
 
 def _order(kvs) -> list[str]:
@@ -41,7 +36,7 @@ def _order(kvs) -> list[str]:
     return sorted(kvs, key=rank)
 
 
-def _fig(ncols: int):
+def new_figure(ncols: int):
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -54,7 +49,7 @@ def _fig(ncols: int):
     return plt, fig, axes[0]
 
 
-def _png(plt, fig) -> bytes:
+def png_bytes(plt, fig) -> bytes:
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", metadata={"Software": None})
@@ -82,23 +77,23 @@ def memory_plot(rows: list[dict[str, Any]]) -> bytes | None:
     if not ok:
         return None
     measured = [r for r in ok if r["peak_rss_bytes_measured"] is not None]
-    plt, fig, axes = _fig(2 if measured else 1)
+    plt, fig, axes = new_figure(2 if measured else 1)
     ax = axes[0]
     devices = _device_groups(ok)
     markers = ["o", "s", "^", "D", "v", "P"]
-    for kv in _order({_kv(r) for r in ok}):
-        rs = sorted({(r["n_ctx"], r["kv_bytes_formula"]) for r in ok if _kv(r) == kv})
-        ax.plot([x for x, _ in rs], [y / MIB for _, y in rs], "-", color=_color(kv), lw=1.6, label=f"{kv} predicted")
+    for kv in _order({row_kv_label(r) for r in ok}):
+        rs = sorted({(r["n_ctx"], r["kv_bytes_formula"]) for r in ok if row_kv_label(r) == kv})
+        ax.plot([x for x, _ in rs], [y / MIB for _, y in rs], "-", color=kv_color(kv), lw=1.6, label=f"{kv} predicted")
         eng = sorted({(r["n_ctx"], r["kv_mib_llamacpp_dryrun"]) for r in ok
-                      if _kv(r) == kv and r["kv_mib_llamacpp_dryrun"] is not None})
+                      if row_kv_label(r) == kv and r["kv_mib_llamacpp_dryrun"] is not None})
         if eng and not measured:
-            ax.plot([x for x, _ in eng], [y for _, y in eng], "x", color=_color(kv), ms=7, ls="none",
+            ax.plot([x for x, _ in eng], [y for _, y in eng], "x", color=kv_color(kv), ms=7, ls="none",
                     label=f"{kv} llama.cpp dry run")
         for di, dev in enumerate(devices):
             pts = sorted((r["n_ctx"], r["context_anon_growth_bytes_measured"]) for r in ok
-                         if _kv(r) == kv and r["device"] == dev and r["context_anon_growth_bytes_measured"] is not None)
+                         if row_kv_label(r) == kv and r["device"] == dev and r["context_anon_growth_bytes_measured"] is not None)
             if pts:
-                ax.plot([x for x, _ in pts], [y / MIB for _, y in pts], markers[di % len(markers)], color=_color(kv),
+                ax.plot([x for x, _ in pts], [y / MIB for _, y in pts], markers[di % len(markers)], color=kv_color(kv),
                         ms=5, ls="none", mfc="none",
                         label=f"{kv} context growth" + (f" ({dev.split(':')[0]})" if len(devices) > 1 else ""))
     _ctx_axis(ax, sorted({r["n_ctx"] for r in ok}))
@@ -110,18 +105,19 @@ def memory_plot(rows: list[dict[str, Any]]) -> bytes | None:
     ax.legend(fontsize=7, ncol=2)
     if measured:
         ax = axes[1]
-        for kv in _order({_kv(r) for r in measured}):
+        for kv in _order({row_kv_label(r) for r in measured}):
             for di, dev in enumerate(devices):
-                pts = sorted((r["n_ctx"], r["peak_rss_bytes_measured"]) for r in measured if _kv(r) == kv and r["device"] == dev)
+                pts = sorted((r["n_ctx"], r["peak_rss_bytes_measured"]) for r in measured
+                             if row_kv_label(r) == kv and r["device"] == dev)
                 if pts:
                     ax.plot([x for x, _ in pts], [y / MIB for _, y in pts], markers[di % len(markers)] + "--",
-                            color=_color(kv), ms=5, lw=0.8,
+                            color=kv_color(kv), ms=5, lw=0.8,
                             label=kv + (f" ({dev.split(':')[0]})" if len(devices) > 1 else ""))
         _ctx_axis(ax, sorted({r["n_ctx"] for r in measured}))
         ax.set_ylabel("MiB")
         ax.set_title("Peak RSS of the run, measured (OS)")
         ax.legend(fontsize=7, ncol=2)
-    return _png(plt, fig)
+    return png_bytes(plt, fig)
 
 
 def speed_plot(rows: list[dict[str, Any]]) -> bytes | None:
@@ -129,49 +125,49 @@ def speed_plot(rows: list[dict[str, Any]]) -> bytes | None:
           and (r["pp_tokens_per_s_mean"] is not None or r["tg_tokens_per_s_mean"] is not None)]
     if not sp:
         return None
-    plt, fig, axes = _fig(2)
+    plt, fig, axes = new_figure(2)
     devices = _device_groups(sp)
     for ax, test, title in ((axes[0], "pp", "Prefill"), (axes[1], "tg", "Decode")):
-        for kv in _order({_kv(r) for r in sp}):
+        for kv in _order({row_kv_label(r) for r in sp}):
             for di, dev in enumerate(devices):
                 pts = sorted((r["n_depth"] or 0, r[f"{test}_tokens_per_s_mean"], r[f"{test}_tokens_per_s_ci95_low"],
                               r[f"{test}_tokens_per_s_ci95_high"]) for r in sp
-                             if _kv(r) == kv and r["device"] == dev and r[f"{test}_tokens_per_s_mean"] is not None)
+                             if row_kv_label(r) == kv and r["device"] == dev and r[f"{test}_tokens_per_s_mean"] is not None)
                 if not pts:
                     continue
                 xs = [p[0] for p in pts]
                 ys = [p[1] for p in pts]
                 lo = [p[1] - p[2] if p[2] is not None else 0 for p in pts]
                 hi = [p[3] - p[1] if p[3] is not None else 0 for p in pts]
-                ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-" if di == 0 else "s--", color=_color(kv), ms=4, lw=1,
+                ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-" if di == 0 else "s--", color=kv_color(kv), ms=4, lw=1,
                             capsize=3, label=kv + (f" ({dev.split(':')[0]})" if len(devices) > 1 else ""))
         ax.set_xlabel("KV depth (tokens already in the cache)")
         ax.set_ylabel("tokens/s")
         ax.set_title(f"{title}, measured (mean, 95% CI)")
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
-    return _png(plt, fig)
+    return png_bytes(plt, fig)
 
 
 def kld_plot(rows: list[dict[str, Any]]) -> bytes | None:
     q = [r for r in rows if r["quality_status"] == "ok" and r["kld_mean"] is not None]
     if not q:
         return None
-    plt, fig, axes = _fig(1)
+    plt, fig, axes = new_figure(1)
     ax = axes[0]
     ctxs = sorted({r["n_ctx"] or 0 for r in q})
-    kvs = _order({_kv(r) for r in q})
+    kvs = _order({row_kv_label(r) for r in q})
     width = 0.8 / max(1, len(ctxs))
     for ci, n in enumerate(ctxs):
         xs, ys, es, cs = [], [], [], []
         for ki, kv in enumerate(kvs):
-            r = next((r for r in q if _kv(r) == kv and (r["n_ctx"] or 0) == n), None)
+            r = next((r for r in q if row_kv_label(r) == kv and (r["n_ctx"] or 0) == n), None)
             if r is None:
                 continue
             xs.append(ki + (ci - (len(ctxs) - 1) / 2) * width)
             ys.append(r["kld_mean"])
             es.append(r["kld_mean_err"] or 0)
-            cs.append(_color(kv))
+            cs.append(kv_color(kv))
         ax.bar(xs, ys, width=width * 0.9, yerr=es, color=cs, alpha=0.4 + 0.6 * (ci + 1) / len(ctxs), capsize=3,
                label=f"n_ctx {n}" if len(ctxs) > 1 else None)
     ax.set_xticks(range(len(kvs)))
@@ -180,7 +176,7 @@ def kld_plot(rows: list[dict[str, Any]]) -> bytes | None:
     ax.set_title("Quality cost per cache type, measured (± standard error)")
     if len(ctxs) > 1:
         ax.legend(fontsize=7)
-    return _png(plt, fig)
+    return png_bytes(plt, fig)
 
 
 def all_plots(rows: list[dict[str, Any]], slug: str = "") -> list[tuple[str, str, bytes]]:

@@ -37,7 +37,7 @@ from typing import Any
 
 from edgekv.core import units
 from edgekv.core.cachetypes import CACHE_TYPES
-from edgekv.core.predict import MIB
+from edgekv.core.units import MIB
 from edgekv.edges.safepath import atomic_write
 from edgekv.output.inputs import KIND_BENCH, KIND_LLAMA_BENCH, KIND_PREDICT
 from edgekv.records import frame as F
@@ -189,7 +189,8 @@ def fmt_mib_b(n: int | float | None) -> str:
     return DASH if n is None else f"{n / MIB:,.2f}"
 
 
-def fmt_mib(x: float | None) -> str:
+def fmt_mib_number(x: float | None) -> str:
+    """A figure already in MiB (fmt_mib_b and views.fmt_mib take bytes)."""
     return DASH if x is None else f"{x:,.2f}"
 
 
@@ -212,10 +213,6 @@ def fmt_ts(mean: float | None, lo: float | None, hi: float | None, unstable: boo
     if lo is None or hi is None:
         return f"{_f1(mean)} (1 sample)"
     return f"{_f1(mean)} [{_f1(lo)}, {_f1(hi)}]" + (" !" if unstable else "")
-
-
-def kv_label(row: dict[str, Any]) -> str:
-    return units.kv_label(row["type_k"], row["type_v"])
 
 
 def _ctx(n: Any) -> str:
@@ -265,7 +262,7 @@ def _cells(row: dict[str, Any], cols: list[tuple[str, str]]) -> list[str]:
     out = []
     for k, _ in cols:
         if k == "kv":
-            out.append(kv_label(row))
+            out.append(units.row_kv_label(row))
         elif k == "n_ctx":
             out.append(_ctx(row["n_ctx"]))
         else:
@@ -460,9 +457,9 @@ def _signed_mib(b: int | None) -> str:
 # the KV-cache table: predicted, llama.cpp (dry run, the run's own log), measured (OS, and a GPU's memory)
 _KV_GROUPS = (
     ColumnGroup((("KV MiB, predicted (formula)", "kv_bytes_formula", fmt_mib_b),)),
-    ColumnGroup((("KV MiB, llama.cpp dry run", "kv_mib_llamacpp_dryrun", fmt_mib),), "kv_mib_llamacpp_dryrun"),
-    ColumnGroup((("KV MiB, llama.cpp in the run", "kv_mib_llamacpp", fmt_mib),
-                 ("KV buffer MiB, llama.cpp", "kv_buffer_mib_llamacpp", fmt_mib)), "kv_mib_llamacpp"),
+    ColumnGroup((("KV MiB, llama.cpp dry run", "kv_mib_llamacpp_dryrun", fmt_mib_number),), "kv_mib_llamacpp_dryrun"),
+    ColumnGroup((("KV MiB, llama.cpp in the run", "kv_mib_llamacpp", fmt_mib_number),
+                 ("KV buffer MiB, llama.cpp", "kv_buffer_mib_llamacpp", fmt_mib_number)), "kv_mib_llamacpp"),
     # not "error": this is what llama.cpp allocates beside the KV cache (issue 19); a formula-vs-llama.cpp
     # mismatch is the only error and shows in the llama.cpp columns
     ColumnGroup((("context memory MiB, measured (OS)", "context_anon_growth_bytes_measured", fmt_mib_b),
@@ -470,7 +467,7 @@ _KV_GROUPS = (
                  ("beside the KV, % of KV", "context_anon_growth_minus_formula_pct", fmt_pct)),
                 "context_anon_growth_bytes_measured"),
     ColumnGroup((("context GPU memory MiB, measured (device)", "context_gpu_growth_bytes_measured", fmt_mib_b),
-                 ("GPU compute buffers MiB, llama.cpp", "gpu_compute_buffer_mib_llamacpp", fmt_mib),
+                 ("GPU compute buffers MiB, llama.cpp", "gpu_compute_buffer_mib_llamacpp", fmt_mib_number),
                  ("GPU − compute − predicted MiB", "context_gpu_growth_minus_compute_minus_formula_bytes", _signed_mib),
                  ("GPU beside the KV, % of KV", "context_gpu_growth_minus_compute_minus_formula_pct", fmt_pct)),
                 "context_gpu_growth_bytes_measured"),
@@ -487,7 +484,7 @@ _PROCESS_GROUPS = (
                 nonzero=True),
     ColumnGroup((("footprint MiB (macOS)", "peak_footprint_bytes_measured", fmt_mib_b),),
                 "peak_footprint_bytes_measured", nonzero=True),
-    ColumnGroup((("compute buffers MiB, llama.cpp (reserved)", "compute_mib_llamacpp", fmt_mib),
+    ColumnGroup((("compute buffers MiB, llama.cpp (reserved)", "compute_mib_llamacpp", fmt_mib_number),
                  ("peak RSS saving vs f16, measured", "peak_rss_saving_vs_f16_measured", fmt_x))),
 )
 
@@ -661,15 +658,15 @@ def _problems(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for r in rows:
         if r["status"] != "ok":
-            out.append(f"{kv_label(r)} @ {_ctx(r['n_ctx'])}"
+            out.append(f"{units.row_kv_label(r)} @ {_ctx(r['n_ctx'])}"
                        + (f" (-fa {r['flash_attn']})" if r["flash_attn"] not in (None, "auto") else "")
                        + f": **{r['status']}**: {_md_safe(str(r['reason'] or 'no reason recorded'))}")
         elif r["kv_matches_formula_llamacpp"] is False:
-            out.append(f"{kv_label(r)} @ {_ctx(r['n_ctx'])}: llama.cpp's KV lines differ from the formula "
+            out.append(f"{units.row_kv_label(r)} @ {_ctx(r['n_ctx'])}: llama.cpp's KV lines differ from the formula "
                        f"({_md_safe(str(r['kv_diffs_llamacpp']))}) — a bug in edgekv's prediction; please report it.")
         qs, reason = r["quality_status"], r["quality_error"]
         if qs not in (None, "ok"):
-            out.append(f"{kv_label(r)} @ {_ctx(r['n_ctx'])}: quality {qs}"
+            out.append(f"{units.row_kv_label(r)} @ {_ctx(r['n_ctx'])}: quality {qs}"
                        + (f": {_md_safe(str(reason))}" if reason else ""))
     return out
 

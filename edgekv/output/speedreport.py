@@ -99,10 +99,10 @@ def plots(recs: list[Record]) -> list[tuple[str, str, bytes]]:
     rs = [x for x in rows(recs) if x["tg_parts"]]
     if not rs:
         return []
-    from edgekv.output.plots import _fig, _png
+    from edgekv.output.plots import new_figure, png_bytes
 
     out = []
-    plt, fig, axes = _fig(1)
+    plt, fig, axes = new_figure(1)
     ax = axes[0]
     fig.set_size_inches(8.0, 0.32 * len(rs) + 1.6)
     ys = list(range(len(rs)))[::-1]
@@ -120,9 +120,9 @@ def plots(recs: list[Record]) -> list[tuple[str, str, bytes]]:
     ax.set_xlabel("ms per decoded token")
     ax.set_title("Explained decode: predicted parts vs measured time per token")
     ax.legend(fontsize=7, loc="lower right", framealpha=0.95)
-    out.append(("explained_speed", "Explained decode: predicted parts and measured time per token", _png(plt, fig)))
+    out.append(("explained_speed", "Explained decode: predicted parts and measured time per token", png_bytes(plt, fig)))
 
-    plt, fig, axes = _fig(1)
+    plt, fig, axes = new_figure(1)
     ax = axes[0]
     for kv in sorted({x["kv"] for x in rs}):
         sub = sorted((x for x in rs if x["kv"] == kv), key=lambda x: x["depth"])
@@ -139,7 +139,7 @@ def plots(recs: list[Record]) -> list[tuple[str, str, bytes]]:
     ax.set_title("Decode speed vs depth: measured, predicted, bandwidth bound")
     ax.legend(fontsize=6, ncol=2)
     out.append(("speed_model_vs_depth", "Decode speed vs depth: measured points, predicted line, bandwidth bound",
-                _png(plt, fig)))
+                png_bytes(plt, fig)))
     return out
 
 
@@ -203,9 +203,9 @@ def predicted_plot(recs: list[Record]) -> bytes | None:
     rs = predicted_rows(recs)
     if len({x["n_ctx"] for x in rs}) < 2:
         return None
-    from edgekv.output.plots import _fig, _png
+    from edgekv.output.plots import new_figure, png_bytes
 
-    plt, fig, axes = _fig(2)
+    plt, fig, axes = new_figure(2)
     for ax, test in zip(axes, ("tg", "pp")):
         for kv in dict.fromkeys(x["kv"] for x in rs):
             sub = sorted((x for x in rs if x["kv"] == kv and x[test] is not None), key=lambda x: x["n_ctx"])
@@ -223,4 +223,4 @@ def predicted_plot(recs: list[Record]) -> bytes | None:
         ax.set_ylabel(("decode" if test == "tg" else "prefill") + " tokens/s, predicted")
         ax.set_title(("Decode" if test == "tg" else "Prefill") + " speed vs context (predicted)")
         ax.legend(fontsize=6, ncol=2)
-    return _png(plt, fig)
+    return png_bytes(plt, fig)

@@ -11,9 +11,9 @@ from typing import Any
 from msgspec import UNSET
 
 from edgekv.core.llamalog import off_device_text
-from edgekv.core.predict import MIB, STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, llama_mib
+from edgekv.core.predict import STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, llama_mib
 from edgekv.core.shape import MEMORY_DSV4, MEMORY_HYBRID, MEMORY_HYBRID_IDX, MEMORY_HYBRID_ISWA, MEMORY_RECURRENT, ModelShape
-from edgekv.core.units import kv_label
+from edgekv.core.units import MIB, kv_label
 from edgekv.orchestration.api import LoadedModel
 from edgekv.orchestration.budget import BudgetRow
 from edgekv.orchestration.predictrows import PredictOutcome
@@ -220,10 +220,6 @@ def _v(x: Any) -> Any:
     return None if x is UNSET else x
 
 
-def _kv_label(type_k: str, type_v: str) -> str:
-    return kv_label(type_k, type_v)
-
-
 def _predict_cells(rec: Record, shape: ModelShape, has_rec: bool, engine: bool,
                    show_reserved: bool) -> tuple[list[str], str, bool]:
     """(cells, note, beyond the trained context) of one predict record, process columns left out."""
@@ -234,7 +230,7 @@ def _predict_cells(rec: Record, shape: ModelShape, has_rec: bool, engine: bool,
         note = f"[yellow]{f.status}: {f.reason}[/]"
     elif f.n_ctx_seq > shape.n_ctx_train and shape.n_ctx_train:
         note, beyond = "beyond trained context", True
-    cells = [n, _kv_label(f.type_k, f.type_v)]
+    cells = [n, kv_label(f.type_k, f.type_v)]
     if f.status == STATUS_OK:
         cells.append(llama_mib(f.kv_bytes))
         if has_rec:
@@ -426,7 +422,7 @@ def render_budget(con, m: LoadedModel, budget_bytes: int, rows: list[BudgetRow])
             ("tg t/s (pred.)",) if speed else ()) + ("note",):
         t.add_column(col, justify="left" if col in ("K/V", "note") else "right")
     for r in rows:
-        kv = _kv_label(r.type_k, r.type_v)
+        kv = kv_label(r.type_k, r.type_v)
         if r.max_n_ctx:
             peak, low = _v(r.peak_rss_bytes), _v(r.lower_bound_bytes)
             peak_cell = fmt_mib(peak) if peak is not None else f"≥ {fmt_mib(low)}" if low is not None else "-"
