@@ -529,12 +529,9 @@ EXTRA_NOTES = {
 }
 
 
-# long: one Part per allocation of the process, in llama.cpp's allocation order
-def predict_process(x: ProcessInputs) -> ProcessPrediction:
-    """Peak resident memory of the process (and memory per device) for one configuration."""
-    n_out_ubatch, out_rows = workload_outputs(x.workload, x.n_batch, x.n_ubatch, x.n_seq_max)
+def _measured_parts(x: ProcessInputs, notes: list[str]) -> list[Part]:
+    """The parts measured rather than derived: the runtime baseline and llama.cpp's host structures."""
     parts: list[Part] = []
-    notes: list[str] = []
     if x.baseline_bytes is None:
         notes.append("no runtime baseline: " + (x.baseline_note or "calibration failed") +
                      "; peak_rss_bytes is not predicted")
@@ -544,9 +541,12 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
         parts.append(Part("llama.cpp host structures", x.host_structures_bytes, SRC_LLAMA_MEASURED,
                           note=x.host_structures_note or "vocabulary, tensor and graph metadata, code pages "
                                                          "touched while loading"))
-    on_gpu = [t for t in x.tensors if tensor_on_gpu(t.name, x.n_layer, x.n_gpu_layers)]
-    gpu_names = {t.name for t in on_gpu}
-    host = [t for t in x.tensors if t.name not in gpu_names]
+    return parts
+
+
+def _host_weight_parts(x: ProcessInputs, host: list[Tensor]) -> list[Part]:
+    """The weights on the host: the file mapping (or the anonymous CPU buffer) and the extra buffer types' copies."""
+    parts: list[Part] = []
     extra = extra_buffer_types(x.cpu_features, x.use_extra_bufts)
     in_extra = sum(t.n_bytes for t in host if extra_buffer_of(t, extra, x.cpu_features) is not None)
     if x.use_mmap:
@@ -561,19 +561,35 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
     tied_host = not (x.gpu_device and tensor_on_gpu("output.weight", x.n_layer, x.n_gpu_layers))
     for buft, (b, n) in extra_buffer_bytes(host, x.cpu_features, x.use_extra_bufts, tied_host).items():
         parts.append(Part(f"weights ({buft} copy)", b, SRC_FORMULA, note=EXTRA_NOTES[buft].format(n=n)))
-    if on_gpu and x.gpu_device:
-        dev_w = sum(device_alloc_bytes(t, x.gpu_device) for t in on_gpu)
-        tied = not any(t.name == "output.weight" for t in x.tensors)
-        note = f"{x.n_gpu_layers} layers offloaded"
-        if tied and tensor_on_gpu("output.weight", x.n_layer, x.n_gpu_layers):
-            # tied embeddings: the output layer loads token_embd again, on the output layer's device
-            emb = [t for t in x.tensors if t.name == "token_embd.weight"]
-            dev_w += sum(device_alloc_bytes(t, x.gpu_device) for t in emb)
-            note += "; token_embd duplicated there as the (tied) output layer"
-        parts.append(Part("weights", dev_w, SRC_FORMULA, where=x.gpu_device, kind="device", note=note))
-    parts.append(Part("KV cache", x.kv_host_bytes, SRC_FORMULA, note="cleared at creation: all resident"))
+    return parts
+
+
+def _device_weight_parts(x: ProcessInputs, on_gpu: list[Tensor]) -> list[Part]:
+    """The offloaded layers' weights on the GPU device (none when nothing is offloaded)."""
+    if not (on_gpu and x.gpu_device):
+        return []
+    dev_w = sum(device_alloc_bytes(t, x.gpu_device) for t in on_gpu)
+    tied = not any(t.name == "output.weight" for t in x.tensors)
+    note = f"{x.n_gpu_layers} layers offloaded"
+    if tied and tensor_on_gpu("output.weight", x.n_layer, x.n_gpu_layers):
+        # tied embeddings: the output layer loads token_embd again, on the output layer's device
+        emb = [t for t in x.tensors if t.name == "token_embd.weight"]
+        dev_w += sum(device_alloc_bytes(t, x.gpu_device) for t in emb)
+        note += "; token_embd duplicated there as the (tied) output layer"
+    return [Part("weights", dev_w, SRC_FORMULA, where=x.gpu_device, kind="device", note=note)]
+
+
+def _kv_parts(x: ProcessInputs) -> list[Part]:
+    """The KV cache on the host and, when some of it is offloaded, on the device."""
+    parts = [Part("KV cache", x.kv_host_bytes, SRC_FORMULA, note="cleared at creation: all resident")]
     if x.kv_device_bytes and x.gpu_device:
         parts.append(Part("KV cache", x.kv_device_bytes, SRC_FORMULA, where=x.gpu_device, kind="device"))
+    return parts
+
+
+def _compute_parts(x: ProcessInputs, n_out_ubatch: int, notes: list[str]) -> list[Part]:
+    """The compute buffers: on the host the pages the workload's graph touches, pinned and device buffers whole."""
+    parts: list[Part] = []
     if x.compute_workload is None:
         notes.append("compute buffer unknown (" + (x.compute_note or "no dry run") + "); peak_rss_bytes is not predicted")
     for buft, b in sorted((x.compute_workload or {}).items()):
@@ -587,6 +603,13 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
         elif not _is_host_buffer(buft):
             parts.append(Part("compute buffer", b, SRC_LLAMA, where=buft, kind="device",
                               note="a device allocates the whole reservation"))
+    return parts
+
+
+def _host_buffer_parts(x: ProcessInputs, host: list[Tensor], n_out_ubatch: int, out_rows: int) -> list[Part]:
+    """The smaller host buffers: the threads' work buffer, the state buffers of a restored depth, the logits and
+    llama-server's own allocations."""
+    parts: list[Part] = []
     host_tokens_on_cpu = x.n_gpu_layers < x.n_layer + 1 or not x.gpu_device
     if host_tokens_on_cpu:
         work = work_buffer_bytes(host if x.gpu_device else x.tensors, x.n_ubatch, n_out_ubatch, x.n_threads)
@@ -607,6 +630,23 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
                       note=f"logits for {out_rows} row(s) of {x.n_vocab} tokens"))
     if x.server_slots:
         parts += server_parts(x.server_slots, x.n_vocab, len(x.tensors), x.arch, x.n_ubatch)
+    return parts
+
+
+def predict_process(x: ProcessInputs) -> ProcessPrediction:
+    """Peak resident memory of the process (and memory per device) for one configuration: one Part per
+    allocation of the process, in llama.cpp's allocation order."""
+    n_out_ubatch, out_rows = workload_outputs(x.workload, x.n_batch, x.n_ubatch, x.n_seq_max)
+    notes: list[str] = []
+    parts = _measured_parts(x, notes)
+    on_gpu = [t for t in x.tensors if tensor_on_gpu(t.name, x.n_layer, x.n_gpu_layers)]
+    gpu_names = {t.name for t in on_gpu}
+    host = [t for t in x.tensors if t.name not in gpu_names]
+    parts += _host_weight_parts(x, host)
+    parts += _device_weight_parts(x, on_gpu)
+    parts += _kv_parts(x)
+    parts += _compute_parts(x, n_out_ubatch, notes)
+    parts += _host_buffer_parts(x, host, n_out_ubatch, out_rows)
     device: dict[str, int] = {}
     if x.gpu_device and x.n_gpu_layers > 0:
         parts += gpu_runtime_parts(x)

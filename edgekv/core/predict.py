@@ -20,6 +20,7 @@ The byte counts are the sums of ``ggml_nbytes`` that llama.cpp prints in its
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -309,14 +310,9 @@ def _refusal(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, 
     return None
 
 
-# long: llama_context's cparams derivation step by step, each step llama.cpp's own
-def predict(shape: ModelShape, params: ContextParams | None = None, **overrides: Any) -> KVPrediction:
-    """Predict llama.cpp's cache allocation for ``shape`` under ``params`` (llama.cpp CLI defaults)."""
-    p = replace(params or ContextParams(), **overrides) if overrides else (params or ContextParams())
-    tk, tv = cache_type(p.type_k), cache_type(p.type_v)
-    p = replace(p, type_k=tk.name, type_v=tv.name)
-
-    # flash attention as llama_init_from_model leaves it (the memory is built with this value)
+def _effective_flash_attn(shape: ModelShape, p: ContextParams, tv: CacheType) -> tuple[str, list[str]]:
+    """Flash attention as llama_init_from_model leaves it (the memory is built with this value), and the notes
+    saying why it changed."""
     fa = p.flash_attn
     notes: list[str] = []
     if fa != "off" and shape.arch == "grok":
@@ -324,6 +320,17 @@ def predict(shape: ModelShape, params: ContextParams | None = None, **overrides:
         notes.append("grok: llama.cpp forces flash attention off")
     if tv.quantized and fa == "auto":
         fa = "on"
+    return fa, notes
+
+
+def predict(shape: ModelShape, params: ContextParams | None = None, **overrides: Any) -> KVPrediction:
+    """Predict llama.cpp's cache allocation for ``shape`` under ``params`` (llama.cpp CLI defaults): llama_context's
+    cparams derivation step by step, each step llama.cpp's own."""
+    p = replace(params or ContextParams(), **overrides) if overrides else (params or ContextParams())
+    tk, tv = cache_type(p.type_k), cache_type(p.type_v)
+    p = replace(p, type_k=tk.name, type_v=tv.name)
+
+    fa, notes = _effective_flash_attn(shape, p, tv)
     v_trans = fa == "off"
 
     n_ctx, n_ctx_seq, n_stream, n_batch, n_ubatch = resolve_context(shape, p)
@@ -355,20 +362,7 @@ def predict(shape: ModelShape, params: ContextParams | None = None, **overrides:
 
     # -- recurrent state -----------------------------------------------------------------------------
     if shape.memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_HYBRID_IDX):
-        mem_size = max(1, p.n_seq_max)
-        n_rs_seq = p.n_rs_seq if shape.supports_rs_rollback else 0
-        rows = mem_size * (1 + n_rs_seq)
-        rec = CachePrediction("recurrent", mem_size, 1, [], "f32", "f32")   # llama.cpp prints mem_size as cells
-        for lp, lay in zip(layer_preds, shape.layers):
-            if lay.recr_state:
-                rb = 4 * shape.n_embd_r * rows
-                sb = 4 * shape.n_embd_s * rows
-                rec.layers.append(lay.index)
-                rec.r_bytes += rb
-                rec.s_bytes += sb
-                lp.r_bytes, lp.s_bytes = rb, sb
-                if lp.cache is None:
-                    lp.cache, lp.cells = "recurrent", mem_size
+        rec = _recurrent_cache(shape, p, layer_preds)
         # llama_memory_hybrid_idx creates its indexer cache after the hybrid's two (llama-memory-hybrid-idx.cpp:46-73)
         caches.insert(1 if shape.memory == MEMORY_HYBRID_IDX else len(caches), rec)
 
@@ -379,6 +373,26 @@ def predict(shape: ModelShape, params: ContextParams | None = None, **overrides:
     pred.caches = caches
     pred.layers = layer_preds
     return pred
+
+
+def _recurrent_cache(shape: ModelShape, p: ContextParams, layer_preds: list[LayerPrediction]) -> CachePrediction:
+    """The recurrent state (llama_memory_recurrent): an f32 r and s row per sequence (and rollback snapshot) on each
+    recurrent layer; fills those layers' r/s bytes in ``layer_preds``."""
+    mem_size = max(1, p.n_seq_max)
+    n_rs_seq = p.n_rs_seq if shape.supports_rs_rollback else 0
+    rows = mem_size * (1 + n_rs_seq)
+    rec = CachePrediction("recurrent", mem_size, 1, [], "f32", "f32")   # llama.cpp prints mem_size as cells
+    for lp, lay in zip(layer_preds, shape.layers):
+        if lay.recr_state:
+            rb = 4 * shape.n_embd_r * rows
+            sb = 4 * shape.n_embd_s * rows
+            rec.layers.append(lay.index)
+            rec.r_bytes += rb
+            rec.s_bytes += sb
+            lp.r_bytes, lp.s_bytes = rb, sb
+            if lp.cache is None:
+                lp.cache, lp.cells = "recurrent", mem_size
+    return rec
 
 
 # DeepSeek-V4 compression ratios (src/llama-kv-cache-dsv4.cpp:16-17)
@@ -417,73 +431,67 @@ def _kv_object(kind: str, role: str | None, cells: int, n_stream: int, tk: Cache
     return c
 
 
-# long: create_memory()'s cases (unified, SWA pair, hybrid) in llama.cpp's order
-def _attention_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, v_trans: bool,
-                      n_ctx_seq: int, n_stream: int, n_ubatch: int, pred: KVPrediction):
-    """The llama_kv_cache objects create_memory() builds for this memory type, in the order llama.cpp creates
-    (and logs) them, and the per-layer breakdown."""
+def _dsv4_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, cells_full: int, n_ubatch: int,
+                 entries: Callable[..., list[tuple[int, int, int]]]) -> list[CachePrediction]:
+    """DeepSeek-V4's caches: the raw full and window caches, then the compressed CSA and HCA ones and the indexer."""
+    # llama_kv_cache_dsv4 (src/llama-kv-cache-dsv4.cpp:1210-1336): every cache and state keeps one stream
+    # per sequence even with --kv-unified (unified_raw / unified_compressed = false); all are K-only
+    # (dsv4_make_k_only, 883-887)
+    ns = max(1, p.n_seq_max)
+    cells_swa = _swa_cells(shape, p, cells_full, n_ubatch, unified=False)
+    csa_cells = _dsv4_comp_cells(cells_full, DSV4_CSA_RATIO)
+    hca_cells = _dsv4_comp_cells(cells_full, DSV4_HCA_RATIO)
+    main = [
+        _kv_object("dsv4_raw_full", "full", cells_full, ns, tk, tv,
+                   entries(lambda lay: lay.attn_cache and not lay.is_swa), False),
+        _kv_object("dsv4_window", "swa", cells_swa, ns, tk, tv, entries(lambda lay: lay.attn_cache and lay.is_swa),
+                   False),
+    ]
+    return main + [
+        _kv_object("dsv4_csa", "csa", csa_cells, ns, tk, tv,
+                   entries(lambda lay: lay.compress_ratio == DSV4_CSA_RATIO), False),
+        _kv_object("dsv4_hca", "hca", hca_cells, ns, tk, tv,
+                   entries(lambda lay: lay.compress_ratio == DSV4_HCA_RATIO), False),
+        # hparams_lid: one head of indexer.key_length, full and SWA alike (1283-1288)
+        _kv_object("dsv4_indexer", "indexer", csa_cells, ns, tk, tv,
+                   entries(lambda lay: lay.compress_ratio == DSV4_CSA_RATIO, k_of=lambda lay: shape.indexer_head_k),
+                   False),
+    ]
+
+
+def _kv_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, cells_full: int, n_stream: int,
+               n_ubatch: int, has_v: bool, entries: Callable[..., list[tuple[int, int, int]]]) -> list[CachePrediction]:
+    """The full (or main) cache, the indexer cache of the DSA/MSA/hybrid_idx memories and the SWA cache of the
+    iSWA ones, in that order."""
     mem = shape.memory
-    layer_preds = [LayerPrediction(lay.index, lay.role, None, 0, lay.k_width, 0, 0, 0, 0, 0) for lay in shape.layers]
-    if mem in (MEMORY_RECURRENT, MEMORY_NONE):
-        return [], layer_preds
-    has_v = not shape.is_mla
-    v_max = shape.n_embd_v_gqa_max
-    cells_full = n_ctx_seq
-    n_seq = max(1, p.n_seq_max)
     iswa = mem in (MEMORY_ISWA, MEMORY_HYBRID_ISWA, MEMORY_DSA_ISWA, MEMORY_DSV4)
-
-    def entries(pick, k_of=lambda lay: lay.k_width, v_of=None, vmax=v_max):
-        v_of = v_of or (lambda lay: lay.v_width)
-        return [(lay.index, k_of(lay), (vmax if v_trans else v_of(lay))) for lay in shape.layers if pick(lay)]
-
     caches: list[CachePrediction] = []
-    if mem == MEMORY_DSV4:
-        # llama_kv_cache_dsv4 (src/llama-kv-cache-dsv4.cpp:1210-1336): every cache and state keeps one stream
-        # per sequence even with --kv-unified (unified_raw / unified_compressed = false); all are K-only
-        # (dsv4_make_k_only, 883-887)
-        ns = n_seq
-        cells_swa = _swa_cells(shape, p, cells_full, n_ubatch, unified=False)
-        csa_cells = _dsv4_comp_cells(cells_full, DSV4_CSA_RATIO)
-        hca_cells = _dsv4_comp_cells(cells_full, DSV4_HCA_RATIO)
-        main = [
-            _kv_object("dsv4_raw_full", "full", cells_full, ns, tk, tv,
-                       entries(lambda lay: lay.attn_cache and not lay.is_swa), False),
-            _kv_object("dsv4_window", "swa", cells_swa, ns, tk, tv, entries(lambda lay: lay.attn_cache and lay.is_swa),
-                       False),
-        ]
-        caches = main + [
-            _kv_object("dsv4_csa", "csa", csa_cells, ns, tk, tv,
-                       entries(lambda lay: lay.compress_ratio == DSV4_CSA_RATIO), False),
-            _kv_object("dsv4_hca", "hca", hca_cells, ns, tk, tv,
-                       entries(lambda lay: lay.compress_ratio == DSV4_HCA_RATIO), False),
-            # hparams_lid: one head of indexer.key_length, full and SWA alike (1283-1288)
-            _kv_object("dsv4_indexer", "indexer", csa_cells, ns, tk, tv,
-                       entries(lambda lay: lay.compress_ratio == DSV4_CSA_RATIO, k_of=lambda lay: shape.indexer_head_k),
-                       False),
-        ]
-    else:
-        main_role = "main" if mem in (MEMORY_DSA, MEMORY_DSA_ISWA, MEMORY_MSA) else ("full" if iswa else None)
-        full_pick = (lambda lay: lay.attn_cache and not lay.is_swa) if iswa else (lambda lay: lay.attn_cache)
-        caches.append(_kv_object("full", main_role, cells_full, n_stream, tk, tv, entries(full_pick), has_v))
-        if mem in (MEMORY_DSA, MEMORY_DSA_ISWA, MEMORY_MSA, MEMORY_HYBRID_IDX):
-            # the indexer cache: a copy of the hparams with n_head_kv = 1 and n_embd_head_k_full = indexer.key_length
-            # (llama-kv-cache-dsa.cpp:38-47, llama-kv-cache-msa.cpp:39-49); the SWA head size is not changed.
-            # hybrid_idx caches key, gate and pooled value when kpool > 0 (llama-memory-hybrid-idx.cpp:53-73).
-            # DSA and hybrid_idx caches are K-only (MLA); MSA keeps V, one head wide.
-            width = shape.indexer_head_k * (3 if mem == MEMORY_HYBRID_IDX and shape.indexer_kpool > 0 else 1)
-            idx_has_v = mem == MEMORY_MSA and has_v
-            kind = {MEMORY_DSA: "dsa_indexer", MEMORY_DSA_ISWA: "dsa_indexer", MEMORY_MSA: "msa_indexer",
-                    MEMORY_HYBRID_IDX: "hybrid_indexer"}[mem]
-            caches.append(_kv_object(
-                kind, "indexer", cells_full, n_stream, tk, tv,
-                entries(lambda lay: lay.indexer, k_of=lambda lay: lay.head_k if lay.is_swa else width,
-                        v_of=lambda lay: lay.head_v, vmax=max((lay.head_v for lay in shape.layers), default=0)),
-                idx_has_v))
-        if iswa:
-            cells_swa = _swa_cells(shape, p, cells_full, n_ubatch, unified=p.kv_unified)
-            caches.append(_kv_object("swa", "swa", cells_swa, n_stream, tk, tv,
-                                     entries(lambda lay: lay.attn_cache and lay.is_swa), has_v))
+    main_role = "main" if mem in (MEMORY_DSA, MEMORY_DSA_ISWA, MEMORY_MSA) else ("full" if iswa else None)
+    full_pick = (lambda lay: lay.attn_cache and not lay.is_swa) if iswa else (lambda lay: lay.attn_cache)
+    caches.append(_kv_object("full", main_role, cells_full, n_stream, tk, tv, entries(full_pick), has_v))
+    if mem in (MEMORY_DSA, MEMORY_DSA_ISWA, MEMORY_MSA, MEMORY_HYBRID_IDX):
+        # the indexer cache: a copy of the hparams with n_head_kv = 1 and n_embd_head_k_full = indexer.key_length
+        # (llama-kv-cache-dsa.cpp:38-47, llama-kv-cache-msa.cpp:39-49); the SWA head size is not changed.
+        # hybrid_idx caches key, gate and pooled value when kpool > 0 (llama-memory-hybrid-idx.cpp:53-73).
+        # DSA and hybrid_idx caches are K-only (MLA); MSA keeps V, one head wide.
+        width = shape.indexer_head_k * (3 if mem == MEMORY_HYBRID_IDX and shape.indexer_kpool > 0 else 1)
+        idx_has_v = mem == MEMORY_MSA and has_v
+        kind = {MEMORY_DSA: "dsa_indexer", MEMORY_DSA_ISWA: "dsa_indexer", MEMORY_MSA: "msa_indexer",
+                MEMORY_HYBRID_IDX: "hybrid_indexer"}[mem]
+        caches.append(_kv_object(
+            kind, "indexer", cells_full, n_stream, tk, tv,
+            entries(lambda lay: lay.indexer, k_of=lambda lay: lay.head_k if lay.is_swa else width,
+                    v_of=lambda lay: lay.head_v, vmax=max((lay.head_v for lay in shape.layers), default=0)),
+            idx_has_v))
+    if iswa:
+        cells_swa = _swa_cells(shape, p, cells_full, n_ubatch, unified=p.kv_unified)
+        caches.append(_kv_object("swa", "swa", cells_swa, n_stream, tk, tv,
+                                 entries(lambda lay: lay.attn_cache and lay.is_swa), has_v))
+    return caches
 
+
+def _assign_layers(caches: list[CachePrediction], layer_preds: list[LayerPrediction]) -> None:
+    """Per layer: the first main-kind cache that holds it is its cache; the other caches' bytes go to ``other``."""
     by_layer = {lp.index: lp for lp in layer_preds}
     for c in caches:
         for il, k_w, v_w, kb, vb in c.per_layer:
@@ -492,6 +500,28 @@ def _attention_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: Ca
                 lp.cache, lp.cells, lp.k_width, lp.v_width, lp.k_bytes, lp.v_bytes = c.kind, c.cells, k_w, v_w, kb, vb
             else:
                 lp.other[c.kind] = lp.other.get(c.kind, 0) + kb + vb
+
+
+def _attention_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, v_trans: bool,
+                      n_ctx_seq: int, n_stream: int, n_ubatch: int, pred: KVPrediction):
+    """The llama_kv_cache objects create_memory() builds for this memory type (unified, SWA pair, hybrid), in the
+    order llama.cpp creates (and logs) them, and the per-layer breakdown."""
+    mem = shape.memory
+    layer_preds = [LayerPrediction(lay.index, lay.role, None, 0, lay.k_width, 0, 0, 0, 0, 0) for lay in shape.layers]
+    if mem in (MEMORY_RECURRENT, MEMORY_NONE):
+        return [], layer_preds
+    has_v = not shape.is_mla
+    v_max = shape.n_embd_v_gqa_max
+
+    def entries(pick, k_of=lambda lay: lay.k_width, v_of=None, vmax=v_max):
+        v_of = v_of or (lambda lay: lay.v_width)
+        return [(lay.index, k_of(lay), (vmax if v_trans else v_of(lay))) for lay in shape.layers if pick(lay)]
+
+    if mem == MEMORY_DSV4:
+        caches = _dsv4_caches(shape, p, tk, tv, n_ctx_seq, n_ubatch, entries)
+    else:
+        caches = _kv_caches(shape, p, tk, tv, n_ctx_seq, n_stream, n_ubatch, has_v, entries)
+    _assign_layers(caches, layer_preds)
     if v_trans and shape.v_width_variable and has_v and any(c.layers for c in caches if c.kind in ('full', 'swa')):
         pred.notes.append(
             f"flash attention is off and V widths differ across layers: llama.cpp pads every V row to {v_max}")
