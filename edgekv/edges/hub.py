@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from edgekv.edges.gguf_header import (
+    GGUFHeader,
     parse_split_name,
     read_header_file,
     split_count,
@@ -154,45 +156,85 @@ def _hf_head_now(f: HfFile, display: str, dl: Deadline):
     return meta.commit_hash, meta.etag, meta.size, meta.location, headers
 
 
-# long: the numbered fallbacks (HF cache, commit, cached or fetched header, splits) share one deadline
+@dataclass(frozen=True)
+class _HfAsk:
+    """What resolve_hf was asked for, as each of its numbered steps needs it."""
+    f: HfFile
+    spec: str
+    display: str
+    name: str
+    sha256: str | None
+    size: int | None
+
+
 def resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | None = None,
-                display_name: str | None = None, display: str | None = None) -> ModelRef:
+               display_name: str | None = None, display: str | None = None) -> ModelRef:
     display = display or (spec if spec.startswith("hf://") else f.spec)
     checked_hf_file(f, display)
     dl = Deadline()
-    name = display_name or f.filename.rsplit("/", 1)[-1]
+    ask = _HfAsk(f, spec, display, display_name or f.filename.rsplit("/", 1)[-1], sha256, size)
     is_commit = bool(COMMIT_RE.fullmatch(f.revision))
 
     # 1. the complete file, when the Hugging Face cache has it (all files of a split)
-    def from_hf_cache(revision: str) -> ModelRef | None:
-        first = hf_cached_file(f, revision)
-        if first is None:
-            return None
-        if sha256:
-            if blob_sha(first) not in (None, sha256):
-                return None     # another file (the branch moved on): not the one asked for
-            if stamped_sha256(first) not in (None, sha256):
-                raise SourceError(f"{first}: its content does not have sha256 {sha256} (checked by 'edgekv models "
-                                  "pull'); delete it from the Hugging Face cache and pull again")
-        files = [first]
-        parsed = parse_split_name(f.filename.rsplit("/", 1)[-1])
-        if parsed and parsed[2] > 1:
-            prefix, _, n = parsed
-            for i in range(1, n):
-                p = hf_cached_file(f.sibling(split_file_name(prefix, i, n)), revision)
-                if p is None:
-                    return None
-                files.append(p)
-        return ModelRef(spec=spec, path=first, name=name, source="hf-cache", complete=True,
-                        shards=tuple(files) if len(files) > 1 else (), origin=f"hf://{f.repo}/{f.filename}@{revision}",
-                        notes=(f"{display}: the complete file from the Hugging Face cache",))
-
     if is_commit or offline():
-        ref = from_hf_cache(f.revision)
+        ref = _from_hf_cache(ask, f.revision)
         if ref:
             return ref
 
     # 2. the commit, from the hub or (offline, unreachable) from edgekv's refs
+    commit, head, why_offline = _hf_commit(ask, is_commit, dl)
+    if head is not None and not is_commit:
+        ref = _from_hf_cache(ask, commit)     # 1. again, at the commit the branch or tag names now
+        if ref:
+            return ref
+
+    # 3. the header, cached or fetched
+    fc = HfFile(f.repo, f.filename, commit)
+    h, first_path, stats = _hf_header(ask, fc, head, why_offline, dl)
+
+    # 4. the headers of a split model's other files, cached or fetched
+    paths = [first_path]
+    n = split_count(h)
+    if n > 1:
+        split_paths, split_stats = _hf_split_headers(ask, fc, n, why_offline, dl)
+        paths += split_paths
+        stats += split_stats
+    fetch = merge_stats(stats)
+    return ModelRef(spec=spec, path=str(first_path), name=ask.name, source="hf", complete=False,
+                    shards=tuple(str(p) for p in paths) if n > 1 else (), origin=f"hf://{f.repo}/{f.filename}@{commit}",
+                    fetch=fetch, notes=(fetch_note(display, fetch, first_path),))
+
+
+def _from_hf_cache(ask: _HfAsk, revision: str) -> ModelRef | None:
+    """1. The complete file at ``revision`` from the Hugging Face cache (every file of a split), or None."""
+    f, display, sha256 = ask.f, ask.display, ask.sha256
+    first = hf_cached_file(f, revision)
+    if first is None:
+        return None
+    if sha256:
+        if blob_sha(first) not in (None, sha256):
+            return None     # another file (the branch moved on): not the one asked for
+        if stamped_sha256(first) not in (None, sha256):
+            raise SourceError(f"{first}: its content does not have sha256 {sha256} (checked by 'edgekv models "
+                              "pull'); delete it from the Hugging Face cache and pull again")
+    files = [first]
+    parsed = parse_split_name(f.filename.rsplit("/", 1)[-1])
+    if parsed and parsed[2] > 1:
+        prefix, _, n = parsed
+        for i in range(1, n):
+            p = hf_cached_file(f.sibling(split_file_name(prefix, i, n)), revision)
+            if p is None:
+                return None
+            files.append(p)
+    return ModelRef(spec=ask.spec, path=first, name=ask.name, source="hf-cache", complete=True,
+                    shards=tuple(files) if len(files) > 1 else (), origin=f"hf://{f.repo}/{f.filename}@{revision}",
+                    notes=(f"{display}: the complete file from the Hugging Face cache",))
+
+
+def _hf_commit(ask: _HfAsk, is_commit: bool, dl: Deadline) -> tuple[str, tuple | None, str | None]:
+    """2. The commit of the revision: from the hub's HEAD (recorded in edgekv's refs for a branch or tag), else from
+    those refs.  Returns (commit, the HEAD's answer or None, why the hub was not asked or not reached, or None)."""
+    f, display = ask.f, ask.display
     commit = cached_commit(f.repo, f.revision)
     head = None
     why_offline = None
@@ -207,19 +249,21 @@ def resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | N
             commit = head[0]
             if not is_commit:
                 write_header_file(ref_file(f.repo, f.revision), commit.encode())
-                ref = from_hf_cache(commit)
-                if ref:
-                    return ref
     if commit is None:
         raise offline_error(display, f"the header of {f.repo}/{f.filename} at '{f.revision}' is not cached under "
                              f"{hf_repo_dir(f.repo)}", why_offline or "the revision is unknown")
+    return commit, head, why_offline
 
-    # 3. the header, cached or fetched
-    fc = HfFile(f.repo, f.filename, commit)
+
+def _hf_header(ask: _HfAsk, fc: HfFile, head: tuple | None, why_offline: str | None,
+               dl: Deadline) -> tuple[GGUFHeader, Path, list[dict[str, Any]]]:
+    """3. The header of ``fc`` (the file at its commit), cached or fetched with the HEAD's answer ``head``:
+    (header, its path in edgekv's cache, the fetch's transfer stats)."""
+    display, commit = ask.display, fc.revision
     if head is not None:
-        _check_identity(display, head[1], head[2], sha256, size)
+        _check_identity(display, head[1], head[2], ask.sha256, ask.size)
     first_path = hf_header_path(fc, commit)
-    paths, stats = [first_path], []
+    stats: list[dict[str, Any]] = []
     cached = cached_header(first_path)
     if cached is None:
         if head is None:
@@ -230,36 +274,41 @@ def resolve_hf(f: HfFile, spec: str, *, sha256: str | None = None, size: int | N
                                          "size": head[2], **st})
         stats.append(st)
     else:
-        _check_identity(display, cached.get("etag"), cached.get("size"), sha256, size)
+        _check_identity(display, cached.get("etag"), cached.get("size"), ask.sha256, ask.size)
         h = read_header_file(first_path)
-    n = split_count(h)
-    if n > 1:
-        parsed = parse_split_name(f.filename.rsplit("/", 1)[-1])
-        if parsed is None or parsed[2] != n or parsed[1] != 0:
-            raise SourceError(f"{display}: a split model ({n} files); name its first file, "
-                              "PREFIX-00001-of-%05d.gguf" % n)
-        prefix = parsed[0]
-        for i in range(1, n):
-            sib = fc.sibling(split_file_name(prefix, i, n))
-            p = hf_header_path(sib, commit)
-            paths.append(p)
-            if cached_header(p) is not None:
-                continue
-            sdisplay = f"hf://{sib.repo}/{sib.filename}@{commit}"
-            if offline() or why_offline:
-                raise offline_error(display, f"the header of {sib.filename} is not cached",
-                                     why_offline or "HF_HUB_OFFLINE is set")
-            try:
-                shead = _hf_head(sib, sdisplay, dl)
-            except network_errors() as e:
-                raise SourceError(f"{sdisplay}: {unreachable(urlsplit(hf_endpoint()).netloc, e)}") from None
-            _, sdata, sst = fetch_header(shead[3], shead[4], sdisplay, deadline=dl)
-            store_header(p, sdata, {"source": sdisplay, "commit": commit, "etag": shead[1], "size": shead[2], **sst})
-            stats.append(sst)
-    fetch = merge_stats(stats)
-    return ModelRef(spec=spec, path=str(first_path), name=name, source="hf", complete=False,
-                    shards=tuple(str(p) for p in paths) if n > 1 else (), origin=f"hf://{f.repo}/{f.filename}@{commit}",
-                    fetch=fetch, notes=(fetch_note(display, fetch, first_path),))
+    return h, first_path, stats
+
+
+def _hf_split_headers(ask: _HfAsk, fc: HfFile, n: int, why_offline: str | None,
+                      dl: Deadline) -> tuple[list[Path], list[dict[str, Any]]]:
+    """4. The headers of files 2..n of the split model whose first file is ``fc``, cached or fetched:
+    (their paths in edgekv's cache, the fetches' transfer stats)."""
+    display, commit = ask.display, fc.revision
+    parsed = parse_split_name(fc.filename.rsplit("/", 1)[-1])
+    if parsed is None or parsed[2] != n or parsed[1] != 0:
+        raise SourceError(f"{display}: a split model ({n} files); name its first file, "
+                          "PREFIX-00001-of-%05d.gguf" % n)
+    prefix = parsed[0]
+    paths: list[Path] = []
+    stats: list[dict[str, Any]] = []
+    for i in range(1, n):
+        sib = fc.sibling(split_file_name(prefix, i, n))
+        p = hf_header_path(sib, commit)
+        paths.append(p)
+        if cached_header(p) is not None:
+            continue
+        sdisplay = f"hf://{sib.repo}/{sib.filename}@{commit}"
+        if offline() or why_offline:
+            raise offline_error(display, f"the header of {sib.filename} is not cached",
+                                 why_offline or "HF_HUB_OFFLINE is set")
+        try:
+            shead = _hf_head(sib, sdisplay, dl)
+        except network_errors() as e:
+            raise SourceError(f"{sdisplay}: {unreachable(urlsplit(hf_endpoint()).netloc, e)}") from None
+        _, sdata, sst = fetch_header(shead[3], shead[4], sdisplay, deadline=dl)
+        store_header(p, sdata, {"source": sdisplay, "commit": commit, "etag": shead[1], "size": shead[2], **sst})
+        stats.append(sst)
+    return paths, stats
 
 
 def blob_sha(path: str) -> str | None:

@@ -333,7 +333,109 @@ def worker_argv(subcommand: str) -> list[str]:
     return [sys.executable, "-c", _WORKER_BOOT, subcommand]
 
 
-# long: one child's life (start, pump three pipes, sample, wait4, kill on timeout) sharing its state
+def _spawn(argv: list[str], env: dict[str, str] | None, *, stdout: int, unbuffered: bool,
+           cwd: str | None = None) -> tuple[subprocess.Popen, int]:
+    """Start a child with stdin and stderr piped, in a session (process group) of its own, killed when its parent
+    dies (die_with_parent), the write end of a new event pipe passed to it in EVENT_FD_ENV.  Returns the process and
+    the read end of the event pipe."""
+    r_fd, w_fd = os.pipe()
+    child_env = dict(os.environ if env is None else env)
+    child_env[EVENT_FD_ENV] = str(w_fd)
+    if unbuffered:
+        child_env.setdefault("PYTHONUNBUFFERED", "1")
+    child_env.setdefault("GGML_NO_BACKTRACE", "1")   # an abort should not spend seconds in gdb
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.PIPE, pass_fds=(w_fd,), env=child_env,
+        start_new_session=True, cwd=cwd, preexec_fn=die_with_parent(),
+    )
+    os.close(w_fd)
+    return proc, r_fd
+
+
+def _tell(on_event: Callable[[dict[str, Any]], None] | None, ev: dict[str, Any]) -> None:
+    if on_event is not None:
+        try:
+            on_event(ev)
+        except Exception:  # a display callback must never kill a measurement
+            pass
+
+
+class _ChildRun:
+    """What run_child's threads share while one child runs: its process, its memory sampler, the three pipe pumps
+    and what they collected (events, the tail of stderr, llama.cpp's last log lines, captured output)."""
+
+    def __init__(self, proc: subprocess.Popen, r_fd: int, sampler: _Sampler | None,
+                 on_event: Callable[[dict[str, Any]], None] | None, capture_output: bool):
+        self.proc = proc
+        self.r_fd = r_fd
+        self.sampler = sampler
+        self.on_event = on_event
+        self.capture_output = capture_output
+        self.stdout_chunks: list[bytes] = []
+        self.all_stderr: list[bytes] = []
+        self.events: list[dict[str, Any]] = []
+        self.stderr_chunks: list[bytes] = []
+        self.log_tail: collections.deque[str] = collections.deque(maxlen=8)
+        self.t_err = threading.Thread(target=self._pump_stderr, daemon=True)
+        self.t_ev = threading.Thread(target=self._pump_events, daemon=True)
+        self.t_out = threading.Thread(target=self._pump_stdout, daemon=True) if capture_output else None
+
+    def start(self) -> None:
+        if self.sampler:
+            self.sampler.start()
+        self.t_err.start()
+        self.t_ev.start()
+        if self.t_out:
+            self.t_out.start()
+
+    def stop_sampler(self) -> None:
+        if self.sampler:
+            self.sampler.stop()
+            self.sampler.join()
+            self.sampler.close()
+
+    def join_pumps(self) -> None:
+        self.t_ev.join(timeout=5)
+        self.t_err.join(timeout=5)
+        if self.t_out:
+            self.t_out.join(timeout=5)
+
+    def _pump_stderr(self) -> None:
+        proc = self.proc
+        assert proc.stderr is not None
+        for chunk in iter(lambda: proc.stderr.read(65536), b""):
+            self.stderr_chunks.append(chunk)
+            if self.capture_output:
+                self.all_stderr.append(chunk)
+            if len(self.stderr_chunks) > 64:
+                del self.stderr_chunks[:-32]
+
+    def _pump_stdout(self) -> None:
+        proc = self.proc
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.read(65536), b""):
+            self.stdout_chunks.append(chunk)
+
+    def _pump_events(self) -> None:
+        sampler = self.sampler
+        with os.fdopen(self.r_fd, "rb") as r:
+            for raw in r:
+                try:
+                    ev = json.loads(raw)
+                except ValueError:
+                    continue
+                if ev.get("event") == "log":       # llama.cpp's lines: only the tail is kept, nobody else sees them
+                    self.log_tail.append(str(ev.get("line", "")))
+                    continue
+                self.events.append(ev)
+                if sampler is not None:
+                    if ev.get("event") == "phase":
+                        sampler.set_phase(str(ev.get("phase")), bool(ev.get("timed")))
+                    elif ev.get("event") == "mem":
+                        sampler.record_child(ev.get("rss"), ev.get("footprint"))
+                _tell(self.on_event, ev)
+
+
 def run_child(
     argv: list[str],
     payload: dict[str, Any] | None = None,
@@ -353,80 +455,29 @@ def run_child(
     ``capture_output`` keeps the child's whole stdout and stderr (for external programs such as
     llama-bench, whose results and logs arrive there) in ``ChildResult.stdout``/``stderr``.
     """
-    r_fd, w_fd = os.pipe()
-    child_env = dict(os.environ if env is None else env)
-    child_env[EVENT_FD_ENV] = str(w_fd)
-    child_env.setdefault("PYTHONUNBUFFERED", "1")
-    child_env.setdefault("GGML_NO_BACKTRACE", "1")   # an abort should not spend seconds in gdb
     data = stdin_data if stdin_data is not None else json.dumps(payload or {}).encode()
     oom0 = oom_kill_count()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE if capture_output else subprocess.DEVNULL,
-        stderr=subprocess.PIPE, pass_fds=(w_fd,), env=child_env, start_new_session=True, cwd=cwd,
-        preexec_fn=die_with_parent(),
-    )
-    os.close(w_fd)
-    if on_event is not None:
-        try:
-            on_event({"event": "spawned", "pid": proc.pid})
-        except Exception:
-            pass
-    sampler = _Sampler(proc.pid, gpu_probe) if sample_memory else None
-    stdout_chunks: list[bytes] = []
-    all_stderr: list[bytes] = []
-    if sampler:
-        sampler.start()
+    proc, r_fd = _spawn(argv, env, stdout=subprocess.PIPE if capture_output else subprocess.DEVNULL, unbuffered=True,
+                        cwd=cwd)
+    _tell(on_event, {"event": "spawned", "pid": proc.pid})
+    run = _ChildRun(proc, r_fd, _Sampler(proc.pid, gpu_probe) if sample_memory else None, on_event, capture_output)
+    run.start()
+    try:
+        status, rusage, timed_out, stopped = _feed_and_reap(proc, data, t0, timeout, watchdog)
+    finally:
+        run.stop_sampler()
+    proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
+    wall = time.perf_counter() - t0
+    run.join_pumps()
+    return _child_result(run, timed_out, wall, rusage, stopped, oom0)
 
-    events: list[dict[str, Any]] = []
-    stderr_chunks: list[bytes] = []
-    log_tail: collections.deque[str] = collections.deque(maxlen=8)
 
-    def pump_stderr() -> None:
-        assert proc.stderr is not None
-        for chunk in iter(lambda: proc.stderr.read(65536), b""):
-            stderr_chunks.append(chunk)
-            if capture_output:
-                all_stderr.append(chunk)
-            if len(stderr_chunks) > 64:
-                del stderr_chunks[:-32]
-
-    def pump_stdout() -> None:
-        assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.read(65536), b""):
-            stdout_chunks.append(chunk)
-
-    def pump_events() -> None:
-        with os.fdopen(r_fd, "rb") as r:
-            for raw in r:
-                try:
-                    ev = json.loads(raw)
-                except ValueError:
-                    continue
-                if ev.get("event") == "log":       # llama.cpp's lines: only the tail is kept, nobody else sees them
-                    log_tail.append(str(ev.get("line", "")))
-                    continue
-                events.append(ev)
-                if sampler is not None:
-                    if ev.get("event") == "phase":
-                        sampler.set_phase(str(ev.get("phase")), bool(ev.get("timed")))
-                    elif ev.get("event") == "mem":
-                        sampler.record_child(ev.get("rss"), ev.get("footprint"))
-                if on_event is not None:
-                    try:
-                        on_event(ev)
-                    except Exception:  # a display callback must never kill a measurement
-                        pass
-
-    t_err = threading.Thread(target=pump_stderr, daemon=True)
-    t_ev = threading.Thread(target=pump_events, daemon=True)
-    t_err.start()
-    t_ev.start()
-    t_out = threading.Thread(target=pump_stdout, daemon=True) if capture_output else None
-    if t_out:
-        t_out.start()
+def _feed_and_reap(proc: subprocess.Popen, data: bytes, t0: float, timeout: float | None,
+                   watchdog: Callable[[], str | None] | None) -> tuple[Any, Any, bool, str | None]:
+    """Write ``data`` to the child's stdin and reap it: (wait status, rusage, timed out, the watchdog's reason or
+    None).  Anything raised here (Ctrl-C included) kills the child's process group and reaps it first."""
     waiter: threading.Thread | None = None
-    status = rusage = None
     try:
         assert proc.stdin is not None
         try:
@@ -434,8 +485,6 @@ def run_child(
             proc.stdin.close()
         except BrokenPipeError:
             pass
-        timed_out = False
-        stopped: str | None = None
         # A thread blocks in wait4 (no polling: on a 2-core machine every wake-up of ours is time taken
         # from llama.cpp's threads); this thread waits on an Event in short slices so Ctrl-C still works.
         reaped: dict[str, Any] = {}
@@ -449,16 +498,7 @@ def run_child(
 
         waiter = threading.Thread(target=reap, daemon=True)
         waiter.start()
-        deadline = None if timeout is None else t0 + timeout
-        while not done.wait(0.25 if deadline is None else max(0.0, min(0.25, deadline - time.perf_counter()))):
-            if deadline is not None and time.perf_counter() >= deadline:
-                timed_out = True
-                kill_group(proc.pid)
-                done.wait()
-                break
-            stopped = _watch(watchdog, proc.pid, done)     # e.g. the machine's memory nearly exhausted
-            if stopped:
-                break
+        timed_out, stopped = _wait_or_stop(proc.pid, done, None if timeout is None else t0 + timeout, watchdog)
         _, status, rusage = reaped["r"]
     except BaseException:
         kill_group(proc.pid)
@@ -470,18 +510,31 @@ def run_child(
             except ChildProcessError:
                 pass
         raise
-    finally:
-        if sampler:
-            sampler.stop()
-            sampler.join()
-            sampler.close()
-    proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
-    wall = time.perf_counter() - t0
-    t_ev.join(timeout=5)
-    t_err.join(timeout=5)
-    if t_out:
-        t_out.join(timeout=5)
+    return status, rusage, timed_out, stopped
 
+
+def _wait_or_stop(pid: int, done: threading.Event, deadline: float | None,
+                  watchdog: Callable[[], str | None] | None) -> tuple[bool, str | None]:
+    """Wait until ``done`` (the child reaped), killing the child's process group at ``deadline`` or when the
+    watchdog gives a reason: (timed out, the watchdog's reason or None)."""
+    timed_out = False
+    stopped: str | None = None
+    while not done.wait(0.25 if deadline is None else max(0.0, min(0.25, deadline - time.perf_counter()))):
+        if deadline is not None and time.perf_counter() >= deadline:
+            timed_out = True
+            kill_group(pid)
+            done.wait()
+            break
+        stopped = _watch(watchdog, pid, done)     # e.g. the machine's memory nearly exhausted
+        if stopped:
+            break
+    return timed_out, stopped
+
+
+def _child_result(run: _ChildRun, timed_out: bool, wall: float, rusage: Any, stopped: str | None,
+                  oom0: int | None) -> ChildResult:
+    """The ChildResult of a reaped child from what the run collected."""
+    proc, events = run.proc, run.events
     sig = -proc.returncode if proc.returncode is not None and proc.returncode < 0 else None
     result = None
     for ev in events:
@@ -492,29 +545,33 @@ def run_child(
         maxrss = rusage.ru_maxrss if sys.platform == "darwin" else rusage.ru_maxrss * 1024
     res = ChildResult(
         returncode=proc.returncode, signal=sig, timed_out=timed_out, wall_s=wall, events=events, result=result,
-        stderr_tail=b"".join(stderr_chunks)[-8000:].decode("utf-8", "replace"),
-        kernel_maxrss_bytes=maxrss, log_tail=list(log_tail), stopped_reason=stopped,
+        stderr_tail=b"".join(run.stderr_chunks)[-8000:].decode("utf-8", "replace"),
+        kernel_maxrss_bytes=maxrss, log_tail=list(run.log_tail), stopped_reason=stopped,
         last_phase=next((str(e.get("phase")) for e in reversed(events) if e.get("event") == "phase"), None),
     )
     if sig is not None:
         oom1 = oom_kill_count()
         res.oom_kills_rose = oom0 is not None and oom1 is not None and oom1 > oom0
-    if capture_output:
-        res.stdout = b"".join(stdout_chunks).decode("utf-8", "replace")
-        res.stderr = b"".join(all_stderr).decode("utf-8", "replace")
-    if sampler:
-        res.peak_rss_bytes = sampler.peak_rss or None
-        res.peak_anon_bytes = sampler.peak_anon
-        res.peak_file_bytes = sampler.peak_file
-        res.peak_footprint_bytes = sampler.peak_footprint
-        res.peak_gpu_bytes = sampler.peak_gpu
-        res.n_samples = sampler.n
-        res.sample_interval_max_s = sampler.max_gap
-        res.timed_unsampled_s = sampler.timed_s
-        res.n_child_samples = sampler.n_child
-        res.phase_peaks = dict(sampler.phase_peaks)
-        res.gpu_phase_peaks = dict(sampler.gpu_phase_peaks)
+    if run.capture_output:
+        res.stdout = b"".join(run.stdout_chunks).decode("utf-8", "replace")
+        res.stderr = b"".join(run.all_stderr).decode("utf-8", "replace")
+    if run.sampler:
+        _copy_peaks(res, run.sampler)
     return res
+
+
+def _copy_peaks(res: ChildResult, sampler: _Sampler) -> None:
+    res.peak_rss_bytes = sampler.peak_rss or None
+    res.peak_anon_bytes = sampler.peak_anon
+    res.peak_file_bytes = sampler.peak_file
+    res.peak_footprint_bytes = sampler.peak_footprint
+    res.peak_gpu_bytes = sampler.peak_gpu
+    res.n_samples = sampler.n
+    res.sample_interval_max_s = sampler.max_gap
+    res.timed_unsampled_s = sampler.timed_s
+    res.n_child_samples = sampler.n_child
+    res.phase_peaks = dict(sampler.phase_peaks)
+    res.gpu_phase_peaks = dict(sampler.gpu_phase_peaks)
 
 
 def _watch(watchdog: Callable[[], str | None] | None, pid: int, done: threading.Event) -> str | None:
@@ -574,15 +631,7 @@ class ChildSession:
     def __init__(self, argv: list[str], env: dict[str, str] | None = None):
         import queue
 
-        r_fd, w_fd = os.pipe()
-        child_env = dict(os.environ if env is None else env)
-        child_env[EVENT_FD_ENV] = str(w_fd)
-        child_env.setdefault("GGML_NO_BACKTRACE", "1")
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            pass_fds=(w_fd,), env=child_env, start_new_session=True, preexec_fn=die_with_parent(),
-        )
-        os.close(w_fd)
+        self.proc, r_fd = _spawn(argv, env, stdout=subprocess.DEVNULL, unbuffered=False)
         self._q: queue.Queue = queue.Queue()
         self._stderr: list[bytes] = []
 
