@@ -82,6 +82,20 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# The fast tier (`python -m pytest -m "not slow"`, README Development) is everything that needs no real model, no
+# llama.cpp run, no build and no subprocess: the pure core, the schema, the CLI's errors, the views on recorded
+# records.  A test that takes a real model or a built llama.cpp tool through these fixtures is slow by that alone;
+# modules that run llama.cpp otherwise (tiny generated models, child processes) say so with their own
+# `pytestmark = pytest.mark.slow` (or mark single tests).
+SLOW_FIXTURES = {"smollm2_path", "gemma3_path", "llama_bench_exe", "llama_server_exe", "smollm2_split", "hub"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def edgekv_home(tmp_path_factory, monkeypatch) -> Path:
     """Every test gets its own EDGEKV_HOME (child processes inherit it through the environment)."""

@@ -140,6 +140,7 @@ def _write_tiny(path: Path, tied: bool) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("repack", [True, False])
 def test_extra_buffers_formula_equals_a_real_load_here(tmp_path, tied, repack):
@@ -162,6 +163,7 @@ def test_extra_buffers_formula_equals_a_real_load_here(tmp_path, tied, repack):
         assert check["formula"] == {}
 
 
+@pytest.mark.slow
 def test_a_get_rows_table_gets_no_extra_buffer_copy(tmp_path):
     """Gemma 4's per-layer embedding table is read by GET_ROWS, never in a matrix product: llama.cpp keeps it out of
     CPU_REPACK even when it is Q4_0 of a repackable shape (tests/tiny's gemma4 family, every matrix retyped Q4_0)."""
@@ -197,6 +199,7 @@ def test_predict_engine_shows_llama_cpps_extra_buffer_figure(gemma3_path):
 
 # -- the preflight ---------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_preflight_runs_here_and_is_cached():
     from edgekv.orchestration.preflight import preflight
 
@@ -221,6 +224,7 @@ def test_preflight_verdict_of_a_crash_names_the_upstream_issue():
     assert ok.runs and ok.repack
 
 
+@pytest.mark.slow
 def test_info_shows_the_preflight():
     r = subprocess.run([sys.executable, "-m", "edgekv.cli", "info", "--json"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -200,6 +200,7 @@ def _cli(*args, **kw):
                             text=True, **kw)
 
 
+@pytest.mark.slow
 def test_ctrl_c_then_rerun_resumes(tmp_path):
     out = tmp_path / "cli.jsonl"
     args = ["bench", "-c", "512", "-d", "32", "-ctk", "f16,q8_0,q4_0", "-p", "16", "-n", "4", "-r", "1", "-t", "2",
@@ -243,6 +244,7 @@ def test_ctrl_c_then_rerun_resumes(tmp_path):
     (lambda t: ["bench", "--timeout", "-1"], 2, "--timeout must be a positive number"),
     (lambda t: ["bench", "--repack", "2"], 2, "--repack: '2' is not 0 or 1"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_clear_line(tmp_path, make_args, code, words):
     (tmp_path / "corrupt.gguf").write_bytes(b"GGML" + os.urandom(100))
     p = _cli(*make_args(tmp_path))

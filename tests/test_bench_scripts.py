@@ -96,6 +96,7 @@ def test_serving_script_against_the_prediction_and_in_process(llama_bin, tmp_pat
     assert "<!-- serving:begin -->" in md and "Largest memory residual" in md
 
 
+@pytest.mark.slow
 def test_fuzz_script_runs_and_finds_no_crash(tmp_path):
     out = tmp_path / "fuzz.json"
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz_headers.py"), "--inputs", "400", "--out", str(out)],

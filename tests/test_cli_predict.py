@@ -55,6 +55,7 @@ def test_predict_default_model_json_contract(capsys, smollm2_path):
     assert by[(4096, "q4_0")].saving_vs_f16 == pytest.approx(32 / 9, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_ctv_follows_ctk_pairwise_and_single_value(capsys):
     recs = records(capsys, "predict", "-c", "512", "-ctk", "q8_0,q4_0", "-ctv", "f16")
     assert [(r.settings.type_k, r.settings.type_v) for r in recs] == [("q8_0", "f16"), ("q4_0", "f16")]

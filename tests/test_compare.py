@@ -104,6 +104,7 @@ def test_1pct_change_stays_within_the_noise(records):
         assert res["exit_code"] == 0
 
 
+@pytest.mark.slow
 def test_over_many_seeds(records):
     """With fresh noise of each record's own size (5 samples, cv 1.6-8.7%): a 20% slowdown is caught nearly always;
     a 1% one almost never fails the build (its sample mean must land beyond -5% by chance AND test significant)
@@ -196,6 +197,7 @@ def cli(*args):
     return subprocess.run([sys.executable, "-m", "edgekv.cli", *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_and_markdown(records, tmp_path):
     rec = stable(records)[0]
     base, slow, same, env = (tmp_path / f"{n}.jsonl" for n in ("base", "slow", "same", "env"))
@@ -231,6 +233,7 @@ def lb_row(ts, commit="0c1e570"):
             "samples_ns": [1] * len(ts), "samples_ts": ts, "avg_ts": sum(ts) / len(ts)}
 
 
+@pytest.mark.slow
 def test_llama_bench_files_compare(tmp_path):
     row = lb_row
     a, b = tmp_path / "a.json", tmp_path / "b.jsonl"
@@ -246,6 +249,7 @@ def test_llama_bench_files_compare(tmp_path):
 
 # -- merge ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_merge_keeps_every_row_and_reports_a_device_column(records, tmp_path):
     linux = tmp_path / "linux.jsonl"
     mac = tmp_path / "mac.jsonl"
@@ -323,6 +327,7 @@ def test_every_input_kind_loads_as_records(records, tmp_path):
     assert b.model.size_bytes == 96576768 and b.environment["llama_cpp_commit"] == "0c1e570"
 
 
+@pytest.mark.slow
 def test_old_predict_rows_and_llama_bench_rows_are_read_strictly(tmp_path):
     """An unknown or mistyped key in an old predict row or a llama-bench row refuses the file in one line naming
     the file, the row and the key (nothing is dropped or guessed)."""

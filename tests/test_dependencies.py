@@ -35,6 +35,7 @@ def _deptry(tmp_path: Path) -> list[dict]:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_declared_dependencies_equal_imported_ones(tmp_path):
     issues = _deptry(tmp_path)
     unused = {i["module"] for i in issues if i["error"]["code"] == "DEP002"}
@@ -45,6 +46,7 @@ def test_declared_dependencies_equal_imported_ones(tmp_path):
                                         "NOT_YET_IMPORTED in tests/test_dependencies.py")
 
 
+@pytest.mark.slow
 def test_deptry_sees_an_undeclared_import(tmp_path):
     """The check itself can fail: a copy of the package with one undeclared import is refused."""
     pkg = tmp_path / "proj"

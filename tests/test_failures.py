@@ -148,6 +148,7 @@ def test_resume_measures_failed_configurations_again(smollm2_path, tmp_path):
     assert latest[0].config_key == recs[0]["config_key"]
 
 
+@pytest.mark.slow
 def test_a_context_llama_cpp_refused_shows_no_kv_mismatch_mark():
     """Issue 27: a refused context showed `KV llama.cpp 0.00 ✗`, a mismatch mark where llama.cpp allocated nothing."""
     import json

@@ -22,6 +22,8 @@ from edgekv.orchestration.api import load_model
 from edgekv.orchestration.crosscheck import compare
 from tests.tiny.writer import write_spec
 
+pytestmark = pytest.mark.slow      # every test drives llama.cpp's dry run or the CLI on generated models
+
 SPECS = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["families"]
 MODELLED = sorted(n for n, s in SPECS.items() if s["memory"] not in ("unsupported", "aborts"))
 # the caches llama.cpp builds from several objects (indexer, compressed, compressor state)

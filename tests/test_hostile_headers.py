@@ -56,6 +56,7 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
+@pytest.mark.slow
 def test_the_unedited_model_is_valid_for_both(tmp_path, capsys):
     p = variant(tmp_path / "ok.gguf", [])
     rc, out, err = run(capsys, "predict", str(p), "-c", "512", "-ctk", "f16", "--engine", "--json")
@@ -65,6 +66,7 @@ def test_the_unedited_model_is_valid_for_both(tmp_path, capsys):
     assert row["status"] == "ok" and e["ok"] and e["match"] and f["kv_bytes"] == 1 << 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD))
 def test_a_shape_llama_cpp_refuses_is_invalid_never_a_number(tmp_path, capsys, case):
     p = variant(tmp_path / "bad.gguf", BAD[case])
@@ -125,6 +127,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
+@pytest.mark.slow
 def test_many_large_strings_are_bounded_in_memory(tmp_path):
     """32 strings of 16 MiB in a sparse file (the issue's 2,164 MiB case, at the per-string cap)."""
     p = tmp_path / "strings.gguf"

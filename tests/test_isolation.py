@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow      # each test runs an inner pytest session in a subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 
 INNER = '''

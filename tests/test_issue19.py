@@ -156,6 +156,7 @@ def test_compare_refuses_significance_on_busy_rows_unless_forced(records):
 
 # -- point 4: the load sampler sees other work --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_load_monitor_sees_a_busy_loop():
     from edgekv.edges.load import LoadMonitor
 

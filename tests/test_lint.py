@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -15,6 +17,7 @@ def test_ruff_is_clean():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_no_dead_code(tmp_path):
     """vulture finds no unused code in edgekv/ (its uses counted in edgekv, tests and bench); the names it
     cannot see used (typer commands, ctypes struct fields, serialised dataclass fields) are in

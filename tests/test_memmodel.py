@@ -173,6 +173,7 @@ def test_work_buffer_uses_the_widest_matrix():
 
 # -- calibration -----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_calibration_is_cached_per_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEKV_HOME", str(tmp_path))
     first = calibrate.runtime_baseline()
@@ -246,6 +247,7 @@ def test_budget_below_the_runtime(capsys, smollm2_path):
     assert r["max_n_ctx"] == 0 and r["note"].startswith("nothing fits: the runtime alone needs ")
 
 
+@pytest.mark.slow
 def test_budget_metadata_only_says_it_is_capped(capsys, tmp_path):
     # issue 19 point 7: a metadata-only Qwen3-8B shape; the answer is the trained-context cap and says so
     from tests.test_published_figures import _qwen3_8b_metadata
@@ -392,6 +394,7 @@ def test_llama_bench_process_predicted(llama_bench_exe, smollm2_path, tmp_path, 
     assert abs(meas - proc["peak_rss_bytes"]) <= min(8 * MIB, 0.03 * meas), (meas / MIB, proc["peak_rss_bytes"] / MIB)
 
 
+@pytest.mark.slow
 def test_report_explains_memory(tmp_path):
     # presentation only: the records are bench/memory_model.py's measured runs (the capability is tested above)
     src = ROOT / "bench" / "results" / "memory_model" / "smollm2-135m-base.jsonl"

@@ -86,6 +86,7 @@ def test_report_and_compare_carry_the_sequence_count(npl_run, tmp_path):
     (["-npl", "300"], "at most 256 sequences"),
     (["-npl", "0"], "-npl"),
 ])
+@pytest.mark.slow
 def test_flags_it_refuses(args, needle, tmp_path):
     p = subprocess.run([sys.executable, "-m", "edgekv.cli", "bench", *args, "-o", str(tmp_path / "r.jsonl")],
                        capture_output=True, text=True, timeout=300)

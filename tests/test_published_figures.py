@@ -97,6 +97,7 @@ def test_gemma4_e4b_structure(headers):
     assert [lay.reuses for lay in m.shape.layers[24:]] == [22 if lay.is_swa else 23 for lay in m.shape.layers[24:]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_published_figures_cli(name, headers):
     figures = MODELS[name][1]

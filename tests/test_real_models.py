@@ -12,6 +12,8 @@ from edgekv.errors import EngineError
 from edgekv.orchestration.api import load_model
 from edgekv.orchestration.crosscheck import compare
 
+pytestmark = pytest.mark.slow      # the two real models through llama.cpp (fixtures taken by name)
+
 GRID = [
     ContextParams(n_ctx=n, type_k=tk, type_v=tv, flash_attn=fa, swa_full=sf, n_seq_max=ns, kv_unified=u)
     for n, (tk, tv), fa, sf, ns, u in itertools.product(

@@ -98,6 +98,7 @@ def test_the_cli_says_it_in_one_line(tmp_path):
     assert len(err) == 1 and err[0].startswith(f"edgekv: error: {p}:1: ") and ": missing; " in err[0], out.stderr
 
 
+@pytest.mark.slow
 def test_bench_refuses_a_results_file_of_another_model(tmp_path):
     """A real bench of Gemma 3 270M onto a real SmolLM2 results file refuses before measuring (issue 17, point 7)."""
     out = tmp_path / "smollm2.jsonl"

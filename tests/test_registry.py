@@ -136,6 +136,7 @@ def test_pypi_sources_resolve_and_pull_without_any_network(name, monkeypatch, ca
     assert r["sha256"] == load_registry().get(name).sha256
 
 
+@pytest.mark.slow
 def test_a_wheel_install_carries_the_registry(tmp_path):
     """A non-editable install has no repository root: the wheel must carry models.toml (edgekv/models.toml, a
     link to the root file in the checkout).  Build the wheel, install it into its own directory, load from there."""

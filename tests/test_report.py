@@ -297,6 +297,7 @@ def _screenshot(page: Path, shot: Path, height: int = 4200) -> list[str]:
     return [line for line in r.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
 
 
+@pytest.mark.slow
 def test_the_chromium_check_sees_console_errors(tmp_path):
     """The console check below is not vacuous: a page with a script error is caught."""
     bad = tmp_path / "bad.html"
@@ -305,6 +306,7 @@ def test_the_chromium_check_sees_console_errors(tmp_path):
     assert any("undefined_fn is not defined" in line for line in console), console
 
 
+@pytest.mark.slow
 def test_html_is_self_contained_and_renders_in_headless_chromium(written, tmp_path):
     html = (written / "report.html").read_text()
     assert "<script" not in html                    # nothing to throw a JS error

@@ -69,6 +69,7 @@ def damaged(tmp_path):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["garbage", "newer", "nullsettings", "list"])
 def test_report_skips_an_unusable_line_and_says_so(damaged, case, tmp_path):
     path, line, why = damaged[case]
@@ -82,6 +83,7 @@ def test_report_skips_an_unusable_line_and_says_so(damaged, case, tmp_path):
     assert "Skipped 1 unusable input line" in readme and f"{path.name}:{line}" in readme
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["garbage", "newer", "nullsettings"])
 def test_compare_and_merge_refuse_an_unusable_line_naming_it(damaged, case, tmp_path):
     path, line, why = damaged[case]
@@ -92,6 +94,7 @@ def test_compare_and_merge_refuse_an_unusable_line_naming_it(damaged, case, tmp_
     assert not (tmp_path / "m.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_torn_last_line_is_left_out_with_one_line(tmp_path):
     b = base_lines()
     torn = write(tmp_path / "torn.jsonl", b + [b[0][:300]])
@@ -105,6 +108,7 @@ def test_torn_last_line_is_left_out_with_one_line(tmp_path):
     assert len(R.load(tmp_path / "m.jsonl")) == len(b)
 
 
+@pytest.mark.slow
 def test_crlf_line_ends_load_every_record(tmp_path):
     crlf = write(tmp_path / "crlf.jsonl", [x.rstrip(b"\n") + b"\r\n" for x in base_lines()])
     assert R.load(crlf) == R.load(BASE)
@@ -118,6 +122,7 @@ def test_crlf_line_ends_load_every_record(tmp_path):
     (lambda t: t, "is a directory"),
     (lambda t: t / "missing.jsonl", "no such file"),
 ])
+@pytest.mark.slow
 def test_empty_directory_missing_are_one_line(tmp_path, make, needle):
     p = make(tmp_path)
     for args in (["report", str(p), "-o", str(tmp_path / "rep")], ["compare", str(p), str(BASE)],
@@ -126,6 +131,7 @@ def test_empty_directory_missing_are_one_line(tmp_path, make, needle):
         one_error(rc, err, needle)
 
 
+@pytest.mark.slow
 def test_all_lines_unusable_refuses(tmp_path):
     p = write(tmp_path / "junk.jsonl", [b'{"schema_version": 1, "settings": 3}\n', b"junk\n"])
     rc, out, err = cli("report", str(p), "-o", str(tmp_path / "rep"))
@@ -162,6 +168,7 @@ def test_second_writer_refuses_while_the_first_holds_the_lock(tmp_path):
     (lambda t: t, "is a directory"),
     (lambda t: (t / "afile").write_text("x") and t / "afile" / "r.jsonl", "cannot create its folder"),
 ])
+@pytest.mark.slow
 def test_unwritable_output_is_refused_before_measuring(tmp_path, make, needle):
     out = make(tmp_path)
     t0 = time.monotonic()
@@ -180,6 +187,7 @@ for i in range(n):
 """
 
 
+@pytest.mark.slow
 def test_concurrent_appenders_lose_nothing(tmp_path):
     p = tmp_path / "race.jsonl"
     p.write_bytes(base_lines()[0].rstrip(b"\n"))     # no final newline
@@ -194,6 +202,7 @@ def test_concurrent_appenders_lose_nothing(tmp_path):
             list(range(n))
 
 
+@pytest.mark.slow
 def test_resume_keeps_a_record_without_its_newline_and_two_benches_never_share_a_file(tmp_path):
     """The issue's reproduction: head -c -1 base.jsonl > x.jsonl; bench f16,q8_0 -o x.jsonl."""
     common = ["bench", "smollm2-135m", "-c", "512", "-p", "16", "-n", "4", "-r", "1", "-t", "1"]
@@ -218,6 +227,7 @@ def test_resume_keeps_a_record_without_its_newline_and_two_benches_never_share_a
     assert recs[0] == R.load(base)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["garbage", "newer", "nullsettings"])
 def test_resumed_bench_refuses_an_unusable_line_before_measuring(damaged, case):
     path, line, why = damaged[case]

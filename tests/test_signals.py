@@ -15,6 +15,8 @@ import pytest
 
 from edgekv.records import results as R
 
+pytestmark = pytest.mark.slow      # signals to a running edgekv bench and its measuring child
+
 ARGS = ["-c", "1024", "-d", "896", "-ctk", "f16,q8_0", "-p", "128", "-n", "32", "-r", "3", "-t", "2"]
 
 

@@ -62,6 +62,7 @@ def _llama_cpp_loads(path: Path) -> bool:
     return "LOADED" in r.stdout
 
 
+@pytest.mark.slow
 def test_q1_0_weights_equal_llama_cpp_and_the_engine_dry_run(tmp_path):
     path = tmp_path / "q1_0.gguf"
     write_spec(path, _spec_with("q1_0"))
@@ -76,6 +77,7 @@ def test_q1_0_weights_equal_llama_cpp_and_the_engine_dry_run(tmp_path):
     assert all(x.ok for x in r)
 
 
+@pytest.mark.slow
 def test_q2_0_is_read_although_gguf_does_not_know_it(tmp_path):
     """Type 42 (Q2_0, 64 weights in 18 bytes) exists in the vendored ggml but not in gguf 0.19's table: the last
     tensor is retyped in place and the file resized, and edgekv sizes it as llama.cpp does."""
@@ -100,6 +102,7 @@ def test_q2_0_is_read_although_gguf_does_not_know_it(tmp_path):
     (43, "ggml type 43 is not a type llama.cpp knows"),     # one past GGML_TYPE_COUNT
     (31, "ggml type 31 .q4_0_4_4. was removed"),
 ])
+@pytest.mark.slow
 def test_unknown_tensor_types_are_one_clear_line(type_id, words, tmp_path):
     path = tmp_path / f"type{type_id}.gguf"
     write_spec(path, _spec_with("q1_0"))
@@ -114,6 +117,7 @@ def test_unknown_tensor_types_are_one_clear_line(type_id, words, tmp_path):
     assert not _llama_cpp_loads(path)
 
 
+@pytest.mark.slow
 def test_a_forks_block_size_is_named_not_misread(tmp_path):
     """A fork that writes type 42 with its own block layout: the tensor offsets stop adding up under ggml's Q2_0
     size, and the error names the type instead of reporting a wrong size."""
@@ -127,6 +131,7 @@ def test_a_forks_block_size_is_named_not_misread(tmp_path):
     assert not _llama_cpp_loads(path)
 
 
+@pytest.mark.slow
 def test_q1_0_model_runs_a_real_bench(tmp_path):
     """A real (CPU) `edgekv bench` run of a Q1_0 model: llama.cpp computes with Q1_0 weights."""
     path = tmp_path / "q1_0.gguf"
@@ -142,6 +147,7 @@ def test_q1_0_model_runs_a_real_bench(tmp_path):
     assert row["differences"]["llama_kv_matches_formula"] is True
 
 
+@pytest.mark.slow
 def test_engine_on_a_header_without_tensor_table_says_what_is_missing(tmp_path):
     """A metadata-only header with no tensor table: the formula works, and --engine says exactly why llama.cpp
     cannot dry-run it."""

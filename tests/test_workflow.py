@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow      # runs the CI workflow's commands and linters in subprocesses
+
 WORKFLOW = Path(__file__).resolve().parent.parent / ".github" / "workflows" / "edgekv.yml"
 
 

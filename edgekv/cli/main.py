@@ -180,6 +180,7 @@ def predict(
 
     speed_flags = _speed_flags(depth, min_tg, budget, kv_only)
     spec_name = pick_model(model, model_opt)
+    _check_process_flags(workload, threads)
     m = load_model(spec_name)
     ctxs = _predict_contexts(ctx_size, spec_name, m)
     req = _predict_request(ctxs, cache_type_k, cache_type_v, flash_attn, swa_full, parallel, kv_unified, ubatch_size,
@@ -225,12 +226,21 @@ def _speed_flags(depth: Optional[int], min_tg: Optional[float], budget: Optional
     return depth, min_tg
 
 
+def _check_process_flags(workload: str, threads: int) -> None:
+    """The flags that need no model, checked before one is fetched or read."""
+    from edgekv.core.memmodel import WORKLOADS
+
+    if workload not in WORKLOADS:
+        raise UsageError(f"--workload: unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")
+    if threads < 0:
+        raise UsageError("-t/--threads must be at least 0")
+
+
 def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[str], flash_attn: str, swa_full: bool,
                      parallel: int, kv_unified: bool, ubatch_size: int, batch_size: int, n_rs_seq: int,
                      budget: Optional[str], workload: str, threads: int, no_mmap: bool, n_gpu_layers: int,
                      repack: str = "1"):
     """predict's flags checked (one line naming the flag when one is wrong) and turned into a PredictRequest."""
-    from edgekv.core.memmodel import WORKLOADS
     from edgekv.core.predict import ContextParams
     from edgekv.orchestration.predictrows import PredictRequest
     from edgekv.orchestration.procpredict import ProcessSettings
@@ -249,10 +259,7 @@ def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[
                          n_seq_max=parallel, kv_unified=kv_unified, n_batch=batch_size, n_ubatch=ubatch_size,
                          n_rs_seq=n_rs_seq)
     configs = [replace(base, n_ctx=n, type_k=k, type_v=v) for n in ctxs for k, v in pairs]
-    if workload not in WORKLOADS:
-        raise UsageError(f"--workload: unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")
-    if threads < 0:
-        raise UsageError("-t/--threads must be at least 0")
+    _check_process_flags(workload, threads)
     rp = parse_repack_list(repack)
     if rp is None or len(rp) != 1:
         raise UsageError("--repack: predict takes one value, 0 or 1")
