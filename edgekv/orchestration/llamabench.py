@@ -64,59 +64,57 @@ def split_contexts(stderr: str) -> list[str]:
     return parts[1:] if len(parts) > 1 else []
 
 
-# long: two llama-bench runs (pp, tg) and their merge into one record
-def run_llama_bench_case(spec, case, env, base, gpu_probe, emit) -> dict[str, Any]:
-    """One configuration through llama-bench: one process per test (pp, tg), memory sampled outside.
-
-    ``base`` is the sweep's record for this case (status "ok", no engine or child yet); it is filled in and returned.
-    """
+def _run_test(spec, s: dict[str, Any], test: str, gpu_probe, emit):
+    """One llama-bench process for ``test`` (pp or tg), memory sampled outside; the child and its wall time."""
     from edgekv.edges.process import run_child
 
-    s = case.settings
-    if s["type_k"] not in LLAMA_BENCH_TYPES or s["type_v"] not in LLAMA_BENCH_TYPES:
-        base.update(status="skipped", reason=f"llama-bench does not accept cache type {s['type_k']}/{s['type_v']}")
-        return base
-    speed, mem, contexts, info = {}, {}, [], {}
-    wall = 0.0
-    for test in ("pp", "tg"):
-        if (s["n_prompt"] if test == "pp" else s["n_gen"]) <= 0:
-            continue
-        emit("child", {"event": "phase", "phase": f"llama-bench {test}"})
-        argv = argv_for(spec.llama_bench, os.path.abspath(spec.model.ref.path), s, test)
-        t = time.perf_counter()
-        from edgekv.edges.machine_memory import memory_watchdog
+    emit("child", {"event": "phase", "phase": f"llama-bench {test}"})
+    argv = argv_for(spec.llama_bench, os.path.abspath(spec.model.ref.path), s, test)
+    t = time.perf_counter()
+    from edgekv.edges.machine_memory import memory_watchdog
 
-        child = run_child(argv, stdin_data=b"", timeout=spec.timeout_s, sample_memory=True, gpu_probe=gpu_probe,
-                          capture_output=True, watchdog=memory_watchdog)
-        wall += time.perf_counter() - t
-        if child.stopped_reason:
-            base.update(status="failed", reason=f"llama-bench {test}: {child.stopped_reason}")
-            return base
-        if child.returncode != 0 or child.timed_out:
-            d = _diagnose(child, test, s)
-            base.update(status="failed", reason=f"llama-bench {test}: {d.line()}", failure=d.to_dict())
-            return base
-        rows = [json.loads(x) for x in (child.stdout or "").splitlines() if x.strip().startswith("{")]
-        if not rows:
-            base.update(status="failed", reason=f"llama-bench {test} printed no JSON result")
-            return base
-        row = rows[-1]
-        info = {k: row.get(k) for k in ("build_commit", "build_number", "cpu_info", "gpu_info", "backends",
-                                         "model_type", "model_size", "model_n_params", "devices")}
-        speed[test] = speed_test(s["n_prompt"] if test == "pp" else s["n_gen"], row["samples_ns"], row["samples_ts"],
-                                 llama_bench_avg_ts=row.get("avg_ts"))
-        for chunk in split_contexts(child.stderr or ""):
-            log = parse_memory_log(chunk)
-            n_ctx = int(log.context.get("n_ctx", 0) or 0)
-            pred = predict(spec.model.shape, replace(case.params, n_ctx=n_ctx, swa_full=False, n_seq_max=1,
-                                                     kv_unified=False))
-            diffs = compare(pred, EngineResult(case.params, True, None, log))
-            contexts.append({"test": test, "n_ctx": n_ctx, "kv": engine_lines(EngineResult(case.params, True, None, log)),
-                             "kv_mib": round(log.kv_mib_total, 2), "compute_mib": log.compute_buffers,
-                             "formula_kv_bytes": pred.total_bytes, "matches_formula": not diffs, "diffs": diffs})
-        mem[test] = {"peak_rss_bytes": child.peak_rss_bytes, "kernel_maxrss_bytes": child.kernel_maxrss_bytes,
-                     "peak_gpu_bytes": child.peak_gpu_bytes, "peak_footprint_bytes": child.peak_footprint_bytes,
-                     "peak_anon_bytes": child.peak_anon_bytes, "peak_file_bytes": child.peak_file_bytes}
+    child = run_child(argv, stdin_data=b"", timeout=spec.timeout_s, sample_memory=True, gpu_probe=gpu_probe,
+                      capture_output=True, watchdog=memory_watchdog)
+    return child, time.perf_counter() - t
+
+
+def _test_failure(child, test: str, s: dict[str, Any]) -> dict[str, Any] | None:
+    """The fields that mark the record failed when the llama-bench ``test`` process stopped, died or timed out,
+    else None."""
+    if child.stopped_reason:
+        return {"status": "failed", "reason": f"llama-bench {test}: {child.stopped_reason}"}
+    if child.returncode != 0 or child.timed_out:
+        d = _diagnose(child, test, s)
+        return {"status": "failed", "reason": f"llama-bench {test}: {d.line()}", "failure": d.to_dict()}
+    return None
+
+
+def _test_contexts(spec, case, test: str, stderr: str) -> list[dict[str, Any]]:
+    """Each llama.cpp context the ``test`` process constructed: its logged KV and compute buffers against the
+    formula's prediction for that context."""
+    contexts = []
+    for chunk in split_contexts(stderr):
+        log = parse_memory_log(chunk)
+        n_ctx = int(log.context.get("n_ctx", 0) or 0)
+        pred = predict(spec.model.shape, replace(case.params, n_ctx=n_ctx, swa_full=False, n_seq_max=1,
+                                                 kv_unified=False))
+        diffs = compare(pred, EngineResult(case.params, True, None, log))
+        contexts.append({"test": test, "n_ctx": n_ctx, "kv": engine_lines(EngineResult(case.params, True, None, log)),
+                         "kv_mib": round(log.kv_mib_total, 2), "compute_mib": log.compute_buffers,
+                         "formula_kv_bytes": pred.total_bytes, "matches_formula": not diffs, "diffs": diffs})
+    return contexts
+
+
+def _test_memory(child) -> dict[str, Any]:
+    """What was measured of the llama-bench process from outside."""
+    return {"peak_rss_bytes": child.peak_rss_bytes, "kernel_maxrss_bytes": child.kernel_maxrss_bytes,
+            "peak_gpu_bytes": child.peak_gpu_bytes, "peak_footprint_bytes": child.peak_footprint_bytes,
+            "peak_anon_bytes": child.peak_anon_bytes, "peak_file_bytes": child.peak_file_bytes}
+
+
+def _fill_record(base: dict[str, Any], spec, env, speed: dict[str, Any], mem: dict[str, Any],
+                 contexts: list[dict[str, Any]], info: dict[str, Any], wall: float) -> dict[str, Any]:
+    """The record's blocks (speed, memory, llama_bench, log, differences, timing, environment) from both tests."""
     peaks = [v["peak_rss_bytes"] for v in mem.values() if v["peak_rss_bytes"]]
     base["speed"] = speed
     base["memory"] = {
@@ -134,6 +132,40 @@ def run_llama_bench_case(spec, case, env, base, gpu_probe, emit) -> dict[str, An
     base["environment"] = {**env, "llama_bench_build_commit": info.get("build_commit"),
                            "llama_bench_build_number": info.get("build_number")}
     return base
+
+
+def run_llama_bench_case(spec, case, env, base, gpu_probe, emit) -> dict[str, Any]:
+    """One configuration through llama-bench: one process per test (pp, tg), memory sampled outside.
+
+    ``base`` is the sweep's record for this case (status "ok", no engine or child yet); it is filled in and returned.
+    """
+    s = case.settings
+    if s["type_k"] not in LLAMA_BENCH_TYPES or s["type_v"] not in LLAMA_BENCH_TYPES:
+        base.update(status="skipped", reason=f"llama-bench does not accept cache type {s['type_k']}/{s['type_v']}")
+        return base
+    speed, mem, contexts, info = {}, {}, [], {}
+    wall = 0.0
+    for test in ("pp", "tg"):
+        if (s["n_prompt"] if test == "pp" else s["n_gen"]) <= 0:
+            continue
+        child, took = _run_test(spec, s, test, gpu_probe, emit)
+        wall += took
+        failed = _test_failure(child, test, s)
+        if failed is not None:
+            base.update(**failed)
+            return base
+        rows = [json.loads(x) for x in (child.stdout or "").splitlines() if x.strip().startswith("{")]
+        if not rows:
+            base.update(status="failed", reason=f"llama-bench {test} printed no JSON result")
+            return base
+        row = rows[-1]
+        info = {k: row.get(k) for k in ("build_commit", "build_number", "cpu_info", "gpu_info", "backends",
+                                         "model_type", "model_size", "model_n_params", "devices")}
+        speed[test] = speed_test(s["n_prompt"] if test == "pp" else s["n_gen"], row["samples_ns"], row["samples_ts"],
+                                 llama_bench_avg_ts=row.get("avg_ts"))
+        contexts += _test_contexts(spec, case, test, child.stderr or "")
+        mem[test] = _test_memory(child)
+    return _fill_record(base, spec, env, speed, mem, contexts, info, wall)
 
 
 # -- llama-bench output files -> records ---------------------------------------------------------------

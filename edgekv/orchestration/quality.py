@@ -98,7 +98,152 @@ def resolve_repack(repack: bool | None, on_event: Callable[[dict[str, Any]], Non
     return pf.repack
 
 
-# long: the one entry point: validates, plans and runs the child, then shapes rows
+def _checked_inputs(n_ctx: int | Sequence[int], chunks: int | None, n_batch: int, n_ubatch: int,
+                    configs: Sequence[QualityConfig | tuple[str, str] | str | dict[str, Any]],
+                    flash_attn: str) -> tuple[list[int], list[QualityConfig]]:
+    """Validate phase: the context sizes and the cache configurations, refusing what cannot be run."""
+    ctxs = [int(n_ctx)] if isinstance(n_ctx, int) else [int(n) for n in n_ctx]
+    if not ctxs or min(ctxs) < 2:
+        raise UsageError("-c/--ctx-size: each context size must be at least 2 tokens")
+    if chunks is not None and chunks < 1:
+        raise UsageError("--chunks must be at least 1")
+    if n_batch < 1 or n_ubatch < 1:
+        raise UsageError("-b and -ub must be at least 1")
+    cfgs = [_as_config(c, flash_attn) for c in configs]
+    if not cfgs:
+        raise UsageError("-ctk: needs at least one cache type")
+    return ctxs, cfgs
+
+
+def _load_inputs(model: str | os.PathLike | None, corpus: str | os.PathLike | Corpus | None) -> tuple[Any, Corpus]:
+    """The whole model file (a header alone is refused) and the resolved corpus."""
+    from edgekv.orchestration.api import load_model
+
+    m = load_model(None if model is None else str(model))
+    if not m.ref.complete:
+        raise UsageError(f"{m.ref.spec}: the quality pass needs the whole model file, not only its header")
+    m.require_whole("edgekv quality")
+    corp = corpus if isinstance(corpus, Corpus) else resolve_corpus(corpus)
+    return m, corp
+
+
+def _invalid_cases(shape, ctxs: list[int], cfgs: list[QualityConfig], n_batch: int, n_ubatch: int, base_k: str,
+                   base_v: str) -> dict[tuple[int, int], str]:
+    """Plan phase: why each (n_ctx, config index) would be refused; a baseline that would be is a UsageError."""
+    # Refusals llama.cpp would make (or aborts it would die of), known before running anything.
+    invalid: dict[tuple[int, int], str] = {}
+    for n in ctxs:
+        p = plan(1 << 30, n, n_batch, None)
+        for i, c in enumerate(cfgs):
+            reason = _invalid_reason(shape, c, n, p, n_ubatch)
+            if reason:
+                invalid[(n, i)] = reason
+        for fa in {c.flash_attn for c in cfgs}:
+            reason = _invalid_reason(shape, QualityConfig(base_k, base_v, fa), n, p, n_ubatch)
+            if reason:
+                raise UsageError(f"the baseline {base_k}/{base_v} with -fa {fa} at -c {n} is not possible: {reason}")
+    return invalid
+
+
+def _raise_child_failure(res, m, corp: Corpus) -> None:
+    """The quality child's last error event (or its death) as CorpusError, EngineError or RunFailed."""
+    errors = [e for e in res.events if e.get("event") == "error"]
+    if errors:
+        e = errors[-1]
+        kind, msg = e.get("kind"), e.get("error", "quality pass failed")
+        if kind == "corpus_too_short":
+            raise CorpusError(f"corpus '{corp.name}' ({corp.path}): {msg}")
+        if kind in ("model", "context"):
+            raise EngineError(f"{m.ref.path}: {msg}")
+        raise RunFailed(f"quality pass on {m.ref.path}: {msg}")
+    if not res.ok:
+        raise RunFailed(f"quality pass on {m.ref.path}: {res.failure_reason()}")
+
+
+def _run_pass(m, corp: Corpus, ctxs: list[int], cfgs: list[QualityConfig], run_cfgs: list[int], n_gpu_layers: int,
+              repack: bool | None, options: dict[str, Any], timeout: float | None,
+              on_event: Callable[[dict[str, Any]], None] | None
+              ) -> tuple[dict[tuple[int, int], dict[str, Any]], dict[str, Any], int | None]:
+    """Run phase: the configurations in ``run_cfgs`` (indexes into ``cfgs``) in one quality child, when there are
+    any.  Returns the child's rows by (n_ctx, config index), its result and the peak RSS."""
+    from edgekv.edges.process import run_child, worker_argv
+
+    rows: dict[tuple[int, int], dict[str, Any]] = {}
+    if not run_cfgs:
+        return rows, {}, None
+    payload = {
+        "model_path": m.ref.path,
+        "corpus_path": corp.path,
+        "n_ctx": ctxs,
+        "configs": [asdict(cfgs[i]) for i in run_cfgs],
+        "n_gpu_layers": n_gpu_layers,
+        "repack": resolve_repack(repack, on_event),
+        "options": options,
+    }
+    res = run_child(worker_argv("quality"), payload, timeout=timeout, sample_memory=True, on_event=on_event)
+    _raise_child_failure(res, m, corp)
+    child_info = res.result or {}
+    peak_rss = res.peak_rss_bytes or res.kernel_maxrss_bytes
+    per_ctx = len(run_cfgs)
+    for k, r in enumerate(child_info.get("rows", [])):
+        n = ctxs[k // per_ctx]
+        rows[(n, run_cfgs[k % per_ctx])] = r
+    return rows, child_info, peak_rss
+
+
+def _quality_block(r: dict[str, Any], corpus_dict: dict[str, Any], base_k: str, base_v: str,
+                   threads: int) -> dict[str, Any]:
+    """An ok row's ``quality`` block: the corpus, baseline and method, then the child's statistics."""
+    q = {
+        "corpus": corpus_dict,
+        "baseline": {"type_k": base_k, "type_v": base_v},
+        "method": METHOD,
+        "n_threads": threads,
+    }
+    pass_keys = ("pass_wall_s", "pass_stats_s", "pass_contexts", "pass_tokens_per_s", "n_ctx_total", "eval_tokens",
+                 "base_eval_s", "base_flash_attn_resolved")
+    for key, value in r.items():
+        if key in ("type_k", "type_v", "flash_attn", "n_ctx", "status") or key in pass_keys:
+            continue
+        q[key] = value
+    return q
+
+
+def _pass_block(r: dict[str, Any], peak_rss: int | None, m, child_info: dict[str, Any]) -> dict[str, Any]:
+    """An ok row's ``pass`` block: the shared pass's timings, memory, model and llama.cpp build."""
+    return {
+        "wall_s": r.get("pass_wall_s"), "stats_s": r.get("pass_stats_s"), "n_contexts": r.get("pass_contexts"),
+        "tokens_per_s": r.get("pass_tokens_per_s"), "n_ctx_total": r.get("n_ctx_total"),
+        "eval_tokens": r.get("eval_tokens"), "base_eval_s": r.get("base_eval_s"),
+        "base_flash_attn_resolved": r.get("base_flash_attn_resolved"),
+        "peak_rss_bytes": peak_rss, "model": m.ref.path, "model_name": m.shape.name or m.ref.name,
+        "n_vocab": child_info.get("n_vocab"), "add_bos": child_info.get("add_bos"),
+        "llama_cpp_python": child_info.get("llama_cpp_python"), "system_info": child_info.get("system_info"),
+    }
+
+
+def _shape_rows(ctxs: list[int], cfgs: list[QualityConfig], invalid: dict[tuple[int, int], str],
+                rows: dict[tuple[int, int], dict[str, Any]], child_info: dict[str, Any], peak_rss: int | None,
+                corp: Corpus, m, base_k: str, base_v: str, threads: int) -> list[dict[str, Any]]:
+    """Shape phase: one row per (n_ctx, config), n_ctx-major, invalid, error or ok (see the module docstring)."""
+    corpus_dict = {**corp.to_dict(), "n_tokens": child_info.get("n_tokens")}
+    out: list[dict[str, Any]] = []
+    for n in ctxs:
+        for i, c in enumerate(cfgs):
+            row: dict[str, Any] = {"n_ctx": n, "type_k": c.type_k, "type_v": c.type_v, "flash_attn": c.flash_attn}
+            if (n, i) in invalid:
+                out.append({**row, "status": "invalid", "error": invalid[(n, i)], "quality": None, "pass": None})
+                continue
+            r = dict(rows.get((n, i), {}))
+            if r.get("status") != "ok":
+                out.append({**row, "status": "error", "error": r.get("error", "not evaluated"), "quality": None,
+                            "pass": None})
+                continue
+            out.append({**row, "status": "ok", "error": None, "quality": _quality_block(r, corpus_dict, base_k, base_v, threads),
+                        "pass": _pass_block(r, peak_rss, m, child_info)})
+    return out
+
+
 def measure(
     model: str | os.PathLike | None,
     configs: Sequence[QualityConfig | tuple[str, str] | str | dict[str, Any]] = DEFAULT_SWEEP_TYPES,
@@ -133,112 +278,16 @@ def measure(
     Raises :class:`CorpusError` (empty, binary, too short), :class:`EngineError` (llama.cpp refused
     the model or the baseline) or :class:`RunFailed` (the child died).
     """
-    from edgekv.edges.process import run_child, worker_argv
-    from edgekv.orchestration.api import load_model
-
-    ctxs = [int(n_ctx)] if isinstance(n_ctx, int) else [int(n) for n in n_ctx]
-    if not ctxs or min(ctxs) < 2:
-        raise UsageError("-c/--ctx-size: each context size must be at least 2 tokens")
-    if chunks is not None and chunks < 1:
-        raise UsageError("--chunks must be at least 1")
-    if n_batch < 1 or n_ubatch < 1:
-        raise UsageError("-b and -ub must be at least 1")
-    cfgs = [_as_config(c, flash_attn) for c in configs]
-    if not cfgs:
-        raise UsageError("-ctk: needs at least one cache type")
+    ctxs, cfgs = _checked_inputs(n_ctx, chunks, n_batch, n_ubatch, configs, flash_attn)
     base_k, base_v = cache_type(base_type_k).name, cache_type(base_type_v).name
     threads = int(n_threads) if n_threads else default_threads()
-    m = load_model(None if model is None else str(model))
-    if not m.ref.complete:
-        raise UsageError(f"{m.ref.spec}: the quality pass needs the whole model file, not only its header")
-    m.require_whole("edgekv quality")
-    corp = corpus if isinstance(corpus, Corpus) else resolve_corpus(corpus)
-
-    # Refusals llama.cpp would make (or aborts it would die of), known before running anything.
-    invalid: dict[tuple[int, int], str] = {}
-    for n in ctxs:
-        p = plan(1 << 30, n, n_batch, None)
-        for i, c in enumerate(cfgs):
-            reason = _invalid_reason(m.shape, c, n, p, n_ubatch)
-            if reason:
-                invalid[(n, i)] = reason
-        for fa in {c.flash_attn for c in cfgs}:
-            reason = _invalid_reason(m.shape, QualityConfig(base_k, base_v, fa), n, p, n_ubatch)
-            if reason:
-                raise UsageError(f"the baseline {base_k}/{base_v} with -fa {fa} at -c {n} is not possible: {reason}")
-
+    m, corp = _load_inputs(model, corpus)
+    invalid = _invalid_cases(m.shape, ctxs, cfgs, n_batch, n_ubatch, base_k, base_v)
     run_cfgs = sorted({i for i in range(len(cfgs)) if any((n, i) not in invalid for n in ctxs)})
-    rows: dict[tuple[int, int], dict[str, Any]] = {}
-    child_info: dict[str, Any] = {}
-    peak_rss = None
-    if run_cfgs:
-        payload = {
-            "model_path": m.ref.path,
-            "corpus_path": corp.path,
-            "n_ctx": ctxs,
-            "configs": [asdict(cfgs[i]) for i in run_cfgs],
-            "n_gpu_layers": n_gpu_layers,
-            "repack": resolve_repack(repack, on_event),
-            "options": {"n_batch": n_batch, "n_ubatch": n_ubatch, "n_threads": threads, "chunks": chunks,
-                        "base_type_k": base_k, "base_type_v": base_v, "emulate_llama": emulate_llama},
-        }
-        res = run_child(worker_argv("quality"), payload, timeout=timeout, sample_memory=True, on_event=on_event)
-        errors = [e for e in res.events if e.get("event") == "error"]
-        if errors:
-            e = errors[-1]
-            kind, msg = e.get("kind"), e.get("error", "quality pass failed")
-            if kind == "corpus_too_short":
-                raise CorpusError(f"corpus '{corp.name}' ({corp.path}): {msg}")
-            if kind in ("model", "context"):
-                raise EngineError(f"{m.ref.path}: {msg}")
-            raise RunFailed(f"quality pass on {m.ref.path}: {msg}")
-        if not res.ok:
-            raise RunFailed(f"quality pass on {m.ref.path}: {res.failure_reason()}")
-        child_info = res.result or {}
-        peak_rss = res.peak_rss_bytes or res.kernel_maxrss_bytes
-        per_ctx = len(run_cfgs)
-        for k, r in enumerate(child_info.get("rows", [])):
-            n = ctxs[k // per_ctx]
-            rows[(n, run_cfgs[k % per_ctx])] = r
-
-    corpus_dict = {**corp.to_dict(), "n_tokens": child_info.get("n_tokens")}
-    out: list[dict[str, Any]] = []
-    for n in ctxs:
-        for i, c in enumerate(cfgs):
-            row: dict[str, Any] = {"n_ctx": n, "type_k": c.type_k, "type_v": c.type_v, "flash_attn": c.flash_attn}
-            if (n, i) in invalid:
-                out.append({**row, "status": "invalid", "error": invalid[(n, i)], "quality": None, "pass": None})
-                continue
-            r = dict(rows.get((n, i), {}))
-            if r.get("status") != "ok":
-                out.append({**row, "status": "error", "error": r.get("error", "not evaluated"), "quality": None,
-                            "pass": None})
-                continue
-            q = {
-                "corpus": corpus_dict,
-                "baseline": {"type_k": base_k, "type_v": base_v},
-                "method": METHOD,
-                "n_threads": threads,
-            }
-            pass_keys = ("pass_wall_s", "pass_stats_s", "pass_contexts", "pass_tokens_per_s", "n_ctx_total", "eval_tokens",
-                         "base_eval_s", "base_flash_attn_resolved")
-            for key, value in r.items():
-                if key in ("type_k", "type_v", "flash_attn", "n_ctx", "status") or key in pass_keys:
-                    continue
-                q[key] = value
-            out.append({
-                **row, "status": "ok", "error": None, "quality": q,
-                "pass": {
-                    "wall_s": r.get("pass_wall_s"), "stats_s": r.get("pass_stats_s"), "n_contexts": r.get("pass_contexts"),
-                    "tokens_per_s": r.get("pass_tokens_per_s"), "n_ctx_total": r.get("n_ctx_total"),
-                    "eval_tokens": r.get("eval_tokens"), "base_eval_s": r.get("base_eval_s"),
-                    "base_flash_attn_resolved": r.get("base_flash_attn_resolved"),
-                    "peak_rss_bytes": peak_rss, "model": m.ref.path, "model_name": m.shape.name or m.ref.name,
-                    "n_vocab": child_info.get("n_vocab"), "add_bos": child_info.get("add_bos"),
-                    "llama_cpp_python": child_info.get("llama_cpp_python"), "system_info": child_info.get("system_info"),
-                },
-            })
-    return out
+    options = {"n_batch": n_batch, "n_ubatch": n_ubatch, "n_threads": threads, "chunks": chunks,
+               "base_type_k": base_k, "base_type_v": base_v, "emulate_llama": emulate_llama}
+    rows, child_info, peak_rss = _run_pass(m, corp, ctxs, cfgs, run_cfgs, n_gpu_layers, repack, options, timeout, on_event)
+    return _shape_rows(ctxs, cfgs, invalid, rows, child_info, peak_rss, corp, m, base_k, base_v, threads)
 
 
 def quality_records(rows: list[dict[str, Any]], model: str | os.PathLike | None, *, corpus: str | None,

@@ -332,20 +332,9 @@ class _Probe:
         return 0
 
 
-# long: read the cache, measure what is missing in one child, solve in dependency order, refuse or mark a busy run
-def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] = (),
-              kv_pairs: Iterable[tuple[str, str, str]] = (), cpu_features: list[str] | None = None,
-              refresh: bool = False, progress: Callable[[str], None] | None = None,
-              allow_busy: bool = False, geometries: Iterable[str] = (), measure: bool = True) -> SpeedCalibration:
-    """The cached calibration for this environment, thread count and --repack, with every weight type and K/V pair
-    (for each attention geometry in ``geometries``) asked for measured (only what is missing is measured;
-    everything when absent, stale or ``refresh``).  ``measure`` False: only what is cached, and CalibrationError
-    naming what is missing (EDGEKV_SPEED_CALIBRATE=cached)."""
-    from edgekv.edges.bandwidth import read_bandwidth
-    from edgekv.edges.load import LoadMonitor
-
-    key, fp = _key(n_threads, repack)
-    path = _path(n_threads, repack)
+def _read_cache(path, key: str, refresh: bool) -> tuple[Calibration | None, str]:
+    """The cached calibration when it was taken in this environment (None when absent, stale, unreadable or
+    ``refresh``), and the note that says why a cached one was not used."""
     cal, note = None, ""
     if not refresh:
         try:
@@ -358,29 +347,36 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
             pass
         except (OSError, ValueError, KeyError, TypeError):
             note = f"the calibration in {path} was unreadable: re-measured"
-    feats = list(cpu_features or [])
-    pairs = list(kv_pairs) or [(k, v, "auto") for k, v in DEFAULT_KV]
-    new = cal is None
+    return cal, note
+
+
+def _named(cal: Calibration | None, key: str, n_threads: int) -> Calibration:
+    """``cal``, or a new one with nothing measured yet, with its machine named."""
     if cal is None:
         cal = Calibration(id=key[:12] + time.strftime("-%Y%m%d%H%M%S"), n_threads=n_threads, node_tg_s=0.0, node_pp_s=0.0)
     if not cal.machine:     # calibrations cached before the field existed name their machine too
         from edgekv.edges.environment import cpu_model
 
         cal.machine = f"{cpu_model()}, {n_threads} thread{'s' if n_threads != 1 else ''}"
-    want = _attn_needed(cal, pairs, list(geometries))
-    if new:     # the generic model's f16: what the node and weight models' own attention costs
-        want.setdefault(None, []).append(("f16", "f16", "auto"))
-    want_types = _types_needed(cal, weight_types, feats, repack)
-    if not new and not want and not want_types:
-        return SpeedCalibration(cal, False, note)
-    if not measure:
-        what = ["this machine"] if new else [kv_key(*p, g) for g, ps in want.items() for p in ps] + want_types
-        named = ", ".join(what[:3]) + (f" and {len(what) - 3} more" if len(what) > 3 else "")
-        raise CalibrationError(f"no speed calibration of {named} here yet and {SPEED_CALIBRATE_ENV}=cached: "
-                               "'edgekv calibrate MODEL' measures it")
-    mon = LoadMonitor(before_s=0.3)
-    mon.start()
-    t0 = time.monotonic()
+    return cal
+
+
+def _uncached_error(new: bool, want: dict[str | None, list[tuple[str, str, str]]],
+                    want_types: list[str]) -> CalibrationError:
+    """The refusal when measuring is off (EDGEKV_SPEED_CALIBRATE=cached) and something asked for is not cached."""
+    what = ["this machine"] if new else [kv_key(*p, g) for g, ps in want.items() for p in ps] + want_types
+    named = ", ".join(what[:3]) + (f" and {len(what) - 3} more" if len(what) > 3 else "")
+    return CalibrationError(f"no speed calibration of {named} here yet and {SPEED_CALIBRATE_ENV}=cached: "
+                            "'edgekv calibrate MODEL' measures it")
+
+
+def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tuple[str, str, str]]],
+                     want_types: list[str], n_threads: int, repack: bool, feats: list[str],
+                     progress: Callable[[str], None] | None) -> None:
+    """Measure what is missing (one child per plan) and solve it into ``cal`` in dependency order: the attention
+    pairs first, then the graph nodes (which subtract the f16 attention) and bandwidth, then the weight types."""
+    from edgekv.edges.bandwidth import read_bandwidth
+
     if new or want:
         plan = base_plan(n_threads, repack) if new else []
         for g, ps in want.items():
@@ -397,17 +393,53 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     if want_types:
         plan = weight_plan(want_types, n_threads, repack)
         solve_weights(_run(plan, progress), plan, cal, feats, repack)
-    load = mon.stop()
-    took = time.monotonic() - t0
-    measured = "measured " + ", ".join(x for x in ([("graph nodes, bandwidth")] if new else [])
-                                       + [", ".join(kv_key(*p, g) for p in ps) for g, ps in want.items()]
-                                       + ([", ".join(want_types)] if want_types else [])) + f" in {took:.0f} s"
+
+
+def _check_load(cal: Calibration, load: dict[str, Any], allow_busy: bool) -> None:
+    """Refuse a calibration taken while other work used the CPUs, or (``allow_busy``) note it in ``cal``."""
     if load.get("busy") and not allow_busy:
         raise CalibrationError(f"the speed calibration ran while other work used "
                                f"{100 * load.get('others_share_max', 0):.0f} % of the CPUs: not cached; run it again "
                                "on a quiet machine ('edgekv calibrate')")
     if load.get("busy"):
         cal.notes.append(f"busy: other work used {100 * load.get('others_share_max', 0):.0f} % of the CPUs")
+
+
+def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] = (),
+              kv_pairs: Iterable[tuple[str, str, str]] = (), cpu_features: list[str] | None = None,
+              refresh: bool = False, progress: Callable[[str], None] | None = None,
+              allow_busy: bool = False, geometries: Iterable[str] = (), measure: bool = True) -> SpeedCalibration:
+    """The cached calibration for this environment, thread count and --repack, with every weight type and K/V pair
+    (for each attention geometry in ``geometries``) asked for measured (only what is missing is measured;
+    everything when absent, stale or ``refresh``).  ``measure`` False: only what is cached, and CalibrationError
+    naming what is missing (EDGEKV_SPEED_CALIBRATE=cached)."""
+    from edgekv.edges.load import LoadMonitor
+
+    key, fp = _key(n_threads, repack)
+    path = _path(n_threads, repack)
+    cal, note = _read_cache(path, key, refresh)
+    feats = list(cpu_features or [])
+    pairs = list(kv_pairs) or [(k, v, "auto") for k, v in DEFAULT_KV]
+    new = cal is None
+    cal = _named(cal, key, n_threads)
+    want = _attn_needed(cal, pairs, list(geometries))
+    if new:     # the generic model's f16: what the node and weight models' own attention costs
+        want.setdefault(None, []).append(("f16", "f16", "auto"))
+    want_types = _types_needed(cal, weight_types, feats, repack)
+    if not new and not want and not want_types:
+        return SpeedCalibration(cal, False, note)
+    if not measure:
+        raise _uncached_error(new, want, want_types)
+    mon = LoadMonitor(before_s=0.3)
+    mon.start()
+    t0 = time.monotonic()
+    _measure_missing(cal, new, want, want_types, n_threads, repack, feats, progress)
+    load = mon.stop()
+    took = time.monotonic() - t0
+    measured = "measured " + ", ".join(x for x in ([("graph nodes, bandwidth")] if new else [])
+                                       + [", ".join(kv_key(*p, g) for p in ps) for g, ps in want.items()]
+                                       + ([", ".join(want_types)] if want_types else [])) + f" in {took:.0f} s"
+    _check_load(cal, load, allow_busy)
     _merge_cached(cal, path, key)
     try:
         write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict()})

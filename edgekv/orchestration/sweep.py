@@ -398,24 +398,26 @@ def resolve_repack(spec: SweepSpec, emit: Callable[[str, dict[str, Any]], None])
                                  f"prompt batch is expected to fail there ({pf.detail})"})
 
 
-# long: the sweep loop under the results lock: environment, engine, cases, resume
-def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha: str | None,
-                env: dict[str, Any] | None, force: bool, emit: Callable[[str, dict[str, Any]], None],
-                t0: float) -> SweepResult:
-    from edgekv.edges.environment import collect, nvml_process_probe
-    from edgekv.edges.process import run_child, worker_argv
+def _sweep_environment(spec: SweepSpec, writer: R.ResultsWriter, env: dict[str, Any] | None, sha: str | None,
+                       force: bool, emit: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
+    """The environment phase: the writer's notes said, the environment collected (with the extra-buffer
+    preflight's block) and the records already in the file checked as resumable against it."""
+    from edgekv.edges.environment import collect
 
-    m = spec.model
-    output = writer.path
     for note in writer.notes:
         emit("note", {"message": note})
     env = env or collect()
     if spec.preflight is not None:
         env = {**env, "extra_buffers_preflight": spec.preflight.environment_block()}
-    existing = writer.existing
-    check_resumable(existing, env, sha, output, force, model_name=spec.model.shape.name or spec.model.ref.name)
-    done_keys, retry = resume_keys(existing, spec.retry_failed)
-    todo = [c for c in cases if c.key not in done_keys]
+    check_resumable(writer.existing, env, sha, writer.path, force, model_name=spec.model.shape.name or spec.model.ref.name)
+    return env
+
+
+def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set[str], env: dict[str, Any],
+                sha: str | None, emit: Callable[[str, dict[str, Any]], None],
+                output: Path) -> tuple[dict[str, EngineResult], dict[str, Any], dict[str, Any]]:
+    """The plan phase, said in the ``start`` event: llama.cpp's dry runs, the whole-process and speed predictions,
+    and what will not fit.  Returns the dry runs, the process predictions and the speed predictions by case key."""
     # llama.cpp's dry runs and the whole-process predictions come first: the plan says what will not fit
     engine_results = _dry_runs(spec, todo) if spec.engine != ENGINE_LLAMA_BENCH else {}
     processes = process_predictions(spec, todo)
@@ -424,8 +426,66 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
     emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),
                    "existing": len(cases) - len(todo), "env": env, "model_sha256": sha,
                    "retry": sum(1 for c in todo if c.key in retry), "unfit": unfit, "speeds": speeds})
+    return engine_results, processes, speeds
 
-    model = model_block(m, sha)
+
+def _run_python_case(spec: SweepSpec, case: Case, env: dict[str, Any], model: dict[str, Any], eng: EngineResult | None,
+                     gpu_probe: Any, emit: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
+    """One case through llama-cpp-python in a fresh bench child, its outcome as a record."""
+    from edgekv.edges.process import run_child, worker_argv
+
+    m = spec.model
+    payload = {"model_path": os.path.abspath(m.ref.path), "settings": case.settings,
+               "restore": "truncate" if m.shape.memory == MEMORY_KV else "snapshot"}
+    t = time.perf_counter()
+    child = run_child(worker_argv("bench"), payload, timeout=spec.timeout_s, sample_memory=True,
+                      gpu_probe=gpu_probe, on_event=lambda ev: emit("child", ev),
+                      watchdog=memory_watchdog)
+    wall = time.perf_counter() - t
+    status, reason, failure = child_outcome(child, case)
+    rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
+    if failure is not None:
+        rec["failure"] = failure
+    return rec
+
+
+def _case_record(spec: SweepSpec, case: Case, env: dict[str, Any], model: dict[str, Any], eng: EngineResult | None,
+                 proc: Any, gpu_probe: Any, emit: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
+    """One case's record: skipped (refused by the formula or llama.cpp, or not fitting now) or run by its engine."""
+    unfit_now = fit_check(spec, case, proc)
+    if case.prediction.status != STATUS_OK or (eng is not None and not eng.ok):
+        reason = case.prediction.reason if case.prediction.status != STATUS_OK else f"llama.cpp: {eng.error}"
+        return build_record(spec, case, env, model, eng, None, 0.0, "skipped", reason)
+    if unfit_now:             # read again right before it: other programs take memory meanwhile
+        return build_record(spec, case, env, model, eng, None, 0.0, "skipped", unfit_now)
+    if spec.engine == ENGINE_LLAMA_BENCH:
+        from edgekv.orchestration.llamabench import run_llama_bench_case
+
+        base = build_record(spec, case, env, model, None, None, 0.0, "ok", None)
+        return run_llama_bench_case(spec, case, env, base, gpu_probe, emit)
+    if spec.engine == ENGINE_SERVER:
+        from edgekv.orchestration.serving import run_server_case
+
+        base = build_record(spec, case, env, model, eng, None, 0.0, "ok", None)
+        return run_server_case(spec, case, base, gpu_probe, emit)
+    return _run_python_case(spec, case, env, model, eng, gpu_probe, emit)
+
+
+def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha: str | None,
+                env: dict[str, Any] | None, force: bool, emit: Callable[[str, dict[str, Any]], None],
+                t0: float) -> SweepResult:
+    """The sweep under the results lock: environment, plan, then each case still to do, its record appended as
+    soon as it is known (a KeyboardInterrupt stops the loop; the records written so far stay)."""
+    from edgekv.edges.environment import nvml_process_probe
+
+    output = writer.path
+    env = _sweep_environment(spec, writer, env, sha, force, emit)
+    existing = writer.existing
+    done_keys, retry = resume_keys(existing, spec.retry_failed)
+    todo = [c for c in cases if c.key not in done_keys]
+    engine_results, processes, speeds = _plan_sweep(spec, cases, todo, retry, env, sha, emit, output)
+
+    model = model_block(spec.model, sha)
     gpu_probe = nvml_process_probe()
     records: list[dict[str, Any]] = []
     interrupted = False
@@ -437,35 +497,8 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
     try:
         for i, case in enumerate(todo):
             emit("case", {"i": i, "n": len(todo), "case": case})
-            eng = engine_results.get(case.key)
-            unfit_now = fit_check(spec, case, processes.get(case.key))
-            if case.prediction.status != STATUS_OK or (eng is not None and not eng.ok):
-                reason = case.prediction.reason if case.prediction.status != STATUS_OK else f"llama.cpp: {eng.error}"
-                rec = build_record(spec, case, env, model, eng, None, 0.0, "skipped", reason)
-            elif unfit_now:             # read again right before it: other programs take memory meanwhile
-                rec = build_record(spec, case, env, model, eng, None, 0.0, "skipped", unfit_now)
-            elif spec.engine == ENGINE_LLAMA_BENCH:
-                from edgekv.orchestration.llamabench import run_llama_bench_case
-
-                base = build_record(spec, case, env, model, None, None, 0.0, "ok", None)
-                rec = run_llama_bench_case(spec, case, env, base, gpu_probe, emit)
-            elif spec.engine == ENGINE_SERVER:
-                from edgekv.orchestration.serving import run_server_case
-
-                base = build_record(spec, case, env, model, eng, None, 0.0, "ok", None)
-                rec = run_server_case(spec, case, base, gpu_probe, emit)
-            else:
-                payload = {"model_path": os.path.abspath(m.ref.path), "settings": case.settings,
-                           "restore": "truncate" if m.shape.memory == MEMORY_KV else "snapshot"}
-                t = time.perf_counter()
-                child = run_child(worker_argv("bench"), payload, timeout=spec.timeout_s, sample_memory=True,
-                                  gpu_probe=gpu_probe, on_event=lambda ev: emit("child", ev),
-                                  watchdog=memory_watchdog)
-                wall = time.perf_counter() - t
-                status, reason, failure = child_outcome(child, case)
-                rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
-                if failure is not None:
-                    rec["failure"] = failure
+            rec = _case_record(spec, case, env, model, engine_results.get(case.key), processes.get(case.key), gpu_probe,
+                               emit)
             attach_process(rec, processes.get(case.key) if rec["status"] != "skipped" else None)
             attach_speed(rec, speeds.get(case.key))
             if quality is not None and rec["status"] == "ok":
