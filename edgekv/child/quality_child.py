@@ -26,6 +26,7 @@ import ctypes
 import os
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -114,123 +115,181 @@ def _context(lc, model, cap: LogCapture, p: ContextParams, n_threads: int) -> tu
     return ctx, info
 
 
-# long: llama-perplexity's pass in its order (baselines, chunks, batches, statistics) over shared contexts and buffers
-def evaluate(lc, model, vocab, cap: LogCapture, tokens: np.ndarray, n_ctx: int, configs: list[dict[str, Any]],
-             opts: dict[str, Any], ev: EventWriter) -> list[dict[str, Any]]:
-    """Baseline plus candidates at one context length; one result dict per candidate config."""
-    plan = sizes(tokens.size, n_ctx, int(opts["n_batch"]), opts.get("chunks"))
-    n_seq, n_batch, first = plan["n_seq"], plan["n_batch"], plan["first"]
-    n_chunk, num_batches = plan["n_chunk"], plan["num_batches"]
-    n_threads = int(opts["n_threads"])
-    add_bos = bool(lc.llama_vocab_get_add_bos(vocab))
-    bos = int(lc.llama_vocab_bos(vocab))
-    n_vocab = int(lc.llama_vocab_n_tokens(vocab))
+@dataclass
+class _Pass:
+    """One context length's pass: llama-perplexity's sizes (:func:`edgekv.core.klstats.plan`), the corpus's tokens,
+    the threads and the vocabulary's facts, shared by its phases."""
+
+    lc: Any
+    tokens: np.ndarray
+    n_ctx: int
+    n_seq: int
+    n_batch: int
+    first: int
+    n_chunk: int
+    num_batches: int
+    n_ctx_total: int
+    n_threads: int
+    add_bos: bool
+    bos: int
+    n_vocab: int
+
+
+def _open_contexts(model, cap: LogCapture, ps: _Pass, configs: list[dict[str, Any]], opts: dict[str, Any],
+                   base_types: tuple[str, str], results: list[dict[str, Any]], contexts: list[Any]) -> list[dict[str, Any]]:
+    """The pass's contexts: a baseline per flash-attention mode among the configs and, beside it, one per config of
+    that mode.  Each context goes into ``contexts`` as soon as it exists (the caller frees them); a config whose
+    context fails gets ``status: error`` in ``results``.  The groups (baseline and members) that have members."""
 
     def cparams(type_k: str, type_v: str, fa: str) -> ContextParams:
-        return ContextParams(n_ctx=plan["n_ctx_total"], type_k=type_k, type_v=type_v, flash_attn=fa, swa_full=False,
-                             n_seq_max=n_seq, kv_unified=False, n_batch=n_batch, n_ubatch=int(opts["n_ubatch"]))
+        return ContextParams(n_ctx=ps.n_ctx_total, type_k=type_k, type_v=type_v, flash_attn=fa, swa_full=False,
+                             n_seq_max=ps.n_seq, kv_unified=False, n_batch=ps.n_batch, n_ubatch=int(opts["n_ubatch"]))
 
     # One baseline per flash-attention mode among the configs.
-    base_type_k, base_type_v = opts["base_type_k"], opts["base_type_v"]
+    lc, n_threads = ps.lc, ps.n_threads
+    base_type_k, base_type_v = base_types
+    groups: dict[str, dict[str, Any]] = {}
+    for i, c in enumerate(configs):
+        fa = c["flash_attn"]
+        g = groups.get(fa)
+        if g is None:
+            ctx, info = _context(lc, model, cap, cparams(base_type_k, base_type_v, fa), n_threads)
+            if not ctx:
+                raise PassError("context", f"baseline {base_type_k}/{base_type_v} (-fa {fa}) at -c {ps.n_ctx}: {info['error']}")
+            contexts.append(ctx)
+            g = groups[fa] = {"ctx": ctx, "info": info, "members": [], "eval_s": 0.0}
+        ctx, info = _context(lc, model, cap, cparams(c["type_k"], c["type_v"], fa), n_threads)
+        results[i].update(info)
+        if not ctx:
+            results[i]["status"] = "error"
+            continue
+        contexts.append(ctx)
+        g["members"].append({"i": i, "ctx": ctx, "eval_s": 0.0})
+    return [g for g in groups.values() if g["members"]]
+
+
+def _fill_batch(ps: _Pass, batch: _Batch, i0: int, n_seq_batch: int, j: int) -> tuple[list[tuple[int, int, np.ndarray]], int]:
+    """Batch ``j`` of the chunks from chunk ``i0`` (``n_seq_batch`` of them, one sequence each), as llama-perplexity
+    builds it: BOS first in a chunk's first batch where the vocabulary adds it, logits from position ``first`` on.
+    Per sequence (first output row, number of scored rows, their target tokens), and the batch's number of outputs."""
+    tokens, n_ctx, first = ps.tokens, ps.n_ctx, ps.first
+    start = i0 * n_ctx
+    p0 = j * ps.n_batch
+    batch_size = min(n_ctx - p0, ps.n_batch)
+    pos1 = np.arange(p0, p0 + batch_size, dtype=np.int32)
+    toks, pos, seq, want = [], [], [], []
+    spans = []        # per sequence: (first output row, number of scored rows, targets)
+    row = 0
+    for s in range(n_seq_batch):
+        cs = start + s * n_ctx
+        t = tokens[cs + p0: cs + p0 + batch_size].copy()
+        if ps.add_bos and j == 0:
+            t[0] = ps.bos
+        toks.append(t)
+        pos.append(pos1)
+        seq.append(np.full(batch_size, s, dtype=np.int64))
+        w = pos1 >= first
+        want.append(w)
+        n_out = int(w.sum())
+        scored = pos1[w & (pos1 <= n_ctx - 2)]
+        spans.append((row, scored.size, tokens[cs + scored + 1]))
+        row += n_out
+    batch.fill(np.concatenate(toks), np.concatenate(pos), np.concatenate(seq), np.concatenate(want))
+    return spans, row
+
+
+def _decode_group(ps: _Pass, g: dict[str, Any], acc: Accumulator, batch: _Batch, spans: list[tuple[int, int, np.ndarray]],
+                  n_outputs: int, i0: int) -> float:
+    """The batch decoded in a group's baseline context and in each member's (each decode timed into its ``eval_s``),
+    then every sequence's scored rows read in place by the group's accumulator.  The seconds the statistics took."""
+    lc, n_ctx, n_vocab = ps.lc, ps.n_ctx, ps.n_vocab
+    views = []
+    for k, ctx in enumerate([g["ctx"]] + [m["ctx"] for m in g["members"]]):
+        t0 = time.perf_counter()
+        rc = lc.llama_decode(ctx, batch.b)
+        if rc != 0:
+            raise PassError("decode", f"llama_decode failed with {rc} at -c {n_ctx}, chunk {i0 + 1}")
+        ptr = lc.llama_get_logits(ctx) if n_outputs else None
+        dt = time.perf_counter() - t0
+        if k == 0:
+            g["eval_s"] += dt
+        else:
+            g["members"][k - 1]["eval_s"] += dt
+        if n_outputs:
+            views.append(np.ctypeslib.as_array(ptr, shape=(n_outputs, n_vocab)))
+    if not n_outputs:
+        return 0.0
+    t0 = time.perf_counter()
+    for r0, n_sc, targets in spans:
+        if n_sc:
+            acc.add(views[0][r0:r0 + n_sc], [v[r0:r0 + n_sc] for v in views[1:]], targets)
+    return time.perf_counter() - t0
+
+
+def _decode_chunks(ps: _Pass, active: list[dict[str, Any]], accs: dict[int, Accumulator], ev: EventWriter) -> tuple[float, float]:
+    """Every chunk through every context, ``n_seq`` chunks at a time from an empty cache, batch by batch; progress
+    after each group of chunks.  The pass's wall seconds and the seconds spent in the statistics."""
+    lc, n_ctx, n_seq, n_chunk = ps.lc, ps.n_ctx, ps.n_seq, ps.n_chunk
+    batch = _Batch(lc, ps.n_batch)
+    stats_s = 0.0
+    t_start = time.perf_counter()
+    for i0 in range(0, n_chunk, n_seq):
+        n_seq_batch = min(n_seq, n_chunk - i0)
+        for g in active:
+            for ctx in [g["ctx"]] + [m["ctx"] for m in g["members"]]:
+                lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
+        for j in range(ps.num_batches):
+            spans, n_outputs = _fill_batch(ps, batch, i0, n_seq_batch, j)
+            for g in active:
+                stats_s += _decode_group(ps, g, accs[id(g)], batch, spans, n_outputs, i0)
+        done = i0 + n_seq_batch
+        ev.emit("progress", n_ctx=n_ctx, chunks_done=done, n_chunks=n_chunk,
+                tokens_done=done * n_ctx, elapsed_s=time.perf_counter() - t_start)
+    wall = time.perf_counter() - t_start
+    batch.free()
+    return wall, stats_s
+
+
+def _member_results(active: list[dict[str, Any]], accs: dict[int, Accumulator], results: list[dict[str, Any]],
+                    n_eval: int) -> None:
+    """Each member's statistics against its baseline and its decode times into its result; the accumulators closed."""
+    for g in active:
+        acc = accs[id(g)]
+        for k, m in enumerate(g["members"]):
+            r = results[m["i"]]
+            r.update(acc.summary(k))
+            r.update({
+                "status": "ok",
+                "eval_s": m["eval_s"],
+                "eval_tokens_per_s": n_eval / m["eval_s"] if m["eval_s"] > 0 else None,
+                "base_eval_s": g["eval_s"],
+                "base_flash_attn_resolved": g["info"].get("flash_attn_resolved"),
+            })
+        acc.close()
+
+
+def evaluate(lc, model, vocab, cap: LogCapture, tokens: np.ndarray, n_ctx: int, configs: list[dict[str, Any]],
+             opts: dict[str, Any], ev: EventWriter) -> list[dict[str, Any]]:
+    """Baseline plus candidates at one context length; one result dict per candidate config.  llama-perplexity's
+    pass in its order: the contexts, every chunk through all of them, the statistics."""
+    plan = sizes(tokens.size, n_ctx, int(opts["n_batch"]), opts.get("chunks"))
+    ps = _Pass(lc=lc, tokens=tokens, n_ctx=n_ctx, n_seq=plan["n_seq"], n_batch=plan["n_batch"], first=plan["first"],
+               n_chunk=plan["n_chunk"], num_batches=plan["num_batches"], n_ctx_total=plan["n_ctx_total"],
+               n_threads=int(opts["n_threads"]), add_bos=bool(lc.llama_vocab_get_add_bos(vocab)),
+               bos=int(lc.llama_vocab_bos(vocab)), n_vocab=int(lc.llama_vocab_n_tokens(vocab)))
+    base_types = (opts["base_type_k"], opts["base_type_v"])
     results: list[dict[str, Any]] = [dict() for _ in configs]
     contexts: list[Any] = []
-    groups: dict[str, dict[str, Any]] = {}
     try:
-        for i, c in enumerate(configs):
-            fa = c["flash_attn"]
-            g = groups.get(fa)
-            if g is None:
-                ctx, info = _context(lc, model, cap, cparams(base_type_k, base_type_v, fa), n_threads)
-                if not ctx:
-                    raise PassError("context", f"baseline {base_type_k}/{base_type_v} (-fa {fa}) at -c {n_ctx}: {info['error']}")
-                contexts.append(ctx)
-                g = groups[fa] = {"ctx": ctx, "info": info, "members": [], "eval_s": 0.0}
-            ctx, info = _context(lc, model, cap, cparams(c["type_k"], c["type_v"], fa), n_threads)
-            results[i].update(info)
-            if not ctx:
-                results[i]["status"] = "error"
-                continue
-            contexts.append(ctx)
-            g["members"].append({"i": i, "ctx": ctx, "eval_s": 0.0})
-        active = [g for g in groups.values() if g["members"]]
-        accs = {id(g): Accumulator(len(g["members"]), bool(opts.get("emulate_llama")), n_threads) for g in active}
-        batch = _Batch(lc, n_batch)
-        stats_s = 0.0
-        t_start = time.perf_counter()
-        for i0 in range(0, n_chunk, n_seq):
-            n_seq_batch = min(n_seq, n_chunk - i0)
-            start = i0 * n_ctx
-            for g in active:
-                for ctx in [g["ctx"]] + [m["ctx"] for m in g["members"]]:
-                    lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
-            for j in range(num_batches):
-                p0 = j * n_batch
-                batch_size = min(n_ctx - p0, n_batch)
-                pos1 = np.arange(p0, p0 + batch_size, dtype=np.int32)
-                toks, pos, seq, want = [], [], [], []
-                spans = []        # per sequence: (first output row, number of scored rows, targets)
-                row = 0
-                for s in range(n_seq_batch):
-                    cs = start + s * n_ctx
-                    t = tokens[cs + p0: cs + p0 + batch_size].copy()
-                    if add_bos and j == 0:
-                        t[0] = bos
-                    toks.append(t)
-                    pos.append(pos1)
-                    seq.append(np.full(batch_size, s, dtype=np.int64))
-                    w = pos1 >= first
-                    want.append(w)
-                    n_out = int(w.sum())
-                    scored = pos1[w & (pos1 <= n_ctx - 2)]
-                    spans.append((row, scored.size, tokens[cs + scored + 1]))
-                    row += n_out
-                batch.fill(np.concatenate(toks), np.concatenate(pos), np.concatenate(seq), np.concatenate(want))
-                n_outputs = row
-                for g in active:
-                    views = []
-                    for k, ctx in enumerate([g["ctx"]] + [m["ctx"] for m in g["members"]]):
-                        t0 = time.perf_counter()
-                        rc = lc.llama_decode(ctx, batch.b)
-                        if rc != 0:
-                            raise PassError("decode", f"llama_decode failed with {rc} at -c {n_ctx}, chunk {i0 + 1}")
-                        ptr = lc.llama_get_logits(ctx) if n_outputs else None
-                        dt = time.perf_counter() - t0
-                        if k == 0:
-                            g["eval_s"] += dt
-                        else:
-                            g["members"][k - 1]["eval_s"] += dt
-                        if n_outputs:
-                            views.append(np.ctypeslib.as_array(ptr, shape=(n_outputs, n_vocab)))
-                    if n_outputs:
-                        t0 = time.perf_counter()
-                        for r0, n_sc, targets in spans:
-                            if n_sc:
-                                accs[id(g)].add(views[0][r0:r0 + n_sc], [v[r0:r0 + n_sc] for v in views[1:]],
-                                                targets)
-                        stats_s += time.perf_counter() - t0
-            done = i0 + n_seq_batch
-            ev.emit("progress", n_ctx=n_ctx, chunks_done=done, n_chunks=n_chunk,
-                    tokens_done=done * n_ctx, elapsed_s=time.perf_counter() - t_start)
-        wall = time.perf_counter() - t_start
-        batch.free()
-        n_eval = n_chunk * n_ctx
-        for g in active:
-            acc = accs[id(g)]
-            for k, m in enumerate(g["members"]):
-                r = results[m["i"]]
-                r.update(acc.summary(k))
-                r.update({
-                    "status": "ok",
-                    "eval_s": m["eval_s"],
-                    "eval_tokens_per_s": n_eval / m["eval_s"] if m["eval_s"] > 0 else None,
-                    "base_eval_s": g["eval_s"],
-                    "base_flash_attn_resolved": g["info"].get("flash_attn_resolved"),
-                })
-            acc.close()
+        active = _open_contexts(model, cap, ps, configs, opts, base_types, results, contexts)
+        accs = {id(g): Accumulator(len(g["members"]), bool(opts.get("emulate_llama")), ps.n_threads) for g in active}
+        wall, stats_s = _decode_chunks(ps, active, accs, ev)
+        n_eval = ps.n_chunk * n_ctx
+        _member_results(active, accs, results, n_eval)
         n_contexts = sum(1 + len(g["members"]) for g in active)
         for r in results:
-            r.update({"n_ctx": n_ctx, "n_chunks": n_chunk, "n_seq": n_seq, "n_batch": n_batch,
-                      "n_ubatch": min(int(opts["n_ubatch"]), n_batch), "n_ctx_total": plan["n_ctx_total"],
+            r.update({"n_ctx": n_ctx, "n_chunks": ps.n_chunk, "n_seq": ps.n_seq, "n_batch": ps.n_batch,
+                      "n_ubatch": min(int(opts["n_ubatch"]), ps.n_batch), "n_ctx_total": ps.n_ctx_total,
                       "eval_tokens": n_eval, "pass_wall_s": wall, "pass_stats_s": stats_s,
                       "pass_contexts": n_contexts,
                       "pass_tokens_per_s": n_eval * n_contexts / wall if wall > 0 else None})
