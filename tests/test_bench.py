@@ -171,6 +171,12 @@ def test_killed_child_is_a_recorded_failure_and_the_sweep_goes_on(smollm2_path, 
     assert st == ["ok", "failed", "ok"]
     assert "SIGKILL" in res.records[1]["reason"]
     assert res.records[1]["memory"]["peak_rss_bytes"] > 0      # what was measured before it died is kept
+    # the sweep itself (no CLI here) records each configuration's load and time plan, the failed one too
+    for i, r in enumerate(res.records):
+        assert r["load"]["cpus"] >= 1 and r["load"]["during"]["wall_s"] > 0
+        assert r["plan"]["remaining_configs"] == 2 - i and r["plan"]["estimate_s"] > 0
+        wall = r["timing"]["wall_s"] if "timing" in r else r["load"]["during"]["wall_s"]
+        assert r["plan"]["wall_s"] == round(wall, 1)
 
 
 def test_interrupted_sweep_resumes_without_repeating(smollm2_path, tmp_path):

@@ -1,10 +1,11 @@
 """What ``edgekv bench`` says while it runs: the plan first, then one plain line per finished configuration
 (key figures, elapsed and remaining time, a busy-machine mark), with rich's progress bar on a terminal.
 
-It listens to :func:`edgekv.orchestration.sweep.run_sweep`'s events and adds two blocks to each record before it is written:
-``load`` (other processes' CPU share before and during the configuration, edgekv.edges.load) and ``plan`` (the estimate
-made for this configuration, the remaining-time estimate after it, the sweep's elapsed time), so the ETA's accuracy
-can be checked afterwards from the results file alone (bench/eta_accuracy.py).
+It listens to :func:`edgekv.orchestration.sweep.run_sweep`'s events and prints; the sweep itself attaches each
+record's ``load`` (other processes' CPU share before and during the configuration, edgekv.edges.load) and ``plan``
+(the estimate made for this configuration, the remaining-time estimate after it, the sweep's elapsed time) blocks
+(edgekv.orchestration.plan.SweepTracker), so the ETA's accuracy can be checked afterwards from the results file
+alone (bench/eta_accuracy.py), whoever ran the sweep.
 """
 
 from __future__ import annotations
@@ -19,16 +20,9 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from edgekv.core.units import MIB, kv_label
-from edgekv.edges.load import BUSY_SHARE, LoadMonitor, Window, busy_note
+from edgekv.edges.load import BUSY_SHARE, Window, busy_note
 from edgekv.errors import UsageError
-from edgekv.orchestration.plan import (
-    Planner,
-    fmt_duration,
-    kv_f16_per_token,
-    plan_lines,
-    same_machine_history,
-    speed_seconds,
-)
+from edgekv.orchestration.plan import fmt_duration, plan_lines
 from edgekv.output.benchview import Progress, case_label
 
 if TYPE_CHECKING:
@@ -85,18 +79,13 @@ class BenchMonitor:
         self.prog = Progress(bar_con)           # rich bar, only on a terminal
         self.contexts = contexts
         self.full_hint = full_hint
-        self.planner: Planner | None = None
         self.todo: list[dict[str, Any]] = []
-        self.monitor: LoadMonitor | None = None
-        self.case_estimate: float | None = None
 
     def __enter__(self) -> BenchMonitor:
         self.prog.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.monitor is not None:
-            self.monitor.stop()
         self.prog.__exit__(*exc)
 
     def _print(self, line: str) -> None:
@@ -111,12 +100,10 @@ class BenchMonitor:
             return
         if kind == "start":
             self._start(data)
-        elif kind == "case":
-            self.case_estimate = self.planner.estimate(data["case"].settings) if self.planner else None
-            self.monitor = LoadMonitor()
-            self.monitor.start()
         elif kind == "record":
-            self._record(data)
+            rec = data["record"]
+            self._print(case_line(data["i"] + 1, len(self.todo), rec, data["wall_s"], data["elapsed_s"],
+                                  data["remaining_s"]))
         if kind in ("start", "case", "child", "done"):
             self.prog.on_event(kind, data)
             if kind == "start":
@@ -125,44 +112,20 @@ class BenchMonitor:
                 self.prog.on_event("plan", {"work": sum(case_work(c.settings) for c in data["todo_cases"]) or 1})
 
     def _start(self, data: dict[str, Any]) -> None:
-        from edgekv.edges.home import edgekv_home
-
-        cases = data["todo_cases"]
+        """The plan's lines: the sweep's tracker (edgekv.orchestration.plan.SweepTracker) holds the estimate."""
         if data["existing"] or data.get("retry"):
             again = (f"; {data['retry']} failed earlier, measured again (--no-retry keeps them)" if data.get("retry")
                      else "")
             self.prog.p.console.print(f"Resuming {data['output']}: {data['existing']} of {data['total']} "
                                       f"configurations already done{again}.", highlight=False, markup=False)
-        m = self.spec.model
-        kvpt = kv_f16_per_token(m, cases[0].params) if cases else 0
-        self.planner = Planner(m.weights_bytes, kvpt)
-        from edgekv.orchestration.plan import settings_id
-
-        speeds = data.get("speeds") or {}
-        self.planner.speeds = {settings_id(c.settings): speeds[c.key] for c in cases if speeds.get(c.key)}
-        modelled = bool(cases) and all(speed_seconds(c.settings, speeds.get(c.key)) is not None for c in cases)
-        from pathlib import Path
-
-        hist = same_machine_history(Path(data["output"]), edgekv_home() / "runs", data.get("model_sha256"),
-                                    data.get("env") or {})
-        for r in hist:
-            self.planner.learn(r["settings"], r["timing"]["wall_s"])
-        cal_id = next((b.get("calibration_id") for b in speeds.values() if b.get("calibration_id")), None)
-        basis = (f"calibrated on {len(hist)} earlier configurations of this model on this machine" if hist else
-                 f"the speed model's prefill and decode of each configuration at its depth (this machine's "
-                 f"calibration {cal_id}); recalibrated after each configuration" if modelled else
-                 "cost model of each configuration's prefill and decode at its depth, from a reference 2-core "
-                 "machine scaled to this model (no speed prediction); recalibrated after each configuration")
-        self.planner.basis = basis
-        self.todo = [c.settings for c in cases]
-        total = self.planner.remaining(self.todo)
-        self.planner.initial_total_s = total
+        planner = data["tracker"].planner
+        self.todo = data["tracker"].todo
         types = (list(dict.fromkeys(kv_label(s["type_k"], s["type_v"]) for s in self.todo))
                  or [f"{k}" for k, _v in self.spec.pairs])
         s0 = self.todo[0] if self.todo else {"n_prompt": self.spec.n_prompt, "n_gen": self.spec.n_gen,
                                              "repetitions": self.spec.repetitions}
-        for line in plan_lines(data["total"], self.contexts, types, s0, total, basis, data["output"],
-                               data["existing"], self.full_hint, repack=self.spec.repack,
+        for line in plan_lines(data["total"], self.contexts, types, s0, planner.initial_total_s or 0.0, planner.basis,
+                               data["output"], data["existing"], self.full_hint, repack=self.spec.repack,
                                unfit=data.get("unfit"), depths=self.spec.depths, n_parallel=self.spec.n_parallel):
             self._print(line)
         w = Window()
@@ -172,26 +135,6 @@ class BenchMonitor:
             self._print(f"Note: other work is using {100 * now['others_share']:.0f} % of the {psutil.cpu_count()} CPUs "
                         "right now: the configurations will take longer than estimated, and each one measured while "
                         "the machine is busy is marked so.")
-
-    def _record(self, data: dict[str, Any]) -> None:
-        rec, i = data["record"], data["i"]
-        load = self.monitor.stop() if self.monitor is not None else None
-        self.monitor = None
-        if load is not None:
-            rec["load"] = load
-        wall = (rec.get("timing") or {}).get("wall_s") or (load or {}).get("during", {}).get("wall_s") or 0.0
-        p = self.planner
-        assert p is not None
-        if rec.get("status") == "ok":
-            p.learn(rec["settings"], wall)
-        rest = self.todo[i + 1:]
-        remaining = p.remaining(rest)
-        elapsed = p.elapsed()
-        rec["plan"] = {"estimate_s": round(self.case_estimate, 1) if self.case_estimate is not None else None,
-                       "wall_s": round(wall, 1), "sweep_elapsed_s": round(elapsed, 1),
-                       "remaining_eta_s": round(remaining, 1), "remaining_configs": len(rest),
-                       "sweep_estimate_s": round(p.initial_total_s or 0.0, 1), "basis": p.basis}
-        self._print(case_line(i + 1, len(self.todo), rec, wall, elapsed, remaining))
 
 
 # -- the bench command's work between parsing its flags and rendering the results --------------------------------

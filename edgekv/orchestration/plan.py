@@ -205,6 +205,65 @@ def same_machine_history(output: Path, runs_dir: Path, model_sha: str | None, en
     return out
 
 
+class SweepTracker:
+    """The sweep's own bookkeeping, so that a sweep run from Python records what ``edgekv bench`` records: the
+    time plan (a :class:`Planner` from the speed model or this machine's history, recalibrated per configuration)
+    and the machine's load while each configuration ran (edgekv.edges.load), attached to every record as its
+    ``plan`` and ``load`` blocks.  The CLI only prints what it holds."""
+
+    def __init__(self, model, params, cases: list, speeds: dict[str, Any], output: Path, runs_dir: Path,
+                 model_sha: str | None, env: dict[str, Any]) -> None:
+        self.planner = Planner(model.weights_bytes, kv_f16_per_token(model, params) if cases else 0)
+        self.planner.speeds = {settings_id(c.settings): speeds[c.key] for c in cases if speeds.get(c.key)}
+        modelled = bool(cases) and all(speed_seconds(c.settings, speeds.get(c.key)) is not None for c in cases)
+        hist = same_machine_history(output, runs_dir, model_sha, env)
+        for r in hist:
+            self.planner.learn(r["settings"], r["timing"]["wall_s"])
+        cal_id = next((b.get("calibration_id") for b in speeds.values() if b.get("calibration_id")), None)
+        self.planner.basis = (
+            f"calibrated on {len(hist)} earlier configurations of this model on this machine" if hist else
+            f"the speed model's prefill and decode of each configuration at its depth (this machine's "
+            f"calibration {cal_id}); recalibrated after each configuration" if modelled else
+            "cost model of each configuration's prefill and decode at its depth, from a reference 2-core "
+            "machine scaled to this model (no speed prediction); recalibrated after each configuration")
+        self.todo = [c.settings for c in cases]
+        self.planner.initial_total_s = self.planner.remaining(self.todo)
+        self.case_estimate: float | None = None
+        self.monitor = None
+
+    def case_started(self, settings: dict[str, Any]) -> None:
+        """Before a configuration: its estimate, and the load monitor started (it samples half a second first)."""
+        from edgekv.edges.load import LoadMonitor
+
+        self.case_estimate = self.planner.estimate(settings)
+        self.monitor = LoadMonitor()
+        self.monitor.start()
+
+    def case_done(self, rec: dict[str, Any], i: int) -> tuple[float, float, float]:
+        """After configuration ``i``: ``load`` and ``plan`` attached to its record; (wall s, elapsed s, ETA s)."""
+        load = self.monitor.stop() if self.monitor is not None else None
+        self.monitor = None
+        if load is not None:
+            rec["load"] = load
+        wall = (rec.get("timing") or {}).get("wall_s") or (load or {}).get("during", {}).get("wall_s") or 0.0
+        p = self.planner
+        if rec.get("status") == "ok":
+            p.learn(rec["settings"], wall)
+        rest = self.todo[i + 1:]
+        remaining, elapsed = p.remaining(rest), p.elapsed()
+        rec["plan"] = {"estimate_s": round(self.case_estimate, 1) if self.case_estimate is not None else None,
+                       "wall_s": round(wall, 1), "sweep_elapsed_s": round(elapsed, 1),
+                       "remaining_eta_s": round(remaining, 1), "remaining_configs": len(rest),
+                       "sweep_estimate_s": round(p.initial_total_s or 0.0, 1), "basis": p.basis}
+        return wall, elapsed, remaining
+
+    def close(self) -> None:
+        """Stop a load monitor left running (the sweep was interrupted mid-configuration)."""
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
+
+
 def fmt_duration(s: float | None) -> str:
     if s is None:
         return "?"

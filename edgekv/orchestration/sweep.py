@@ -30,6 +30,7 @@ from edgekv.edges.machine_memory import memory_watchdog
 from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.api import LoadedModel
 from edgekv.orchestration.crosscheck import compare, engine_block, engine_lines
+from edgekv.orchestration.plan import SweepTracker
 from edgekv.records import results as R
 from edgekv.records.schema import growth_minus_formula_bytes, speed_test
 from edgekv.records.schema import model_block as schema_model_block
@@ -415,18 +416,24 @@ def _sweep_environment(spec: SweepSpec, writer: R.ResultsWriter, env: dict[str, 
 
 def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set[str], env: dict[str, Any],
                 sha: str | None, emit: Callable[[str, dict[str, Any]], None],
-                output: Path) -> tuple[dict[str, EngineResult], dict[str, Any], dict[str, Any]]:
+                output: Path) -> tuple[dict[str, EngineResult], dict[str, Any], dict[str, Any], SweepTracker]:
     """The plan phase, said in the ``start`` event: llama.cpp's dry runs, the whole-process and speed predictions,
-    and what will not fit.  Returns the dry runs, the process predictions and the speed predictions by case key."""
+    what will not fit, and the time plan.  Returns the dry runs, the process predictions and the speed predictions
+    by case key, and the tracker that attaches ``load`` and ``plan`` to each record."""
+    from edgekv.edges.home import edgekv_home
+
     # llama.cpp's dry runs and the whole-process predictions come first: the plan says what will not fit
     engine_results = _dry_runs(spec, todo) if spec.engine != ENGINE_LLAMA_BENCH else {}
     processes = process_predictions(spec, todo)
     speeds = speed_predictions(spec, todo, engine_results, emit) if spec.predict_speed else {}
     unfit = {c.key: why for c in todo if (why := fit_check(spec, c, processes.get(c.key)))}
+    tracker = SweepTracker(spec.model, todo[0].params if todo else None, todo, speeds, output, edgekv_home() / "runs",
+                           sha, env or {})
     emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),
                    "existing": len(cases) - len(todo), "env": env, "model_sha256": sha,
-                   "retry": sum(1 for c in todo if c.key in retry), "unfit": unfit, "speeds": speeds})
-    return engine_results, processes, speeds
+                   "retry": sum(1 for c in todo if c.key in retry), "unfit": unfit, "speeds": speeds,
+                   "tracker": tracker})
+    return engine_results, processes, speeds, tracker
 
 
 def _run_python_case(spec: SweepSpec, case: Case, env: dict[str, Any], model: dict[str, Any], eng: EngineResult | None,
@@ -483,7 +490,7 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
     existing = writer.existing
     done_keys, retry = resume_keys(existing, spec.retry_failed)
     todo = [c for c in cases if c.key not in done_keys]
-    engine_results, processes, speeds = _plan_sweep(spec, cases, todo, retry, env, sha, emit, output)
+    engine_results, processes, speeds, tracker = _plan_sweep(spec, cases, todo, retry, env, sha, emit, output)
 
     model = model_block(spec.model, sha)
     gpu_probe = nvml_process_probe()
@@ -496,6 +503,7 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
         quality = for_sweep(spec, todo)
     try:
         for i, case in enumerate(todo):
+            tracker.case_started(case.settings)
             emit("case", {"i": i, "n": len(todo), "case": case})
             rec = _case_record(spec, case, env, model, engine_results.get(case.key), processes.get(case.key), gpu_probe,
                                emit)
@@ -503,12 +511,16 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
             attach_speed(rec, speeds.get(case.key))
             if quality is not None and rec["status"] == "ok":
                 rec["quality"] = quality(case, emit)
-            emit("record", {"i": i, "case": case, "record": rec})   # listeners may add blocks (load, plan)
+            wall, elapsed, remaining = tracker.case_done(rec, i)      # the record's load and plan blocks
+            emit("record", {"i": i, "case": case, "record": rec, "wall_s": wall, "elapsed_s": elapsed,
+                            "remaining_s": remaining})
             writer.append(rec)
             records.append(rec)
             emit("done", {"i": i, "n": len(todo), "record": rec})
     except KeyboardInterrupt:
         interrupted = True
+    finally:
+        tracker.close()
     return SweepResult(output, existing + records, len(cases) - len(todo), time.perf_counter() - t0, interrupted,
                        new=len(records))
 
