@@ -13,7 +13,7 @@ from rich.console import Console
 
 from edgekv.core.llamalog import parse_graph_line, parse_placement
 from edgekv.output import benchview
-from edgekv.output import report as REP
+from edgekv.output import export as EX
 from edgekv.records.results import load_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,10 +71,10 @@ def test_the_bench_table_marks_the_fallback(pairs):
 
 
 def test_the_report_marks_the_fallback_speeds(pairs):
-    rows = REP.report_rows(REP.sort_records(pairs))
+    rows = EX.report_rows(EX.sort_records(pairs))
     marked = [x for x in rows if x["ops_off_device_llamacpp"]]
     assert [x["type_k"] for x in marked] == ["iq4_nl"]
-    assert "ops_off_device" in REP.export_columns(rows)
+    assert "ops_off_device" in EX.export_columns(rows)
     # a prefill of about 138 t/s against 37,000 for q8_0/f16 on the same GPU
     assert marked[0]["pp_tokens_per_s_mean"] < 0.01 * max(x["pp_tokens_per_s_mean"] for x in rows)
 

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from edgekv.cli.main import main
+from edgekv.output import export as EX
+from edgekv.output import render as RND
 from edgekv.output import report as REP
 from edgekv.records import results as R
 
@@ -118,8 +120,8 @@ def test_figures_are_the_records_figures(written):
         assert float(row["kv_saving_vs_f16_predicted"]) == pytest.approx(
             f16["prediction"]["formula"]["total_bytes"] / r["prediction"]["formula"]["total_bytes"], abs=1e-3)
     js = json.loads((written / "results.json").read_text())
-    assert js["rows"] == json.loads(json.dumps(REP.csv_rows(R.load(FIXTURE))))
-    assert js["columns"] == list(REP.COLUMNS)
+    assert js["rows"] == json.loads(json.dumps(EX.csv_rows(R.load(FIXTURE))))
+    assert js["columns"] == list(EX.COLUMNS)
 
 
 COMMITTED_SWEEP = Path(__file__).resolve().parent.parent / "reports" / "smollm2-135m"
@@ -140,8 +142,8 @@ def test_results_csv_is_the_frame_through_one_mapping():
     import edgekv
     from edgekv.records import frame as F
 
-    assert [c for c, _, _ in REP.EXPORT] == list(REP.COLUMNS)
-    assert {f for _, f, _ in REP.EXPORT + REP.EXPORT_LOAD + REP.EXPORT_SPEED} <= set(F.COLUMNS)
+    assert [c for c, _, _ in EX.EXPORT] == list(EX.COLUMNS)
+    assert {f for _, f, _ in EX.EXPORT + EX.EXPORT_LOAD + EX.EXPORT_SPEED} <= set(F.COLUMNS)
     sweep = COMMITTED_SWEEP / "sweep.jsonl"
     df = edgekv.results_frame(sweep)
     committed = list(csv.DictReader(io.StringIO((COMMITTED_SWEEP / "results.csv").read_text())))
@@ -151,7 +153,7 @@ def test_results_csv_is_the_frame_through_one_mapping():
     checked = 0
     for row in committed:
         x = by_key[tuple(row[k] or "None" for k in settings)]
-        for col, fcol, nd in REP.EXPORT + REP.EXPORT_SPEED:      # the committed sweep holds speed predictions
+        for col, fcol, nd in EX.EXPORT + EX.EXPORT_SPEED:      # the committed sweep holds speed predictions
             v = _frame_value(x[fcol])
             if row[col] == "":
                 assert v is None, (col, v)
@@ -165,8 +167,8 @@ def test_results_csv_is_the_frame_through_one_mapping():
     assert checked > 12 * 30                 # most of the columns hold a figure in a measured sweep
     # results.json: the same rows, exact, from the frame's rows of the typed records (no pandas in between)
     js = json.loads((COMMITTED_SWEEP / "results.json").read_text())
-    recs = REP.sort_records(edgekv.load_results(sweep))
-    want = [{c: REP._r(x[f], nd) if nd is not None else x[f] for c, f, nd in REP.EXPORT + REP.EXPORT_SPEED}
+    recs = EX.sort_records(edgekv.load_results(sweep))
+    want = [{c: EX._r(x[f], nd) if nd is not None else x[f] for c, f, nd in EX.EXPORT + EX.EXPORT_SPEED}
             for x in F.frame_rows(recs)]
     assert js["rows"] == json.loads(json.dumps(want))
 
@@ -179,7 +181,7 @@ def test_build_accepts_dicts_and_records_alike():
     out = []
     for recs in (dicts, typed, mixed):
         doc = REP.build(recs, plots=False)
-        out.append((REP.render_markdown(doc), REP.render_csv(doc), REP.render_json(doc), REP.render_html(doc)))
+        out.append((RND.render_markdown(doc), RND.render_csv(doc), RND.render_json(doc), RND.render_html(doc)))
     assert out[0] == out[1] == out[2]
     assert "KV MiB, llama.cpp in the run" in out[0][0] and out[0][1].count("\n") == 10
     from edgekv.errors import ResultsError

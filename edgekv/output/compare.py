@@ -323,7 +323,7 @@ def _busy_verdict(res: dict[str, Any], busy: list[str], force: bool) -> None:
 def _compared_pairs(pairs, varying: list[str], thr: dict[str, Threshold], alpha: float,
                     force: bool) -> list[dict[str, Any]]:
     """Every metric of every paired configuration, tested (in the report's sort order)."""
-    from edgekv.output.report import sort_key
+    from edgekv.output.export import sort_key
 
     multi_device = len({device_label(bs[0]) for bs, _ in pairs}) > 1
     out_pairs = []
@@ -351,7 +351,7 @@ def compare_records(base_all: list[S.Record | dict[str, Any]], cand_all: list[S.
                     thr: dict[str, Threshold], force: bool = False, alpha: float = ALPHA, base_name: str = "BASE",
                     cand_name: str = "CAND") -> dict[str, Any]:
     """Compare two sets of records (Records, or plain record dicts: each decoded strictly once here)."""
-    from edgekv.output.report import sort_key
+    from edgekv.output.export import sort_key
 
     base_all = [R.as_record(r, f"{base_name}: record {i}") for i, r in enumerate(base_all, 1)]
     cand_all = [R.as_record(r, f"{cand_name}: record {i}") for i, r in enumerate(cand_all, 1)]

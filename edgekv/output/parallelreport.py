@@ -1,6 +1,6 @@
 """Sequences decoded at once (``edgekv bench -npl``) and the user's llama-server (``--llama-server``) in a report:
 throughput, time to first token and memory against N.  Measures nothing; reads the report's frame rows
-(:func:`edgekv.output.report.report_rows`)."""
+(:func:`edgekv.output.export.report_rows`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """PNG plots for reports (matplotlib, Agg backend).  Measures nothing; draws the report's rows of the results
-frame (:func:`edgekv.output.report.report_rows`: :data:`edgekv.records.frame.COLUMNS`, rounded as printed).
+frame (:func:`edgekv.output.export.report_rows`: :data:`edgekv.records.frame.COLUMNS`, rounded as printed).
 
 * memory vs context: the prediction as a line per cache type, llama.cpp's own figures and the OS
   measurements as points (never joined to the prediction);

@@ -14,174 +14,36 @@ Every figure comes from the rows of :func:`edgekv.records.frame.frame_rows`, the
 dicts or Records), makes those rows once, and the tables, the problems list, the plots and results.csv /
 results.json read their columns.  results.csv / results.json keep their own column names (``kv_predicted_bytes``
 where the frame says ``kv_bytes_formula``): they are the report's stable export format, older than the notebook
-frame and read by users' scripts, so :data:`EXPORT` maps each to its frame column, once.  A value a record
-does not hold is shown as ``–`` (never filled in from another source).  Rendering is deterministic: the same records give
-byte-identical Markdown, CSV and JSON (no rendering timestamps, a stable sort, fixed float formatting); PNGs
-carry no software/date metadata.
+frame and read by users' scripts, so :data:`edgekv.output.export.EXPORT` maps each to its frame column, once.  A
+value a record does not hold is shown as ``–`` (never filled in from another source).  Rendering is deterministic: the
+same records give byte-identical Markdown, CSV and JSON (no rendering timestamps, a stable sort, fixed float
+formatting); PNGs carry no software/date metadata.
+
+This module builds the report's document (:func:`build`) and writes its folder (:func:`write_report`);
+:mod:`edgekv.output.export` makes the rows (order, rounding, results.csv / results.json columns) and
+:mod:`edgekv.output.render` turns the document into Markdown, CSV, JSON and HTML.
 """
 
 from __future__ import annotations
 
-import base64
-import csv
-import html
-import io
-import json
-import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgekv.core import units
-from edgekv.core.cachetypes import CACHE_TYPES
 from edgekv.core.units import MIB
 from edgekv.edges.safepath import atomic_write
+from edgekv.output.export import report_rows, sort_records, type_rank, typed
 from edgekv.output.inputs import KIND_BENCH, KIND_LLAMA_BENCH, KIND_PREDICT
+from edgekv.output.render import Document, Section, Table, md_safe, render_csv, render_html, render_json, render_markdown
 from edgekv.records import frame as F
 from edgekv.records.frame import unset_none as _v
-from edgekv.records.results import as_record
 from edgekv.records.schema import Record
 
-REPORT_FORMAT = 1
 DASH = "–"
-
-# -- results.csv / results.json: the report's export format, from the frame ----------------------------
-
-# (results.csv column, frame column, digits the report prints it with; None: as it is).  The export's names
-# are older than the notebook frame's (edgekv.records.frame.COLUMNS: unit and source in every name) and users'
-# scripts read results.csv / results.json, so they stay as they are; this table is the one place the two sets
-# of names meet.  The rounded figures are also what the tables and plots show.
-EXPORT: tuple[tuple[str, str, int | None], ...] = (
-    ("model", "model_name", None), ("model_sha256", "model_sha256", None), ("arch", "arch", None),
-    ("device", "device", None), ("kind", "kind", None), ("status", "status", None), ("reason", "reason", None),
-    ("n_ctx", "n_ctx", None), ("n_depth", "n_depth", None), ("type_k", "type_k", None), ("type_v", "type_v", None),
-    ("flash_attn", "flash_attn", None), ("flash_attn_effective", "flash_attn_llamacpp", None),
-    ("n_threads", "n_threads", None), ("n_gpu_layers", "n_gpu_layers", None), ("n_batch", "n_batch", None),
-    ("n_ubatch", "n_ubatch", None), ("n_prompt", "n_prompt", None), ("n_gen", "n_gen", None),
-    ("repetitions", "repetitions", None),
-    ("kv_predicted_bytes", "kv_bytes_formula", None), ("kv_predicted_mib", "kv_mib_formula", 2),
-    ("kv_engine_mib", "kv_mib_llamacpp_dryrun", 2), ("kv_llama_run_mib", "kv_mib_llamacpp", 2),
-    ("kv_llama_cache_lines", "kv_cache_lines_llamacpp", None), ("kv_buffer_mib", "kv_buffer_mib_llamacpp", 2),
-    ("kv_llama_matches_formula", "kv_matches_formula_llamacpp", None),
-    ("kv_saving_vs_f16_predicted", "kv_saving_vs_f16_formula", 3),
-    ("context_growth_measured_bytes", "context_anon_growth_bytes_measured", None),
-    ("context_growth_minus_predicted_bytes", "context_anon_growth_minus_formula_bytes", None),
-    ("context_growth_error_pct", "context_anon_growth_minus_formula_pct", 2),
-    ("kv_on_device", "kv_on_device_llamacpp", None), ("context_gpu_growth_bytes", "context_gpu_growth_bytes_measured", None),
-    ("gpu_compute_buffer_mib", "gpu_compute_buffer_mib_llamacpp", 2),
-    ("context_gpu_growth_minus_predicted_bytes", "context_gpu_growth_minus_compute_minus_formula_bytes", None),
-    ("context_gpu_growth_error_pct", "context_gpu_growth_minus_compute_minus_formula_pct", 2),
-    ("peak_rss_bytes", "peak_rss_bytes_measured", None), ("kernel_maxrss_bytes", "kernel_maxrss_bytes_measured", None),
-    ("anon_after_fill_bytes", "anon_after_fill_bytes_measured", None),
-    ("file_after_fill_bytes", "file_after_fill_bytes_measured", None), ("peak_gpu_bytes", "peak_gpu_bytes_measured", None),
-    ("peak_footprint_bytes", "peak_footprint_bytes_measured", None), ("compute_buffer_mib", "compute_mib_llamacpp", 2),
-    ("peak_rss_saving_vs_f16_measured", "peak_rss_saving_vs_f16_measured", 3),
-    *((f"{t}{c}", f"{t}{f}", nd) for t in ("pp_", "tg_") for c, f, nd in (
-        ("n_tokens", "n_tokens", None), ("ts_mean", "tokens_per_s_mean", 3), ("ts_ci95_low", "tokens_per_s_ci95_low", 3),
-        ("ts_ci95_high", "tokens_per_s_ci95_high", 3), ("ts_cv", "tokens_per_s_cv", 4), ("samples", "n_samples", None))),
-    ("quality_status", "quality_status", None), ("ppl", "ppl", 4), ("ppl_err", "ppl_err", 4), ("base_ppl", "base_ppl", 4),
-    ("ppl_delta_pct", "ppl_delta_pct", 3), ("kld_mean", "kld_mean", 6), ("kld_mean_err", "kld_mean_err", 6),
-    ("kld_p99", "kld_p99", 6), ("same_top_rate", "same_top_rate", 5), ("time_utc", "time_utc", None),
-)
-# issue 19: other processes' share of the CPUs (edgekv.edges.load); only in results.json rows of records that have it
-EXPORT_LOAD: tuple[tuple[str, str, int | None], ...] = (
-    ("machine_busy", "machine_busy", None), ("others_cpu_share_pct", "others_cpu_share_pct", 1))
-# issue 26: the speed model's prediction; results.csv gains these columns only when a record holds one, so reports of
-# records without a speed prediction keep their columns
-EXPORT_SPEED: tuple[tuple[str, str, int | None], ...] = (
-    ("pp_ts_predicted", "pp_tokens_per_s_predicted", 3), ("tg_ts_predicted", "tg_tokens_per_s_predicted", 3),
-    ("tg_roofline_ts_predicted", "tg_roofline_tokens_per_s_predicted", 3),
-    ("speed_calibration_id", "speed_calibration_id", None))
-# issue 28: sequences decoded at once (-npl) and each one's decode rate; only when a record ran several
-EXPORT_PARALLEL: tuple[tuple[str, str, int | None], ...] = (
-    ("engine", "engine", None), ("n_parallel", "n_parallel", None), ("tg_seq_ts_mean", "tg_seq_tokens_per_s_mean", 3),
-    ("ttft_p50_s", "ttft_p50_s_measured", 4), ("ttft_p95_s", "ttft_p95_s_measured", 4),
-    ("serving_ts", "serving_tokens_per_s_measured", 3), ("failed_requests", "serving_failed_requests", None))
-# issue 30: ops llama.cpp's scheduler ran on the CPU although their layer is offloaded; only when a record has some
-EXPORT_OFF_DEVICE: tuple[tuple[str, str, int | None], ...] = (("ops_off_device", "ops_off_device_llamacpp", None),)
-COLUMNS = tuple(c for c, _, _ in EXPORT)
-_DIGITS = {f: nd for _, f, nd in EXPORT + EXPORT_LOAD + EXPORT_SPEED + EXPORT_PARALLEL if nd is not None}
-
-
-def _r(x: Any, nd: int = 4) -> Any:
-    """Round floats for stable text; leave everything else as it is."""
-    if isinstance(x, bool) or x is None:
-        return x
-    if isinstance(x, float):
-        if math.isnan(x) or math.isinf(x):
-            return None
-        return round(x, nd)
-    return x
-
-
-def _type_rank(t: str | None) -> tuple:
-    ct = CACHE_TYPES.get(str(t))
-    return (-ct.bits_per_element, ct.name) if ct else (0.0, str(t))
-
-
-def sort_key(r: Record | dict[str, Any]) -> tuple:
-    """The report's order: model, machine, context, depth, cache types (widest first), other settings."""
-    r = as_record(r)
-    s, m = r.settings, r.model
-    rest = tuple("" if _v(v) is None else str(_v(v)) for v in
-                 (s.flash_attn, s.n_threads, s.n_gpu_layers, s.n_batch, s.n_ubatch, s.n_prompt, s.n_gen, s.swa_full,
-                  s.n_seq_max, s.kv_unified, s.engine, s.test, s.n_parallel))
-    return (str(_v(m.name) or ""), str(_v(m.sha256) or ""), F.device_label(r), s.n_ctx or 0, s.n_depth or 0,
-            _type_rank(s.type_k), _type_rank(s.type_v), rest, str(r.kind or ""), str(_v(r.time_utc) or ""))
-
-
-def typed(records: Sequence[Record | dict[str, Any]]) -> list[Record]:
-    """Every input as a :class:`Record` (a dict upgraded and strictly decoded), once."""
-    return [as_record(r, f"record {i}") for i, r in enumerate(records, 1)]
-
-
-def sort_records(records: Sequence[Record]) -> list[Record]:
-    return sorted(records, key=sort_key)
-
-
-def report_rows(recs: Sequence[Record]) -> list[dict[str, Any]]:
-    """The frame's rows (:func:`edgekv.records.frame.frame_rows`) of records in report order, each figure rounded to
-    the digits the report prints (:data:`EXPORT`), so that the tables, the plots and results.csv agree."""
-    return [{k: _r(v, _DIGITS[k]) if k in _DIGITS else v for k, v in x.items()} for x in F.frame_rows(recs)]
-
-
-def export_row(x: dict[str, Any]) -> dict[str, Any]:
-    """One frame row as a results.csv / results.json row (:data:`EXPORT`)."""
-    out = {c: x[f] for c, f, _ in EXPORT}
-    if x["machine_busy"] is not None:
-        out.update({c: x[f] for c, f, _ in EXPORT_LOAD})
-    if _row_has_speed(x):
-        out.update({c: x[f] for c, f, _ in EXPORT_SPEED})
-    if x["n_parallel"] is not None:
-        out.update({c: x[f] for c, f, _ in EXPORT_PARALLEL})
-    if x["ops_off_device_llamacpp"]:
-        out.update({c: x[f] for c, f, _ in EXPORT_OFF_DEVICE})
-    return out
-
-
-def export_columns(rows: Sequence[dict[str, Any]]) -> tuple[str, ...]:
-    """results.csv's columns: :data:`EXPORT`'s, and the optional groups only when a row holds them (so reports of
-    records without them keep their bytes)."""
-    return (COLUMNS + (tuple(c for c, _, _ in EXPORT_SPEED) if has_speed_prediction(rows) else ())
-            + (tuple(c for c, _, _ in EXPORT_PARALLEL) if any(x["n_parallel"] is not None for x in rows) else ())
-            + (tuple(c for c, _, _ in EXPORT_OFF_DEVICE) if any(x["ops_off_device_llamacpp"] for x in rows) else ()))
-
-
-def _row_has_speed(x: dict[str, Any]) -> bool:
-    return x["pp_tokens_per_s_predicted"] is not None or x["tg_tokens_per_s_predicted"] is not None
-
-
-def has_speed_prediction(rows: Sequence[dict[str, Any]]) -> bool:
-    return any(_row_has_speed(x) for x in rows)
-
-
-def csv_rows(records: Sequence[Record | dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of results.csv / results.json for these records (sorted as the report sorts them)."""
-    return [export_row(x) for x in report_rows(sort_records(typed(records)))]
-
 
 # -- formatting ---------------------------------------------------------------------------------------
 
@@ -217,24 +79,6 @@ def fmt_ts(mean: float | None, lo: float | None, hi: float | None, unstable: boo
 
 def _ctx(n: Any) -> str:
     return DASH if n is None else str(n)
-
-
-@dataclass
-class Table:
-    title: str
-    intro: str
-    headers: list[str]
-    rows: list[list[str]]
-    align: list[str] = field(default_factory=list)    # "l" or "r" per column
-
-
-@dataclass
-class Section:
-    title: str
-    paragraphs: list[str] = field(default_factory=list)
-    tables: list[Table] = field(default_factory=list)
-    images: list[tuple[str, str]] = field(default_factory=list)    # (file name, alt text)
-    bullets: list[str] = field(default_factory=list)
 
 
 # -- the document ---------------------------------------------------------------------------------------
@@ -323,7 +167,7 @@ def _env_section(records: list[Record]) -> Section:
         cells = []
         for lab in labels:
             rs = by_machine[lab]
-            cells.append(_md_safe(str(fn(rs[0].environment, rs))))
+            cells.append(md_safe(str(fn(rs[0].environment, rs))))
         rows.append([name] + cells)
     heads = [""] + [f"machine {i + 1}" for i in range(len(labels))] if len(labels) > 1 else ["", "value"]
     sec.tables.append(Table("", "", heads, rows, ["l"] * (len(labels) + 1)))
@@ -397,10 +241,6 @@ def _argv(e: dict[str, Any]) -> str:
     if argv:
         argv[0] = os.path.basename(str(argv[0]))
     return " ".join(str(a) for a in argv)
-
-
-def _md_safe(s: str) -> str:
-    return s.replace("|", "\\|").replace("\n", " ")
 
 
 def _model_section(name: str, recs: list[Record]) -> Section:
@@ -555,7 +395,7 @@ def _pivot_tables(rows: list[dict[str, Any]]) -> list[Table]:
     if not ok:
         return []
     # one value per (device, n_ctx, type): the first row in sort order (lowest depth, default settings first)
-    types = sorted({r["type_k"] for r in ok}, key=_type_rank)
+    types = sorted({r["type_k"] for r in ok}, key=type_rank)
     devices = sorted({r["device"] for r in ok})
     multi = len(devices) > 1
     out = []
@@ -660,32 +500,21 @@ def _problems(rows: list[dict[str, Any]]) -> list[str]:
         if r["status"] != "ok":
             out.append(f"{units.row_kv_label(r)} @ {_ctx(r['n_ctx'])}"
                        + (f" (-fa {r['flash_attn']})" if r["flash_attn"] not in (None, "auto") else "")
-                       + f": **{r['status']}**: {_md_safe(str(r['reason'] or 'no reason recorded'))}")
+                       + f": **{r['status']}**: {md_safe(str(r['reason'] or 'no reason recorded'))}")
         elif r["kv_matches_formula_llamacpp"] is False:
             out.append(f"{units.row_kv_label(r)} @ {_ctx(r['n_ctx'])}: llama.cpp's KV lines differ from the formula "
-                       f"({_md_safe(str(r['kv_diffs_llamacpp']))}) — a bug in edgekv's prediction; please report it.")
+                       f"({md_safe(str(r['kv_diffs_llamacpp']))}) — a bug in edgekv's prediction; please report it.")
         qs, reason = r["quality_status"], r["quality_error"]
         if qs not in (None, "ok"):
             out.append(f"{units.row_kv_label(r)} @ {_ctx(r['n_ctx'])}: quality {qs}"
-                       + (f": {_md_safe(str(reason))}" if reason else ""))
+                       + (f": {md_safe(str(reason))}" if reason else ""))
     return out
-
-
-@dataclass
-class Document:
-    title: str
-    predicted_only: bool
-    sections: list[Section]
-    plots: dict[str, bytes]
-    note: str | None = None
-    rows: list[dict[str, Any]] = field(default_factory=list)      # the frame's rows, report order, as printed
-    records: list[Record] = field(default_factory=list)           # the records, report order
 
 
 def build(records: Sequence[Record | dict[str, Any]], title: str | None = None, plots: bool = True,
           note: str | None = None) -> Document:
     """The report of these records (Records, or dicts decoded once with as_record): every table, problem and plot
-    reads the frame's rows (:func:`report_rows`)."""
+    reads the frame's rows (:func:`edgekv.output.export.report_rows`)."""
     if not records:
         from edgekv.errors import ResultsError
 
@@ -814,148 +643,6 @@ def _legend(recs: list[Record], predicted_only: bool) -> Section:
     return sec
 
 
-# -- Markdown -------------------------------------------------------------------------------------------
-
-def md_table(t: Table) -> list[str]:
-    out = []
-    if t.title:
-        out += [f"### {t.title}", ""]
-    if t.intro:
-        out += [t.intro, ""]
-    al = t.align or ["r"] * len(t.headers)
-    out.append("| " + " | ".join(_md_safe(h) for h in t.headers) + " |")
-    out.append("|" + "|".join(":---" if a == "l" else "---:" for a in al) + "|")
-    for row in t.rows:
-        out.append("| " + " | ".join(row) + " |")
-    out.append("")
-    return out
-
-
-def banner(doc: Document) -> str:
-    """The first line of a predicted-only report (Markdown): what nothing in it was, and where its figures come from."""
-    if not has_speed_prediction(doc.rows):
-        return "**Predicted only.** Nothing in this report was measured: the figures are computed from GGUF metadata."
-    return ("**Predicted only.** No model in this report was run: the memory figures are computed from GGUF metadata, "
-            "the speed figures from it and a short speed calibration of one machine (`edgekv calibrate`: small "
-            "synthetic models with zero weights, run through llama.cpp).")
-
-
-def render_markdown(doc: Document) -> str:
-    out = [f"# {doc.title}", ""]
-    if doc.predicted_only:
-        out += [f"> {banner(doc)}", ""]
-    if doc.note:
-        out += [doc.note, ""]
-    for sec in doc.sections:
-        out += [f"## {sec.title}", ""]
-        for p in sec.paragraphs:
-            out += [p, ""]
-        for t in sec.tables:
-            out += md_table(t)
-        for fname, alt in sec.images:
-            out += [f"![{alt}]({fname})", ""]
-        if sec.bullets:
-            out += [f"- {b}" for b in sec.bullets] + [""]
-    return "\n".join(out).rstrip("\n") + "\n"
-
-
-# -- CSV / JSON -----------------------------------------------------------------------------------------
-
-def render_csv(doc: Document) -> str:
-    """results.csv: the frame's rows through :data:`EXPORT`."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    cols = export_columns(doc.rows)
-    w.writerow(cols)
-    for x in doc.rows:
-        r = export_row(x)
-        w.writerow(["" if r.get(c) is None else _csv_value(r[c]) for c in cols])
-    return buf.getvalue()
-
-
-def _csv_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
-
-
-def render_json(doc: Document) -> str:
-    """results.json: the environments, and the frame's rows through :data:`EXPORT` (and :data:`EXPORT_LOAD`)."""
-    envs: dict[str, dict[str, Any]] = {}
-    for r in doc.records:
-        if r.kind == KIND_PREDICT:
-            continue
-        envs.setdefault(F.device_label(r), {k: v for k, v in r.environment.items() if k not in ("argv", "time_utc")})
-    obj = {
-        "edgekv_report": REPORT_FORMAT, "title": doc.title, "predicted_only": doc.predicted_only,
-        "environments": [{"device": k, **v} for k, v in sorted(envs.items())],
-        "columns": list(export_columns(doc.rows)),
-        "rows": [export_row(x) for x in doc.rows],
-    }
-    return json.dumps(obj, indent=1, sort_keys=False, ensure_ascii=False, default=str) + "\n"
-
-
-# -- HTML -----------------------------------------------------------------------------------------------
-
-_CSS = """
-body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1f24;max-width:1200px;margin:2em auto;
-padding:0 1em}
-h1{font-size:1.6em;border-bottom:2px solid #d0d7de;padding-bottom:.3em}h2{margin-top:1.8em;border-bottom:1px solid #d0d7de}
-h3{margin-top:1.4em}table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:13px}
-th,td{border:1px solid #d0d7de;padding:4px 8px;vertical-align:top}th{background:#f3f5f7}
-td.r,th.r{text-align:right;font-variant-numeric:tabular-nums}td.l,th.l{text-align:left}tr:nth-child(even) td{background:#fafbfc}
-.note{background:#fff8c5;border:1px solid #d4a72c;padding:.6em 1em;border-radius:6px}
-img{max-width:100%;border:1px solid #d0d7de;margin:.5em 0}code{background:#f3f5f7;padding:0 .25em;border-radius:3px;
-font-size:90%}
-""".strip()
-
-
-def _inline_md(s: str) -> str:
-    """The little Markdown the report uses in text (**bold**, *em*, `code`) as HTML."""
-    s = html.escape(s.replace("\\|", "|"), quote=False)
-    s = re.sub(r"`([^`]+)`", r"<code>\1</code>", s)
-    s = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", s)
-    s = re.sub(r"\*([^*]+)\*", r"<em>\1</em>", s)
-    return s
-
-
-def render_html(doc: Document) -> str:
-    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-           '<meta name="viewport" content="width=device-width, initial-scale=1">',
-           f"<title>{html.escape(doc.title)}</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
-           f"<h1>{html.escape(doc.title)}</h1>"]
-    if doc.predicted_only:
-        out.append(f'<p class="note">{_inline_md(banner(doc))}</p>')
-    if doc.note:
-        out += [f"<p>{_inline_md(p)}</p>" for p in doc.note.split("\n\n")]
-    for sec in doc.sections:
-        out.append(f"<h2>{html.escape(sec.title)}</h2>")
-        for p in sec.paragraphs:
-            out.append(f"<p>{_inline_md(p)}</p>")
-        for t in sec.tables:
-            if t.title:
-                out.append(f"<h3>{html.escape(t.title)}</h3>")
-            if t.intro:
-                out.append(f"<p>{_inline_md(t.intro)}</p>")
-            al = t.align or ["r"] * len(t.headers)
-            out.append("<table><thead><tr>" + "".join(f'<th class="{a}">{_inline_md(h)}</th>' for h, a in zip(t.headers, al))
-                       + "</tr></thead><tbody>")
-            for row in t.rows:
-                out.append("<tr>" + "".join(f'<td class="{a}">{_inline_md(c)}</td>' for c, a in zip(row, al)) + "</tr>")
-            out.append("</tbody></table>")
-        for fname, alt in sec.images:
-            png = doc.plots.get(fname)
-            if png is None:
-                continue
-            b64 = base64.b64encode(png).decode("ascii")
-            out.append(f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
-                       f"<figcaption>{html.escape(alt)}</figcaption></figure>")
-        if sec.bullets:
-            out.append("<ul>" + "".join(f"<li>{_inline_md(b)}</li>" for b in sec.bullets) + "</ul>")
-    out += ["</body>", "</html>"]
-    return "\n".join(out) + "\n"
-
-
 # -- writing the folder ---------------------------------------------------------------------------------
 
 _PLOT_RE = re.compile(r"^(memory_vs_context|speed_vs_depth|kld|explained_memory|explained_speed|speed_model_vs_depth"
@@ -998,5 +685,4 @@ def write_report(records: Sequence[Record | dict[str, Any]], outdir: str | os.Pa
     }
 
 
-__all__ = ["COLUMNS", "EXPORT", "Document", "build", "csv_rows", "render_csv", "render_html", "render_json",
-           "render_markdown", "write_report", "KIND_BENCH"]
+__all__ = ["build", "write_report", "KIND_BENCH"]
