@@ -157,16 +157,21 @@ def test_compare_refuses_significance_on_busy_rows_unless_forced(records):
 # -- point 4: the load sampler sees other work --------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_load_monitor_sees_a_busy_loop():
+def test_load_monitor_sees_a_busy_loop(tmp_path):
     from edgekv.edges.load import LoadMonitor
 
     m = LoadMonitor(before_s=0.2)
     m.start()
-    # another process (not a child of this one) spinning: start it detached through a shell that exits at once
-    p = subprocess.Popen([sys.executable, "-c", "import os,time\nif os.fork(): os._exit(0)\nt=time.time()\n"
-                          "while time.time()-t<2.5: pass"])
+    # another process (not a child of this one) spinning until it has used 2 s of CPU, however busy the machine is,
+    # then saying so in a file: started detached through a parent that exits at once
+    done = tmp_path / "spun"
+    p = subprocess.Popen([sys.executable, "-c", "import os,sys,time\nif os.fork(): os._exit(0)\n"
+                          "while time.process_time() < 2.0: pass\nopen(sys.argv[1], 'w').close()", str(done)])
     p.wait()
-    time.sleep(2.5)
+    deadline = time.monotonic() + 120
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert done.exists(), "the spinning process never finished"
     load = m.stop()
     assert load["during"]["others_cpu_s"] >= 1.5, load
     assert load["busy"] and load["others_share_max"] >= 0.10

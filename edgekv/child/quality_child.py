@@ -34,9 +34,9 @@ import numpy as np
 from edgekv.core.klstats import Accumulator
 from edgekv.core.klstats import plan as sizes
 from edgekv.core.predict import ContextParams
+from edgekv.edges.childside import EventWriter
 from edgekv.edges.corpus import text_for_tokenizer
 from edgekv.edges.engine import LOG_LEVEL_ERROR, LogCapture, context_params, model_params
-from edgekv.edges.process import EventWriter
 
 RE_FA = re.compile(r"resolve_fused_ops: Flash Attention (enabled|not supported, set to disabled)")
 RE_FA_PARAM = re.compile(r"llama_context: flash_attn += (enabled|disabled)")

@@ -9,7 +9,7 @@ import json
 import sys
 import traceback
 
-from edgekv.edges.process import EventWriter
+from edgekv.edges.childside import EventWriter
 
 
 def _engine(_payload: dict, ev: EventWriter) -> None:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekv.edges.process import EventWriter
+from edgekv.edges.childside import EventWriter
 
 SEED = 1234
 
@@ -61,7 +61,7 @@ def self_memory() -> dict[str, int | None]:
         rss = psutil.Process().memory_info().rss
     footprint = None
     if sys.platform == "darwin":
-        from edgekv.edges.process import macos_footprint
+        from edgekv.edges.sampler import macos_footprint
 
         footprint = macos_footprint(os.getpid())
     return {"rss": rss, "footprint": footprint}

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from edgekv.edges.process import die_with_parent, kill_group, memory_sampler
+from edgekv.edges.process import die_with_parent, kill_group
+from edgekv.edges.sampler import memory_sampler
 from edgekv.errors import EngineError, RunFailed, UsageError
 
 LOCALHOST = "127.0.0.1"
