@@ -36,7 +36,7 @@ from edgekv.orchestration.api import load_model  # noqa: E402
 from edgekv.orchestration.calibrate import runtime_baseline  # noqa: E402
 from edgekv.orchestration.procpredict import ProcessSettings, predict_processes  # noqa: E402
 from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block  # noqa: E402
-from edgekv.orchestration.sweep import attach_process, attach_speed  # noqa: E402
+from edgekv.orchestration.sweeprecord import attach_process, attach_speed  # noqa: E402
 from edgekv.records import results as R  # noqa: E402
 
 MODELS = ("smollm2-135m", "gemma3-270m")

@@ -13,7 +13,8 @@ import pytest
 
 from edgekv.core.predict import MIB, ContextParams, predict
 from edgekv.orchestration.api import load_model
-from edgekv.orchestration.sweep import BATCHED_NOT_PREDICTED, SweepSpec, run_sweep
+from edgekv.orchestration.sweep import SweepSpec, run_sweep
+from edgekv.orchestration.sweepplan import BATCHED_NOT_PREDICTED
 from edgekv.records import results as R
 
 TINY = {"n_prompt": 32, "n_gen": 8, "repetitions": 2, "n_threads": 2}
@@ -68,7 +69,8 @@ def test_the_sequence_count_is_a_key_setting(npl_run, smollm2_path):
 
 def test_report_and_compare_carry_the_sequence_count(npl_run, tmp_path):
     from edgekv.output.compare import compare
-    from edgekv.output.report import build, render_csv
+    from edgekv.output.render import render_csv
+    from edgekv.output.report import build
 
     _m, out, recs = npl_run
     doc = build(R.load(out), title="npl", plots=False)

@@ -17,7 +17,8 @@ import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
 from edgekv.core.memmodel import WORKLOAD_HELP
-from edgekv.core.predict import KV_PAD, MIB, STATUS_OK, ContextParams, largest_fitting, max_context_for_budget, predict
+from edgekv.core.predict import KV_PAD, STATUS_OK, ContextParams, largest_fitting, max_context_for_budget, predict
+from edgekv.core.units import MIB
 from edgekv.errors import EngineError
 from edgekv.orchestration.api import LoadedModel
 from edgekv.records.schema import Process

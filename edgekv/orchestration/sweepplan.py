@@ -1,0 +1,182 @@
+"""What a sweep predicts before it runs: llama.cpp's dry runs, the whole-process prediction and the speed model's
+prediction of every configuration to run, and whether each fits the memory available now."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from edgekv.core.predict import STATUS_OK
+from edgekv.core.shape import MEMORY_KV
+from edgekv.edges.engine import EngineResult
+from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_SERVER, Case, SweepSpec
+
+BATCHED_NOT_PREDICTED = ("the speed model predicts one sequence at a depth; -npl's sequences decoded at once are measured, "
+                         "not predicted")
+
+
+def fit_check(spec: SweepSpec, case: Case, proc: Any) -> str | None:
+    """Why a configuration is not started (its predicted peak plus the margin exceeds the memory available now,
+    edgekv.core.fit), or None: it fits, nothing is known of the machine, or ``--force``.  Without a whole-process
+    prediction the cache and the weights stand in for it, and the line says so."""
+    from edgekv.core.fit import fits, unfit_reason
+    from edgekv.edges.machine_memory import available_memory
+
+    if spec.force_fit or case.prediction.status != STATUS_OK:
+        return None
+    peak = getattr(proc, "peak_rss_bytes", None)
+    basis = "predicted peak"
+    if not peak:
+        peak, basis = case.prediction.total_bytes + spec.model.weights_bytes, "KV cache + weights (no whole-process prediction)"
+    avail = available_memory()
+    if avail is None or fits(peak, avail.bytes):
+        return None
+    return unfit_reason(peak, avail.bytes, avail.source, basis)
+
+
+def dry_runs(spec: SweepSpec, todo: list[Case]) -> dict[str, EngineResult]:
+    """llama.cpp's own prediction for every configuration, from one dry-run session."""
+    from edgekv.edges.engine import EngineSession
+    from edgekv.errors import EngineError
+
+    run = [c for c in todo if not c.prediction.aborts]
+    if not run:
+        return {}
+    try:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+            res = eng.run([c.params for c in run])
+    except EngineError:
+        return {}
+    return {c.key: r for c, r in zip(run, res)}
+
+
+def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
+    """The whole-process prediction (workload ``bench``) for every configuration to run, keyed by case key.
+
+    The runtime baseline is this environment's calibration (the llama-bench binary alone with
+    ``--llama-bench``); llama.cpp's dry run supplies the workload's compute buffers."""
+    from edgekv.core.memmodel import WORKLOAD_BENCH
+    from edgekv.edges.engine import EngineSession
+    from edgekv.errors import EngineError
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
+
+    run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts]
+    if not run:
+        return {}
+    if spec.engine == ENGINE_LLAMA_BENCH:
+        return _llama_bench_processes(spec, run)
+    # the user's llama-server: the same process model over that binary's own runtime baseline
+    baseline = runtime_baseline("binary", spec.llama_server) if spec.engine == ENGINE_SERVER else runtime_baseline()
+    if spec.engine == ENGINE_SERVER:
+        baseline.cpu_features = baseline.cpu_features or runtime_baseline().cpu_features
+    out: dict[str, Any] = {}
+    try:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+            for c in run:
+                st = c.settings
+                settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
+                                           use_extra_bufts=st.get("repack", True) is not False,
+                                           n_gpu_layers=spec.n_gpu_layers, n_prompt=st["n_prompt"], n_gen=st["n_gen"],
+                                           n_depth=st["n_depth"], n_parallel=st.get("n_parallel"),
+                                           server_slots=st["n_seq_max"] if spec.engine == ENGINE_SERVER else 0,
+                                           # the worker restores these caches from a state file (run_sweep's restore)
+                                           restores_state_file=spec.model.shape.memory != MEMORY_KV and st["n_depth"] > 0)
+                out[c.key] = predict_processes(spec.model, [c.params], settings, baseline, eng)[0]
+    except EngineError as e:
+        return {c.key: {"error": str(e)} for c in run}
+    return out
+
+
+def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
+    """llama-bench runs one process per test with a context of depth + test tokens (swa_full off, one
+    sequence) and keeps the depth state in memory: the prediction is the larger of the two processes, over
+    the binary's own baseline."""
+    from edgekv.core.memmodel import WORKLOAD_BENCH
+    from edgekv.edges.engine import EngineSession
+    from edgekv.errors import EngineError
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
+
+    baseline = runtime_baseline("binary", spec.llama_bench)
+    # the CPU features (which weights the CPU backend repacks) are the machine's: the Python runtime reports them
+    baseline.cpu_features = baseline.cpu_features or runtime_baseline().cpu_features
+    out: dict[str, Any] = {}
+    try:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+            for c in run:
+                st = c.settings
+                best = None
+                for test, count in (("pp", st["n_prompt"]), ("tg", st["n_gen"])):
+                    if count <= 0:
+                        continue
+                    params = replace(c.params, n_ctx=st["n_depth"] + count, swa_full=False, n_seq_max=1,
+                                     kv_unified=False)
+                    settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
+                                               use_extra_bufts=st.get("repack", True) is not False,
+                                               n_gpu_layers=spec.n_gpu_layers,
+                                               n_prompt=count if test == "pp" else 0, n_gen=count if test == "tg" else 0,
+                                               n_depth=st["n_depth"], keeps_depth_state=st["n_depth"] > 0)
+                    p = predict_processes(spec.model, [params], settings, baseline, eng)[0]
+                    if p is not None and (best is None or (p.peak_rss_bytes or 0) > (best.peak_rss_bytes or 0)):
+                        best = p
+                if best is not None:
+                    best.notes.append("llama-bench: the larger of its pp and tg processes")
+                    out[c.key] = best
+    except EngineError as e:
+        return {c.key: {"error": str(e)} for c in run}
+    return out
+
+
+def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[str, EngineResult],
+                      emit: Callable[[str, dict[str, Any]], None]) -> dict[str, dict[str, Any]]:
+    """``prediction.speed`` for every configuration to run (edgekv.core.speed), keyed by case key.  The
+    calibration is this machine's (cached; what it lacks is measured now, and that is said before the plan);
+    llama.cpp's graph size comes from the configuration's dry run (one is run when the sweep has none)."""
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block
+
+    run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts]
+    out: dict[str, dict[str, Any]] = {c.key: {"calibration_id": None, "error": BATCHED_NOT_PREDICTED}
+                                      for c in run if c.settings.get("n_parallel")}
+    run = [c for c in run if not c.settings.get("n_parallel")]
+    if not run:
+        return out
+    graph = next((r.log.graph for r in engine_results.values() if r.ok and r.log.graph), None)
+    if graph is None:
+        graph = _graph_from_dry_run(spec, run[0])
+    feats = runtime_baseline().cpu_features
+    groups: dict[tuple[int, bool], list[Case]] = {}
+    for c in run:
+        x = SpeedInputs.from_settings(c.settings)
+        groups.setdefault((x.n_threads, x.repack), []).append(c)
+    for (_threads, repack), cases in groups.items():
+        sh = model_speed_shape(spec.model, feats, repack, graph)
+        xs = [SpeedInputs.from_settings(c.settings) for c in cases]
+        def progress(step: str, started: list[str] = []) -> None:  # noqa: B006 - one list per group, on purpose
+            if not started:       # the first measurement: say why the plan is a minute away
+                emit("note", {"message": "calibrating this machine's speed for the speed model (once per environment, "
+                                         "thread count and --repack; about a minute, several for wide attention heads; "
+                                         "'edgekv calibrate' re-measures)"})
+                started.append(step)
+            emit("calibrate", {"step": step})
+
+        cal, note = calibration_for(sh, xs, feats, progress=progress, allow_busy=True)
+        if note:
+            emit("note", {"message": f"speed calibration: {note}"})
+        for c, x in zip(cases, xs):
+            out[c.key] = speed_block(sh, cal, x, note if cal is None else None)
+    return out
+
+
+def _graph_from_dry_run(spec: SweepSpec, case: Case) -> dict[str, int] | None:
+    from edgekv.edges.engine import EngineSession
+    from edgekv.errors import EngineError
+
+    try:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+            (r,) = eng.run([case.params])
+        return r.log.graph if r.ok else None
+    except EngineError:
+        return None
