@@ -68,9 +68,7 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
     if spec.engine == ENGINE_LLAMA_BENCH:
         return _llama_bench_processes(spec, run)
     # the user's llama-server: the same process model over that binary's own runtime baseline
-    baseline = runtime_baseline("binary", spec.llama_server) if spec.engine == ENGINE_SERVER else runtime_baseline()
-    if spec.engine == ENGINE_SERVER:
-        baseline.cpu_features = baseline.cpu_features or runtime_baseline().cpu_features
+    baseline = _binary_baseline(spec.llama_server) if spec.engine == ENGINE_SERVER else runtime_baseline()
     out: dict[str, Any] = {}
     try:
         with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
@@ -89,6 +87,16 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
     return out
 
 
+def _binary_baseline(binary: str):
+    """A llama.cpp binary's own runtime baseline; the CPU features (which weights the CPU backend repacks) are
+    the machine's, and the Python runtime reports them where the binary does not."""
+    from edgekv.orchestration.calibrate import runtime_baseline
+
+    baseline = runtime_baseline("binary", binary)
+    baseline.cpu_features = baseline.cpu_features or runtime_baseline().cpu_features
+    return baseline
+
+
 def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
     """llama-bench runs one process per test with a context of depth + test tokens (swa_full off, one
     sequence) and keeps the depth state in memory: the prediction is the larger of the two processes, over
@@ -96,12 +104,9 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
     from edgekv.core.memmodel import WORKLOAD_BENCH
     from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
-    from edgekv.orchestration.calibrate import runtime_baseline
     from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
 
-    baseline = runtime_baseline("binary", spec.llama_bench)
-    # the CPU features (which weights the CPU backend repacks) are the machine's: the Python runtime reports them
-    baseline.cpu_features = baseline.cpu_features or runtime_baseline().cpu_features
+    baseline = _binary_baseline(spec.llama_bench)
     out: dict[str, Any] = {}
     try:
         with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
