@@ -42,6 +42,7 @@ from edgekv.edges.process import run_child  # noqa: E402
 from edgekv.orchestration.api import load_model  # noqa: E402
 from edgekv.orchestration.preflight import preflight  # noqa: E402
 from edgekv.orchestration.sweep import SweepSpec, default_depth, run_sweep  # noqa: E402
+from edgekv.records.schema import encode  # noqa: E402
 
 
 def run_edgekv(m, n_ctx, t, args, env) -> dict:
@@ -51,7 +52,7 @@ def run_edgekv(m, n_ctx, t, args, env) -> dict:
         t0 = time.perf_counter()
         res = run_sweep(spec, output=Path(d) / "r.jsonl", env=env)
         sweep_wall = time.perf_counter() - t0
-    rec = res.records[-1]
+    rec = encode(res.records[-1])
     if rec["status"] != "ok":
         raise SystemExit(f"edgekv failed: {rec['reason']}")
     return {"pp": rec["speed"]["pp"]["samples_ts"], "tg": rec["speed"]["tg"]["samples_ts"],

@@ -38,6 +38,7 @@ from edgekv.orchestration.procpredict import ProcessSettings, predict_processes 
 from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block  # noqa: E402
 from edgekv.orchestration.sweeprecord import attach_process, attach_speed  # noqa: E402
 from edgekv.records import results as R  # noqa: E402
+from edgekv.records import schema as S  # noqa: E402
 
 MODELS = ("smollm2-135m", "gemma3-270m")
 AFTER_NOTE = ("The whole-process prediction in the explained-memory section was made after these runs were measured "
@@ -47,21 +48,21 @@ AFTER_NOTE = ("The whole-process prediction in the explained-memory section was 
 def explain(name: str) -> int:
     d = ROOT / "reports" / name
     sweep = d / "sweep.jsonl"
-    recs = R.load(sweep)
-    m = load_model(recs[0]["model"].get("spec") or name)
+    recs = R.load_records(sweep)
+    m = load_model(recs[0].model.spec or name)
     sha = verified_sha256(m.ref.path)
-    if sha != recs[0]["model"]["sha256"]:
+    if sha != recs[0].model.sha256:
         raise SystemExit(f"{name}: the local model ({sha[:12]}) is not the measured one "
-                         f"({recs[0]['model']['sha256'][:12]})")
+                         f"({recs[0].model.sha256[:12]})")
     baseline = runtime_baseline()
-    stamp = {"edgekv": __version__, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    stamp = S.PredictedAfter(edgekv=__version__, time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     n = 0
     speed: list = []
     with EngineSession(m.ref.path, header=m.header) as eng:
         for r in recs:
-            if r.get("status") != "ok":
+            if r.status != "ok":
                 continue
-            s = r["settings"]
+            s = S.encode_block(r.settings)
             params = ContextParams(n_ctx=s["n_ctx"], type_k=s["type_k"], type_v=s["type_v"], flash_attn=s["flash_attn"],
                                    swa_full=s["swa_full"], n_seq_max=s["n_seq_max"], kv_unified=s["kv_unified"],
                                    n_batch=s["n_batch"], n_ubatch=s["n_ubatch"])
@@ -74,9 +75,9 @@ def explain(name: str) -> int:
                 continue
             speed.append((r, SpeedInputs.from_settings(s)))
             proc.notes.append("predicted after the measurement (bench/explain_reports.py)")
-            r["prediction"]["process"] = None
+            r.prediction.process = None
             attach_process(r, proc)
-            r["prediction"]["process"]["predicted_after_measurement"] = stamp
+            r.prediction.process.predicted_after_measurement = stamp
             n += 1
         graph = eng.graph
     n_speed, cal_id = attach_speeds(m, speed, baseline.cpu_features, graph, stamp)
@@ -87,7 +88,7 @@ def explain(name: str) -> int:
         note = f"{note} {AFTER_NOTE}"
     note = note.split(" " + SPEED_NOTE_HEAD)[0]
     if n_speed:
-        note += f" {SPEED_NOTE_HEAD} {stamp['time_utc'][:10]} (calibration `{cal_id}`), after these runs, which were " \
+        note += f" {SPEED_NOTE_HEAD} {stamp.time_utc[:10]} (calibration `{cal_id}`), after these runs, which were " \
                 f"measured on {_measured_on(recs)}: the residuals include the difference between those days on this " \
                 "shared VM, not only the model's error."
     subprocess.run([sys.executable, "-m", "edgekv.cli", "report", str(sweep), "-o", str(d), "--title", title,
@@ -99,12 +100,12 @@ def explain(name: str) -> int:
 SPEED_NOTE_HEAD = "The speed prediction in the explained-speed section was made with this machine's speed calibration of"
 
 
-def _measured_on(recs: list[dict]) -> str:
-    days = sorted({(r.get("environment") or {}).get("time_utc", "")[:10] for r in recs} - {""})
+def _measured_on(recs: list[S.Record]) -> str:
+    days = sorted({(r.environment.time_utc or "")[:10] for r in recs} - {""})
     return " and ".join(days) or "an earlier day"
 
 
-def attach_speeds(m, cases: list, cpu_features: list[str], graph, stamp: dict) -> tuple[int, str | None]:
+def attach_speeds(m, cases: list, cpu_features: list[str], graph, stamp: S.PredictedAfter) -> tuple[int, str | None]:
     """``prediction.speed`` for each (record, SpeedInputs), marked as predicted after the measurement."""
     n, cal_id = 0, None
     for repack in sorted({x.repack for _r, x in cases}):
@@ -118,8 +119,8 @@ def attach_speeds(m, cases: list, cpu_features: list[str], graph, stamp: dict) -
         cal_id = cal.id
         for r, x in group:
             block = speed_block(sh, cal, x)
-            block["predicted_after_measurement"] = stamp
             attach_speed(r, block)
+            r.prediction.speed.predicted_after_measurement = stamp
             n += "error" not in block
     return n, cal_id
 

@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from edgekv.edges.load import record_busy  # noqa: E402
 from edgekv.orchestration.plan import eta_accuracy, fmt_duration  # noqa: E402
 from edgekv.records import results as R  # noqa: E402
 
@@ -49,17 +50,17 @@ def run(args) -> dict:
 
 
 def analyse(results: str, wall: float | None) -> dict:
-    recs = [r for r in R.load(results) if r.get("kind") == "bench"]
-    incomplete = bool(recs) and bool((recs[-1].get("plan") or {}).get("remaining_configs"))
+    recs = [r for r in R.load_records(results) if r.kind == "bench"]
+    incomplete = bool(recs) and bool(recs[-1].plan and recs[-1].plan.remaining_configs)
     # an interrupted sweep: what "the rest" took is unknown, so no ETA comparison
     rows = [] if incomplete else eta_accuracy(recs)
-    busy = [r for r in recs if (r.get("load") or {}).get("busy")]
+    busy = [r for r in recs if record_busy(r)]
     after_first = [x for x in rows if x["after"] >= 1 and x["actual_s"] and x["actual_s"] > 0]
     return {
         "configurations": len(recs), "busy_configurations": len(busy), "incomplete": incomplete,
-        "estimates_made": [(r.get("plan") or {}).get("estimate_s") for r in recs],
-        "walls": [(r.get("plan") or {}).get("wall_s") for r in recs],
-        "max_others_cpu_share": max(((r.get("load") or {}).get("others_share_max") or 0.0) for r in recs) if recs else None,
+        "estimates_made": [r.plan.estimate_s if r.plan else None for r in recs],
+        "walls": [r.plan.wall_s if r.plan else None for r in recs],
+        "max_others_cpu_share": max(((r.load.others_share_max if r.load else None) or 0.0) for r in recs) if recs else None,
         "plan_estimate_s": rows[0]["estimated_s"] if rows else None,
         "sweep_elapsed_s": rows[0]["actual_s"] if rows else None, "wall_s": wall, "eta": rows,
         "eta_within_25pct_after_first": all(abs(x["error"]) <= 0.25 for x in after_first) if after_first else None,

@@ -43,6 +43,7 @@ from edgekv.edges.process import run_child  # noqa: E402
 from edgekv.orchestration.api import load_model  # noqa: E402
 from edgekv.orchestration.preflight import preflight  # noqa: E402
 from edgekv.orchestration.sweep import SweepSpec, run_sweep  # noqa: E402
+from edgekv.records.schema import encode  # noqa: E402
 
 MIB = 1024 * 1024
 BEGIN, END = "<!-- parallel:begin -->", "<!-- parallel:end -->"
@@ -75,7 +76,7 @@ def run_edgekv(m, args, t: str, npl: int, env) -> dict:
                      n_threads=args.t, flash_attn=[args.fa], n_batch=args.b, n_ubatch=args.ub, n_parallel=[npl],
                      predict_speed=False)
     with tempfile.TemporaryDirectory() as d:
-        rec = run_sweep(spec, output=Path(d) / "r.jsonl", env=env).records[-1]
+        rec = encode(run_sweep(spec, output=Path(d) / "r.jsonl", env=env).records[-1])
     if rec["status"] != "ok":
         raise SystemExit(f"edgekv failed: {rec['reason']}")
     return {"pp": rec["speed"]["pp"]["samples_ts"], "tg": rec["speed"]["tg"]["samples_ts"],

@@ -50,6 +50,7 @@ from edgekv.edges.corpus import resolve_corpus  # noqa: E402
 from edgekv.edges.sources import resolve_model  # noqa: E402
 from edgekv.orchestration.preflight import preflight  # noqa: E402
 from edgekv.orchestration.quality import measure, plan  # noqa: E402
+from edgekv.records.schema import encode_block  # noqa: E402
 
 BEGIN, END = "<!-- quality:begin -->", "<!-- quality:end -->"
 PPL_TOL = 1e-4          # 0.01 %
@@ -158,11 +159,11 @@ def run_ctx(exe: Path, model: str, corpus, n_ctx: int, chunks: int, types: list[
     kw = dict(n_batch=args.batch, n_ubatch=args.ubatch, n_threads=args.threads, flash_attn="auto")
     say("edgekv quality (timed)")
     cpu0, t0 = _cpu_children(), time.perf_counter()
-    rows = measure(model, types, corpus, n_ctx, chunks, **kw)
+    rows = [encode_block(r) for r in measure(model, types, corpus, n_ctx, chunks, **kw)]
     rec["edgekv"] = {"wall_s": time.perf_counter() - t0, "cpu_s": _cpu_children() - cpu0,
                      "rows": {r["type_k"]: r for r in rows}}
     say("edgekv quality (with llama's 16-bit base emulated)")
-    rows = measure(model, types, corpus, n_ctx, chunks, emulate_llama=True, **kw)
+    rows = [encode_block(r) for r in measure(model, types, corpus, n_ctx, chunks, emulate_llama=True, **kw)]
     rec["edgekv_emulated"] = {r["type_k"]: r["quality"] for r in rows}
     return rec
 

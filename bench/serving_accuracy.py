@@ -38,6 +38,7 @@ from llama_tools import llama_cpp_python_version, tool, write_section  # noqa: E
 from edgekv.edges.environment import cpu_model  # noqa: E402
 from edgekv.orchestration.api import load_model  # noqa: E402
 from edgekv.orchestration.sweep import ENGINE_SERVER, SweepSpec, run_sweep  # noqa: E402
+from edgekv.records.schema import encode  # noqa: E402
 
 MIB = 1024 * 1024
 BEGIN, END = "<!-- serving:begin -->", "<!-- serving:end -->"
@@ -48,7 +49,7 @@ def one(m, args, npl: int, server: str | None, env) -> dict:
                      repetitions=args.r, n_threads=args.t, n_parallel=[npl], predict_speed=False,
                      engine=ENGINE_SERVER if server else "llama-cpp-python", llama_server=server)
     with tempfile.TemporaryDirectory() as d:
-        rec = run_sweep(spec, output=Path(d) / "r.jsonl", env=env).records[-1]
+        rec = encode(run_sweep(spec, output=Path(d) / "r.jsonl", env=env).records[-1])
     if rec["status"] != "ok":
         raise SystemExit(f"{'llama-server' if server else 'edgekv -npl'} failed: {rec['reason']}")
     sv = rec.get("serving") or {}

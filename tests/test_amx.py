@@ -273,7 +273,7 @@ def test_bench_falls_back_to_repack_0_when_the_preflight_saw_a_crash(smollm2_pat
     assert note in cap.err and plan in cap.out and "--repack 0" in plan     # the note is written before the plan
     recs = R.load_records(out)
     assert len(recs) == 1 and recs[0].status == "ok" and recs[0].settings.repack is False
-    assert recs[0].environment["extra_buffers_preflight"]["runs"] is False
+    assert recs[0].environment.extra_buffers_preflight.runs is False
     assert "--repack 0: llama.cpp's AMX kernels crash" in screen           # the summary's line under the table
     res = write_report(load_many([str(out)]), tmp_path / "rep", plots=False)
     md = (tmp_path / "rep" / "README.md").read_text()
@@ -290,14 +290,14 @@ def test_repack_sweeps_like_flash_attn_and_is_a_key_setting(smollm2_path, tmp_pa
     m = load_model(str(smollm2_path))
     spec = SweepSpec(model=m, contexts=[512], pairs=[("q4_0", "q4_0")], depths=[64], repack=[True, False], **TINY)
     res = run_sweep(spec, output=tmp_path / "r.jsonl")
-    assert [r["settings"]["repack"] for r in res.records] == [True, False]
-    assert all(r["status"] == "ok" for r in res.records), [r["reason"] for r in res.records]
-    assert len({r["config_key"] for r in res.records}) == 2
+    assert [r["settings"]["repack"] for r in res.lines] == [True, False]
+    assert all(r["status"] == "ok" for r in res.lines), [r["reason"] for r in res.lines]
+    assert len({r["config_key"] for r in res.lines}) == 2
     # --repack 1 is llama.cpp's default: its key is the key records written before the setting existed have
-    s = dict(res.records[0]["settings"])
+    s = dict(res.lines[0]["settings"])
     old = {k: v for k, v in s.items() if k != "repack"}
     assert R.config_key("x", s) == R.config_key("x", old) != R.config_key("x", {**s, "repack": False})
-    assert argv_for("llama-bench", "m.gguf", res.records[1]["settings"], "pp")[-2:] == ["--repack", "0"]
+    assert argv_for("llama-bench", "m.gguf", res.lines[1]["settings"], "pp")[-2:] == ["--repack", "0"]
 
 
 def test_compare_pairs_records_from_before_the_setting_with_repack_1(tmp_path):

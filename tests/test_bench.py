@@ -32,8 +32,8 @@ def smol_records(smollm2_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("smol") / "r.jsonl"
     res = run_sweep(spec, output=out)
     assert not res.interrupted
-    assert R.load(out) == res.records
-    return res.records
+    assert R.load(out) == res.lines
+    return res.lines
 
 
 def test_every_configuration_measured_and_matches_prediction(smol_records):
@@ -85,8 +85,8 @@ def test_sliding_window_model(gemma3_path, tmp_path):
     m = load_model(str(gemma3_path))
     spec = SweepSpec(model=m, contexts=[1024, 4096], pairs=[("f16", "f16"), ("q8_0", "q8_0")], depths=[900], **TINY)
     res = run_sweep(spec, output=tmp_path / "g.jsonl")
-    recs = by(res.records, "n_ctx", "type_k")
-    for r in res.records:
+    recs = by(res.lines, "n_ctx", "type_k")
+    for r in res.lines:
         assert r["status"] == "ok", r.get("reason")
         assert r["differences"]["llama_kv_matches_formula"]
         assert [c["role"] for c in r["llama_log"]["kv"]] == ["full", "swa"]
@@ -142,7 +142,7 @@ def test_default_depth_and_invalid_combination(smollm2_path, tmp_path):
     m = load_model(str(smollm2_path))
     spec = SweepSpec(model=m, contexts=[512], pairs=[("q4_0", "q4_0"), ("f16", "f16")], flash_attn=["off"], **TINY)
     res = run_sweep(spec, output=tmp_path / "x.jsonl")
-    recs = by(res.records, "type_k")
+    recs = by(res.lines, "type_k")
     assert recs[("q4_0",)]["status"] == "skipped"
     assert "flash_attn" in recs[("q4_0",)]["reason"]
     ok = recs[("f16",)]
@@ -167,12 +167,12 @@ def test_killed_child_is_a_recorded_failure_and_the_sweep_goes_on(smollm2_path, 
             os.kill(state["pid"], signal.SIGKILL)       # what the OOM killer does
 
     res = run_sweep(spec, output=tmp_path / "k.jsonl", on_event=on_event)
-    st = [r["status"] for r in res.records]
+    st = [r["status"] for r in res.lines]
     assert st == ["ok", "failed", "ok"]
-    assert "SIGKILL" in res.records[1]["reason"]
-    assert res.records[1]["memory"]["peak_rss_bytes"] > 0      # what was measured before it died is kept
+    assert "SIGKILL" in res.lines[1]["reason"]
+    assert res.lines[1]["memory"]["peak_rss_bytes"] > 0      # what was measured before it died is kept
     # the sweep itself (no CLI here) records each configuration's load and time plan, the failed one too
-    for i, r in enumerate(res.records):
+    for i, r in enumerate(res.lines):
         assert r["load"]["cpus"] >= 1 and r["load"]["during"]["wall_s"] > 0
         assert r["plan"]["remaining_configs"] == 2 - i and r["plan"]["estimate_s"] > 0
         wall = r["timing"]["wall_s"] if "timing" in r else r["load"]["during"]["wall_s"]
@@ -198,7 +198,7 @@ def test_interrupted_sweep_resumes_without_repeating(smollm2_path, tmp_path):
     assert not second.interrupted and second.skipped_existing == 1 and seen == [0, 1]
     recs = R.load(out)
     assert len(recs) == 3 and len({r["config_key"] for r in recs}) == 3
-    assert recs[0] == first.records[0]
+    assert recs[0] == first.lines[0]
 
 
 def _cli(*args, **kw):

@@ -176,13 +176,13 @@ def test_failed_in_candidate_is_a_regression(records):
 
 def test_refuses_other_environments_unless_forced(records):
     base = stable(records)[:2]
-    cand = [replaced(r, "environment", {**r.environment, "llama_cpp_commit": "abc1234"}) for r in base]
+    cand = [replaced(r, "environment.llama_cpp_commit", "abc1234") for r in base]
     with pytest.raises(EnvironmentMismatch, match="llama_cpp_commit: '0c1e570' vs 'abc1234'"):
         compare_records(base, cand, THR)
     res = compare_records(base, cand, THR, force=True)
     assert res["forced"] and res["exit_code"] == 0 and len(res["pairs"]) == 2
     # another host: one machine on each side pairs, and the check names it
-    other = [replaced(r, "environment", {**r.environment, "machine_id": "laptop"}) for r in base]
+    other = [replaced(r, "environment.machine_id", "laptop") for r in base]
     with pytest.raises(EnvironmentMismatch, match="machine_id"):
         compare_records(base, other, THR)
 
@@ -201,10 +201,10 @@ def cli(*args):
 def test_cli_exit_codes_and_markdown(records, tmp_path):
     rec = stable(records)[0]
     base, slow, same, env = (tmp_path / f"{n}.jsonl" for n in ("base", "slow", "same", "env"))
-    R.write_all(base, plain(records))
-    R.write_all(slow, plain(planted(r, 0.80) if r is rec else r for r in records))
-    R.write_all(same, plain(planted(r, 0.99) for r in records))
-    R.write_all(env, plain(replaced(r, "environment", {**r.environment, "cpu_model": "Apple M2"}) for r in records))
+    R.write_all(base, records)
+    R.write_all(slow, (planted(r, 0.80) if r is rec else r for r in records))
+    R.write_all(same, (planted(r, 0.99) for r in records))
+    R.write_all(env, (replaced(r, "environment.cpu_model", "Apple M2") for r in records))
     r = cli("compare", str(base), str(slow))
     assert r.returncode == 1, r.stderr
     assert r.stdout.startswith("## edgekv compare") and "🔴 **regression** (beyond 5%)" in r.stdout
@@ -253,11 +253,11 @@ def test_llama_bench_files_compare(tmp_path):
 def test_merge_keeps_every_row_and_reports_a_device_column(records, tmp_path):
     linux = tmp_path / "linux.jsonl"
     mac = tmp_path / "mac.jsonl"
-    R.write_all(linux, plain(records))
+    R.write_all(linux, records)
     macs = [replaced(r, "environment", {**r.environment, "machine_id": "mac-mini", "cpu_model": "Apple M2",
                                         "backends": ["Metal", "CPU"], "devices": ["Apple M2"], "os": "Darwin 24.1.0"})
             for r in records[:4]]
-    R.write_all(mac, plain(macs))
+    R.write_all(mac, macs)
     out = tmp_path / "all.jsonl"
     r = cli("merge", str(linux), str(mac), str(linux), "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
@@ -319,12 +319,12 @@ def test_every_input_kind_loads_as_records(records, tmp_path):
         assert (r.settings.n_ctx, r.settings.type_k, r.settings.n_ubatch) == (row["n_ctx"], row["type_k"], row["n_ubatch"])
         assert r.settings.n_threads is None and r.settings.engine is None         # a prediction has no workload
         assert (r.model.path, r.model.arch, r.model.size_bytes) == (row["model"], row["arch"], row["weights_bytes"])
-        assert r.status == "ok" and r.source_file == str(OLD_PREDICT) and r.environment == {}
+        assert r.status == "ok" and r.source_file == str(OLD_PREDICT) and S.encode_block(r.environment) == {}
     (b,) = load_any(lb)
     assert (b.settings.test, b.settings.engine, b.settings.type_k, b.settings.flash_attn, b.settings.repetitions) == \
         ("tg", "llama-bench", "q8_0", "on", 3)
     assert b.speed.tg.samples_ts == [80.1, 81.0, 79.5] and b.speed.tg.n_tokens == 32
-    assert b.model.size_bytes == 96576768 and b.environment["llama_cpp_commit"] == "0c1e570"
+    assert b.model.size_bytes == 96576768 and b.environment.llama_cpp_commit == "0c1e570"
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ def _sweep_killing(smollm2_path, tmp_path, sig: int, phase: str, depth: int = 44
             os.kill(state["pid"], sig)
             state["pid"] = None
 
-    return run_sweep(spec, output=tmp_path / "f.jsonl", on_event=on_event).records
+    return run_sweep(spec, output=tmp_path / "f.jsonl", on_event=on_event).lines
 
 
 def test_a_child_killed_while_filling_names_phase_signal_and_llama_cpp_lines(smollm2_path, tmp_path):

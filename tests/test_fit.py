@@ -104,7 +104,7 @@ def test_the_watchdog_stops_a_configuration_when_memory_runs_out_and_the_sweep_g
     m = load_model(str(smollm2_path))
     spec = SweepSpec(model=m, contexts=[1024], pairs=[("f16", "f16"), ("q8_0", "q8_0")], depths=[896], n_prompt=128,
                      n_gen=32, repetitions=3, n_threads=2)
-    recs = run_sweep(spec, output=tmp_path / "w.jsonl", on_event=on_event).records
+    recs = run_sweep(spec, output=tmp_path / "w.jsonl", on_event=on_event).lines
     assert state["fired"]
     assert [r["status"] for r in recs] == ["failed", "ok"]
     r = recs[0]

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from edgekv.cli.main import main
@@ -196,11 +197,66 @@ def test_cost_model_tracks_the_reference_sweep():
 
 
 def test_eta_accuracy_reads_the_plan_blocks():
-    recs = [{"plan": {"sweep_estimate_s": 100, "remaining_eta_s": 60, "sweep_elapsed_s": 50, "basis": "x"}},
-            {"plan": {"sweep_estimate_s": 100, "remaining_eta_s": 0, "sweep_elapsed_s": 110}}]
-    rows = P.eta_accuracy(recs)
-    assert rows[0]["actual_s"] == 110 and rows[1]["actual_s"] == 60 and rows[1]["error"] == 0
+    """Typed records (their ``plan`` blocks as the schema's type); a record without one is left out."""
+    base = load_any(FIXTURE)[:3]
 
+    def plan(eta: float, elapsed: float, left: int) -> S.Plan:
+        return S.Plan(estimate_s=None, wall_s=50.0, sweep_elapsed_s=elapsed, remaining_eta_s=eta, remaining_configs=left,
+                      sweep_estimate_s=100.0, basis="x")
+
+    recs = [msgspec.structs.replace(base[0], plan=plan(60.0, 50.0, 1)), base[1],
+            msgspec.structs.replace(base[2], plan=plan(0.0, 110.0, 0))]
+    rows = P.eta_accuracy(recs)
+    assert [r["after"] for r in rows] == [0, 1] and rows[0]["estimated_s"] == 100.0 and rows[0]["basis"] == "x"
+    assert rows[0]["actual_s"] == 110 and rows[1]["actual_s"] == 60 and rows[1]["error"] == 0
+    assert P.eta_accuracy(base) == []
+
+
+def test_same_machine_history_reads_typed_records(tmp_path):
+    """Typed records: a bench record of this model and environment, ok, not busy and with a wall time; an absent or
+    None ``load`` is not busy, an absent or None ``timing`` has no wall time; a dict environment is refused."""
+    base = [S.encode(r) for r in load_any(FIXTURE)]
+    env = S.environment(base[0]["environment"])
+    changes = {"plain": {}, "busy": {"load": load_block(True, 0.5)}, "quiet": {"load": load_block(False, 0.0)},
+               "load None": {"load": None}, "timing None": {"timing": None}, "failed": {"status": "failed"},
+               "other machine": {"environment": {**base[0]["environment"], "cpu_model": "other"}},
+               "other model": {"model": {**base[0]["model"], "sha256": "other"}}}
+    lines = [{**base[i], "config_key": key, **ch} for i, (key, ch) in enumerate(changes.items())]
+    lines.append({k: v for k, v in {**base[0], "config_key": "no timing"}.items() if k != "timing"})
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "a.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    hist = P.same_machine_history(tmp_path / "out.jsonl", tmp_path / "runs", base[0]["model"]["sha256"], env)
+    assert [r.config_key for r in hist] == ["plain", "quiet", "load None"]
+    with pytest.raises(TypeError):
+        P.same_machine_history(tmp_path / "out.jsonl", tmp_path / "runs", None, base[0]["environment"])
+
+
+def test_case_done_attaches_typed_load_and_plan_blocks():
+    """The tracker sets ``load`` (edgekv.edges.load's dict, converted) and ``plan`` as the schema's blocks; they encode
+    to the keys, values and order the dicts had."""
+    class Monitor:
+        def stop(self) -> dict:
+            return {"cpus": 2, "before": {"wall_s": 0.5, "others_cpu_s": 0.0, "others_cores": 0.0, "others_share": 0.0,
+                                          "loadavg_1m": 0.2},
+                    "during": {"wall_s": 3.25, "others_cpu_s": 0.5, "others_cores": 0.154, "others_share": 0.077,
+                               "loadavg_1m_max": None},
+                    "threshold_share": 0.1, "busy": False, "others_share_max": 0.077}
+
+    rec = load_any(FIXTURE)[0]
+    rec = msgspec.structs.replace(rec, timing=None)       # no timing: the wall time is the load window's
+    t = object.__new__(P.SweepTracker)
+    t.planner, t.todo, t.case_estimate, t.monitor = P.Planner(98_362_432, 23_040), [S.encode_block(rec.settings)], 4.04, Monitor()
+    t.planner.initial_total_s, t.planner.basis = 10.0, "b"
+    wall, _elapsed, remaining = t.case_done(rec, 0)
+    assert wall == 3.25 and remaining == 0 and t.monitor is None
+    assert isinstance(rec.load, S.Load) and isinstance(rec.plan, S.Plan)
+    assert json.dumps(S.encode(rec)["load"]) == json.dumps(Monitor().stop())
+    plan = S.encode(rec)["plan"]
+    assert list(plan) == ["estimate_s", "wall_s", "sweep_elapsed_s", "remaining_eta_s", "remaining_configs",
+                          "sweep_estimate_s", "basis"]
+    assert {k: v for k, v in plan.items() if k != "sweep_elapsed_s"} == {
+        "estimate_s": 4.0, "wall_s": 3.2, "remaining_eta_s": 0, "remaining_configs": 0, "sweep_estimate_s": 10.0,
+        "basis": "b"}
 
 def test_bench_plan_and_plain_lines_without_a_terminal(tmp_path, smollm2_path):
     """A real (tiny) sweep, stdout piped: the plan (count, estimate, results path) comes before the first

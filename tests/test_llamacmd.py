@@ -40,7 +40,7 @@ def test_every_bench_record_carries_it(smollm2_path, tmp_path):
     m = load_model(str(smollm2_path))
     spec = SweepSpec(model=m, contexts=[512], pairs=[("q4_0", "q4_0")], depths=[64], n_prompt=16, n_gen=4,
                      repetitions=1, n_threads=2, flash_attn=["on"])
-    rec = run_sweep(spec, output=tmp_path / "c.jsonl").records[0]
+    rec = run_sweep(spec, output=tmp_path / "c.jsonl").lines[0]
     args = rec["llama_cpp_args"]
     assert args[args.index("-c") + 1] == "512" and args[args.index("-fa") + 1] == "on"
     assert args[args.index("-ctk") + 1] == "q4_0" and args[args.index("-t") + 1] == "2"

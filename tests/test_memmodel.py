@@ -279,7 +279,7 @@ def test_bench_record_carries_prediction_and_residual(tmp_path, smollm2_path):
     spec = SweepSpec(model=m, contexts=[1024], pairs=[("q8_0", "q8_0")], n_prompt=512, n_gen=8, repetitions=1,
                      n_threads=2)
     res = run_sweep(spec, output=tmp_path / "r.jsonl")
-    (rec,) = res.records
+    (rec,) = res.lines
     assert rec["status"] == "ok" and rec["schema_version"] == R.SCHEMA_VERSION
     proc = rec["prediction"]["process"]
     assert proc["workload"] == "bench" and proc["peak_rss_bytes"] > 0
@@ -295,7 +295,7 @@ def test_bench_no_mmap_is_anonymous(tmp_path, smollm2_path):
     m = load_model(str(smollm2_path))
     spec = SweepSpec(model=m, contexts=[1024], pairs=[("f16", "f16")], n_prompt=512, n_gen=8, repetitions=1,
                      n_threads=2, use_mmap=False)
-    (rec,) = run_sweep(spec, output=tmp_path / "r.jsonl").records
+    (rec,) = run_sweep(spec, output=tmp_path / "r.jsonl").lines
     assert rec["status"] == "ok" and rec["settings"]["no_mmap"] is True
     names = [p["name"] for p in rec["prediction"]["process"]["parts"]]
     assert "weights (--no-mmap)" in names and "weights (mmap)" not in names
@@ -328,7 +328,7 @@ def test_v2_record_with_process_roundtrips(tmp_path):
     rec["schema_version"] = 2
     rec["prediction"]["process"] = {"workload": "bench", "peak_rss_bytes": 1, "device_bytes": {}, "parts": [],
                                     "notes": []}
-    R.append(tmp_path / "r.jsonl", rec)
+    R.append(tmp_path / "r.jsonl", R.as_record(rec))
     # a v2 record reads as v3: the same, with the speed never predicted (None)
     want = {**rec, "schema_version": R.SCHEMA_VERSION, "prediction": {**rec["prediction"], "speed": None}}
     assert R.load(tmp_path / "r.jsonl") == [want]
@@ -383,7 +383,7 @@ def test_llama_bench_process_predicted(llama_bench_exe, smollm2_path, tmp_path, 
     m = load_model(str(smollm2_path))
     spec = SweepSpec(model=m, contexts=[2048], pairs=[("f16", "f16")], n_prompt=512, n_gen=8, repetitions=1,
                      n_threads=2, engine=ENGINE_LLAMA_BENCH, llama_bench=str(llama_bench_exe))
-    (rec,) = run_sweep(spec, output=tmp_path / "lb.jsonl").records
+    (rec,) = run_sweep(spec, output=tmp_path / "lb.jsonl").lines
     assert rec["status"] == "ok", rec.get("reason")
     proc = rec["prediction"]["process"]
     parts = {p["name"]: p for p in proc["parts"]}

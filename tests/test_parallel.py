@@ -29,7 +29,7 @@ def npl_run(smollm2_path, tmp_path_factory):
     b = run_sweep(SweepSpec(model=m, contexts=[1024], pairs=[("f16", "f16")], n_parallel=[2], kv_unified=True, **TINY),
                   output=out)
     assert not a.interrupted and not b.interrupted
-    return m, out, b.records
+    return m, out, b.lines
 
 
 def test_each_record_runs_its_sequences_at_once(npl_run):

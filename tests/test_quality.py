@@ -129,8 +129,8 @@ def test_kld_equals_independent_recomputation(cli_rows, reference):
 def test_invalid_config_is_reported_not_run(smollm2_path):
     """Quantized V with flash attention off: llama.cpp refuses it; edgekv says so without starting a pass."""
     rows = measure(smollm2_path, [("f16", "q4_0")], None, N_CTX, 2, flash_attn="off")
-    assert rows[0]["status"] == "invalid" and "flash" in rows[0]["error"].lower()
-    assert rows[0]["quality"] is None
+    assert rows[0].status == "invalid" and "flash" in rows[0].error.lower()
+    assert rows[0].quality is None and rows[0].pass_ is None
 
 
 @pytest.mark.parametrize("content, message", [
@@ -167,15 +167,15 @@ def test_a_dying_pass_is_a_clean_error(smollm2_path):
 def test_bos_model_against_independent_recomputation(gemma3_path):
     """Gemma 3 adds BOS: the first token of every chunk is replaced by BOS (llama-perplexity's rule)."""
     corpus = resolve_corpus(None)
-    rows = {r["type_k"]: r for r in measure(gemma3_path, ["f16", "q8_0"], corpus, N_CTX, 2, n_threads=2)}
-    assert rows["q8_0"]["pass"]["add_bos"] is True
+    rows = {r.type_k: r for r in measure(gemma3_path, ["f16", "q8_0"], corpus, N_CTX, 2, n_threads=2)}
+    assert rows["q8_0"].pass_.add_bos is True
     ref = {t: _reference(gemma3_path, corpus.path, t, chunks=2) for t in ("f16", "q8_0")}
     for t in ("f16", "q8_0"):
         nll = np.concatenate([-lp[np.arange(len(y)), y] for lp, y in ref[t]])
-        assert rows[t]["quality"]["ppl"] == pytest.approx(math.exp(nll.mean()), rel=1e-6), t
+        assert rows[t].quality.ppl == pytest.approx(math.exp(nll.mean()), rel=1e-6), t
     kld = np.concatenate([(np.exp(b) * (b - q)).sum(axis=1) for (b, _), (q, _) in zip(ref["f16"], ref["q8_0"])])
-    assert rows["q8_0"]["quality"]["kld_mean"] == pytest.approx(kld.mean(), rel=1e-6)
-    assert rows["f16"]["quality"]["kld_max"] == 0.0
+    assert rows["q8_0"].quality.kld_mean == pytest.approx(kld.mean(), rel=1e-6)
+    assert rows["f16"].quality.kld_max == 0.0
 
 
 def test_bench_quality_joins_each_record(smollm2_path, tmp_path, cli_rows):
@@ -204,3 +204,115 @@ def test_bench_quality_options_need_quality(capsys):
     assert main(["bench", "--chunks", "2"]) == 2   # a usage error, like click's
     err = capsys.readouterr().err
     assert err.startswith("edgekv: error: ") and "--quality" in err and err.count("\n") == 1
+
+
+# -- the child's result, decoded once into the schema's typed blocks (no model: the child is replaced) -------------
+
+def _child_rows() -> list[dict]:
+    """What the quality child sends for -c 64 and two configs: q8_0 measured, q4_0 whose context failed."""
+    from edgekv.core.klstats import summarize
+
+    rng = np.random.default_rng(0)
+    nll, base = rng.random(40) + 1.0, rng.random(40) + 1.0
+    stats = summarize(nll, base, rng.random(40) / 100, rng.random(40) / 50 - 0.01, rng.random(40) > 0.1)
+    shared = {"n_ctx": 64, "n_chunks": 2, "n_seq": 32, "n_batch": 2048, "n_ubatch": 512, "n_ctx_total": 2048,
+              "eval_tokens": 128, "pass_wall_s": 1.5, "pass_stats_s": 0.25, "pass_contexts": 3, "pass_tokens_per_s": 256.0}
+    ok = {"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "auto", "flash_attn_resolved": "on", "attn_rot_k": True,
+          "attn_rot_v": False, **stats, "status": "ok", "eval_s": 0.5, "eval_tokens_per_s": 256.0, "base_eval_s": 0.4,
+          "base_flash_attn_resolved": "on", **shared}
+    failed = {"type_k": "q4_0", "type_v": "q4_0", "flash_attn": "auto", "flash_attn_resolved": "on", "status": "error",
+              "error": "llama_init_from_model: failed", **shared}
+    return [ok, failed]
+
+
+def _pass_with(monkeypatch, rows: list[dict]):
+    """measure's run and shape phases on a child that answers ``rows``: the typed rows."""
+    from types import SimpleNamespace
+
+    import edgekv.edges.process as P
+    from edgekv.edges.corpus import Corpus
+    from edgekv.orchestration import quality as Q
+
+    res = SimpleNamespace(events=[], ok=True, peak_rss_bytes=2**20, kernel_maxrss_bytes=None,
+                          result={"rows": rows, "n_tokens": 5000, "add_bos": False, "n_vocab": 49152,
+                                  "llama_cpp_python": "0.3.16", "system_info": "CPU : AVX2 = 1", "pid": 42})
+    monkeypatch.setattr(P, "run_child", lambda *a, **k: res)
+    m = SimpleNamespace(ref=SimpleNamespace(path="/m/model.gguf", name="model"), shape=SimpleNamespace(name="SmolLM2"))
+    corp = Corpus("pydoc-3.12", "/c/pydoc.txt", 5000, "ab" * 32, "builtin", "CPython's docs")
+    cfgs = [Q.QualityConfig("q8_0", "q8_0"), Q.QualityConfig("q4_0", "q4_0"), Q.QualityConfig("q5_0", "q5_0")]
+    got, info, peak = Q._run_pass(m, corp, [64], cfgs, [0, 1], -1, True, {}, None, None)
+    return rows, Q._shape_rows([64], cfgs, {(64, 2): "refused"}, got, info, peak, corp, m, "f16", "f16", 2)
+
+
+def test_child_rows_become_typed_quality_blocks(monkeypatch):
+    """Issue 29: the child's rows are decoded once into the schema's Quality/QualityStats/QualityPass, whose JSON is
+    the block a record carries (the schema's key order) and reads back strictly."""
+    import msgspec
+
+    from edgekv.records import schema as S
+
+    sent, rows = _pass_with(monkeypatch, _child_rows())
+    assert [type(r) for r in rows] == [S.Quality] * 3 and [r.status for r in rows] == ["ok", "error", "invalid"]
+    ok, failed, refused = rows
+    assert type(ok.quality) is S.QualityStats and type(ok.pass_) is S.QualityPass
+    block = S.encode_block(ok)
+    assert block == S.encode_block(msgspec.convert(block, S.Quality, strict=True))
+    assert list(block) == ["n_ctx", "type_k", "type_v", "flash_attn", "status", "error", "quality", "pass"]
+    q = block["quality"]
+    assert list(q) == list(S.QualityStats.__struct_fields__)
+    assert q["corpus"] == {"name": "pydoc-3.12", "path": "/c/pydoc.txt", "n_bytes": 5000, "sha256": "ab" * 32,
+                           "source": "builtin", "detail": "CPython's docs", "n_tokens": 5000}
+    assert (q["baseline"], q["method"], q["n_threads"]) == ({"type_k": "f16", "type_v": "f16"}, "llama-perplexity", 2)
+    assert all(q[k] == v for k, v in sent[0].items() if k in q and k != "n_ctx")
+    assert block["pass"] == {"wall_s": 1.5, "stats_s": 0.25, "n_contexts": 3, "tokens_per_s": 256.0, "n_ctx_total": 2048,
+                             "eval_tokens": 128, "base_eval_s": 0.4, "base_flash_attn_resolved": "on",
+                             "peak_rss_bytes": 2**20, "model": "/m/model.gguf", "model_name": "SmolLM2", "n_vocab": 49152,
+                             "add_bos": False, "llama_cpp_python": "0.3.16", "system_info": "CPU : AVX2 = 1"}
+    assert (failed.error, failed.quality, failed.pass_) == ("llama_init_from_model: failed", None, None)
+    assert S.encode_block(refused) == {"n_ctx": 64, "type_k": "q5_0", "type_v": "q5_0", "flash_attn": "auto",
+                                       "status": "invalid", "error": "refused", "quality": None, "pass": None}
+
+
+def test_child_row_missing_or_unknown(monkeypatch):
+    """A config the child sent no row for is 'not evaluated'; a key the parent does not know is one RunFailed line."""
+    from edgekv.errors import RunFailed
+
+    _, rows = _pass_with(monkeypatch, _child_rows()[:1])
+    assert (rows[1].status, rows[1].error) == ("error", "not evaluated")
+    with pytest.raises(RunFailed, match="its result does not read") as e:
+        _pass_with(monkeypatch, [{**_child_rows()[0], "new_key": 1}])
+    assert "\n" not in str(e.value)
+
+
+def test_sweep_provider_returns_typed_quality(monkeypatch):
+    """edgekv bench --quality: one measure call per (n_ctx, -fa) group, each case answered with a typed Quality (the
+    BenchRecord's quality block); a failed pass is an error block per configuration of its group."""
+    from types import SimpleNamespace
+
+    from edgekv.core.predict import ContextParams
+    from edgekv.errors import RunFailed
+    from edgekv.orchestration import quality as Q
+    from edgekv.records import schema as S
+
+    calls = []
+
+    def fake_measure(path, cfgs, corpus, n_ctx, chunks, **kw):
+        calls.append((n_ctx, kw["flash_attn"], [c.type_k for c in cfgs], chunks, corpus))
+        if kw["flash_attn"] == "off":
+            raise RunFailed("quality pass on m.gguf: died")
+        return [Q._not_measured(n_ctx, c, "ok", None) for c in cfgs]
+
+    monkeypatch.setattr(Q, "measure", fake_measure)
+    spec = SimpleNamespace(model=SimpleNamespace(ref=SimpleNamespace(path="m.gguf")), quality={"corpus": "wikitext-2"},
+                           n_batch=2048, n_ubatch=512, n_threads=0, n_gpu_layers=-1, repack=None, timeout_s=60.0)
+    cases = [SimpleNamespace(params=ContextParams(n_ctx=n, type_k=t, type_v=t, flash_attn=fa))
+             for n in (64, 128) for fa in ("auto", "off") for t in ("f16", "q8_0")]
+    provider = Q.for_sweep(spec, cases)
+    got = [provider(c, lambda kind, data: None) for c in cases]
+    assert all(type(q) is S.Quality for q in got)
+    assert calls == [(64, "auto", ["f16", "q8_0"], Q.SWEEP_CHUNKS, "wikitext-2"), (64, "off", ["f16", "q8_0"], 2, "wikitext-2"),
+                     (128, "auto", ["f16", "q8_0"], 2, "wikitext-2"), (128, "off", ["f16", "q8_0"], 2, "wikitext-2")]
+    assert [(q.n_ctx, q.flash_attn, q.type_k, q.status) for q in got[2:4]] == [(64, "off", "f16", "error"),
+                                                                               (64, "off", "q8_0", "error")]
+    assert S.encode_block(got[2]) == {"n_ctx": 64, "type_k": "f16", "type_v": "f16", "flash_attn": "off", "status": "error",
+                                      "error": "quality pass on m.gguf: died", "quality": None, "pass": None}

@@ -118,12 +118,12 @@ def test_bench_refuses_a_results_file_of_another_model(tmp_path):
 def test_force_accepts_another_model():
     from edgekv.orchestration.sweep import check_resumable
 
-    recs = R.load(ROOT / "tests" / "data" / "smollm2-sweep.jsonl")
-    env = recs[0]["environment"]
+    recs = R.load_records(ROOT / "tests" / "data" / "smollm2-sweep.jsonl")
+    env = recs[0].environment
     with pytest.raises(ResultsError, match="another model"):
         check_resumable(recs, env, "0" * 64, Path("x.jsonl"), force=False, model_name="M")
     check_resumable(recs, env, "0" * 64, Path("x.jsonl"), force=True, model_name="M")
-    check_resumable(recs, env, recs[0]["model"]["sha256"], Path("x.jsonl"), force=False)
+    check_resumable(recs, env, recs[0].model.sha256, Path("x.jsonl"), force=False)
 
 
 def test_results_frame_of_a_real_committed_file():
@@ -170,7 +170,7 @@ def test_predict_json_prints_predict_records_that_load_and_merge(tmp_path, smoll
     assert len(recs) == 4 and all(r.kind == "predict" and r.prediction.engine.match for r in recs)
     assert all(r.schema_version == S.SCHEMA_VERSION and set(S.encode(r)["settings"]) == set(R.KEY_SETTINGS) for r in recs)
     p = tmp_path / "pred.jsonl"
-    R.write_all(p, [S.encode(x) for x in recs])
+    R.write_all(p, recs)
     assert [S.encode(x) for x in R.load_records(p)] == raw
     assert edgekv_frame_kv(p) == [r.prediction.formula.total_bytes for r in recs]
 
@@ -192,7 +192,7 @@ def test_quality_json_rows_are_records_that_load_like_bench_records(tmp_path, sm
     assert [(r["kind"], r["schema_version"], r["settings"]["type_k"]) for r in recs] == \
         [("quality", S.SCHEMA_VERSION, "f16"), ("quality", S.SCHEMA_VERSION, "q8_0")]
     p = tmp_path / "q.jsonl"
-    R.write_all(p, recs)                                   # checked against the schema on the way out
+    R.write_all(p, [R.as_record(r) for r in recs])         # checked against the schema on the way out
     typed = R.load_records(p)
     assert typed[0].model.sha256 and typed[1].quality.quality.kld_mean > 0 and typed[0].quality.pass_.n_vocab > 0
     df = edgekv.results_frame(p)
@@ -220,3 +220,37 @@ def test_one_engine_serialiser_matches_what_predict_prints(smollm2_path, gemma3_
             assert new["total_bytes"] > new["kv_mib"] * 2**20 and new["total_caches_from"] == "formula"
             sweep_style = engine_block(p, res)
             assert "total_bytes" not in sweep_style and sweep_style["caches"] == new["caches"]
+
+
+def test_environment_is_typed_and_unknown_keys_go_to_extra():
+    """A collected environment: the keys edgekv knows become typed fields, anything else lands in ``extra`` (named,
+    never dropped); a record's environment with an unknown key at the top refuses in one line."""
+    env = S.environment({"cpu_model": "X", "ram_bytes": 1, "nvidia": {"driver": "1", "devices": [
+        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_total": 85 << 30}]}, "thermal_state": "nominal"})
+    assert env.cpu_model == "X" and env.nvidia.devices[0].name == "NVIDIA H100 80GB HBM3"
+    assert env.extra == {"thermal_state": "nominal"} and S.encode_block(env)["extra"] == {"thermal_state": "nominal"}
+    r = _real()
+    r["environment"]["gpus"] = []
+    with pytest.raises(ResultsError, match=r":1: environment.gpus: unknown key"):
+        R.load(_write(r))
+
+
+def _write(obj) -> Path:
+    import tempfile
+
+    p = Path(tempfile.mkdtemp()) / "r.jsonl"
+    p.write_text(json.dumps(obj) + "\n")
+    return p
+
+
+def test_each_kind_is_its_own_type_and_a_bench_record_requires_its_blocks():
+    recs = R.load_records(ROOT / "tests" / "data" / "smollm2-sweep.jsonl")
+    assert all(type(r) is S.BenchRecord and r.kind == "bench" for r in recs)
+    r = {**_real(), "schema_version": S.SCHEMA_VERSION}      # no upgrade step adds a prediction block to it
+    del r["prediction"]
+    with pytest.raises(ResultsError, match=r":1: prediction: missing in a bench record; not a complete edgekv record"):
+        R.load(_write(r))
+    r = _real()
+    del r["model"]["arch"]
+    with pytest.raises(ResultsError, match=r":1: model.arch: missing in a bench record"):
+        R.load(_write(r))

@@ -404,5 +404,6 @@ def test_h100_report_names_the_gpu(name):
     root = Path(__file__).parent.parent / "bench" / "results" / "cuda-h100"
     recs = [json.loads(x) for x in (root / f"{name}.jsonl").read_text().splitlines()]
     assert all(r["environment"]["nvidia"]["devices"] for r in recs)
-    assert REP._gpu(recs[0]["environment"]) == "NVIDIA H100 80GB HBM3 (80 GiB), driver 580.159.04"
+    typed = R.load_records(root / f"{name}.jsonl")          # the typed environment: nvidia.devices, never a dict key
+    assert REP._gpu(typed[0].environment) == "NVIDIA H100 80GB HBM3 (80 GiB), driver 580.159.04"
     assert "| GPU | NVIDIA H100 80GB HBM3 (80 GiB), driver 580.159.04 |" in (root / f"report-{name}" / "README.md").read_text()

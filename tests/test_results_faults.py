@@ -183,7 +183,7 @@ from edgekv.records import results as R
 path, who, n, size, base = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 rec = json.loads(open(base).readline())        # a real record: loading is strict
 for i in range(n):
-    R.append(path, {**rec, "config_key": f"{who}-{i}", "reason": "x" * size})
+    R.append(path, R.as_record({**rec, "config_key": f"{who}-{i}", "reason": "x" * size}))
 """
 
 

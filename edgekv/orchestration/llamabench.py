@@ -22,13 +22,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+from msgspec import UNSET
+
 from edgekv.core.llamalog import parse_memory_log
 from edgekv.core.predict import predict
 from edgekv.edges.engine import EngineResult
 from edgekv.errors import ResultsError
 from edgekv.orchestration.crosscheck import compare, engine_lines
 from edgekv.records import results as R
-from edgekv.records.schema import Record, decode, speed_test
+from edgekv.records import schema as S
+from edgekv.records.schema import speed_test
 
 LLAMA_BENCH_TYPES = {"f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
 _CTX_START = re.compile(r"llama_context: constructing llama_context")
@@ -78,18 +82,28 @@ def _run_test(spec, s: dict[str, Any], test: str, gpu_probe, emit):
     return child, time.perf_counter() - t
 
 
-def _test_failure(child, test: str, s: dict[str, Any]) -> dict[str, Any] | None:
-    """The fields that mark the record failed when the llama-bench ``test`` process stopped, died or timed out,
-    else None."""
+def _test_failure(child, test: str, s: dict[str, Any]) -> tuple[str, S.Failure | None] | None:
+    """(reason, failure block) that mark the record failed when the llama-bench ``test`` process stopped, died or
+    timed out, else None."""
     if child.stopped_reason:
-        return {"status": "failed", "reason": f"llama-bench {test}: {child.stopped_reason}"}
+        return f"llama-bench {test}: {child.stopped_reason}", None
     if child.returncode != 0 or child.timed_out:
         d = _diagnose(child, test, s)
-        return {"status": "failed", "reason": f"llama-bench {test}: {d.line()}", "failure": d.to_dict()}
+        return f"llama-bench {test}: {d.line()}", S.Failure(**d.to_dict())
     return None
 
 
-def _test_contexts(spec, case, test: str, stderr: str) -> list[dict[str, Any]]:
+def _cache_lines(res: EngineResult) -> list[S.CacheLine]:
+    return msgspec.convert(engine_lines(res), list[S.CacheLine], strict=True)
+
+
+def speed_block(n_tokens: int, samples_ns: list[int] | None, samples_ts: list[float],
+                llama_bench_avg_ts: Any = UNSET) -> S.SpeedTest:
+    """:func:`edgekv.records.schema.speed_test` as the typed block (its values are checked where a record is)."""
+    return S.SpeedTest(**speed_test(n_tokens, samples_ns, samples_ts, llama_bench_avg_ts))
+
+
+def _test_contexts(spec, case, test: str, stderr: str) -> list[S.LlamaBenchContext]:
     """Each llama.cpp context the ``test`` process constructed: its logged KV and compute buffers against the
     formula's prediction for that context."""
     contexts = []
@@ -98,52 +112,59 @@ def _test_contexts(spec, case, test: str, stderr: str) -> list[dict[str, Any]]:
         n_ctx = int(log.context.get("n_ctx", 0) or 0)
         pred = predict(spec.model.shape, replace(case.params, n_ctx=n_ctx, swa_full=False, n_seq_max=1,
                                                  kv_unified=False))
-        diffs = compare(pred, EngineResult(case.params, True, None, log))
-        contexts.append({"test": test, "n_ctx": n_ctx, "kv": engine_lines(EngineResult(case.params, True, None, log)),
-                         "kv_mib": round(log.kv_mib_total, 2), "compute_mib": log.compute_buffers,
-                         "formula_kv_bytes": pred.total_bytes, "matches_formula": not diffs, "diffs": diffs})
+        res = EngineResult(case.params, True, None, log)
+        diffs = compare(pred, res)
+        contexts.append(S.LlamaBenchContext(
+            test=test, n_ctx=n_ctx, kv=_cache_lines(res), kv_mib=round(log.kv_mib_total, 2),
+            compute_mib=log.compute_buffers, formula_kv_bytes=pred.total_bytes, matches_formula=not diffs, diffs=diffs))
     return contexts
 
 
-def _test_memory(child) -> dict[str, Any]:
+def _test_memory(child) -> S.TestMemory:
     """What was measured of the llama-bench process from outside."""
-    return {"peak_rss_bytes": child.peak_rss_bytes, "kernel_maxrss_bytes": child.kernel_maxrss_bytes,
-            "peak_gpu_bytes": child.peak_gpu_bytes, "peak_footprint_bytes": child.peak_footprint_bytes,
-            "peak_anon_bytes": child.peak_anon_bytes, "peak_file_bytes": child.peak_file_bytes}
+    return S.TestMemory(peak_rss_bytes=child.peak_rss_bytes, kernel_maxrss_bytes=child.kernel_maxrss_bytes,
+                        peak_gpu_bytes=child.peak_gpu_bytes, peak_footprint_bytes=child.peak_footprint_bytes,
+                        peak_anon_bytes=child.peak_anon_bytes, peak_file_bytes=child.peak_file_bytes)
 
 
-def _fill_record(base: dict[str, Any], spec, env, speed: dict[str, Any], mem: dict[str, Any],
-                 contexts: list[dict[str, Any]], info: dict[str, Any], wall: float) -> dict[str, Any]:
-    """The record's blocks (speed, memory, llama_bench, log, differences, timing, environment) from both tests."""
-    peaks = [v["peak_rss_bytes"] for v in mem.values() if v["peak_rss_bytes"]]
-    base["speed"] = speed
-    base["memory"] = {
-        "peak_rss_bytes": max(peaks) if peaks else None,
-        "kernel_maxrss_bytes": max((v["kernel_maxrss_bytes"] or 0) for v in mem.values()) or None,
-        "peak_gpu_bytes": max((v["peak_gpu_bytes"] or 0) for v in mem.values()) or None,
-        "per_test": mem,
-    }
-    base["llama_bench"] = {"path": spec.llama_bench, **info, "contexts": contexts}
-    base["effective"] = {"n_ctx": contexts[0]["n_ctx"] if contexts else None}
-    base["llama_log"] = {"kv": contexts[0]["kv"] if contexts else [], "kv_mib": contexts[0]["kv_mib"] if contexts else None,
-                         "compute_mib": contexts[0]["compute_mib"] if contexts else None}
-    base["differences"] = {"llama_kv_matches_formula": all(c["matches_formula"] for c in contexts) if contexts else None}
-    base["timing"] = {"wall_s": wall}
-    base["environment"] = {**env, "llama_bench_build_commit": info.get("build_commit"),
-                           "llama_bench_build_number": info.get("build_number")}
+def _fill_record(base: S.BenchRecord, spec, env: S.Environment, speed: S.Speed, mem: dict[str, S.TestMemory],
+                 contexts: list[S.LlamaBenchContext], row: LlamaBenchRow, wall: float) -> S.BenchRecord:
+    """The record's blocks (speed, memory, llama_bench, log, differences, timing, environment) from both tests;
+    ``row``: llama-bench's JSON line of the last test."""
+    peaks = [v.peak_rss_bytes for v in mem.values() if v.peak_rss_bytes]
+    first = contexts[0] if contexts else None
+    base.speed = speed
+    base.memory = S.Memory(peak_rss_bytes=max(peaks) if peaks else None,
+                           kernel_maxrss_bytes=max((v.kernel_maxrss_bytes or 0) for v in mem.values()) or None,
+                           peak_gpu_bytes=max((v.peak_gpu_bytes or 0) for v in mem.values()) or None, per_test=mem)
+    base.llama_bench = S.LlamaBench(
+        path=spec.llama_bench, build_commit=row.build_commit, build_number=row.build_number, cpu_info=row.cpu_info,
+        gpu_info=row.gpu_info, backends=row.backends, model_type=row.model_type, model_size=row.model_size,
+        model_n_params=row.model_n_params, devices=row.devices, contexts=contexts)
+    base.effective = S.Effective(n_ctx=first.n_ctx if first else None)
+    base.llama_log = S.LlamaLog(kv=first.kv if first else [], kv_mib=first.kv_mib if first else None,
+                                compute_mib=first.compute_mib if first else None)
+    base.differences = S.Differences(llama_kv_matches_formula=all(c.matches_formula for c in contexts) if contexts
+                                     else None)
+    base.timing = S.Timing(wall_s=wall)
+    base.environment = msgspec.structs.replace(env, llama_bench_build_commit=row.build_commit,
+                                               llama_bench_build_number=row.build_number)
     return base
 
 
-def run_llama_bench_case(spec, case, env, base, gpu_probe, emit) -> dict[str, Any]:
+def run_llama_bench_case(spec, case, env: S.Environment, base: S.BenchRecord, gpu_probe, emit) -> S.BenchRecord:
     """One configuration through llama-bench: one process per test (pp, tg), memory sampled outside.
 
     ``base`` is the sweep's record for this case (status "ok", no engine or child yet); it is filled in and returned.
     """
     s = case.settings
     if s["type_k"] not in LLAMA_BENCH_TYPES or s["type_v"] not in LLAMA_BENCH_TYPES:
-        base.update(status="skipped", reason=f"llama-bench does not accept cache type {s['type_k']}/{s['type_v']}")
+        base.status, base.reason = "skipped", f"llama-bench does not accept cache type {s['type_k']}/{s['type_v']}"
         return base
-    speed, mem, contexts, info = {}, {}, [], {}
+    speed: dict[str, S.SpeedTest] = {}
+    mem: dict[str, S.TestMemory] = {}
+    contexts: list[S.LlamaBenchContext] = []
+    row = LlamaBenchRow()
     wall = 0.0
     for test in ("pp", "tg"):
         if (s["n_prompt"] if test == "pp" else s["n_gen"]) <= 0:
@@ -152,20 +173,20 @@ def run_llama_bench_case(spec, case, env, base, gpu_probe, emit) -> dict[str, An
         wall += took
         failed = _test_failure(child, test, s)
         if failed is not None:
-            base.update(**failed)
+            base.status, base.reason = "failed", failed[0]
+            if failed[1] is not None:
+                base.failure = failed[1]
             return base
         rows = [json.loads(x) for x in (child.stdout or "").splitlines() if x.strip().startswith("{")]
         if not rows:
-            base.update(status="failed", reason=f"llama-bench {test} printed no JSON result")
+            base.status, base.reason = "failed", f"llama-bench {test} printed no JSON result"
             return base
-        row = rows[-1]
-        info = {k: row.get(k) for k in ("build_commit", "build_number", "cpu_info", "gpu_info", "backends",
-                                         "model_type", "model_size", "model_n_params", "devices")}
-        speed[test] = speed_test(s["n_prompt"] if test == "pp" else s["n_gen"], row["samples_ns"], row["samples_ts"],
-                                 llama_bench_avg_ts=row.get("avg_ts"))
+        row = llama_bench_row(rows[-1])
+        speed[test] = speed_block(s["n_prompt"] if test == "pp" else s["n_gen"], row.samples_ns, row.samples_ts,
+                                  llama_bench_avg_ts=row.avg_ts)
         contexts += _test_contexts(spec, case, test, child.stderr or "")
         mem[test] = _test_memory(child)
-    return _fill_record(base, spec, env, speed, mem, contexts, info, wall)
+    return _fill_record(base, spec, env, S.Speed(**speed), mem, contexts, row, wall)
 
 
 # -- llama-bench output files -> records ---------------------------------------------------------------
@@ -173,10 +194,47 @@ def run_llama_bench_case(spec, case, env, base, gpu_probe, emit) -> dict[str, An
 FA_INT = {-1: "auto", 0: "off", 1: "on"}
 
 
-def load_llama_bench_file(path: str | os.PathLike) -> list[Record]:
+class LlamaBenchRow(msgspec.Struct):
+    """The keys edgekv reads of one llama-bench ``-o json``/``-o jsonl`` row (llama-bench's names; external input:
+    a key it did not print is None, other keys are ignored).  Untyped here: the values are checked strictly where
+    they enter a record (:func:`from_llama_bench_row`: one line naming the record key)."""
+
+    build_commit: Any = None
+    build_number: Any = None
+    cpu_info: Any = None
+    gpu_info: Any = None
+    backends: Any = None
+    devices: Any = None
+    model_filename: Any = None
+    model_type: Any = None
+    model_size: Any = None
+    model_n_params: Any = None
+    test_time: Any = None
+    n_batch: Any = None
+    n_ubatch: Any = None
+    n_threads: Any = None
+    n_gpu_layers: Any = None
+    type_k: Any = None
+    type_v: Any = None
+    flash_attn: Any = None
+    repack: Any = None
+    n_prompt: Any = None
+    n_gen: Any = None
+    n_depth: Any = 0
+    samples_ns: Any = None
+    samples_ts: Any = None
+    avg_ts: Any = None
+
+
+def llama_bench_row(row: dict[str, Any]) -> LlamaBenchRow:
+    """One llama-bench JSON row (a dict) as :class:`LlamaBenchRow`: the one place its keys are read."""
+    return msgspec.convert(row, LlamaBenchRow)
+
+
+def load_llama_bench_file(path: str | os.PathLike) -> list[S.LlamaBenchRecord]:
     """Read llama-bench ``-o json`` or ``-o jsonl`` output as records of kind ``llama-bench`` (speed only).
 
-    Each row is decoded strictly (:func:`edgekv.records.schema.decode`): a value of the wrong type refuses
+    Each row is checked strictly (:func:`edgekv.records.schema.decode`): a value of the wrong type refuses
     the file in one line naming ``file: entry N: key``."""
     p = Path(path)
     text = p.read_text()
@@ -196,31 +254,42 @@ def load_llama_bench_file(path: str | os.PathLike) -> list[Record]:
     return out
 
 
-def from_llama_bench_row(row: dict[str, Any], source: str, where: str) -> Record:
-    """One llama-bench JSON row as a record of kind ``llama-bench``, decoded strictly (``where`` names the row
+def _count(v: Any) -> int:
+    return v if isinstance(v, int) else 0
+
+
+def _flash_attn(fa: Any) -> Any:
+    """llama-bench's flash_attn (-1/0/1, or true/false in older builds) as the schema's auto/off/on."""
+    return FA_INT[fa] if isinstance(fa, int) and fa in FA_INT else fa
+
+
+def _names(v: Any, split: bool) -> Any:
+    """llama-bench's backends ("CUDA,BLAS": split at commas) or gpu_info (one string) as the environment's list of
+    names; None when empty.  Anything else is kept for the strict check to refuse."""
+    if isinstance(v, str):
+        return (v.split(",") if split else [v]) if v else None
+    return v
+
+
+def from_llama_bench_row(row: dict[str, Any], source: str, where: str) -> S.LlamaBenchRecord:
+    """One llama-bench JSON row as a record of kind ``llama-bench``, checked strictly (``where`` names the row
     in the one-line error)."""
-    test = "pp" if row.get("n_prompt", 0) > 0 and row.get("n_gen", 0) == 0 else \
-        "tg" if row.get("n_gen", 0) > 0 and row.get("n_prompt", 0) == 0 else "pg"
-    fa = row.get("flash_attn")
-    settings = {
-        "engine": "llama-bench", "n_ctx": None, "type_k": row.get("type_k"), "type_v": row.get("type_v"),
-        "flash_attn": FA_INT.get(fa, fa) if isinstance(fa, int) else ({True: "on", False: "off"}.get(fa, fa)),
-        "swa_full": False, "n_seq_max": 1, "kv_unified": False, "n_batch": row.get("n_batch"),
-        "n_ubatch": row.get("n_ubatch"), "n_threads": row.get("n_threads"), "n_gpu_layers": row.get("n_gpu_layers"),
-        "n_prompt": row.get("n_prompt"), "n_gen": row.get("n_gen"), "n_depth": row.get("n_depth", 0),
-        "repetitions": len(row.get("samples_ts") or []), "warmup": None, "quality": None, "test": test,
-    }
-    if isinstance(row.get("repack"), (bool, int)):      # llama-bench prints its --repack as "repack"
-        settings["repack"] = bool(row["repack"])
-    n_tok = (row.get("n_prompt") or 0) + (row.get("n_gen") or 0)
-    return decode({
-        "schema_version": R.SCHEMA_VERSION, "kind": "llama-bench", "config_key": None, "status": "ok", "reason": None,
-        "time_utc": row.get("test_time"), "source_file": source,
-        "model": {"path": row.get("model_filename"), "name": row.get("model_type"), "sha256": None,
-                  "size_bytes": row.get("model_size")},
-        "settings": settings,
-        "speed": {test: speed_test(n_tok, row.get("samples_ns"), row["samples_ts"])},
-        "environment": {"cpu_model": row.get("cpu_info"), "devices": row.get("gpu_info") or None,
-                        "backends": row.get("backends"), "llama_cpp_commit": row.get("build_commit"),
-                        "llama_bench_build_number": row.get("build_number")},
-    }, where)
+    r = llama_bench_row(row)
+    n_prompt, n_gen = _count(r.n_prompt), _count(r.n_gen)
+    test = "pp" if n_prompt > 0 and n_gen == 0 else "tg" if n_gen > 0 and n_prompt == 0 else "pg"
+    settings = S.Settings(
+        engine="llama-bench", n_ctx=None, type_k=r.type_k, type_v=r.type_v, flash_attn=_flash_attn(r.flash_attn),
+        swa_full=False, n_seq_max=1, kv_unified=False, n_batch=r.n_batch, n_ubatch=r.n_ubatch, n_threads=r.n_threads,
+        n_gpu_layers=r.n_gpu_layers, n_prompt=r.n_prompt, n_gen=r.n_gen, n_depth=r.n_depth,
+        repetitions=len(r.samples_ts or []), warmup=None, quality=None, test=test,
+        repack=bool(r.repack) if isinstance(r.repack, (bool, int)) else UNSET)    # llama-bench's --repack
+    rec = S.LlamaBenchRecord(
+        schema_version=R.SCHEMA_VERSION, status="ok", reason=None, time_utc=r.test_time, source_file=source,
+        model=S.Model(path=r.model_filename, name=r.model_type, sha256=None, size_bytes=r.model_size),
+        settings=settings, speed=S.Speed(**{test: speed_block(n_prompt + n_gen, r.samples_ns, r.samples_ts)}),
+        environment=S.Environment(cpu_model=r.cpu_info, devices=_names(r.gpu_info, split=False),
+                                  backends=_names(r.backends, split=True), llama_cpp_commit=r.build_commit,
+                                  llama_bench_build_number=r.build_number))
+    checked = S.decode(S.encode(rec), where)     # the file's values, typed strictly: one line naming the record key
+    assert isinstance(checked, S.LlamaBenchRecord)
+    return checked

@@ -23,6 +23,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from edgekv.records import schema as S
+
 # -- defaults (issue 19: the first command answers in minutes) ------------------------------------------------
 
 QUICK = {"n_prompt": 128, "n_gen": 32, "repetitions": 5}
@@ -177,28 +181,33 @@ def kv_f16_per_token(model, params) -> int:
     return int((p.total_bytes or 0) / max(1, params.n_ctx))
 
 
-def same_machine_history(output: Path, runs_dir: Path, model_sha: str | None, env: dict[str, Any],
-                         limit: int = 200) -> list[dict[str, Any]]:
-    """Earlier bench records of this model file on this machine (same CPU, threads and engine versions)."""
+def same_machine_history(output: Path, runs_dir: Path, model_sha: str | None, env: S.Environment,
+                         limit: int = 200) -> list[S.BenchRecord]:
+    """Earlier bench records of this model file on this machine (same CPU, threads and engine versions), typed;
+    each has a ``timing`` block with a wall time (an absent or None block counts as no wall time)."""
+    from edgekv.edges.load import record_busy
     from edgekv.records import results as R
 
+    if not isinstance(env, S.Environment):
+        raise TypeError(f"same_machine_history: env is a typed Environment (edgekv.records.schema.environment), "
+                        f"not {type(env).__name__}")
     files = sorted(runs_dir.glob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True) if runs_dir.is_dir() else []
     if output.exists() and output not in files:
         files.insert(0, output)
-    out: list[dict[str, Any]] = []
+    out: list[S.BenchRecord] = []
     for f in files[:50]:
         try:
-            recs = R.load(f)
+            recs = R.load_records(f)
         except Exception:   # another tool's file or a newer schema: not history we can use
             continue
         for r in recs:
-            if r.get("kind") != "bench" or r.get("status") != "ok" or (r.get("model") or {}).get("sha256") != model_sha:
+            if not isinstance(r, S.BenchRecord) or r.status != "ok" or r.model.sha256 != model_sha:
                 continue
-            if R.env_differences(r.get("environment") or {}, env):
+            if R.env_differences(r.environment, env):
                 continue
-            if (r.get("load") or {}).get("busy"):
+            if record_busy(r):
                 continue          # a busy run's wall time says little about this machine
-            if (r.get("timing") or {}).get("wall_s"):
+            if r.timing and r.timing.wall_s:
                 out.append(r)
             if len(out) >= limit:
                 return out
@@ -212,13 +221,13 @@ class SweepTracker:
     ``plan`` and ``load`` blocks.  The CLI only prints what it holds."""
 
     def __init__(self, model, params, cases: list, speeds: dict[str, Any], output: Path, runs_dir: Path,
-                 model_sha: str | None, env: dict[str, Any]) -> None:
+                 model_sha: str | None, env: S.Environment) -> None:
         self.planner = Planner(model.weights_bytes, kv_f16_per_token(model, params) if cases else 0)
         self.planner.speeds = {settings_id(c.settings): speeds[c.key] for c in cases if speeds.get(c.key)}
         modelled = bool(cases) and all(speed_seconds(c.settings, speeds.get(c.key)) is not None for c in cases)
         hist = same_machine_history(output, runs_dir, model_sha, env)
         for r in hist:
-            self.planner.learn(r["settings"], r["timing"]["wall_s"])
+            self.planner.learn(S.encode_block(r.settings), r.timing.wall_s)
         cal_id = next((b.get("calibration_id") for b in speeds.values() if b.get("calibration_id")), None)
         self.planner.basis = (
             f"calibrated on {len(hist)} earlier configurations of this model on this machine" if hist else
@@ -239,22 +248,26 @@ class SweepTracker:
         self.monitor = LoadMonitor()
         self.monitor.start()
 
-    def case_done(self, rec: dict[str, Any], i: int) -> tuple[float, float, float]:
-        """After configuration ``i``: ``load`` and ``plan`` attached to its record; (wall s, elapsed s, ETA s)."""
-        load = self.monitor.stop() if self.monitor is not None else None
+    def case_done(self, rec: S.BenchRecord, i: int) -> tuple[float, float, float]:
+        """After configuration ``i`` (of the ``cases`` given, in order): ``load`` and ``plan`` attached to its record;
+        (wall s, elapsed s, ETA s).  The planner learns from ``cases[i].settings``, the plain dict the record's
+        settings were made from (and the key of its speed prediction)."""
+        raw = self.monitor.stop() if self.monitor is not None else None
         self.monitor = None
+        load = msgspec.convert(raw, S.Load, strict=True) if raw is not None else None
         if load is not None:
-            rec["load"] = load
-        wall = (rec.get("timing") or {}).get("wall_s") or (load or {}).get("during", {}).get("wall_s") or 0.0
+            rec.load = load
+        wall = ((rec.timing.wall_s if rec.timing else None) or (load.during.wall_s if load is not None else None)
+                or 0.0)
         p = self.planner
-        if rec.get("status") == "ok":
-            p.learn(rec["settings"], wall)
+        if rec.status == "ok":
+            p.learn(self.todo[i], wall)
         rest = self.todo[i + 1:]
         remaining, elapsed = p.remaining(rest), p.elapsed()
-        rec["plan"] = {"estimate_s": round(self.case_estimate, 1) if self.case_estimate is not None else None,
-                       "wall_s": round(wall, 1), "sweep_elapsed_s": round(elapsed, 1),
-                       "remaining_eta_s": round(remaining, 1), "remaining_configs": len(rest),
-                       "sweep_estimate_s": round(p.initial_total_s or 0.0, 1), "basis": p.basis}
+        rec.plan = S.Plan(estimate_s=round(self.case_estimate, 1) if self.case_estimate is not None else None,
+                          wall_s=round(wall, 1), sweep_elapsed_s=round(elapsed, 1),
+                          remaining_eta_s=round(remaining, 1), remaining_configs=len(rest),
+                          sweep_estimate_s=round(p.initial_total_s or 0.0, 1), basis=p.basis)
         return wall, elapsed, remaining
 
     def close(self) -> None:
@@ -303,21 +316,19 @@ def plan_lines(n_cases: int, contexts: list[int], types: list[str], settings0: d
     return lines
 
 
-def eta_accuracy(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For a sweep's records (in order), the remaining-time estimate made after each configuration against the
-    time the rest really took. Used by bench/eta_accuracy.py."""
-    rows = []
-    recs = [r for r in records if r.get("plan")]
-    if not recs:
+def eta_accuracy(records: Iterable[S.Record]) -> list[dict[str, Any]]:
+    """For a sweep's typed records (in order), the remaining-time estimate made after each configuration against the
+    time the rest really took (records without a ``plan`` block are left out). Used by bench/first_run.py."""
+    rows: list[dict[str, Any]] = []
+    plans = [r.plan for r in records if r.plan]
+    if not plans:
         return rows
-    end = recs[-1]["plan"]["sweep_elapsed_s"]
-    first = recs[0]["plan"]
-    rows.append({"after": 0, "estimated_s": first.get("sweep_estimate_s"), "actual_s": end,
-                 "basis": first.get("basis")})
-    for i, r in enumerate(recs[:-1]):
-        p = r["plan"]
-        actual = end - p["sweep_elapsed_s"]
-        rows.append({"after": i + 1, "estimated_s": p.get("remaining_eta_s"), "actual_s": actual})
+    end = plans[-1].sweep_elapsed_s
+    first = plans[0]
+    rows.append({"after": 0, "estimated_s": first.sweep_estimate_s, "actual_s": end, "basis": first.basis})
+    for i, p in enumerate(plans[:-1]):
+        actual = end - p.sweep_elapsed_s
+        rows.append({"after": i + 1, "estimated_s": p.remaining_eta_s, "actual_s": actual})
     for row in rows:
         e, a = row["estimated_s"], row["actual_s"]
         row["error"] = (e - a) / a if e is not None and a else None

@@ -7,27 +7,30 @@ both call it).  It resolves the model and the corpus, refuses configurations lla
 clean error.  The child loads the model once and evaluates every chunk in the baseline context and
 in each candidate context side by side; no logits file is written and no logits are kept.
 
-Each returned row is one (context size, cache configuration)::
+The child's result is decoded once, where it arrives (:class:`_ChildResult`, :class:`_ChildRow`); each returned
+row is the results schema's typed block :class:`edgekv.records.schema.Quality`, one (context size, cache
+configuration)::
 
-    {
-      "n_ctx": 4096, "type_k": "q8_0", "type_v": "q8_0", "flash_attn": "auto",   # the join key
-      "status": "ok" | "error" | "invalid", "error": None | "one line",
-      "quality": {                      # None unless status == "ok"
-        "corpus": {"name", "n_bytes", "n_tokens", "sha256", "source", "detail"},
-        "baseline": {"type_k": "f16", "type_v": "f16"},
-        "method": "llama-perplexity",   # chunking, scored positions, statistics
-        "n_chunks", "n_tokens_scored", "n_batch", "n_ubatch", "n_seq", "n_threads",
-        "ppl", "ppl_err", "base_ppl", "base_ppl_err",
-        "ln_ppl_ratio", "ln_ppl_ratio_err", "ppl_ratio", "ppl_ratio_err", "cor_ln_ppl",
-        "kld_mean", "kld_mean_err", "kld_median", "kld_p90", "kld_p95", "kld_p99", "kld_p999",
-        "kld_max", "kld_min",
-        "same_top_rate", "same_top_rate_err",            # fractions (0..1), not percent
-        "delta_p_mean", "delta_p_mean_err", "delta_p_rms", "delta_p_rms_err", "delta_p_max_abs",
-        "flash_attn_resolved", "attn_rot_k", "attn_rot_v",
-        "eval_s", "eval_tokens_per_s",  # this configuration's own llama_decode time
-      },
-      "pass": {"wall_s", "stats_s", "n_contexts", "tokens_per_s", "peak_rss_bytes", "model", ...},
-    }
+    Quality(
+      n_ctx=4096, type_k="q8_0", type_v="q8_0", flash_attn="auto",   # the join key
+      status="ok" | "error" | "invalid", error=None | "one line",
+      quality=QualityStats(             # None unless status == "ok"
+        corpus=Corpus(name, path, n_bytes, sha256, source, detail, n_tokens),
+        baseline=CacheTypes(type_k="f16", type_v="f16"),
+        method="llama-perplexity",      # chunking, scored positions, statistics
+        n_threads, attn_rot_k, attn_rot_v, flash_attn_resolved,
+        n_tokens_scored, ppl, ppl_err, base_ppl, base_ppl_err,
+        ln_ppl_ratio, ln_ppl_ratio_err, ppl_ratio, ppl_ratio_err, cor_ln_ppl,
+        kld_mean, kld_mean_err, kld_median, kld_p90, kld_p95, kld_p99, kld_p999, kld_max, kld_min,
+        same_top_rate, same_top_rate_err,            # fractions (0..1), not percent
+        delta_p_mean, delta_p_mean_err, delta_p_rms, delta_p_rms_err, delta_p_max_abs,
+        eval_s, eval_tokens_per_s,      # this configuration's own llama_decode time
+        n_chunks, n_seq, n_batch, n_ubatch,
+      ),
+      pass_=QualityPass(wall_s, stats_s, n_contexts, tokens_per_s, peak_rss_bytes, model, ...),  # JSON key "pass"
+    )
+
+``schema.encode_block(row)`` is its JSON (the ``quality`` block of a bench or quality record).
 
 This module does not import ``llama_cpp``.
 """
@@ -39,12 +42,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import msgspec
+
 from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES, cache_type
 from edgekv.core.klstats import plan
 from edgekv.core.predict import STATUS_INVALID, ContextParams
 from edgekv.edges.corpus import Corpus, resolve_corpus
 from edgekv.edges.environment import default_threads
 from edgekv.errors import CorpusError, EngineError, RunFailed, UsageError
+from edgekv.records import schema as S
 
 BASE_TYPE = "f16"
 METHOD = "llama-perplexity"
@@ -63,6 +69,91 @@ class QualityConfig:
         object.__setattr__(self, "type_v", cache_type(self.type_v).name)
         if self.flash_attn not in ("auto", "on", "off"):
             raise UsageError(f"flash_attn must be on, off or auto (got '{self.flash_attn}')")
+
+
+# -- the child's result, typed where it arrives ------------------------------------------------------------
+
+class _ChildRow(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One row of the quality child's result (:mod:`edgekv.child.quality_child`: a config joined with what
+    ``evaluate`` found for it): what its context reported, llama-perplexity's statistics (absent where the context
+    failed) and the shared pass's figures.  Every key the child sends is declared: a new one is an error here, not
+    a key that lands nowhere."""
+
+    n_ctx: int
+    type_k: str
+    type_v: str
+    flash_attn: str
+    status: str | None = None                # ok | error (its context failed)
+    error: str | None = None
+    flash_attn_resolved: str | None = None   # from llama.cpp's log
+    attn_rot_k: bool | None = None
+    attn_rot_v: bool | None = None
+    n_tokens_scored: int | None = None       # edgekv.core.klstats.summarize: the rest absent when nothing was scored
+    ppl: float | None = None
+    ppl_err: float | None = None
+    base_ppl: float | None = None
+    base_ppl_err: float | None = None
+    ln_ppl_ratio: float | None = None
+    ln_ppl_ratio_err: float | None = None
+    ppl_ratio: float | None = None
+    ppl_ratio_err: float | None = None
+    cor_ln_ppl: float | None = None
+    kld_mean: float | None = None
+    kld_mean_err: float | None = None
+    kld_median: float | None = None
+    kld_p90: float | None = None
+    kld_p95: float | None = None
+    kld_p99: float | None = None
+    kld_p999: float | None = None
+    kld_max: float | None = None
+    kld_min: float | None = None
+    same_top_rate: float | None = None
+    same_top_rate_err: float | None = None
+    delta_p_mean: float | None = None
+    delta_p_mean_err: float | None = None
+    delta_p_rms: float | None = None
+    delta_p_rms_err: float | None = None
+    delta_p_max_abs: float | None = None
+    llama_uint16: dict[str, Any] | None = None   # emulate_llama only
+    eval_s: float | None = None
+    eval_tokens_per_s: float | None = None
+    base_eval_s: float | None = None
+    base_flash_attn_resolved: str | None = None
+    n_chunks: int | None = None
+    n_seq: int | None = None
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    n_ctx_total: int | None = None
+    eval_tokens: int | None = None
+    pass_wall_s: float | None = None
+    pass_stats_s: float | None = None
+    pass_contexts: int | None = None
+    pass_tokens_per_s: float | None = None
+
+
+class _ChildResult(msgspec.Struct, kw_only=True):
+    """The quality child's result (:func:`edgekv.child.quality_child.run`): its rows, n_ctx-major, and the facts of
+    the model and the build it ran (other keys, its pid, are not read)."""
+
+    rows: list[_ChildRow] = []
+    n_tokens: int | None = None
+    add_bos: bool | None = None
+    n_vocab: int | None = None
+    llama_cpp_python: str | None = None
+    system_info: str | None = None
+
+
+# The statistics a row carries into its quality block as they are (the others: corpus, baseline, method, threads).
+_STAT_FIELDS = tuple(f for f in S.QualityStats.__struct_fields__ if f not in ("corpus", "baseline", "method", "n_threads"))
+assert set(_STAT_FIELDS) <= set(_ChildRow.__struct_fields__)
+
+
+class EmulatedQualityStats(S.QualityStats, kw_only=True):
+    """The statistics of :func:`measure` with ``emulate_llama``: also those llama-perplexity's 16-bit base file
+    would give (``llama_uint16``, for the agreement check in ``bench/``).  Not a block of the results schema: a
+    record holding one does not read back, so no record is written from an emulated pass."""
+
+    llama_uint16: dict[str, Any]
 
 
 def _as_config(c: QualityConfig | tuple[str, str] | str | dict[str, Any], flash_attn: str) -> QualityConfig:
@@ -163,14 +254,13 @@ def _raise_child_failure(res, m, corp: Corpus) -> None:
 def _run_pass(m, corp: Corpus, ctxs: list[int], cfgs: list[QualityConfig], run_cfgs: list[int], n_gpu_layers: int,
               repack: bool | None, options: dict[str, Any], timeout: float | None,
               on_event: Callable[[dict[str, Any]], None] | None
-              ) -> tuple[dict[tuple[int, int], dict[str, Any]], dict[str, Any], int | None]:
+              ) -> tuple[dict[tuple[int, int], _ChildRow], _ChildResult, int | None]:
     """Run phase: the configurations in ``run_cfgs`` (indexes into ``cfgs``) in one quality child, when there are
-    any.  Returns the child's rows by (n_ctx, config index), its result and the peak RSS."""
+    any.  Returns the child's rows by (n_ctx, config index), its result (decoded here, once) and the peak RSS."""
     from edgekv.edges.process import run_child, worker_argv
 
-    rows: dict[tuple[int, int], dict[str, Any]] = {}
     if not run_cfgs:
-        return rows, {}, None
+        return {}, _ChildResult(), None
     payload = {
         "model_path": m.ref.path,
         "corpus_path": corp.path,
@@ -182,65 +272,59 @@ def _run_pass(m, corp: Corpus, ctxs: list[int], cfgs: list[QualityConfig], run_c
     }
     res = run_child(worker_argv("quality"), payload, timeout=timeout, sample_memory=True, on_event=on_event)
     _raise_child_failure(res, m, corp)
-    child_info = res.result or {}
+    try:
+        info = msgspec.convert(res.result or {}, _ChildResult)
+    except msgspec.ValidationError as e:
+        raise RunFailed(f"quality pass on {m.ref.path}: its result does not read ({e})") from None
     peak_rss = res.peak_rss_bytes or res.kernel_maxrss_bytes
     per_ctx = len(run_cfgs)
-    for k, r in enumerate(child_info.get("rows", [])):
-        n = ctxs[k // per_ctx]
-        rows[(n, run_cfgs[k % per_ctx])] = r
-    return rows, child_info, peak_rss
+    rows = {(ctxs[k // per_ctx], run_cfgs[k % per_ctx]): r for k, r in enumerate(info.rows)}
+    return rows, info, peak_rss
 
 
-def _quality_block(r: dict[str, Any], corpus_dict: dict[str, Any], base_k: str, base_v: str,
-                   threads: int) -> dict[str, Any]:
+def _quality_block(r: _ChildRow, corpus: S.Corpus, base_k: str, base_v: str, threads: int) -> S.QualityStats:
     """An ok row's ``quality`` block: the corpus, baseline and method, then the child's statistics."""
-    q = {
-        "corpus": corpus_dict,
-        "baseline": {"type_k": base_k, "type_v": base_v},
-        "method": METHOD,
-        "n_threads": threads,
-    }
-    pass_keys = ("pass_wall_s", "pass_stats_s", "pass_contexts", "pass_tokens_per_s", "n_ctx_total", "eval_tokens",
-                 "base_eval_s", "base_flash_attn_resolved")
-    for key, value in r.items():
-        if key in ("type_k", "type_v", "flash_attn", "n_ctx", "status") or key in pass_keys:
-            continue
-        q[key] = value
-    return q
+    common = {"corpus": corpus, "baseline": S.CacheTypes(type_k=base_k, type_v=base_v), "method": METHOD,
+              "n_threads": threads, **{f: getattr(r, f) for f in _STAT_FIELDS}}
+    if r.llama_uint16 is None:
+        return S.QualityStats(**common)
+    return EmulatedQualityStats(**common, llama_uint16=r.llama_uint16)
 
 
-def _pass_block(r: dict[str, Any], peak_rss: int | None, m, child_info: dict[str, Any]) -> dict[str, Any]:
+def _pass_block(r: _ChildRow, peak_rss: int | None, m, info: _ChildResult) -> S.QualityPass:
     """An ok row's ``pass`` block: the shared pass's timings, memory, model and llama.cpp build."""
-    return {
-        "wall_s": r.get("pass_wall_s"), "stats_s": r.get("pass_stats_s"), "n_contexts": r.get("pass_contexts"),
-        "tokens_per_s": r.get("pass_tokens_per_s"), "n_ctx_total": r.get("n_ctx_total"),
-        "eval_tokens": r.get("eval_tokens"), "base_eval_s": r.get("base_eval_s"),
-        "base_flash_attn_resolved": r.get("base_flash_attn_resolved"),
-        "peak_rss_bytes": peak_rss, "model": m.ref.path, "model_name": m.shape.name or m.ref.name,
-        "n_vocab": child_info.get("n_vocab"), "add_bos": child_info.get("add_bos"),
-        "llama_cpp_python": child_info.get("llama_cpp_python"), "system_info": child_info.get("system_info"),
-    }
+    return S.QualityPass(
+        wall_s=r.pass_wall_s, stats_s=r.pass_stats_s, n_contexts=r.pass_contexts, tokens_per_s=r.pass_tokens_per_s,
+        n_ctx_total=r.n_ctx_total, eval_tokens=r.eval_tokens, base_eval_s=r.base_eval_s,
+        base_flash_attn_resolved=r.base_flash_attn_resolved, peak_rss_bytes=peak_rss, model=m.ref.path,
+        model_name=m.shape.name or m.ref.name, n_vocab=info.n_vocab, add_bos=info.add_bos,
+        llama_cpp_python=info.llama_cpp_python, system_info=info.system_info)
+
+
+def _not_measured(n_ctx: int, c: QualityConfig, status: str, error: str) -> S.Quality:
+    """The row of a configuration without figures (``invalid``: refused before running; ``error``)."""
+    return S.Quality(n_ctx=n_ctx, type_k=c.type_k, type_v=c.type_v, flash_attn=c.flash_attn, status=status, error=error,
+                     quality=None, pass_=None)
 
 
 def _shape_rows(ctxs: list[int], cfgs: list[QualityConfig], invalid: dict[tuple[int, int], str],
-                rows: dict[tuple[int, int], dict[str, Any]], child_info: dict[str, Any], peak_rss: int | None,
-                corp: Corpus, m, base_k: str, base_v: str, threads: int) -> list[dict[str, Any]]:
+                rows: dict[tuple[int, int], _ChildRow], info: _ChildResult, peak_rss: int | None,
+                corp: Corpus, m, base_k: str, base_v: str, threads: int) -> list[S.Quality]:
     """Shape phase: one row per (n_ctx, config), n_ctx-major, invalid, error or ok (see the module docstring)."""
-    corpus_dict = {**corp.to_dict(), "n_tokens": child_info.get("n_tokens")}
-    out: list[dict[str, Any]] = []
+    corpus = S.Corpus(name=corp.name, path=corp.path, n_bytes=corp.n_bytes, sha256=corp.sha256, source=corp.source,
+                      detail=corp.detail, n_tokens=info.n_tokens)
+    out: list[S.Quality] = []
     for n in ctxs:
         for i, c in enumerate(cfgs):
-            row: dict[str, Any] = {"n_ctx": n, "type_k": c.type_k, "type_v": c.type_v, "flash_attn": c.flash_attn}
+            r = rows.get((n, i))
             if (n, i) in invalid:
-                out.append({**row, "status": "invalid", "error": invalid[(n, i)], "quality": None, "pass": None})
-                continue
-            r = dict(rows.get((n, i), {}))
-            if r.get("status") != "ok":
-                out.append({**row, "status": "error", "error": r.get("error", "not evaluated"), "quality": None,
-                            "pass": None})
-                continue
-            out.append({**row, "status": "ok", "error": None, "quality": _quality_block(r, corpus_dict, base_k, base_v, threads),
-                        "pass": _pass_block(r, peak_rss, m, child_info)})
+                out.append(_not_measured(n, c, "invalid", invalid[(n, i)]))
+            elif r is None or r.status != "ok":
+                out.append(_not_measured(n, c, "error", "not evaluated" if r is None or r.error is None else r.error))
+            else:
+                out.append(S.Quality(n_ctx=n, type_k=c.type_k, type_v=c.type_v, flash_attn=c.flash_attn, status="ok",
+                                     error=None, quality=_quality_block(r, corpus, base_k, base_v, threads),
+                                     pass_=_pass_block(r, peak_rss, m, info)))
     return out
 
 
@@ -262,21 +346,21 @@ def measure(
     timeout: float | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     repack: bool | None = None,
-) -> list[dict[str, Any]]:
+) -> list[S.Quality]:
     """Perplexity and KL divergence of each cache configuration against the f16/f16 baseline.
 
     ``configs``: cache types (``"q8_0"``), (type_k, type_v) pairs, dicts or :class:`QualityConfig`.
     ``corpus``: ``None``/``"pydoc"`` (built in), ``"wikitext-2"``, a text file, or a :class:`Corpus`.
     ``chunks``: at most this many chunks per context size (llama-perplexity's ``--chunks``).
     ``emulate_llama``: also report the statistics llama-perplexity's 16-bit base file would give
-    (``quality["llama_uint16"]``), for the agreement check in ``bench/``.
+    (``row.quality.llama_uint16``, :class:`EmulatedQualityStats`), for the agreement check in ``bench/``.
     ``on_event``: receives the child's events (``tokens``, ``progress``) as they arrive.
     ``repack``: llama-bench's --repack (the CPU backend's AMX / CPU_REPACK weight copies); None: llama.cpp's
     default unless the extra-buffer preflight saw those kernels crash here (edgekv.orchestration.preflight).
 
-    Returns one row per (n_ctx, config), n_ctx-major, in the order given (see the module docstring).
-    Raises :class:`CorpusError` (empty, binary, too short), :class:`EngineError` (llama.cpp refused
-    the model or the baseline) or :class:`RunFailed` (the child died).
+    Returns one typed :class:`edgekv.records.schema.Quality` per (n_ctx, config), n_ctx-major, in the order given
+    (see the module docstring).  Raises :class:`CorpusError` (empty, binary, too short), :class:`EngineError`
+    (llama.cpp refused the model or the baseline) or :class:`RunFailed` (the child died, or its result does not read).
     """
     ctxs, cfgs = _checked_inputs(n_ctx, chunks, n_batch, n_ubatch, configs, flash_attn)
     base_k, base_v = cache_type(base_type_k).name, cache_type(base_type_v).name
@@ -286,45 +370,43 @@ def measure(
     run_cfgs = sorted({i for i in range(len(cfgs)) if any((n, i) not in invalid for n in ctxs)})
     options = {"n_batch": n_batch, "n_ubatch": n_ubatch, "n_threads": threads, "chunks": chunks,
                "base_type_k": base_k, "base_type_v": base_v, "emulate_llama": emulate_llama}
-    rows, child_info, peak_rss = _run_pass(m, corp, ctxs, cfgs, run_cfgs, n_gpu_layers, repack, options, timeout, on_event)
-    return _shape_rows(ctxs, cfgs, invalid, rows, child_info, peak_rss, corp, m, base_k, base_v, threads)
+    rows, info, peak_rss = _run_pass(m, corp, ctxs, cfgs, run_cfgs, n_gpu_layers, repack, options, timeout, on_event)
+    return _shape_rows(ctxs, cfgs, invalid, rows, info, peak_rss, corp, m, base_k, base_v, threads)
 
 
-def quality_records(rows: list[dict[str, Any]], model: str | os.PathLike | None, *, corpus: str | None,
+def quality_records(rows: list[S.Quality], model: str | os.PathLike | None, *, corpus: str | None,
                     chunks: int | None, n_batch: int, n_ubatch: int, n_gpu_layers: int,
-                    env: dict[str, Any] | None = None, repack: bool = True) -> list[dict[str, Any]]:
-    """``edgekv quality --json``: each :func:`measure` row as a record of kind ``quality`` (``schema_version``,
-    model, settings, environment; the row itself is the ``quality`` block, as in a bench record), so report,
-    compare, merge and :func:`edgekv.results_frame` load it like bench records.  Checked against the schema."""
+                    env: dict[str, Any] | None = None, repack: bool = True) -> list[S.QualityRecord]:
+    """``edgekv quality --json``: each :func:`measure` row as a typed record of kind ``quality`` (model, settings,
+    environment; the row itself is the ``quality`` block, as in a bench record), so report, compare, merge and
+    :func:`edgekv.results_frame` load it like bench records.  ``schema.encode(rec)`` is the JSON printed."""
     import time
 
     from edgekv.edges.environment import collect
     from edgekv.edges.sources import verified_sha256
     from edgekv.orchestration.api import load_model
     from edgekv.records import results as R
-    from edgekv.records.schema import SCHEMA_VERSION, decode, encode, model_block
     from edgekv.version import __version__
 
     m = load_model(None if model is None else str(model))
     sha = verified_sha256(m.ref.path)
-    env = env if env is not None else collect()
+    environment = S.environment(env if env is not None else collect())
+    model_block = msgspec.convert(S.model_block(m, sha), S.Model, strict=True)
     out = []
     for r in rows:
-        q = r.get("quality") or {}
-        settings = {
-            "engine": "llama-cpp-python", "n_ctx": r["n_ctx"], "type_k": r["type_k"], "type_v": r["type_v"],
-            "flash_attn": r["flash_attn"], "swa_full": False, "n_seq_max": 1, "kv_unified": False, "n_batch": n_batch,
-            "n_ubatch": n_ubatch, "n_threads": q.get("n_threads"), "n_gpu_layers": n_gpu_layers, "n_prompt": None,
-            "n_gen": None, "n_depth": None, "repetitions": None, "warmup": None,
-            "quality": {"corpus": corpus or (q.get("corpus") or {}).get("name") or "pydoc", "chunks": chunks},
-            "repack": repack,
-        }
-        rec = {
-            "schema_version": SCHEMA_VERSION, "kind": "quality", "config_key": R.config_key(sha, settings),
-            "status": r["status"], "reason": r.get("error"), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "edgekv": __version__, "model": model_block(m, sha), "settings": settings, "environment": env, "quality": r,
-        }
-        out.append(encode(decode(rec, f"quality row {r['n_ctx']}/{r['type_k']}/{r['type_v']}")))
+        q = r.quality
+        settings = S.Settings(
+            engine="llama-cpp-python", n_ctx=r.n_ctx, type_k=r.type_k, type_v=r.type_v, flash_attn=r.flash_attn,
+            swa_full=False, n_seq_max=1, kv_unified=False, n_batch=n_batch, n_ubatch=n_ubatch,
+            n_threads=None if q is None else q.n_threads, n_gpu_layers=n_gpu_layers, n_prompt=None, n_gen=None,
+            n_depth=None, repetitions=None, warmup=None,
+            quality=S.QualitySettings(corpus=corpus or (q.corpus.name if q is not None else None) or "pydoc",
+                                      chunks=chunks),
+            repack=repack)
+        out.append(S.QualityRecord(
+            schema_version=S.SCHEMA_VERSION, config_key=R.config_key(sha, S.encode_block(settings)), status=r.status,
+            reason=r.error, time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), edgekv=__version__,
+            model=model_block, settings=settings, environment=environment, quality=r))
     return out
 
 
@@ -340,6 +422,7 @@ class SweepQuality:
     that group still to do (the baseline is evaluated once, not once per pair); the others reuse the
     rows.  A pass that fails puts its one-line reason into each record of the group (``status``
     ``error``) instead of stopping the sweep.  ``spec.quality`` may carry ``corpus`` and ``chunks``.
+    A case is read through its context parameters (``case.params``: n_ctx, type_k, type_v, flash_attn).
     """
 
     def __init__(self, spec, cases) -> None:
@@ -349,18 +432,18 @@ class SweepQuality:
         self.chunks = int(q["chunks"]) if q.get("chunks") else SWEEP_CHUNKS
         self.groups: dict[tuple[int, str], list[QualityConfig]] = {}
         for c in cases:
-            s = c.settings
-            g = self.groups.setdefault((s["n_ctx"], s["flash_attn"]), [])
-            cfg = QualityConfig(s["type_k"], s["type_v"], s["flash_attn"])
+            p = c.params
+            g = self.groups.setdefault((p.n_ctx, p.flash_attn), [])
+            cfg = QualityConfig(p.type_k, p.type_v, p.flash_attn)
             if cfg not in g:
                 g.append(cfg)
-        self.rows: dict[tuple[int, str, str, str], dict[str, Any]] = {}
+        self.rows: dict[tuple[int, str, str, str], S.Quality] = {}
 
-    def __call__(self, case, emit: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
-        s = case.settings
-        key = (s["n_ctx"], s["flash_attn"], s["type_k"], s["type_v"])
+    def __call__(self, case, emit: Callable[[str, dict[str, Any]], None]) -> S.Quality:
+        p = case.params
+        key = (p.n_ctx, p.flash_attn, p.type_k, p.type_v)
         if key not in self.rows:
-            self._run(s["n_ctx"], s["flash_attn"], emit)
+            self._run(p.n_ctx, p.flash_attn, emit)
         return self.rows[key]
 
     def _run(self, n_ctx: int, fa: str, emit) -> None:
@@ -373,15 +456,14 @@ class SweepQuality:
                            repack=(sp.repack or [True])[0] if len(sp.repack or [True]) == 1 else None,
                            timeout=sp.timeout_s, on_event=lambda ev: emit("child", {**ev, "phase": "quality"}))
         except (CorpusError, EngineError, RunFailed, UsageError) as e:
-            for c in cfgs:
-                self.rows[(n_ctx, fa, c.type_k, c.type_v)] = {
-                    "n_ctx": n_ctx, "type_k": c.type_k, "type_v": c.type_v, "flash_attn": fa,
-                    "status": "error", "error": str(e), "quality": None, "pass": None}
+            for c in cfgs:           # each c.flash_attn is fa: the group's
+                self.rows[(n_ctx, fa, c.type_k, c.type_v)] = _not_measured(n_ctx, c, "error", str(e))
             return
         for r in rows:
-            self.rows[(n_ctx, fa, r["type_k"], r["type_v"])] = r
+            self.rows[(n_ctx, fa, r.type_k, r.type_v)] = r
 
 
 def for_sweep(spec, cases) -> SweepQuality:
-    """What :func:`edgekv.orchestration.sweep.run_sweep` calls with ``spec.quality`` set: a per-record quality provider."""
+    """What :func:`edgekv.orchestration.sweep.run_sweep` calls with ``spec.quality`` set: a per-record quality provider,
+    ``quality(case, emit)`` -> the typed :class:`edgekv.records.schema.Quality` to set as the record's ``quality``."""
     return SweepQuality(spec, cases)

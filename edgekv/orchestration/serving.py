@@ -17,11 +17,14 @@ import os
 import time
 from typing import Any
 
+import msgspec
+
 from edgekv.core.llamalog import parse_memory_log
 from edgekv.edges.engine import EngineResult
 from edgekv.errors import EngineError, RunFailed
 from edgekv.orchestration.crosscheck import compare, engine_lines
-from edgekv.records.schema import speed_test
+from edgekv.orchestration.llamabench import speed_block
+from edgekv.records import schema as S
 
 SEED = 1234
 
@@ -70,7 +73,7 @@ def all_decoding_rate(requests: list[Any]) -> float | None:
     return sum(_count_at(r.arrivals, b) - _count_at(r.arrivals, a) for r in requests) / (b - a)
 
 
-def speed_and_serving(levels: list[Any], s: dict[str, Any], exe: str, ready_s: float | None) -> tuple[dict, dict]:
+def speed_and_serving(levels: list[Any], s: dict[str, Any], exe: str, ready_s: float | None) -> tuple[S.Speed, S.Serving]:
     """(``speed``, ``serving``) blocks of a record from the rounds' request results."""
     k, p, n = int(s["n_parallel"]), int(s["n_prompt"]), int(s["n_gen"])
     pp_ns, tg_ts, seq_ts, ttft, timings, failures = [], [], [], [], [], []
@@ -87,40 +90,41 @@ def speed_and_serving(levels: list[Any], s: dict[str, Any], exe: str, ready_s: f
         prompt_ms = [float(r.timings["prompt_ms"]) for r in ok if r.timings and r.timings.get("prompt_ms")]
         if len(prompt_ms) == k:
             pp_ns.append(int(max(prompt_ms) * 1e6))
-    speed: dict[str, Any] = {}
+    speed = S.Speed()
     if pp_ns:
-        speed["pp"] = speed_test(k * p, pp_ns, [k * p * 1e9 / x for x in pp_ns])
+        speed.pp = speed_block(k * p, pp_ns, [k * p * 1e9 / x for x in pp_ns])
     if tg_ts:
-        speed["tg"] = speed_test(k * n, None, tg_ts)
+        speed.tg = speed_block(k * n, None, tg_ts)
     if seq_ts:
-        speed["tg_seq"] = speed_test(n, None, seq_ts)
+        speed.tg_seq = speed_block(n, None, seq_ts)
     gen = sum(lv.generated_tokens for lv in levels)
     wall = sum(lv.wall_s for lv in levels)
-    serving = {"path": exe, "concurrency": k, "n_requests": sum(len(lv.requests) for lv in levels),
-               "n_failed": sum(lv.n_failed for lv in levels), "ttft_s": ttft, "ttft_p50_s": _percentile(ttft, 0.5),
-               "ttft_p95_s": _percentile(ttft, 0.95), "throughput_ts": gen / wall if wall > 0 else None,
-               "ready_s": ready_s, "failures": sorted(set(failures))[:5], "server_timings": timings}
+    serving = S.Serving(path=exe, concurrency=k, n_requests=sum(len(lv.requests) for lv in levels),
+                        n_failed=sum(lv.n_failed for lv in levels), ttft_s=ttft, ttft_p50_s=_percentile(ttft, 0.5),
+                        ttft_p95_s=_percentile(ttft, 0.95), throughput_ts=gen / wall if wall > 0 else None,
+                        ready_s=ready_s, failures=sorted(set(failures))[:5], server_timings=timings)
     return speed, serving
 
 
-def _log_blocks(case, text: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _log_blocks(case, text: str) -> tuple[S.LlamaLog, S.Effective, S.Differences]:
     """(``llama_log``, ``effective``, ``differences``) from the server's log: its KV lines beside the formula."""
     log = parse_memory_log(text.splitlines())
     eng = EngineResult(case.params, True, None, log)
     diffs = compare(case.prediction, eng) if log.caches else ["no llama_kv_cache line in the server's log"]
-    llama_log = {"kv": engine_lines(eng), "kv_mib": round(log.kv_mib_total, 2),
-                 "recurrent_mib": round(log.recurrent_mib_total, 2), "kv_buffers_mib": log.kv_buffers,
-                 "rs_buffers_mib": log.rs_buffers, "compute_mib": log.compute_buffers, "output_mib": log.output_buffers,
-                 "model_buffers_mib": log.model_buffers}
+    llama_log = S.LlamaLog(kv=msgspec.convert(engine_lines(eng), list[S.CacheLine], strict=True),
+                           kv_mib=round(log.kv_mib_total, 2), recurrent_mib=round(log.recurrent_mib_total, 2),
+                           kv_buffers_mib=log.kv_buffers, rs_buffers_mib=log.rs_buffers, compute_mib=log.compute_buffers,
+                           output_mib=log.output_buffers, model_buffers_mib=log.model_buffers)
     ctx = log.context or {}
-    effective = {k: int(ctx[k]) for k in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_ctx_seq") if ctx.get(k)}
-    differences = {"llama_kv_matches_formula": not diffs}
+    effective = S.Effective(**{k: int(ctx[k]) for k in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_ctx_seq")
+                               if ctx.get(k)})
+    differences = S.Differences(llama_kv_matches_formula=not diffs)
     if diffs:
-        differences["llama_kv_diffs"] = diffs
+        differences.llama_kv_diffs = diffs
     return llama_log, effective, differences
 
 
-def run_server_case(spec, case, base: dict[str, Any], gpu_probe, emit) -> dict[str, Any]:
+def run_server_case(spec, case, base: S.BenchRecord, gpu_probe, emit) -> S.BenchRecord:
     """One configuration through the user's llama-server; ``base`` (the sweep's record, status ok, nothing measured)
     is filled in and returned: ``failed`` with one line when the server would not start, died, or answered no
     request."""
@@ -144,14 +148,15 @@ def run_server_case(spec, case, base: dict[str, Any], gpu_probe, emit) -> dict[s
                 raise RunFailed(f"{os.path.basename(str(spec.llama_server))} ended during the run ({how}): "
                                 f"{log_reason(srv.log_text()) or 'its log says nothing'}")
     except (EngineError, RunFailed) as e:
-        base.update(status="failed", reason=str(e).splitlines()[0])
+        base.status, base.reason = "failed", str(e).splitlines()[0]
     wall = time.perf_counter() - t0
-    llama_log, effective, differences = _log_blocks(case, srv.log_text())
-    base.update(llama_log=llama_log, effective=effective, differences=differences, timing={"wall_s": wall})
-    base["memory"] = {"peak_rss_bytes": srv.peak_rss_bytes, "kernel_maxrss_bytes": srv.kernel_maxrss_bytes,
-                      "peak_gpu_bytes": srv.peak_gpu_bytes, "n_samples": srv.n_samples}
+    base.llama_log, base.effective, base.differences = _log_blocks(case, srv.log_text())
+    base.timing = S.Timing(wall_s=wall)
+    base.memory = S.Memory(peak_rss_bytes=srv.peak_rss_bytes, kernel_maxrss_bytes=srv.kernel_maxrss_bytes,
+                           peak_gpu_bytes=srv.peak_gpu_bytes, n_samples=srv.n_samples)
     if levels:
-        base["speed"], base["serving"] = speed_and_serving(levels, s, str(spec.llama_server), srv.ready_s)
-        if base["status"] == "ok" and base["serving"]["n_failed"]:
-            base["reason"] = f"{base['serving']['n_failed']} requests failed: {base['serving']['failures'][0]}"
+        base.speed, serving = speed_and_serving(levels, s, str(spec.llama_server), srv.ready_s)
+        base.serving = serving
+        if base.status == "ok" and serving.n_failed:
+            base.reason = f"{serving.n_failed} requests failed: {serving.failures[0]}"
     return base

@@ -16,6 +16,7 @@ from edgekv.core.speed import (
     predict_tg,
     speed_shape,
 )
+from edgekv.records.schema import Record, SpeedResidual
 
 
 def _expert_counts(meta: dict[str, Any], arch: str) -> tuple[int, int]:
@@ -80,16 +81,17 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
         return {"calibration_id": cal.id, "error": str(e)}
 
 
-def residual(rec: dict[str, Any]) -> dict[str, Any] | None:
+def residual(rec: Record) -> SpeedResidual | None:
     """``speed_residual``: measured - predicted tokens/s, % of predicted, per test."""
-    pred = ((rec.get("prediction") or {}).get("speed")) or {}
-    meas = rec.get("speed") or {}
-    out: dict[str, Any] = {}
+    pred = rec.prediction.speed if rec.prediction else None
+    meas = rec.speed or None
+    out: dict[str, float | None] = {}
     for t in ("pp", "tg"):
-        p = (pred.get(t) or {}).get("tokens_per_s")
-        m = (meas.get(t) or {}).get("mean_ts")
+        p = getattr(pred, t) if pred else None
+        m = getattr(meas, t) if meas else None
+        p, m = p.tokens_per_s if p else None, m.mean_ts if m else None
         out[f"{t}_pct"] = round(100.0 * (m - p) / p, 2) if p and m else None
-    return out if any(v is not None for v in out.values()) else None
+    return SpeedResidual(**out) if any(v is not None for v in out.values()) else None
 
 
 def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[str], progress=None,

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from edgekv.core.predict import STATUS_OK, ContextParams, predict
 from edgekv.core.shape import MEMORY_KV
 from edgekv.edges.engine import EngineResult
@@ -36,6 +38,7 @@ from edgekv.orchestration.sweeprecord import attach_process, attach_speed, build
 from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_SERVER, Case, SweepSpec
 from edgekv.orchestration.sweepspec import ENGINE_PYTHON as ENGINE_PYTHON  # re-exported: callers build a SweepSpec from here
 from edgekv.records import results as R
+from edgekv.records.schema import BenchRecord, Environment, ExtraBuffersPreflight, Model, Record, environment
 from edgekv.records.schema import model_block as schema_model_block
 
 
@@ -114,32 +117,40 @@ model_block = schema_model_block      # the one serialiser of the model block li
 @dataclass
 class SweepResult:
     output: Path
-    records: list[dict[str, Any]]
+    records: list[Record]
     skipped_existing: int
     wall_s: float
     interrupted: bool = False
     new: int = 0                      # how many of ``records`` (the last ones) this run wrote
 
+    @property
+    def lines(self) -> list[dict[str, Any]]:
+        """The records as the results file holds them: one plain JSON object each (:func:`~edgekv.records.schema.encode`)."""
+        from edgekv.records.schema import encode
 
-def check_resumable(existing: list[dict[str, Any]], env: dict[str, Any], model_sha: str | None, output: Path,
+        return [encode(r) for r in self.records]
+
+
+def check_resumable(existing: list[Record], env: Environment, model_sha: str | None, output: Path,
                     force: bool, model_name: str | None = None) -> None:
     """Refuse (one line, unless ``--force``) to append to a file holding another model or environment."""
     for r in existing:
-        other = (r.get("model") or {}).get("sha256")
+        other = r.model.sha256
         if model_sha and other and other != model_sha and not force:
-            name = (r.get("model") or {}).get("name") or "another model"
+            name = r.model.name or "another model"
             raise ResultsError(
                 f"{output} holds results of another model ({name}, sha256 {other[:12]}…); this run measures "
                 f"{model_name or 'a different model'} (sha256 {model_sha[:12]}…); write to a new file with -o, "
                 "or pass --force to append anyway")
-        diffs = R.env_differences(r.get("environment") or {}, env)
+        diffs = R.env_differences(r.environment, env)
         if diffs and not force:
             raise ResultsError(
                 f"{output} holds results from another environment ({diffs[0]}); write to a new file with -o, "
                 "or pass --force to append anyway")
 
 
-def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] | None = None, force: bool = False,
+def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] | Environment | None = None,
+              force: bool = False,
               on_event: Callable[[str, dict[str, Any]], None] | None = None) -> SweepResult:
     t0 = time.perf_counter()
     emit = on_event or (lambda kind, data: None)
@@ -159,11 +170,11 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
         writer.close()
 
 
-def resume_keys(existing: list[dict[str, Any]], retry_failed: bool = True) -> tuple[set[str], set[str]]:
+def resume_keys(existing: list[Record], retry_failed: bool = True) -> tuple[set[str], set[str]]:
     """(configurations already done, configurations whose last record failed) of a results file: a rerun measures
     the failed ones again (a crash, a timeout on a busy machine, an OOM kill whose cause was fixed) unless
     ``retry_failed`` is off (``--no-retry``); ``ok`` and deliberately ``skipped`` ones stay done."""
-    last = {r.get("config_key"): r.get("status") for r in existing if r.get("config_key")}
+    last = {r.config_key: r.status for r in existing if r.config_key}
     failed = {k for k, st in last.items() if st == "failed"}
     return (set(last) - failed if retry_failed else set(last)), failed
 
@@ -185,22 +196,23 @@ def resolve_repack(spec: SweepSpec, emit: Callable[[str, dict[str, Any]], None])
                                  f"prompt batch is expected to fail there ({pf.detail})"})
 
 
-def _sweep_environment(spec: SweepSpec, writer: R.ResultsWriter, env: dict[str, Any] | None, sha: str | None,
-                       force: bool, emit: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
+def _sweep_environment(spec: SweepSpec, writer: R.ResultsWriter, env: dict[str, Any] | Environment | None,
+                       sha: str | None, force: bool, emit: Callable[[str, dict[str, Any]], None]) -> Environment:
     """The environment phase: the writer's notes said, the environment collected (with the extra-buffer
     preflight's block) and the records already in the file checked as resumable against it."""
     from edgekv.edges.environment import collect
 
     for note in writer.notes:
         emit("note", {"message": note})
-    env = env or collect()
+    env = env if isinstance(env, Environment) else environment(env or collect())
     if spec.preflight is not None:
-        env = {**env, "extra_buffers_preflight": spec.preflight.environment_block()}
+        env = msgspec.structs.replace(env, extra_buffers_preflight=msgspec.convert(
+            spec.preflight.environment_block(), ExtraBuffersPreflight, strict=True))
     check_resumable(writer.existing, env, sha, writer.path, force, model_name=spec.model.shape.name or spec.model.ref.name)
     return env
 
 
-def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set[str], env: dict[str, Any],
+def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set[str], env: Environment,
                 sha: str | None, emit: Callable[[str, dict[str, Any]], None],
                 output: Path) -> tuple[dict[str, EngineResult], dict[str, Any], dict[str, Any], SweepTracker]:
     """The plan phase, said in the ``start`` event: llama.cpp's dry runs, the whole-process and speed predictions,
@@ -214,7 +226,7 @@ def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set
     speeds = speed_predictions(spec, todo, engine_results, emit) if spec.predict_speed else {}
     unfit = {c.key: why for c in todo if (why := fit_check(spec, c, processes.get(c.key)))}
     tracker = SweepTracker(spec.model, todo[0].params if todo else None, todo, speeds, output, edgekv_home() / "runs",
-                           sha, env or {})
+                           sha, env)
     emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),
                    "existing": len(cases) - len(todo), "env": env, "model_sha256": sha,
                    "retry": sum(1 for c in todo if c.key in retry), "unfit": unfit, "speeds": speeds,
@@ -222,8 +234,8 @@ def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set
     return engine_results, processes, speeds, tracker
 
 
-def _run_python_case(spec: SweepSpec, case: Case, env: dict[str, Any], model: dict[str, Any], eng: EngineResult | None,
-                     gpu_probe: Any, emit: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
+def _run_python_case(spec: SweepSpec, case: Case, env: Environment, model: Model, eng: EngineResult | None,
+                     gpu_probe: Any, emit: Callable[[str, dict[str, Any]], None]) -> BenchRecord:
     """One case through llama-cpp-python in a fresh bench child, its outcome as a record."""
     from edgekv.edges.process import run_child, worker_argv
 
@@ -238,12 +250,12 @@ def _run_python_case(spec: SweepSpec, case: Case, env: dict[str, Any], model: di
     status, reason, failure = child_outcome(child, case)
     rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
     if failure is not None:
-        rec["failure"] = failure
+        rec.failure = failure
     return rec
 
 
-def _case_record(spec: SweepSpec, case: Case, env: dict[str, Any], model: dict[str, Any], eng: EngineResult | None,
-                 proc: Any, gpu_probe: Any, emit: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
+def _case_record(spec: SweepSpec, case: Case, env: Environment, model: Model, eng: EngineResult | None,
+                 proc: Any, gpu_probe: Any, emit: Callable[[str, dict[str, Any]], None]) -> BenchRecord:
     """One case's record: skipped (refused by the formula or llama.cpp, or not fitting now) or run by its engine."""
     unfit_now = fit_check(spec, case, proc)
     if case.prediction.status != STATUS_OK or (eng is not None and not eng.ok):
@@ -278,9 +290,9 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
     todo = [c for c in cases if c.key not in done_keys]
     engine_results, processes, speeds, tracker = _plan_sweep(spec, cases, todo, retry, env, sha, emit, output)
 
-    model = model_block(spec.model, sha)
+    model = msgspec.convert(model_block(spec.model, sha), Model, strict=True)
     gpu_probe = nvml_process_probe()
-    records: list[dict[str, Any]] = []
+    records: list[Record] = []
     interrupted = False
     quality = None
     if spec.quality:
@@ -293,10 +305,10 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
             emit("case", {"i": i, "n": len(todo), "case": case})
             rec = _case_record(spec, case, env, model, engine_results.get(case.key), processes.get(case.key), gpu_probe,
                                emit)
-            attach_process(rec, processes.get(case.key) if rec["status"] != "skipped" else None)
+            attach_process(rec, processes.get(case.key) if rec.status != "skipped" else None)
             attach_speed(rec, speeds.get(case.key))
-            if quality is not None and rec["status"] == "ok":
-                rec["quality"] = quality(case, emit)
+            if quality is not None and rec.status == "ok":
+                rec.quality = quality(case, emit)
             wall, elapsed, remaining = tracker.case_done(rec, i)      # the record's load and plan blocks
             emit("record", {"i": i, "case": case, "record": rec, "wall_s": wall, "elapsed_s": elapsed,
                             "remaining_s": remaining})

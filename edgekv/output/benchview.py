@@ -261,11 +261,11 @@ def repack_note(records: list[S.Record]) -> str | None:
     """One line when the records were measured with --repack 0 because the extra-buffer preflight saw llama.cpp's
     AMX/CPU_REPACK kernels crash on this machine (the environment block says so), else None."""
     for r in records:
-        pf = r.environment.get("extra_buffers_preflight") if isinstance(r.environment, dict) else None
-        if isinstance(pf, dict) and pf.get("runs") is False and unset_none(r.settings.repack) is False:
-            bufs = ", ".join(pf.get("extra_buffers_mib") or {}) or "extra buffer"
+        pf = unset_none(r.environment.extra_buffers_preflight)
+        if pf is not None and pf.runs is False and unset_none(r.settings.repack) is False:
+            bufs = ", ".join(pf.extra_buffers_mib) or "extra buffer"
             return (f"--repack 0: llama.cpp's {bufs} kernels crash on this CPU" +
-                    (" (llama.cpp #20824)" if "AMX" in bufs else "") + f" ({pf.get('detail')}); measured without "
+                    (" (llama.cpp #20824)" if "AMX" in bufs else "") + f" ({pf.detail}); measured without "
                     "those weight copies, the setting that runs here: decode is slower than llama.cpp's AMX path "
                     "where it works (about 2x on the machines in ../shared/reference/amx.md)")
     return None

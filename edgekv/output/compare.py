@@ -145,7 +145,7 @@ def _config_part(rec: S.Record) -> str:
 
 def _place(rec: S.Record) -> str:
     env = rec.environment
-    return json.dumps([machine_label(rec), env.get("backends"), env.get("devices")], default=str)
+    return json.dumps([machine_label(rec), unset_none(env.backends), unset_none(env.devices)], default=str)
 
 
 def _group(records: list[S.Record]) -> dict[tuple[str, str], list[S.Record]]:

@@ -182,7 +182,8 @@ def predict_records(rows: Iterable[Any], source: str | os.PathLike) -> list[S.Re
 # Every record is a :class:`~edgekv.records.schema.Record`: ``settings``, ``model``, ``prediction`` and the
 # measured blocks are read as attributes (``rec.settings.n_ctx``, ``rec.memory.peak_rss_bytes``); a block a
 # record does not hold is msgspec's ``UNSET`` (:func:`unset_none` shows it as None, a dash: never filled in).
-# ``environment`` is a free-form mapping by design (its keys grow with the platform): ``.get`` there.
+# ``environment`` is typed too (:class:`~edgekv.records.schema.Environment`); what a platform exposes beyond its keys
+# is under ``environment.extra``.
 # The machine and device labels live with the one flattener (:mod:`edgekv.records.frame`).
 
 
@@ -205,5 +206,5 @@ def merge_files(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -
                 if label:
                     r = msgspec.structs.replace(r, machine=label)
             records.append(r)
-    R.write_all(output, [S.encode(r) for r in records])
+    R.write_all(output, records)
     return records

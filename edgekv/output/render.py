@@ -19,7 +19,7 @@ from typing import Any
 from edgekv.output.export import export_columns, export_row, has_speed_prediction
 from edgekv.output.inputs import KIND_PREDICT
 from edgekv.records import frame as F
-from edgekv.records.schema import Record
+from edgekv.records.schema import Record, encode_block
 
 REPORT_FORMAT = 1
 
@@ -130,7 +130,8 @@ def render_json(doc: Document) -> str:
     for r in doc.records:
         if r.kind == KIND_PREDICT:
             continue
-        envs.setdefault(F.device_label(r), {k: v for k, v in r.environment.items() if k not in ("argv", "time_utc")})
+        envs.setdefault(F.device_label(r), {k: v for k, v in encode_block(r.environment).items()
+                                            if k not in ("argv", "time_utc")})
     obj = {
         "edgekv_report": REPORT_FORMAT, "title": doc.title, "predicted_only": doc.predicted_only,
         "environments": [{"device": k, **v} for k, v in sorted(envs.items())],

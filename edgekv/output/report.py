@@ -41,7 +41,7 @@ from edgekv.output.inputs import KIND_BENCH, KIND_LLAMA_BENCH, KIND_PREDICT
 from edgekv.output.render import Document, Section, Table, md_safe, render_csv, render_html, render_json, render_markdown
 from edgekv.records import frame as F
 from edgekv.records.frame import unset_none as _v
-from edgekv.records.schema import Record
+from edgekv.records.schema import Environment, Record
 
 DASH = "–"
 
@@ -143,23 +143,23 @@ def _env_section(records: list[Record]) -> Section:
         ("machine", lambda e, rs: F.machine_label(rs[0]) or DASH),
         ("devices (backends)", lambda e, rs: F.device_label(rs[0]).split(": ", 1)[-1]),
         ("llama.cpp", lambda e, rs: " ".join(x for x in (
-            f"commit {e.get('llama_cpp_commit')}" if e.get("llama_cpp_commit") else "",
-            f"(llama-cpp-python {e.get('llama_cpp_python')})" if e.get("llama_cpp_python") else "",
-            f"llama-bench build {e.get('llama_bench_build_number')}" if e.get("llama_bench_build_number") else "") if x)
+            f"commit {e.llama_cpp_commit}" if e.llama_cpp_commit else "",
+            f"(llama-cpp-python {e.llama_cpp_python})" if e.llama_cpp_python else "",
+            f"llama-bench build {e.llama_bench_build_number}" if e.llama_bench_build_number else "") if x)
          or DASH),
-        ("edgekv", lambda e, rs: e.get("edgekv") or DASH),
+        ("edgekv", lambda e, rs: e.edgekv or DASH),
         ("CPU", lambda e, rs: _cpu(e)),
-        ("RAM", lambda e, rs: f"{e['ram_bytes'] / 1024**3:.1f} GiB" if e.get("ram_bytes") else DASH),
+        ("RAM", lambda e, rs: f"{e.ram_bytes / 1024**3:.1f} GiB" if e.ram_bytes else DASH),
         ("GPU", lambda e, rs: _gpu(e)),
-        ("OS", lambda e, rs: " ".join(str(x) for x in (e.get("os"), f"({e['arch']})" if e.get("arch") else "") if x) or DASH),
-        ("Python", lambda e, rs: e.get("python") or DASH),
-        ("power / governor", lambda e, rs: f"{e.get('power') or DASH} / {e.get('governor') or DASH}"),
-        ("llama.cpp system info", lambda e, rs: f"`{e['system_info']}`" if e.get("system_info") else DASH),
+        ("OS", lambda e, rs: " ".join(str(x) for x in (e.os, f"({e.arch})" if e.arch else "") if x) or DASH),
+        ("Python", lambda e, rs: e.python or DASH),
+        ("power / governor", lambda e, rs: f"{e.power or DASH} / {e.governor or DASH}"),
+        ("llama.cpp system info", lambda e, rs: f"`{e.system_info}`" if e.system_info else DASH),
         ("measured", lambda e, rs: _time_range(rs)),
-        ("command", lambda e, rs: f"`{_argv(e)}`" if e.get("argv") else DASH),
-        ("CI", lambda e, rs: "yes" if e.get("ci") else "no"),
+        ("command", lambda e, rs: f"`{_argv(e)}`" if e.argv else DASH),
+        ("CI", lambda e, rs: "yes" if e.ci else "no"),
     ]
-    if any(rs[0].environment.get("extra_buffers_preflight") for rs in by_machine.values()):
+    if any(_v(rs[0].environment.extra_buffers_preflight) for rs in by_machine.values()):
         # records written before the preflight existed have no such row: their reports stay as they were
         fields.insert(-3, ("extra buffers (AMX, CPU_REPACK)", lambda e, rs: _extra_buffers(e, rs)))
     rows = []
@@ -190,42 +190,41 @@ def _calibrations(records: list[Record]) -> list[str]:
     return sorted(out)
 
 
-def _extra_buffers(e: dict[str, Any], rs: list[Record]) -> str:
+def _extra_buffers(e: Environment, rs: list[Record]) -> str:
     """The extra-buffer preflight's verdict, and the --repack the configurations ran with."""
-    pf = e.get("extra_buffers_preflight")
-    if not isinstance(pf, dict):
+    pf = _v(e.extra_buffers_preflight)
+    if pf is None:
         return DASH
     used = sorted({"1" if F.repack_of(r.settings) else "0" for r in rs})
-    verdict = {True: "run here", False: "crash on this CPU" + (" (llama.cpp #20824)" if "AMX" in (
-        pf.get("extra_buffers_mib") or {}) else ""), None: "unknown"}[pf.get("runs")]
-    return f"kernels {verdict}: {pf.get('detail')}; measured with --repack {','.join(used)}"
+    verdict = {True: "run here", False: "crash on this CPU" + (" (llama.cpp #20824)" if "AMX" in pf.extra_buffers_mib
+                                                                else ""), None: "unknown"}[pf.runs]
+    return f"kernels {verdict}: {pf.detail}; measured with --repack {','.join(used)}"
 
 
-def _cpu(e: dict[str, Any]) -> str:
-    if not e.get("cpu_model"):
+def _cpu(e: Environment) -> str:
+    if not e.cpu_model:
         return DASH
     cores = ""
-    if e.get("cpu_count_logical"):
-        cores = f", {e['cpu_count_logical']} logical"
-        if e.get("cpu_count_physical"):
-            cores += f" / {e['cpu_count_physical']} physical cores"
+    if e.cpu_count_logical:
+        cores = f", {e.cpu_count_logical} logical"
+        if e.cpu_count_physical:
+            cores += f" / {e.cpu_count_physical} physical cores"
         else:
             cores += " cores"
-    return f"{e['cpu_model']}{cores}"
+    return f"{e.cpu_model}{cores}"
 
 
-def _gpu(e: dict[str, Any]) -> str:
-    nv = e.get("nvidia")
+def _gpu(e: Environment) -> str:
+    nv = _v(e.nvidia)
     parts = []
-    if isinstance(nv, dict):
-        # edges/environment.nvidia_info stores them under "devices" ("gpus" in no record written by edgekv)
-        for g in nv.get("devices") or nv.get("gpus") or []:
-            if isinstance(g, dict):
-                parts.append(f"{g.get('name')} ({(g.get('memory_total') or 0) / 1024**3:.0f} GiB)")
-        if nv.get("driver"):
-            parts.append(f"driver {nv['driver']}")
-    if e.get("iogpu_wired_limit_mb") is not None:
-        parts.append(f"iogpu.wired_limit_mb={e['iogpu_wired_limit_mb']}")
+    if nv is not None:
+        # the typed block names them ``devices`` (the report once read a ``gpus`` key no record had)
+        for g in nv.devices or []:
+            parts.append(f"{g.name} ({g.memory_total / 1024**3:.0f} GiB)")
+        if nv.driver:
+            parts.append(f"driver {nv.driver}")
+    if _v(e.iogpu_wired_limit_mb) is not None:
+        parts.append(f"iogpu.wired_limit_mb={e.iogpu_wired_limit_mb}")
     return ", ".join(parts) or DASH
 
 
@@ -236,8 +235,8 @@ def _time_range(rs: list[Record]) -> str:
     return ts[0] if ts[0] == ts[-1] else f"{ts[0]} … {ts[-1]}"
 
 
-def _argv(e: dict[str, Any]) -> str:
-    argv = list(e.get("argv") or [])
+def _argv(e: Environment) -> str:
+    argv = list(e.argv or [])
     if argv:
         argv[0] = os.path.basename(str(argv[0]))
     return " ".join(str(a) for a in argv)

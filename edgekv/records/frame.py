@@ -95,7 +95,7 @@ def machine_label(rec: Record) -> str | None:
     """The machine a record was measured on: the ``machine`` column merge keeps, else the host name."""
     if _v(rec.machine):
         return str(rec.machine)
-    return rec.environment.get("machine_id") or None
+    return rec.environment.machine_id or None
 
 
 def device_label(rec: Record) -> str:
@@ -103,10 +103,8 @@ def device_label(rec: Record) -> str:
     if rec.kind == "predict":
         return "-"
     env = rec.environment
-    devs = env.get("devices")
-    devs = ", ".join(str(d) for d in devs) if isinstance(devs, list) else (devs or env.get("cpu_model") or "?")
-    back = env.get("backends")
-    back = "+".join(str(b) for b in back) if isinstance(back, list) else back
+    devs = ", ".join(env.devices) if env.devices else (env.cpu_model or "?")
+    back = "+".join(env.backends) if env.backends else None
     name = machine_label(rec)
     s = f"{devs} ({back})" if back else str(devs)
     return f"{name}: {s}" if name else s

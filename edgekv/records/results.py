@@ -47,9 +47,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from msgspec import UNSET
+
 from edgekv.edges.safepath import atomic_write
 from edgekv.errors import ResultsError
-from edgekv.records.schema import SCHEMA_VERSION, Record, decode
+from edgekv.records.schema import SCHEMA_VERSION, Environment, Record, decode, encode
 
 
 def _v1_to_v2(r: dict[str, Any]) -> dict[str, Any]:
@@ -102,20 +104,15 @@ def config_key(model_sha256: str | None, settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def latest(records: list[Any]) -> list[Any]:
+def latest(records: list[Record]) -> list[Record]:
     """One record per configuration and machine: the last one a file holds for each ``config_key`` on each machine
     (a failed configuration measured again on resume leaves its earlier record in the file as history), in the order
-    of first appearance; records without a key (imported llama-bench rows, predictions) are all kept.  Records or
-    plain dicts."""
-    def key(r: Any) -> Any:
-        d = r if isinstance(r, dict) else {"config_key": getattr(r, "config_key", None),
-                                           "machine": getattr(r, "machine", None),
-                                           "environment": getattr(r, "environment", None)}
-        if not d.get("config_key"):
+    of first appearance; records without a key (imported llama-bench rows, predictions) are all kept."""
+    def key(r: Record) -> Any:
+        if not r.config_key:
             return None
-        machine = d.get("machine") if isinstance(d.get("machine"), str) else None     # `edgekv merge`'s label
-        env = d.get("environment") if isinstance(d.get("environment"), dict) else {}
-        return d["config_key"], machine or env.get("machine_id")   # the same configuration on another machine
+        machine = r.machine or None                       # `edgekv merge`'s label
+        return r.config_key, machine or r.environment.machine_id or None   # the same configuration on another machine
 
     last = {key(r): i for i, r in enumerate(records) if key(r)}
     first: dict[Any, int] = {}
@@ -125,15 +122,32 @@ def latest(records: list[Any]) -> list[Any]:
     return [records[last[key(r)]] if key(r) else r for i, r in enumerate(records) if not key(r) or first[key(r)] == i]
 
 
-def env_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def env_differences(a: Environment, b: Environment) -> list[str]:
+    """The :data:`CHECKED_ENVIRONMENT` facts two environments disagree on, one line each (a key one lacks: None)."""
     out = []
     for k in CHECKED_ENVIRONMENT:
-        if a.get(k) != b.get(k):
-            out.append(f"{k}: {a.get(k)!r} vs {b.get(k)!r}")
+        x, y = (None if v is UNSET else v for v in (getattr(a, k), getattr(b, k)))
+        if x != y:
+            out.append(f"{k}: {x!r} vs {y!r}")
     return out
 
 
+def _llama_bench_environment(r: dict[str, Any]) -> dict[str, Any]:
+    """An imported llama-bench row written before the environment was typed kept llama-bench's strings: ``backends``
+    "Metal,BLAS" and ``devices`` "Apple M2" are the lists ["Metal", "BLAS"] and ["Apple M2"] now (same facts)."""
+    env = r.get("environment")
+    if r.get("kind") != "llama-bench" or not isinstance(env, dict):
+        return r
+    env = dict(env)
+    if isinstance(env.get("backends"), str):
+        env["backends"] = [b.strip() for b in env["backends"].split(",") if b.strip()] or None
+    if isinstance(env.get("devices"), str):
+        env["devices"] = [env["devices"]] if env["devices"] else None
+    return {**r, "environment": env}
+
+
 def upgrade(record: dict[str, Any], where: str) -> dict[str, Any]:
+    record = _llama_bench_environment(record)
     v = record.get("schema_version")
     if not isinstance(v, int):
         raise ResultsError(f"{where}: no integer schema_version; not an edgekv result")
@@ -233,7 +247,7 @@ def _load(path: str | os.PathLike, tolerate_torn_tail: bool, skipped: list[Skipp
     return out
 
 
-def append(path: str | os.PathLike, record: dict[str, Any]) -> None:
+def append(path: str | os.PathLike, record: Record) -> None:
     """Append one record atomically (one write of one line, then fsync), under the file's lock.
 
     Waits for a lock another process holds (a running bench holds it for its whole sweep: use
@@ -271,12 +285,12 @@ class ResultsWriter:
         try:
             _lock(self.fd, p, wait=False)
             self.notes = _repair_tail(self.fd, p)
-            self.existing = load(p)
+            self.existing = load_records(p)
         except BaseException:
             self.close()
             raise
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: Record) -> None:
         """Append one record whole, or nothing: a write that fails (a full disk) is cut back to the last complete
         line and refused in one line saying how many records the file keeps."""
         size = os.fstat(self.fd).st_size
@@ -346,15 +360,17 @@ def _lock(fd: int, p: Path, wait: bool) -> None:
         raise ResultsError(f"{p}: cannot lock the results file ({e.strerror or e}); write it on a local disk") from None
 
 
-def _checked(record: dict[str, Any], where: str) -> str:
-    """The line to write, after checking the record against the schema: a producer that builds a record
-    the loader would refuse fails here, naming the key, instead of writing a file nothing can read."""
-    line = json.dumps(record, sort_keys=False, default=_default)
+def _checked(record: Record, where: str) -> str:
+    """The line to write: the typed record encoded, after checking it reads back (a producer that built a block of
+    the wrong type fails here, naming the key, instead of writing a file nothing can read)."""
+    if not isinstance(record, Record):
+        raise TypeError(f"{where}: a results line is a typed record (edgekv.records.schema), not {type(record).__name__}")
+    line = json.dumps(encode(record), sort_keys=False)
     decode(json.loads(line), f"{where} (record being written)")
     return line
 
 
-def _write_record(fd: int, record: dict[str, Any], where: str = "results") -> None:
+def _write_record(fd: int, record: Record, where: str = "results") -> None:
     data = (_checked(record, where) + "\n").encode()
     view = memoryview(data)
     while view:
@@ -394,18 +410,9 @@ def _repair_tail(fd: int, p: Path) -> list[str]:
             "its configuration is measured again"]
 
 
-def write_all(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:
+def write_all(path: str | os.PathLike, records: Iterable[Record]) -> None:
     """Write a whole results file atomically (temp file + os.replace), e.g. for merge."""
     p = Path(path)
     lines = [_checked(r, str(p)) for r in records]      # all checked before the file is touched
     atomic_write(p, "".join(line + "\n" for line in lines))
 
-
-def _default(o: Any) -> Any:
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    if isinstance(o, (set, frozenset, tuple)):
-        return list(o)
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -1,5 +1,5 @@
-"""The typed results record: one :class:`Record` for every kind (``bench``, ``llama-bench``, ``predict``,
-``quality``), decoded strictly and encoded back to the same JSON.
+"""The typed results record: one type per kind (``bench``, ``llama-bench``, ``predict``, ``quality``; the union
+:data:`AnyRecord` tagged by ``kind``, each a :class:`Record`), decoded strictly and encoded back to the same JSON.
 
 Why ``msgspec.Struct`` (not dataclasses): strict typed decoding with a path to the bad key
 (``$.settings.n_ctx``), ``forbid_unknown_fields``, absent-vs-null kept apart (``UNSET`` fields are left
@@ -20,15 +20,17 @@ Provenance.  Every block that carries numbers says where they come from, in its 
   both sides; ``plan``: the bench planner's time estimate beside the measured wall time
 * ``load`` is measured (other processes' CPU share around the run: the "busy machine" marker)
 
-Mappings (``dict[str, ...]``) are used where the content is free-form by nature: the environment
-fingerprint (its keys grow with what the platform exposes: devices, drivers, power), ggml buffer
+Mappings (``dict[str, ...]``) are used where the content is free-form by nature: the environment's ``extra``
+and llama.cpp's ``device_details`` (their keys grow with what the platform exposes), ggml buffer
 sizes keyed by buffer-type name (``CPU``, ``CPU_Mapped``, ``CUDA0``: llama.cpp's names, open-ended),
 per-phase peaks keyed by phase name, per-device byte counts, and the per-layer breakdown of
 ``predict --layers`` (``prediction.formula.layers``, one dict per layer as :mod:`edgekv.core.predict` has it).
 
-Kinds: ``bench`` records must carry every identifying block (checked in :func:`decode`); ``predict``
-records (``edgekv predict --json``, built by :func:`predict_record`), ``quality`` records (``edgekv quality
---json``) and imported llama-bench rows leave out what they do not have (``UNSET``: absent in the JSON, never invented).
+Kinds: :class:`BenchRecord` requires every identifying block (config key, time, edgekv version, prediction,
+model.arch, settings.n_ctx and engine); :class:`PredictRecord` (``edgekv predict --json``, built by
+:func:`predict_record`), :class:`QualityRecord` (``edgekv quality --json``) and :class:`LlamaBenchRecord` (an
+imported llama-bench row) leave out what they do not have (``UNSET``: absent in the JSON, never invented).
+The environment is typed too (:class:`Environment`: the keys edgekv collects, and ``extra`` for the rest).
 
 Units are in the field names (``_bytes``, ``_mib``, ``_s``, ``_ns``, ``_ts`` = tokens per second).
 The keys of committed schema-2 files are kept as they are (``mean_ts`` etc.).
@@ -37,7 +39,7 @@ The keys of committed schema-2 files are kept as they are (``mean_ts`` etc.).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -672,17 +674,101 @@ class Failure(_Block, kw_only=True):
     last_error: _d(Union[str, None, UnsetType], "its last error line on stderr (an assert, an exception)") = UNSET
 
 
+# -- environment --------------------------------------------------------------------------------------
+
+class NvidiaDevice(_Block, kw_only=True):
+    """One GPU as NVML names it (nvidia-ml-py)."""
+
+    index: _d(int, "NVML device index")
+    name: _d(str, "the card's name")
+    memory_total: _d(int, "its memory, bytes")
+
+
+class Nvidia(_Block, kw_only=True):
+    """NVML's view of the machine (``edgekv[cuda]``): the driver and the GPUs, or why NVML could not tell."""
+
+    driver: _d(Union[str, UnsetType], "driver version") = UNSET
+    devices: _d(Union[list[NvidiaDevice], UnsetType], "the GPUs") = UNSET
+    error: _d(Union[str, UnsetType], "NVML's error (an environment fact, not an edgekv failure)") = UNSET
+
+
+class ExtraBuffersPreflight(_Block, kw_only=True):
+    """Whether llama.cpp's extra CPU buffer kernels (AMX, CPU_REPACK) run on this machine
+    (:mod:`edgekv.orchestration.preflight`; measured by a probe process)."""
+
+    runs: _d(Union[bool, None], "the probe decoded with them (False: it died; None: it could not tell)")
+    detail: _d(str, "what the probe did")
+    extra_buffers_mib: _d(BufMiB, "the extra buffers it allocated, MiB per buffer type")
+
+
+class Environment(_Block, kw_only=True):
+    """The reproducibility fingerprint of the machine and the llama.cpp build (:mod:`edgekv.edges.environment`).
+
+    Every key edgekv writes is typed here; what a platform exposes beyond them goes into ``extra`` (named by the
+    producer, never guessed).  Absent keys were not collected: a ``predict`` record has none, an imported
+    llama-bench row only what llama-bench printed."""
+
+    edgekv: _d(Union[str, UnsetType], "edgekv version") = UNSET
+    llama_cpp_python: _d(Union[str, None, UnsetType], "llama-cpp-python version") = UNSET
+    llama_cpp_commit: _d(Union[str, None, UnsetType], "llama.cpp commit (vendored by llama-cpp-python, or "
+                                                      "llama-bench's build_commit)") = UNSET
+    python: _d(Union[str, UnsetType], "Python version") = UNSET
+    machine_id: _d(Union[str, UnsetType], "EDGEKV_MACHINE_ID, else the host name") = UNSET
+    cpu_model: _d(Union[str, None, UnsetType], "CPU model") = UNSET
+    cpu_count_logical: _d(Union[int, None, UnsetType], "logical CPUs") = UNSET
+    cpu_count_physical: _d(Union[int, None, UnsetType], "physical cores") = UNSET
+    ram_bytes: _d(Union[int, UnsetType], "total RAM") = UNSET
+    os: _d(Union[str, UnsetType], "system and release") = UNSET
+    platform: _d(Union[str, UnsetType], "platform.platform()") = UNSET
+    arch: _d(Union[str, UnsetType], "machine architecture") = UNSET
+    governor: _d(Union[str, None, UnsetType], "CPU frequency governor (Linux)") = UNSET
+    power: _d(Union[str, None, UnsetType], "ac | battery (n%) | None") = UNSET
+    argv: _d(Union[list[str], UnsetType], "the command line") = UNSET
+    time_utc: _d(Union[str, UnsetType], "when the environment was collected") = UNSET
+    hw_memsize: _d(Union[int, str, None, UnsetType], "macOS: sysctl hw.memsize") = UNSET
+    iogpu_wired_limit_mb: _d(Union[int, str, None, UnsetType], "macOS: the GPU wired-memory limit (0: the OS "
+                                                                "default)") = UNSET
+    ci: _d(Union[bool, UnsetType], "run under CI (the CI variable was set)") = UNSET
+    backends: _d(Union[list[str], None, UnsetType], "llama.cpp's backends") = UNSET
+    devices: _d(Union[list[str], None, UnsetType], "llama.cpp's devices, by description") = UNSET
+    device_details: _d(Union[list[dict[str, Any]], None, UnsetType], "llama.cpp's devices as it lists them "
+                                                                      "(free-form: its fields per backend)") = UNSET
+    system_info: _d(Union[str, None, UnsetType], "llama_print_system_info()") = UNSET
+    gpu_offload: _d(Union[bool, None, UnsetType], "llama_supports_gpu_offload()") = UNSET
+    llama_error: _d(Union[str, UnsetType], "why llama.cpp's side could not be read") = UNSET
+    nvidia: _d(Union[Nvidia, None, UnsetType], "NVML's driver and GPUs (None: no NVML)") = UNSET
+    memory_available_bytes: _d(Union[int, None, UnsetType], "memory available at the start") = UNSET
+    memory_available_source: _d(Union[str, None, UnsetType], "which figure: MemAvailable | cgroup limit | ...") = UNSET
+    extra_buffers_preflight: _d(Union[ExtraBuffersPreflight, UnsetType], "the AMX/CPU_REPACK probe") = UNSET
+    llama_bench_build_commit: _d(Union[str, None, UnsetType], "the user's llama-bench: its build_commit") = UNSET
+    llama_bench_build_number: _d(Union[int, None, UnsetType], "the user's llama-bench: its build_number") = UNSET
+    extra: _d(Union[dict[str, Any], UnsetType], "what the platform exposed beyond the keys above") = UNSET
+
+
+ENVIRONMENT_KEYS = frozenset(Environment.__struct_fields__) - {"extra"}
+
+
+def environment(d: dict[str, Any] | None) -> Environment:
+    """A collected environment (a plain dict, :func:`edgekv.edges.environment.collect`) as the typed block: the
+    known keys typed, anything else under ``extra``."""
+    d = dict(d or {})
+    extra = {k: d.pop(k) for k in list(d) if k not in ENVIRONMENT_KEYS}
+    if extra:
+        d["extra"] = {**d.get("extra", {}), **extra} if isinstance(d.get("extra"), dict) else extra
+    return msgspec.convert(d, Environment, strict=True)
+
+
+
 # -- the record ---------------------------------------------------------------------------------------
 
-class Record(Struct, kw_only=True, forbid_unknown_fields=True):
+class Record(Struct, kw_only=True, forbid_unknown_fields=True, tag_field="kind"):
     """One configuration: what was asked, predicted, reported by llama.cpp, and measured.
 
-    Kinds: ``bench`` (edgekv's child process), ``llama-bench`` (an imported llama-bench run),
-    ``predict`` (prediction only: no measured blocks), ``quality`` (perplexity/KL only).
+    The blocks every kind may carry; each kind is its own type (:data:`AnyRecord`, a union tagged by ``kind``)
+    and declares the blocks it requires.  Use a kind's type, never this base.
     """
 
     schema_version: _d(int, "schema version (see edgekv.records.results)")
-    kind: _d(Literal["bench", "llama-bench", "predict", "quality"], "what produced the record")
     config_key: _d(OptStr, "hash of the model sha256 and the key settings (edgekv.records.results.KEY_SETTINGS); "
                            "None for an imported llama-bench row")
     status: _d(str, "ok | failed | skipped | invalid | ...")
@@ -694,7 +780,7 @@ class Record(Struct, kw_only=True, forbid_unknown_fields=True):
     settings: _d(Settings, "what was asked")
     prediction: _d(Union[Prediction, UnsetType], "predicted: formula, llama.cpp dry run, whole process "
                                                  "(absent only in an imported llama-bench row)") = UNSET
-    environment: _d(dict[str, Any], "reproducibility fingerprint (free-form: platform-dependent keys)")
+    environment: _d(Environment, "reproducibility fingerprint (typed; what else a platform exposes: extra)")
     effective: _d(Union[Effective, None, UnsetType], "what llama.cpp used") = UNSET
     llama_log: _d(Union[LlamaLog, None, UnsetType], "what llama.cpp printed in the run") = UNSET
     speed: _d(Union[Speed, None, UnsetType], "speed per test (pp, tg)") = UNSET
@@ -716,32 +802,85 @@ class Record(Struct, kw_only=True, forbid_unknown_fields=True):
     llama_cpp_args: _d(Union[list[str], UnsetType], "the llama-cli / llama-server arguments of this configuration "
                                                      "(edgekv.core.llamacmd): reproduce it with llama.cpp alone") = UNSET
 
+    @property
+    def kind(self) -> str:
+        """What produced the record: ``bench``, ``llama-bench``, ``predict`` or ``quality`` (the type's tag)."""
+        return self.__struct_config__.tag
+
+
+class BenchRecord(Record, kw_only=True, tag="bench"):
+    """``edgekv bench`` (edgekv's child process, the user's llama-bench or llama-server): every identifying block
+    is required, and the measured ones are present unless the configuration was skipped or failed."""
+
+    config_key: _d(str, "hash of the model sha256 and the key settings (edgekv.records.results.KEY_SETTINGS)")
+    time_utc: _d(str, "when (ISO 8601, UTC)")
+    edgekv: _d(str, "edgekv version that wrote it")
+    prediction: _d(Prediction, "predicted: formula, llama.cpp dry run, whole process, speed")
+
+    def __post_init__(self) -> None:
+        for key, value in (("model.arch", self.model.arch), ("settings.n_ctx", self.settings.n_ctx),
+                           ("settings.engine", self.settings.engine)):
+            if value is UNSET or value is None:
+                raise ValueError(f"{key}: missing in a bench record")
+
+
+class LlamaBenchRecord(Record, kw_only=True, tag="llama-bench"):
+    """One row of a llama-bench JSON file, imported (``edgekv report FILE.json``): no prediction, no config key;
+    its environment is what llama-bench printed."""
+
+    config_key: _d(None, "an imported row identifies no edgekv configuration") = None
+
+
+class PredictRecord(Record, kw_only=True, tag="predict"):
+    """``edgekv predict --json``: the formula, and llama.cpp's dry run and the whole-process prediction when they
+    were asked; nothing measured (built by :func:`predict_record`)."""
+
+    config_key: _d(None, "a prediction is not a measured configuration") = None
+    prediction: _d(Prediction, "predicted: formula, llama.cpp dry run, whole process")
+
+
+class QualityRecord(Record, kw_only=True, tag="quality"):
+    """``edgekv quality --json``: perplexity and KL divergence of one configuration against the f16-KV baseline."""
+
+    quality: _d(Union[Quality, None], "perplexity / KL divergence (None: the pass computed none)")
+
+
+AnyRecord = Union[BenchRecord, LlamaBenchRecord, PredictRecord, QualityRecord]
+KIND_TYPES: dict[str, type[Record]] = {"bench": BenchRecord, "llama-bench": LlamaBenchRecord,
+                                       "predict": PredictRecord, "quality": QualityRecord}
+assert tuple(KIND_TYPES) == KINDS
+
+# The order of a written record's keys (the base's fields, ``kind`` second): lines read the same whatever kind.
+RECORD_KEYS = ("schema_version", "kind", *(k for k in Record.__struct_fields__ if k != "schema_version"))
+
 
 # -- decode / encode ----------------------------------------------------------------------------------
 
 def decode(obj: dict[str, Any], where: str) -> Record:
-    """A plain (upgraded) dict -> :class:`Record`, strictly; else one-line ResultsError naming ``where: key``."""
+    """A plain (upgraded) dict -> the record type of its ``kind``, strictly; else one-line ResultsError naming
+    ``where: key``."""
     from edgekv.errors import ResultsError
 
     try:
-        rec = msgspec.convert(obj, Record, strict=True)
+        return msgspec.convert(obj, AnyRecord, strict=True)
     except msgspec.ValidationError as e:
-        raise ResultsError(f"{where}: {_explain(str(e))}") from None
-    if rec.kind == "bench":      # a measured record has them all; predict / imported llama-bench rows lack some
-        for key, value in (("prediction", rec.prediction), ("config_key", rec.config_key), ("edgekv", rec.edgekv),
-                           ("time_utc", rec.time_utc), ("model.arch", rec.model.arch),
-                           ("settings.n_ctx", rec.settings.n_ctx), ("settings.engine", rec.settings.engine)):
-            if value is UNSET or value is None:
-                raise ResultsError(f"{where}: {key}: missing in a {rec.kind} record; not a complete edgekv record "
-                                   "(re-run the bench, or remove the line)")
-    return rec
+        raise ResultsError(f"{where}: {_explain(str(e), obj)}") from None
 
 
-def _explain(msg: str) -> str:
+def _explain(msg: str, obj: Any = None) -> str:
     """msgspec's 'Expected `int`, got `str` - at `$.settings.n_ctx`' -> 'settings.n_ctx: expected int, got str; ...'."""
     text, _, path = msg.partition(" - at `")
     path = path.rstrip("`")
     key = path[2:] if path.startswith("$.") else (path or "record")
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    if " missing in a bench record" in text:          # BenchRecord.__post_init__: a nested required key
+        return f"{text.split(': ')[0]}: missing in a bench record; not a complete edgekv record (re-run the bench, " \
+               "or remove the line)"
+    if key == "kind" and text.startswith("Invalid value"):      # the tag of the union: the words a Literal had
+        return f"kind: invalid enum value {kind!r}; the results file is damaged or hand-edited (fix or remove the line)"
+    if text.startswith("Object missing required field") and not path and kind == "bench":
+        return f"{text.split('`')[1]}: missing in a bench record; not a complete edgekv record (re-run the bench, " \
+               "or remove the line)"
     if text.startswith("Object missing required field"):
         field = text.split("`")[1]
         key = f"{key}.{field}" if path and path != "$" else field
@@ -756,8 +895,10 @@ def _explain(msg: str) -> str:
 
 
 def encode(rec: Record) -> dict[str, Any]:
-    """:class:`Record` -> plain dict (absent fields left out, ``None`` kept): the line written."""
-    return msgspec.to_builtins(rec)
+    """:class:`Record` -> plain dict (absent fields left out, ``None`` kept), its keys in :data:`RECORD_KEYS`'s
+    order: the line written."""
+    d = msgspec.to_builtins(rec)
+    return {k: d[k] for k in RECORD_KEYS if k in d}
 
 
 def encode_block(block: Struct | None) -> Any:
@@ -781,7 +922,7 @@ def speed_test(n_tokens: int, samples_ns: list[int] | None, samples_ts: list[flo
 def predict_record(*, model_path: str, arch: str | None, weights_bytes: int | None, formula: dict[str, Any],
                    engine: Any = UNSET, process: Any = UNSET, saving_vs_f16: Any = UNSET,
                    settings: dict[str, Any] | None = None, source_file: str | None = None,
-                   key_settings: tuple[str, ...] = ()) -> Record:
+                   key_settings: tuple[str, ...] = ()) -> PredictRecord:
     """A record of kind ``predict`` (``edgekv predict --json``): the formula, and llama.cpp's dry run and the
     whole-process prediction when they were made; nothing measured.
 
@@ -808,7 +949,7 @@ def predict_record(*, model_path: str, arch: str | None, weights_bytes: int | No
     }
     if source_file is not None:
         obj["source_file"] = source_file
-    return msgspec.convert(obj, Record, strict=True)
+    return msgspec.convert(obj, PredictRecord, strict=True)
 
 
 def model_block(m: Any, sha: str | None) -> dict[str, Any]:
@@ -835,7 +976,7 @@ def growth_minus_formula_bytes(growth_bytes: int | None, formula_bytes: int | No
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a record, generated from the types (committed as results.schema.json)."""
-    return msgspec.json.schema(Record)
+    return msgspec.json.schema(AnyRecord)
 
 
 SCHEMA_FILE = Path(__file__).with_name("results.schema.json")
