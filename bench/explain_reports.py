@@ -73,7 +73,7 @@ def explain(name: str) -> int:
             proc = predict_processes(m, [params], st, baseline, eng)[0]
             if proc is None:
                 continue
-            speed.append((r, SpeedInputs.from_settings(s)))
+            speed.append((r, SpeedInputs.from_settings(r.settings)))
             proc.notes.append("predicted after the measurement (bench/explain_reports.py)")
             r.prediction.process = None
             attach_process(r, proc)
@@ -121,7 +121,7 @@ def attach_speeds(m, cases: list, cpu_features: list[str], graph, stamp: S.Predi
             block = speed_block(sh, cal, x)
             attach_speed(r, block)
             r.prediction.speed.predicted_after_measurement = stamp
-            n += "error" not in block
+            n += not block.error
     return n, cal_id
 
 

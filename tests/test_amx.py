@@ -297,7 +297,7 @@ def test_repack_sweeps_like_flash_attn_and_is_a_key_setting(smollm2_path, tmp_pa
     s = dict(res.lines[0]["settings"])
     old = {k: v for k, v in s.items() if k != "repack"}
     assert R.config_key("x", s) == R.config_key("x", old) != R.config_key("x", {**s, "repack": False})
-    assert argv_for("llama-bench", "m.gguf", res.lines[1]["settings"], "pp")[-2:] == ["--repack", "0"]
+    assert argv_for("llama-bench", "m.gguf", res.records[1].settings, "pp")[-2:] == ["--repack", "0"]
 
 
 def test_compare_pairs_records_from_before_the_setting_with_repack_1(tmp_path):

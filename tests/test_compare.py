@@ -254,9 +254,9 @@ def test_merge_keeps_every_row_and_reports_a_device_column(records, tmp_path):
     linux = tmp_path / "linux.jsonl"
     mac = tmp_path / "mac.jsonl"
     R.write_all(linux, records)
-    macs = [replaced(r, "environment", {**r.environment, "machine_id": "mac-mini", "cpu_model": "Apple M2",
-                                        "backends": ["Metal", "CPU"], "devices": ["Apple M2"], "os": "Darwin 24.1.0"})
-            for r in records[:4]]
+    macs = [replaced(r, "environment", msgspec.structs.replace(
+        r.environment, machine_id="mac-mini", cpu_model="Apple M2", backends=["Metal", "CPU"], devices=["Apple M2"],
+        os="Darwin 24.1.0")) for r in records[:4]]
     R.write_all(mac, macs)
     out = tmp_path / "all.jsonl"
     r = cli("merge", str(linux), str(mac), str(linux), "-o", str(out), "--json")

@@ -182,17 +182,19 @@ def test_load_monitor_sees_a_busy_loop(tmp_path):
 
 def test_cost_model_tracks_the_reference_sweep():
     """The prior reproduces the wall time of the committed SmolLM2 sweep it was fitted to within 15 % in total."""
-    recs = [json.loads(x) for x in (Path(__file__).parents[1] / "reports/smollm2-135m/sweep.jsonl").read_text().splitlines()]
-    pred = sum(P.prior_seconds(r["settings"], 98_362_432, 23_040) for r in recs)
-    real = sum(r["timing"]["wall_s"] for r in recs)
+    from edgekv.records import results as R
+
+    recs = R.load_records(Path(__file__).parents[1] / "reports/smollm2-135m/sweep.jsonl")
+    pred = sum(P.prior_seconds(r.settings, 98_362_432, 23_040) for r in recs)
+    real = sum(r.timing.wall_s for r in recs)
     assert abs(pred - real) / real < 0.15
     # calibration: after one configuration of each type the estimate of the others is within 25 %
     pl = P.Planner(98_362_432, 23_040)
     for r in recs[:4]:
-        pl.learn(r["settings"], r["timing"]["wall_s"])
+        pl.learn(r.settings, r.timing.wall_s)
     rest = recs[4:]
-    est = pl.remaining(r["settings"] for r in rest)
-    act = sum(r["timing"]["wall_s"] for r in rest)
+    est = pl.remaining(r.settings for r in rest)
+    act = sum(r.timing.wall_s for r in rest)
     assert abs(est - act) / act < 0.25, (est, act)
 
 
@@ -245,7 +247,7 @@ def test_case_done_attaches_typed_load_and_plan_blocks():
     rec = load_any(FIXTURE)[0]
     rec = msgspec.structs.replace(rec, timing=None)       # no timing: the wall time is the load window's
     t = object.__new__(P.SweepTracker)
-    t.planner, t.todo, t.case_estimate, t.monitor = P.Planner(98_362_432, 23_040), [S.encode_block(rec.settings)], 4.04, Monitor()
+    t.planner, t.todo, t.case_estimate, t.monitor = P.Planner(98_362_432, 23_040), [rec.settings], 4.04, Monitor()
     t.planner.initial_total_s, t.planner.basis = 10.0, "b"
     wall, _elapsed, remaining = t.case_done(rec, 0)
     assert wall == 3.25 and remaining == 0 and t.monitor is None

@@ -96,7 +96,9 @@ def test_server_rounds_make_typed_speed_and_serving_blocks():
 
     levels = [LevelResult(concurrency=2, requests=[req(0), req(1)], wall_s=1.0),
               LevelResult(concurrency=2, requests=[req(2), req(3, ok=False)], wall_s=1.0)]
-    s = {"n_parallel": 2, "n_prompt": 32, "n_gen": 8}
+    s = S.Settings(engine="llama-server", n_ctx=512, type_k="f16", type_v="f16", flash_attn="auto", swa_full=False,
+                   n_seq_max=2, kv_unified=False, n_batch=2048, n_ubatch=512, n_threads=2, n_gpu_layers=-1, n_prompt=32,
+                   n_gen=8, n_depth=0, repetitions=2, warmup=True, quality=None, n_parallel=2)
     speed, serving = speed_and_serving(levels, s, "/bin/llama-server", 1.5)
     assert isinstance(speed, S.Speed) and isinstance(serving, S.Serving)
     assert speed.pp.n_tokens == 64 and speed.pp.samples_ns == [51_000_000] and speed.tg.n_tokens == 16

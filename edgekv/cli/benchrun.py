@@ -24,7 +24,7 @@ from edgekv.edges.load import BUSY_SHARE, Window, busy_note
 from edgekv.errors import UsageError
 from edgekv.orchestration.plan import fmt_duration, plan_lines
 from edgekv.output.benchview import Progress, case_label
-from edgekv.records.schema import Record, Speed, encode_block
+from edgekv.records.schema import Record, Settings, Speed, encode_block
 
 if TYPE_CHECKING:
     from edgekv.orchestration.sweep import SweepResult, SweepSpec
@@ -70,8 +70,7 @@ def case_line(i: int, n: int, rec: Record, wall_s: float, elapsed_s: float, rema
     if remaining_s is not None and i < n:
         tail += f", about {fmt_duration(remaining_s)} left"
     busy = busy_note(encode_block(rec.load) if rec.load else None)
-    settings = encode_block(rec.settings)
-    return f"[{i}/{n}] {case_label(settings)}: " + ", ".join(parts) + f" | {tail}" + (f"  [{busy}]" if busy else "")
+    return f"[{i}/{n}] {case_label(rec.settings)}: " + ", ".join(parts) + f" | {tail}" + (f"  [{busy}]" if busy else "")
 
 
 class BenchMonitor:
@@ -81,7 +80,7 @@ class BenchMonitor:
         self.prog = Progress(bar_con)           # rich bar, only on a terminal
         self.contexts = contexts
         self.full_hint = full_hint
-        self.todo: list[dict[str, Any]] = []
+        self.todo: list[Settings] = []
 
     def __enter__(self) -> BenchMonitor:
         self.prog.__enter__()
@@ -122,11 +121,12 @@ class BenchMonitor:
                                       f"configurations already done{again}.", highlight=False, markup=False)
         planner = data["tracker"].planner
         self.todo = data["tracker"].todo
-        types = (list(dict.fromkeys(kv_label(s["type_k"], s["type_v"]) for s in self.todo))
+        types = (list(dict.fromkeys(kv_label(s.type_k, s.type_v) for s in self.todo))
                  or [f"{k}" for k, _v in self.spec.pairs])
-        s0 = self.todo[0] if self.todo else {"n_prompt": self.spec.n_prompt, "n_gen": self.spec.n_gen,
-                                             "repetitions": self.spec.repetitions}
-        for line in plan_lines(data["total"], self.contexts, types, s0, planner.initial_total_s or 0.0, planner.basis,
+        s0 = self.todo[0] if self.todo else None
+        tests = ((s0.n_prompt, s0.n_gen, s0.repetitions) if s0 is not None else
+                 (self.spec.n_prompt, self.spec.n_gen, self.spec.repetitions))
+        for line in plan_lines(data["total"], self.contexts, types, tests, planner.initial_total_s or 0.0, planner.basis,
                                data["output"], data["existing"], self.full_hint, repack=self.spec.repack,
                                unfit=data.get("unfit"), depths=self.spec.depths, n_parallel=self.spec.n_parallel):
             self._print(line)
@@ -299,7 +299,7 @@ def exit_line(res: SweepResult) -> tuple[int, str | None]:
     if not code:
         return 0, None
     first = next((r for r in new if r.status not in ("ok", "skipped")), None) or (new[0] if new else None)
-    where = f" (first: {case_label(encode_block(first.settings))}: {first.reason})" if first else ""
+    where = f" (first: {case_label(first.settings)}: {first.reason})" if first else ""
     return code, f"edgekv: {why}{where}; exit {code}"
 
 

@@ -38,29 +38,29 @@ LLAMA_BENCH_TYPES = {"f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4
 _CTX_START = re.compile(r"llama_context: constructing llama_context")
 
 
-def argv_for(path: str, model_path: str, s: dict[str, Any], test: str) -> list[str]:
-    argv = [path, "-m", model_path, "-d", str(s["n_depth"]), "-ctk", s["type_k"], "-ctv", s["type_v"],
-            "-fa", s["flash_attn"], "-t", str(s["n_threads"]), "-r", str(s["repetitions"]), "-b", str(s["n_batch"]),
-            "-ub", str(s["n_ubatch"]), "-o", "jsonl", "-v"]
-    argv += ["-p", str(s["n_prompt"]), "-n", "0"] if test == "pp" else ["-p", "0", "-n", str(s["n_gen"])]
-    if s["n_gpu_layers"] != -1:
-        argv += ["-ngl", str(s["n_gpu_layers"])]
-    if not s["warmup"]:
+def argv_for(path: str, model_path: str, s: S.Settings, test: str) -> list[str]:
+    argv = [path, "-m", model_path, "-d", str(s.n_depth), "-ctk", s.type_k, "-ctv", s.type_v,
+            "-fa", s.flash_attn, "-t", str(s.n_threads), "-r", str(s.repetitions), "-b", str(s.n_batch),
+            "-ub", str(s.n_ubatch), "-o", "jsonl", "-v"]
+    argv += ["-p", str(s.n_prompt), "-n", "0"] if test == "pp" else ["-p", "0", "-n", str(s.n_gen)]
+    if s.n_gpu_layers != -1:
+        argv += ["-ngl", str(s.n_gpu_layers)]
+    if not s.warmup:
         argv.append("--no-warmup")
-    if s.get("repack") is False:          # llama-bench --repack 0 (use_extra_bufts off); 1 is its default, and
+    if s.repack is False:          # llama-bench --repack 0 (use_extra_bufts off); 1 is its default, and
         argv += ["--repack", "0"]         # builds older than the flag refuse it, so it is passed only when off
     return argv
 
 
-def _diagnose(child, test: str, s: dict[str, Any]):
+def _diagnose(child, test: str, s: S.Settings):
     """Where and why llama-bench died: its stderr carries llama.cpp's log (the AMX buffer line among it)."""
     from edgekv.core.diagnose import diagnose
 
     lines = [x for x in (child.stderr or "").splitlines() if x.strip()]
     return diagnose(f"llama-bench {test}", child.signal_name, None if child.signal is not None else child.returncode,
-                    child.timed_out, lines[-8:], s["n_prompt"], child.oom_kills_rose, load_log=lines,
+                    child.timed_out, lines[-8:], s.n_prompt, child.oom_kills_rose, load_log=lines,
                     last_error=child.last_error(),
-                    multi_token=(test == "pp" and s["n_prompt"] >= 2) or s["n_depth"] >= 2)
+                    multi_token=(test == "pp" and s.n_prompt >= 2) or s.n_depth >= 2)
 
 
 def split_contexts(stderr: str) -> list[str]:
@@ -68,7 +68,7 @@ def split_contexts(stderr: str) -> list[str]:
     return parts[1:] if len(parts) > 1 else []
 
 
-def _run_test(spec, s: dict[str, Any], test: str, gpu_probe, emit):
+def _run_test(spec, s: S.Settings, test: str, gpu_probe, emit):
     """One llama-bench process for ``test`` (pp or tg), memory sampled outside; the child and its wall time."""
     from edgekv.edges.process import run_child
 
@@ -82,7 +82,7 @@ def _run_test(spec, s: dict[str, Any], test: str, gpu_probe, emit):
     return child, time.perf_counter() - t
 
 
-def _test_failure(child, test: str, s: dict[str, Any]) -> tuple[str, S.Failure | None] | None:
+def _test_failure(child, test: str, s: S.Settings) -> tuple[str, S.Failure | None] | None:
     """(reason, failure block) that mark the record failed when the llama-bench ``test`` process stopped, died or
     timed out, else None."""
     if child.stopped_reason:
@@ -158,8 +158,8 @@ def run_llama_bench_case(spec, case, env: S.Environment, base: S.BenchRecord, gp
     ``base`` is the sweep's record for this case (status "ok", no engine or child yet); it is filled in and returned.
     """
     s = case.settings
-    if s["type_k"] not in LLAMA_BENCH_TYPES or s["type_v"] not in LLAMA_BENCH_TYPES:
-        base.status, base.reason = "skipped", f"llama-bench does not accept cache type {s['type_k']}/{s['type_v']}"
+    if s.type_k not in LLAMA_BENCH_TYPES or s.type_v not in LLAMA_BENCH_TYPES:
+        base.status, base.reason = "skipped", f"llama-bench does not accept cache type {s.type_k}/{s.type_v}"
         return base
     speed: dict[str, S.SpeedTest] = {}
     mem: dict[str, S.TestMemory] = {}
@@ -167,7 +167,7 @@ def run_llama_bench_case(spec, case, env: S.Environment, base: S.BenchRecord, gp
     row = LlamaBenchRow()
     wall = 0.0
     for test in ("pp", "tg"):
-        if (s["n_prompt"] if test == "pp" else s["n_gen"]) <= 0:
+        if (s.n_prompt if test == "pp" else s.n_gen) <= 0:
             continue
         child, took = _run_test(spec, s, test, gpu_probe, emit)
         wall += took
@@ -182,7 +182,7 @@ def run_llama_bench_case(spec, case, env: S.Environment, base: S.BenchRecord, gp
             base.status, base.reason = "failed", f"llama-bench {test} printed no JSON result"
             return base
         row = llama_bench_row(rows[-1])
-        speed[test] = speed_block(s["n_prompt"] if test == "pp" else s["n_gen"], row.samples_ns, row.samples_ts,
+        speed[test] = speed_block(s.n_prompt if test == "pp" else s.n_gen, row.samples_ns, row.samples_ts,
                                   llama_bench_avg_ts=row.avg_ts)
         contexts += _test_contexts(spec, case, test, child.stderr or "")
         mem[test] = _test_memory(child)

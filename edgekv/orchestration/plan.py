@@ -85,50 +85,50 @@ def _tokens_cost(n: int, start_depth: int, a: float, b: float) -> float:
     return n * (a + b * (start_depth + n / 2) / 1000)
 
 
-def prior_seconds(settings: dict[str, Any], weights_bytes: int, kv_f16_per_token: int) -> float:
+def prior_seconds(settings: S.Settings, weights_bytes: int, kv_f16_per_token: int) -> float:
     """Predicted wall seconds of one bench configuration (before calibration)."""
-    pa, pb, ta, tb = _coef(settings["type_k"], settings["type_v"])
+    pa, pb, ta, tb = _coef(settings.type_k, settings.type_v)
     ws = max(weights_bytes, 1) / _REF_WEIGHTS
     ks = max(kv_f16_per_token, 1) / _REF_KV_PER_TOKEN
     pa, ta, pb, tb = pa * ws, ta * ws, pb * ks, tb * ks
-    d, p, n, r = settings["n_depth"], settings["n_prompt"], settings["n_gen"], settings["repetitions"]
+    d, p, n, r = settings.n_depth, settings.n_prompt, settings.n_gen, settings.repetitions
     t = _OVERHEAD_S * max(1.0, ws ** 0.5)
-    if settings.get("warmup", True):
+    if settings.warmup:
         t += _tokens_cost(p + 1, 0, pa, pb) if p else _tokens_cost(1, 0, ta, tb)
     t += _FILL_FACTOR * _tokens_cost(d, 0, pa, pb)
     t += r * (_tokens_cost(p, d, pa, pb) + _tokens_cost(n, d, ta, tb))
     return t
 
 
-def speed_seconds(settings: dict[str, Any], speed: dict[str, Any] | None) -> float | None:
+def speed_seconds(settings: S.Settings, speed: S.SpeedPrediction | None) -> float | None:
     """Predicted wall seconds of one bench configuration from the speed model's prediction for it
     (``prediction.speed``: pp and tg at the configuration's depth, with the attention part of each), or None when
     there is none.  The fill (depth tokens from an empty cache) costs the prompt's non-attention time per token plus
     its attention part scaled to the fill's mean depth (attention is linear in the depth)."""
-    if not speed or speed.get("error"):
+    if not speed or speed.error:
         return None
-    p, n, d, r = settings["n_prompt"], settings["n_gen"], settings["n_depth"], settings["repetitions"]
-    pp, tg = speed.get("pp"), speed.get("tg")
+    p, n, d, r = settings.n_prompt, settings.n_gen, settings.n_depth, settings.repetitions
+    pp, tg = speed.pp or None, speed.tg or None
     if (p and not pp) or (n and not tg) or (d and not pp):
         return None
 
-    def per_token(block: dict[str, Any], depth: float) -> float:
-        att = sum(x["s_per_token"] for x in block["parts"] if x["name"] == "attention")
-        rest = block["s_per_token"] - att
-        at = block["depth"] + block["n_tokens"] / 2
+    def per_token(block: S.SpeedTestPrediction, depth: float) -> float:
+        att = sum(x.s_per_token for x in block.parts if x.name == "attention")
+        rest = block.s_per_token - att
+        at = block.depth + block.n_tokens / 2
         return rest + (att * (depth / at) if at > 0 else 0.0)
 
     t = _OVERHEAD_S
-    if settings.get("warmup", True):
+    if settings.warmup:
         t += (p * per_token(pp, p / 2) if p else 0.0) + (per_token(tg, 0) if n else 0.0)
     if d:
         t += d * per_token(pp, d / 2)
-    t += r * ((p * pp["s_per_token"] if p else 0.0) + (n * tg["s_per_token"] if n else 0.0))
+    t += r * ((p * pp.s_per_token if p else 0.0) + (n * tg.s_per_token if n else 0.0))
     return t
 
 
-def _type_key(s: dict[str, Any]) -> str:
-    return f"{s['type_k']}/{s['type_v']}"
+def _type_key(s: S.Settings) -> str:
+    return f"{s.type_k}/{s.type_v}"
 
 
 @dataclass
@@ -143,35 +143,36 @@ class Planner:
     initial_total_s: float | None = None
     # the speed model's prediction per configuration (json of its settings -> prediction.speed): when there is
     # one, it is the cost model; the reference prior only stands in where the speed model predicted nothing
-    speeds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    speeds: dict[str, S.SpeedPrediction] = field(default_factory=dict)
 
-    def prior(self, s: dict[str, Any]) -> float:
+    def prior(self, s: S.Settings) -> float:
         t = speed_seconds(s, self.speeds.get(settings_id(s)))
         return t if t is not None else prior_seconds(s, self.weights_bytes, self.kv_f16_per_token)
 
-    def learn(self, settings: dict[str, Any], wall_s: float) -> None:
+    def learn(self, settings: S.Settings, wall_s: float) -> None:
         if wall_s and wall_s > 0:
             self.history.append((_type_key(settings), self.prior(settings), float(wall_s)))
 
-    def scale(self, s: dict[str, Any]) -> float:
+    def scale(self, s: S.Settings) -> float:
         same = [(p, m) for k, p, m in self.history if k == _type_key(s)]
         use = same or [(p, m) for _k, p, m in self.history]
         if not use:
             return 1.0
         return sum(m for _p, m in use) / sum(p for p, _m in use)
 
-    def estimate(self, s: dict[str, Any]) -> float:
+    def estimate(self, s: S.Settings) -> float:
         return self.prior(s) * self.scale(s)
 
-    def remaining(self, todo: Iterable[dict[str, Any]]) -> float:
+    def remaining(self, todo: Iterable[S.Settings]) -> float:
         return sum(self.estimate(s) for s in todo)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
 
-def settings_id(s: dict[str, Any]) -> str:
-    return json.dumps(s, sort_keys=True, default=str)
+def settings_id(s: S.Settings) -> str:
+    """A configuration's settings as one string (the key of its speed prediction in :class:`Planner`)."""
+    return json.dumps(S.encode_block(s), sort_keys=True, default=str)
 
 
 def kv_f16_per_token(model, params) -> int:
@@ -220,27 +221,27 @@ class SweepTracker:
     and the machine's load while each configuration ran (edgekv.edges.load), attached to every record as its
     ``plan`` and ``load`` blocks.  The CLI only prints what it holds."""
 
-    def __init__(self, model, params, cases: list, speeds: dict[str, Any], output: Path, runs_dir: Path,
+    def __init__(self, model, params, cases: list, speeds: dict[str, S.SpeedPrediction], output: Path, runs_dir: Path,
                  model_sha: str | None, env: S.Environment) -> None:
         self.planner = Planner(model.weights_bytes, kv_f16_per_token(model, params) if cases else 0)
         self.planner.speeds = {settings_id(c.settings): speeds[c.key] for c in cases if speeds.get(c.key)}
         modelled = bool(cases) and all(speed_seconds(c.settings, speeds.get(c.key)) is not None for c in cases)
         hist = same_machine_history(output, runs_dir, model_sha, env)
         for r in hist:
-            self.planner.learn(S.encode_block(r.settings), r.timing.wall_s)
-        cal_id = next((b.get("calibration_id") for b in speeds.values() if b.get("calibration_id")), None)
+            self.planner.learn(r.settings, r.timing.wall_s)
+        cal_id = next((b.calibration_id for b in speeds.values() if b.calibration_id), None)
         self.planner.basis = (
             f"calibrated on {len(hist)} earlier configurations of this model on this machine" if hist else
             f"the speed model's prefill and decode of each configuration at its depth (this machine's "
             f"calibration {cal_id}); recalibrated after each configuration" if modelled else
             "cost model of each configuration's prefill and decode at its depth, from a reference 2-core "
             "machine scaled to this model (no speed prediction); recalibrated after each configuration")
-        self.todo = [c.settings for c in cases]
+        self.todo: list[S.Settings] = [c.settings for c in cases]
         self.planner.initial_total_s = self.planner.remaining(self.todo)
         self.case_estimate: float | None = None
         self.monitor = None
 
-    def case_started(self, settings: dict[str, Any]) -> None:
+    def case_started(self, settings: S.Settings) -> None:
         """Before a configuration: its estimate, and the load monitor started (it samples half a second first)."""
         from edgekv.edges.load import LoadMonitor
 
@@ -250,8 +251,8 @@ class SweepTracker:
 
     def case_done(self, rec: S.BenchRecord, i: int) -> tuple[float, float, float]:
         """After configuration ``i`` (of the ``cases`` given, in order): ``load`` and ``plan`` attached to its record;
-        (wall s, elapsed s, ETA s).  The planner learns from ``cases[i].settings``, the plain dict the record's
-        settings were made from (and the key of its speed prediction)."""
+        (wall s, elapsed s, ETA s).  The planner learns from ``cases[i].settings``, the record's settings block
+        (and, through :func:`settings_id`, the key of its speed prediction)."""
         raw = self.monitor.stop() if self.monitor is not None else None
         self.monitor = None
         load = msgspec.convert(raw, S.Load, strict=True) if raw is not None else None
@@ -290,19 +291,21 @@ def fmt_duration(s: float | None) -> str:
     return f"{h} h {m:02d} min"
 
 
-def plan_lines(n_cases: int, contexts: list[int], types: list[str], settings0: dict[str, Any], total_s: float,
+def plan_lines(n_cases: int, contexts: list[int], types: list[str], tests: tuple[int, int, int], total_s: float,
                basis: str, output: str, existing: int, full_hint: str | None,
                repack: list[bool] | None = None, unfit: dict[str, str] | None = None,
                depths: list[int] | None = None, n_parallel: list[int] | None = None) -> list[str]:
-    """``depths``: the depths given with -d (None: each context minus the larger test); ``n_parallel``: -npl."""
-    depth = "depth " + ("context - " + str(max(settings0["n_prompt"], settings0["n_gen"])) if not depths else
+    """``tests``: (-p, -n, -r) of the configurations; ``depths``: the depths given with -d (None: each context minus
+    the larger test); ``n_parallel``: -npl."""
+    n_prompt, n_gen, repetitions = tests
+    depth = "depth " + ("context - " + str(max(n_prompt, n_gen)) if not depths else
                         ", ".join(str(d) for d in depths))
     if n_parallel:
         depth = f"-npl {','.join(str(k) for k in n_parallel)} sequences at once from an empty cache"
     rp = "" if not repack or repack == [True] else ", --repack " + ",".join("1" if r else "0" for r in repack)
     lines = [
         f"Plan: {n_cases} configurations ({', '.join(types)} x {', '.join(str(c) for c in contexts)}; "
-        f"-p {settings0['n_prompt']} -n {settings0['n_gen']} -r {settings0['repetitions']}, {depth}{rp}), "
+        f"-p {n_prompt} -n {n_gen} -r {repetitions}, {depth}{rp}), "
         "each in a fresh process" + (f"; {existing} already done, resuming" if existing else "") + ".",
         f"Estimated time: {fmt_duration(total_s)} ({basis}).",
         f"Results: {output}",

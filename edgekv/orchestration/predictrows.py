@@ -199,7 +199,7 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest, graph: dic
 
     def none(why: str) -> None:
         for r in out.records:
-            r.prediction.speed = msgspec.convert({"calibration_id": None, "error": why}, SpeedPrediction)
+            r.prediction.speed = SpeedPrediction(calibration_id=None, error=why)
         out.process_notes.append(f"no speed prediction: {why}")
 
     if req.kv_only:
@@ -240,7 +240,7 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest, graph: dic
         out.process_notes.append("speed calibration: " + "; ".join(cal.notes) + " (re-measure on a quiet machine: "
                                  "'edgekv calibrate')")
     for r, x in zip(ok, xs):
-        r.prediction.speed = msgspec.convert(speed_block(sh, cal, x, note), SpeedPrediction)
+        r.prediction.speed = speed_block(sh, cal, x, note)
     if cal is not None:
         out.speed_model = (sh, cal, threads)
 

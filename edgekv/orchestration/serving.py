@@ -36,15 +36,15 @@ def _percentile(xs: list[float], q: float) -> float | None:
     return ys[min(len(ys) - 1, max(0, int(round(q * (len(ys) - 1)))))]
 
 
-def _rounds(srv, s: dict[str, Any], n_vocab: int, timeout_s: float, emit) -> list[Any]:
+def _rounds(srv, s: S.Settings, n_vocab: int, timeout_s: float, emit) -> list[Any]:
     from edgekv.edges.server import drive
 
-    k, reps = int(s["n_parallel"]), int(s["repetitions"])
+    k, reps = int(s.n_parallel), int(s.repetitions)
     levels = []
     for r in range(reps):
         emit("child", {"event": "phase", "phase": "tg", "rep": r + 1, "reps": reps})
-        levels.append(drive(srv.base_url, k, k, int(s["n_prompt"]), int(s["n_gen"]), n_vocab, seed=SEED + r,
-                            request_timeout_s=timeout_s, warmup=bool(s["warmup"]) and r == 0))
+        levels.append(drive(srv.base_url, k, k, int(s.n_prompt), int(s.n_gen), n_vocab, seed=SEED + r,
+                            request_timeout_s=timeout_s, warmup=bool(s.warmup) and r == 0))
     return levels
 
 
@@ -73,9 +73,9 @@ def all_decoding_rate(requests: list[Any]) -> float | None:
     return sum(_count_at(r.arrivals, b) - _count_at(r.arrivals, a) for r in requests) / (b - a)
 
 
-def speed_and_serving(levels: list[Any], s: dict[str, Any], exe: str, ready_s: float | None) -> tuple[S.Speed, S.Serving]:
+def speed_and_serving(levels: list[Any], s: S.Settings, exe: str, ready_s: float | None) -> tuple[S.Speed, S.Serving]:
     """(``speed``, ``serving``) blocks of a record from the rounds' request results."""
-    k, p, n = int(s["n_parallel"]), int(s["n_prompt"]), int(s["n_gen"])
+    k, p, n = int(s.n_parallel), int(s.n_prompt), int(s.n_gen)
     pp_ns, tg_ts, seq_ts, ttft, timings, failures = [], [], [], [], [], []
     for lv in levels:
         ok = [r for r in lv.requests if r.ok]
@@ -132,7 +132,7 @@ def run_server_case(spec, case, base: S.BenchRecord, gpu_probe, emit) -> S.Bench
 
     s = case.settings
     t0 = time.perf_counter()
-    srv = ServerProcess(spec.llama_server, os.path.abspath(spec.model.ref.path), s, gpu_probe=gpu_probe)
+    srv = ServerProcess(spec.llama_server, os.path.abspath(spec.model.ref.path), S.encode_block(s), gpu_probe=gpu_probe)
     levels: list[Any] = []
     try:
         emit("child", {"event": "phase", "phase": "load"})

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from edgekv.core.speed import (
     Calibration,
     MissingCalibration,
@@ -16,7 +18,7 @@ from edgekv.core.speed import (
     predict_tg,
     speed_shape,
 )
-from edgekv.records.schema import Record, SpeedResidual
+from edgekv.records.schema import Record, Settings, SpeedPrediction, SpeedResidual, SpeedTestPrediction
 
 
 def _expert_counts(meta: dict[str, Any], arch: str) -> tuple[int, int]:
@@ -53,32 +55,35 @@ class SpeedInputs:
     repack: bool = True
 
     @classmethod
-    def from_settings(cls, s: dict[str, Any]) -> SpeedInputs:
-        return cls(int(s["n_threads"]), int(s.get("n_prompt") or 0), int(s.get("n_gen") or 0), int(s.get("n_depth") or 0),
-                   int(s.get("n_batch") or 2048), int(s.get("n_ubatch") or 512), s["type_k"], s["type_v"],
-                   str(s.get("flash_attn") or "auto"), s.get("repack", True) is not False)
+    def from_settings(cls, s: Settings) -> SpeedInputs:
+        return cls(int(s.n_threads), int(s.n_prompt or 0), int(s.n_gen or 0), int(s.n_depth or 0),
+                   int(s.n_batch or 2048), int(s.n_ubatch or 512), s.type_k, s.type_v,
+                   str(s.flash_attn or "auto"), s.repack is not False)
 
 
-def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_none: str | None = None) -> dict[str, Any]:
+def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_none: str | None = None) -> SpeedPrediction:
     """``prediction.speed`` for one configuration: pp and tg at its depth, or the reason there is none."""
     if cal is None:
-        return {"calibration_id": None, "error": why_none or "no speed calibration"}
+        return SpeedPrediction(calibration_id=None, error=why_none or "no speed calibration")
     try:
-        out: dict[str, Any] = {"calibration_id": cal.id}
+        out = SpeedPrediction(calibration_id=cal.id)
         if cal.machine:
-            out["machine"] = cal.machine
-        tg = None
+            out.machine = cal.machine
         if x.n_prompt > 0:
-            out["pp"] = predict_pp(sh, cal, x.n_depth, x.n_prompt, x.n_batch, x.n_ubatch, x.type_k, x.type_v,
-                                   x.flash_attn).to_dict()
+            out.pp = _test_block(predict_pp(sh, cal, x.n_depth, x.n_prompt, x.n_batch, x.n_ubatch, x.type_k, x.type_v,
+                                            x.flash_attn))
         if x.n_gen > 0:
             tg = predict_tg(sh, cal, x.n_depth, x.n_gen, x.type_k, x.type_v, x.flash_attn)
-            out["tg"] = tg.to_dict()
-        if tg is not None:
-            out["explain"] = explain(tg)
+            out.tg = _test_block(tg)
+            out.explain = explain(tg)
         return out
     except MissingCalibration as e:
-        return {"calibration_id": cal.id, "error": str(e)}
+        return SpeedPrediction(calibration_id=cal.id, error=str(e))
+
+
+def _test_block(p: Any) -> SpeedTestPrediction:
+    """One predicted test (:class:`edgekv.core.speed.SpeedTest...`) as the schema's block."""
+    return msgspec.convert(p.to_dict(), SpeedTestPrediction, strict=True)
 
 
 def residual(rec: Record) -> SpeedResidual | None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 
 from edgekv.core.predict import STATUS_OK, ContextParams, predict
 from edgekv.core.shape import MEMORY_KV
@@ -38,7 +39,17 @@ from edgekv.orchestration.sweeprecord import attach_process, attach_speed, build
 from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_SERVER, Case, SweepSpec
 from edgekv.orchestration.sweepspec import ENGINE_PYTHON as ENGINE_PYTHON  # re-exported: callers build a SweepSpec from here
 from edgekv.records import results as R
-from edgekv.records.schema import BenchRecord, Environment, ExtraBuffersPreflight, Model, Record, environment
+from edgekv.records.schema import (
+    BenchRecord,
+    Environment,
+    ExtraBuffersPreflight,
+    Model,
+    QualitySettings,
+    Record,
+    Settings,
+    encode_block,
+    environment,
+)
 from edgekv.records.schema import model_block as schema_model_block
 
 
@@ -78,29 +89,25 @@ def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
                     params = ContextParams(n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa, swa_full=spec.swa_full,
                                            n_seq_max=n_seq, kv_unified=spec.kv_unified,
                                            n_batch=spec.n_batch, n_ubatch=spec.n_ubatch)
-                    settings = {
-                        "engine": spec.engine, "n_ctx": n_ctx, "type_k": tk, "type_v": tv, "flash_attn": fa,
-                        "swa_full": spec.swa_full, "n_seq_max": n_seq, "kv_unified": spec.kv_unified,
-                        "n_batch": spec.n_batch, "n_ubatch": spec.n_ubatch, "n_threads": threads,
-                        "n_gpu_layers": spec.n_gpu_layers, "n_prompt": spec.n_prompt, "n_gen": spec.n_gen,
-                        "n_depth": d, "repetitions": spec.repetitions, "warmup": spec.warmup,
-                        "quality": _quality_key(spec.quality), "repack": rp,
-                    }
-                    if npl is not None:
-                        settings["n_parallel"] = npl
-                    if not spec.use_mmap:
-                        settings["no_mmap"] = True
-                    cases.append(Case(len(cases), settings, params, R.config_key(model_sha, settings),
+                    settings = Settings(
+                        engine=spec.engine, n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa,
+                        swa_full=spec.swa_full, n_seq_max=n_seq, kv_unified=spec.kv_unified,
+                        n_batch=spec.n_batch, n_ubatch=spec.n_ubatch, n_threads=threads,
+                        n_gpu_layers=spec.n_gpu_layers, n_prompt=spec.n_prompt, n_gen=spec.n_gen,
+                        n_depth=d, repetitions=spec.repetitions, warmup=spec.warmup,
+                        quality=_quality_key(spec.quality), repack=rp,
+                        n_parallel=npl if npl is not None else UNSET, no_mmap=True if not spec.use_mmap else UNSET)
+                    cases.append(Case(len(cases), settings, params, R.config_key(model_sha, encode_block(settings)),
                                       predict(spec.model.shape, params)))
     return cases
 
 
-def _quality_key(q: dict[str, Any] | None) -> Any:
+def _quality_key(q: dict[str, Any] | None) -> QualitySettings | None:
     if not q:
         return None
     from edgekv.orchestration.quality import SWEEP_CHUNKS
 
-    return {"corpus": q.get("corpus") or "pydoc", "chunks": int(q.get("chunks") or SWEEP_CHUNKS)}
+    return QualitySettings(corpus=q.get("corpus") or "pydoc", chunks=int(q.get("chunks") or SWEEP_CHUNKS))
 
 
 def default_output(spec: SweepSpec, cases: list[Case]) -> Path:
@@ -240,7 +247,7 @@ def _run_python_case(spec: SweepSpec, case: Case, env: Environment, model: Model
     from edgekv.edges.process import run_child, worker_argv
 
     m = spec.model
-    payload = {"model_path": os.path.abspath(m.ref.path), "settings": case.settings,
+    payload = {"model_path": os.path.abspath(m.ref.path), "settings": encode_block(case.settings),
                "restore": "truncate" if m.shape.memory == MEMORY_KV else "snapshot"}
     t = time.perf_counter()
     child = run_child(worker_argv("bench"), payload, timeout=spec.timeout_s, sample_memory=True,

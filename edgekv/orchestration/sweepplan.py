@@ -11,6 +11,8 @@ from edgekv.core.predict import STATUS_OK
 from edgekv.core.shape import MEMORY_KV
 from edgekv.edges.engine import EngineResult
 from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_SERVER, Case, SweepSpec
+from edgekv.records.frame import unset_none
+from edgekv.records.schema import SpeedPrediction
 
 BATCHED_NOT_PREDICTED = ("the speed model predicts one sequence at a depth; -npl's sequences decoded at once are measured, "
                          "not predicted")
@@ -74,13 +76,13 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
         with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
             for c in run:
                 st = c.settings
-                settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
-                                           use_extra_bufts=st.get("repack", True) is not False,
-                                           n_gpu_layers=spec.n_gpu_layers, n_prompt=st["n_prompt"], n_gen=st["n_gen"],
-                                           n_depth=st["n_depth"], n_parallel=st.get("n_parallel"),
-                                           server_slots=st["n_seq_max"] if spec.engine == ENGINE_SERVER else 0,
+                settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st.n_threads, use_mmap=spec.use_mmap,
+                                           use_extra_bufts=st.repack is not False,
+                                           n_gpu_layers=spec.n_gpu_layers, n_prompt=st.n_prompt, n_gen=st.n_gen,
+                                           n_depth=st.n_depth, n_parallel=unset_none(st.n_parallel),
+                                           server_slots=st.n_seq_max if spec.engine == ENGINE_SERVER else 0,
                                            # the worker restores these caches from a state file (run_sweep's restore)
-                                           restores_state_file=spec.model.shape.memory != MEMORY_KV and st["n_depth"] > 0)
+                                           restores_state_file=spec.model.shape.memory != MEMORY_KV and st.n_depth > 0)
                 out[c.key] = predict_processes(spec.model, [c.params], settings, baseline, eng)[0]
     except EngineError as e:
         return {c.key: {"error": str(e)} for c in run}
@@ -113,16 +115,16 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
             for c in run:
                 st = c.settings
                 best = None
-                for test, count in (("pp", st["n_prompt"]), ("tg", st["n_gen"])):
+                for test, count in (("pp", st.n_prompt), ("tg", st.n_gen)):
                     if count <= 0:
                         continue
-                    params = replace(c.params, n_ctx=st["n_depth"] + count, swa_full=False, n_seq_max=1,
+                    params = replace(c.params, n_ctx=st.n_depth + count, swa_full=False, n_seq_max=1,
                                      kv_unified=False)
-                    settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st["n_threads"], use_mmap=spec.use_mmap,
-                                               use_extra_bufts=st.get("repack", True) is not False,
+                    settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st.n_threads, use_mmap=spec.use_mmap,
+                                               use_extra_bufts=st.repack is not False,
                                                n_gpu_layers=spec.n_gpu_layers,
                                                n_prompt=count if test == "pp" else 0, n_gen=count if test == "tg" else 0,
-                                               n_depth=st["n_depth"], keeps_depth_state=st["n_depth"] > 0)
+                                               n_depth=st.n_depth, keeps_depth_state=st.n_depth > 0)
                     p = predict_processes(spec.model, [params], settings, baseline, eng)[0]
                     if p is not None and (best is None or (p.peak_rss_bytes or 0) > (best.peak_rss_bytes or 0)):
                         best = p
@@ -135,7 +137,7 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
 
 
 def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[str, EngineResult],
-                      emit: Callable[[str, dict[str, Any]], None]) -> dict[str, dict[str, Any]]:
+                      emit: Callable[[str, dict[str, Any]], None]) -> dict[str, SpeedPrediction]:
     """``prediction.speed`` for every configuration to run (edgekv.core.speed), keyed by case key.  The
     calibration is this machine's (cached; what it lacks is measured now, and that is said before the plan);
     llama.cpp's graph size comes from the configuration's dry run (one is run when the sweep has none)."""
@@ -143,9 +145,9 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
     from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block
 
     run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts]
-    out: dict[str, dict[str, Any]] = {c.key: {"calibration_id": None, "error": BATCHED_NOT_PREDICTED}
-                                      for c in run if c.settings.get("n_parallel")}
-    run = [c for c in run if not c.settings.get("n_parallel")]
+    out: dict[str, SpeedPrediction] = {c.key: SpeedPrediction(calibration_id=None, error=BATCHED_NOT_PREDICTED)
+                                       for c in run if c.settings.n_parallel}
+    run = [c for c in run if not c.settings.n_parallel]
     if not run:
         return out
     graph = next((r.log.graph for r in engine_results.values() if r.ok and r.log.graph), None)

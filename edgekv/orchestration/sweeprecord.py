@@ -83,9 +83,8 @@ def build_record(spec: SweepSpec, case: Case, env: S.Environment, model: S.Model
     rec = S.BenchRecord(
         schema_version=R.SCHEMA_VERSION, config_key=case.key, status=status, reason=reason,
         time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), edgekv=__version__, model=model,
-        settings=msgspec.convert(case.settings, S.Settings, strict=True),
-        prediction=_prediction_block(case.prediction, eng), environment=env,
-        llama_cpp_args=llama_cpp_args(case.settings, model.path))
+        settings=case.settings, prediction=_prediction_block(case.prediction, eng), environment=env,
+        llama_cpp_args=llama_cpp_args(S.encode_block(case.settings), model.path))
     res = child_result(child)
     if res is not None:
         _measured_blocks(rec, case, res, wall_s)
@@ -230,7 +229,7 @@ def child_outcome(child, case: Case) -> tuple[str, str | None, S.Failure | None]
     from edgekv.core.diagnose import diagnose
 
     res = child_result(child) or ChildBench()
-    n_prompt = case.settings.get("n_prompt")
+    n_prompt = case.settings.n_prompt
     if child.ok and res.status == "ok":
         return "ok", None, None
     if child.ok and res.status == "failed" and res.effective is None and res.ctx_log is not None:
@@ -252,7 +251,7 @@ def failure_block(d: Any) -> S.Failure:
     return msgspec.convert(d.to_dict(), S.Failure, strict=True)
 
 
-def attach_speed(rec: S.BenchRecord, block: dict[str, Any] | None) -> None:
+def attach_speed(rec: S.BenchRecord, block: S.SpeedPrediction | None) -> None:
     """``prediction.speed`` and the residual (measured - predicted, %) in a record."""
     from edgekv.orchestration.speedpredict import residual
 
@@ -260,7 +259,7 @@ def attach_speed(rec: S.BenchRecord, block: dict[str, Any] | None) -> None:
         if rec.prediction.speed is UNSET:
             rec.prediction.speed = None
         return
-    rec.prediction.speed = msgspec.convert(block, S.SpeedPrediction, strict=True)
+    rec.prediction.speed = block
     res = residual(rec)
     if res is not None:
         rec.speed_residual = res

@@ -9,6 +9,7 @@ from typing import Any
 
 from edgekv.core.predict import ContextParams, KVPrediction
 from edgekv.orchestration.api import LoadedModel
+from edgekv.records.schema import Settings
 
 ENGINE_PYTHON = "llama-cpp-python"
 ENGINE_LLAMA_BENCH = "llama-bench"
@@ -55,7 +56,7 @@ class SweepSpec:
 @dataclass
 class Case:
     index: int
-    settings: dict[str, Any]
+    settings: Settings           # what is asked: the record's ``settings`` block (plain dict: encode_block)
     params: ContextParams
     key: str
     prediction: KVPrediction

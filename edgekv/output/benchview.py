@@ -15,22 +15,22 @@ from edgekv.records import schema as S
 from edgekv.records.frame import off_device_of, unset_none
 
 
-def case_label(s: dict[str, Any]) -> str:
-    kv = kv_label(s["type_k"], s["type_v"])
-    fa = "" if s["flash_attn"] == "auto" else f" fa={s['flash_attn']}"
-    rp = " repack=0" if s.get("repack") is False else ""
-    if s.get("n_parallel"):
-        return f"{kv} @ {s['n_ctx']} (npl {s['n_parallel']}){fa}{rp}"
-    return f"{kv} @ {s['n_ctx']} (d{s['n_depth']}){fa}{rp}"
+def case_label(s: S.Settings) -> str:
+    kv = kv_label(s.type_k, s.type_v)
+    fa = "" if s.flash_attn == "auto" else f" fa={s.flash_attn}"
+    rp = " repack=0" if s.repack is False else ""
+    if s.n_parallel:
+        return f"{kv} @ {s.n_ctx} (npl {s.n_parallel}){fa}{rp}"
+    return f"{kv} @ {s.n_ctx} (d{s.n_depth}){fa}{rp}"
 
 
-def case_work(s: dict[str, Any]) -> int:
+def case_work(s: S.Settings) -> int:
     """Rough work units (tokens) of one configuration, for the ETA; model load counts as 300."""
-    warm = (s["n_prompt"] + 1) if s["warmup"] else 0
-    q = s.get("quality") or {}
-    quality = 2 * s["n_ctx"] * (q.get("chunks") or 0)     # its share of the group's pass (baseline + its own context)
-    k = s.get("n_parallel") or 1       # -npl: k prompts, and k tokens per decode step (cheaper than k steps)
-    return 300 + warm + s["n_depth"] + s["repetitions"] * (k * s["n_prompt"] + 4 * s["n_gen"]) + quality
+    warm = (s.n_prompt + 1) if s.warmup else 0
+    chunks = (s.quality.chunks if s.quality else None) or 0
+    quality = 2 * s.n_ctx * chunks     # its share of the group's pass (baseline + its own context)
+    k = s.n_parallel or 1       # -npl: k prompts, and k tokens per decode step (cheaper than k steps)
+    return 300 + warm + s.n_depth + s.repetitions * (k * s.n_prompt + 4 * s.n_gen) + quality
 
 
 class Progress:
@@ -48,7 +48,7 @@ class Progress:
         self.task = None
         self.lock = threading.Lock()
         self.base = 0
-        self.cur: dict[str, Any] | None = None
+        self.cur: S.Settings | None = None
         self.label = ""
         self.i = self.n = 0
 
@@ -92,15 +92,15 @@ class Progress:
                 self._desc("quality (perplexity, KLD vs f16)")
             return
         if ev.get("event") == "progress" and phase == "fill":
-            done += ((s["n_prompt"] + 1) if s["warmup"] else 0) + ev.get("done", 0)
+            done += ((s.n_prompt + 1) if s.warmup else 0) + ev.get("done", 0)
             self._desc(f"fill {ev.get('done')}/{ev.get('total')}")
             self.p.update(self.task, completed=done)
         elif ev.get("event") == "phase":
             if phase in ("pp", "tg"):
                 r = ev.get("rep", 1)
-                done += ((s["n_prompt"] + 1) if s["warmup"] else 0) + s["n_depth"]
-                done += (r - 1) * (s["n_prompt"] + 4 * s["n_gen"]) if phase == "pp" else \
-                    s["repetitions"] * s["n_prompt"] + (r - 1) * 4 * s["n_gen"]
+                done += ((s.n_prompt + 1) if s.warmup else 0) + s.n_depth
+                done += (r - 1) * (s.n_prompt + 4 * s.n_gen) if phase == "pp" else \
+                    s.repetitions * s.n_prompt + (r - 1) * 4 * s.n_gen
                 self._desc(f"{phase} {r}/{ev.get('reps')}")
                 self.p.update(self.task, completed=done)
             else:
