@@ -97,12 +97,6 @@ def _cache_lines(res: EngineResult) -> list[S.CacheLine]:
     return msgspec.convert(engine_lines(res), list[S.CacheLine], strict=True)
 
 
-def speed_block(n_tokens: int, samples_ns: list[int] | None, samples_ts: list[float],
-                llama_bench_avg_ts: Any = UNSET) -> S.SpeedTest:
-    """:func:`edgekv.records.schema.speed_test` as the typed block (its values are checked where a record is)."""
-    return S.SpeedTest(**speed_test(n_tokens, samples_ns, samples_ts, llama_bench_avg_ts))
-
-
 def _test_contexts(spec, case, test: str, stderr: str) -> list[S.LlamaBenchContext]:
     """Each llama.cpp context the ``test`` process constructed: its logged KV and compute buffers against the
     formula's prediction for that context."""
@@ -182,7 +176,7 @@ def run_llama_bench_case(spec, case, env: S.Environment, base: S.BenchRecord, gp
             base.status, base.reason = "failed", f"llama-bench {test} printed no JSON result"
             return base
         row = llama_bench_row(rows[-1])
-        speed[test] = speed_block(s.n_prompt if test == "pp" else s.n_gen, row.samples_ns, row.samples_ts,
+        speed[test] = speed_test(s.n_prompt if test == "pp" else s.n_gen, row.samples_ns, row.samples_ts,
                                   llama_bench_avg_ts=row.avg_ts)
         contexts += _test_contexts(spec, case, test, child.stderr or "")
         mem[test] = _test_memory(child)
@@ -286,7 +280,7 @@ def from_llama_bench_row(row: dict[str, Any], source: str, where: str) -> S.Llam
     rec = S.LlamaBenchRecord(
         schema_version=R.SCHEMA_VERSION, status="ok", reason=None, time_utc=r.test_time, source_file=source,
         model=S.Model(path=r.model_filename, name=r.model_type, sha256=None, size_bytes=r.model_size),
-        settings=settings, speed=S.Speed(**{test: speed_block(n_prompt + n_gen, r.samples_ns, r.samples_ts)}),
+        settings=settings, speed=S.Speed(**{test: speed_test(n_prompt + n_gen, r.samples_ns, r.samples_ts)}),
         environment=S.Environment(cpu_model=r.cpu_info, devices=_names(r.gpu_info, split=False),
                                   backends=_names(r.backends, split=True), llama_cpp_commit=r.build_commit,
                                   llama_bench_build_number=r.build_number))

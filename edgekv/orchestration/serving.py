@@ -23,8 +23,8 @@ from edgekv.core.llamalog import parse_memory_log
 from edgekv.edges.engine import EngineResult
 from edgekv.errors import EngineError, RunFailed
 from edgekv.orchestration.crosscheck import compare, engine_lines
-from edgekv.orchestration.llamabench import speed_block
 from edgekv.records import schema as S
+from edgekv.records.schema import speed_test
 
 SEED = 1234
 
@@ -92,11 +92,11 @@ def speed_and_serving(levels: list[Any], s: S.Settings, exe: str, ready_s: float
             pp_ns.append(int(max(prompt_ms) * 1e6))
     speed = S.Speed()
     if pp_ns:
-        speed.pp = speed_block(k * p, pp_ns, [k * p * 1e9 / x for x in pp_ns])
+        speed.pp = speed_test(k * p, pp_ns, [k * p * 1e9 / x for x in pp_ns])
     if tg_ts:
-        speed.tg = speed_block(k * n, None, tg_ts)
+        speed.tg = speed_test(k * n, None, tg_ts)
     if seq_ts:
-        speed.tg_seq = speed_block(n, None, seq_ts)
+        speed.tg_seq = speed_test(n, None, seq_ts)
     gen = sum(lv.generated_tokens for lv in levels)
     wall = sum(lv.wall_s for lv in levels)
     serving = S.Serving(path=exe, concurrency=k, n_requests=sum(len(lv.requests) for lv in levels),

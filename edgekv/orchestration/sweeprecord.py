@@ -19,6 +19,7 @@ from edgekv.orchestration.crosscheck import compare, engine_block, engine_lines
 from edgekv.orchestration.sweepspec import Case, SweepSpec
 from edgekv.records import results as R
 from edgekv.records import schema as S
+from edgekv.records.frame import unset_none
 from edgekv.records.schema import growth_minus_formula_bytes, speed_test
 
 
@@ -67,7 +68,7 @@ def _prediction_block(pred: KVPrediction, eng: EngineResult | None) -> S.Predict
 
 
 def _speed_block(samples: dict[str, Samples]) -> S.Speed:
-    return S.Speed(**{test: msgspec.convert(speed_test(v.n_tokens, v.samples_ns, v.samples_ts), S.SpeedTest)
+    return S.Speed(**{test: speed_test(v.n_tokens, v.samples_ns, v.samples_ts)
                       for test, v in samples.items()})
 
 
@@ -207,12 +208,11 @@ def differences(case: Case, rec: S.BenchRecord) -> S.Differences:
 
 
 def _mapping(x: Any) -> dict[str, float]:
-    return x if isinstance(x, dict) else {}
+    return unset_none(x) or {}
 
 
-def _int(block: Any, name: str) -> int | None:
-    v = getattr(block, name)
-    return None if v is UNSET else v
+def _int(block: Any, name: str) -> Any:
+    return unset_none(getattr(block, name))
 
 
 def _line(x: S.CacheLine) -> KVCacheLine:

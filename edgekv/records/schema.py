@@ -908,15 +908,15 @@ def encode_block(block: Struct | None) -> Any:
 
 
 def speed_test(n_tokens: int, samples_ns: list[int] | None, samples_ts: list[float],
-               llama_bench_avg_ts: Any = UNSET) -> dict[str, Any]:
-    """The one serialiser of a speed test (sweep, llama-bench runs, imported llama-bench files): every sample
+               llama_bench_avg_ts: Any = UNSET) -> SpeedTest:
+    """The one builder of a speed test block (sweep, llama-bench runs, imported llama-bench files): every sample
     kept, summarised by :func:`edgekv.core.stats.summarize`.  ``llama_bench_avg_ts``: llama-bench's own average."""
     from edgekv.core.stats import summarize
 
     summ = summarize(samples_ts)
-    return encode_block(SpeedTest(
+    return SpeedTest(
         n_tokens=n_tokens, samples_ns=samples_ns, samples_ts=samples_ts, mean_ts=summ["mean"], stdev_ts=summ["stdev"],
-        ci95_ts=summ["ci95"], cv=summ["cv"], unstable=summ["unstable"], llama_bench_avg_ts=llama_bench_avg_ts))
+        ci95_ts=summ["ci95"], cv=summ["cv"], unstable=summ["unstable"], llama_bench_avg_ts=llama_bench_avg_ts)
 
 
 def predict_record(*, model_path: str, arch: str | None, weights_bytes: int | None, formula: dict[str, Any],
