@@ -227,8 +227,49 @@ def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
     assert S.cached(2, True) is None
     # asked to keep it (the automatic path of predict and bench): cached, and marked
     sc = S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"], allow_busy=True)
-    assert sc.remeasured and any(n.startswith("busy") for n in sc.cal.notes)
+    assert sc.remeasured and sc.cal.busy and "60 % of the CPUs: its predictions are marked" in sc.note
     assert S.cached(2, True).notes == sc.cal.notes
+    # a prediction made with it says so in its record
+    from edgekv.core.speed import SpeedShape
+    from edgekv.orchestration.speedpredict import SpeedInputs, speed_block
+
+    blk = speed_block(SpeedShape((), (), None, None), sc.cal, SpeedInputs(2, 0, 0, 0, 2048, 512, "f16", "f16", "auto"))
+    assert blk.calibration_busy is True
+    # the next run on a machine that is quiet again measures anew instead of reusing the busy figures
+    monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": False})
+    named = S._named       # ids name the second a calibration began: this one begins "a second later"
+    monkeypatch.setattr(S, "_named", lambda cal, key, n: named(cal, "later-" + key, n) if cal is None else named(cal, key, n))
+    again = S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"], allow_busy=True)
+    assert again.remeasured and not again.cal.busy and again.cal.id != sc.cal.id
+    assert again.note.startswith("the cached calibration was taken while other work used the CPUs: re-measured")
+    assert not S.cached(2, True).busy
+    # with measuring off (EDGEKV_SPEED_CALIBRATE=cached), a busy cached calibration is used and named
+    S.write_json(S._path(2, True), {"key": S._key(2, True)[0], "fingerprint": {}, "calibration": sc.cal.to_dict()})
+    kept = S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"], measure=False)
+    assert kept.cal.busy and not kept.remeasured and "EDGEKV_SPEED_CALIBRATE=cached" in kept.note
+
+
+def test_attention_steps_run_in_order_of_depth_so_the_child_extends_one_fill():
+    from edgekv.orchestration import speedcal as S
+
+    (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, True)
+    depths = [st["depth"] for st in m["contexts"][0]["steps"]]
+    assert depths == sorted(depths) and set(depths) == set(S.ATTN_TG_DEPTHS) | set(S.ATTN_PP_DEPTHS)
+
+
+def test_a_disturbed_calibration_never_yields_a_free_graph_or_free_weights():
+    """Other work that hides a cost must not become a zero (or negative) coefficient: a graph whose nodes cost
+    nothing predicted 8.6 t/s against 49 measured with a calibration taken on a busy machine."""
+    from edgekv.orchestration import speedcal as S
+
+    g = {"nodes_pp": 100, "nodes_tg": 90, "splits_pp": 1, "splits_tg": 1}
+    gb = {"nodes_pp": 1000, "nodes_tg": 900, "splits_pp": 1, "splits_tg": 1}
+    res = [{"model": "nodes_a", "step": "tg", "ns": [5_000_000] * 3, "graph": g},
+           {"model": "nodes_a", "step": "pp", "ns": [9_000_000] * 3, "graph": g},
+           {"model": "nodes_b", "step": "tg", "ns": [9_000_000] * 3, "graph": gb},
+           {"model": "nodes_b", "step": "pp", "ns": [8_000_000] * 3, "graph": gb}]    # the deeper graph measured faster
+    with pytest.raises(S.CalibrationError, match="no cost for a deeper graph"):
+        S.solve_nodes(res)
 
 
 # -- real llama.cpp: one calibration for the suite, then predict / bench / calibrate ----------------------------

@@ -308,8 +308,10 @@ def extra_buffers(payload: dict, ev: EventWriter) -> None:
 def speed_probe(payload: dict, ev: EventWriter) -> None:
     """The speed calibration's measurements (edgekv.orchestration.speedcal): for each model, each context, each
     step, the KV cache filled to a depth and then ``reps`` timed runs of a prompt of ``n`` tokens ("pp") or of
-    ``n`` generated tokens ("tg"), back at that depth before each.  Reports every timed run in nanoseconds and
-    llama.cpp's own graph sizes (``graph: nodes = ...``) for each context."""
+    ``n`` generated tokens ("tg"), back at that depth before each.  Steps in order of depth share the fill: a
+    deeper step adds only the cells between the two depths (half the prompt work of refilling from zero).
+    Reports every timed run in nanoseconds and llama.cpp's own graph sizes (``graph: nodes = ...``) for each
+    context."""
     import llama_cpp as L
 
     from edgekv.core.llamalog import parse_graph_line
@@ -336,34 +338,47 @@ def speed_probe(payload: dict, ev: EventWriter) -> None:
                 ev.result({"ok": False, "reason": f"llama.cpp could not create a context for {m['key']}/{c['key']}"})
                 return
             runner = _Runner(L, ctx, int(L.llama_n_batch(ctx)), n_vocab, False, 0, rng)
-            mem = L.llama_get_memory(ctx)
-            for st in c["steps"]:
-                ev.emit("progress", phase="calibrate", step=f"{m['key']}/{c['key']}/{st['key']}")
-                d, n = int(st["depth"]), int(st["n"])
-                L.llama_memory_clear(mem, True)
-                if d:
-                    runner.run_prompt(runner.prompt_chunks(d))
-                ns = []
-                for _ in range(int(st.get("warmup", 1)) + int(st["reps"])):
-                    if not L.llama_memory_seq_rm(mem, 0, d, -1):
-                        L.llama_memory_clear(mem, True)
-                        if d:
-                            runner.run_prompt(runner.prompt_chunks(d))
-                    if st["test"] == "pp":
-                        work = runner.prompt_chunks(n)
-                        t0 = time.perf_counter_ns()
-                        runner.run_prompt(work)
-                    else:
-                        toks = runner.gen_tokens(n)
-                        t0 = time.perf_counter_ns()
-                        runner.run_gen(toks, d)
-                    ns.append(time.perf_counter_ns() - t0)
-                out.append({"model": m["key"], "context": c["key"], "step": st["key"], "test": st["test"], "depth": d,
-                            "n": n, "ns": ns[int(st.get("warmup", 1)):], "graph": graph})
+            out += [{"model": m["key"], "context": c["key"], **r, "graph": graph}
+                    for r in _probe_steps(L, runner, L.llama_get_memory(ctx), c["steps"], f"{m['key']}/{c['key']}", ev)]
             runner.close()
             L.llama_free(ctx)
         L.llama_model_free(model)
     ev.result({"ok": True, "results": out})
+
+
+def _probe_steps(L, runner: _Runner, mem, steps: list[dict], where: str, ev: EventWriter) -> list[dict[str, Any]]:
+    """One calibration context's steps: each step's timed runs in nanoseconds (warm-up runs dropped)."""
+    out = []
+    cur = 0     # cells [0, cur) hold the last step's fill: a deeper step extends it instead of refilling
+    for st in steps:
+        ev.emit("progress", phase="calibrate", step=f"{where}/{st['key']}")
+        d, n = int(st["depth"]), int(st["n"])
+        if d < cur or not L.llama_memory_seq_rm(mem, 0, cur, -1):
+            L.llama_memory_clear(mem, True)
+            cur = 0
+        if d > cur:
+            runner.run_prompt(runner.prompt_chunks(d - cur))
+        cur = d
+        ns = []
+        for _ in range(int(st.get("warmup", 1)) + int(st["reps"])):
+            if not L.llama_memory_seq_rm(mem, 0, d, -1):
+                L.llama_memory_clear(mem, True)
+                if d:
+                    runner.run_prompt(runner.prompt_chunks(d))
+            if L.llama_memory_seq_pos_max(mem, 0) != d - 1:     # the timed run starts at exactly this depth
+                raise RuntimeError(f"the calibration cache holds {L.llama_memory_seq_pos_max(mem, 0) + 1} cells, "
+                                   f"not {d}, before {where}/{st['key']}")
+            if st["test"] == "pp":
+                work = runner.prompt_chunks(n)
+                t0 = time.perf_counter_ns()
+                runner.run_prompt(work)
+            else:
+                toks = runner.gen_tokens(n)
+                t0 = time.perf_counter_ns()
+                runner.run_gen(toks, d)
+            ns.append(time.perf_counter_ns() - t0)
+        out.append({"step": st["key"], "test": st["test"], "depth": d, "n": n, "ns": ns[int(st.get("warmup", 1)):]})
+    return out
 
 
 # -- the measured run ---------------------------------------------------------------------------------

@@ -148,6 +148,11 @@ class Calibration:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def busy(self) -> bool:
+        """Taken (in whole or in part) while other work used the CPUs: its coefficients are not this machine's."""
+        return any(n.startswith("busy") for n in self.notes)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})

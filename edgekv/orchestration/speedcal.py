@@ -171,6 +171,7 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
     for tk, tv, fa in pairs:
         steps = [_step(f"tg{d}", "tg", d, TG_N, 5) for d in ATTN_TG_DEPTHS]
         steps += [_step(f"pp{d}", "pp", d, ATTN_PP_N, 3) for d in ATTN_PP_DEPTHS]
+        steps.sort(key=lambda st: st["depth"])      # the child extends one fill from step to step
         ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, type_k=tk, type_v=tv, flash_attn=fa))
     name = "attn" if geometry is None else f"attn_{geometry}"
     return [{"key": name, "repack": repack, "model_path": str(speed_model_path(name, **geometry_shape(geometry))),
@@ -208,7 +209,11 @@ def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0)
         / max(1, gb["nodes_tg"] - ga["nodes_tg"])
     pp = (_median_s(b["pp"]["ns"]) - _median_s(a["pp"]["ns"]) - dl * per_layer * PP_N * (PP_N / 2) * attn_pp) \
         / max(1, gb["nodes_pp"] - ga["nodes_pp"])
-    return max(tg, 0.0), max(pp, 0.0)
+    if tg <= 0 or pp <= 0:
+        # 32 more layers cannot be free: other work hid their cost; a zero would predict graphs as costing nothing
+        raise CalibrationError("the speed calibration measured no cost for a deeper graph (other work on the machine "
+                               "disturbed it): not cached; run 'edgekv calibrate' on a quiet machine")
+    return tg, pp
 
 
 def _attn_speed_shape(shape: dict[str, Any]):
@@ -264,7 +269,11 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         f16 = kv_key("f16", "f16", "auto")
         t_tg = _median_s(r["tg"]["ns"]) / TG_N - sh.nodes_tg * cal.node_tg_s \
             - attn_units_tg(sh, TG_N / 2, cal.n_threads, True) * cal.attn_tg_s.get(f16, 0.0)
-        mv = max(t_tg, 1e-9) / (w_bytes + o_bytes)
+        if t_tg <= 0:
+            raise CalibrationError(f"the speed calibration of {key} weights measured no cost for reading them (other "
+                                   "work on the machine disturbed it): not cached; run 'edgekv calibrate' on a quiet "
+                                   "machine")
+        mv = t_tg / (w_bytes + o_bytes)
         cal.matvec_s_per_byte[key] = mv
         if outs and outs[0].key not in cal.matvec_s_per_byte:
             cal.matvec_s_per_byte[outs[0].key] = mv
@@ -274,7 +283,11 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
                 - n * units * (n / 2) * cal.attn_pp_s.get(f16, 0.0)
             rest.append((n, t))
         (n1, t1), (n2, t2) = rest
-        per_flop = max((t1 - t2) / (2.0 * w_params * (n1 - n2)), 1e-15)
+        if t1 <= t2:
+            raise CalibrationError(f"the speed calibration of {key} weights measured a {n1}-token prompt no slower "
+                                   f"than a {n2}-token one (other work on the machine disturbed it): not cached; run "
+                                   "'edgekv calibrate' on a quiet machine")
+        per_flop = (t1 - t2) / (2.0 * w_params * (n1 - n2))
         per_byte = max((t1 - 2.0 * w_params * n1 * per_flop) / w_bytes, 0.0)
         cal.matmul_s_per_flop[key] = per_flop
         cal.matmul_s_per_byte[key] = per_byte
@@ -418,6 +431,12 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     key, fp = _key(n_threads, repack)
     path = _path(n_threads, repack)
     cal, note = _read_cache(path, key, refresh)
+    if cal is not None and cal.busy:
+        if measure:     # never reuse figures a busy machine gave: this run measures again
+            cal, note = None, "the cached calibration was taken while other work used the CPUs: re-measured"
+        else:
+            note = (f"the cached calibration was taken while other work used the CPUs and {SPEED_CALIBRATE_ENV}=cached: "
+                    "its predictions are marked; 'edgekv calibrate' re-measures")
     feats = list(cpu_features or [])
     pairs = list(kv_pairs) or [(k, v, "auto") for k, v in DEFAULT_KV]
     new = cal is None
@@ -440,6 +459,9 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
                                        + [", ".join(kv_key(*p, g) for p in ps) for g, ps in want.items()]
                                        + ([", ".join(want_types)] if want_types else [])) + f" in {took:.0f} s"
     _check_load(cal, load, allow_busy)
+    if load.get("busy"):
+        measured += (f" while other work used {100 * load.get('others_share_max', 0):.0f} % of the CPUs: its predictions "
+                     "are marked, and the next run measures again")
     _merge_cached(cal, path, key)
     try:
         write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict()})

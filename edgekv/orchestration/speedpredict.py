@@ -69,6 +69,8 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
         out = SpeedPrediction(calibration_id=cal.id)
         if cal.machine:
             out.machine = cal.machine
+        if cal.busy:
+            out.calibration_busy = True
         if x.n_prompt > 0:
             out.pp = _test_block(predict_pp(sh, cal, x.n_depth, x.n_prompt, x.n_batch, x.n_ubatch, x.type_k, x.type_v,
                                             x.flash_attn))

@@ -186,7 +186,9 @@ def _calibrations(records: list[Record]) -> list[str]:
         sp = _v(p.speed) if p is not None else None
         if sp is not None and (_v(sp.tg) is not None or _v(sp.pp) is not None):
             m = _v(sp.machine)
-            out.add(f"`{sp.calibration_id}`" + (f" on {m}" if m else ""))
+            out.add(f"`{sp.calibration_id}`" + (f" on {m}" if m else "")
+                    + (" (taken while other work used the CPUs: not this machine's own figures)"
+                       if _v(sp.calibration_busy) else ""))
     return sorted(out)
 
 

@@ -376,7 +376,8 @@ def speed_legend(con, recs: list[Record]) -> None:
     depths = sorted({(t or p).depth for _r, t, p in rows})
     dtxt = f"depth {depths[0]}" if len(depths) == 1 else "depth = the context minus the prompt (-d sets it)"
     con.print(f"t/s (predicted): llama-bench's {tests} at {dtxt}, on this machine (speed model, calibration "
-              f"{sp.calibration_id}; edgekv calibrate); not measured: 'edgekv bench' measures them.", highlight=False)
+              f"{sp.calibration_id}{', taken while other work used the CPUs' if _v(sp.calibration_busy) else ''}; "
+              "edgekv calibrate); not measured: 'edgekv bench' measures them.", highlight=False)
     last = max(rows, key=lambda x: x[0].prediction.formula.n_ctx)
     if last[1] is not None and _v(sp.explain):
         f = last[0].prediction.formula
