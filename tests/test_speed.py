@@ -46,6 +46,7 @@ def _cal(**kw) -> Calibration:
                     matvec_s_per_byte={"q4_1": 1e-10, "q8_0": 1e-10},
                     matmul_s_per_byte={"q4_1": 1e-11, "q8_0": 1e-11},
                     matmul_s_per_flop={"q4_1": 2e-11, "q8_0": 1e-11},
+                    matcols_s_per_byte={"q4_1": {"2": 1.5e-10, "4": 2.5e-10}, "q8_0": {"2": 1.4e-10, "4": 2e-10}},
                     attn_tg_s={**{kv_key("f16", "f16", "auto", g): 1e-10 for g in GEOMETRIES},
                                **{kv_key("q8_0", "q8_0", "auto", g): 3e-10 for g in GEOMETRIES}},
                     attn_pp_s={**{kv_key("f16", "f16", "auto", g): 5e-11 for g in GEOMETRIES},
@@ -128,7 +129,8 @@ def test_sliding_window_layers_stop_at_the_window(gemma3_path):
     assert swa and all(a.window == m.shape.n_swa for a in swa) and len(swa) < len(sh.attn)
     cal = _cal(n_threads=1, matvec_s_per_byte={k: 1e-10 for k in {g.key for g in sh.groups}},
                matmul_s_per_byte={k: 1e-11 for k in {g.key for g in sh.groups}},
-               matmul_s_per_flop={k: 1e-11 for k in {g.key for g in sh.groups}})
+               matmul_s_per_flop={k: 1e-11 for k in {g.key for g in sh.groups}},
+               matcols_s_per_byte={k: {"4": 2e-10} for k in {g.key for g in sh.groups}})
     att = [next(p.s_per_token for p in predict_tg(sh, cal, d, 2, "f16", "f16", "auto").parts if p.name == "attention")
            for d in (4000, 8000)]
     full = len(sh.attn) - len(swa)
@@ -144,6 +146,31 @@ def test_a_type_the_calibration_lacks_is_named_never_guessed(smol):
         predict_tg(sh, cal, 0, 8, "f16", "f16", "auto")
     with pytest.raises(MissingCalibration, match="q5_0/q5_0/fa=auto@h9kv3k64v64"):
         predict_pp(sh, _cal(), 0, 8, 2048, 512, "q5_0", "q5_0", "auto")
+
+
+def test_sequences_decoding_together_share_each_step_s_weights(smol):
+    from edgekv.core.speed import MATMUL_LINEAR_FROM, WeightGroup, weights_s
+
+    _m, sh = smol
+    cal = _cal()
+    g = WeightGroup("q4_1", 1000, 1600)
+    assert weights_s(g, cal, 1) == pytest.approx(1000 * 1e-10)          # a mat-vec
+    assert weights_s(g, cal, 2) == pytest.approx(1000 * 1.5e-10)        # measured columns
+    assert weights_s(g, cal, 3) == pytest.approx(1000 * 2e-10)          # between 2 and 4 columns
+    lin = 1000 * 1e-11 + 2 * 1600 * MATMUL_LINEAR_FROM * 2e-11
+    assert weights_s(g, cal, MATMUL_LINEAR_FROM) == pytest.approx(lin)  # the prompt model from there on
+    assert weights_s(g, cal, 18) == pytest.approx(1000 * 2.5e-10 + (lin - 1000 * 2.5e-10) * 14 / 28)
+    one = predict_tg(sh, cal, 100, 8, "f16", "f16", "auto")
+    two = predict_tg(sh, cal, 100, 8, "f16", "f16", "auto", n_seq=2)
+    parts1, parts2 = ({p.name: p.s_per_token for p in x.parts} for x in (one, two))
+    w2 = sum(weights_s(x, cal, 2) for x in sh.groups if not x.output)
+    assert parts2["weights"] == pytest.approx(w2 / 2) and parts2["fixed"] == pytest.approx(parts1["fixed"] / 2)
+    assert parts2["attention"] == pytest.approx(parts1["attention"])    # each sequence over its own cells
+    assert two.tokens_per_s == pytest.approx(1 / sum(parts2.values()))
+    pp2 = predict_pp(sh, cal, 0, 64, 2048, 512, "f16", "f16", "auto", n_seq=2)
+    assert pp2.n_tokens == 128
+    with pytest.raises(MissingCalibration, match="weight type q4_1"):
+        predict_tg(sh, _cal(matcols_s_per_byte={"q8_0": {"2": 1e-10}}), 0, 8, "f16", "f16", "auto", n_seq=2)
 
 
 # -- the solvers recover known coefficients (a forward model of what the child measures) -------------------------
@@ -385,6 +412,39 @@ def test_bench_record_carries_the_speed_prediction(real_cal, smollm2_path, tmp_p
     assert rec["speed_residual"]["tg_pct"] == pytest.approx(100 * (meas - sp["tg"]["tokens_per_s"]) /
                                                             sp["tg"]["tokens_per_s"], abs=0.01)
     assert "(predicted " in text
+
+
+def test_sequences_decoding_together_are_predicted(real_cal, smollm2_path, tmp_path, capsys):
+    """-npl 2: both prompts from an empty cache in one batch, then steps of one token per sequence; the prediction
+    is the aggregate rate, as measured, with the weights read once per step for both sequences."""
+    from edgekv.core.speed import predict_tg, weights_s
+
+    out = tmp_path / "npl.jsonl"
+    rc = main(["bench", str(smollm2_path), "-c", "512", "-ctk", "f16", "-p", "32", "-n", "8", "-r", "2", "-t", "2",
+               "-npl", "1,2", *RP, "-o", str(out)])
+    capsys.readouterr()
+    assert rc == 0
+    one, two = [json.loads(x) for x in out.read_text().splitlines()]
+    for rec, k in ((one, 1), (two, 2)):
+        sp = rec["prediction"]["speed"]
+        assert sp["calibration_id"] == real_cal.id, sp.get("error")
+        assert sp["pp"]["n_tokens"] == 32 * k and sp["pp"]["depth"] == 0 and sp["tg"]["depth"] == 32
+        meas = rec["speed"]["tg"]["mean_ts"]
+        assert rec["speed_residual"]["tg_pct"] == pytest.approx(100 * (meas - sp["tg"]["tokens_per_s"]) /
+                                                                sp["tg"]["tokens_per_s"], abs=0.01)
+    # two columns per step cost more than one mat-vec and less than two: the aggregate rate rises, each sequence's falls
+    tg1, tg2 = one["prediction"]["speed"]["tg"]["tokens_per_s"], two["prediction"]["speed"]["tg"]["tokens_per_s"]
+    assert tg1 < tg2 < 2 * tg1
+    m = load_model(str(smollm2_path))
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.speedpredict import model_speed_shape
+
+    sh = model_speed_shape(m, runtime_baseline().cpu_features, RP[1] == "1", {"nodes_tg": 1, "nodes_pp": 1})
+    for g in sh.groups:
+        assert weights_s(g, real_cal, 1) == g.bytes * real_cal.matvec_s_per_byte[g.key]
+        assert weights_s(g, real_cal, 4) == pytest.approx(g.bytes * real_cal.matcols_s_per_byte[g.key]["4"])
+    assert predict_tg(sh, real_cal, 0, 8, "f16", "f16", "auto", 2).tokens_per_s > \
+        predict_tg(sh, real_cal, 0, 8, "f16", "f16", "auto").tokens_per_s
 
 
 def test_cached_only_names_what_is_missing(real_cal, smollm2_path, capsys, monkeypatch):

@@ -139,6 +139,10 @@ class Calibration:
     matvec_s_per_byte: dict[str, float] = field(default_factory=dict)
     matmul_s_per_byte: dict[str, float] = field(default_factory=dict)   # per ubatch: the weights streamed once
     matmul_s_per_flop: dict[str, float] = field(default_factory=dict)
+    # per weight type, a ubatch of a few columns (str(n) -> seconds per byte of the matrices): llama.cpp's mat-mul
+    # with 2 or 4 columns (-npl sequences decoding together, a short last ubatch) is neither a mat-vec nor the
+    # mat-mat the prompt coefficients describe
+    matcols_s_per_byte: dict[str, dict[str, float]] = field(default_factory=dict)
     attn_tg_s: dict[str, float] = field(default_factory=dict)   # per head x (head_k + head_v) x cell, decode
     attn_pp_s: dict[str, float] = field(default_factory=dict)   # the same, per prompt token
     bandwidth_bytes_s: float | None = None
@@ -168,7 +172,8 @@ class MissingCalibration(ValueError):
 
 def missing(cal: Calibration, sh: SpeedShape, type_k: str, type_v: str, flash_attn: str) -> tuple[list[str], list[str]]:
     """(weight keys, K/V keys) the prediction needs and the calibration lacks."""
-    w = sorted({g.key for g in sh.groups if g.key not in cal.matvec_s_per_byte or g.key not in cal.matmul_s_per_flop})
+    w = sorted({g.key for g in sh.groups if g.key not in cal.matvec_s_per_byte or g.key not in cal.matmul_s_per_flop
+                or g.key not in cal.matcols_s_per_byte})
     a = sorted({k for k in attn_keys(sh, type_k, type_v, flash_attn) if k not in cal.attn_tg_s or k not in cal.attn_pp_s})
     return w, a
 
@@ -266,26 +271,54 @@ def _require(sh: SpeedShape, cal: Calibration, type_k: str, type_v: str, flash_a
         raise MissingCalibration("graph size of", ["this model (llama.cpp's dry run did not report it)"])
 
 
+MATMUL_LINEAR_FROM = 32      # from this many columns on, a ubatch's weights follow the prompt coefficients
+
+
+def weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
+    """Seconds one ubatch of ``n`` tokens spends in group ``g``'s matrices: a mat-vec for one token; for a few
+    columns the measured cost (linear between the measured column counts, and up to the prompt model at
+    MATMUL_LINEAR_FROM); from MATMUL_LINEAR_FROM columns on, the bytes streamed plus the FLOPs."""
+    def linear(k: int) -> float:
+        return g.bytes * cal.matmul_s_per_byte[g.key] + 2.0 * g.params * k * cal.matmul_s_per_flop[g.key]
+
+    if n <= 1:
+        return g.bytes * cal.matvec_s_per_byte[g.key]
+    if n >= MATMUL_LINEAR_FROM:
+        return linear(n)
+    pts = [(1, g.bytes * cal.matvec_s_per_byte[g.key])]
+    pts += sorted((int(k), g.bytes * v) for k, v in cal.matcols_s_per_byte.get(g.key, {}).items()
+                  if 1 < int(k) < MATMUL_LINEAR_FROM)
+    pts.append((MATMUL_LINEAR_FROM, linear(MATMUL_LINEAR_FROM)))
+    for (k0, t0), (k1, t1) in zip(pts, pts[1:]):
+        if k0 <= n <= k1:
+            return t0 + (t1 - t0) * (n - k0) / (k1 - k0)
+    return linear(n)
+
+
 def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k: str, type_v: str,
-               flash_attn: str) -> SpeedPrediction:
-    """Decode tokens/s of ``n_gen`` tokens generated from ``depth`` cells (llama-bench's tg at depth)."""
+               flash_attn: str, n_seq: int = 1) -> SpeedPrediction:
+    """Decode tokens/s of ``n_gen`` tokens generated from ``depth`` cells (llama-bench's tg at depth); with
+    ``n_seq`` sequences decoding together (-npl, each its own KV stream), each step one ubatch of a token per
+    sequence, and the rate is all sequences' tokens (llama-batched-bench's S_TG)."""
     _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_tg)
+    n = max(1, n_seq)
     mean_depth = depth + max(1, n_gen) / 2
-    parts = [SpeedPart("fixed", sh.nodes_tg * cal.node_tg_s, f"{sh.nodes_tg} graph nodes x {cal.node_tg_s * 1e6:.2f} us")]
-    w = sum(g.bytes * cal.matvec_s_per_byte[g.key] for g in sh.groups if not g.output)
+    parts = [SpeedPart("fixed", sh.nodes_tg * cal.node_tg_s / n, f"{sh.nodes_tg} graph nodes x {cal.node_tg_s * 1e6:.2f} us"
+                       + (f" per step of {n} tokens" if n > 1 else ""))]
+    w = sum(weights_s(g, cal, n) for g in sh.groups if not g.output) / n
     parts.append(SpeedPart("weights", w, ", ".join(
         f"{g.key} {g.bytes / 1e6:.1f} MB at {1e-9 / cal.matvec_s_per_byte[g.key]:.1f} GB/s"
-        for g in sh.groups if not g.output)))
-    o = sum(g.bytes * cal.matvec_s_per_byte[g.key] for g in sh.groups if g.output)
+        for g in sh.groups if not g.output) + (f"; {n} columns per step" if n > 1 else "")))
+    o = sum(weights_s(g, cal, n) for g in sh.groups if g.output) / n
     if o:
         parts.append(SpeedPart("output head", o, ", ".join(f"{g.key} {g.bytes / 1e6:.1f} MB" for g in sh.groups if g.output)))
     kv = kv_key(type_k, type_v, flash_attn)
     if sh.attn:
         t_att = attn_units_tg(sh, mean_depth, cal.n_threads, split_kv_path(type_k, type_v, flash_attn), cal.attn_tg_s, kv)
         parts.append(SpeedPart("attention", t_att,
-                               f"{type_k}/{type_v} at mean depth {mean_depth:.0f}"))
+                               f"{type_k}/{type_v} at mean depth {mean_depth:.0f}" + (" in each sequence" if n > 1 else "")))
     t = sum(p.s_per_token for p in parts)
-    read = sum(g.bytes for g in sh.groups) + _kv_bytes_per_cell(type_k, type_v, sh) * mean_depth
+    read = sum(g.bytes for g in sh.groups) / n + _kv_bytes_per_cell(type_k, type_v, sh) * mean_depth
     roof = cal.bandwidth_bytes_s / read if cal.bandwidth_bytes_s and read else None
     return SpeedPrediction("tg", 1.0 / t, depth, n_gen, parts, roof, read, cal.id)
 
@@ -305,34 +338,35 @@ def ubatches(n_prompt: int, n_batch: int, n_ubatch: int) -> list[int]:
 
 
 def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_batch: int, n_ubatch: int,
-               type_k: str, type_v: str, flash_attn: str) -> SpeedPrediction:
-    """Prefill tokens/s of a prompt of ``n_prompt`` tokens processed at ``depth`` (llama-bench's pp at depth)."""
+               type_k: str, type_v: str, flash_attn: str, n_seq: int = 1) -> SpeedPrediction:
+    """Prefill tokens/s of a prompt of ``n_prompt`` tokens processed at ``depth`` (llama-bench's pp at depth); with
+    ``n_seq`` sequences (-npl) their prompts go in one batch (llama-batched-bench's S_PP over all of them), each
+    token attending to its own sequence's cells, the last token of each sequence computing logits."""
     _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_pp)
     kv = kv_key(type_k, type_v, flash_attn)
-    fixed = stream = flops = attn = 0.0
-    d = float(depth)
-    for n in ubatches(n_prompt, n_batch, n_ubatch):
+    n_seq = max(1, n_seq)
+    fixed = weights = attn = 0.0
+    for n in ubatches(n_seq * n_prompt, n_batch, n_ubatch):
         fixed += sh.nodes_pp * cal.node_pp_s
-        for g in sh.groups:
-            if g.output:
-                continue
-            stream += g.bytes * cal.matmul_s_per_byte[g.key]
-            flops += 2.0 * g.params * n * cal.matmul_s_per_flop[g.key]
+        weights += sum(weights_s(g, cal, n) for g in sh.groups if not g.output)
+    d = float(depth)
+    for n in ubatches(n_prompt, n_batch, n_ubatch):      # each sequence's tokens over its own cells
         if sh.attn:
-            attn += n * _attn_units(sh, d + n / 2, cal.attn_pp_s, kv)
+            attn += n_seq * n * _attn_units(sh, d + n / 2, cal.attn_pp_s, kv)
         d += n
-    out = sum(g.bytes * cal.matvec_s_per_byte[g.key] for g in sh.groups if g.output)
-    p = float(max(1, n_prompt))
+    out = sum(weights_s(g, cal, n_seq) for g in sh.groups if g.output)
+    p = float(max(1, n_prompt * n_seq))
     parts = [SpeedPart("fixed", fixed / p, f"{sh.nodes_pp} graph nodes per ubatch x {cal.node_pp_s * 1e6:.2f} us"),
-             SpeedPart("weights", (stream + flops) / p,
+             SpeedPart("weights", weights / p,
                        ", ".join(f"{g.key} {2 * g.params / 1e9:.2f} GFLOP/token at "
                                  f"{1e-9 / cal.matmul_s_per_flop[g.key]:.1f} GFLOP/s" for g in sh.groups if not g.output))]
     if out:
-        parts.append(SpeedPart("output head", out / p, "the last token's logits only"))
+        parts.append(SpeedPart("output head", out / p, "the last token's logits only"
+                               + (f" (of each of {n_seq} sequences)" if n_seq > 1 else "")))
     if sh.attn:
         parts.append(SpeedPart("attention", attn / p, f"{type_k}/{type_v} from depth {depth}"))
     t = sum(x.s_per_token for x in parts)
-    return SpeedPrediction("pp", 1.0 / t, depth, n_prompt, parts, None, None, cal.id)
+    return SpeedPrediction("pp", 1.0 / t, depth, n_prompt * n_seq, parts, None, None, cal.id)
 
 
 def explain(pred: SpeedPrediction, measured_ts: float | None = None) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, weight_key
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 2           # 2: wide attention geometries calibrated over a hidden size of at most GEOMETRY_MAX_EMBD
+CAL_VERSION = 3           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -45,6 +45,8 @@ GEOMETRY_MAX_EMBD = 1024
 TG_N = 32                 # generated tokens per timed decode run (5 runs per step, the median kept)
 PP_N = 512
 MM_N = (256, 32)
+MM_COLS = (2, 4)          # a ubatch of a few columns: -npl sequences decoding together (one timed graph per run)
+MM_COLS_REPS = 9
 WEIGHT_TARGET_BYTES = 48 * 1024 * 1024
 DEFAULT_KV = (("f16", "f16"), ("q8_0", "q8_0"), ("q5_0", "q5_0"), ("q4_0", "q4_0"))
 
@@ -185,6 +187,7 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool) -> list[dict
     for t in types:
         shape = weight_shape(t)
         steps = [_step("tg", "tg", 0, TG_N, 5, 2)] + [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]
+        steps += [_step(f"pp{n}", "pp", 0, n, MM_COLS_REPS, 2) for n in MM_COLS]
         out.append({"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack,
                     "model_path": str(speed_model_path(f"w_{t.lower()}", **shape)), "shape": shape,
                     "contexts": [_ctx("f16", n_threads, steps, n_ctx=512)]})
@@ -291,6 +294,18 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         per_byte = max((t1 - 2.0 * w_params * n1 * per_flop) / w_bytes, 0.0)
         cal.matmul_s_per_flop[key] = per_flop
         cal.matmul_s_per_byte[key] = per_byte
+        cols = {}
+        for n in MM_COLS:     # one graph of n tokens: a decode step's nodes, the output head once
+            t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_tg_s - o_bytes * mv \
+                - n * units * (n / 2) * cal.attn_pp_s.get(f16, 0.0)
+            if t <= 0:
+                raise CalibrationError(f"the speed calibration of {key} weights measured no cost for a {n}-column "
+                                       "mat-mul (other work on the machine disturbed it): not cached; run 'edgekv "
+                                       "calibrate' on a quiet machine")
+            cols[str(n)] = t / w_bytes
+        cal.matcols_s_per_byte[key] = cols
+        if outs and outs[0].key not in cal.matcols_s_per_byte:
+            cal.matcols_s_per_byte[outs[0].key] = dict(cols)
 
 
 def _attn_needed(cal: Calibration, pairs: Iterable[tuple[str, str, str]],
@@ -314,7 +329,8 @@ def _types_needed(cal: Calibration, weight_types: Iterable[str], cpu_features: l
     for t in dict.fromkeys(x.lower() for x in weight_types):
         shape = weight_shape(t)
         probe = _Probe(t, shape)
-        if weight_key(t, extra_buffer_of(probe, extra, cpu_features)) not in cal.matmul_s_per_flop:
+        k = weight_key(t, extra_buffer_of(probe, extra, cpu_features))
+        if k not in cal.matmul_s_per_flop or k not in cal.matcols_s_per_byte:
             out.append(t)
     return out
 
@@ -480,7 +496,8 @@ def _merge_cached(cal: Calibration, path, key: str) -> None:
         return
     if other is None or other.id != cal.id:
         return
-    for name in ("matvec_s_per_byte", "matmul_s_per_byte", "matmul_s_per_flop", "attn_tg_s", "attn_pp_s"):
+    for name in ("matvec_s_per_byte", "matmul_s_per_byte", "matmul_s_per_flop", "matcols_s_per_byte", "attn_tg_s",
+                 "attn_pp_s"):
         mine = getattr(cal, name)
         for k, v in getattr(other, name).items():
             mine.setdefault(k, v)

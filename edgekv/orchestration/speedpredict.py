@@ -20,6 +20,9 @@ from edgekv.core.speed import (
 )
 from edgekv.records.schema import Record, Settings, SpeedPrediction, SpeedResidual, SpeedTestPrediction
 
+UNIFIED_NOT_PREDICTED = ("no speed prediction for -npl with --kv-unified: every token's attention runs over all "
+                         "sequences' cells of the shared buffer, which the speed model does not describe yet")
+
 
 def _expert_counts(meta: dict[str, Any], arch: str) -> tuple[int, int]:
     def num(k: str) -> int:
@@ -53,18 +56,25 @@ class SpeedInputs:
     type_v: str
     flash_attn: str
     repack: bool = True
+    n_parallel: int = 0         # -npl N: N prompts from an empty cache, then N sequences decoding together
+    kv_unified: bool = False
 
     @classmethod
     def from_settings(cls, s: Settings) -> SpeedInputs:
         return cls(int(s.n_threads), int(s.n_prompt or 0), int(s.n_gen or 0), int(s.n_depth or 0),
                    int(s.n_batch or 2048), int(s.n_ubatch or 512), s.type_k, s.type_v,
-                   str(s.flash_attn or "auto"), s.repack is not False)
+                   str(s.flash_attn or "auto"), s.repack is not False, int(s.n_parallel or 0), bool(s.kv_unified))
 
 
 def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_none: str | None = None) -> SpeedPrediction:
     """``prediction.speed`` for one configuration: pp and tg at its depth, or the reason there is none."""
     if cal is None:
         return SpeedPrediction(calibration_id=None, error=why_none or "no speed calibration")
+    if x.n_parallel > 1 and x.kv_unified:
+        return SpeedPrediction(calibration_id=cal.id, error=UNIFIED_NOT_PREDICTED)
+    # -npl: every sequence's prompt from an empty cache, its decode from the end of its prompt (llama-batched-bench)
+    n_seq = max(1, x.n_parallel)
+    pp_depth, tg_depth = (0, x.n_prompt) if x.n_parallel else (x.n_depth, x.n_depth)
     try:
         out = SpeedPrediction(calibration_id=cal.id)
         if cal.machine:
@@ -72,10 +82,10 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
         if cal.busy:
             out.calibration_busy = True
         if x.n_prompt > 0:
-            out.pp = _test_block(predict_pp(sh, cal, x.n_depth, x.n_prompt, x.n_batch, x.n_ubatch, x.type_k, x.type_v,
-                                            x.flash_attn))
+            out.pp = _test_block(predict_pp(sh, cal, pp_depth, x.n_prompt, x.n_batch, x.n_ubatch, x.type_k, x.type_v,
+                                            x.flash_attn, n_seq))
         if x.n_gen > 0:
-            tg = predict_tg(sh, cal, x.n_depth, x.n_gen, x.type_k, x.type_v, x.flash_attn)
+            tg = predict_tg(sh, cal, tg_depth, x.n_gen, x.type_k, x.type_v, x.flash_attn, n_seq)
             out.tg = _test_block(tg)
             out.explain = explain(tg)
         return out

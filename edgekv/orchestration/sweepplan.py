@@ -14,9 +14,6 @@ from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_SERVER, Ca
 from edgekv.records.frame import unset_none
 from edgekv.records.schema import SpeedPrediction
 
-BATCHED_NOT_PREDICTED = ("the speed model predicts one sequence at a depth; -npl's sequences decoded at once are measured, "
-                         "not predicted")
-
 
 def fit_check(spec: SweepSpec, case: Case, proc: Any) -> str | None:
     """Why a configuration is not started (its predicted peak plus the margin exceeds the memory available now,
@@ -145,9 +142,7 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
     from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block
 
     run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts]
-    out: dict[str, SpeedPrediction] = {c.key: SpeedPrediction(calibration_id=None, error=BATCHED_NOT_PREDICTED)
-                                       for c in run if c.settings.n_parallel}
-    run = [c for c in run if not c.settings.n_parallel]
+    out: dict[str, SpeedPrediction] = {}
     if not run:
         return out
     graph = next((r.log.graph for r in engine_results.values() if r.ok and r.log.graph), None)

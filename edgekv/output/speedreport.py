@@ -27,6 +27,9 @@ def _label(r: Record) -> str:
     s = r.settings
     kv = _kv(r)
     extra = [f"-ub {s.n_ubatch}"] if s.n_ubatch not in (None, 512) else []
+    npl = _v(s.n_parallel)
+    if npl:     # -npl: N sequences from an empty cache, each decoding from the end of its -p prompt
+        return f"npl{npl} {kv}" + (f" ({', '.join(extra)})" if extra else "") + f" t{s.n_threads}"
     return f"d{s.n_depth} {kv}" + (f" ({', '.join(extra)})" if extra else "") + f" t{s.n_threads}"
 
 
