@@ -122,3 +122,21 @@ def test_rows_written_before_the_typed_environment_read_as_lists(tmp_path):
     assert (r.environment.backends, r.environment.devices) == (["Metal", "BLAS"], ["Apple M2"])
     assert {k: v for k, v in S.encode(r).items() if k != "environment"} == \
         {k: v for k, v in old.items() if k != "environment"}
+
+
+def test_a_record_of_an_older_llama_bench_reads_back():
+    """llama-bench builds print different keys (devices is recent, gpu_info and backends have changed): what the
+    user's build did not print is None in the record's llama_bench block, and the record reads back."""
+    import msgspec
+
+    from edgekv.orchestration.llamabench import llama_bench_row
+    from edgekv.records import schema as S
+
+    row = llama_bench_row({"build_commit": "3f1ae2e3", "build_number": 3800, "cpu_info": "Apple M1",
+                           "model_type": "llama 135M Q4_1", "n_prompt": 0, "n_gen": 128, "avg_ts": 250.0})
+    lb = S.LlamaBench(path="/opt/llama.cpp/build/bin/llama-bench", build_commit=row.build_commit,
+                      build_number=row.build_number, cpu_info=row.cpu_info, gpu_info=row.gpu_info,
+                      backends=row.backends, model_type=row.model_type, model_size=row.model_size,
+                      model_n_params=row.model_n_params, devices=row.devices, contexts=[])
+    back = msgspec.json.decode(msgspec.json.encode(lb), type=S.LlamaBench, strict=True)
+    assert back.devices is None and back.backends is None and back.build_number == 3800

@@ -649,16 +649,18 @@ class LlamaBenchContext(_Block, kw_only=True):
 class LlamaBench(_Block, kw_only=True):
     """llama-bench's own JSON fields for an imported run (provenance: llama.cpp)."""
 
+    # llama-bench's JSON keys differ between builds (devices, for one, is recent): a key the user's build did not
+    # print is None, so a record written with an older llama-bench reads back
     path: _d(str, "llama-bench binary")
-    build_commit: _d(str, "llama.cpp commit")
-    build_number: _d(int, "llama.cpp build number")
-    cpu_info: _d(str, "CPU as llama-bench reports it")
-    gpu_info: _d(str, "GPU as llama-bench reports it")
-    backends: _d(str, "backends")
-    model_type: _d(str, "model type string")
-    model_size: _d(int, "model bytes (llama-bench's count)")
-    model_n_params: _d(int, "parameters")
-    devices: _d(str, "devices")
+    build_commit: _d(OptStr, "llama.cpp commit")
+    build_number: _d(OptInt, "llama.cpp build number")
+    cpu_info: _d(OptStr, "CPU as llama-bench reports it")
+    gpu_info: _d(OptStr, "GPU as llama-bench reports it")
+    backends: _d(OptStr, "backends")
+    model_type: _d(OptStr, "model type string")
+    model_size: _d(OptInt, "model bytes (llama-bench's count)")
+    model_n_params: _d(OptInt, "parameters")
+    devices: _d(OptStr, "devices")
     contexts: _d(list[LlamaBenchContext], "the contexts it created")
 
 
