@@ -280,8 +280,16 @@ def test_attention_steps_run_in_order_of_depth_so_the_child_extends_one_fill():
     from edgekv.orchestration import speedcal as S
 
     (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, True)
-    depths = [st["depth"] for st in m["contexts"][0]["steps"]]
+    steps = m["contexts"][0]["steps"]
+    depths = [st["depth"] for st in steps[:-2]]
     assert depths == sorted(depths) and set(depths) == set(S.ATTN_TG_DEPTHS) | set(S.ATTN_PP_DEPTHS)
+    # then the shallow ones again (the child only drops cells): shallow, deep, shallow
+    assert [(st["key"], st["depth"]) for st in steps[-2:]] == [(f"tg{S.ATTN_TG_DEPTHS[0]}b", S.ATTN_TG_DEPTHS[0]),
+                                                               (f"pp{S.ATTN_PP_DEPTHS[0]}b", S.ATTN_PP_DEPTHS[0])]
+    # a steady drift over the three steps cancels: the shallow time is the mean of before and after
+    r = {"tg640": {"ns": [10_000_000] * 3}, "tg640b": {"ns": [14_000_000] * 3}}
+    assert S._shallow(r, "tg640") == pytest.approx(0.012)
+    assert S._shallow({"tg640": {"ns": [10_000_000] * 3}}, "tg640") == pytest.approx(0.010)
 
 
 def test_a_disturbed_calibration_never_yields_a_free_graph_or_free_weights():

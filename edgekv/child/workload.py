@@ -353,7 +353,9 @@ def _probe_steps(L, runner: _Runner, mem, steps: list[dict], where: str, ev: Eve
     for st in steps:
         ev.emit("progress", phase="calibrate", step=f"{where}/{st['key']}")
         d, n = int(st["depth"]), int(st["n"])
-        if d < cur or not L.llama_memory_seq_rm(mem, 0, cur, -1):
+        # back to min(d, cur) cells: a shallower step after a deeper one only drops cells (no refill)
+        cur = min(d, cur)
+        if not L.llama_memory_seq_rm(mem, 0, cur, -1):
             L.llama_memory_clear(mem, True)
             cur = 0
         if d > cur:

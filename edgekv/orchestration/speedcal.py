@@ -174,6 +174,10 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
         steps = [_step(f"tg{d}", "tg", d, TG_N, 5) for d in ATTN_TG_DEPTHS]
         steps += [_step(f"pp{d}", "pp", d, ATTN_PP_N, 3) for d in ATTN_PP_DEPTHS]
         steps.sort(key=lambda st: st["depth"])      # the child extends one fill from step to step
+        # then the shallow steps again (dropping cells costs nothing): each difference is taken shallow, deep,
+        # shallow, so a machine that slows or speeds up steadily meanwhile does not bias it
+        steps += [_step(f"tg{ATTN_TG_DEPTHS[0]}b", "tg", ATTN_TG_DEPTHS[0], TG_N, 5),
+                  _step(f"pp{ATTN_PP_DEPTHS[0]}b", "pp", ATTN_PP_DEPTHS[0], ATTN_PP_N, 3)]
         ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, type_k=tk, type_v=tv, flash_attn=fa))
     name = "attn" if geometry is None else f"attn_{geometry}"
     return [{"key": name, "repack": repack, "model_path": str(speed_model_path(name, **geometry_shape(geometry))),
@@ -227,6 +231,12 @@ def _attn_speed_shape(shape: dict[str, Any]):
                                 for _ in range(shape["n_layer"])), None, None)
 
 
+def _shallow(r: dict[str, dict], key: str) -> float:
+    """The shallow step's time: the mean of its runs before and after the deep step (when both were taken)."""
+    both = [_median_s(r[k]["ns"]) for k in (key, key + "b") if k in r]
+    return sum(both) / len(both)
+
+
 def solve_attn(results: list[dict], key: str, n_threads: int = 1) -> tuple[float, float]:
     """(decode, prompt) seconds per head x (head_k + head_v) x cell for one K/V pair and geometry (``key``: its
     kv_key; decode: the cells the slowest thread reads, edgekv.core.speed.decode_cells)."""
@@ -240,9 +250,9 @@ def solve_attn(results: list[dict], key: str, n_threads: int = 1) -> tuple[float
     tk, tv, fa = key.split("/")[0], key.split("/")[1], key.split("fa=")[1].split("@")[0]
     sh, split = _attn_speed_shape(shape), split_kv_path(tk, tv, fa)
     du = attn_units_tg(sh, d1 + TG_N / 2, n_threads, split) - attn_units_tg(sh, d0 + TG_N / 2, n_threads, split)
-    tg = (_median_s(r[f"tg{d1}"]["ns"]) - _median_s(r[f"tg{d0}"]["ns"])) / TG_N / du
+    tg = (_median_s(r[f"tg{d1}"]["ns"]) - _shallow(r, f"tg{d0}")) / TG_N / du
     p0, p1 = ATTN_PP_DEPTHS
-    pp = (_median_s(r[f"pp{p1}"]["ns"]) - _median_s(r[f"pp{p0}"]["ns"])) / ATTN_PP_N / units / (p1 - p0)
+    pp = (_median_s(r[f"pp{p1}"]["ns"]) - _shallow(r, f"pp{p0}")) / ATTN_PP_N / units / (p1 - p0)
     if tg <= 0 or pp <= 0:
         # deeper attention cannot be free: other work on the machine hid its cost; never cache a zero
         raise CalibrationError(f"the speed calibration of {key} measured no cost for a deeper cache (other work on "
