@@ -440,9 +440,8 @@ def test_sequences_decoding_together_are_predicted(real_cal, smollm2_path, tmp_p
         meas = rec["speed"]["tg"]["mean_ts"]
         assert rec["speed_residual"]["tg_pct"] == pytest.approx(100 * (meas - sp["tg"]["tokens_per_s"]) /
                                                                 sp["tg"]["tokens_per_s"], abs=0.01)
-    # two columns per step cost more than one mat-vec and less than two: the aggregate rate rises, each sequence's falls
-    tg1, tg2 = one["prediction"]["speed"]["tg"]["tokens_per_s"], two["prediction"]["speed"]["tg"]["tokens_per_s"]
-    assert tg1 < tg2 < 2 * tg1
+    # the step's weights are the calibration's 2-column mat-mul, shared by both sequences (whether that beats two
+    # mat-vecs is the machine's answer, measured, not assumed here)
     m = load_model(str(smollm2_path))
     from edgekv.orchestration.calibrate import runtime_baseline
     from edgekv.orchestration.speedpredict import model_speed_shape
@@ -451,8 +450,9 @@ def test_sequences_decoding_together_are_predicted(real_cal, smollm2_path, tmp_p
     for g in sh.groups:
         assert weights_s(g, real_cal, 1) == g.bytes * real_cal.matvec_s_per_byte[g.key]
         assert weights_s(g, real_cal, 4) == pytest.approx(g.bytes * real_cal.matcols_s_per_byte[g.key]["4"])
-    assert predict_tg(sh, real_cal, 0, 8, "f16", "f16", "auto", 2).tokens_per_s > \
-        predict_tg(sh, real_cal, 0, 8, "f16", "f16", "auto").tokens_per_s
+    parts = {p["name"]: p["s_per_token"] for p in two["prediction"]["speed"]["tg"]["parts"]}
+    assert parts["weights"] == pytest.approx(sum(weights_s(g, real_cal, 2) for g in sh.groups if not g.output) / 2)
+    assert predict_tg(sh, real_cal, 32, 8, "f16", "f16", "auto", 2).parts[1].s_per_token == pytest.approx(parts["weights"])
 
 
 def test_cached_only_names_what_is_missing(real_cal, smollm2_path, capsys, monkeypatch):
