@@ -58,6 +58,12 @@ class CalibrationError(RuntimeError):
     pass
 
 
+def _disturbed(what: str) -> CalibrationError:
+    """A measurement that found no cost where there must be one (other work hid it): refused, never cached."""
+    return CalibrationError(f"the speed calibration {what} (other work on the machine disturbed it): not cached; run "
+                            "'edgekv calibrate' on a quiet machine")
+
+
 def auto_measure() -> bool:
     """Whether predict and bench may calibrate on their own (EDGEKV_SPEED_CALIBRATE=auto, the default) or only
     use what is cached (=cached: a CI job that must not spend a minute measuring; the test suite)."""
@@ -218,8 +224,7 @@ def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0)
         / max(1, gb["nodes_pp"] - ga["nodes_pp"])
     if tg <= 0 or pp <= 0:
         # 32 more layers cannot be free: other work hid their cost; a zero would predict graphs as costing nothing
-        raise CalibrationError("the speed calibration measured no cost for a deeper graph (other work on the machine "
-                               "disturbed it): not cached; run 'edgekv calibrate' on a quiet machine")
+        raise _disturbed("measured no cost for a deeper graph")
     return tg, pp
 
 
@@ -255,8 +260,7 @@ def solve_attn(results: list[dict], key: str, n_threads: int = 1) -> tuple[float
     pp = (_median_s(r[f"pp{p1}"]["ns"]) - _shallow(r, f"pp{p0}")) / ATTN_PP_N / units / (p1 - p0)
     if tg <= 0 or pp <= 0:
         # deeper attention cannot be free: other work on the machine hid its cost; never cache a zero
-        raise CalibrationError(f"the speed calibration of {key} measured no cost for a deeper cache (other work on "
-                               "the machine disturbed it): not cached; run 'edgekv calibrate' on a quiet machine")
+        raise _disturbed(f"of {key} measured no cost for a deeper cache")
     return tg, pp
 
 
@@ -283,9 +287,7 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         t_tg = _median_s(r["tg"]["ns"]) / TG_N - sh.nodes_tg * cal.node_tg_s \
             - attn_units_tg(sh, TG_N / 2, cal.n_threads, True) * cal.attn_tg_s.get(f16, 0.0)
         if t_tg <= 0:
-            raise CalibrationError(f"the speed calibration of {key} weights measured no cost for reading them (other "
-                                   "work on the machine disturbed it): not cached; run 'edgekv calibrate' on a quiet "
-                                   "machine")
+            raise _disturbed(f"of {key} weights measured no cost for reading them")
         mv = t_tg / (w_bytes + o_bytes)
         cal.matvec_s_per_byte[key] = mv
         if outs and outs[0].key not in cal.matvec_s_per_byte:
@@ -297,9 +299,7 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
             rest.append((n, t))
         (n1, t1), (n2, t2) = rest
         if t1 <= t2:
-            raise CalibrationError(f"the speed calibration of {key} weights measured a {n1}-token prompt no slower "
-                                   f"than a {n2}-token one (other work on the machine disturbed it): not cached; run "
-                                   "'edgekv calibrate' on a quiet machine")
+            raise _disturbed(f"of {key} weights measured a {n1}-token prompt no slower than a {n2}-token one")
         per_flop = (t1 - t2) / (2.0 * w_params * (n1 - n2))
         per_byte = max((t1 - 2.0 * w_params * n1 * per_flop) / w_bytes, 0.0)
         cal.matmul_s_per_flop[key] = per_flop
@@ -309,9 +309,7 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
             t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_tg_s - o_bytes * mv \
                 - n * units * (n / 2) * cal.attn_pp_s.get(f16, 0.0)
             if t <= 0:
-                raise CalibrationError(f"the speed calibration of {key} weights measured no cost for a {n}-column "
-                                       "mat-mul (other work on the machine disturbed it): not cached; run 'edgekv "
-                                       "calibrate' on a quiet machine")
+                raise _disturbed(f"of {key} weights measured no cost for a {n}-column mat-mul")
             cols[str(n)] = t / w_bytes
         cal.matcols_s_per_byte[key] = cols
         if outs and outs[0].key not in cal.matcols_s_per_byte:
