@@ -110,10 +110,30 @@ def test_sliding_window_model(gemma3_path, tmp_path):
 def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
     """--llama-bench: the user's own binary (here built from the same vendored llama.cpp) runs each configuration,
     its process memory is sampled from outside, its speed samples, build commit and own KV lines land in the same
-    schema; a cache type llama-bench does not accept is a skip, not a crash."""
+    schema; a cache type llama-bench does not accept is a skip, not a crash.  The speed beside each measurement
+    is predicted from a calibration measured through that same binary ('edgekv calibrate --llama-bench'), cached
+    apart from llama-cpp-python's."""
+    from edgekv.orchestration.preflight import preflight
+
+    rp = ["--repack", "1" if preflight().repack else "0"]     # what runs here (its AMX kernels may crash: amx.md)
+    cal = subprocess.run([sys.executable, "-m", "edgekv.cli", "calibrate", str(smollm2_path), "--llama-bench",
+                          str(llama_bench_exe), "-t", "2", "-ctk", "f16,q4_0", *rp, "--allow-busy", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert cal.returncode == 0, cal.stderr[-2000:]
+    c = json.loads(cal.stdout)
+    assert c["runtime"] == f"llama-bench at {os.path.abspath(llama_bench_exe)}"
+    assert c["node_tg_s"] > 0 and c["bandwidth_bytes_s"] > 1e8
+    assert {"q4_1", "q8_0"} <= set(c["matvec_s_per_byte"]) and all(v > 0 for v in c["matmul_s_per_flop"].values())
+    assert all(c["attn_tg_s"][k] > 0 and c["attn_pp_s"][k] > 0 for k in c["attn_tg_s"])
+    assert {k.split("@")[0] for k in c["attn_tg_s"]} == {"f16/f16/fa=auto", "q4_0/q4_0/fa=auto"}
+    from edgekv.orchestration.speedcal import cached
+
+    assert cached(2, rp[1] == "1", str(llama_bench_exe)).id == c["id"]
+    py = cached(2, rp[1] == "1")                         # llama-cpp-python's calibration is another one
+    assert py is None or py.id != c["id"]
     out = tmp_path / "lb.jsonl"
     r = subprocess.run([sys.executable, "-m", "edgekv.cli", "bench", str(smollm2_path), "--llama-bench", str(llama_bench_exe),
-                        "-c", "1024", "-ctk", "f16,q4_0,f32", "-p", "32", "-n", "8", "-r", "2", "-t", "2", "-o", str(out),
+                        "-c", "1024", "-ctk", "f16,q4_0,f32", "-p", "32", "-n", "8", "-r", "2", "-t", "2", *rp, "-o", str(out),
                         "--json"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     recs = by(R.load(out), "type_k")
@@ -130,6 +150,10 @@ def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
         assert rec["differences"]["llama_kv_matches_formula"]
         for test in ("pp", "tg"):
             assert len(rec["speed"][test]["samples_ts"]) == 2 and rec["speed"][test]["mean_ts"] > 0
+        sp = rec["prediction"]["speed"]         # EDGEKV_SPEED_CALIBRATE=cached here: the binary's own calibration
+        assert sp["calibration_id"] == c["id"] and sp["calibrated_with"] == c["runtime"], sp
+        assert sp["tg"]["tokens_per_s"] > 0 and sp["pp"]["tokens_per_s"] > 0
+        assert rec["speed_residual"]["tg_pct"] is not None
         mem = rec["memory"]
         # measured from outside: the mapped weights (92 MiB) and the cache are resident; the sampled peak and the
         # kernel's own maximum agree to a few pages

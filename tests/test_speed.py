@@ -209,7 +209,7 @@ def test_solvers_recover_the_coefficients(monkeypatch, tmp_path):
 def test_two_processes_calibrating_keep_each_others_coefficients(monkeypatch, tmp_path):
     from edgekv.orchestration import speedcal as S
 
-    monkeypatch.setattr(S, "_path", lambda t, r: tmp_path / f"test-merge-t{t}-r{int(r)}.json")
+    monkeypatch.setattr(S, "_path", lambda t, r, lb=None: tmp_path / f"test-merge-t{t}-r{int(r)}.json")
     key, fp = S._key(2, True)
     path = S._path(2, True)
     theirs = _cal(attn_tg_s={"q5_0/q5_0/fa=auto": 5e-10}, attn_pp_s={"q5_0/q5_0/fa=auto": 6e-10},
@@ -247,7 +247,7 @@ def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
     monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": True, "others_share_max": 0.6})
     # its own file, not the shared calibration folder (kept between sessions: a calibration cached by an earlier
     # run would be found and nothing measured)
-    monkeypatch.setattr(S, "_path", lambda t, r: tmp_path / f"test-speed-t{t}-r{int(r)}.json")
+    monkeypatch.setattr(S, "_path", lambda t, r, lb=None: tmp_path / f"test-speed-t{t}-r{int(r)}.json")
     monkeypatch.setattr(S, "_run", lambda models, progress, timeout=600.0: _fake_results(models))
     with pytest.raises(S.CalibrationError, match="60 % of the CPUs: not cached"):
         S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"])
@@ -265,7 +265,8 @@ def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
     # the next run on a machine that is quiet again measures anew instead of reusing the busy figures
     monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": False})
     named = S._named       # ids name the second a calibration began: this one begins "a second later"
-    monkeypatch.setattr(S, "_named", lambda cal, key, n: named(cal, "later-" + key, n) if cal is None else named(cal, key, n))
+    monkeypatch.setattr(S, "_named", lambda cal, key, n, rt: named(cal, "later-" + key, n, rt) if cal is None
+                        else named(cal, key, n, rt))
     again = S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"], allow_busy=True)
     assert again.remeasured and not again.cal.busy and again.cal.id != sc.cal.id
     assert again.note.startswith("the cached calibration was taken while other work used the CPUs: re-measured")
@@ -305,6 +306,34 @@ def test_a_disturbed_calibration_never_yields_a_free_graph_or_free_weights():
            {"model": "nodes_b", "step": "pp", "ns": [8_000_000] * 3, "graph": gb}]    # the deeper graph measured faster
     with pytest.raises(S.CalibrationError, match="no cost for a deeper graph"):
         S.solve_nodes(res)
+
+
+def test_llama_bench_probe_runs_each_shallow_deep_shallow_group_as_one_process_and_checks_what_came_back():
+    """The calibration plan through the user's llama-bench (edgekv.orchestration.lbprobe): a context's steps that
+    share a test, token count and repetitions are one llama-bench run over their depths in the plan's order; its
+    JSON lines must be the tests asked for, or the calibration stops with the reason (never a misread figure)."""
+    from edgekv.orchestration import speedcal as S
+    from edgekv.orchestration.lbprobe import ProbeError, group_argv, parse_group, step_groups
+
+    (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, False)
+    ctx = m["contexts"][0]
+    groups = step_groups(ctx["steps"])
+    assert [[st["key"] for st in g] for g in groups] == [["pp0", "pp1024", "pp0b"], ["tg640", "tg1664", "tg640b"]]
+    argv = group_argv("/x/llama-bench", "/m.gguf", ctx, groups[1], False)
+    assert argv[argv.index("-d") + 1] == "640,1664,640" and argv[argv.index("-n") + 1] == str(S.TG_N)
+    assert argv[argv.index("-p") + 1] == "0" and argv[argv.index("-ctk") + 1] == "q8_0" and argv[-2:] == ["--repack", "0"]
+    assert argv[argv.index("-r") + 1] == "5" and argv[argv.index("-o") + 1] == "jsonl"
+    line = '{{"n_depth": {d}, "n_gen": 32, "samples_ns": [1000, 1100, 1200, 1300, 1400]}}'
+    out = "\n".join(line.format(d=d) for d in (640, 1664, 640))
+    log = "sched_reserve: max_nodes = 1024\nsched_reserve: graph: nodes = 68, splits = 1, input objects = 4, input tensors = 6"
+    res = parse_group(out, log, groups[1], "attn/q8_0")
+    assert [r["step"] for r in res] == ["tg640", "tg1664", "tg640b"] and res[1]["depth"] == 1664
+    assert res[0]["graph"] == {"nodes_pp": 68, "nodes_tg": 68, "splits_pp": 1, "splits_tg": 1}
+    assert res[0]["ns"] == [1000, 1100, 1200, 1300, 1400]
+    with pytest.raises(ProbeError, match="printed 2 results for attn/q8_0, not 3"):
+        parse_group("\n".join(out.splitlines()[:2]), log, groups[1], "attn/q8_0")
+    with pytest.raises(ProbeError, match="not the test asked for"):
+        parse_group(out.replace('"n_depth": 1664', '"n_depth": 1660'), log, groups[1], "attn/q8_0")
 
 
 # -- real llama.cpp: one calibration for the suite, then predict / bench / calibrate ----------------------------
@@ -357,7 +386,7 @@ def test_predict_shows_speed_and_its_json_record(real_cal, smollm2_path, capsys)
         assert sp["tg"]["depth"] == 1024 - 512 and sp["tg"]["tokens_per_s"] > 0 and sp["pp"]["tokens_per_s"] > 0
         assert {p["name"] for p in sp["tg"]["parts"]} == {"fixed", "weights", "output head", "attention"}
         assert sp["tg"]["roofline_tokens_per_s"] > sp["tg"]["tokens_per_s"]
-        assert sp["machine"].endswith("2 threads")
+        assert sp["machine"].endswith("2 threads") and sp["calibrated_with"] == "llama-cpp-python"
     rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16", "-t", "2", *RP])
     out = capsys.readouterr().out
     assert rc == 0 and "tg t/s" in out and "t/s (predicted)" in out

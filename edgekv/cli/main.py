@@ -394,6 +394,9 @@ def calibrate(
     repack: str = PREDICT_REPACK_OPT,
     allow_busy: bool = typer.Option(False, "--allow-busy", help="Keep a calibration taken while other work used the "
                                                                 "CPUs (marked busy) instead of refusing it."),
+    llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
+                                              help="Measure through your own llama-bench binary (what 'edgekv bench "
+                                                   "--llama-bench' predicts from) instead of llama-cpp-python."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Measure this machine's speed coefficients for the speed model (about a minute, several for a model with wide
@@ -405,6 +408,8 @@ def calibrate(
 
     if threads < 0:
         raise UsageError("-t/--threads must be 0 (physical cores) or more")
+    if llama_bench is not None and not (os.path.isfile(llama_bench) and os.access(llama_bench, os.X_OK)):
+        raise UsageError(f"--llama-bench: {llama_bench} is not an executable file")
     n = threads or default_threads()
     fa = parse_flash_attn(flash_attn)
     rp = parse_repack_list(repack)
@@ -422,10 +427,12 @@ def calibrate(
         types = weight_types(sh)
         geometries = sorted({lay.geometry for lay in sh.attn})
     con = make_console(stderr=True)
-    con.print(f"Calibrating speed with -t {n}, --repack {int(rp[0])}: {', '.join(p[0] for p in pairs)}"
+    con.print(f"Calibrating speed{' through ' + llama_bench if llama_bench else ''} with -t {n}, --repack {int(rp[0])}: "
+              f"{', '.join(p[0] for p in pairs)}"
               + (f"; weight types {', '.join(types)}" if types else "") + " ...", highlight=False)
     try:
         sc = run_calibration(n, rp[0], types, pairs, feats, refresh=True, allow_busy=allow_busy, geometries=geometries,
+                             llama_bench=llama_bench,
                              progress=lambda step: con.print(f"  {step}", highlight=False) if not as_json else None)
     except CalibrationError as e:
         raise UsageError(str(e)) from None

@@ -148,6 +148,7 @@ class Calibration:
     bandwidth_bytes_s: float | None = None
     notes: list[str] = field(default_factory=list)
     machine: str = ""                                           # the CPU and thread count it was measured on
+    runtime: str = "llama-cpp-python"                           # the llama.cpp it was measured through
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

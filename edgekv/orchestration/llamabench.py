@@ -146,13 +146,18 @@ def _fill_record(base: S.BenchRecord, spec, env: S.Environment, speed: S.Speed, 
     return base
 
 
+def accepts(s: S.Settings) -> bool:
+    """Whether llama-bench takes the configuration's cache types (it refuses f32)."""
+    return s.type_k in LLAMA_BENCH_TYPES and s.type_v in LLAMA_BENCH_TYPES
+
+
 def run_llama_bench_case(spec, case, env: S.Environment, base: S.BenchRecord, gpu_probe, emit) -> S.BenchRecord:
     """One configuration through llama-bench: one process per test (pp, tg), memory sampled outside.
 
     ``base`` is the sweep's record for this case (status "ok", no engine or child yet); it is filled in and returned.
     """
     s = case.settings
-    if s.type_k not in LLAMA_BENCH_TYPES or s.type_v not in LLAMA_BENCH_TYPES:
+    if not accepts(s):
         base.status, base.reason = "skipped", f"llama-bench does not accept cache type {s.type_k}/{s.type_v}"
         return base
     speed: dict[str, S.SpeedTest] = {}

@@ -20,7 +20,9 @@ calibration taken while other work used the CPUs is refused (not cached), and sa
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import statistics
 import time
@@ -67,8 +69,6 @@ def _disturbed(what: str) -> CalibrationError:
 def auto_measure() -> bool:
     """Whether predict and bench may calibrate on their own (EDGEKV_SPEED_CALIBRATE=auto, the default) or only
     use what is cached (=cached: a CI job that must not spend a minute measuring; the test suite)."""
-    import os
-
     mode = os.environ.get(SPEED_CALIBRATE_ENV, "auto").strip().lower()
     if mode not in ("auto", "cached"):
         raise CalibrationError(f"{SPEED_CALIBRATE_ENV}={mode!r}: use auto or cached")
@@ -97,14 +97,39 @@ class SpeedCalibration:
     note: str = ""
 
 
-def _key(n_threads: int, repack: bool) -> tuple[str, dict[str, Any]]:
-    fp = {**fingerprint("python"), "speed": CAL_VERSION, "model": SPEED_MODEL_VERSION, "threads": n_threads,
-          "repack": repack}
+def _key(n_threads: int, repack: bool, llama_bench: str | None = None) -> tuple[str, dict[str, Any]]:
+    base = fingerprint("llama-bench", llama_bench) if llama_bench else fingerprint("python")
+    fp = {**base, "speed": CAL_VERSION, "model": SPEED_MODEL_VERSION, "threads": n_threads, "repack": repack}
     return fingerprint_key(fp), fp
 
 
-def _path(n_threads: int, repack: bool):
-    return store_path(f"python-speed-t{int(n_threads)}-r{int(bool(repack))}")
+def _path(n_threads: int, repack: bool, llama_bench: str | None = None):
+    # the user's binary names the file only through a hash of its path (untrusted input never chooses a path)
+    who = ("binary-" + hashlib.sha256(os.path.abspath(llama_bench).encode()).hexdigest()[:10]) if llama_bench else "python"
+    return store_path(f"{who}-speed-t{int(n_threads)}-r{int(bool(repack))}")
+
+
+def runtime_name(llama_bench: str | None) -> str:
+    """What a calibration was measured through, as its records say."""
+    return f"llama-bench at {os.path.abspath(llama_bench)}" if llama_bench else "llama-cpp-python"
+
+
+Runner = Callable[..., list[dict]]    # (plan, progress) -> the probe's results
+
+
+def _runner(llama_bench: str | None) -> Runner:
+    """The probe that runs a plan: edgekv's own child through llama-cpp-python, or the user's llama-bench."""
+    if not llama_bench:
+        return _run
+    from edgekv.orchestration.lbprobe import ProbeError, run_probe
+
+    def run(models: list[dict[str, Any]], progress: Callable[[str], None] | None) -> list[dict]:
+        try:
+            return run_probe(llama_bench, models, progress)
+        except ProbeError as e:
+            raise CalibrationError(f"the speed calibration through {llama_bench} failed: {e}") from None
+
+    return run
 
 
 def _median_s(ns: list[int]) -> float:
@@ -387,10 +412,11 @@ def _read_cache(path, key: str, refresh: bool) -> tuple[Calibration | None, str]
     return cal, note
 
 
-def _named(cal: Calibration | None, key: str, n_threads: int) -> Calibration:
-    """``cal``, or a new one with nothing measured yet, with its machine named."""
+def _named(cal: Calibration | None, key: str, n_threads: int, runtime: str) -> Calibration:
+    """``cal``, or a new one with nothing measured yet, with its machine and runtime named."""
     if cal is None:
-        cal = Calibration(id=key[:12] + time.strftime("-%Y%m%d%H%M%S"), n_threads=n_threads, node_tg_s=0.0, node_pp_s=0.0)
+        cal = Calibration(id=key[:12] + time.strftime("-%Y%m%d%H%M%S"), n_threads=n_threads, node_tg_s=0.0, node_pp_s=0.0,
+                          runtime=runtime)
     if not cal.machine:     # calibrations cached before the field existed name their machine too
         from edgekv.edges.environment import cpu_model
 
@@ -409,7 +435,7 @@ def _uncached_error(new: bool, want: dict[str | None, list[tuple[str, str, str]]
 
 def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tuple[str, str, str]]],
                      want_types: list[str], n_threads: int, repack: bool, feats: list[str],
-                     progress: Callable[[str], None] | None) -> None:
+                     progress: Callable[[str], None] | None, run: Runner = _run) -> None:
     """Measure what is missing (one child per plan) and solve it into ``cal`` in dependency order: the attention
     pairs first, then the graph nodes (which subtract the f16 attention) and bandwidth, then the weight types."""
     from edgekv.edges.bandwidth import read_bandwidth
@@ -418,7 +444,7 @@ def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tu
         plan = base_plan(n_threads, repack) if new else []
         for g, ps in want.items():
             plan += attn_plan(ps, n_threads, repack, g)
-        res = _run(plan, progress)
+        res = run(plan, progress)
         for g, ps in want.items():
             for p in ps:
                 k = kv_key(*p, g)
@@ -429,7 +455,7 @@ def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tu
             cal.bandwidth_bytes_s = read_bandwidth(n_threads)
     if want_types:
         plan = weight_plan(want_types, n_threads, repack)
-        solve_weights(_run(plan, progress), plan, cal, feats, repack)
+        solve_weights(run(plan, progress), plan, cal, feats, repack)
 
 
 def _check_load(cal: Calibration, load: dict[str, Any], allow_busy: bool) -> None:
@@ -445,15 +471,17 @@ def _check_load(cal: Calibration, load: dict[str, Any], allow_busy: bool) -> Non
 def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] = (),
               kv_pairs: Iterable[tuple[str, str, str]] = (), cpu_features: list[str] | None = None,
               refresh: bool = False, progress: Callable[[str], None] | None = None,
-              allow_busy: bool = False, geometries: Iterable[str] = (), measure: bool = True) -> SpeedCalibration:
+              allow_busy: bool = False, geometries: Iterable[str] = (), measure: bool = True,
+              llama_bench: str | None = None) -> SpeedCalibration:
     """The cached calibration for this environment, thread count and --repack, with every weight type and K/V pair
     (for each attention geometry in ``geometries``) asked for measured (only what is missing is measured;
     everything when absent, stale or ``refresh``).  ``measure`` False: only what is cached, and CalibrationError
-    naming what is missing (EDGEKV_SPEED_CALIBRATE=cached)."""
+    naming what is missing (EDGEKV_SPEED_CALIBRATE=cached).  ``llama_bench``: measured through the user's own
+    llama-bench at that path, cached apart (keyed by that binary)."""
     from edgekv.edges.load import LoadMonitor
 
-    key, fp = _key(n_threads, repack)
-    path = _path(n_threads, repack)
+    key, fp = _key(n_threads, repack, llama_bench)
+    path = _path(n_threads, repack, llama_bench)
     cal, note = _read_cache(path, key, refresh)
     if cal is not None and cal.busy:
         if measure:     # never reuse figures a busy machine gave: this run measures again
@@ -464,7 +492,7 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     feats = list(cpu_features or [])
     pairs = list(kv_pairs) or [(k, v, "auto") for k, v in DEFAULT_KV]
     new = cal is None
-    cal = _named(cal, key, n_threads)
+    cal = _named(cal, key, n_threads, runtime_name(llama_bench))
     want = _attn_needed(cal, pairs, list(geometries))
     if new:     # the generic model's f16: what the node and weight models' own attention costs
         want.setdefault(None, []).append(("f16", "f16", "auto"))
@@ -476,7 +504,7 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     mon = LoadMonitor(before_s=0.3)
     mon.start()
     t0 = time.monotonic()
-    _measure_missing(cal, new, want, want_types, n_threads, repack, feats, progress)
+    _measure_missing(cal, new, want, want_types, n_threads, repack, feats, progress, _runner(llama_bench))
     load = mon.stop()
     took = time.monotonic() - t0
     measured = "measured " + ", ".join(x for x in ([("graph nodes, bandwidth")] if new else [])
@@ -512,10 +540,10 @@ def _merge_cached(cal: Calibration, path, key: str) -> None:
     cal.notes.extend(n for n in other.notes if n not in cal.notes)
 
 
-def cached(n_threads: int, repack: bool = True) -> Calibration | None:
-    key, _fp = _key(n_threads, repack)
+def cached(n_threads: int, repack: bool = True, llama_bench: str | None = None) -> Calibration | None:
+    key, _fp = _key(n_threads, repack, llama_bench)
     try:
-        c = json.loads(_path(n_threads, repack).read_text())
+        c = json.loads(_path(n_threads, repack, llama_bench).read_text())
         return Calibration.from_dict(c["calibration"]) if c.get("key") == key else None
     except (OSError, ValueError, KeyError, TypeError):
         return None

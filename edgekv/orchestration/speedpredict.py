@@ -79,6 +79,7 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
         out = SpeedPrediction(calibration_id=cal.id)
         if cal.machine:
             out.machine = cal.machine
+        out.calibrated_with = cal.runtime
         if cal.busy:
             out.calibration_busy = True
         if x.n_prompt > 0:
@@ -112,9 +113,9 @@ def residual(rec: Record) -> SpeedResidual | None:
 
 
 def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[str], progress=None,
-                    allow_busy: bool = False) -> tuple[Calibration | None, str]:
-    """This machine's calibration with everything the configurations ``xs`` need measured (on demand); (None,
-    why) when it cannot be had."""
+                    allow_busy: bool = False, llama_bench: str | None = None) -> tuple[Calibration | None, str]:
+    """This machine's calibration with everything the configurations ``xs`` need measured (on demand), through
+    llama-cpp-python or (``llama_bench``) the user's llama-bench; (None, why) when it cannot be had."""
     from edgekv.orchestration.speedcal import CalibrationError, auto_measure, calibrate
 
     if not xs:
@@ -128,7 +129,8 @@ def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[st
     geometries = sorted({lay.geometry for lay in sh.attn})
     try:
         sc = calibrate(next(iter(threads)), next(iter(repacks)), weight_types(sh), pairs, cpu_features,
-                       progress=progress, allow_busy=allow_busy, geometries=geometries, measure=auto_measure())
+                       progress=progress, allow_busy=allow_busy, geometries=geometries, measure=auto_measure(),
+                       llama_bench=llama_bench)
     except CalibrationError as e:
         return None, str(e)
     except (OSError, ValueError) as e:

@@ -139,9 +139,12 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
     calibration is this machine's (cached; what it lacks is measured now, and that is said before the plan);
     llama.cpp's graph size comes from the configuration's dry run (one is run when the sweep has none)."""
     from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.llamabench import accepts
     from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block
 
-    run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts]
+    # what will run: llama-bench skips the cache types it refuses, so they are neither calibrated nor predicted
+    run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts
+           and (spec.llama_bench is None or accepts(c.settings))]
     out: dict[str, SpeedPrediction] = {}
     if not run:
         return out
@@ -158,13 +161,15 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
         xs = [SpeedInputs.from_settings(c.settings) for c in cases]
         def progress(step: str, started: list[str] = []) -> None:  # noqa: B006 - one list per group, on purpose
             if not started:       # the first measurement: say why the plan is a minute away
-                emit("note", {"message": "calibrating this machine's speed for the speed model (once per environment, "
-                                         "thread count and --repack; about a minute, several for wide attention heads; "
-                                         "'edgekv calibrate' re-measures)"})
+                via = f" through {spec.llama_bench}" if spec.llama_bench else ""
+                emit("note", {"message": f"calibrating this machine's speed for the speed model{via} (once per "
+                                         "environment, thread count and --repack; about a minute, several for wide "
+                                         "attention heads; 'edgekv calibrate' re-measures)"})
                 started.append(step)
             emit("calibrate", {"step": step})
 
-        cal, note = calibration_for(sh, xs, feats, progress=progress, allow_busy=True)
+        # a --llama-bench sweep is predicted from a calibration measured through that binary (its build's kernels)
+        cal, note = calibration_for(sh, xs, feats, progress=progress, allow_busy=True, llama_bench=spec.llama_bench)
         if note:
             emit("note", {"message": f"speed calibration: {note}"})
         for c, x in zip(cases, xs):

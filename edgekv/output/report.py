@@ -185,8 +185,9 @@ def _calibrations(records: list[Record]) -> list[str]:
         p = _v(r.prediction)
         sp = _v(p.speed) if p is not None else None
         if sp is not None and (_v(sp.tg) is not None or _v(sp.pp) is not None):
-            m = _v(sp.machine)
+            m, via = _v(sp.machine), _v(sp.calibrated_with)
             out.add(f"`{sp.calibration_id}`" + (f" on {m}" if m else "")
+                    + (f", measured through {via.split(' at ')[0]}" if via else "")
                     + (" (taken while other work used the CPUs: not this machine's own figures)"
                        if _v(sp.calibration_busy) else ""))
     return sorted(out)

@@ -446,7 +446,8 @@ def render_calibration(con, sc) -> None:
     from rich.table import Table
 
     cal = sc.cal
-    con.print(f"Speed calibration {cal.id} (-t {cal.n_threads}): {sc.note or 'cached'}", highlight=False)
+    con.print(f"Speed calibration {cal.id} (-t {cal.n_threads}, through {cal.runtime}): {sc.note or 'cached'}",
+              highlight=False)
     con.print(f"Graph node: {cal.node_tg_s * 1e6:.2f} us per node of a one-token graph, {cal.node_pp_s * 1e6:.2f} us per "
               "node of a prompt ubatch.", highlight=False)
     if cal.bandwidth_bytes_s:

@@ -314,6 +314,8 @@ class SpeedPrediction(_Block, kw_only=True):
     tg: _d(Union[SpeedTestPrediction, None, UnsetType], "generation") = UNSET
     calibration_id: _d(OptStr, "the calibration used")
     machine: _d(Union[str, None, UnsetType], "the CPU and thread count the calibration was measured on") = UNSET
+    calibrated_with: _d(Union[str, UnsetType], "the llama.cpp the calibration was measured through: "
+                                               "llama-cpp-python, or the user's llama-bench (its path)") = UNSET
     calibration_busy: _d(Union[bool, UnsetType], "the calibration was taken while other work used the CPUs "
                                                  "(its figures are not this machine's own)") = UNSET
     error: _d(Union[str, None, UnsetType], "why no speed was predicted (a type the calibration lacks, ...)") = UNSET

@@ -1,0 +1,99 @@
+"""The speed calibration's measurements through the user's own ``llama-bench`` (``--llama-bench PATH``): the same
+plan as the in-process probe (edgekv.child.workload.speed_probe), run by that binary, so that the coefficients are
+those of the build the user benchmarks (its compiler flags, its backends), not llama-cpp-python's.
+
+Each group of a context's steps that share a test, a token count and a repetition count is one llama-bench
+process with their depths as a list (``-d 640,1664,640``): llama-bench runs them in that order, each in a new
+context filled to its depth once (tools/llama-bench/llama-bench.cpp: its ``ctx_state`` restores the fill between
+repetitions), and prints one JSON line per depth with every timed repetition (``samples_ns``).  Its ``-v`` log
+carries llama.cpp's graph size (``graph nodes = ...``).  The results have the probe's layout, so the same
+solvers (edgekv.orchestration.speedcal) read them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+LB_TIMEOUT_S = 600.0
+
+
+class ProbeError(RuntimeError):
+    pass
+
+
+def step_groups(steps: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The context's steps grouped by (test, tokens, repetitions), each group in the plan's order (a shallow,
+    deep, shallow sequence stays one)."""
+    groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for st in steps:
+        groups.setdefault((st["test"], int(st["n"]), int(st["reps"])), []).append(st)
+    return list(groups.values())
+
+
+def group_argv(exe: str, model_path: str, ctx: dict[str, Any], group: list[dict[str, Any]], repack: bool) -> list[str]:
+    """The llama-bench command line of one group of steps."""
+    p, st = ctx["params"], group[0]
+    argv = [exe, "-m", model_path, "-d", ",".join(str(int(s["depth"])) for s in group),
+            "-ctk", p["type_k"], "-ctv", p["type_v"], "-fa", p["flash_attn"], "-t", str(int(ctx["n_threads"])),
+            "-r", str(int(st["reps"])), "-b", str(int(p["n_batch"])), "-ub", str(int(p["n_ubatch"])), "-o", "jsonl", "-v"]
+    argv += ["-p", str(int(st["n"])), "-n", "0"] if st["test"] == "pp" else ["-p", "0", "-n", str(int(st["n"]))]
+    if not repack:                 # passed only when off: builds older than the flag refuse it
+        argv += ["--repack", "0"]
+    return argv
+
+
+def parse_group(stdout: str, stderr: str, group: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """One group's results in the probe's layout: a JSON line per step, in order; the graph size from the log."""
+    from edgekv.core.llamalog import parse_graph_line
+
+    rows = []
+    for line in stdout.splitlines():
+        if line.strip().startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                raise ProbeError(f"llama-bench printed a line that is not JSON for {where}: {line[:80]!r}") from None
+    if len(rows) != len(group):
+        raise ProbeError(f"llama-bench printed {len(rows)} results for {where}, not {len(group)}")
+    graph = parse_graph_line(stderr.splitlines())
+    out = []
+    for st, row in zip(group, rows):
+        ns = row.get("samples_ns")
+        if int(row.get("n_depth", -1)) != int(st["depth"]) or not isinstance(ns, list) or len(ns) != int(st["reps"]):
+            raise ProbeError(f"llama-bench's result for {where}/{st['key']} is not the test asked for "
+                             f"(depth {row.get('n_depth')}, {len(ns) if isinstance(ns, list) else 0} samples)")
+        out.append({"step": st["key"], "test": st["test"], "depth": int(st["depth"]), "n": int(st["n"]),
+                    "ns": [int(x) for x in ns], "graph": graph})
+    return out
+
+
+def _last_line(text: str) -> str:
+    lines = [x.strip() for x in (text or "").splitlines() if x.strip()]
+    return lines[-1][:200] if lines else "no output"
+
+
+def run_probe(exe: str, models: list[dict[str, Any]], progress: Callable[[str], None] | None = None,
+              timeout: float = LB_TIMEOUT_S) -> list[dict[str, Any]]:
+    """The calibration plan ``models`` (edgekv.orchestration.speedcal's) measured by llama-bench at ``exe``."""
+    from edgekv.edges.process import run_child
+
+    out: list[dict[str, Any]] = []
+    for m in models:
+        model_path = os.path.abspath(m["model_path"])
+        for c in m["contexts"]:
+            for group in step_groups(c["steps"]):
+                where = f"{m['key']}/{c['key']}"
+                if progress:
+                    progress(f"{where}/{','.join(st['key'] for st in group)} (llama-bench)")
+                argv = group_argv(exe, model_path, c, group, bool(m.get("repack", True)))
+                child = run_child(argv, stdin_data=b"", timeout=timeout, capture_output=True)
+                if child.timed_out or child.returncode != 0:
+                    why = "timed out" if child.timed_out else (
+                        f"died of {child.signal_name}" if child.signal is not None else f"exited {child.returncode}")
+                    raise ProbeError(f"llama-bench {why} on {where}: {_last_line(child.stderr or child.stderr_tail)}")
+                out += [{"model": m["key"], "context": c["key"], **r}
+                        for r in parse_group(child.stdout or "", child.stderr or "", group, where)]
+    return out
