@@ -277,6 +277,33 @@ def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
     assert kept.cal.busy and not kept.remeasured and "EDGEKV_SPEED_CALIBRATE=cached" in kept.note
 
 
+def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_work():
+    """Qwen3 8B's 32 x 128 heads cost 4x the generic model's per cell: its decode differences are 1/4 as deep
+    (quantized caches from depth 128, f16 keeps split-KV's 512-cell view), its prompts half as long over half
+    the depth, and the solver reads the plan's own steps back (a forward model of what the child measures)."""
+    from edgekv.core.speed import attn_units_tg, split_kv_path
+    from edgekv.orchestration import speedcal as S
+
+    g = "h32kv8k128v128"
+    shape = S.geometry_shape(g)
+    units, sh = S._attn_units(shape), S._attn_speed_shape(shape)
+    assert units == 4 * S._attn_units(S.ATTN_SHAPE)
+    assert S.attn_steps(g, False) == S.AttnSteps((128, 384), (0, 512), S.ATTN_PP_N // 2)
+    assert S.attn_steps(g, True).tg_depths == (640, 896)
+    assert S.attn_steps("h9kv3k64v64", False) == S.AttnSteps(S.ATTN_TG_DEPTHS, S.ATTN_PP_DEPTHS, S.ATTN_PP_N)
+    truth_tg, truth_pp = 5e-10, 3e-10
+    for pair in (("q5_0", "q5_0", "auto"), ("f16", "f16", "auto")):
+        (m,) = S.attn_plan([pair], 2, True, g)
+        key, split = kv_key(*pair, g), split_kv_path(*pair)
+        res = []
+        for st in m["contexts"][0]["steps"]:
+            d, n = st["depth"], st["n"]
+            t = (0.01 + n * attn_units_tg(sh, d + n / 2, 2, split) * truth_tg if st["test"] == "tg"
+                 else 0.2 + n * units * (d + n / 2) * truth_pp)
+            res.append({"model": f"attn_{g}", "context": key, "step": st["key"], "ns": [int(t * 1e9)] * 3})
+        assert S.solve_attn(res, key, 2) == (pytest.approx(truth_tg, rel=1e-3), pytest.approx(truth_pp, rel=1e-3))
+
+
 def test_attention_steps_run_in_order_of_depth_so_the_child_extends_one_fill():
     from edgekv.orchestration import speedcal as S
 

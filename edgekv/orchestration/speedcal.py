@@ -196,19 +196,49 @@ def geometry_shape(geometry: str | None) -> dict[str, Any]:
             "n_head_kv": kv, "head_dim": hk, "mat_type": "Q8_0"}
 
 
+@dataclass(frozen=True)
+class AttnSteps:
+    tg_depths: tuple[int, int]
+    pp_depths: tuple[int, int]
+    pp_n: int
+
+
+def attn_steps(geometry: str | None, split: bool) -> AttnSteps:
+    """The depths and prompt size of one K/V pair's attention steps at a geometry (``split``: llama.cpp's
+    split-KV decode path, f16/f32).  A geometry whose cell costs s times the generic model's (more heads x head
+    dims over its layers: Qwen3 8B's 32 x 128 is s = 4) takes decode depth differences 1/s as deep, so that each
+    difference times the same work as the generic model's, and filling the cache costs about 1/s^2 as much; its
+    decode steps start at depth 128 unless split-KV needs a view of 512 cells or more (whose differences stay
+    whole 256-cell chunks of the padded view, edgekv.core.speed.decode_cells), and its prompts are half as long
+    over a depth difference 2/s as deep (the same work again).  Without this, that geometry's four K/V pairs took
+    239 s on two cores (bench/README.md), over the issue's 90 s."""
+    s = _attn_units(geometry_shape(geometry)) / _attn_units(ATTN_SHAPE)
+    if s <= 1:
+        return AttnSteps(ATTN_TG_DEPTHS, ATTN_PP_DEPTHS, ATTN_PP_N)
+    (t0, t1), (p0, p1) = ATTN_TG_DEPTHS, ATTN_PP_DEPTHS
+    dt = max(256, round((t1 - t0) / s / 256) * 256)
+    dp = max(128, round(2 * (p1 - p0) / s / 128) * 128)
+    start = t0 if split else 128
+    return AttnSteps((start, start + dt), (p0, p0 + dp), ATTN_PP_N // 2)
+
+
 def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: bool,
               geometry: str | None = None) -> list[dict[str, Any]]:
     from edgekv.edges.tinymodel import speed_model_path
 
+    from edgekv.core.speed import split_kv_path
+
     ctxs = []
     for tk, tv, fa in pairs:
-        steps = [_step(f"tg{d}", "tg", d, TG_N, 5) for d in ATTN_TG_DEPTHS]
-        steps += [_step(f"pp{d}", "pp", d, ATTN_PP_N, 3) for d in ATTN_PP_DEPTHS]
+        a = attn_steps(geometry, split_kv_path(tk, tv, fa))
+        tg_depths, pp_depths = a.tg_depths, a.pp_depths
+        steps = [_step(f"tg{d}", "tg", d, TG_N, 5) for d in tg_depths]
+        steps += [_step(f"pp{d}", "pp", d, a.pp_n, 3) for d in pp_depths]
         steps.sort(key=lambda st: st["depth"])      # the child extends one fill from step to step
         # then the shallow steps again (dropping cells costs nothing): each difference is taken shallow, deep,
         # shallow, so a machine that slows or speeds up steadily meanwhile does not bias it
-        steps += [_step(f"tg{ATTN_TG_DEPTHS[0]}b", "tg", ATTN_TG_DEPTHS[0], TG_N, 5),
-                  _step(f"pp{ATTN_PP_DEPTHS[0]}b", "pp", ATTN_PP_DEPTHS[0], ATTN_PP_N, 3)]
+        steps += [_step(f"tg{tg_depths[0]}b", "tg", tg_depths[0], TG_N, 5),
+                  _step(f"pp{pp_depths[0]}b", "pp", pp_depths[0], a.pp_n, 3)]
         ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, type_k=tk, type_v=tv, flash_attn=fa))
     name = "attn" if geometry is None else f"attn_{geometry}"
     return [{"key": name, "repack": repack, "model_path": str(speed_model_path(name, **geometry_shape(geometry))),
@@ -276,13 +306,13 @@ def solve_attn(results: list[dict], key: str, n_threads: int = 1) -> tuple[float
     shape = geometry_shape(geometry)
     r = _by(results, "attn" if geometry is None else f"attn_{geometry}", key)
     units = _attn_units(shape)
-    d0, d1 = ATTN_TG_DEPTHS
     tk, tv, fa = key.split("/")[0], key.split("/")[1], key.split("fa=")[1].split("@")[0]
     sh, split = _attn_speed_shape(shape), split_kv_path(tk, tv, fa)
+    a = attn_steps(geometry, split)
+    (d0, d1), (p0, p1) = a.tg_depths, a.pp_depths
     du = attn_units_tg(sh, d1 + TG_N / 2, n_threads, split) - attn_units_tg(sh, d0 + TG_N / 2, n_threads, split)
     tg = (_median_s(r[f"tg{d1}"]["ns"]) - _shallow(r, f"tg{d0}")) / TG_N / du
-    p0, p1 = ATTN_PP_DEPTHS
-    pp = (_median_s(r[f"pp{p1}"]["ns"]) - _shallow(r, f"pp{p0}")) / ATTN_PP_N / units / (p1 - p0)
+    pp = (_median_s(r[f"pp{p1}"]["ns"]) - _shallow(r, f"pp{p0}")) / a.pp_n / units / (p1 - p0)
     if tg <= 0 or pp <= 0:
         # deeper attention cannot be free: other work on the machine hid its cost; never cache a zero
         raise _disturbed(f"of {key} measured no cost for a deeper cache")
