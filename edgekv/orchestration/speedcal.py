@@ -224,9 +224,8 @@ def attn_steps(geometry: str | None, split: bool) -> AttnSteps:
 
 def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: bool,
               geometry: str | None = None) -> list[dict[str, Any]]:
-    from edgekv.edges.tinymodel import speed_model_path
-
     from edgekv.core.speed import split_kv_path
+    from edgekv.edges.tinymodel import speed_model_path
 
     ctxs = []
     for tk, tv, fa in pairs:
