@@ -1,14 +1,17 @@
 """The speed calibration: this machine's coefficients for :mod:`edgekv.core.speed`, measured through the llama.cpp
-edgekv drives, cached under ``EDGEKV_HOME/calibration/`` keyed by the environment fingerprint, the thread count and
-the ``--repack`` setting, re-measured when any of them changes.
+edgekv drives (llama-cpp-python in one child process, or the user's own llama-bench: edgekv.orchestration.lbprobe),
+cached under ``EDGEKV_HOME/calibration/`` keyed by the environment fingerprint (for llama-bench: that binary), the
+thread count and the ``--repack`` setting, re-measured when any of them changes.
 
 What it measures, each on zero-weight models edgekv writes itself (:func:`edgekv.edges.tinymodel.speed_model_path`,
-sparse files: nothing of the user's model is needed), in one child process:
+sparse files: nothing of the user's model is needed):
 
 * the fixed cost of a graph node: decode and a 512-token prompt on two narrow models (n_embd 64) of 2 and 34
   layers; the time difference over llama.cpp's own node-count difference (its ``graph: nodes = ...`` line);
 * per K/V cache type pair and flash-attention setting, the attention cost per head x head dim x cell: decode at
-  depth 128 and 2048, and a 512-token prompt at depth 0 and 1536, on a 2-layer model with 8 query and 2 KV heads;
+  depths 640 and 1664 and a 256-token prompt at depths 0 and 1024, shallow-deep-shallow (:func:`attn_plan`), on
+  a 12-layer model with 8 query and 2 KV heads, and on 6 layers of each model's own head geometry (a wide
+  geometry over shallower differences of the same work: :func:`attn_steps`);
 * per weight type (as the CPU backend holds it: repacked or not, the rules of core/memmodel), the mat-vec cost
   per byte (decode) and the mat-mat cost per byte streamed and per FLOP (prompts of 256 and 32 tokens) on a
   model of 24-64 MB of matrices of that type;
