@@ -162,9 +162,10 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
         def progress(step: str, started: list[str] = []) -> None:  # noqa: B006 - one list per group, on purpose
             if not started:       # the first measurement: say why the plan is a minute away
                 via = f" through {spec.llama_bench}" if spec.llama_bench else ""
+                again = "edgekv calibrate --llama-bench PATH" if spec.llama_bench else "edgekv calibrate"
                 emit("note", {"message": f"calibrating this machine's speed for the speed model{via} (once per "
                                          "environment, thread count and --repack; about a minute, several for wide "
-                                         "attention heads; 'edgekv calibrate' re-measures)"})
+                                         f"attention heads; '{again}' re-measures)"})
                 started.append(step)
             emit("calibrate", {"step": step})
 
