@@ -70,11 +70,6 @@ def parse_group(stdout: str, stderr: str, group: list[dict[str, Any]], where: st
     return out
 
 
-def _last_line(text: str) -> str:
-    lines = [x.strip() for x in (text or "").splitlines() if x.strip()]
-    return lines[-1][:200] if lines else "no output"
-
-
 def run_probe(exe: str, models: list[dict[str, Any]], progress: Callable[[str], None] | None = None,
               timeout: float = LB_TIMEOUT_S) -> list[dict[str, Any]]:
     """The calibration plan ``models`` (edgekv.orchestration.speedcal's) measured by llama-bench at ``exe``."""
@@ -93,7 +88,7 @@ def run_probe(exe: str, models: list[dict[str, Any]], progress: Callable[[str], 
                 if child.timed_out or child.returncode != 0:
                     why = "timed out" if child.timed_out else (
                         f"died of {child.signal_name}" if child.signal is not None else f"exited {child.returncode}")
-                    raise ProbeError(f"llama-bench {why} on {where}: {_last_line(child.stderr or child.stderr_tail)}")
+                    raise ProbeError(f"llama-bench {why} on {where}: {child.last_error() or 'no output'}")
                 out += [{"model": m["key"], "context": c["key"], **r}
                         for r in parse_group(child.stdout or "", child.stderr or "", group, where)]
     return out
