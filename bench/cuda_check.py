@@ -255,6 +255,169 @@ def memory(out: Path, budget: float) -> None:
     r.note("done")
 
 
+SPEED_DEPTHS = (512, 2048, 8192, 4096)      # 4096 last: the one to lose if the call runs short
+SPEED_TYPES = "f16,q8_0,q5_0,q4_0"
+
+
+def speed(out: Path, budget: float) -> None:
+    """Fifth call (issue 26 point 10): the speed model's GPU form.  The calibration with every layer offloaded
+    (timed from an empty home), then both models' bench over f16/q8_0/q5_0/q4_0 at depths 512-8192 with the
+    prediction made before each run, as bench/speed_model.py does on the CPU; the calibration (coefficients and its
+    raw timings) is copied beside the records."""
+    r, models, ek = _start(out, budget)
+    os.environ["EDGEKV_SPEED_CALIBRATE"] = "auto"       # the GPU calibration is measured here, on demand
+    home = {"EDGEKV_HOME": "/tmp/ekh-speed"}
+    r.sh("env-gpu", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm",
+                     "--format=csv"], 20)
+    r.sh("calibrate-smollm2", ek + ["calibrate", models["smollm2-135m"], "-ngl", "-1", "-ctk", SPEED_TYPES,
+                                    "--allow-busy"], 240, env=home)
+    for d in SPEED_DEPTHS:
+        for name, path in models.items():
+            r.sh(f"speed-{name}-d{d}", ek + ["bench", path, "-c", str(d + 512), "-d", str(d), "-ctk", SPEED_TYPES,
+                                             "-p", "512", "-n", "128", "-r", "5", "-o", str(out / f"speed-{name}.jsonl"),
+                                             "--json"], 150, env=home)
+    r.sh("shape-probes", [sys.executable, "-c", "import sys; from pathlib import Path; sys.path.insert(0, 'bench'); "
+                          "import cuda_check as C; C.shape_probes(Path(sys.argv[1]), C.standins(Path('/tmp/standin')))",
+                          str(out)], 90, env=home)
+    r.sh("predict-smollm2", ek + ["predict", models["smollm2-135m"], "-c", "4096,16384", "-ctk", "f16,q4_0", "--json"], 60,
+         env=home)
+    for f in Path("/tmp/ekh-speed/calibration").glob("python-speed-*.json"):
+        shutil.copy(f, out / f.name)
+    r.note("done")
+
+
+# the two real models' bodies as zero-weight llama models of one matrix type (their n_embd, n_ff, heads, layers), a
+# narrow model with a 262,144-entry vocabulary (Gemma 3's), and the stand-ins themselves: what a GPU's mat-vec and
+# mat-mat cost at a model's own shapes is, beside the 1 GiB calibration models' (issue 26 point 10, bench/README.md)
+SHAPE_PROBES = {
+    "smol_q4_1": {"n_embd": 576, "n_ff": 1536, "n_layer": 30, "n_head": 9, "n_head_kv": 3, "head_dim": 64, "mat_type": "Q4_1"},
+    "smol_q8_0": {"n_embd": 576, "n_ff": 1536, "n_layer": 30, "n_head": 9, "n_head_kv": 3, "head_dim": 64, "mat_type": "Q8_0"},
+    "gemma_q5_0": {"n_embd": 640, "n_ff": 2048, "n_layer": 18, "n_head": 4, "n_head_kv": 1, "head_dim": 256,
+                   "mat_type": "Q5_0"},
+    "gemma_q8_0": {"n_embd": 640, "n_ff": 2048, "n_layer": 18, "n_head": 4, "n_head_kv": 1, "head_dim": 256,
+                   "mat_type": "Q8_0"},
+    "vocab_big": {"n_embd": 64, "n_ff": 128, "n_layer": 2, "n_head": 2, "n_head_kv": 2, "mat_type": "Q8_0",
+                  "n_vocab": 262144},
+    "vocab_small": {"n_embd": 64, "n_ff": 128, "n_layer": 2, "n_head": 2, "n_head_kv": 2, "mat_type": "Q8_0"},
+}
+
+
+def shape_probes(out: Path, models: dict[str, str]) -> None:
+    """The probe child over SHAPE_PROBES and the stand-ins (every layer offloaded, f16 cache, depth 0): decode 32
+    tokens x 5, prompts of 512, 256 and 32 tokens x 9; the raw timings and graph sizes into shape-probes.json."""
+    from edgekv.edges.tinymodel import speed_model_path
+    from edgekv.orchestration.speedcal import _ctx, _run, _step
+
+    steps = [_step("tg", "tg", 0, 32, 5, 2)] + [_step(f"pp{n}", "pp", 0, n, 9, 2) for n in (512, 256, 32)]
+    plan = [{"key": k, "repack": True, "n_gpu_layers": -1, "model_path": str(speed_model_path(k, **shp)),
+             "contexts": [_ctx("f16", 8, steps, n_ctx=1024)]} for k, shp in SHAPE_PROBES.items()]
+    plan += [{"key": k.replace("-", "_"), "repack": True, "n_gpu_layers": -1, "model_path": p,
+              "contexts": [_ctx("f16", 8, steps, n_ctx=1024)]} for k, p in models.items()]
+    (out / "shape-probes.json").write_text(json.dumps(_run(plan, None)))
+
+
+def resolve(res: Path):
+    """The GPU calibration solved again, with today's solvers, from a speed call's own raw timings: the calibration
+    run's (calibration file) and the shape probes' (vocab_big as nodes_v, the bodies of the two models as their
+    body probes: the same zero-weight models edgekv's plan writes)."""
+    from edgekv.core.speed import Calibration, kv_key
+    from edgekv.edges.tinymodel import speed_model_path
+    from edgekv.orchestration import speedcal as S
+    from edgekv.orchestration.api import load_model
+    from edgekv.orchestration.speedpredict import model_speed_shape
+
+    cfile = next(res.glob("python-speed-*.json"))
+    old = json.loads(cfile.read_text())
+    raw = old["raw"]
+    models = standins(Path("/tmp/standin"))
+    bodies = {name: model_speed_shape(load_model(p), [], False, None, "CUDA0").body for name, p in models.items()}
+    probe_of = {"vocab_big": "nodes_v", "smol_q8_0": f"body_{bodies['smollm2-135m']}",
+                "gemma_q8_0": f"body_{bodies['gemma3-270m']}"}
+    extra = []
+    for r in json.loads((res / "shape-probes.json").read_text()):
+        if r["model"] in probe_of and r["step"] in ("tg", "pp512"):
+            extra.append({**r, "model": probe_of[r["model"]], "step": "pp" if r["step"] == "pp512" else "tg"})
+    oc = old["calibration"]
+    cal = Calibration(id=oc["id"] + "-resolved", n_threads=oc["n_threads"], node_tg_s=0.0, node_pp_s=0.0,
+                      device="CUDA0", machine=oc.get("machine", ""))
+    for k in oc["attn_tg_s"]:
+        cal.attn_tg_s[k], cal.attn_pp_s[k] = S.solve_attn(raw, k, cal.n_threads, "CUDA0")
+    f16 = kv_key("f16", "f16", "auto")
+    cal.node_tg_s, cal.node_pp_s, cal.token_tg_s, cal.ubatch_pp_s = S.solve_nodes(raw, cal.attn_tg_s[f16],
+                                                                                  cal.attn_pp_s[f16])
+    plan = S.weight_plan(sorted(oc["matvec_s_per_byte"]), cal.n_threads, True, "CUDA0")
+    S.solve_weights(raw, plan, cal, [], False)
+    cal.vocab_tg_s = S.solve_vocab(raw + extra, cal)
+    assert all(Path(speed_model_path(f"body_{b}", **S.body_shape(b))).is_file() for b in bodies.values())
+    S.solve_bodies(extra, S.body_plan(sorted(bodies.values()), cal.n_threads, True), cal)
+    return cal, models
+
+
+def respeed_table(res: Path) -> str:
+    """Each speed record of ``res`` predicted again from :func:`resolve`'s calibration, beside its measurement."""
+    import msgspec
+
+    from edgekv.orchestration.api import load_model
+    from edgekv.orchestration.speedpredict import SpeedInputs, model_speed_shape, speed_block
+    from edgekv.records.schema import Settings
+
+    cal, models = resolve(res)
+    shapes = {}
+    out = [f"Calibration re-solved from {res.name}'s raw timings: node {cal.node_tg_s * 1e6:.2f} us (narrow), "
+           + ", ".join(f"{b}: {cal.node_tg_body_s[b] * 1e6:.2f} / {cal.node_pp_body_s[b] * 1e6:.2f} us"
+                       for b in cal.node_tg_body_s)
+           + f"; token {cal.token_tg_s * 1e6:.0f} us, ubatch {cal.ubatch_pp_s * 1e6:.0f} us, "
+             f"logit {cal.vocab_tg_s * 1e9:.1f} ns", "",
+           "| model | depth | K/V | test | measured t/s | predicted t/s | measured − predicted | within |",
+           "|---|---:|---|---|---:|---:|---:|:-:|"]
+    stats = {"tg": [], "pp": []}
+    for f in sorted(res.glob("speed-*.jsonl")):
+        name = f.stem.removeprefix("speed-")
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("status") != "ok":
+                continue
+            if name not in shapes:
+                shapes[name] = model_speed_shape(load_model(models[name]), [], False, None, "CUDA0")
+            g = ((r.get("prediction") or {}).get("engine") or {}).get("graph")
+            from edgekv.orchestration.speedpredict import with_graph
+
+            x = SpeedInputs.from_settings(msgspec.convert(r["settings"], Settings))
+            x.device = "CUDA0"
+            blk = speed_block(with_graph(shapes[name], g), cal, x)
+            for t, lim in (("pp", 15.0), ("tg", 10.0)):
+                m = r["speed"][t]["mean_ts"]
+                p = getattr(blk, t).tokens_per_s
+                d = 100 * (m - p) / p
+                stats[t].append((abs(d) <= lim, d, f"{name} d{r['settings']['n_depth']} {r['settings']['type_k']}"))
+                out.append(f"| {name} | {r['settings']['n_depth']} | {r['settings']['type_k']} | {t} | {m:.1f} | {p:.1f} | "
+                           f"{d:+.1f} % | {'✓' if abs(d) <= lim else '✗'} |")
+    for t, lim in (("tg", 10), ("pp", 15)):
+        ok = sum(1 for w, _d, _n in stats[t] if w)
+        worst = max(stats[t], key=lambda z: abs(z[1]))
+        out.append(f"\n{t}: {ok} of {len(stats[t])} within ±{lim} %; worst {worst[1]:+.1f} % ({worst[2]}).")
+    return "\n".join(out)
+
+
+def speed_table(res: Path) -> str:
+    """Predicted vs measured tokens/s of the speed call's records (pp and tg per model, K/V and depth)."""
+    out = ["| model | depth | K/V | test | measured t/s | predicted t/s | measured − predicted |",
+           "|---|---:|---|---|---:|---:|---:|"]
+    for f in sorted(res.glob("speed-*.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("status") != "ok":
+                continue
+            s, sp = r["settings"], (r.get("prediction") or {}).get("speed") or {}
+            for t in ("pp", "tg"):
+                m = ((r.get("speed") or {}).get(t) or {}).get("mean_ts")
+                p = (sp.get(t) or {}).get("tokens_per_s")
+                diff = f"{100 * (m - p) / p:+.1f} %" if m and p else (sp.get("error") or "-")
+                out.append(f"| {r['model']['name']} | {s.get('n_depth')} | {s['type_k']} | {t} | "
+                           f"{m or 0:.1f} | {p or 0:.1f} | {diff} |")
+    return "\n".join(out)
+
+
 def table(res: Path) -> str:
     """Predicted vs measured device memory (NVML, this process) and host peak RSS of every bench record in ``res``."""
     rows = []
@@ -300,6 +463,13 @@ def main() -> int:
     mm.add_argument("--budget", type=float, default=300.0)
     t = sub.add_parser("table")
     t.add_argument("results", type=Path)
+    sp = sub.add_parser("speed")
+    sp.add_argument("--out", type=Path, required=True)
+    sp.add_argument("--budget", type=float, default=420.0)
+    st = sub.add_parser("speed-table")
+    st.add_argument("results", type=Path)
+    rs = sub.add_parser("respeed-table")
+    rs.add_argument("results", type=Path)
     p = sub.add_parser("run")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--bin", type=Path, default=ROOT / ".gpu" / "bin")
@@ -317,6 +487,12 @@ def main() -> int:
         memory(a.out, a.budget)
     elif a.cmd == "table":
         print(table(a.results))
+    elif a.cmd == "speed":
+        speed(a.out, a.budget)
+    elif a.cmd == "speed-table":
+        print(speed_table(a.results))
+    elif a.cmd == "respeed-table":
+        print(respeed_table(a.results))
     else:
         run(a.out, a.bin, a.budget, a.ctx, a.types)
     return 0

@@ -7,6 +7,7 @@ its predictions come to measurements is checked by bench/speed_model.py, not her
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -178,18 +179,19 @@ def test_sequences_decoding_together_share_each_step_s_weights(smol):
 def test_solvers_recover_the_coefficients(monkeypatch, tmp_path):
     from edgekv.orchestration import speedcal as S
 
-    truth = {"node_tg": 3e-6, "node_pp": 9e-6, "attn_tg": 4e-10, "attn_pp": 2e-10}
+    truth = {"node_tg": 3e-6, "node_pp": 9e-6, "attn_tg": 4e-10, "attn_pp": 2e-10, "token": 90e-6, "ubatch": 1.4e-3}
     nodes = {"nodes_a": (60, 70), "nodes_b": (700, 760)}
     units = S._attn_units(S.ATTN_SHAPE)
     out = []
     for name, (ntg, npp) in nodes.items():
         g = {"nodes_pp": npp, "nodes_tg": ntg, "splits_pp": 1, "splits_tg": 1}
-        out.append({"model": name, "context": "f16", "step": "tg", "ns": [int(32 * ntg * truth["node_tg"] * 1e9)] * 3,
-                    "graph": g})
-        out.append({"model": name, "context": "f16", "step": "pp", "ns": [int(npp * truth["node_pp"] * 1e9)] * 3,
-                    "graph": g})
-    node_tg, node_pp = S.solve_nodes(out)
+        t_tok = ntg * truth["node_tg"] + truth["token"]          # every token: its nodes and the cost outside them
+        out.append({"model": name, "context": "f16", "step": "tg", "ns": [int(32 * t_tok * 1e9)] * 3, "graph": g})
+        out.append({"model": name, "context": "f16", "step": "pp",
+                    "ns": [int((npp * truth["node_pp"] + truth["ubatch"]) * 1e9)] * 3, "graph": g})
+    node_tg, node_pp, token, ubatch = S.solve_nodes(out)
     assert node_tg == pytest.approx(truth["node_tg"], rel=1e-3) and node_pp == pytest.approx(truth["node_pp"], rel=1e-3)
+    assert token == pytest.approx(truth["token"], rel=1e-3) and ubatch == pytest.approx(truth["ubatch"], rel=1e-3)
     key = kv_key("q5_0", "q5_0", "auto")
     res = []
     for d in S.ATTN_TG_DEPTHS:
@@ -209,7 +211,7 @@ def test_solvers_recover_the_coefficients(monkeypatch, tmp_path):
 def test_two_processes_calibrating_keep_each_others_coefficients(monkeypatch, tmp_path):
     from edgekv.orchestration import speedcal as S
 
-    monkeypatch.setattr(S, "_path", lambda t, r, lb=None: tmp_path / f"test-merge-t{t}-r{int(r)}.json")
+    monkeypatch.setattr(S, "_path", lambda t, r, lb=None, dev="": tmp_path / f"test-merge-t{t}-r{int(r)}.json")
     key, fp = S._key(2, True)
     path = S._path(2, True)
     theirs = _cal(attn_tg_s={"q5_0/q5_0/fa=auto": 5e-10}, attn_pp_s={"q5_0/q5_0/fa=auto": 6e-10},
@@ -247,7 +249,7 @@ def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
     monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": True, "others_share_max": 0.6})
     # its own file, not the shared calibration folder (kept between sessions: a calibration cached by an earlier
     # run would be found and nothing measured)
-    monkeypatch.setattr(S, "_path", lambda t, r, lb=None: tmp_path / f"test-speed-t{t}-r{int(r)}.json")
+    monkeypatch.setattr(S, "_path", lambda t, r, lb=None, dev="": tmp_path / f"test-speed-t{t}-r{int(r)}.json")
     monkeypatch.setattr(S, "_run", lambda models, progress, timeout=600.0: _fake_results(models))
     with pytest.raises(S.CalibrationError, match="60 % of the CPUs: not cached"):
         S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"])
@@ -265,8 +267,8 @@ def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
     # the next run on a machine that is quiet again measures anew instead of reusing the busy figures
     monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": False})
     named = S._named       # ids name the second a calibration began: this one begins "a second later"
-    monkeypatch.setattr(S, "_named", lambda cal, key, n, rt: named(cal, "later-" + key, n, rt) if cal is None
-                        else named(cal, key, n, rt))
+    monkeypatch.setattr(S, "_named", lambda cal, key, n, rt, dev="": named(cal, "later-" + key, n, rt)
+                        if cal is None else named(cal, key, n, rt))
     again = S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"], allow_busy=True)
     assert again.remeasured and not again.cal.busy and again.cal.id != sc.cal.id
     assert again.note.startswith("the cached calibration was taken while other work used the CPUs: re-measured")
@@ -414,6 +416,10 @@ def test_predict_shows_speed_and_its_json_record(real_cal, smollm2_path, capsys)
         assert {p["name"] for p in sp["tg"]["parts"]} == {"fixed", "weights", "output head", "attention"}
         assert sp["tg"]["roofline_tokens_per_s"] > sp["tg"]["tokens_per_s"]
         assert sp["machine"].endswith("2 threads") and sp["calibrated_with"] == "llama-cpp-python"
+    # each row's own graph: a quantized cache adds nodes (llama.cpp's dry run: SmolLM2 936 with f16, 1296 with q8_0)
+    fixed = {r["settings"]["type_k"]: next(p["source"] for p in r["prediction"]["speed"]["tg"]["parts"]
+                                            if p["name"] == "fixed") for r in recs}
+    assert fixed["f16"].startswith("936 graph nodes") and fixed["q8_0"].startswith("1296 graph nodes")
     rc = main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16", "-t", "2", *RP])
     out = capsys.readouterr().out
     assert rc == 0 and "tg t/s" in out and "t/s (predicted)" in out
@@ -472,6 +478,7 @@ def test_bench_record_carries_the_speed_prediction(real_cal, smollm2_path, tmp_p
     (rec,) = [json.loads(x) for x in out.read_text().splitlines()]
     sp = rec["prediction"]["speed"]
     assert sp["calibration_id"] == real_cal.id and sp["pp"]["depth"] == rec["settings"]["n_depth"]
+    assert sp["tg"]["parts"][0]["source"].startswith(f"{rec['prediction']['engine']['graph']['nodes_tg']} graph nodes")
     meas = rec["speed"]["tg"]["mean_ts"]
     assert rec["speed_residual"]["tg_pct"] == pytest.approx(100 * (meas - sp["tg"]["tokens_per_s"]) /
                                                             sp["tg"]["tokens_per_s"], abs=0.01)
@@ -529,3 +536,98 @@ def test_calibrate_command(real_cal, capsys):
     assert rc == 0 and d["n_threads"] == 2 and kv_key("f16", "f16", "auto") in d["attn_tg_s"]
     assert main(["calibrate", "-t", "-1"]) == 2
     assert "--threads" in capsys.readouterr().err
+
+
+# -- the GPU form (issue 26 point 10): its plan, keys and solvers, on any machine -------------------------------------
+
+def test_a_gpu_calibration_is_its_own_with_every_layer_offloaded(monkeypatch):
+    from edgekv.core.speed import split_kv_path
+    from edgekv.orchestration import speedcal as S
+
+    cpu, gpu = S._path(2, True), S._path(2, True, None, "CUDA0")
+    assert cpu != gpu and gpu.name.endswith("-CUDA0-baseline.json")
+    odd = S._path(2, True, None, "../CU DA")             # a device name is llama.cpp's; anything else is hashed
+    assert "/" not in odd.name.replace("-baseline.json", "") and ".." not in odd.name and odd.parent == gpu.parent
+    assert S._key(2, True)[0] != S._key(2, True, None, "CUDA0")[0]
+    assert all(m["n_gpu_layers"] == 0 for m in S.base_plan(2, True)) and "nodes_v" not in {m["key"] for m in S.base_plan(2, True)}
+    dev = S.base_plan(2, True, "CUDA0")
+    assert all(m["n_gpu_layers"] == -1 for m in dev) and "nodes_v" in {m["key"] for m in dev}
+    (a,) = S.attn_plan([("q4_0", "q4_0", "auto")], 2, True, None, "CUDA0")
+    (ctx,) = a["contexts"]
+    assert {st["depth"] for st in ctx["steps"]} == {*S.DEVICE_ATTN_TG_DEPTHS, *S.DEVICE_ATTN_PP_DEPTHS}
+    assert ctx["params"]["n_ctx"] >= max(S.DEVICE_ATTN_TG_DEPTHS) + S.TG_N and a["n_gpu_layers"] == -1
+    assert S.attn_plan([("q4_0", "q4_0", "auto")], 2, True)[0]["contexts"][0]["params"]["n_ctx"] == 4096
+    assert S.weight_shape("q4_0", "CUDA0")["n_embd"] == 4096 and S.weight_shape("q4_0")["n_embd"] == 1024
+    assert split_kv_path("f16", "f16", "auto") and not split_kv_path("f16", "f16", "auto", "CUDA0")
+
+
+def test_only_a_whole_offload_is_predicted_on_a_gpu():
+    from edgekv.orchestration.speedpredict import offload_device
+
+    assert offload_device(-1, 30, None) == ("", None)            # a build without a GPU: llama.cpp runs on the CPU
+    assert offload_device(0, 30, "CUDA0") == ("", None)
+    assert offload_device(-1, 30, "CUDA0") == ("CUDA0", None)
+    assert offload_device(31, 30, "CUDA0") == ("CUDA0", None)     # the layers and the output
+    dev, why = offload_device(15, 30, "CUDA0")
+    assert "-ngl 15 offloads part of the model's 30 layers" in why
+
+
+def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_path):
+    """body_geometry names the widths; the solvers recover a forward model's node cost at those widths and the
+    cost of a logit; a GPU prediction uses them and refuses a model whose widths it has not measured."""
+    from edgekv.core.speed import Calibration, MissingCalibration, body_geometry, kv_key, predict_tg
+    from edgekv.orchestration import speedcal as S
+    from edgekv.orchestration.api import load_model
+
+    m, smol_sh = smol
+    assert body_geometry(m.shape) == "e576f1536h9kv3d64l30"
+    assert body_geometry(load_model(str(gemma3_path)).shape) == "e640f2048h4kv1d256l18"
+    assert S.body_shape("e576f1536h9kv3d64l30")["n_layer"] == 30
+    with pytest.raises(S.CalibrationError):
+        S.body_shape("../x")
+    f16 = kv_key("f16", "f16", "auto")
+    cal = Calibration(id="t", n_threads=8, node_tg_s=0.8e-6, node_pp_s=3e-6, token_tg_s=70e-6, ubatch_pp_s=1.3e-3,
+                      device="CUDA0", matvec_s_per_byte={"q8_0": 4e-13}, matmul_s_per_byte={"q8_0": 4e-13},
+                      matmul_s_per_flop={"q8_0": 6e-15}, attn_tg_s={f16: 7e-13}, attn_pp_s={f16: 3e-14})
+    truth = {"tg": 1.1e-6, "pp": 7e-6, "vocab": 0.3e-9}
+    plan = S.body_plan(["e576f1536h9kv3d64l4"], 8, True)
+    from edgekv.core.arch import shape_from_metadata
+    from edgekv.core.speed import attn_units_tg, speed_shape
+    from edgekv.edges.gguf_header import read_header_file
+
+    h = read_header_file(plan[0]["model_path"])
+    sh = speed_shape(shape_from_metadata(h.metadata, plan[0]["model_path"], h.value_types), list(h.tensors), [], False,
+                     {"nodes_tg": 130, "nodes_pp": 130})
+    w = sum(g.bytes for g in sh.groups)
+    o = sum(g.bytes for g in sh.groups if g.output)
+    params = sum(g.params for g in sh.groups if not g.output)
+    units = sum(x.n_head * (x.head_k + x.head_v) for x in sh.attn)
+    t_tg = 70e-6 + 256 * truth["vocab"] + w * 4e-13 + attn_units_tg(sh, 16, 8, False) * 7e-13 + 130 * truth["tg"]
+    t_pp = 1.3e-3 + (w - o) * 4e-13 + 2 * params * 512 * 6e-15 + o * 4e-13 + units * 512 * 256 * 3e-14 + 130 * truth["pp"]
+    g = {"nodes_tg": 130, "nodes_pp": 130}
+    res = [{"model": plan[0]["key"], "context": "f16", "step": "tg", "ns": [int(t_tg * S.TG_N * 1e9)] * 5, "graph": g},
+           {"model": plan[0]["key"], "context": "f16", "step": "pp", "ns": [int(t_pp * 1e9)] * 9, "graph": g}]
+    cal.vocab_tg_s = truth["vocab"]
+    S.solve_bodies(res, plan, cal)
+    assert cal.node_tg_body_s["e576f1536h9kv3d64l4"] == pytest.approx(truth["tg"], rel=1e-3)
+    assert cal.node_pp_body_s["e576f1536h9kv3d64l4"] == pytest.approx(truth["pp"], rel=1e-3)
+    # the logit: the wide-vocabulary model less nodes_a and its larger output matrix
+    ga, gv = {"nodes_tg": 78, "nodes_pp": 78}, {"nodes_tg": 78, "nodes_pp": 78}
+    out_bytes = 64 * (262144 - 256) * 34 / 32
+    t_a = 150e-6
+    t_v = t_a + out_bytes * 4e-13 + (262144 - 256) * truth["vocab"]
+    base = [{"model": "nodes_a", "context": "f16", "step": "tg", "ns": [int(t_a * 32 * 1e9)] * 5, "graph": ga},
+            {"model": "nodes_v", "context": "f16", "step": "tg", "ns": [int(t_v * 32 * 1e9)] * 5, "graph": gv}]
+    assert S.solve_vocab(base, cal) == pytest.approx(truth["vocab"], rel=1e-3)
+    # a GPU prediction: nodes at the model's widths, the logits, and the body it lacks named
+    model = replace(smol_sh, body="e576f1536h9kv3d64l4", n_vocab=49152)
+    gcal = _cal(device="CUDA0", token_tg_s=70e-6, vocab_tg_s=truth["vocab"], node_tg_body_s=dict(cal.node_tg_body_s),
+                node_pp_body_s=dict(cal.node_pp_body_s))
+    tg = predict_tg(model, gcal, 512, 32, "f16", "f16", "auto")
+    fixed = next(p for p in tg.parts if p.name == "fixed")
+    assert fixed.s_per_token == pytest.approx(model.nodes_tg * truth["tg"] + 70e-6 + 49152 * truth["vocab"])
+    assert "at this model's widths" in fixed.source and "49152 logits" in fixed.source
+    with pytest.raises(MissingCalibration, match="model widths e576f1536h9kv3d64l30"):
+        predict_tg(replace(model, body="e576f1536h9kv3d64l30"), gcal, 512, 32, "f16", "f16", "auto")
+    with pytest.raises(MissingCalibration, match="model widths of this architecture"):
+        predict_tg(replace(model, body=""), gcal, 512, 32, "f16", "f16", "auto")

@@ -324,8 +324,10 @@ def speed_probe(payload: dict, ev: EventWriter) -> None:
     rng = random.Random(SEED)
     out: list[dict[str, Any]] = []
     for m in payload["models"]:
+        # a GPU calibration offloads every layer (n_gpu_layers -1), as the configurations it predicts do
         model = L.llama_model_load_from_file(m["model_path"].encode(),
-                                             model_params(0, dry=False, use_extra_bufts=bool(m.get("repack", True))))
+                                             model_params(int(m.get("n_gpu_layers", 0)), dry=False,
+                                                          use_extra_bufts=bool(m.get("repack", True))))
         cap.take()
         if not model:
             ev.result({"ok": False, "reason": f"llama.cpp could not load the calibration model {m['key']}"})

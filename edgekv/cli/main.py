@@ -397,6 +397,9 @@ def calibrate(
     llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
                                               help="Measure through your own llama-bench binary (what 'edgekv bench "
                                                    "--llama-bench' predicts from) instead of llama-cpp-python."),
+    n_gpu_layers: int = typer.Option(0, "-ngl", "--n-gpu-layers",
+                                     help="0: the CPU; -1: every layer on the GPU (the calibration that predict and bench "
+                                          "use when they offload every layer)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Measure this machine's speed coefficients for the speed model (about a minute, several for a model with wide
@@ -416,23 +419,17 @@ def calibrate(
     if rp is None or len(rp) != 1:
         raise UsageError("--repack: give one value (0 or 1) to calibrate")
     pairs = [(t, t, fa) for t in parse_type_list(cache_type_k, "-ctk")]
-    types: list[str] = []
-    geometries: list = [None]         # no model: the generic attention model
     feats = runtime_baseline().cpu_features
-    if model:
-        from edgekv.orchestration.api import load_model
-        from edgekv.orchestration.speedpredict import model_speed_shape, weight_types
-
-        sh = model_speed_shape(load_model(model), feats, rp[0], None)
-        types = weight_types(sh)
-        geometries = sorted({lay.geometry for lay in sh.attn})
+    device = _calibration_device(model, n_gpu_layers)
+    types, geometries, bodies = _calibration_targets(model, feats, rp[0], device)
     con = make_console(stderr=True)
-    con.print(f"Calibrating speed{' through ' + llama_bench if llama_bench else ''} with -t {n}, --repack {int(rp[0])}: "
+    con.print(f"Calibrating speed{' through ' + llama_bench if llama_bench else ''}{' on ' + device if device else ''} "
+              f"with -t {n}, --repack {int(rp[0])}: "
               f"{', '.join(p[0] for p in pairs)}"
               + (f"; weight types {', '.join(types)}" if types else "") + " ...", highlight=False)
     try:
         sc = run_calibration(n, rp[0], types, pairs, feats, refresh=True, allow_busy=allow_busy, geometries=geometries,
-                             llama_bench=llama_bench,
+                             llama_bench=llama_bench, device=device, bodies=bodies,
                              progress=lambda step: con.print(f"  {step}", highlight=False) if not as_json else None)
     except CalibrationError as e:
         raise UsageError(str(e)) from None
@@ -442,6 +439,37 @@ def calibrate(
     from edgekv.output.views import render_calibration
 
     render_calibration(make_console(), sc)
+
+
+def _calibration_targets(model: str | None, feats: list[str], repack: bool, device: str) -> tuple[list, list, list]:
+    """(weight types, attention geometries, GPU body widths) a calibration measures: the model's, or with no model
+    the generic attention model alone."""
+    if not model:
+        return [], [None], []
+    from edgekv.orchestration.api import load_model
+    from edgekv.orchestration.speedpredict import model_speed_shape, weight_types
+
+    sh = model_speed_shape(load_model(model), feats, repack, None, device)
+    return weight_types(sh), sorted({lay.geometry for lay in sh.attn}), [sh.body] if device and sh.body else []
+
+
+def _calibration_device(model: str | None, n_gpu_layers: int) -> str:
+    """calibrate -ngl: "" for the CPU; the GPU llama.cpp offloads every layer to for -1 (from a dry run of the model,
+    or of edgekv's probe model); a usage error for a partial offload or a build with no GPU."""
+    if n_gpu_layers == 0:
+        return ""
+    from edgekv.edges.tinymodel import probe_model_path
+    from edgekv.orchestration.api import load_model
+    from edgekv.orchestration.speedpredict import dry_run_device, offload_device
+
+    m = load_model(model or str(probe_model_path()))
+    device, why = offload_device(n_gpu_layers, m.shape.n_layer, dry_run_device(m, n_gpu_layers))
+    if why:
+        raise UsageError(f"-ngl: {why}")
+    if not device:
+        raise UsageError(f"-ngl {n_gpu_layers}: this llama.cpp build put no layer on a GPU (no GPU backend, or no GPU "
+                         "found); calibrate without -ngl for the CPU")
+    return device
 
 
 # -- report, compare, merge ------------------------------------------------------------------------------

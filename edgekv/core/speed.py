@@ -88,6 +88,30 @@ class SpeedShape:
     nodes_pp: int | None
     kv_bytes_per_token: float = 0.0       # bytes of K and V one cell holds over all layers (for the roofline)
     notes: tuple[str, ...] = ()
+    body: str = ""        # the model's widths as a GPU calibration names them (body_geometry), "" when not llama-shaped
+    n_vocab: int = 0      # logits a decoded token returns to the host
+
+
+BODY_PROBE_BYTES = 1 << 30      # a body probe holds at most about this many bytes of Q8_0 matrices
+
+
+def body_geometry(shape: ModelShape) -> str:
+    """The widths of a model's layers as a GPU calibration's body probe reproduces them: hidden size, feed-forward
+    size, query and KV heads, head dim, and the probe's layer count (the model's, at most BODY_PROBE_BYTES of Q8_0
+    matrices): "e576f1536h9kv3d64l30".  On a GPU a small model's kernels run far below the rates of large
+    matrices, so the cost of a graph node is measured at the model's own widths (bench/README.md, the H100 run).
+    "" when the layers are not one llama-shaped geometry (no attention cache, K and V heads of different dims,
+    layers of different widths)."""
+    lays = [lay for lay in shape.layers[:shape.n_layer] if lay.attn_cache]
+    if not lays or len({(x.n_head, x.n_head_kv, x.head_k, x.head_v, x.n_ff) for x in lays}) != 1:
+        return ""
+    x = lays[0]
+    if x.head_k != x.head_v or not x.n_ff or not shape.n_embd or x.head_k % 32 or shape.n_embd % 32 or x.n_ff % 32:
+        return ""
+    per_layer = (2 * shape.n_embd * x.n_head * x.head_k + 2 * shape.n_embd * x.n_head_kv * x.head_k
+                 + 3 * shape.n_embd * x.n_ff) * 34 / 32
+    layers = min(shape.n_layer, max(2, int(BODY_PROBE_BYTES // per_layer)))
+    return f"e{shape.n_embd}f{x.n_ff}h{x.n_head}kv{x.n_head_kv}d{x.head_k}l{layers}"
 
 
 def _type_name(ggml_type: int) -> str:
@@ -125,7 +149,8 @@ def speed_shape(shape: ModelShape, tensors: Sequence[Tensor], cpu_features: Iter
                            lay.n_head_kv)
                  for lay in shape.layers[:shape.n_layer] if lay.attn_cache or lay.reuses is not None)
     kv_tok = sum(lay.k_width + lay.v_width for lay in shape.layers[:shape.n_layer] if lay.attn_cache)
-    return SpeedShape(groups, attn, (nodes or {}).get("nodes_tg"), (nodes or {}).get("nodes_pp"), float(kv_tok), tuple(notes))
+    return SpeedShape(groups, attn, (nodes or {}).get("nodes_tg"), (nodes or {}).get("nodes_pp"), float(kv_tok), tuple(notes),
+                      body_geometry(shape), int(shape.n_vocab or 0))
 
 
 @dataclass
@@ -136,6 +161,16 @@ class Calibration:
     n_threads: int
     node_tg_s: float                                            # per graph node of a one-token graph
     node_pp_s: float                                            # per graph node of a prompt ubatch
+    # outside the graph's nodes: per one-token graph (llama_decode's own work, the logits back to the host) and per
+    # prompt ubatch (the batch's inputs: token ids, positions, the attention mask built on the host); 0 when a
+    # calibration predates them
+    token_tg_s: float = 0.0
+    ubatch_pp_s: float = 0.0
+    # a GPU calibration: the cost of a graph node at a model's own widths (body_geometry -> seconds), decode and
+    # prompt ubatch, and of returning one logit to the host per decoded token
+    node_tg_body_s: dict[str, float] = field(default_factory=dict)
+    node_pp_body_s: dict[str, float] = field(default_factory=dict)
+    vocab_tg_s: float = 0.0
     matvec_s_per_byte: dict[str, float] = field(default_factory=dict)
     matmul_s_per_byte: dict[str, float] = field(default_factory=dict)   # per ubatch: the weights streamed once
     matmul_s_per_flop: dict[str, float] = field(default_factory=dict)
@@ -149,6 +184,9 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
     machine: str = ""                                           # the CPU and thread count it was measured on
     runtime: str = "llama-cpp-python"                           # the llama.cpp it was measured through
+    # the ggml device every layer ran on ("CUDA0", "Metal", ...; "" = the CPU backend): a GPU calibration is its own,
+    # taken with every layer offloaded, and predicts only configurations that offload every layer to that device
+    device: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,10 +254,11 @@ def _depth_eff(depth: float, lay: AttnLayer) -> float:
     return min(depth, lay.window) if lay.window else depth
 
 
-def split_kv_path(type_k: str, type_v: str, flash_attn: str) -> bool:
-    """Whether one-token attention runs llama.cpp's split-KV path (ggml-cpu/ops.cpp:9490: F16/F32 K == V, the
-    cache view at least 512 cells; split over cells, one chunk per thread) rather than one query row per task."""
-    return flash_attn != "off" and type_k == type_v and type_k in ("f16", "f32")
+def split_kv_path(type_k: str, type_v: str, flash_attn: str, device: str = "") -> bool:
+    """Whether one-token attention runs the CPU backend's split-KV path (ggml-cpu/ops.cpp:9490: F16/F32 K == V, the
+    cache view at least 512 cells; split over cells, one chunk per thread) rather than one query row per task.  On
+    a GPU (``device``) no CPU thread reads the cache: the cells count as they are."""
+    return not device and flash_attn != "off" and type_k == type_v and type_k in ("f16", "f32")
 
 
 def _pad256(n: float) -> int:
@@ -270,6 +309,21 @@ def _require(sh: SpeedShape, cal: Calibration, type_k: str, type_v: str, flash_a
         raise MissingCalibration("K/V cache", ak)
     if nodes is None:
         raise MissingCalibration("graph size of", ["this model (llama.cpp's dry run did not report it)"])
+    if cal.device and not sh.body:
+        raise MissingCalibration("model widths", ["of this architecture on a GPU (its layers are not one llama-shaped "
+                                                  "geometry the body probe reproduces)"])
+    if cal.device and (sh.body not in cal.node_tg_body_s or sh.body not in cal.node_pp_body_s):
+        raise MissingCalibration("model widths", [sh.body])
+
+
+def node_cost(sh: SpeedShape, cal: Calibration, test: str) -> tuple[float, str]:
+    """(seconds per graph node, where it comes from): on a GPU measured at this model's widths, on the CPU the
+    narrow models' cost (a CPU's per-node work is thread synchronisation, its width-bound work the weights')."""
+    if cal.device:
+        c = (cal.node_tg_body_s if test == "tg" else cal.node_pp_body_s)[sh.body]
+        return c, f"{c * 1e6:.2f} us at this model's widths"
+    c = cal.node_tg_s if test == "tg" else cal.node_pp_s
+    return c, f"{c * 1e6:.2f} us"
 
 
 MATMUL_LINEAR_FROM = 32      # from this many columns on, a ubatch's weights follow the prompt coefficients
@@ -304,8 +358,12 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
     _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_tg)
     n = max(1, n_seq)
     mean_depth = depth + max(1, n_gen) / 2
-    parts = [SpeedPart("fixed", sh.nodes_tg * cal.node_tg_s / n, f"{sh.nodes_tg} graph nodes x {cal.node_tg_s * 1e6:.2f} us"
-                       + (f" per step of {n} tokens" if n > 1 else ""))]
+    c_node, c_src = node_cost(sh, cal, "tg")
+    t_vocab = n * sh.n_vocab * cal.vocab_tg_s          # each sequence's logits back to the host
+    parts = [SpeedPart("fixed", (sh.nodes_tg * c_node + cal.token_tg_s + t_vocab) / n,
+                       f"{sh.nodes_tg} graph nodes x {c_src} + {cal.token_tg_s * 1e6:.0f} us"
+                       + (f" + {sh.n_vocab} logits to the host {t_vocab * 1e6 / n:.0f} us" if t_vocab else "")
+                       + (f" per step of {n} tokens" if n > 1 else " per token"))]
     w = sum(weights_s(g, cal, n) for g in sh.groups if not g.output) / n
     parts.append(SpeedPart("weights", w, ", ".join(
         f"{g.key} {g.bytes / 1e6:.1f} MB at {1e-9 / cal.matvec_s_per_byte[g.key]:.1f} GB/s"
@@ -315,7 +373,8 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
         parts.append(SpeedPart("output head", o, ", ".join(f"{g.key} {g.bytes / 1e6:.1f} MB" for g in sh.groups if g.output)))
     kv = kv_key(type_k, type_v, flash_attn)
     if sh.attn:
-        t_att = attn_units_tg(sh, mean_depth, cal.n_threads, split_kv_path(type_k, type_v, flash_attn), cal.attn_tg_s, kv)
+        split = split_kv_path(type_k, type_v, flash_attn, cal.device)
+        t_att = attn_units_tg(sh, mean_depth, cal.n_threads, split, cal.attn_tg_s, kv)
         parts.append(SpeedPart("attention", t_att,
                                f"{type_k}/{type_v} at mean depth {mean_depth:.0f}" + (" in each sequence" if n > 1 else "")))
     t = sum(p.s_per_token for p in parts)
@@ -347,8 +406,9 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
     kv = kv_key(type_k, type_v, flash_attn)
     n_seq = max(1, n_seq)
     fixed = weights = attn = 0.0
+    c_node, c_src = node_cost(sh, cal, "pp")
     for n in ubatches(n_seq * n_prompt, n_batch, n_ubatch):
-        fixed += sh.nodes_pp * cal.node_pp_s
+        fixed += sh.nodes_pp * c_node + cal.ubatch_pp_s
         weights += sum(weights_s(g, cal, n) for g in sh.groups if not g.output)
     d = float(depth)
     for n in ubatches(n_prompt, n_batch, n_ubatch):      # each sequence's tokens over its own cells
@@ -357,7 +417,8 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
         d += n
     out = sum(weights_s(g, cal, n_seq) for g in sh.groups if g.output)
     p = float(max(1, n_prompt * n_seq))
-    parts = [SpeedPart("fixed", fixed / p, f"{sh.nodes_pp} graph nodes per ubatch x {cal.node_pp_s * 1e6:.2f} us"),
+    parts = [SpeedPart("fixed", fixed / p, f"{sh.nodes_pp} graph nodes per ubatch x {c_src} "
+                                           f"+ {cal.ubatch_pp_s * 1e6:.0f} us"),
              SpeedPart("weights", weights / p,
                        ", ".join(f"{g.key} {2 * g.params / 1e9:.2f} GFLOP/token at "
                                  f"{1e-9 / cal.matmul_s_per_flop[g.key]:.1f} GFLOP/s" for g in sh.groups if not g.output))]

@@ -33,13 +33,16 @@ def step_groups(steps: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return list(groups.values())
 
 
-def group_argv(exe: str, model_path: str, ctx: dict[str, Any], group: list[dict[str, Any]], repack: bool) -> list[str]:
-    """The llama-bench command line of one group of steps."""
+def group_argv(exe: str, model_path: str, ctx: dict[str, Any], group: list[dict[str, Any]], repack: bool,
+               n_gpu_layers: int = 0) -> list[str]:
+    """The llama-bench command line of one group of steps (``-ngl`` always: llama-bench's own default offloads
+    99 layers on a GPU build, which would time the GPU in a CPU calibration)."""
     p, st = ctx["params"], group[0]
     argv = [exe, "-m", model_path, "-d", ",".join(str(int(s["depth"])) for s in group),
             "-ctk", p["type_k"], "-ctv", p["type_v"], "-fa", p["flash_attn"], "-t", str(int(ctx["n_threads"])),
             "-r", str(int(st["reps"])), "-b", str(int(p["n_batch"])), "-ub", str(int(p["n_ubatch"])), "-o", "jsonl", "-v"]
     argv += ["-p", str(int(st["n"])), "-n", "0"] if st["test"] == "pp" else ["-p", "0", "-n", str(int(st["n"]))]
+    argv += ["-ngl", "99" if n_gpu_layers < 0 else str(int(n_gpu_layers))]
     if not repack:                 # passed only when off: builds older than the flag refuse it
         argv += ["--repack", "0"]
     return argv
@@ -83,7 +86,8 @@ def run_probe(exe: str, models: list[dict[str, Any]], progress: Callable[[str], 
                 where = f"{m['key']}/{c['key']}"
                 if progress:
                     progress(f"{where}/{','.join(st['key'] for st in group)} (llama-bench)")
-                argv = group_argv(exe, model_path, c, group, bool(m.get("repack", True)))
+                argv = group_argv(exe, model_path, c, group, bool(m.get("repack", True)),
+                                  int(m.get("n_gpu_layers", 0)))
                 child = run_child(argv, stdin_data=b"", timeout=timeout, capture_output=True)
                 if child.timed_out or child.returncode != 0:
                     why = "timed out" if child.timed_out else (

@@ -107,7 +107,7 @@ class PredictOutcome:
     defaults_cost: tuple[int, int, int] | None = None
     layer_params: ContextParams | None = None
     layer_prediction: KVPrediction | None = None
-    speed_model: Any = None                  # (SpeedShape, Calibration, threads) when speed was predicted
+    speed_model: Any = None                  # ({(K, V): SpeedShape}, Calibration, threads) when speed was predicted
 
     def to_json(self) -> Any:
         """What ``--json`` prints: the list of records; with ``--budget`` ``{"predictions": [records],
@@ -169,6 +169,21 @@ def _fit_marks(out: PredictOutcome) -> None:
                                  f"predicted peak + margin): {', '.join(out_of)}")
 
 
+def _calibrating_line():
+    """A progress callback that says once, on stderr, that predict is calibrating this machine's speed."""
+    import sys
+
+    started = []
+
+    def progress(step: str) -> None:
+        if not started:
+            sys.stderr.write("edgekv: calibrating this machine's speed (once per environment and thread count; "
+                             "'edgekv calibrate' re-measures) ...\n")
+            started.append(1)
+
+    return progress
+
+
 def _crash_note(notes: list[str], use_extra_bufts: bool) -> None:
     """When this environment's extra-buffer preflight (already cached: predict probes nothing) saw the kernels crash,
     say that the default prediction describes a process that dies here."""
@@ -188,13 +203,18 @@ def speed_depth(n_ctx: int, req: PredictRequest) -> int:
     return max(0, n_ctx - max(req.n_prompt, req.n_gen))
 
 
-def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest, graph: dict[str, int] | None = None) -> None:
+def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
     """``prediction.speed`` in every record (edgekv.core.speed): pp and tg at the row's depth with this machine's
     calibration (measured now when absent: a progress line on stderr), or the reason there is none."""
-    import sys
-
     from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block
+    from edgekv.orchestration.speedpredict import (
+        SpeedInputs,
+        calibration_for,
+        model_speed_shape,
+        offload_device,
+        speed_block,
+        with_graph,
+    )
     from edgekv.records.schema import SpeedPrediction
 
     def none(why: str) -> None:
@@ -206,13 +226,14 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest, graph: dic
         return none("--kv-only (the speed model needs llama.cpp's graph size from its dry run)")
     if not m.header.tensors:
         return none("the file has no tensor table (the speed model reads the weights a token touches from it)")
-    if req.n_gpu_layers not in (0,) and _offloads(out):
-        return none("layers offloaded to a GPU: the speed model is calibrated for the CPU here (README: GPU forms)")
+    device, why = offload_device(req.n_gpu_layers, m.shape.n_layer, _offload_device(out))
+    if why:
+        return none(why)
     ok = [r for r in out.records if r.prediction.formula.status == STATUS_OK]
     if not ok:
         return
-    graph = graph or _graph(m, req)
-    if graph is None:
+    graphs = _graphs(m, req, sorted({(r.prediction.formula.type_k, r.prediction.formula.type_v) for r in ok}))
+    if not graphs:
         return none("llama.cpp's dry run did not give its graph size for this model")
     p = req.process
     from edgekv.edges.environment import default_threads
@@ -222,27 +243,21 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest, graph: dic
     for r in ok:
         f = r.prediction.formula
         xs.append(SpeedInputs(threads, req.n_prompt, req.n_gen, speed_depth(f.n_ctx, req), req.base.n_batch,
-                              req.base.n_ubatch, f.type_k, f.type_v, req.base.flash_attn, p.use_extra_bufts))
+                              req.base.n_ubatch, f.type_k, f.type_v, req.base.flash_attn, p.use_extra_bufts,
+                              device=device))
     feats = runtime_baseline().cpu_features
-    sh = model_speed_shape(m, feats, p.use_extra_bufts, graph)
-    started = []
-
-    def progress(step: str) -> None:
-        if not started:
-            sys.stderr.write("edgekv: calibrating this machine's speed (once per environment and thread count; "
-                             "'edgekv calibrate' re-measures) ...\n")
-            started.append(1)
-
-    cal, note = calibration_for(sh, xs, feats, progress=progress, allow_busy=True)
+    base = model_speed_shape(m, feats, p.use_extra_bufts, next(iter(graphs.values())), device)
+    shapes = {pair: with_graph(base, g) for pair, g in graphs.items()}
+    cal, note = calibration_for(base, xs, feats, progress=_calibrating_line(), allow_busy=True)
     if note and cal is not None:
         out.process_notes.append(f"speed calibration: {note}")
     if cal is not None and cal.notes:
         out.process_notes.append("speed calibration: " + "; ".join(cal.notes) + " (re-measure on a quiet machine: "
                                  "'edgekv calibrate')")
     for r, x in zip(ok, xs):
-        r.prediction.speed = speed_block(sh, cal, x, note)
+        r.prediction.speed = speed_block(shapes.get((x.type_k, x.type_v), base), cal, x, note)
     if cal is not None:
-        out.speed_model = (sh, cal, threads)
+        out.speed_model = (shapes, cal, threads)
 
 
 class _MinTg:
@@ -256,7 +271,10 @@ class _MinTg:
 
         if self.model is None:
             return None
-        sh, cal, _threads = self.model
+        shapes, cal, _threads = self.model
+        sh = shapes.get((type_k, type_v))
+        if sh is None:            # no dry run of this K/V pair: its graph size is unknown
+            return None
         try:
             return predict_tg(sh, cal, max(0, n_ctx - self.req.n_gen), self.req.n_gen, type_k, type_v,
                               self.req.base.flash_attn).tokens_per_s
@@ -264,27 +282,29 @@ class _MinTg:
             return None
 
 
-def _offloads(out: PredictOutcome) -> bool:
+def _offload_device(out: PredictOutcome) -> str | None:
+    """The GPU device the process predictions put bytes on (llama.cpp's name, e.g. CUDA0), None when none."""
     for r in out.records:
         proc = r.prediction.process
         if proc is not UNSET and proc is not None and proc.device_bytes not in (UNSET, None) and proc.device_bytes:
-            return True
-    return False
+            return next(iter(proc.device_bytes))
+    return None
 
 
-def _graph(m: LoadedModel, req: PredictRequest) -> dict[str, int] | None:
-    """llama.cpp's graph size (nodes of the prompt and one-token graphs) for this model, from one dry run."""
+def _graphs(m: LoadedModel, req: PredictRequest, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, int]]:
+    """llama.cpp's graph size (nodes of the prompt and one-token graphs) for this model per K/V type pair, from one
+    dry-run session: a quantized cache adds nodes of its own (SmolLM2: 936 with f16, 1296 with q8_0, q5_0 or q4_0)."""
     from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
 
-    c = replace(req.base, n_ctx=min(req.base.n_ctx or 4096, 4096))
+    cs = [replace(req.base, n_ctx=min(req.base.n_ctx or 4096, 4096), type_k=tk, type_v=tv) for tk, tv in pairs]
     try:
         with EngineSession(m.ref.path, n_gpu_layers=req.n_gpu_layers, header=m.header,
                            use_extra_bufts=req.process.use_extra_bufts) as eng:
-            (r,) = eng.run([c])
+            res = eng.run(cs)
     except EngineError:
-        return None
-    return r.log.graph if r.ok else None
+        return {}
+    return {p: r.log.graph for p, r in zip(pairs, res) if r.ok and r.log.graph}
 
 
 def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
@@ -309,7 +329,7 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
     if processes is not None:
         _fit_marks(out)
     if req.speed:
-        _speeds(out, m, req, seen.get("graph"))
+        _speeds(out, m, req)
     if req.engine and m.header.tensors:
         from edgekv.orchestration.calibrate import runtime_baseline
         from edgekv.orchestration.crosscheck import extra_buffer_check, extra_buffer_line

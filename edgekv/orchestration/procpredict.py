@@ -107,7 +107,8 @@ def _mib_dict_to_bytes(d: dict[str, float] | None) -> dict[str, int]:
     return {k: int(round(v * MIB)) for k, v in (d or {}).items()}
 
 
-def _gpu_device(*bufs: dict[str, Any]) -> str | None:
+def gpu_device_of(*bufs: dict[str, Any]) -> str | None:
+    """The GPU device llama.cpp put a buffer on (CUDA0, Metal, ...; not CPU or a pinned host buffer), None when none."""
     for d in bufs:
         for name in d or {}:
             if not name.upper().startswith("CPU") and not name.endswith("_Host"):
@@ -139,7 +140,7 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
     compute_note = "" if cw is not None else (f"llama.cpp's dry run of the workload's graph failed: {eng_workload.error}"
                                               if eng_workload is not None else "no llama.cpp dry run")
     cr = _mib_dict_to_bytes(eng_default.log.compute_buffers) if eng_default is not None and eng_default.ok else {}
-    dev = _gpu_device(cr, cw or {})
+    dev = gpu_device_of(cr, cw or {})
     n_gpu_eff = int(gpu_layers[0]) if gpu_layers and dev else 0
     host_kv, dev_kv = kv_split(pred, n_layer, n_gpu_eff)
     from edgekv.orchestration.calibrate import host_structures

@@ -36,7 +36,8 @@ from typing import Any
 from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, weight_key
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 3           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns
+CAL_VERSION = 4           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+# 4: the cost of a token and of a ubatch outside the graph's nodes
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -53,6 +54,16 @@ MM_N = (256, 32)
 MM_COLS = (2, 4)          # a ubatch of a few columns: -npl sequences decoding together (one timed graph per run)
 MM_COLS_REPS = 9
 WEIGHT_TARGET_BYTES = 48 * 1024 * 1024
+# A GPU calibration (every layer offloaded): a GPU reads 48 MB in microseconds, less than the graph's own launches, so
+# its weight models are wide and about 1 GiB (the bytes then dominate a token), and its attention differences span
+# 15K cells (a tiny model's cache at 1K cells is read in a microsecond); filling 16K cells takes a GPU well under a
+# second
+DEVICE_WEIGHT_TARGET_BYTES = 1024 * 1024 * 1024
+DEVICE_ATTN_TG_DEPTHS = (1024, 16384)
+DEVICE_ATTN_PP_DEPTHS = (0, 8192)
+# a GPU returns every decoded token's logits to the host: a narrow model with Gemma 3's vocabulary beside nodes_a
+VOCAB_SHAPE = {**NODE_SHAPES["nodes_a"], "n_vocab": 262144}
+BODY_PP_N = 512
 DEFAULT_KV = (("f16", "f16"), ("q8_0", "q8_0"), ("q5_0", "q5_0"), ("q4_0", "q4_0"))
 
 
@@ -78,19 +89,20 @@ def auto_measure() -> bool:
     return mode == "auto"
 
 
-def weight_shape(type_name: str) -> dict[str, Any]:
+def weight_shape(type_name: str, device: str = "") -> dict[str, Any]:
     """A llama model of about WEIGHT_TARGET_BYTES of ``type_name`` matrices (n_embd 1024, n_ff 4096; K-quants
-    need rows of 256)."""
+    need rows of 256); for a GPU (``device``) about DEVICE_WEIGHT_TARGET_BYTES of n_embd 4096, n_ff 16384 (heads
+    of 128, which every flash-attention kernel has)."""
     from gguf import GGMLQuantizationType
 
     from edgekv.core.cachetypes import ggml_type_info
 
     qt = GGMLQuantizationType[type_name.upper()]
     _name, blk, size = ggml_type_info(int(qt))
-    e, f = 1024, 4096
+    e, f, target, heads = (4096, 16384, DEVICE_WEIGHT_TARGET_BYTES, 32) if device else (1024, 4096, WEIGHT_TARGET_BYTES, 8)
     per_layer = (4 * e * e + 3 * e * f) * size / blk
-    n_layer = max(1, min(8, round(WEIGHT_TARGET_BYTES / per_layer)))
-    return {"n_embd": e, "n_ff": f, "n_layer": n_layer, "n_head": 8, "n_head_kv": 8, "mat_type": qt.name}
+    n_layer = max(1, min(8, round(target / per_layer)))
+    return {"n_embd": e, "n_ff": f, "n_layer": n_layer, "n_head": heads, "n_head_kv": heads, "mat_type": qt.name}
 
 
 @dataclass
@@ -100,16 +112,26 @@ class SpeedCalibration:
     note: str = ""
 
 
-def _key(n_threads: int, repack: bool, llama_bench: str | None = None) -> tuple[str, dict[str, Any]]:
+def _key(n_threads: int, repack: bool, llama_bench: str | None = None, device: str = "") -> tuple[str, dict[str, Any]]:
     base = fingerprint("llama-bench", llama_bench) if llama_bench else fingerprint("python")
     fp = {**base, "speed": CAL_VERSION, "model": SPEED_MODEL_VERSION, "threads": n_threads, "repack": repack}
+    if device:      # a GPU calibration: also the cards and their driver (a new card or driver re-measures)
+        from edgekv.edges.environment import nvidia_info
+
+        nv = nvidia_info() or {}
+        fp.update({"device": device, "gpus": [d.get("name") for d in nv.get("devices") or []], "driver": nv.get("driver")})
     return fingerprint_key(fp), fp
 
 
-def _path(n_threads: int, repack: bool, llama_bench: str | None = None):
-    # the user's binary names the file only through a hash of its path (untrusted input never chooses a path)
+def _path(n_threads: int, repack: bool, llama_bench: str | None = None, device: str = ""):
+    # the user's binary names the file only through a hash of its path (untrusted input never chooses a path); a
+    # device name is llama.cpp's (CUDA0, Metal, Vulkan0): used when it is plain letters and digits, else hashed
     who = ("binary-" + hashlib.sha256(os.path.abspath(llama_bench).encode()).hexdigest()[:10]) if llama_bench else "python"
-    return store_path(f"{who}-speed-t{int(n_threads)}-r{int(bool(repack))}")
+    dev = ""
+    if device:
+        dev = "-" + (device if re.fullmatch(r"[A-Za-z0-9]{1,32}", device)
+                     else "dev" + hashlib.sha256(device.encode()).hexdigest()[:10])
+    return store_path(f"{who}-speed-t{int(n_threads)}-r{int(bool(repack))}{dev}")
 
 
 def runtime_name(llama_bench: str | None) -> str:
@@ -169,15 +191,45 @@ def _attn_units(shape: dict[str, Any]) -> int:
     return shape["n_layer"] * shape["n_head"] * 2 * hd
 
 
-def base_plan(n_threads: int, repack: bool) -> list[dict[str, Any]]:
+def _ngl(device: str) -> int:
+    """The calibration models' n_gpu_layers: every layer on the GPU for a device calibration, none otherwise."""
+    return -1 if device else 0
+
+
+def base_plan(n_threads: int, repack: bool, device: str = "") -> list[dict[str, Any]]:
     from edgekv.edges.tinymodel import speed_model_path
 
     models = []
     for name, shape in NODE_SHAPES.items():
-        models.append({"key": name, "repack": repack, "model_path": str(speed_model_path(name, **shape)),
+        models.append({"key": name, "repack": repack, "n_gpu_layers": _ngl(device),
+                       "model_path": str(speed_model_path(name, **shape)),
                        "contexts": [_ctx("f16", n_threads, [_step("tg", "tg", 0, 32, 5, 2), _step("pp", "pp", 0, PP_N, 3)],
                                          n_ctx=1024)]})
+    if device:
+        models.append({"key": "nodes_v", "repack": repack, "n_gpu_layers": -1,
+                       "model_path": str(speed_model_path("nodes_v", **VOCAB_SHAPE)),
+                       "contexts": [_ctx("f16", n_threads, [_step("tg", "tg", 0, 32, 5, 2)], n_ctx=1024)]})
     return models
+
+
+def body_shape(body: str) -> dict[str, Any]:
+    """The body probe of a model's widths (edgekv.core.speed.body_geometry: "e576f1536h9kv3d64l30"): a llama model of
+    those widths and layers, Q8_0 matrices, zero weights."""
+    m = re.fullmatch(r"e(\d+)f(\d+)h(\d+)kv(\d+)d(\d+)l(\d+)", body)
+    if not m:
+        raise CalibrationError(f"bad model widths {body!r}")
+    e, f, h, kv, d, n = (int(x) for x in m.groups())
+    return {"n_embd": e, "n_ff": f, "n_layer": n, "n_head": h, "n_head_kv": kv, "head_dim": d, "mat_type": "Q8_0"}
+
+
+def body_plan(bodies: Iterable[str], n_threads: int, repack: bool) -> list[dict[str, Any]]:
+    """A GPU calibration's body probes: a decode of 32 tokens and a 512-token prompt at depth 0, every layer offloaded."""
+    from edgekv.edges.tinymodel import speed_model_path
+
+    steps = [_step("tg", "tg", 0, TG_N, 5, 2), _step("pp", "pp", 0, BODY_PP_N, 9, 2)]
+    return [{"key": f"body_{b}", "body": b, "repack": repack, "n_gpu_layers": -1,
+             "model_path": str(speed_model_path(f"body_{b}", **body_shape(b))),
+             "contexts": [_ctx("f16", n_threads, steps, n_ctx=1024)]} for b in bodies]
 
 
 def geometry_shape(geometry: str | None) -> dict[str, Any]:
@@ -206,7 +258,7 @@ class AttnSteps:
     pp_n: int
 
 
-def attn_steps(geometry: str | None, split: bool) -> AttnSteps:
+def attn_steps(geometry: str | None, split: bool, device: str = "") -> AttnSteps:
     """The depths and prompt size of one K/V pair's attention steps at a geometry (``split``: llama.cpp's
     split-KV decode path, f16/f32).  A geometry whose cell costs s times the generic model's (more heads x head
     dims over its layers: Qwen3 8B's 32 x 128 is s = 4) takes decode depth differences 1/s as deep, so that each
@@ -214,7 +266,10 @@ def attn_steps(geometry: str | None, split: bool) -> AttnSteps:
     decode steps start at depth 128 unless split-KV needs a view of 512 cells or more (whose differences stay
     whole 256-cell chunks of the padded view, edgekv.core.speed.decode_cells), and its prompts are half as long
     over a depth difference 2/s as deep (the same work again).  Without this, that geometry's four K/V pairs took
-    239 s on two cores (bench/README.md), over the issue's 90 s."""
+    239 s on two cores (bench/README.md), over the issue's 90 s.  A GPU (``device``) takes the DEVICE_ depths for
+    every geometry: its fill is quick and its cells cheap."""
+    if device:
+        return AttnSteps(DEVICE_ATTN_TG_DEPTHS, DEVICE_ATTN_PP_DEPTHS, ATTN_PP_N)
     s = _attn_units(geometry_shape(geometry)) / _attn_units(ATTN_SHAPE)
     if s <= 1:
         return AttnSteps(ATTN_TG_DEPTHS, ATTN_PP_DEPTHS, ATTN_PP_N)
@@ -226,13 +281,13 @@ def attn_steps(geometry: str | None, split: bool) -> AttnSteps:
 
 
 def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: bool,
-              geometry: str | None = None) -> list[dict[str, Any]]:
+              geometry: str | None = None, device: str = "") -> list[dict[str, Any]]:
     from edgekv.core.speed import split_kv_path
     from edgekv.edges.tinymodel import speed_model_path
 
     ctxs = []
     for tk, tv, fa in pairs:
-        a = attn_steps(geometry, split_kv_path(tk, tv, fa))
+        a = attn_steps(geometry, split_kv_path(tk, tv, fa, device), device)
         tg_depths, pp_depths = a.tg_depths, a.pp_depths
         steps = [_step(f"tg{d}", "tg", d, TG_N, 5) for d in tg_depths]
         steps += [_step(f"pp{d}", "pp", d, a.pp_n, 3) for d in pp_depths]
@@ -241,22 +296,26 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
         # shallow, so a machine that slows or speeds up steadily meanwhile does not bias it
         steps += [_step(f"tg{tg_depths[0]}b", "tg", tg_depths[0], TG_N, 5),
                   _step(f"pp{pp_depths[0]}b", "pp", pp_depths[0], a.pp_n, 3)]
-        ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, type_k=tk, type_v=tv, flash_attn=fa))
+        n_ctx = max(4096, -(-(max(tg_depths[1] + TG_N, pp_depths[1] + a.pp_n) + 1) // 512) * 512)
+        ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, n_ctx=n_ctx, type_k=tk, type_v=tv,
+                         flash_attn=fa))
     name = "attn" if geometry is None else f"attn_{geometry}"
-    return [{"key": name, "repack": repack, "model_path": str(speed_model_path(name, **geometry_shape(geometry))),
+    return [{"key": name, "repack": repack, "n_gpu_layers": _ngl(device),
+             "model_path": str(speed_model_path(name, **geometry_shape(geometry))),
              "contexts": ctxs}]
 
 
-def weight_plan(types: Iterable[str], n_threads: int, repack: bool) -> list[dict[str, Any]]:
+def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str = "") -> list[dict[str, Any]]:
     from edgekv.edges.tinymodel import speed_model_path
 
     out = []
     for t in types:
-        shape = weight_shape(t)
+        shape = weight_shape(t, device)
         steps = [_step("tg", "tg", 0, TG_N, 5, 2)] + [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]
         steps += [_step(f"pp{n}", "pp", 0, n, MM_COLS_REPS, 2) for n in MM_COLS]
-        out.append({"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack,
-                    "model_path": str(speed_model_path(f"w_{t.lower()}", **shape)), "shape": shape,
+        name = f"w_{t.lower()}" + ("_dev" if device else "")
+        out.append({"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": _ngl(device),
+                    "model_path": str(speed_model_path(name, **shape)), "shape": shape,
                     "contexts": [_ctx("f16", n_threads, steps, n_ctx=512)]})
     return out
 
@@ -265,9 +324,12 @@ def _by(results: list[dict], model: str, ctx: str | None = None) -> dict[str, di
     return {r["step"]: r for r in results if r["model"] == model and (ctx is None or r["context"] == ctx)}
 
 
-def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0) -> tuple[float, float]:
-    """(seconds per node of a one-token graph, seconds per node of a prompt ubatch) from the two narrow models,
-    less their own attention (``attn_tg``/``attn_pp``: the f16 coefficients, over the cells each token reads)."""
+def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0) -> tuple[float, float, float, float]:
+    """(seconds per node of a one-token graph, seconds per node of a prompt ubatch, seconds per token and per ubatch
+    outside the nodes) from the two narrow models, less their own attention (``attn_tg``/``attn_pp``: the f16
+    coefficients, over the cells each token reads).  The per-token and per-ubatch costs are the narrow 2-layer
+    model's time less its nodes' (on a GPU about 90 us a token: llama_decode's own work; on two CPU cores a few
+    us): at least zero, since a machine's noise can hide a small constant, never make it negative."""
     a, b = _by(results, "nodes_a"), _by(results, "nodes_b")
     ga, gb = a["tg"]["graph"], b["tg"]["graph"]
     if not ga or not gb:
@@ -282,7 +344,54 @@ def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0)
     if tg <= 0 or pp <= 0:
         # 32 more layers cannot be free: other work hid their cost; a zero would predict graphs as costing nothing
         raise _disturbed("measured no cost for a deeper graph")
-    return tg, pp
+    own_tg = sa["n_layer"] * per_layer * 16 * attn_tg                # the 2-layer model's attention at mean depth 16
+    own_pp = sa["n_layer"] * per_layer * PP_N * (PP_N / 2) * attn_pp
+    tg0 = max(0.0, _median_s(a["tg"]["ns"]) / 32 - ga["nodes_tg"] * tg - own_tg)
+    pp0 = max(0.0, _median_s(a["pp"]["ns"]) - ga["nodes_pp"] * pp - own_pp)
+    return tg, pp, tg0, pp0
+
+
+def solve_vocab(results: list[dict], cal: Calibration) -> float:
+    """Seconds per logit a decoded token returns to the host (a GPU's copy of the logits): the wide-vocabulary
+    narrow model less nodes_a, less its larger output matrix (read at the Q8_0 mat-vec cost); at least zero."""
+    a, v = _by(results, "nodes_a"), _by(results, "nodes_v")
+    if "tg" not in v:
+        return 0.0
+    e, dv = VOCAB_SHAPE["n_embd"], VOCAB_SHAPE["n_vocab"] - 256
+    out_bytes = e * dv * 34 / 32
+    dt = (_median_s(v["tg"]["ns"]) - _median_s(a["tg"]["ns"])) / TG_N \
+        - (v["tg"]["graph"]["nodes_tg"] - a["tg"]["graph"]["nodes_tg"]) * cal.node_tg_s
+    return max(0.0, (dt - out_bytes * cal.matvec_s_per_byte["q8_0"]) / dv)
+
+
+def solve_bodies(results: list[dict], plan: list[dict[str, Any]], cal: Calibration) -> None:
+    """Fill cal's node costs at each body probe's widths: its decode and prompt time less what the rest of the model
+    predicts (the token or ubatch cost, its logits, its Q8_0 weights and output, its attention at depth 0), over its
+    graph's nodes."""
+    from edgekv.core.arch import shape_from_metadata
+    from edgekv.core.speed import attn_units_tg, speed_shape
+    from edgekv.edges.gguf_header import read_header_file
+
+    f16 = kv_key("f16", "f16", "auto")
+    for m in plan:
+        r = _by(results, m["key"])
+        header = read_header_file(m["model_path"])
+        shape = shape_from_metadata(header.metadata, m["model_path"], header.value_types)
+        g = r["tg"]["graph"]
+        sh = speed_shape(shape, list(header.tensors), [], False, g)
+        w_bytes = sum(x.bytes for x in sh.groups)
+        body_params = sum(x.params for x in sh.groups if not x.output)
+        o_bytes = sum(x.bytes for x in sh.groups if x.output)
+        units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
+        t_tg = _median_s(r["tg"]["ns"]) / TG_N - cal.token_tg_s - sh.n_vocab * cal.vocab_tg_s \
+            - w_bytes * cal.matvec_s_per_byte["q8_0"] - attn_units_tg(sh, TG_N / 2, cal.n_threads, False) * cal.attn_tg_s[f16]
+        t_pp = _median_s(r["pp"]["ns"]) - cal.ubatch_pp_s - (w_bytes - o_bytes) * cal.matmul_s_per_byte["q8_0"] \
+            - 2.0 * body_params * BODY_PP_N * cal.matmul_s_per_flop["q8_0"] - o_bytes * cal.matvec_s_per_byte["q8_0"] \
+            - units * BODY_PP_N * (BODY_PP_N / 2) * cal.attn_pp_s[f16]
+        if t_tg <= 0 or t_pp <= 0:
+            raise _disturbed(f"of the model widths {m['body']} measured no cost for the graph's nodes")
+        cal.node_tg_body_s[m["body"]] = t_tg / g["nodes_tg"]
+        cal.node_pp_body_s[m["body"]] = t_pp / g["nodes_pp"]
 
 
 def _attn_speed_shape(shape: dict[str, Any]):
@@ -299,7 +408,7 @@ def _shallow(r: dict[str, dict], key: str) -> float:
     return sum(both) / len(both)
 
 
-def solve_attn(results: list[dict], key: str, n_threads: int = 1) -> tuple[float, float]:
+def solve_attn(results: list[dict], key: str, n_threads: int = 1, device: str = "") -> tuple[float, float]:
     """(decode, prompt) seconds per head x (head_k + head_v) x cell for one K/V pair and geometry (``key``: its
     kv_key; decode: the cells the slowest thread reads, edgekv.core.speed.decode_cells)."""
     from edgekv.core.speed import attn_units_tg, split_kv_path
@@ -309,8 +418,8 @@ def solve_attn(results: list[dict], key: str, n_threads: int = 1) -> tuple[float
     r = _by(results, "attn" if geometry is None else f"attn_{geometry}", key)
     units = _attn_units(shape)
     tk, tv, fa = key.split("/")[0], key.split("/")[1], key.split("fa=")[1].split("@")[0]
-    sh, split = _attn_speed_shape(shape), split_kv_path(tk, tv, fa)
-    a = attn_steps(geometry, split)
+    sh, split = _attn_speed_shape(shape), split_kv_path(tk, tv, fa, device)
+    a = attn_steps(geometry, split, device)
     (d0, d1), (p0, p1) = a.tg_depths, a.pp_depths
     du = attn_units_tg(sh, d1 + TG_N / 2, n_threads, split) - attn_units_tg(sh, d0 + TG_N / 2, n_threads, split)
     tg = (_median_s(r[f"tg{d1}"]["ns"]) - _shallow(r, f"tg{d0}")) / TG_N / du
@@ -333,7 +442,9 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         r = _by(results, m["key"])
         header = read_header_file(m["model_path"])
         shape = shape_from_metadata(header.metadata, m["model_path"], header.value_types)
-        sh = speed_shape(shape, list(header.tensors), cpu_features, repack, r["tg"]["graph"])
+        # on a GPU every matrix sits in the device's buffer: no CPU extra buffer applies
+        feats, rp = ([], False) if cal.device else (cpu_features, repack)
+        sh = speed_shape(shape, list(header.tensors), feats, rp, r["tg"]["graph"])
         mats = [g for g in sh.groups if not g.output]
         outs = [g for g in sh.groups if g.output]
         key = mats[0].key
@@ -341,8 +452,8 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         o_bytes = sum(g.bytes for g in outs)
         units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
         f16 = kv_key("f16", "f16", "auto")
-        t_tg = _median_s(r["tg"]["ns"]) / TG_N - sh.nodes_tg * cal.node_tg_s \
-            - attn_units_tg(sh, TG_N / 2, cal.n_threads, True) * cal.attn_tg_s.get(f16, 0.0)
+        t_tg = _median_s(r["tg"]["ns"]) / TG_N - sh.nodes_tg * cal.node_tg_s - cal.token_tg_s \
+            - attn_units_tg(sh, TG_N / 2, cal.n_threads, not cal.device) * cal.attn_tg_s.get(f16, 0.0)
         if t_tg <= 0:
             raise _disturbed(f"of {key} weights measured no cost for reading them")
         mv = t_tg / (w_bytes + o_bytes)
@@ -351,7 +462,7 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
             cal.matvec_s_per_byte[outs[0].key] = mv
         rest = []
         for n in MM_N:
-            t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_pp_s - o_bytes * mv \
+            t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_pp_s - cal.ubatch_pp_s - o_bytes * mv \
                 - n * units * (n / 2) * cal.attn_pp_s.get(f16, 0.0)
             rest.append((n, t))
         (n1, t1), (n2, t2) = rest
@@ -363,7 +474,7 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         cal.matmul_s_per_byte[key] = per_byte
         cols = {}
         for n in MM_COLS:     # one graph of n tokens: a decode step's nodes, the output head once
-            t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_tg_s - o_bytes * mv \
+            t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_tg_s - cal.token_tg_s - o_bytes * mv \
                 - n * units * (n / 2) * cal.attn_pp_s.get(f16, 0.0)
             if t <= 0:
                 raise _disturbed(f"of {key} weights measured no cost for a {n}-column mat-mul")
@@ -385,16 +496,14 @@ def _attn_needed(cal: Calibration, pairs: Iterable[tuple[str, str, str]],
 
 
 def _types_needed(cal: Calibration, weight_types: Iterable[str], cpu_features: list[str], repack: bool) -> list[str]:
-    """Weight types (ggml names) whose key, as the CPU backend would hold the calibration model's matrices, is
-    not calibrated yet."""
+    """Weight types (ggml names) whose key, as the CPU backend would hold the calibration model's matrices (a GPU
+    calibration: as the type itself), is not calibrated yet."""
     from edgekv.core.memmodel import extra_buffer_of, extra_buffer_types
 
     out = []
     extra = extra_buffer_types(cpu_features, repack)
     for t in dict.fromkeys(x.lower() for x in weight_types):
-        shape = weight_shape(t)
-        probe = _Probe(t, shape)
-        k = weight_key(t, extra_buffer_of(probe, extra, cpu_features))
+        k = t if cal.device else weight_key(t, extra_buffer_of(_Probe(t, weight_shape(t)), extra, cpu_features))
         if k not in cal.matmul_s_per_flop or k not in cal.matcols_s_per_byte:
             out.append(t)
     return out
@@ -444,15 +553,18 @@ def _read_cache(path, key: str, refresh: bool) -> tuple[Calibration | None, str]
     return cal, note
 
 
-def _named(cal: Calibration | None, key: str, n_threads: int, runtime: str) -> Calibration:
-    """``cal``, or a new one with nothing measured yet, with its machine and runtime named."""
+def _named(cal: Calibration | None, key: str, n_threads: int, runtime: str, device: str = "") -> Calibration:
+    """``cal``, or a new one with nothing measured yet, with its machine (and GPU) and runtime named."""
     if cal is None:
         cal = Calibration(id=key[:12] + time.strftime("-%Y%m%d%H%M%S"), n_threads=n_threads, node_tg_s=0.0, node_pp_s=0.0,
-                          runtime=runtime)
+                          runtime=runtime, device=device)
     if not cal.machine:     # calibrations cached before the field existed name their machine too
-        from edgekv.edges.environment import cpu_model
+        from edgekv.edges.environment import cpu_model, nvidia_info
 
         cal.machine = f"{cpu_model()}, {n_threads} thread{'s' if n_threads != 1 else ''}"
+        if device:
+            names = [str(d.get("name")) for d in (nvidia_info() or {}).get("devices") or [] if d.get("name")]
+            cal.machine = f"{device} ({', '.join(names) or 'GPU'}) every layer offloaded; host {cal.machine}"
     return cal
 
 
@@ -467,27 +579,47 @@ def _uncached_error(new: bool, want: dict[str | None, list[tuple[str, str, str]]
 
 def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tuple[str, str, str]]],
                      want_types: list[str], n_threads: int, repack: bool, feats: list[str],
-                     progress: Callable[[str], None] | None, run: Runner = _run) -> None:
+                     progress: Callable[[str], None] | None, run: Runner = _run,
+                     want_bodies: list[str] = ()) -> list[dict]:
     """Measure what is missing (one child per plan) and solve it into ``cal`` in dependency order: the attention
-    pairs first, then the graph nodes (which subtract the f16 attention) and bandwidth, then the weight types."""
+    pairs first, then the graph nodes (which subtract the f16 attention) and bandwidth, then the weight types, then
+    (a GPU) the logits' copy and the node cost at each model's widths (which subtract Q8_0's weights).  Returns the
+    probe's own timings (kept beside the coefficients, the evidence they were solved from)."""
     from edgekv.edges.bandwidth import read_bandwidth
 
+    dev, raw, base = cal.device, [], []
     if new or want:
-        plan = base_plan(n_threads, repack) if new else []
+        plan = base_plan(n_threads, repack, dev) if new else []
         for g, ps in want.items():
-            plan += attn_plan(ps, n_threads, repack, g)
+            plan += attn_plan(ps, n_threads, repack, g, dev)
         res = run(plan, progress)
+        raw += res
+        base = res
         for g, ps in want.items():
             for p in ps:
                 k = kv_key(*p, g)
-                cal.attn_tg_s[k], cal.attn_pp_s[k] = solve_attn(res, k, n_threads)
+                cal.attn_tg_s[k], cal.attn_pp_s[k] = solve_attn(res, k, n_threads, dev)
         if new:
             f16 = kv_key("f16", "f16", "auto")
-            cal.node_tg_s, cal.node_pp_s = solve_nodes(res, cal.attn_tg_s.get(f16, 0.0), cal.attn_pp_s.get(f16, 0.0))
-            cal.bandwidth_bytes_s = read_bandwidth(n_threads)
+            cal.node_tg_s, cal.node_pp_s, cal.token_tg_s, cal.ubatch_pp_s = solve_nodes(res, cal.attn_tg_s.get(f16, 0.0),
+                                                                                         cal.attn_pp_s.get(f16, 0.0))
+            if dev:     # the host's bandwidth is not the GPU's, and edgekv has no GPU copy of its own to time
+                cal.notes.append(f"roofline: {dev}'s read bandwidth is not measured (no decode bound on a GPU)")
+            else:
+                cal.bandwidth_bytes_s = read_bandwidth(n_threads)
     if want_types:
-        plan = weight_plan(want_types, n_threads, repack)
-        solve_weights(run(plan, progress), plan, cal, feats, repack)
+        plan = weight_plan(want_types, n_threads, repack, dev)
+        res = run(plan, progress)
+        raw += res
+        solve_weights(res, plan, cal, feats, repack)
+    if dev and new:
+        cal.vocab_tg_s = solve_vocab(base, cal)
+    if want_bodies:
+        plan = body_plan(want_bodies, n_threads, repack)
+        res = run(plan, progress)
+        raw += res
+        solve_bodies(res, plan, cal)
+    return raw
 
 
 def _check_load(cal: Calibration, load: dict[str, Any], allow_busy: bool) -> None:
@@ -504,16 +636,19 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
               kv_pairs: Iterable[tuple[str, str, str]] = (), cpu_features: list[str] | None = None,
               refresh: bool = False, progress: Callable[[str], None] | None = None,
               allow_busy: bool = False, geometries: Iterable[str] = (), measure: bool = True,
-              llama_bench: str | None = None) -> SpeedCalibration:
+              llama_bench: str | None = None, device: str = "", bodies: Iterable[str] = ()) -> SpeedCalibration:
     """The cached calibration for this environment, thread count and --repack, with every weight type and K/V pair
     (for each attention geometry in ``geometries``) asked for measured (only what is missing is measured;
     everything when absent, stale or ``refresh``).  ``measure`` False: only what is cached, and CalibrationError
     naming what is missing (EDGEKV_SPEED_CALIBRATE=cached).  ``llama_bench``: measured through the user's own
-    llama-bench at that path, cached apart (keyed by that binary)."""
+    llama-bench at that path, cached apart (keyed by that binary).  ``device``: a GPU calibration, every layer of
+    every calibration model offloaded to that ggml device (CUDA0, Metal), cached apart (keyed by it, the cards
+    and their driver); ``bodies``: the widths (edgekv.core.speed.body_geometry) of the models it will predict, whose
+    node cost a GPU calibration measures on a probe of those widths."""
     from edgekv.edges.load import LoadMonitor
 
-    key, fp = _key(n_threads, repack, llama_bench)
-    path = _path(n_threads, repack, llama_bench)
+    key, fp = _key(n_threads, repack, llama_bench, device)
+    path = _path(n_threads, repack, llama_bench, device)
     cal, note = _read_cache(path, key, refresh)
     if cal is not None and cal.busy:
         if measure:     # never reuse figures a busy machine gave: this run measures again
@@ -524,58 +659,66 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     feats = list(cpu_features or [])
     pairs = list(kv_pairs) or [(k, v, "auto") for k, v in DEFAULT_KV]
     new = cal is None
-    cal = _named(cal, key, n_threads, runtime_name(llama_bench))
+    cal = _named(cal, key, n_threads, runtime_name(llama_bench), device)
     want = _attn_needed(cal, pairs, list(geometries))
     if new:     # the generic model's f16: what the node and weight models' own attention costs
         want.setdefault(None, []).append(("f16", "f16", "auto"))
-    want_types = _types_needed(cal, weight_types, feats, repack)
-    if not new and not want and not want_types:
+    want_bodies = [b for b in dict.fromkeys(bodies) if b and b not in cal.node_tg_body_s] if device else []
+    # the logits' copy and the body probes subtract Q8_0 weights: a GPU calibration measures that type first
+    want_types = _types_needed(cal, list(weight_types) + (["q8_0"] if device and (new or want_bodies) else []), feats,
+                               repack)
+    if not new and not want and not want_types and not want_bodies:
         return SpeedCalibration(cal, False, note)
     if not measure:
-        raise _uncached_error(new, want, want_types)
+        raise _uncached_error(new, want, want_types + want_bodies)
     mon = LoadMonitor(before_s=0.3)
     mon.start()
     t0 = time.monotonic()
-    _measure_missing(cal, new, want, want_types, n_threads, repack, feats, progress, _runner(llama_bench))
+    raw = _measure_missing(cal, new, want, want_types, n_threads, repack, feats, progress, _runner(llama_bench),
+                           want_bodies)
     load = mon.stop()
     took = time.monotonic() - t0
-    measured = "measured " + ", ".join(x for x in ([("graph nodes, bandwidth")] if new else [])
+    measured = "measured " + ", ".join(x for x in ([("graph nodes" + ("" if device else ", bandwidth"))] if new else [])
                                        + [", ".join(kv_key(*p, g) for p in ps) for g, ps in want.items()]
-                                       + ([", ".join(want_types)] if want_types else [])) + f" in {took:.0f} s"
+                                       + ([", ".join(want_types)] if want_types else [])
+                                       + ([f"widths {', '.join(want_bodies)}"] if want_bodies else [])) + f" in {took:.0f} s"
     _check_load(cal, load, allow_busy)
     if load.get("busy"):
         measured += (f" while other work used {100 * load.get('others_share_max', 0):.0f} % of the CPUs: its predictions "
                      "are marked, and the next run measures again")
-    _merge_cached(cal, path, key)
+    raw = _merge_cached(cal, path, key) + raw
     try:
-        write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict()})
+        write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict(), "raw": raw})
     except OSError as e:
         note = (note + "; " if note else "") + f"not cached ({e.strerror})"
     return SpeedCalibration(cal, True, "; ".join(x for x in (note, measured) if x))
 
 
-def _merge_cached(cal: Calibration, path, key: str) -> None:
+def _merge_cached(cal: Calibration, path, key: str) -> list[dict]:
     """Keep what another edgekv process cached meanwhile for the same calibration (two predictions that each
-    measured a different type must not erase each other's): its coefficients this run did not measure."""
+    measured a different type must not erase each other's): its coefficients this run did not measure.  Returns
+    the cached file's raw timings of the same calibration (to keep beside this run's)."""
     try:
         c = json.loads(path.read_text())
         other = Calibration.from_dict(c["calibration"]) if c.get("key") == key else None
     except (OSError, ValueError, KeyError, TypeError):
-        return
+        return []
     if other is None or other.id != cal.id:
-        return
+        return []
     for name in ("matvec_s_per_byte", "matmul_s_per_byte", "matmul_s_per_flop", "matcols_s_per_byte", "attn_tg_s",
-                 "attn_pp_s"):
+                 "attn_pp_s", "node_tg_body_s", "node_pp_body_s"):
         mine = getattr(cal, name)
         for k, v in getattr(other, name).items():
             mine.setdefault(k, v)
     cal.notes.extend(n for n in other.notes if n not in cal.notes)
+    raw = c.get("raw")
+    return raw if isinstance(raw, list) else []
 
 
-def cached(n_threads: int, repack: bool = True, llama_bench: str | None = None) -> Calibration | None:
-    key, _fp = _key(n_threads, repack, llama_bench)
+def cached(n_threads: int, repack: bool = True, llama_bench: str | None = None, device: str = "") -> Calibration | None:
+    key, _fp = _key(n_threads, repack, llama_bench, device)
     try:
-        c = json.loads(_path(n_threads, repack, llama_bench).read_text())
+        c = json.loads(_path(n_threads, repack, llama_bench, device).read_text())
         return Calibration.from_dict(c["calibration"]) if c.get("key") == key else None
     except (OSError, ValueError, KeyError, TypeError):
         return None

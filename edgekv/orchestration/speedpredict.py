@@ -4,7 +4,7 @@ the ``prediction.speed`` block a record carries."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -32,14 +32,55 @@ def _expert_counts(meta: dict[str, Any], arch: str) -> tuple[int, int]:
     return num("expert_used_count"), num("expert_count")
 
 
-def model_speed_shape(m, cpu_features: list[str], repack: bool, graph: dict[str, int] | None) -> SpeedShape:
-    """The speed shape of a loaded model (edgekv.orchestration.api.LoadedModel)."""
+def model_speed_shape(m, cpu_features: list[str], repack: bool, graph: dict[str, int] | None,
+                      device: str = "") -> SpeedShape:
+    """The speed shape of a loaded model (edgekv.orchestration.api.LoadedModel); ``device``: every layer offloaded
+    to that GPU, so no matrix sits in a CPU extra buffer."""
     used, count = _expert_counts(m.header.metadata or {}, m.shape.arch)
-    return speed_shape(m.shape, list(m.header.tensors), cpu_features, repack, graph, used, count)
+    feats, rp = ([], False) if device else (cpu_features, repack)
+    return speed_shape(m.shape, list(m.header.tensors), feats, rp, graph, used, count)
+
+
+def with_graph(sh: SpeedShape, graph: dict[str, int] | None) -> SpeedShape:
+    """``sh`` with llama.cpp's graph size of one configuration (its own dry run: a quantized cache adds nodes)."""
+    if not graph:
+        return sh
+    return replace(sh, nodes_tg=graph.get("nodes_tg"), nodes_pp=graph.get("nodes_pp"))
+
+
+def offload_device(n_gpu_layers: int, n_layer: int, device: str | None) -> tuple[str, str | None]:
+    """(the ggml device a speed prediction is calibrated on, or "" for the CPU; the reason there is none).  The
+    speed model describes one device running every layer: the CPU (nothing offloaded, or a build without a GPU
+    backend) or a GPU holding every layer (-ngl -1, or at least the layers plus the output); a partial offload
+    (the layers split between the CPU and the GPU, with the transfers between them) is not predicted."""
+    if not device or n_gpu_layers == 0:
+        return "", None
+    if n_gpu_layers < 0 or n_gpu_layers >= n_layer + 1:
+        return device, None
+    return device, (f"-ngl {n_gpu_layers} offloads part of the model's {n_layer} layers to {device}: the speed model "
+                    "describes every layer on one device (-ngl 0 or -ngl -1), not a split")
 
 
 def weight_types(sh: SpeedShape) -> list[str]:
     return sorted({g.key.split("+")[0] for g in sh.groups})
+
+
+def dry_run_device(m, n_gpu_layers: int) -> str | None:
+    """The GPU llama.cpp puts a model's buffers on with ``n_gpu_layers`` (one dry run: no weights read), None on a
+    build without a GPU backend or when the dry run fails."""
+    from edgekv.core.predict import ContextParams
+    from edgekv.edges.engine import EngineSession
+    from edgekv.errors import EngineError
+    from edgekv.orchestration.procpredict import gpu_device_of
+
+    if n_gpu_layers == 0:
+        return None
+    try:
+        with EngineSession(m.ref.path, n_gpu_layers=n_gpu_layers, header=m.header) as eng:
+            (r,) = eng.run([ContextParams(n_ctx=512)])
+    except EngineError:
+        return None
+    return gpu_device_of(r.log.compute_buffers) if r.ok else None
 
 
 @dataclass
@@ -58,6 +99,7 @@ class SpeedInputs:
     repack: bool = True
     n_parallel: int = 0         # -npl N: N prompts from an empty cache, then N sequences decoding together
     kv_unified: bool = False
+    device: str = ""            # every layer offloaded to this ggml device (CUDA0, ...); "" = the CPU
 
     @classmethod
     def from_settings(cls, s: Settings) -> SpeedInputs:
@@ -122,15 +164,16 @@ def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[st
         return None, "nothing to predict"
     threads = {x.n_threads for x in xs}
     repacks = {x.repack for x in xs}
-    if len(threads) > 1 or len(repacks) > 1:
-        # one calibration per (threads, repack); the sweep calls this per group
-        raise ValueError("calibration_for: one thread count and --repack setting at a time")
+    devices = {x.device for x in xs}
+    if len(threads) > 1 or len(repacks) > 1 or len(devices) > 1:
+        # one calibration per (threads, repack, device); the sweep calls this per group
+        raise ValueError("calibration_for: one thread count, --repack setting and device at a time")
     pairs = sorted({(x.type_k, x.type_v, x.flash_attn) for x in xs})
     geometries = sorted({lay.geometry for lay in sh.attn})
     try:
         sc = calibrate(next(iter(threads)), next(iter(repacks)), weight_types(sh), pairs, cpu_features,
                        progress=progress, allow_busy=allow_busy, geometries=geometries, measure=auto_measure(),
-                       llama_bench=llama_bench)
+                       llama_bench=llama_bench, device=next(iter(devices)), bodies=[sh.body] if sh.body else [])
     except CalibrationError as e:
         return None, str(e)
     except (OSError, ValueError) as e:

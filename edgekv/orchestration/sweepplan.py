@@ -140,7 +140,15 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
     llama.cpp's graph size comes from the configuration's dry run (one is run when the sweep has none)."""
     from edgekv.orchestration.calibrate import runtime_baseline
     from edgekv.orchestration.llamabench import accepts
-    from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block
+    from edgekv.orchestration.procpredict import gpu_device_of
+    from edgekv.orchestration.speedpredict import (
+        SpeedInputs,
+        calibration_for,
+        model_speed_shape,
+        offload_device,
+        speed_block,
+        with_graph,
+    )
 
     # what will run: llama-bench skips the cache types it refuses, so they are neither calibrated nor predicted
     run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts
@@ -148,17 +156,21 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
     out: dict[str, SpeedPrediction] = {}
     if not run:
         return out
-    graph = next((r.log.graph for r in engine_results.values() if r.ok and r.log.graph), None)
-    if graph is None:
-        graph = _graph_from_dry_run(spec, run[0])
+    dry = next((r for r in engine_results.values() if r.ok and r.log.graph), None) or _dry_run(spec, run[0])
+    graph = dry.log.graph if dry is not None else None
+    # the GPU llama.cpp put the dry run's buffers on: every layer there is the GPU form, a split is not predicted
+    device, why = offload_device(spec.n_gpu_layers, spec.model.shape.n_layer,
+                                 gpu_device_of(dry.log.compute_buffers) if dry is not None else None)
+    if why:
+        return {c.key: SpeedPrediction(calibration_id=None, error=why) for c in run}
     feats = runtime_baseline().cpu_features
     groups: dict[tuple[int, bool], list[Case]] = {}
     for c in run:
         x = SpeedInputs.from_settings(c.settings)
         groups.setdefault((x.n_threads, x.repack), []).append(c)
     for (_threads, repack), cases in groups.items():
-        sh = model_speed_shape(spec.model, feats, repack, graph)
-        xs = [SpeedInputs.from_settings(c.settings) for c in cases]
+        sh = model_speed_shape(spec.model, feats, repack, graph, device)
+        xs = [replace(SpeedInputs.from_settings(c.settings), device=device) for c in cases]
         def progress(step: str, started: list[str] = []) -> None:  # noqa: B006 - one list per group, on purpose
             if not started:       # the first measurement: say why the plan is a minute away
                 via = f" through {spec.llama_bench}" if spec.llama_bench else ""
@@ -174,17 +186,21 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
         if note:
             emit("note", {"message": f"speed calibration: {note}"})
         for c, x in zip(cases, xs):
-            out[c.key] = speed_block(sh, cal, x, note if cal is None else None)
+            # each configuration's own graph size (a quantized cache adds nodes: SmolLM2 936 with f16, 1296 with q8_0)
+            own = engine_results.get(c.key)
+            sh_c = with_graph(sh, own.log.graph if own is not None and own.ok else None)
+            out[c.key] = speed_block(sh_c, cal, x, note if cal is None else None)
     return out
 
 
-def _graph_from_dry_run(spec: SweepSpec, case: Case) -> dict[str, int] | None:
+def _dry_run(spec: SweepSpec, case: Case) -> EngineResult | None:
+    """llama.cpp's dry run of one configuration (its graph size and the devices of its buffers), None when it fails."""
     from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
 
     try:
         with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
             (r,) = eng.run([case.params])
-        return r.log.graph if r.ok else None
+        return r if r.ok else None
     except EngineError:
         return None
