@@ -449,12 +449,20 @@ def render_calibration(con, sc) -> None:
     con.print(f"Speed calibration {cal.id} (-t {cal.n_threads}, through {cal.runtime}): {sc.note or 'cached'}",
               highlight=False)
     con.print(f"Graph node: {cal.node_tg_s * 1e6:.2f} us per node of a one-token graph, {cal.node_pp_s * 1e6:.2f} us per "
-              "node of a prompt ubatch.", highlight=False)
+              f"node of a prompt ubatch; outside the nodes {cal.token_tg_s * 1e6:.0f} us per token, "
+              f"{cal.ubatch_pp_s * 1e6:.0f} us per ubatch.", highlight=False)
+    if cal.device:
+        con.print(f"On {cal.machine or cal.device}: {cal.vocab_tg_s * 1e9:.2f} ns per logit returned to the host; graph "
+                  "nodes at a model's own widths: " + (", ".join(f"{b} {cal.node_tg_body_s[b] * 1e6:.2f} / "
+                                                                 f"{cal.node_pp_body_s.get(b, 0) * 1e6:.2f} us"
+                                                                 for b in sorted(cal.node_tg_body_s)) or "none yet")
+                  + " (decode / prompt).", highlight=False)
     if cal.bandwidth_bytes_s:
         con.print(f"Read bandwidth: {cal.bandwidth_bytes_s / 1e9:.1f} GB/s ({cal.n_threads} threads, measured).",
                   highlight=False)
-    t = Table(title="Weights (as the CPU backend holds them)", title_justify="left")
-    for col in ("type", "decode GB/s", "4 columns ×", "prompt GFLOP/s", "prompt s per GB streamed"):
+    t = Table(title=f"Weights (on {cal.device})" if cal.device else "Weights (as the CPU backend holds them)",
+              title_justify="left")
+    for col in ("type", "decode GB/s", "4 columns ×", "prompt GFLOP/s", "prompt ms per GB streamed"):
         t.add_column(col, justify="left" if col == "type" else "right")
     for k in sorted(cal.matvec_s_per_byte):
         mv = cal.matvec_s_per_byte[k]
@@ -462,13 +470,13 @@ def render_calibration(con, sc) -> None:
         sb = cal.matmul_s_per_byte.get(k)
         c4 = cal.matcols_s_per_byte.get(k, {}).get("4")     # a 4-column step (-npl 4) against one mat-vec
         t.add_row(k, f"{1e-9 / mv:.1f}", f"{c4 / mv:.2f}" if c4 else "-", f"{1e-9 / fl:.1f}" if fl else "-",
-                  f"{sb * 1e9:.2f}" if sb is not None else "-")
+                  f"{sb * 1e12:.3g}" if sb is not None else "-")
     con.print(t)
     a = Table(title="Attention per head x (head_k + head_v) x cell", title_justify="left")
-    for col in ("K/V, flash attention", "decode ns", "prompt ns"):
+    for col in ("K/V, flash attention", "decode ps", "prompt ps"):
         a.add_column(col, justify="left" if col.startswith("K/V") else "right")
-    for k in sorted(cal.attn_tg_s):
-        a.add_row(k, f"{cal.attn_tg_s[k] * 1e9:.4f}", f"{cal.attn_pp_s.get(k, 0) * 1e9:.4f}")
+    for k in sorted(cal.attn_tg_s):      # picoseconds: a GPU's cell costs are a thousandth of a CPU's
+        a.add_row(k, f"{cal.attn_tg_s[k] * 1e12:.3g}", f"{cal.attn_pp_s.get(k, 0) * 1e12:.3g}")
     con.print(a)
     for n in cal.notes:
         con.print(f"[yellow]Note: {n}[/]")
