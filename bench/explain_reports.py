@@ -35,7 +35,13 @@ from edgekv.edges.home import verified_sha256  # noqa: E402
 from edgekv.orchestration.api import load_model  # noqa: E402
 from edgekv.orchestration.calibrate import runtime_baseline  # noqa: E402
 from edgekv.orchestration.procpredict import ProcessSettings, predict_processes  # noqa: E402
-from edgekv.orchestration.speedpredict import SpeedInputs, calibration_for, model_speed_shape, speed_block  # noqa: E402
+from edgekv.orchestration.speedpredict import (  # noqa: E402
+    SpeedInputs,
+    calibration_for,
+    model_speed_shape,
+    speed_block,
+    with_graph,
+)
 from edgekv.orchestration.sweeprecord import attach_process, attach_speed  # noqa: E402
 from edgekv.records import results as R  # noqa: E402
 from edgekv.records import schema as S  # noqa: E402
@@ -118,7 +124,10 @@ def attach_speeds(m, cases: list, cpu_features: list[str], graph, stamp: S.Predi
             continue
         cal_id = cal.id
         for r, x in group:
-            block = speed_block(sh, cal, x)
+            # the record's own dry-run graph size where it has one (a quantized cache adds nodes)
+            eng = r.prediction.engine if r.prediction else None
+            own = getattr(eng, "graph", None) if eng not in (None, S.UNSET) else None
+            block = speed_block(with_graph(sh, own if isinstance(own, dict) else None), cal, x)
             attach_speed(r, block)
             r.prediction.speed.predicted_after_measurement = stamp
             n += not block.error
