@@ -257,6 +257,15 @@ def device_runtime_from_probe(res: dict[str, Any], per_node: float | None = None
     return device, host, "the GPU runtime after a first prompt batch and decodes of the probe model" + why
 
 
+def gpu_identity() -> dict[str, Any]:
+    """The GPUs a device calibration depends on: their names and the driver (NVML), so a new card or driver
+    re-measures it."""
+    from edgekv.edges.environment import nvidia_info
+
+    nv = nvidia_info() or {}
+    return {"gpus": [d.get("name") for d in nv.get("devices") or []], "driver": nv.get("driver")}
+
+
 def device_runtime(gpu: str, flash_attn: bool = True, type_k: str = "f16", type_v: str = "f16") -> DeviceRuntime:
     """The GPU runtime's own memory for this environment and GPU (``gpu``: its name), cached like the baseline.
 
@@ -265,11 +274,8 @@ def device_runtime(gpu: str, flash_attn: bool = True, type_k: str = "f16", type_
     and kernels the probe then loads too (on the H200 of bench/README.md: about 100 MiB of device and 110 MiB of
     host memory), and each K/V type loads its own attention kernels.  A second, deeper probe gives the host memory
     of CUDA graphs per graph node."""
-    from edgekv.edges.environment import nvidia_info
-
-    nv = nvidia_info() or {}
-    fp = {**fingerprint("python"), "gpu": gpu, "gpus": [d.get("name") for d in nv.get("devices") or []],
-          "driver": nv.get("driver"), "flash_attn": flash_attn, "type_k": type_k, "type_v": type_v, "version": 2}
+    fp = {**fingerprint("python"), "gpu": gpu, **gpu_identity(), "flash_attn": flash_attn, "type_k": type_k,
+          "type_v": type_v, "version": 2}
     key = _key(fp)
     path = edgekv_home() / "calibration" / f"device-runtime-{key}.json"
     try:

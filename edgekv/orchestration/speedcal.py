@@ -116,10 +116,9 @@ def _key(n_threads: int, repack: bool, llama_bench: str | None = None, device: s
     base = fingerprint("llama-bench", llama_bench) if llama_bench else fingerprint("python")
     fp = {**base, "speed": CAL_VERSION, "model": SPEED_MODEL_VERSION, "threads": n_threads, "repack": repack}
     if device:      # a GPU calibration: also the cards and their driver (a new card or driver re-measures)
-        from edgekv.edges.environment import nvidia_info
+        from edgekv.orchestration.calibrate import gpu_identity
 
-        nv = nvidia_info() or {}
-        fp.update({"device": device, "gpus": [d.get("name") for d in nv.get("devices") or []], "driver": nv.get("driver")})
+        fp.update({"device": device, **gpu_identity()})
     return fingerprint_key(fp), fp
 
 
@@ -364,21 +363,28 @@ def solve_vocab(results: list[dict], cal: Calibration) -> float:
     return max(0.0, (dt - out_bytes * cal.matvec_s_per_byte["q8_0"]) / dv)
 
 
+def _probe_shape(model_path: str, graph: dict[str, int] | None, cpu_features: list[str], repack: bool):
+    """The speed shape of one of the calibration's own models (its header as edgekv wrote it)."""
+    from edgekv.core.arch import shape_from_metadata
+    from edgekv.core.speed import speed_shape
+    from edgekv.edges.gguf_header import read_header_file
+
+    header = read_header_file(model_path)
+    shape = shape_from_metadata(header.metadata, model_path, header.value_types)
+    return speed_shape(shape, list(header.tensors), cpu_features, repack, graph)
+
+
 def solve_bodies(results: list[dict], plan: list[dict[str, Any]], cal: Calibration) -> None:
     """Fill cal's node costs at each body probe's widths: its decode and prompt time less what the rest of the model
     predicts (the token or ubatch cost, its logits, its Q8_0 weights and output, its attention at depth 0), over its
     graph's nodes."""
-    from edgekv.core.arch import shape_from_metadata
-    from edgekv.core.speed import attn_units_tg, speed_shape
-    from edgekv.edges.gguf_header import read_header_file
+    from edgekv.core.speed import attn_units_tg
 
     f16 = kv_key("f16", "f16", "auto")
     for m in plan:
         r = _by(results, m["key"])
-        header = read_header_file(m["model_path"])
-        shape = shape_from_metadata(header.metadata, m["model_path"], header.value_types)
         g = r["tg"]["graph"]
-        sh = speed_shape(shape, list(header.tensors), [], False, g)
+        sh = _probe_shape(m["model_path"], g, [], False)
         w_bytes = sum(x.bytes for x in sh.groups)
         body_params = sum(x.params for x in sh.groups if not x.output)
         o_bytes = sum(x.bytes for x in sh.groups if x.output)
@@ -434,17 +440,13 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
                   repack: bool) -> None:
     """Fill cal's mat-vec and mat-mat coefficients for each weight model of ``plan`` (the node and attention costs
     already in ``cal`` are taken out first)."""
-    from edgekv.core.arch import shape_from_metadata
-    from edgekv.core.speed import attn_units_tg, speed_shape
-    from edgekv.edges.gguf_header import read_header_file
+    from edgekv.core.speed import attn_units_tg
 
     for m in plan:
         r = _by(results, m["key"])
-        header = read_header_file(m["model_path"])
-        shape = shape_from_metadata(header.metadata, m["model_path"], header.value_types)
         # on a GPU every matrix sits in the device's buffer: no CPU extra buffer applies
         feats, rp = ([], False) if cal.device else (cpu_features, repack)
-        sh = speed_shape(shape, list(header.tensors), feats, rp, r["tg"]["graph"])
+        sh = _probe_shape(m["model_path"], r["tg"]["graph"], feats, rp)
         mats = [g for g in sh.groups if not g.output]
         outs = [g for g in sh.groups if g.output]
         key = mats[0].key
