@@ -154,6 +154,8 @@ def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
         assert sp["calibration_id"] == c["id"] and sp["calibrated_with"] == c["runtime"], sp
         assert sp["tg"]["tokens_per_s"] > 0 and sp["pp"]["tokens_per_s"] > 0
         assert rec["speed_residual"]["tg_pct"] is not None
+        # each configuration's own graph size (llama.cpp's dry run per K/V pair; a quantized cache adds nodes)
+        assert sp["tg"]["parts"][0]["source"].startswith(("936 " if t == "f16" else "1296 ") + "graph nodes"), sp
         mem = rec["memory"]
         # measured from outside: the mapped weights (92 MiB) and the cache are resident; the sampled peak and the
         # kernel's own maximum agree to a few pages

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from edgekv.core.predict import STATUS_OK
+from edgekv.core.predict import STATUS_OK, ContextParams
 from edgekv.core.shape import MEMORY_KV
 from edgekv.edges.engine import EngineResult
 from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_SERVER, Case, SweepSpec
@@ -156,7 +156,8 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
     out: dict[str, SpeedPrediction] = {}
     if not run:
         return out
-    dry = next((r for r in engine_results.values() if r.ok and r.log.graph), None) or _dry_run(spec, run[0])
+    own = {**engine_results, **_graph_runs(spec, [c for c in run if not _has_graph(engine_results.get(c.key))])}
+    dry = next((r for r in own.values() if r.ok and r.log.graph), None)
     graph = dry.log.graph if dry is not None else None
     # the GPU llama.cpp put the dry run's buffers on: every layer there is the GPU form, a split is not predicted
     device, why = offload_device(spec.n_gpu_layers, spec.model.shape.n_layer,
@@ -187,20 +188,30 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
             emit("note", {"message": f"speed calibration: {note}"})
         for c, x in zip(cases, xs):
             # each configuration's own graph size (a quantized cache adds nodes: SmolLM2 936 with f16, 1296 with q8_0)
-            own = engine_results.get(c.key)
-            sh_c = with_graph(sh, own.log.graph if own is not None and own.ok else None)
+            sh_c = with_graph(sh, own[c.key].log.graph if _has_graph(own.get(c.key)) else None)
             out[c.key] = speed_block(sh_c, cal, x, note if cal is None else None)
     return out
 
 
-def _dry_run(spec: SweepSpec, case: Case) -> EngineResult | None:
-    """llama.cpp's dry run of one configuration (its graph size and the devices of its buffers), None when it fails."""
+def _has_graph(r: EngineResult | None) -> bool:
+    return r is not None and r.ok and bool(r.log.graph)
+
+
+def _graph_runs(spec: SweepSpec, cases: list[Case]) -> dict[str, EngineResult]:
+    """llama.cpp's dry run of the configurations that have none (a --llama-bench sweep), for their graph sizes and
+    the devices of their buffers: one per distinct setting but the context size (a quantized cache adds nodes:
+    SmolLM2 936 with f16, 1296 with q4_0), in one session; the cases it could not run are left out."""
     from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
 
+    firsts: dict[ContextParams, Case] = {}
+    for c in cases:
+        firsts.setdefault(replace(c.params, n_ctx=0), c)
+    if not firsts:
+        return {}
     try:
         with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
-            (r,) = eng.run([case.params])
-        return r if r.ok else None
+            res = dict(zip(firsts, eng.run([c.params for c in firsts.values()])))
     except EngineError:
-        return None
+        return {}
+    return {c.key: res[replace(c.params, n_ctx=0)] for c in cases if _has_graph(res[replace(c.params, n_ctx=0)])}
