@@ -11,6 +11,8 @@ Targets (issue 26): decode within ±10 %, prefill within ±15 %, on every config
     .venv/bin/python bench/speed_model.py                     # measure what is missing (resumes), write the table
     .venv/bin/python bench/speed_model.py --depths 512,1920   # the depths to measure (default 512,2048,4096,8192)
     .venv/bin/python bench/speed_model.py --table-only        # rewrite the table from the stored records
+    .venv/bin/python bench/speed_model.py --out DIR --previous bench/results/speed_model
+                                                # a second round into DIR, beside the first round's measurements
 
 Run it on a quiet machine: the records say when other work used the CPUs (``load.busy``), and the table marks them.
 """
@@ -38,8 +40,8 @@ def edgekv() -> list[str]:
     return [sys.executable, "-m", "edgekv.cli"]
 
 
-def run(model: str, variant: str, depths: str) -> Path:
-    out = OUT / f"{model}-{variant}.jsonl"
+def run(model: str, variant: str, depths: str, outdir: Path = OUT) -> Path:
+    out = outdir / f"{model}-{variant}.jsonl"
     types = TYPES if variant == "base" else VARIANT_TYPES
     ds = depths.split(",") if variant == "base" else [depths.split(",")[min(1, len(depths.split(",")) - 1)]]
     extra = list(VARIANTS[variant])
@@ -56,9 +58,9 @@ def run(model: str, variant: str, depths: str) -> Path:
     return out
 
 
-def rows() -> list[dict]:
+def rows(outdir: Path = OUT) -> list[dict]:
     out = []
-    for f in sorted(OUT.glob("*.jsonl")):
+    for f in sorted(outdir.glob("*.jsonl")):
         model, variant = f.stem.rsplit("-", 1)
         for line in f.read_text().splitlines():
             r = json.loads(line)
@@ -77,16 +79,25 @@ def rows() -> list[dict]:
     return out
 
 
-def table(rs: list[dict]) -> str:
+def _key(r: dict) -> tuple:
+    return r["model"], r["variant"], r["depth"], r["type"], r["test"]
+
+
+def table(rs: list[dict], previous: list[dict] | None = None) -> str:
+    """The Markdown table; with ``previous`` (an earlier round's rows) a column of that round's measurement of the
+    same configuration and a line on how far the two rounds' measurements are apart (this VM's own noise)."""
     sett = {"base": "defaults", "t1": "-t 1", "ub256": "-ub 256 -p 512", "llamabench": "--llama-bench"}
-    lines = ["| model | settings | depth | K/V | test | measured t/s | predicted t/s | measured − predicted | within |",
-             "|---|---|---:|---|---|---:|---:|---:|:-:|"]
+    prev = {_key(r): r for r in previous or []}
+    lines = ["| model | settings | depth | K/V | test | measured t/s | predicted t/s | measured − predicted | within |"
+             + (" earlier round t/s |" if previous else ""),
+             "|---|---|---:|---|---|---:|---:|---:|:-:|" + ("---:|" if previous else "")]
     for r in rs:
         target = TG_TARGET if r["test"] == "tg" else PP_TARGET
         ok = abs(r["pct"]) <= target
+        p = prev.get(_key(r))
         lines.append(f"| {r['model']} | {sett[r['variant']]} | {r['depth']} | {r['type']} | {r['test']} | "
                      f"{r['measured']:.1f} | {r['predicted']:.1f} | {r['pct']:+.1f} % | {'✓' if ok else '✗'}"
-                     f"{' busy' if r['busy'] else ''} |")
+                     f"{' busy' if r['busy'] else ''} |" + ((f" {p['measured']:.1f} |" if p else " |") if previous else ""))
     if rs:
         for test, target in (("tg", TG_TARGET), ("pp", PP_TARGET)):
             sub = [r for r in rs if r["test"] == test]
@@ -96,6 +107,12 @@ def table(rs: list[dict]) -> str:
             worst = max(sub, key=lambda r: abs(r["pct"]))
             lines += ["", f"{test}: {n_ok} of {len(sub)} within ±{target:g} %; worst {worst['pct']:+.1f} % "
                           f"({worst['model']}, {sett[worst['variant']]}, depth {worst['depth']}, {worst['type']})."]
+            both = [(r, prev[_key(r)]) for r in sub if _key(r) in prev]
+            if both:
+                apart = sorted(abs(r["measured"] - p["measured"]) / p["measured"] * 100 for r, p in both)
+                lines += ["", f"{test}, the two rounds' measurements of the same {len(both)} configurations: "
+                              f"median {apart[len(apart) // 2]:.1f} % apart, at most {apart[-1]:.1f} %; "
+                              f"{sum(1 for x in apart if x > target)} more than ±{target:g} % apart."]
     return "\n".join(lines)
 
 
@@ -116,13 +133,15 @@ def main() -> int:
     ap.add_argument("--depths", default="512,2048,4096,8192")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", type=Path, default=OUT, help="the records' folder (resumed; default %(default)s)")
+    ap.add_argument("--previous", type=Path, help="an earlier round's records folder, shown beside this round's")
     a = ap.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
+    a.out.mkdir(parents=True, exist_ok=True)
     if not a.table_only:
         for model in a.models.split(","):
             for variant in a.variants.split(","):
-                run(model, variant, a.depths)
-    t = table(rows())
+                run(model, variant, a.depths, a.out)
+    t = table(rows(a.out), rows(a.previous) if a.previous else None)
     print(t)
     write_readme(t)
     return 0

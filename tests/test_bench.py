@@ -162,6 +162,22 @@ def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
         assert mem["peak_rss_bytes"] > 92 * MIB
         assert abs(mem["peak_rss_bytes"] - mem["kernel_maxrss_bytes"]) < 4 * MIB
     assert recs[("f16",)]["memory"]["peak_rss_bytes"] > recs[("q4_0",)]["memory"]["peak_rss_bytes"]
+    # predict --llama-bench: the speed from the same binary's calibration (cached above, not measured again), the
+    # process over that binary's own runtime baseline
+    from edgekv.orchestration.sweepplan import binary_baseline
+
+    p = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-c", "1024", "-ctk", "f16,q4_0",
+                        "--llama-bench", str(llama_bench_exe), "-t", "2", *rp, "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    base = binary_baseline(str(llama_bench_exe)).bytes
+    for rec in json.loads(p.stdout):
+        sp = rec["prediction"]["speed"]
+        assert sp["calibration_id"] == c["id"] and sp["calibrated_with"] == c["runtime"], sp
+        assert sp["tg"]["parts"][0]["source"].startswith(
+            ("936 " if rec["settings"]["type_k"] == "f16" else "1296 ") + "graph nodes")
+        (rt,) = [x for x in rec["prediction"]["process"]["parts"] if x["name"] == "runtime baseline"]
+        assert rt["bytes"] == base
 
 
 def test_default_depth_and_invalid_combination(smollm2_path, tmp_path):

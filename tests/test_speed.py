@@ -279,6 +279,60 @@ def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
     assert kept.cal.busy and not kept.remeasured and "EDGEKV_SPEED_CALIBRATE=cached" in kept.note
 
 
+def test_a_machine_that_changed_under_its_calibration_is_measured_again(monkeypatch, tmp_path):
+    """The drift sentinel: a cached calibration's own weight-model decode, timed again; more than DRIFT_LIMIT apart
+    from the time it took then, the calibration is measured again and the note says why."""
+    from edgekv.edges import load as L
+    from edgekv.orchestration import speedcal as S
+
+    monkeypatch.setattr(L.LoadMonitor, "start", lambda self: None)
+    monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": False})
+    monkeypatch.setattr(S, "_path", lambda t, r, lb=None, dev="": tmp_path / f"test-drift-t{t}-r{int(r)}.json")
+    monkeypatch.setattr(S, "_types_needed", lambda cal, types, feats, repack: [t for t in types
+                                                                               if t not in cal.matvec_s_per_byte])
+    monkeypatch.setattr(S, "solve_weights", lambda res, plan, cal, feats, repack: [
+        cal.matvec_s_per_byte.__setitem__(m["type"], 1e-10) for m in plan])
+    slow = [1.0]
+
+    def run(models, progress, timeout=600.0):
+        return [{**r, "ns": [int(n * slow[0]) for n in r["ns"]]} for r in _fake_results(models)]
+
+    monkeypatch.setattr(S, "_run", run)
+    first = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"])
+    assert first.remeasured
+    same = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0")
+    assert not same.remeasured and same.cal.id == first.cal.id
+    slow[0] = 1.5                                 # the same decode now takes 1.5x the time
+    named = S._named
+    monkeypatch.setattr(S, "_named", lambda cal, key, n, rt, dev="": named(cal, "later-" + key, n, rt)
+                        if cal is None else named(cal, key, n, rt))
+    again = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0")
+    assert again.remeasured and again.cal.id != first.cal.id
+    assert again.note.startswith(f"this machine now decodes the calibration's q8_0 weight model 33 % slower than when "
+                                 f"it was calibrated ({first.cal.id}; more than ±20 % apart): re-measured"), again.note
+    # measuring off (EDGEKV_SPEED_CALIBRATE=cached): nothing is timed, the cached calibration is used
+    slow[0] = 3.0
+    kept = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0", measure=False)
+    assert not kept.remeasured and kept.cal.id == again.cal.id
+
+
+def test_the_drift_sentinel_times_the_real_decode(real_cal, tmp_path):
+    """check_drift runs the calibration's own weight model through llama.cpp again: against the real calibration's
+    timing it gives a positive ratio; against a record of the same decode four times as fast it names the change."""
+    from edgekv.orchestration import speedcal as S
+
+    key, _fp = S._key(2, RP[1] == "1")
+    raw = S._cached_raw(S._path(2, RP[1] == "1"), key)
+    assert any(r["model"] == "w_q4_1" and r["step"] == "tg" for r in raw)
+    ratio = S.check_drift(raw, "q4_1", 2, RP[1] == "1", S._run)
+    assert ratio is not None and ratio > 0
+    fast = [{**r, "ns": [n // 4 for n in r["ns"]]} if r["model"] == "w_q4_1" else r for r in raw]
+    S.write_json(tmp_path / "then.json", {"key": key, "raw": fast})
+    why = S._drifted(real_cal, tmp_path / "then.json", key, "q4_1", 2, RP[1] == "1", S._run, "")
+    assert why.startswith("this machine now decodes the calibration's q4_1 weight model") and "slower" in why, why
+    assert S.check_drift(raw, "q5_1", 2, RP[1] == "1", S._run) is None       # no timing of that type then: no check
+
+
 def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_work():
     """Qwen3 8B's 32 x 128 heads cost 4x the generic model's per cell: its decode differences are 1/4 as deep
     (quantized caches from depth 128, f16 keeps split-KV's 512-cell view), its prompts half as long over half

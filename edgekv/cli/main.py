@@ -72,6 +72,10 @@ MIN_TG_OPT = typer.Option(None, "--min-tg", show_default=False,
                                "at full depth (predicted on this machine).")
 PREDICT_DEPTH_OPT = typer.Option(None, "-d", "--n-depth", show_default=False,
                                  help="Depth the speed is predicted at (default: the context minus -p 512).")
+PREDICT_LLAMA_BENCH_OPT = typer.Option(None, "--llama-bench", show_default=False,
+                                       help="Predict for your own llama-bench binary: its speed from a calibration "
+                                            "measured through it (as 'edgekv bench --llama-bench' does), the process "
+                                            "over its own runtime baseline.")
 PREDICT_REPACK_OPT = typer.Option("1", "--repack", help="llama-bench's --repack 0|1: predict with the CPU backend's "
                                                         "AMX / CPU_REPACK weight copies (1, llama.cpp's default) or "
                                                         "without them (0, llama.cpp's -nr).")
@@ -172,13 +176,14 @@ def predict(
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the llama.cpp command each row assumes."),
     min_tg: Optional[float] = MIN_TG_OPT,
     depth: Optional[int] = PREDICT_DEPTH_OPT,
+    llama_bench: Optional[str] = PREDICT_LLAMA_BENCH_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Exact KV-cache bytes from the GGUF header, the whole llama.cpp process's peak memory, its speed here."""
     from edgekv.orchestration.api import load_model
     from edgekv.orchestration.predictrows import run_predict
 
-    speed_flags = _speed_flags(depth, min_tg, budget, kv_only)
+    speed_flags, lb = _speed_flags(depth, min_tg, budget, kv_only), _llama_bench_path(llama_bench)
     spec_name = pick_model(model, model_opt)
     _check_process_flags(workload, threads)
     m = load_model(spec_name)
@@ -186,7 +191,7 @@ def predict(
     req = _predict_request(ctxs, cache_type_k, cache_type_v, flash_attn, swa_full, parallel, kv_unified, ubatch_size,
                            batch_size, n_rs_seq, budget, workload, threads, no_mmap, n_gpu_layers, repack)
     req.engine, req.kv_only, req.verbose = engine, kv_only, verbose
-    req.depth, req.min_tg = speed_flags
+    (req.depth, req.min_tg), req.llama_bench = speed_flags, lb
     req.layers, req.with_layers_json = layers and not as_json, layers and as_json
     _notes(m)
     out = run_predict(m, req)
@@ -208,6 +213,15 @@ def _show_predict(m, req, out, engine: bool) -> None:
         con.print(f"Note: {note}")
     if out.budget is not None:
         render_budget(con, m, req.budget_bytes, out.budget)
+
+
+def _llama_bench_path(path: Optional[str]) -> Optional[str]:
+    """--llama-bench PATH checked (an executable file), as an absolute path; None when not given."""
+    if path is None:
+        return None
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise UsageError(f"--llama-bench: {path} is not an executable file")
+    return os.path.abspath(path)
 
 
 def _speed_flags(depth: Optional[int], min_tg: Optional[float], budget: Optional[str],

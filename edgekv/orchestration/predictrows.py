@@ -93,6 +93,7 @@ class PredictRequest:
     n_gen: int = 128
     speed: bool = True              # predict tokens/s too (calibrating this machine when needed)
     min_tg: float | None = None     # --budget with --min-tg: decode at full depth at least this fast
+    llama_bench: str | None = None  # --llama-bench: speed calibrated through that binary, the process over its baseline
 
 
 @dataclass
@@ -169,16 +170,18 @@ def _fit_marks(out: PredictOutcome) -> None:
                                  f"predicted peak + margin): {', '.join(out_of)}")
 
 
-def _calibrating_line():
+def _calibrating_line(llama_bench: str | None = None):
     """A progress callback that says once, on stderr, that predict is calibrating this machine's speed."""
     import sys
 
     started = []
+    via, again = (f" through {llama_bench}", f"edgekv calibrate --llama-bench {llama_bench}") if llama_bench \
+        else ("", "edgekv calibrate")
 
     def progress(step: str) -> None:
         if not started:
-            sys.stderr.write("edgekv: calibrating this machine's speed (once per environment and thread count; "
-                             "'edgekv calibrate' re-measures) ...\n")
+            sys.stderr.write(f"edgekv: calibrating this machine's speed{via} (once per environment and thread count; "
+                             f"'{again}' re-measures) ...\n")
             started.append(1)
 
     return progress
@@ -248,12 +251,14 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
     feats = runtime_baseline().cpu_features
     base = model_speed_shape(m, feats, p.use_extra_bufts, next(iter(graphs.values())), device)
     shapes = {pair: with_graph(base, g) for pair, g in graphs.items()}
-    cal, note = calibration_for(base, xs, feats, progress=_calibrating_line(), allow_busy=True)
+    cal, note = calibration_for(base, xs, feats, progress=_calibrating_line(req.llama_bench), allow_busy=True,
+                                llama_bench=req.llama_bench)
     if note and cal is not None:
         out.process_notes.append(f"speed calibration: {note}")
     if cal is not None and cal.notes:
+        again = f"edgekv calibrate --llama-bench {req.llama_bench}" if req.llama_bench else "edgekv calibrate"
         out.process_notes.append("speed calibration: " + "; ".join(cal.notes) + " (re-measure on a quiet machine: "
-                                 "'edgekv calibrate')")
+                                 f"'{again}')")
     for r, x in zip(ok, xs):
         r.prediction.speed = speed_block(shapes.get((x.type_k, x.type_v), base), cal, x, note)
     if cal is not None:
@@ -316,8 +321,11 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
     seen: dict[str, Any] = {}
     if not req.kv_only:
         from edgekv.orchestration.procpredict import process_blocks
+        from edgekv.orchestration.sweepplan import binary_baseline
 
-        processes, notes = process_blocks(m, req.configs, req.process, seen=seen)
+        # --llama-bench: the process of that binary's build (its own runtime baseline), like bench --llama-bench
+        processes, notes = process_blocks(m, req.configs, req.process, seen=seen,
+                                          baseline=binary_baseline(req.llama_bench) if req.llama_bench else None)
     notes = ([m.incomplete] if m.incomplete else []) + notes
     out = PredictOutcome(predict_records(m, req.configs, engine=req.engine, n_gpu_layers=req.n_gpu_layers,
                                          with_layers=req.with_layers_json, processes=processes), notes)

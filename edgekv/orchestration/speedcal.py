@@ -64,6 +64,11 @@ DEVICE_ATTN_PP_DEPTHS = (0, 8192)
 # a GPU returns every decoded token's logits to the host: a narrow model with Gemma 3's vocabulary beside nodes_a
 VOCAB_SHAPE = {**NODE_SHAPES["nodes_a"], "n_vocab": 262144}
 BODY_PP_N = 512
+# a cached calibration is checked against the machine as it is now: the decode of its own weight model of the model's
+# main weight type, timed again (a second or two); when that takes DRIFT_LIMIT more or less time than it did, the
+# machine has changed under it (a 2-vCPU VM measured its q4_1 decode 0.71x and its q8_0 prompt 1.05x the time of
+# four hours before, bench/README.md) and everything is measured again
+DRIFT_LIMIT = 0.20
 DEFAULT_KV = (("f16", "f16"), ("q8_0", "q8_0"), ("q5_0", "q5_0"), ("q4_0", "q4_0"))
 
 
@@ -555,6 +560,63 @@ def _read_cache(path, key: str, refresh: bool) -> tuple[Calibration | None, str]
     return cal, note
 
 
+def _cached_raw(path, key: str) -> list[dict]:
+    try:
+        c = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    raw = c.get("raw") if isinstance(c, dict) and c.get("key") == key else None
+    return raw if isinstance(raw, list) else []
+
+
+def check_drift(raw: list[dict], weight_type: str, n_threads: int, repack: bool, run: Runner,
+                device: str = "") -> float | None:
+    """How long the calibration's own decode of its ``weight_type`` weight model takes now, as a multiple of the time
+    it took when calibrated (``raw``: the calibration's timings); None when the calibration holds no such timing."""
+    name = f"w_{weight_type.lower()}"
+    then = [r for r in raw if isinstance(r, dict) and r.get("model") == name and r.get("step") == "tg" and r.get("ns")]
+    if not then:
+        return None
+    plan = weight_plan([weight_type], n_threads, repack, device)
+    plan[0]["contexts"][0]["steps"] = [_step("tg", "tg", 0, TG_N, 5, 2)]
+    now = _by(run(plan, None), name).get("tg")
+    if not now or not now.get("ns"):
+        return None
+    return _median_s(now["ns"]) / _median_s(then[-1]["ns"])
+
+
+def _drifted(cal: Calibration, path, key: str, sentinel: str, n_threads: int, repack: bool, run: Runner,
+             device: str) -> str:
+    """Why the cached ``cal`` is measured again (the machine now runs its sentinel DRIFT_LIMIT faster or slower), or
+    "" when it still holds."""
+    try:
+        ratio = check_drift(_cached_raw(path, key), sentinel, n_threads, repack, run, device)
+    except CalibrationError:
+        return ""
+    if ratio is None or abs(ratio - 1.0) <= DRIFT_LIMIT:
+        return ""
+    how = f"{100 * (1 / ratio - 1):.0f} % faster" if ratio < 1 else f"{100 * (1 - 1 / ratio):.0f} % slower"
+    return (f"this machine now decodes the calibration's {sentinel} weight model {how} than when it was calibrated "
+            f"({cal.id}; more than ±{100 * DRIFT_LIMIT:.0f} % apart): re-measured")
+
+
+def _still_holds(cal: Calibration, note: str, measure: bool, sentinel: str | None,
+                 drifted: Callable[[str], str]) -> tuple[Calibration | None, str]:
+    """The cached ``cal`` when it may be used (None: measure again) and the note: a busy calibration is measured
+    again, or (measuring off) used and named; one whose ``sentinel`` weight type now decodes DRIFT_LIMIT faster or
+    slower (``drifted``) is measured again."""
+    if cal.busy:
+        if measure:     # never reuse figures a busy machine gave: this run measures again
+            return None, "the cached calibration was taken while other work used the CPUs: re-measured"
+        return cal, (f"the cached calibration was taken while other work used the CPUs and {SPEED_CALIBRATE_ENV}=cached: "
+                     "its predictions are marked; 'edgekv calibrate' re-measures")
+    if measure and sentinel and sentinel in cal.matvec_s_per_byte:
+        why = drifted(sentinel)
+        if why:
+            return None, why
+    return cal, note
+
+
 def _named(cal: Calibration | None, key: str, n_threads: int, runtime: str, device: str = "") -> Calibration:
     """``cal``, or a new one with nothing measured yet, with its machine (and GPU) and runtime named."""
     if cal is None:
@@ -638,7 +700,8 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
               kv_pairs: Iterable[tuple[str, str, str]] = (), cpu_features: list[str] | None = None,
               refresh: bool = False, progress: Callable[[str], None] | None = None,
               allow_busy: bool = False, geometries: Iterable[str] = (), measure: bool = True,
-              llama_bench: str | None = None, device: str = "", bodies: Iterable[str] = ()) -> SpeedCalibration:
+              llama_bench: str | None = None, device: str = "", bodies: Iterable[str] = (),
+              sentinel: str | None = None) -> SpeedCalibration:
     """The cached calibration for this environment, thread count and --repack, with every weight type and K/V pair
     (for each attention geometry in ``geometries``) asked for measured (only what is missing is measured;
     everything when absent, stale or ``refresh``).  ``measure`` False: only what is cached, and CalibrationError
@@ -646,18 +709,16 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     llama-bench at that path, cached apart (keyed by that binary).  ``device``: a GPU calibration, every layer of
     every calibration model offloaded to that ggml device (CUDA0, Metal), cached apart (keyed by it, the cards
     and their driver); ``bodies``: the widths (edgekv.core.speed.body_geometry) of the models it will predict, whose
-    node cost a GPU calibration measures on a probe of those widths."""
+    node cost a GPU calibration measures on a probe of those widths.  ``sentinel``: a weight type whose decode is
+    timed again to check that a cached calibration still describes the machine (DRIFT_LIMIT; only when measuring)."""
     from edgekv.edges.load import LoadMonitor
 
     key, fp = _key(n_threads, repack, llama_bench, device)
     path = _path(n_threads, repack, llama_bench, device)
     cal, note = _read_cache(path, key, refresh)
-    if cal is not None and cal.busy:
-        if measure:     # never reuse figures a busy machine gave: this run measures again
-            cal, note = None, "the cached calibration was taken while other work used the CPUs: re-measured"
-        else:
-            note = (f"the cached calibration was taken while other work used the CPUs and {SPEED_CALIBRATE_ENV}=cached: "
-                    "its predictions are marked; 'edgekv calibrate' re-measures")
+    if cal is not None:
+        cal, note = _still_holds(cal, note, measure, sentinel,
+                                 lambda t: _drifted(cal, path, key, t, n_threads, repack, _runner(llama_bench), device))
     feats = list(cpu_features or [])
     pairs = list(kv_pairs) or [(k, v, "auto") for k, v in DEFAULT_KV]
     new = cal is None

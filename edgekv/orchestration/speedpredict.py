@@ -65,6 +65,14 @@ def weight_types(sh: SpeedShape) -> list[str]:
     return sorted({g.key.split("+")[0] for g in sh.groups})
 
 
+def main_weight_type(sh: SpeedShape) -> str | None:
+    """The weight type of most of the bytes a decoded token reads (the calibration's drift sentinel)."""
+    by: dict[str, float] = {}
+    for g in sh.groups:
+        by[g.key.split("+")[0]] = by.get(g.key.split("+")[0], 0.0) + g.bytes
+    return max(by, key=by.__getitem__) if by else None
+
+
 def dry_run_device(m, n_gpu_layers: int) -> str | None:
     """The GPU llama.cpp puts a model's buffers on with ``n_gpu_layers`` (one dry run: no weights read), None on a
     build without a GPU backend or when the dry run fails."""
@@ -173,7 +181,8 @@ def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[st
     try:
         sc = calibrate(next(iter(threads)), next(iter(repacks)), weight_types(sh), pairs, cpu_features,
                        progress=progress, allow_busy=allow_busy, geometries=geometries, measure=auto_measure(),
-                       llama_bench=llama_bench, device=next(iter(devices)), bodies=[sh.body] if sh.body else [])
+                       llama_bench=llama_bench, device=next(iter(devices)), bodies=[sh.body] if sh.body else [],
+                       sentinel=main_weight_type(sh))
     except CalibrationError as e:
         return None, str(e)
     except (OSError, ValueError) as e:

@@ -67,7 +67,7 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
     if spec.engine == ENGINE_LLAMA_BENCH:
         return _llama_bench_processes(spec, run)
     # the user's llama-server: the same process model over that binary's own runtime baseline
-    baseline = _binary_baseline(spec.llama_server) if spec.engine == ENGINE_SERVER else runtime_baseline()
+    baseline = binary_baseline(spec.llama_server) if spec.engine == ENGINE_SERVER else runtime_baseline()
     out: dict[str, Any] = {}
     try:
         with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
@@ -86,7 +86,7 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
     return out
 
 
-def _binary_baseline(binary: str):
+def binary_baseline(binary: str):
     """A llama.cpp binary's own runtime baseline; the CPU features (which weights the CPU backend repacks) are
     the machine's, and the Python runtime reports them where the binary does not."""
     from edgekv.orchestration.calibrate import runtime_baseline
@@ -105,7 +105,7 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
     from edgekv.errors import EngineError
     from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
 
-    baseline = _binary_baseline(spec.llama_bench)
+    baseline = binary_baseline(spec.llama_bench)
     out: dict[str, Any] = {}
     try:
         with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
