@@ -231,7 +231,10 @@ def _fake_results(models):
     out = []
     for m in models:
         for c in m["contexts"]:
-            for st in c["steps"]:
+            # an interleaved step (sequences at several depths, runs in turn) reports each depth as its own step
+            steps = [{**st, "key": f"{st['key']}{d}", "depth": d} for st in c["steps"]
+                     for d in st.get("depths") or [None]] if any("depths" in st for st in c["steps"]) else c["steps"]
+            for st in steps:
                 g = {"nodes_pp": 100, "nodes_tg": 90, "splits_pp": 1, "splits_tg": 1}
                 if m["key"] == "nodes_b":
                     g = {"nodes_pp": 1000, "nodes_tg": 900, "splits_pp": 1, "splits_tg": 1}
@@ -314,6 +317,29 @@ def test_a_machine_that_changed_under_its_calibration_is_measured_again(monkeypa
     slow[0] = 3.0
     kept = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0", measure=False)
     assert not kept.remeasured and kept.cal.id == again.cal.id
+
+
+def test_interleaved_attention_steps_run_in_turn_through_llama_cpp():
+    """edgekv's own probe takes an attention difference's two depths as two sequences of one context (a KV stream
+    each), their runs in turn: every run starts at exactly its depth (the child checks), and the deeper sequence's
+    runs take longer."""
+    from edgekv.orchestration import speedcal as S
+
+    (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, RP[1] == "1", interleave=True)
+    (c,) = m["contexts"]
+    assert c["params"]["n_seq_max"] == 2 and [st["depths"] for st in c["steps"]] == [list(S.ATTN_TG_DEPTHS),
+                                                                                       list(S.ATTN_PP_DEPTHS)]
+    for st in c["steps"]:
+        st["reps"] = 3
+    res = {r["step"]: r for r in S._run([m], None)}
+    d0, d1 = S.ATTN_TG_DEPTHS
+    p0, p1 = S.ATTN_PP_DEPTHS
+    assert set(res) == {f"tg{d0}", f"tg{d1}", f"pp{p0}", f"pp{p1}"}
+    assert all(len(r["ns"]) == 3 for r in res.values())
+    assert S._median_s(res[f"tg{d1}"]["ns"]) > S._median_s(res[f"tg{d0}"]["ns"])
+    assert S._median_s(res[f"pp{p1}"]["ns"]) > S._median_s(res[f"pp{p0}"]["ns"])
+    tg, pp = S.solve_attn(list(res.values()), kv_key("q8_0", "q8_0", "auto"), 2)
+    assert tg > 0 and pp > 0
 
 
 def test_the_drift_sentinel_times_the_real_decode(real_cal, tmp_path):

@@ -354,6 +354,10 @@ def _probe_steps(L, runner: _Runner, mem, steps: list[dict], where: str, ev: Eve
     cur = 0     # cells [0, cur) hold the last step's fill: a deeper step extends it instead of refilling
     for st in steps:
         ev.emit("progress", phase="calibrate", step=f"{where}/{st['key']}")
+        if "depths" in st:          # sequences at several depths, their runs taken in turn
+            out += _probe_interleaved(L, runner, mem, st, where)
+            cur = L.llama_memory_seq_pos_max(mem, 0) + 1
+            continue
         d, n = int(st["depth"]), int(st["n"])
         # back to min(d, cur) cells: a shallower step after a deeper one only drops cells (no refill)
         cur = min(d, cur)
@@ -383,6 +387,57 @@ def _probe_steps(L, runner: _Runner, mem, steps: list[dict], where: str, ev: Eve
             ns.append(time.perf_counter_ns() - t0)
         out.append({"step": st["key"], "test": st["test"], "depth": d, "n": n, "ns": ns[int(st.get("warmup", 1)):]})
     return out
+
+
+def _seq_tokens(L, runner: _Runner, seq: int, pos0: int, n: int, one_by_one: bool) -> list[_SeqBatch]:
+    """``n`` random tokens of sequence ``seq`` from position ``pos0``: batches of at most n_batch tokens (a prompt,
+    logits for its last token) or (``one_by_one``) one token each (generation, logits for each)."""
+    out: list[_SeqBatch] = []
+    for i in range(n):
+        if one_by_one or not out or out[-1].b.n_tokens == runner.n_batch:
+            out.append(_SeqBatch(L, runner.ctx, 1 if one_by_one else min(runner.n_batch, n - i), 1))
+        out[-1].add(runner.rng.randrange(runner.n_vocab), pos0 + i, seq, one_by_one or i == n - 1)
+    return out
+
+
+def _decode_timed(L, ctx, batches: list[_SeqBatch], what: str) -> int:
+    """The batches decoded, each synchronised (a generated token waits for the one before), in nanoseconds; then
+    freed."""
+    t0 = time.perf_counter_ns()
+    for b in batches:
+        b.decode(what)
+        L.llama_synchronize(ctx)
+    dt = time.perf_counter_ns() - t0
+    for b in batches:
+        b.free()
+    return dt
+
+
+def _probe_interleaved(L, runner: _Runner, mem, st: dict, where: str) -> list[dict[str, Any]]:
+    """One calibration step at several depths at once: sequence i (its own KV stream: the context has a stream per
+    sequence) filled to ``depths[i]``, then the runs taken in turn (shallow, deep, shallow, deep, ...), each from
+    exactly its depth.  A machine that slows down for seconds at a time slows both depths alike, where timing all
+    runs at one depth and then all at the other puts the slow stretch into the difference (bench/README.md: a step
+    repeated after the deep one ran up to 37 % slower on a 2-vCPU VM)."""
+    depths, n, gen = [int(d) for d in st["depths"]], int(st["n"]), st["test"] == "tg"
+    for s, d in enumerate(depths):
+        have = L.llama_memory_seq_pos_max(mem, s) + 1
+        if have > d and not L.llama_memory_seq_rm(mem, s, d, -1):
+            raise RuntimeError(f"llama.cpp could not shorten sequence {s} to {d} cells before {where}/{st['key']}")
+        if have < d:
+            _decode_timed(L, runner.ctx, _seq_tokens(L, runner, s, have, d - have, False), "filling the cache")
+    ns: list[list[int]] = [[] for _ in depths]
+    for _ in range(int(st.get("warmup", 1)) + int(st["reps"])):
+        for s, d in enumerate(depths):
+            L.llama_memory_seq_rm(mem, s, d, -1)
+            if L.llama_memory_seq_pos_max(mem, s) != d - 1:
+                raise RuntimeError(f"the calibration cache holds {L.llama_memory_seq_pos_max(mem, s) + 1} cells of "
+                                   f"sequence {s}, not {d}, before {where}/{st['key']}")
+            work = _seq_tokens(L, runner, s, d, n, gen)
+            ns[s].append(_decode_timed(L, runner.ctx, work, "generating" if gen else "processing a prompt"))
+    w = int(st.get("warmup", 1))
+    return [{"step": f"{st['key']}{d}", "test": st["test"], "depth": d, "n": n, "ns": ns[s][w:]}
+            for s, d in enumerate(depths)]
 
 
 # -- the measured run ---------------------------------------------------------------------------------

@@ -36,8 +36,8 @@ from typing import Any
 from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, weight_key
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 4           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
-# 4: the cost of a token and of a ubatch outside the graph's nodes
+CAL_VERSION = 5           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+# 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -180,10 +180,11 @@ def _run(models: list[dict[str, Any]], progress: Callable[[str], None] | None, t
 
 
 def _ctx(key: str, n_threads: int, steps: list[dict[str, Any]], n_ctx: int = 4096, n_batch: int = 512,
-         type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto") -> dict[str, Any]:
+         type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto", n_seq: int = 1) -> dict[str, Any]:
+    """A calibration context; ``n_seq`` sequences each get their own KV stream of ``n_ctx`` cells."""
     return {"key": key, "n_threads": n_threads, "steps": steps,
-            "params": {"n_ctx": n_ctx, "n_batch": n_batch, "n_ubatch": n_batch, "type_k": type_k, "type_v": type_v,
-                       "flash_attn": flash_attn}}
+            "params": {"n_ctx": n_ctx * n_seq, "n_batch": n_batch, "n_ubatch": n_batch, "type_k": type_k,
+                       "type_v": type_v, "flash_attn": flash_attn, "n_seq_max": n_seq}}
 
 
 def _step(key: str, test: str, depth: int, n: int, reps: int, warmup: int = 1) -> dict[str, Any]:
@@ -285,7 +286,9 @@ def attn_steps(geometry: str | None, split: bool, device: str = "") -> AttnSteps
 
 
 def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: bool,
-              geometry: str | None = None, device: str = "") -> list[dict[str, Any]]:
+              geometry: str | None = None, device: str = "", interleave: bool = False) -> list[dict[str, Any]]:
+    """The attention steps of each K/V pair at a geometry.  ``interleave`` (edgekv's own probe; llama-bench cannot):
+    the shallow and the deep depth as two sequences of one context, their runs taken in turn."""
     from edgekv.core.speed import split_kv_path
     from edgekv.edges.tinymodel import speed_model_path
 
@@ -293,6 +296,13 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
     for tk, tv, fa in pairs:
         a = attn_steps(geometry, split_kv_path(tk, tv, fa, device), device)
         tg_depths, pp_depths = a.tg_depths, a.pp_depths
+        n_ctx = max(4096, -(-(max(tg_depths[1] + TG_N, pp_depths[1] + a.pp_n) + 1) // 512) * 512)
+        if interleave:
+            steps = [{**_step("tg", "tg", 0, TG_N, 5), "depths": list(tg_depths)},
+                     {**_step("pp", "pp", 0, a.pp_n, 3), "depths": list(pp_depths)}]
+            ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, n_ctx=n_ctx, type_k=tk, type_v=tv,
+                             flash_attn=fa, n_seq=2))
+            continue
         steps = [_step(f"tg{d}", "tg", d, TG_N, 5) for d in tg_depths]
         steps += [_step(f"pp{d}", "pp", d, a.pp_n, 3) for d in pp_depths]
         steps.sort(key=lambda st: st["depth"])      # the child extends one fill from step to step
@@ -300,7 +310,6 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
         # shallow, so a machine that slows or speeds up steadily meanwhile does not bias it
         steps += [_step(f"tg{tg_depths[0]}b", "tg", tg_depths[0], TG_N, 5),
                   _step(f"pp{pp_depths[0]}b", "pp", pp_depths[0], a.pp_n, 3)]
-        n_ctx = max(4096, -(-(max(tg_depths[1] + TG_N, pp_depths[1] + a.pp_n) + 1) // 512) * 512)
         ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, n_ctx=n_ctx, type_k=tk, type_v=tv,
                          flash_attn=fa))
     name = "attn" if geometry is None else f"attn_{geometry}"
@@ -644,7 +653,7 @@ def _uncached_error(new: bool, want: dict[str | None, list[tuple[str, str, str]]
 def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tuple[str, str, str]]],
                      want_types: list[str], n_threads: int, repack: bool, feats: list[str],
                      progress: Callable[[str], None] | None, run: Runner = _run,
-                     want_bodies: list[str] = ()) -> list[dict]:
+                     want_bodies: list[str] = (), interleave: bool = False) -> list[dict]:
     """Measure what is missing (one child per plan) and solve it into ``cal`` in dependency order: the attention
     pairs first, then the graph nodes (which subtract the f16 attention) and bandwidth, then the weight types, then
     (a GPU) the logits' copy and the node cost at each model's widths (which subtract Q8_0's weights).  Returns the
@@ -655,7 +664,7 @@ def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tu
     if new or want:
         plan = base_plan(n_threads, repack, dev) if new else []
         for g, ps in want.items():
-            plan += attn_plan(ps, n_threads, repack, g, dev)
+            plan += attn_plan(ps, n_threads, repack, g, dev, interleave=interleave)
         res = run(plan, progress)
         raw += res
         base = res
@@ -737,8 +746,9 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     mon = LoadMonitor(before_s=0.3)
     mon.start()
     t0 = time.monotonic()
+    # edgekv's own probe takes each attention difference's depths in turn (two sequences of one context)
     raw = _measure_missing(cal, new, want, want_types, n_threads, repack, feats, progress, _runner(llama_bench),
-                           want_bodies)
+                           want_bodies, interleave=llama_bench is None)
     load = mon.stop()
     took = time.monotonic() - t0
     measured = "measured " + ", ".join(x for x in ([("graph nodes" + ("" if device else ", bandwidth"))] if new else [])
