@@ -348,13 +348,13 @@ def test_the_drift_sentinel_times_the_real_decode(real_cal, tmp_path):
     from edgekv.orchestration import speedcal as S
 
     key, _fp = S._key(2, RP[1] == "1")
-    raw = S._cached_raw(S._path(2, RP[1] == "1"), key)
+    raw = S._read_cache(S._path(2, RP[1] == "1"), key, False)[2]
     assert any(r["model"] == "w_q4_1" and r["step"] == "tg" for r in raw)
     ratio = S.check_drift(raw, "q4_1", 2, RP[1] == "1", S._run)
     assert ratio is not None and ratio > 0
     fast = [{**r, "ns": [n // 4 for n in r["ns"]]} if r["model"] == "w_q4_1" else r for r in raw]
-    S.write_json(tmp_path / "then.json", {"key": key, "raw": fast})
-    why = S._drifted(real_cal, tmp_path / "then.json", key, "q4_1", 2, RP[1] == "1", S._run, "")
+    S.write_json(tmp_path / "then.json", {"key": key, "calibration": real_cal.to_dict(), "raw": fast})
+    why = S._drifted(real_cal, S._read_cache(tmp_path / "then.json", key, False)[2], "q4_1", 2, RP[1] == "1", S._run, "")
     assert why.startswith("this machine now decodes the calibration's q4_1 weight model") and "slower" in why, why
     assert S.check_drift(raw, "q5_1", 2, RP[1] == "1", S._run) is None       # no timing of that type then: no check
 

@@ -388,8 +388,7 @@ def info(
     from edgekv.orchestration.machine import machine_info
     from edgekv.output.views import render_info
 
-    if llama_bench is not None and not (os.path.isfile(llama_bench) and os.access(llama_bench, os.X_OK)):
-        raise UsageError(f"--llama-bench: {llama_bench} is not an executable file")
+    _llama_bench_path(llama_bench)      # checked: an executable file
     res = machine_info(llama_bench, refresh)
     if as_json:
         print_json(res)
@@ -425,8 +424,7 @@ def calibrate(
 
     if threads < 0:
         raise UsageError("-t/--threads must be 0 (physical cores) or more")
-    if llama_bench is not None and not (os.path.isfile(llama_bench) and os.access(llama_bench, os.X_OK)):
-        raise UsageError(f"--llama-bench: {llama_bench} is not an executable file")
+    _llama_bench_path(llama_bench)      # checked: an executable file
     n = threads or default_threads()
     fa = parse_flash_attn(flash_attn)
     rp = parse_repack_list(repack)

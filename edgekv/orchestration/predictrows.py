@@ -170,13 +170,17 @@ def _fit_marks(out: PredictOutcome) -> None:
                                  f"predicted peak + margin): {', '.join(out_of)}")
 
 
+def _remeasure_command(llama_bench: str | None) -> str:
+    """The command that measures predict's speed calibration again."""
+    return f"edgekv calibrate --llama-bench {llama_bench}" if llama_bench else "edgekv calibrate"
+
+
 def _calibrating_line(llama_bench: str | None = None):
     """A progress callback that says once, on stderr, that predict is calibrating this machine's speed."""
     import sys
 
     started = []
-    via, again = (f" through {llama_bench}", f"edgekv calibrate --llama-bench {llama_bench}") if llama_bench \
-        else ("", "edgekv calibrate")
+    via, again = f" through {llama_bench}" if llama_bench else "", _remeasure_command(llama_bench)
 
     def progress(step: str) -> None:
         if not started:
@@ -256,9 +260,8 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
     if note and cal is not None:
         out.process_notes.append(f"speed calibration: {note}")
     if cal is not None and cal.notes:
-        again = f"edgekv calibrate --llama-bench {req.llama_bench}" if req.llama_bench else "edgekv calibrate"
         out.process_notes.append("speed calibration: " + "; ".join(cal.notes) + " (re-measure on a quiet machine: "
-                                 f"'{again}')")
+                                 f"'{_remeasure_command(req.llama_bench)}')")
     for r, x in zip(ok, xs):
         r.prediction.speed = speed_block(shapes.get((x.type_k, x.type_v), base), cal, x, note)
     if cal is not None:

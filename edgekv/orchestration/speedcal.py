@@ -551,31 +551,24 @@ class _Probe:
         return 0
 
 
-def _read_cache(path, key: str, refresh: bool) -> tuple[Calibration | None, str]:
+def _read_cache(path, key: str, refresh: bool) -> tuple[Calibration | None, str, list[dict]]:
     """The cached calibration when it was taken in this environment (None when absent, stale, unreadable or
-    ``refresh``), and the note that says why a cached one was not used."""
-    cal, note = None, ""
+    ``refresh``), the note that says why a cached one was not used, and its raw timings (the drift sentinel's
+    reference)."""
+    cal, note, raw = None, "", []
     if not refresh:
         try:
             c = json.loads(path.read_text())
             if c.get("key") == key:
                 cal = Calibration.from_dict(c["calibration"])
+                raw = c["raw"] if isinstance(c.get("raw"), list) else []
             else:
                 note = "the calibration was taken in another environment (its fingerprint changed): re-measured"
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError):
             note = f"the calibration in {path} was unreadable: re-measured"
-    return cal, note
-
-
-def _cached_raw(path, key: str) -> list[dict]:
-    try:
-        c = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    raw = c.get("raw") if isinstance(c, dict) and c.get("key") == key else None
-    return raw if isinstance(raw, list) else []
+    return cal, note, raw
 
 
 def check_drift(raw: list[dict], weight_type: str, n_threads: int, repack: bool, run: Runner,
@@ -587,19 +580,20 @@ def check_drift(raw: list[dict], weight_type: str, n_threads: int, repack: bool,
     if not then:
         return None
     plan = weight_plan([weight_type], n_threads, repack, device)
-    plan[0]["contexts"][0]["steps"] = [_step("tg", "tg", 0, TG_N, 5, 2)]
+    ctx = plan[0]["contexts"][0]
+    ctx["steps"] = [st for st in ctx["steps"] if st["key"] == "tg"]      # its decode step alone
     now = _by(run(plan, None), name).get("tg")
     if not now or not now.get("ns"):
         return None
     return _median_s(now["ns"]) / _median_s(then[-1]["ns"])
 
 
-def _drifted(cal: Calibration, path, key: str, sentinel: str, n_threads: int, repack: bool, run: Runner,
+def _drifted(cal: Calibration, raw: list[dict], sentinel: str, n_threads: int, repack: bool, run: Runner,
              device: str) -> str:
     """Why the cached ``cal`` is measured again (the machine now runs its sentinel DRIFT_LIMIT faster or slower), or
     "" when it still holds."""
     try:
-        ratio = check_drift(_cached_raw(path, key), sentinel, n_threads, repack, run, device)
+        ratio = check_drift(raw, sentinel, n_threads, repack, run, device)
     except CalibrationError:
         return ""
     if ratio is None or abs(ratio - 1.0) <= DRIFT_LIMIT:
@@ -724,10 +718,10 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
 
     key, fp = _key(n_threads, repack, llama_bench, device)
     path = _path(n_threads, repack, llama_bench, device)
-    cal, note = _read_cache(path, key, refresh)
+    cal, note, raw = _read_cache(path, key, refresh)
     if cal is not None:
         cal, note = _still_holds(cal, note, measure, sentinel,
-                                 lambda t: _drifted(cal, path, key, t, n_threads, repack, _runner(llama_bench), device))
+                                 lambda t: _drifted(cal, raw, t, n_threads, repack, _runner(llama_bench), device))
     feats = list(cpu_features or [])
     pairs = list(kv_pairs) or [(k, v, "auto") for k, v in DEFAULT_KV]
     new = cal is None

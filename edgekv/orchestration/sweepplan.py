@@ -204,9 +204,10 @@ def _graph_runs(spec: SweepSpec, cases: list[Case]) -> dict[str, EngineResult]:
     from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
 
+    setting = {c.key: replace(c.params, n_ctx=0) for c in cases}
     firsts: dict[ContextParams, Case] = {}
     for c in cases:
-        firsts.setdefault(replace(c.params, n_ctx=0), c)
+        firsts.setdefault(setting[c.key], c)
     if not firsts:
         return {}
     try:
@@ -214,4 +215,4 @@ def _graph_runs(spec: SweepSpec, cases: list[Case]) -> dict[str, EngineResult]:
             res = dict(zip(firsts, eng.run([c.params for c in firsts.values()])))
     except EngineError:
         return {}
-    return {c.key: res[replace(c.params, n_ctx=0)] for c in cases if _has_graph(res[replace(c.params, n_ctx=0)])}
+    return {c.key: res[setting[c.key]] for c in cases if _has_graph(res[setting[c.key]])}
