@@ -325,7 +325,8 @@ def test_interleaved_attention_steps_run_in_turn_through_llama_cpp():
     runs take longer."""
     from edgekv.orchestration import speedcal as S
 
-    (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, RP[1] == "1", interleave=True)
+    # the --repack that runs here: on a CPU whose AMX kernels crash, prompt batches die with them (amx.md)
+    (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, _repack(), interleave=True)
     (c,) = m["contexts"]
     assert c["params"]["n_seq_max"] == 2 and [st["depths"] for st in c["steps"]] == [list(S.ATTN_TG_DEPTHS),
                                                                                        list(S.ATTN_PP_DEPTHS)]
