@@ -47,6 +47,17 @@ def test_partial_offload_layers_on_the_cpu_are_not_fallbacks():
     assert p["layers_on"] == {"CPU": 16, "CUDA0": 14} and p["off_device"] == []
 
 
+def test_the_nodes_a_backend_runs_are_the_scheduler_listing_without_views():
+    # the scheduler lists every node but VIEW/RESHAPE/PERMUTE/TRANSPOSE; the listing's last index + 1 names its graph
+    assert parse_graph_line(_log("q5_0-fa-on")) == {"nodes_pp": 1296, "nodes_tg": 1296, "splits_pp": 2, "splits_tg": 2,
+                                                    "ops_pp": 696, "ops_tg": 696}
+    g = parse_graph_line(_log("f16-ngl15"))
+    assert (g["nodes_tg"], g["ops_tg"], g["ops_pp"]) == (936, 576, 576)
+    # a listing of another graph size (here cut short) is no graph's: no op counts rather than wrong ones
+    cut = "\n".join(_log("q5_0-fa-on").splitlines()[:400])
+    assert "ops_tg" not in parse_graph_line(cut)
+
+
 def test_unnamed_nodes_follow_their_sources_layer():
     # a node llama.cpp leaves unnamed (flash attention: "node_21") belongs to the layer of "Qcur-0"/"cache_k_l0"
     line = ("node # 21 (FLASH_ATTN):              node_21 (   2K) [  CPU         ] use=1,c=1: Qcur-0 (view) (permu "

@@ -61,7 +61,7 @@ def _cal(**kw) -> Calibration:
 @pytest.fixture(scope="module")
 def smol(smollm2_path):
     m = load_model(str(smollm2_path))
-    return m, speed_shape(m.shape, list(m.header.tensors), ["avx2"], True, {"nodes_tg": 900, "nodes_pp": 950})
+    return m, speed_shape(m.shape, list(m.header.tensors), ["avx2"], True, {"ops_tg": 900, "ops_pp": 950})
 
 
 def test_shape_reads_the_weights_a_token_touches(smol):
@@ -125,7 +125,7 @@ def test_prefill_splits_ubatches_and_computes_the_head_once(smol):
 
 def test_sliding_window_layers_stop_at_the_window(gemma3_path):
     m = load_model(str(gemma3_path))
-    sh = speed_shape(m.shape, list(m.header.tensors), ["avx2"], True, {"nodes_tg": 500, "nodes_pp": 520})
+    sh = speed_shape(m.shape, list(m.header.tensors), ["avx2"], True, {"ops_tg": 500, "ops_pp": 520})
     swa = [a for a in sh.attn if a.window]
     assert swa and all(a.window == m.shape.n_swa for a in swa) and len(swa) < len(sh.attn)
     cal = _cal(n_threads=1, matvec_s_per_byte={k: 1e-10 for k in {g.key for g in sh.groups}},
@@ -184,7 +184,7 @@ def test_solvers_recover_the_coefficients(monkeypatch, tmp_path):
     units = S._attn_units(S.ATTN_SHAPE)
     out = []
     for name, (ntg, npp) in nodes.items():
-        g = {"nodes_pp": npp, "nodes_tg": ntg, "splits_pp": 1, "splits_tg": 1}
+        g = {"nodes_pp": npp, "nodes_tg": ntg, "splits_pp": 1, "splits_tg": 1, "ops_pp": npp, "ops_tg": ntg}
         t_tok = ntg * truth["node_tg"] + truth["token"]          # every token: its nodes and the cost outside them
         out.append({"model": name, "context": "f16", "step": "tg", "ns": [int(32 * t_tok * 1e9)] * 3, "graph": g})
         out.append({"model": name, "context": "f16", "step": "pp",
@@ -235,9 +235,9 @@ def _fake_results(models):
             steps = [{**st, "key": f"{st['key']}{d}", "depth": d} for st in c["steps"]
                      for d in st.get("depths") or [None]] if any("depths" in st for st in c["steps"]) else c["steps"]
             for st in steps:
-                g = {"nodes_pp": 100, "nodes_tg": 90, "splits_pp": 1, "splits_tg": 1}
+                g = {"nodes_pp": 100, "nodes_tg": 90, "splits_pp": 1, "splits_tg": 1, "ops_pp": 100, "ops_tg": 90}
                 if m["key"] == "nodes_b":
-                    g = {"nodes_pp": 1000, "nodes_tg": 900, "splits_pp": 1, "splits_tg": 1}
+                    g = {"nodes_pp": 1000, "nodes_tg": 900, "splits_pp": 1, "splits_tg": 1, "ops_pp": 1000, "ops_tg": 900}
                 ns = int(1e6 * (1 + st["depth"] / 100 + st["n"] / 10 + (10 if m["key"] == "nodes_b" else 0)))
                 out.append({"model": m["key"], "context": c["key"], "step": st["key"], "test": st["test"],
                             "depth": st["depth"], "n": st["n"], "ns": [ns] * st["reps"], "graph": g})
@@ -408,8 +408,8 @@ def test_a_disturbed_calibration_never_yields_a_free_graph_or_free_weights():
     nothing predicted 8.6 t/s against 49 measured with a calibration taken on a busy machine."""
     from edgekv.orchestration import speedcal as S
 
-    g = {"nodes_pp": 100, "nodes_tg": 90, "splits_pp": 1, "splits_tg": 1}
-    gb = {"nodes_pp": 1000, "nodes_tg": 900, "splits_pp": 1, "splits_tg": 1}
+    g = {"nodes_pp": 100, "nodes_tg": 90, "splits_pp": 1, "splits_tg": 1, "ops_pp": 100, "ops_tg": 90}
+    gb = {"nodes_pp": 1000, "nodes_tg": 900, "splits_pp": 1, "splits_tg": 1, "ops_pp": 1000, "ops_tg": 900}
     res = [{"model": "nodes_a", "step": "tg", "ns": [5_000_000] * 3, "graph": g},
            {"model": "nodes_a", "step": "pp", "ns": [9_000_000] * 3, "graph": g},
            {"model": "nodes_b", "step": "tg", "ns": [9_000_000] * 3, "graph": gb},
@@ -559,7 +559,9 @@ def test_bench_record_carries_the_speed_prediction(real_cal, smollm2_path, tmp_p
     (rec,) = [json.loads(x) for x in out.read_text().splitlines()]
     sp = rec["prediction"]["speed"]
     assert sp["calibration_id"] == real_cal.id and sp["pp"]["depth"] == rec["settings"]["n_depth"]
-    assert sp["tg"]["parts"][0]["source"].startswith(f"{rec['prediction']['engine']['graph']['nodes_tg']} graph nodes")
+    graph = rec["prediction"]["engine"]["graph"]
+    assert 0 < graph["ops_tg"] < graph["nodes_tg"]         # the scheduler's listing: the views are not counted
+    assert sp["tg"]["parts"][0]["source"].startswith(f"{graph['ops_tg']} graph nodes that run")
     meas = rec["speed"]["tg"]["mean_ts"]
     assert rec["speed_residual"]["tg_pct"] == pytest.approx(100 * (meas - sp["tg"]["tokens_per_s"]) /
                                                             sp["tg"]["tokens_per_s"], abs=0.01)
@@ -590,7 +592,7 @@ def test_sequences_decoding_together_are_predicted(real_cal, smollm2_path, tmp_p
     from edgekv.orchestration.calibrate import runtime_baseline
     from edgekv.orchestration.speedpredict import model_speed_shape
 
-    sh = model_speed_shape(m, runtime_baseline().cpu_features, RP[1] == "1", {"nodes_tg": 1, "nodes_pp": 1})
+    sh = model_speed_shape(m, runtime_baseline().cpu_features, RP[1] == "1", {"ops_tg": 1, "ops_pp": 1})
     for g in sh.groups:
         assert weights_s(g, real_cal, 1) == g.bytes * real_cal.matvec_s_per_byte[g.key]
         assert weights_s(g, real_cal, 4) == pytest.approx(g.bytes * real_cal.matcols_s_per_byte[g.key]["4"])
@@ -678,14 +680,14 @@ def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_path):
 
     h = read_header_file(plan[0]["model_path"])
     sh = speed_shape(shape_from_metadata(h.metadata, plan[0]["model_path"], h.value_types), list(h.tensors), [], False,
-                     {"nodes_tg": 130, "nodes_pp": 130})
+                     {"ops_tg": 130, "ops_pp": 130})
     w = sum(g.bytes for g in sh.groups)
     o = sum(g.bytes for g in sh.groups if g.output)
     params = sum(g.params for g in sh.groups if not g.output)
     units = sum(x.n_head * (x.head_k + x.head_v) for x in sh.attn)
     t_tg = 70e-6 + 256 * truth["vocab"] + w * 4e-13 + attn_units_tg(sh, 16, 8, False) * 7e-13 + 130 * truth["tg"]
     t_pp = 1.3e-3 + (w - o) * 4e-13 + 2 * params * 512 * 6e-15 + o * 4e-13 + units * 512 * 256 * 3e-14 + 130 * truth["pp"]
-    g = {"nodes_tg": 130, "nodes_pp": 130}
+    g = {"ops_tg": 130, "ops_pp": 130}
     res = [{"model": plan[0]["key"], "context": "f16", "step": "tg", "ns": [int(t_tg * S.TG_N * 1e9)] * 5, "graph": g},
            {"model": plan[0]["key"], "context": "f16", "step": "pp", "ns": [int(t_pp * 1e9)] * 9, "graph": g}]
     cal.vocab_tg_s = truth["vocab"]
@@ -693,7 +695,7 @@ def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_path):
     assert cal.node_tg_body_s["e576f1536h9kv3d64l4"] == pytest.approx(truth["tg"], rel=1e-3)
     assert cal.node_pp_body_s["e576f1536h9kv3d64l4"] == pytest.approx(truth["pp"], rel=1e-3)
     # the logit: the wide-vocabulary model less nodes_a and its larger output matrix
-    ga, gv = {"nodes_tg": 78, "nodes_pp": 78}, {"nodes_tg": 78, "nodes_pp": 78}
+    ga, gv = {"ops_tg": 78, "ops_pp": 78}, {"ops_tg": 78, "ops_pp": 78}
     out_bytes = 64 * (262144 - 256) * 34 / 32
     t_a = 150e-6
     t_v = t_a + out_bytes * 4e-13 + (262144 - 256) * truth["vocab"]

@@ -305,6 +305,25 @@ def extra_buffers(payload: dict, ev: EventWriter) -> None:
         L.llama_model_free(model)
 
 
+def _listed_graph(L, cap, model, params) -> dict[str, int] | None:
+    """llama.cpp's graph sizes for a context with these parameters, the nodes a backend runs included: a context
+    created and freed at once with the scheduler's listing on (GGML_SCHED_DEBUG=2, read when the context creates its
+    scheduler, ggml-backend.cpp:1878).  The timed context is another one, created without it: a scheduler that lists
+    prints every graph it computes."""
+    from edgekv.core.llamalog import parse_graph_line
+
+    cap.take()
+    os.environ["GGML_SCHED_DEBUG"] = "2"
+    try:
+        ctx = L.llama_init_from_model(model, params)
+    finally:
+        del os.environ["GGML_SCHED_DEBUG"]
+    graph = parse_graph_line([x for _, x in cap.take()])
+    if ctx:
+        L.llama_free(ctx)
+    return graph
+
+
 def speed_probe(payload: dict, ev: EventWriter) -> None:
     """The speed calibration's measurements (edgekv.orchestration.speedcal): for each model, each context, each
     step, the KV cache filled to a depth and then ``reps`` timed runs of a prompt of ``n`` tokens ("pp") or of
@@ -314,7 +333,6 @@ def speed_probe(payload: dict, ev: EventWriter) -> None:
     context."""
     import llama_cpp as L
 
-    from edgekv.core.llamalog import parse_graph_line
     from edgekv.core.predict import ContextParams
     from edgekv.edges.engine import LogCapture, context_params, model_params
 
@@ -334,8 +352,9 @@ def speed_probe(payload: dict, ev: EventWriter) -> None:
             return
         n_vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(model)))
         for c in m["contexts"]:
+            graph = _listed_graph(L, cap, model, context_params(ContextParams(**c["params"]), n_threads=c["n_threads"]))
             ctx = L.llama_init_from_model(model, context_params(ContextParams(**c["params"]), n_threads=c["n_threads"]))
-            graph = parse_graph_line([x for _, x in cap.take()])
+            cap.take()
             if not ctx:
                 ev.result({"ok": False, "reason": f"llama.cpp could not create a context for {m['key']}/{c['key']}"})
                 return

@@ -242,14 +242,43 @@ RE_GRAPH = re.compile(r"graph(?: \(pp bs=(?P<bs_pp>\d+), tg bs=(?P<bs_tg>\d+)\))
 
 def parse_graph_line(text: str | list[str]) -> dict[str, int] | None:
     """llama.cpp's graph sizes at context creation: nodes and splits of the prompt (ubatch) graph and of the
-    one-token graph (the same figure when llama.cpp prints one); None when no such line is there."""
+    one-token graph (the same figure when llama.cpp prints one); None when no such line is there.  Where the log
+    also holds the scheduler's listing of those graphs (GGML_SCHED_DEBUG=2), ``ops_pp``/``ops_tg`` are their nodes
+    that a backend runs (:func:`graph_ops`)."""
     lines = text.splitlines() if isinstance(text, str) else text
     for line in lines:
         m = RE_GRAPH.search(line)
         if m:
             pp, spp = int(m["pp"]), int(m["spp"])
-            return {"nodes_pp": pp, "nodes_tg": int(m["tg"] or pp), "splits_pp": spp, "splits_tg": int(m["stg"] or spp)}
+            out = {"nodes_pp": pp, "nodes_tg": int(m["tg"] or pp), "splits_pp": spp, "splits_tg": int(m["stg"] or spp)}
+            ops = graph_ops(lines, out["nodes_pp"], out["nodes_tg"])
+            return {**out, **ops} if ops else out
     return None
+
+
+RE_LISTING_START = re.compile(r"## SPLIT #0:")
+
+
+def graph_ops(lines: list[str], nodes_pp: int, nodes_tg: int) -> dict[str, int] | None:
+    """The nodes of the prompt and one-token graphs that a backend runs: the scheduler lists every node but the
+    views (ggml_backend_sched_print_assignments skips VIEW, RESHAPE, PERMUTE and TRANSPOSE, ggml-backend.cpp:757,
+    1018), and neither the CPU backend (ggml-cpu.c:3132, ggml_op_is_empty) nor ggml-cuda computes them.  A listing
+    starts at its first split; the graph it belongs to is the one whose node count is its last node's index + 1.
+    None when no listing of either graph is in the log."""
+    listings: list[tuple[int, int]] = []           # (last node index + 1, nodes listed)
+    for line in lines:
+        if RE_LISTING_START.search(line):
+            listings.append((0, 0))
+            continue
+        m = RE_NODE.search(line) if listings else None
+        if m:
+            listings[-1] = (int(m["i"]) + 1, listings[-1][1] + 1)
+    ops = {}
+    for key, n in (("ops_pp", nodes_pp), ("ops_tg", nodes_tg)):
+        counts = [c for size, c in listings if size == n]
+        if counts:
+            ops[key] = counts[-1]
+    return ops if len(ops) == 2 else None
 
 
 # ggml_backend_sched_print_assignments (ggml/src/ggml-backend.cpp:997-1037), printed for every graph the scheduler

@@ -4,6 +4,7 @@ calibration of this machine (:mod:`edgekv.orchestration.speedcal`).  Pure: no I/
 One token of decode (a one-token graph) costs
 
     t_tg(d) = nodes_tg * c_node                               fixed: llama.cpp's graph, one node after another
+                                                              (the nodes a backend runs: views cost nothing)
             + sum over weight groups  bytes_g * c_matvec[g]  weights: each matrix read once (MoE: the active experts)
             + output matrix bytes * c_matvec[output]          output head
             + sum over attention layers  n_head * (head_k + head_v) * depth_eff * c_attn_tg[K/V, fa]
@@ -149,8 +150,18 @@ def speed_shape(shape: ModelShape, tensors: Sequence[Tensor], cpu_features: Iter
                            lay.n_head_kv)
                  for lay in shape.layers[:shape.n_layer] if lay.attn_cache or lay.reuses is not None)
     kv_tok = sum(lay.k_width + lay.v_width for lay in shape.layers[:shape.n_layer] if lay.attn_cache)
-    return SpeedShape(groups, attn, (nodes or {}).get("nodes_tg"), (nodes or {}).get("nodes_pp"), float(kv_tok), tuple(notes),
-                      body_geometry(shape), int(shape.n_vocab or 0))
+    ops_tg, ops_pp = run_nodes(nodes)
+    return SpeedShape(groups, attn, ops_tg, ops_pp, float(kv_tok), tuple(notes), body_geometry(shape),
+                      int(shape.n_vocab or 0))
+
+
+def run_nodes(graph: dict[str, int] | None) -> tuple[int | None, int | None]:
+    """(one-token graph, prompt graph): the nodes of llama.cpp's graphs that a backend runs, from the scheduler's
+    listing in its dry run (llamalog.graph_ops); a view (VIEW, RESHAPE, PERMUTE, TRANSPOSE) is computed by no
+    backend, and a quantized cache adds mostly views (SmolLM2: 936 -> 1296 nodes, 576 -> 696 that run).  None
+    where the dry run did not list them."""
+    g = graph or {}
+    return g.get("ops_tg"), g.get("ops_pp")
 
 
 @dataclass
@@ -308,7 +319,7 @@ def _require(sh: SpeedShape, cal: Calibration, type_k: str, type_v: str, flash_a
     if ak:
         raise MissingCalibration("K/V cache", ak)
     if nodes is None:
-        raise MissingCalibration("graph size of", ["this model (llama.cpp's dry run did not report it)"])
+        raise MissingCalibration("graph size of", ["this model (llama.cpp's dry run did not list its graph's nodes)"])
     if cal.device and not sh.body:
         raise MissingCalibration("model widths", ["of this architecture on a GPU (its layers are not one llama-shaped "
                                                   "geometry the body probe reproduces)"])
@@ -361,7 +372,7 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
     c_node, c_src = node_cost(sh, cal, "tg")
     t_vocab = n * sh.n_vocab * cal.vocab_tg_s          # each sequence's logits back to the host
     parts = [SpeedPart("fixed", (sh.nodes_tg * c_node + cal.token_tg_s + t_vocab) / n,
-                       f"{sh.nodes_tg} graph nodes x {c_src} + {cal.token_tg_s * 1e6:.0f} us"
+                       f"{sh.nodes_tg} graph nodes that run x {c_src} + {cal.token_tg_s * 1e6:.0f} us"
                        + (f" + {sh.n_vocab} logits to the host {t_vocab * 1e6 / n:.0f} us" if t_vocab else "")
                        + (f" per step of {n} tokens" if n > 1 else " per token"))]
     w = sum(weights_s(g, cal, n) for g in sh.groups if not g.output) / n
@@ -417,7 +428,7 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
         d += n
     out = sum(weights_s(g, cal, n_seq) for g in sh.groups if g.output)
     p = float(max(1, n_prompt * n_seq))
-    parts = [SpeedPart("fixed", fixed / p, f"{sh.nodes_pp} graph nodes per ubatch x {c_src} "
+    parts = [SpeedPart("fixed", fixed / p, f"{sh.nodes_pp} graph nodes that run per ubatch x {c_src} "
                                            f"+ {cal.ubatch_pp_s * 1e6:.0f} us"),
              SpeedPart("weights", weights / p,
                        ", ".join(f"{g.key} {2 * g.params / 1e9:.2f} GFLOP/token at "

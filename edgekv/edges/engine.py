@@ -158,10 +158,11 @@ class DryRunner:
             why = next((e for e in errs if "error loading model" in e), errs[-1] if errs else None)
             return {"ok": False, "error": why or "llama.cpp could not load the model", "errors": errs}
         log = parse_memory_log([t for _, t in lines])
-        if log.gpu_layers and log.gpu_layers[0] > 0:
-            # the contexts' reserve graphs then print where each op runs (ggml-backend.cpp:1877; read when a context
-            # creates its scheduler): an op a device cannot run falls back to the CPU without a word otherwise
-            os.environ["GGML_SCHED_DEBUG"] = "2"
+        # the contexts' reserve graphs then list every node a backend runs and where (ggml-backend.cpp:1018, 1878;
+        # read when a context creates its scheduler): an op a device cannot run falls back to the CPU without a word
+        # otherwise, and the speed model prices the nodes that run, not the views (llamalog.graph_ops).  A dry run
+        # computes nothing, so the listing costs only its lines.
+        os.environ["GGML_SCHED_DEBUG"] = "2"
         return {
             "ok": True,
             "model_size_bytes": int(lc.llama_model_size(self.model)),

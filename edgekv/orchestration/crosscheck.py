@@ -118,7 +118,7 @@ def engine_block(pred: Any, res: Any, weights_bytes: int | None = None) -> dict[
                   "other_buffers_mib": log.other_buffers, "compute_mib": log.compute_buffers,
                   "output_mib": log.output_buffers, "flash_attn_resolved": log.fa_resolved, "n_ctx": res.n_ctx,
                   "graph": log.graph})
-        if log.placement is not None:
+        if log.placement is not None and any(not b.upper().startswith("CPU") for b in log.placement["nodes"]):
             d["off_device"] = log.placement["off_device"]
         if weights_bytes is not None:
             # caches: the formula's bytes; llama.cpp's printed MiB where edgekv does not model the cache (buffers of

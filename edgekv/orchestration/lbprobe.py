@@ -76,23 +76,41 @@ def parse_group(stdout: str, stderr: str, group: list[dict[str, Any]], where: st
 def run_probe(exe: str, models: list[dict[str, Any]], progress: Callable[[str], None] | None = None,
               timeout: float = LB_TIMEOUT_S) -> list[dict[str, Any]]:
     """The calibration plan ``models`` (edgekv.orchestration.speedcal's) measured by llama-bench at ``exe``."""
-    from edgekv.edges.process import run_child
-
     out: list[dict[str, Any]] = []
     for m in models:
         model_path = os.path.abspath(m["model_path"])
+        rp, ngl = bool(m.get("repack", True)), int(m.get("n_gpu_layers", 0))
         for c in m["contexts"]:
+            where = f"{m['key']}/{c['key']}"
+            graph = _listed_graph(exe, model_path, c, rp, ngl, where, timeout)
             for group in step_groups(c["steps"]):
-                where = f"{m['key']}/{c['key']}"
                 if progress:
                     progress(f"{where}/{','.join(st['key'] for st in group)} (llama-bench)")
-                argv = group_argv(exe, model_path, c, group, bool(m.get("repack", True)),
-                                  int(m.get("n_gpu_layers", 0)))
-                child = run_child(argv, stdin_data=b"", timeout=timeout, capture_output=True)
-                if child.timed_out or child.returncode != 0:
-                    why = "timed out" if child.timed_out else (
-                        f"died of {child.signal_name}" if child.signal is not None else f"exited {child.returncode}")
-                    raise ProbeError(f"llama-bench {why} on {where}: {child.last_error() or 'no output'}")
-                out += [{"model": m["key"], "context": c["key"], **r}
+                child = _run(group_argv(exe, model_path, c, group, rp, ngl), where, timeout)
+                out += [{"model": m["key"], "context": c["key"], **r, "graph": graph or r["graph"]}
                         for r in parse_group(child.stdout or "", child.stderr or "", group, where)]
     return out
+
+
+def _run(argv: list[str], where: str, timeout: float, env: dict[str, str] | None = None):
+    from edgekv.edges.process import run_child
+
+    child = run_child(argv, stdin_data=b"", timeout=timeout, capture_output=True, env=env)
+    if child.timed_out or child.returncode != 0:
+        why = "timed out" if child.timed_out else (
+            f"died of {child.signal_name}" if child.signal is not None else f"exited {child.returncode}")
+        raise ProbeError(f"llama-bench {why} on {where}: {child.last_error() or 'no output'}")
+    return child
+
+
+def _listed_graph(exe: str, model_path: str, ctx: dict[str, Any], repack: bool, n_gpu_layers: int, where: str,
+                  timeout: float) -> dict[str, int] | None:
+    """The context's graph sizes with the nodes a backend runs, from one untimed single-token run of the same
+    binary with the scheduler's listing on (GGML_SCHED_DEBUG=2): the timed runs go without it, since a scheduler
+    that lists prints every graph it computes."""
+    from edgekv.core.llamalog import parse_graph_line
+
+    one = [{"key": "ops", "test": "tg", "n": 1, "reps": 1, "depth": 0}]
+    child = _run(group_argv(exe, model_path, ctx, one, repack, n_gpu_layers), where, timeout,
+                 env={**os.environ, "GGML_SCHED_DEBUG": "2"})
+    return parse_graph_line((child.stderr or "").splitlines())

@@ -36,8 +36,9 @@ from typing import Any
 from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, weight_key
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 5           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
-# 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn
+CAL_VERSION = 6           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+# 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
+# 6: a node is one a backend runs (the scheduler's listing), not a view
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -344,9 +345,7 @@ def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0)
     model's time less its nodes' (on a GPU about 90 us a token: llama_decode's own work; on two CPU cores a few
     us): at least zero, since a machine's noise can hide a small constant, never make it negative."""
     a, b = _by(results, "nodes_a"), _by(results, "nodes_b")
-    ga, gb = a["tg"]["graph"], b["tg"]["graph"]
-    if not ga or not gb:
-        raise CalibrationError("llama.cpp did not print its graph size (the 'graph: nodes = ...' line)")
+    ga, gb = _ops(a["tg"]["graph"]), _ops(b["tg"]["graph"])
     sa, sb = NODE_SHAPES["nodes_a"], NODE_SHAPES["nodes_b"]
     per_layer = sa["n_head"] * 2 * (sa["n_embd"] // sa["n_head"])
     dl = sb["n_layer"] - sa["n_layer"]
@@ -364,6 +363,19 @@ def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0)
     return tg, pp, tg0, pp0
 
 
+def _ops(graph: dict[str, int] | None) -> dict[str, int]:
+    """A calibration model's graph sizes as the speed model counts them: ``nodes_tg``/``nodes_pp`` are the nodes a
+    backend runs (core.speed.run_nodes), from llama.cpp's scheduler listing (GGML_SCHED_DEBUG=2 at the probe's
+    count context)."""
+    from edgekv.core.speed import run_nodes
+
+    tg, pp = run_nodes(graph)
+    if tg is None or pp is None:
+        raise CalibrationError("llama.cpp did not list its graph's nodes (the scheduler's GGML_SCHED_DEBUG=2 listing "
+                               "after 'graph: nodes = ...')")
+    return {"nodes_tg": tg, "nodes_pp": pp}
+
+
 def solve_vocab(results: list[dict], cal: Calibration) -> float:
     """Seconds per logit a decoded token returns to the host (a GPU's copy of the logits): the wide-vocabulary
     narrow model less nodes_a, less its larger output matrix (read at the Q8_0 mat-vec cost); at least zero."""
@@ -373,7 +385,7 @@ def solve_vocab(results: list[dict], cal: Calibration) -> float:
     e, dv = VOCAB_SHAPE["n_embd"], VOCAB_SHAPE["n_vocab"] - 256
     out_bytes = e * dv * 34 / 32
     dt = (_median_s(v["tg"]["ns"]) - _median_s(a["tg"]["ns"])) / TG_N \
-        - (v["tg"]["graph"]["nodes_tg"] - a["tg"]["graph"]["nodes_tg"]) * cal.node_tg_s
+        - (_ops(v["tg"]["graph"])["nodes_tg"] - _ops(a["tg"]["graph"])["nodes_tg"]) * cal.node_tg_s
     return max(0.0, (dt - out_bytes * cal.matvec_s_per_byte["q8_0"]) / dv)
 
 
@@ -397,8 +409,8 @@ def solve_bodies(results: list[dict], plan: list[dict[str, Any]], cal: Calibrati
     f16 = kv_key("f16", "f16", "auto")
     for m in plan:
         r = _by(results, m["key"])
-        g = r["tg"]["graph"]
-        sh = _probe_shape(m["model_path"], g, [], False)
+        g = _ops(r["tg"]["graph"])
+        sh = _probe_shape(m["model_path"], r["tg"]["graph"], [], False)
         w_bytes = sum(x.bytes for x in sh.groups)
         body_params = sum(x.params for x in sh.groups if not x.output)
         o_bytes = sum(x.bytes for x in sh.groups if x.output)
@@ -460,6 +472,7 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         r = _by(results, m["key"])
         # on a GPU every matrix sits in the device's buffer: no CPU extra buffer applies
         feats, rp = ([], False) if cal.device else (cpu_features, repack)
+        _ops(r["tg"]["graph"])
         sh = _probe_shape(m["model_path"], r["tg"]["graph"], feats, rp)
         mats = [g for g in sh.groups if not g.output]
         outs = [g for g in sh.groups if g.output]

@@ -45,7 +45,10 @@ def with_graph(sh: SpeedShape, graph: dict[str, int] | None) -> SpeedShape:
     """``sh`` with llama.cpp's graph size of one configuration (its own dry run: a quantized cache adds nodes)."""
     if not graph:
         return sh
-    return replace(sh, nodes_tg=graph.get("nodes_tg"), nodes_pp=graph.get("nodes_pp"))
+    from edgekv.core.speed import run_nodes
+
+    tg, pp = run_nodes(graph)
+    return replace(sh, nodes_tg=tg, nodes_pp=pp)
 
 
 def offload_device(n_gpu_layers: int, n_layer: int, device: str | None) -> tuple[str, str | None]:
