@@ -352,8 +352,9 @@ def speed_probe(payload: dict, ev: EventWriter) -> None:
             return
         n_vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(model)))
         for c in m["contexts"]:
-            graph = _listed_graph(L, cap, model, context_params(ContextParams(**c["params"]), n_threads=c["n_threads"]))
-            ctx = L.llama_init_from_model(model, context_params(ContextParams(**c["params"]), n_threads=c["n_threads"]))
+            params = context_params(ContextParams(**c["params"]), n_threads=c["n_threads"])
+            graph = _listed_graph(L, cap, model, params)
+            ctx = L.llama_init_from_model(model, params)
             cap.take()
             if not ctx:
                 ev.result({"ok": False, "reason": f"llama.cpp could not create a context for {m['key']}/{c['key']}"})

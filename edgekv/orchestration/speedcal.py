@@ -395,6 +395,7 @@ def _probe_shape(model_path: str, graph: dict[str, int] | None, cpu_features: li
     from edgekv.core.speed import speed_shape
     from edgekv.edges.gguf_header import read_header_file
 
+    _ops(graph)            # the nodes that run must have been listed: a shape without them would price no nodes
     header = read_header_file(model_path)
     shape = shape_from_metadata(header.metadata, model_path, header.value_types)
     return speed_shape(shape, list(header.tensors), cpu_features, repack, graph)
@@ -409,7 +410,6 @@ def solve_bodies(results: list[dict], plan: list[dict[str, Any]], cal: Calibrati
     f16 = kv_key("f16", "f16", "auto")
     for m in plan:
         r = _by(results, m["key"])
-        g = _ops(r["tg"]["graph"])
         sh = _probe_shape(m["model_path"], r["tg"]["graph"], [], False)
         w_bytes = sum(x.bytes for x in sh.groups)
         body_params = sum(x.params for x in sh.groups if not x.output)
@@ -422,8 +422,8 @@ def solve_bodies(results: list[dict], plan: list[dict[str, Any]], cal: Calibrati
             - units * BODY_PP_N * (BODY_PP_N / 2) * cal.attn_pp_s[f16]
         if t_tg <= 0 or t_pp <= 0:
             raise _disturbed(f"of the model widths {m['body']} measured no cost for the graph's nodes")
-        cal.node_tg_body_s[m["body"]] = t_tg / g["nodes_tg"]
-        cal.node_pp_body_s[m["body"]] = t_pp / g["nodes_pp"]
+        cal.node_tg_body_s[m["body"]] = t_tg / sh.nodes_tg
+        cal.node_pp_body_s[m["body"]] = t_pp / sh.nodes_pp
 
 
 def _attn_speed_shape(shape: dict[str, Any]):
@@ -472,7 +472,6 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         r = _by(results, m["key"])
         # on a GPU every matrix sits in the device's buffer: no CPU extra buffer applies
         feats, rp = ([], False) if cal.device else (cpu_features, repack)
-        _ops(r["tg"]["graph"])
         sh = _probe_shape(m["model_path"], r["tg"]["graph"], feats, rp)
         mats = [g for g in sh.groups if not g.output]
         outs = [g for g in sh.groups if g.output]
