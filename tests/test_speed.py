@@ -45,6 +45,7 @@ GEOMETRIES = ("h9kv3k64v64", "h4kv1k256v256")     # SmolLM2's and Gemma 3 270M's
 def _cal(**kw) -> Calibration:
     c = Calibration(id="test", n_threads=2, node_tg_s=2e-6, node_pp_s=4e-6,
                     matvec_s_per_byte={"q4_1": 1e-10, "q8_0": 1e-10},
+                    matvec_s_per_row={"q4_1": 1e-8, "q8_0": 2e-8},
                     matmul_s_per_byte={"q4_1": 1e-11, "q8_0": 1e-11},
                     matmul_s_per_flop={"q4_1": 2e-11, "q8_0": 1e-11},
                     matcols_s_per_byte={"q4_1": {"2": 1.5e-10, "4": 2.5e-10}, "q8_0": {"2": 1.4e-10, "4": 2e-10}},
@@ -72,6 +73,10 @@ def test_shape_reads_the_weights_a_token_touches(smol):
     assert {g.key for g in body} == {"q4_1"} and [g.key for g in out] == ["q8_0"]
     emb = next(t for t in m.header.tensors if t.name == "token_embd.weight")
     assert out[0].bytes == emb.n_bytes and out[0].params == emb.shape[0] * emb.shape[1]
+    # a row is ggml's ne0 elements: the output head has one per vocabulary entry; each layer q (576), k and v
+    # (3 heads of 64), o (576), gate and up (1536), down (576)
+    assert out[0].rows == emb.shape[1] == m.shape.n_vocab
+    assert body[0].rows == m.shape.n_layer * (576 + 2 * 192 + 576 + 2 * 1536 + 576)
     assert len(sh.attn) == m.shape.n_layer and all(a.window is None for a in sh.attn)
     assert {a.geometry for a in sh.attn} == {"h9kv3k64v64"}
 
@@ -85,7 +90,9 @@ def test_decode_parts_add_up_and_attention_grows_with_depth(smol):
     assert abs(sum(part.values()) - 1 / a.tokens_per_s) < 1e-12
     assert part["fixed"] == pytest.approx(900 * 2e-6)
     body = sum(g.bytes for g in sh.groups if not g.output)
-    assert part["weights"] == pytest.approx(body * 1e-10)
+    rows = sum(g.rows for g in sh.groups if not g.output)
+    assert part["weights"] == pytest.approx(body * 1e-10 + rows * 1e-8)         # the bytes and a dot product a row
+    assert f"+ {rows} rows x 10.0 ns" in next(p.source for p in a.parts if p.name == "weights")
     att_a = part["attention"]
     att_b = next(p.s_per_token for p in b.parts if p.name == "attention")
     # mean depth 16 vs 4016: the attention part is linear in the depth
@@ -120,7 +127,7 @@ def test_prefill_splits_ubatches_and_computes_the_head_once(smol):
     assert fixed2 == pytest.approx(2 * fixed1)          # two graphs instead of one
     head = next(p.s_per_token for p in one.parts if p.name == "output head")
     out_bytes = sum(g.bytes for g in sh.groups if g.output)
-    assert head * 512 == pytest.approx(out_bytes * 1e-10)
+    assert head * 512 == pytest.approx(out_bytes * 1e-10 + 49152 * 2e-8)       # one mat-vec: 49152 rows of q8_0
 
 
 def test_sliding_window_layers_stop_at_the_window(gemma3_path):
@@ -131,7 +138,8 @@ def test_sliding_window_layers_stop_at_the_window(gemma3_path):
     cal = _cal(n_threads=1, matvec_s_per_byte={k: 1e-10 for k in {g.key for g in sh.groups}},
                matmul_s_per_byte={k: 1e-11 for k in {g.key for g in sh.groups}},
                matmul_s_per_flop={k: 1e-11 for k in {g.key for g in sh.groups}},
-               matcols_s_per_byte={k: {"4": 2e-10} for k in {g.key for g in sh.groups}})
+               matcols_s_per_byte={k: {"4": 2e-10} for k in {g.key for g in sh.groups}},
+               matvec_s_per_row={k: 1e-8 for k in {g.key for g in sh.groups}})
     att = [next(p.s_per_token for p in predict_tg(sh, cal, d, 2, "f16", "f16", "auto").parts if p.name == "attention")
            for d in (4000, 8000)]
     full = len(sh.attn) - len(swa)
@@ -147,6 +155,9 @@ def test_a_type_the_calibration_lacks_is_named_never_guessed(smol):
         predict_tg(sh, cal, 0, 8, "f16", "f16", "auto")
     with pytest.raises(MissingCalibration, match="q5_0/q5_0/fa=auto@h9kv3k64v64"):
         predict_pp(sh, _cal(), 0, 8, 2048, 512, "q5_0", "q5_0", "auto")
+    # a CPU calibration without the type's cost per row (its narrow model not measured) predicts nothing either
+    with pytest.raises(MissingCalibration, match="weight type q4_1"):
+        predict_tg(sh, _cal(matvec_s_per_row={"q8_0": 2e-8}), 0, 8, "f16", "f16", "auto")
 
 
 def test_sequences_decoding_together_share_each_step_s_weights(smol):
@@ -206,6 +217,55 @@ def test_solvers_recover_the_coefficients(monkeypatch, tmp_path):
     flat = [{**x, "ns": [10_000_000] * 3} if x["step"].startswith("tg") else x for x in res]
     with pytest.raises(S.CalibrationError, match="no cost for a deeper cache"):
         S.solve_attn(flat, key)
+
+
+def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
+    """A forward model of the wide and the narrow weight models' timings (their real headers, as the calibration
+    writes them): the solver recovers the mat-vec's cost per byte and per row, the prompt's per FLOP and the
+    few-column step's; rows that noise makes negative cost nothing (never a negative coefficient)."""
+    from edgekv.orchestration import speedcal as S
+
+    truth = {"byte": 3e-11, "row": 15e-9, "flop": 1e-11, "mm_byte": 2e-11, "col": 6e-11}
+    cal = Calibration(id="t", n_threads=2, node_tg_s=6e-7, node_pp_s=4e-5, token_tg_s=9e-6, ubatch_pp_s=6e-4)
+    plan = S.weight_plan(["q4_1"], 2, False)
+    assert [m["key"] for m in plan] == ["w_q4_1", "wn_q4_1"]
+    g = {"nodes_pp": 150, "nodes_tg": 140, "splits_pp": 1, "splits_tg": 1, "ops_pp": 100, "ops_tg": 90}
+    shapes = {m["key"]: S._probe_shape(m["model_path"], g, [], False) for m in plan}
+    wide = shapes["w_q4_1"]
+    rows = {k: sum(x.rows for x in sh.groups) for k, sh in shapes.items()}
+    nbytes = {k: sum(x.bytes for x in sh.groups) for k, sh in shapes.items()}
+    assert rows["wn_q4_1"] / nbytes["wn_q4_1"] > 1.8 * rows["w_q4_1"] / nbytes["w_q4_1"]     # rows half as long
+
+    def results(row: float) -> list[dict]:
+        out = []
+        for k in shapes:
+            t_tok = 90 * cal.node_tg_s + cal.token_tg_s + nbytes[k] * truth["byte"] + rows[k] * row
+            out.append({"model": k, "context": "f16", "step": "tg", "ns": [int(S.TG_N * t_tok * 1e9)] * 5, "graph": g})
+        mats = [x for x in wide.groups if not x.output]
+        o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in wide.groups if x.output)
+        wb, wp = sum(x.bytes for x in mats), sum(x.params for x in mats)
+        for n in S.MM_N:
+            t = 100 * cal.node_pp_s + cal.ubatch_pp_s + o_mv + wb * truth["mm_byte"] + 2 * wp * n * truth["flop"]
+            out.append({"model": "w_q4_1", "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
+        for n in S.MM_COLS:
+            t = 100 * cal.node_tg_s + cal.token_tg_s + o_mv + wb * truth["col"] * n
+            out.append({"model": "w_q4_1", "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
+        return out
+
+    S.solve_weights(results(truth["row"]), plan, cal, [], False)
+    assert cal.matvec_s_per_byte["q4_1"] == pytest.approx(truth["byte"], rel=1e-3)
+    assert cal.matvec_s_per_row["q4_1"] == pytest.approx(truth["row"], rel=1e-3)
+    assert cal.matmul_s_per_flop["q4_1"] == pytest.approx(truth["flop"], rel=1e-3)
+    assert cal.matmul_s_per_byte["q4_1"] == pytest.approx(truth["mm_byte"], rel=1e-3)
+    assert cal.matcols_s_per_byte["q4_1"]["4"] == pytest.approx(4 * truth["col"], rel=1e-3)
+    # the narrow model measured faster per byte than the wide one (noise): no negative row cost, the wide model's
+    # time over its bytes
+    noisy = [{**r, "ns": [int(n * 0.7) for n in r["ns"]]} if r["model"] == "wn_q4_1" else r for r in results(0.0)]
+    S.solve_weights(noisy, plan, cal, [], False)
+    assert cal.matvec_s_per_row["q4_1"] == 0.0
+    assert cal.matvec_s_per_byte["q4_1"] == pytest.approx(truth["byte"], rel=1e-3)
+    # a GPU calibration measures no narrow model (its widths are the body probe's)
+    assert [m["key"] for m in S.weight_plan(["q4_1"], 2, False, "CUDA0")] == ["w_q4_1"]
 
 
 def test_two_processes_calibrating_keep_each_others_coefficients(monkeypatch, tmp_path):
@@ -481,6 +541,8 @@ def test_real_calibration_is_positive_and_cached(real_cal):
     assert cal.node_tg_s > 0 and cal.node_pp_s > 0 and cal.bandwidth_bytes_s > 1e8
     assert {"q4_1", "q8_0"} <= set(cal.matvec_s_per_byte) and all(v > 0 for v in cal.matvec_s_per_byte.values())
     assert all(cal.matmul_s_per_flop[k] > 0 for k in cal.matvec_s_per_byte)
+    # each type's narrow model was decoded: a cost per row for it (zero only where noise made it negative)
+    assert set(cal.matvec_s_per_row) == set(cal.matvec_s_per_byte) and all(v >= 0 for v in cal.matvec_s_per_row.values())
     assert all(cal.attn_tg_s[k] > 0 and cal.attn_pp_s[k] > 0 for k in cal.attn_tg_s)
     again = cached(2, True)
     assert again is not None and again.id == cal.id
@@ -595,7 +657,8 @@ def test_sequences_decoding_together_are_predicted(real_cal, smollm2_path, tmp_p
 
     sh = model_speed_shape(m, runtime_baseline().cpu_features, RP[1] == "1", {"ops_tg": 1, "ops_pp": 1})
     for g in sh.groups:
-        assert weights_s(g, real_cal, 1) == g.bytes * real_cal.matvec_s_per_byte[g.key]
+        assert weights_s(g, real_cal, 1) == pytest.approx(g.bytes * real_cal.matvec_s_per_byte[g.key]
+                                                          + g.rows * real_cal.matvec_s_per_row[g.key])
         assert weights_s(g, real_cal, 4) == pytest.approx(g.bytes * real_cal.matcols_s_per_byte[g.key]["4"])
     parts = {p["name"]: p["s_per_token"] for p in two["prediction"]["speed"]["tg"]["parts"]}
     assert parts["weights"] == pytest.approx(sum(weights_s(g, real_cal, 2) for g in sh.groups if not g.output) / 2)

@@ -6,7 +6,9 @@ One token of decode (a one-token graph) costs
     t_tg(d) = nodes_tg * c_node                               fixed: llama.cpp's graph, one node after another
                                                               (the nodes a backend runs: views cost nothing)
             + sum over weight groups  bytes_g * c_matvec[g]  weights: each matrix read once (MoE: the active experts)
-            + output matrix bytes * c_matvec[output]          output head
+                                 + rows_g * c_row[g]         and one dot product per row of it (CPU)
+            + output matrix bytes * c_matvec[output]          output head (and its rows: one per vocabulary entry)
+                                 + n_vocab * c_row[output]
             + sum over attention layers  n_head * (head_k + head_v) * depth_eff * c_attn_tg[K/V, fa]
 
 and one ubatch of ``n`` prompt tokens at depth ``d``
@@ -61,6 +63,7 @@ class WeightGroup:
     bytes: int            # bytes a decoded token reads
     params: int           # multiply-adds per token (elements of the matrices it uses)
     output: bool = False  # the output head (computed once per prompt, every decoded token)
+    rows: int = 0         # rows of the matrices a decoded token reads (one dot product each; MoE: the active experts)
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ def speed_shape(shape: ModelShape, tensors: Sequence[Tensor], cpu_features: Iter
     :func:`edgekv.core.memmodel.extra_buffer_of`), the attention layers and the graph size."""
     feats = list(cpu_features)
     extra = extra_buffer_types(feats, repack)
-    acc: dict[tuple[str, bool], list[int]] = {}
+    acc: dict[tuple[str, bool], list[int]] = {}     # (key, output) -> [bytes, params, rows]
     notes: list[str] = []
     frac = expert_used / expert_count if expert_used and expert_count else 1.0
     tied = tied_output(tensors)
@@ -136,16 +139,18 @@ def speed_shape(shape: ModelShape, tensors: Sequence[Tensor], cpu_features: Iter
         n = 1
         for d in t.shape:
             n *= int(d)
+        rows = n // max(1, int(t.shape[0]))         # ggml's ne1 x ne2 x ...: a row is ne0 elements
         b = t.n_bytes
         if "_exps" in t.name and frac < 1.0:
-            n, b = int(n * frac), int(b * frac)
+            n, b, rows = int(n * frac), int(b * frac), int(rows * frac)
         out = t.name.startswith("output.")
-        g = acc.setdefault((key, out), [0, 0])
+        g = acc.setdefault((key, out), [0, 0, 0])
         g[0] += b
         g[1] += n
+        g[2] += rows
     if frac < 1.0:
         notes.append(f"MoE: {expert_used} of {expert_count} experts read per token")
-    groups = tuple(WeightGroup(k, b, n, out) for (k, out), (b, n) in sorted(acc.items()))
+    groups = tuple(WeightGroup(k, b, n, out, r) for (k, out), (b, n, r) in sorted(acc.items()))
     attn = tuple(AttnLayer(lay.n_head, lay.head_k, lay.head_v, shape.n_swa if lay.is_swa and shape.n_swa else None,
                            lay.n_head_kv)
                  for lay in shape.layers[:shape.n_layer] if lay.attn_cache or lay.reuses is not None)
@@ -183,6 +188,10 @@ class Calibration:
     node_pp_body_s: dict[str, float] = field(default_factory=dict)
     vocab_tg_s: float = 0.0
     matvec_s_per_byte: dict[str, float] = field(default_factory=dict)
+    # per weight type, the CPU mat-vec's cost per row beyond its bytes (ggml-cpu computes one dot product per row and
+    # hands rows out in chunks of 64: a narrow model's many short rows cost more per byte than a wide one's); empty
+    # on a GPU, whose node cost is measured at the model's own widths instead
+    matvec_s_per_row: dict[str, float] = field(default_factory=dict)
     matmul_s_per_byte: dict[str, float] = field(default_factory=dict)   # per ubatch: the weights streamed once
     matmul_s_per_flop: dict[str, float] = field(default_factory=dict)
     # per weight type, a ubatch of a few columns (str(n) -> seconds per byte of the matrices): llama.cpp's mat-mul
@@ -223,7 +232,7 @@ class MissingCalibration(ValueError):
 def missing(cal: Calibration, sh: SpeedShape, type_k: str, type_v: str, flash_attn: str) -> tuple[list[str], list[str]]:
     """(weight keys, K/V keys) the prediction needs and the calibration lacks."""
     w = sorted({g.key for g in sh.groups if g.key not in cal.matvec_s_per_byte or g.key not in cal.matmul_s_per_flop
-                or g.key not in cal.matcols_s_per_byte})
+                or g.key not in cal.matcols_s_per_byte or (not cal.device and g.key not in cal.matvec_s_per_row)})
     a = sorted({k for k in attn_keys(sh, type_k, type_v, flash_attn) if k not in cal.attn_tg_s or k not in cal.attn_pp_s})
     return w, a
 
@@ -340,18 +349,24 @@ def node_cost(sh: SpeedShape, cal: Calibration, test: str) -> tuple[float, str]:
 MATMUL_LINEAR_FROM = 32      # from this many columns on, a ubatch's weights follow the prompt coefficients
 
 
+def matvec_s(g: WeightGroup, cal: Calibration) -> float:
+    """Seconds one decoded token spends in group ``g``'s matrices: its bytes read, and on the CPU one dot product per
+    row (a GPU calibration prices the widths in its node cost: no row term)."""
+    return g.bytes * cal.matvec_s_per_byte[g.key] + g.rows * cal.matvec_s_per_row.get(g.key, 0.0)
+
+
 def weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
-    """Seconds one ubatch of ``n`` tokens spends in group ``g``'s matrices: a mat-vec for one token; for a few
+    """Seconds one ubatch of ``n`` tokens spends in group ``g``'s matrices: a mat-vec for one token (matvec_s); for a few
     columns the measured cost (linear between the measured column counts, and up to the prompt model at
     MATMUL_LINEAR_FROM); from MATMUL_LINEAR_FROM columns on, the bytes streamed plus the FLOPs."""
     def linear(k: int) -> float:
         return g.bytes * cal.matmul_s_per_byte[g.key] + 2.0 * g.params * k * cal.matmul_s_per_flop[g.key]
 
     if n <= 1:
-        return g.bytes * cal.matvec_s_per_byte[g.key]
+        return matvec_s(g, cal)
     if n >= MATMUL_LINEAR_FROM:
         return linear(n)
-    pts = [(1, g.bytes * cal.matvec_s_per_byte[g.key])]
+    pts = [(1, matvec_s(g, cal))]
     pts += sorted((int(k), g.bytes * v) for k, v in cal.matcols_s_per_byte.get(g.key, {}).items()
                   if 1 < int(k) < MATMUL_LINEAR_FROM)
     pts.append((MATMUL_LINEAR_FROM, linear(MATMUL_LINEAR_FROM)))
@@ -376,12 +391,11 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
                        + (f" + {sh.n_vocab} logits to the host {t_vocab * 1e6 / n:.0f} us" if t_vocab else "")
                        + (f" per step of {n} tokens" if n > 1 else " per token"))]
     w = sum(weights_s(g, cal, n) for g in sh.groups if not g.output) / n
-    parts.append(SpeedPart("weights", w, ", ".join(
-        f"{g.key} {g.bytes / 1e6:.1f} MB at {1e-9 / cal.matvec_s_per_byte[g.key]:.1f} GB/s"
-        for g in sh.groups if not g.output) + (f"; {n} columns per step" if n > 1 else "")))
+    parts.append(SpeedPart("weights", w, ", ".join(_matvec_source(g, cal) for g in sh.groups if not g.output)
+                           + (f"; {n} columns per step" if n > 1 else "")))
     o = sum(weights_s(g, cal, n) for g in sh.groups if g.output) / n
     if o:
-        parts.append(SpeedPart("output head", o, ", ".join(f"{g.key} {g.bytes / 1e6:.1f} MB" for g in sh.groups if g.output)))
+        parts.append(SpeedPart("output head", o, ", ".join(_matvec_source(g, cal) for g in sh.groups if g.output)))
     kv = kv_key(type_k, type_v, flash_attn)
     if sh.attn:
         split = split_kv_path(type_k, type_v, flash_attn, cal.device)
@@ -392,6 +406,13 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
     read = sum(g.bytes for g in sh.groups) / n + _kv_bytes_per_cell(type_k, type_v, sh) * mean_depth
     roof = cal.bandwidth_bytes_s / read if cal.bandwidth_bytes_s and read else None
     return SpeedPrediction("tg", 1.0 / t, depth, n_gen, parts, roof, read, cal.id)
+
+
+def _matvec_source(g: WeightGroup, cal: Calibration) -> str:
+    """Where a group's decode time comes from: "q4_1 66.3 MB at 27.1 GB/s + 155520 rows x 15.2 ns"."""
+    row = cal.matvec_s_per_row.get(g.key, 0.0)
+    return (f"{g.key} {g.bytes / 1e6:.1f} MB at {1e-9 / cal.matvec_s_per_byte[g.key]:.1f} GB/s"
+            + (f" + {g.rows} rows x {row * 1e9:.1f} ns" if row and g.rows else ""))
 
 
 def ubatches(n_prompt: int, n_batch: int, n_ubatch: int) -> list[int]:

@@ -14,7 +14,8 @@ sparse files: nothing of the user's model is needed):
   geometry over shallower differences of the same work: :func:`attn_steps`);
 * per weight type (as the CPU backend holds it: repacked or not, the rules of core/memmodel), the mat-vec cost
   per byte (decode) and the mat-mat cost per byte streamed and per FLOP (prompts of 256 and 32 tokens) on a
-  model of 24-64 MB of matrices of that type;
+  model of 24-64 MB of matrices of that type; on the CPU also the mat-vec's cost per row, from the decode of a
+  second model of about the same bytes in rows half as long (:data:`NARROW_WIDTHS`);
 * the machine's read bandwidth, independently (:func:`edgekv.edges.bandwidth.read_bandwidth`), for the roofline.
 
 Types a model needs and the calibration lacks are measured on demand (a few seconds each), never guessed.  A
@@ -36,9 +37,9 @@ from typing import Any
 from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, weight_key
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 6           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+CAL_VERSION = 7           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
-# 6: a node is one a backend runs (the scheduler's listing), not a view
+# 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -55,6 +56,11 @@ MM_N = (256, 32)
 MM_COLS = (2, 4)          # a ubatch of a few columns: -npl sequences decoding together (one timed graph per run)
 MM_COLS_REPS = 9
 WEIGHT_TARGET_BYTES = 48 * 1024 * 1024
+# the CPU mat-vec's cost per row: a second weight model of each type, of about the same bytes in rows of 512 elements
+# (the wide model's are 1024 and 4096): twice the rows per byte.  On two threads of a 2-vCPU EPYC VM a q4_1 model of
+# SmolLM2's widths (576/1536) decoded at 12.6 GB/s where the wide model ran at 18.7, and bytes + rows fitted seven
+# widths from 512 to 4096 within 8 % where bytes alone missed by up to 42 % (bench/README.md, the speed model)
+NARROW_WIDTHS = {"n_embd": 512, "n_ff": 2048, "n_head": 8}
 # A GPU calibration (every layer offloaded): a GPU reads 48 MB in microseconds, less than the graph's own launches, so
 # its weight models are wide and about 1 GiB (the bytes then dominate a token), and its attention differences span
 # 15K cells (a tiny model's cache at 1K cells is read in a microsecond); filling 16K cells takes a GPU well under a
@@ -95,10 +101,10 @@ def auto_measure() -> bool:
     return mode == "auto"
 
 
-def weight_shape(type_name: str, device: str = "") -> dict[str, Any]:
+def weight_shape(type_name: str, device: str = "", narrow: bool = False) -> dict[str, Any]:
     """A llama model of about WEIGHT_TARGET_BYTES of ``type_name`` matrices (n_embd 1024, n_ff 4096; K-quants
-    need rows of 256); for a GPU (``device``) about DEVICE_WEIGHT_TARGET_BYTES of n_embd 4096, n_ff 16384 (heads
-    of 128, which every flash-attention kernel has)."""
+    need rows of 256; ``narrow``: NARROW_WIDTHS, for the cost per row); for a GPU (``device``) about
+    DEVICE_WEIGHT_TARGET_BYTES of n_embd 4096, n_ff 16384 (heads of 128, which every flash-attention kernel has)."""
     from gguf import GGMLQuantizationType
 
     from edgekv.core.cachetypes import ggml_type_info
@@ -106,8 +112,10 @@ def weight_shape(type_name: str, device: str = "") -> dict[str, Any]:
     qt = GGMLQuantizationType[type_name.upper()]
     _name, blk, size = ggml_type_info(int(qt))
     e, f, target, heads = (4096, 16384, DEVICE_WEIGHT_TARGET_BYTES, 32) if device else (1024, 4096, WEIGHT_TARGET_BYTES, 8)
+    if narrow:
+        e, f, heads = NARROW_WIDTHS["n_embd"], NARROW_WIDTHS["n_ff"], NARROW_WIDTHS["n_head"]
     per_layer = (4 * e * e + 3 * e * f) * size / blk
-    n_layer = max(1, min(8, round(target / per_layer)))
+    n_layer = max(1, min(48 if narrow else 8, round(target / per_layer)))
     return {"n_embd": e, "n_ff": f, "n_layer": n_layer, "n_head": heads, "n_head_kv": heads, "mat_type": qt.name}
 
 
@@ -331,6 +339,11 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
         out.append({"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": _ngl(device),
                     "model_path": str(speed_model_path(name, **shape)), "shape": shape,
                     "contexts": [_ctx("f16", n_threads, steps, n_ctx=512)]})
+        if not device:      # the CPU's cost per row: the narrow model's decode beside the wide one's
+            narrow = weight_shape(t, narrow=True)
+            out.append({"key": f"wn_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": 0,
+                        "model_path": str(speed_model_path(f"wn_{t.lower()}", **narrow)), "shape": narrow,
+                        "contexts": [_ctx("f16", n_threads, [_step("tg", "tg", 0, TG_N, 5, 2)], n_ctx=512)]})
     return out
 
 
@@ -465,32 +478,33 @@ def solve_attn(results: list[dict], key: str, n_threads: int = 1, device: str = 
 def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibration, cpu_features: list[str],
                   repack: bool) -> None:
     """Fill cal's mat-vec and mat-mat coefficients for each weight model of ``plan`` (the node and attention costs
-    already in ``cal`` are taken out first)."""
-    from edgekv.core.speed import attn_units_tg
-
-    for m in plan:
+    already in ``cal`` are taken out first; on the CPU the narrow model's decode beside the wide one's gives the
+    cost per row)."""
+    feats, rp = ([], False) if cal.device else (cpu_features, repack)     # a GPU: no CPU extra buffer applies
+    for m in (x for x in plan if x["key"].startswith("w_")):
         r = _by(results, m["key"])
-        # on a GPU every matrix sits in the device's buffer: no CPU extra buffer applies
-        feats, rp = ([], False) if cal.device else (cpu_features, repack)
         sh = _probe_shape(m["model_path"], r["tg"]["graph"], feats, rp)
         mats = [g for g in sh.groups if not g.output]
         outs = [g for g in sh.groups if g.output]
         key = mats[0].key
         w_bytes, w_params = sum(g.bytes for g in mats), sum(g.params for g in mats)
-        o_bytes = sum(g.bytes for g in outs)
         units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
         f16 = kv_key("f16", "f16", "auto")
-        t_tg = _median_s(r["tg"]["ns"]) / TG_N - sh.nodes_tg * cal.node_tg_s - cal.token_tg_s \
-            - attn_units_tg(sh, TG_N / 2, cal.n_threads, not cal.device) * cal.attn_tg_s.get(f16, 0.0)
-        if t_tg <= 0:
-            raise _disturbed(f"of {key} weights measured no cost for reading them")
-        mv = t_tg / (w_bytes + o_bytes)
+        narrow = next((x for x in plan if x["key"] == "wn_" + m["key"][2:]), None)
+        mv, row = _solve_matvec(key, (sh, _decode_rest(r, sh, cal)),
+                                _narrow_decode(results, narrow, feats, rp, cal, {g.key for g in sh.groups})
+                                if narrow else None)
         cal.matvec_s_per_byte[key] = mv
         if outs and outs[0].key not in cal.matvec_s_per_byte:
             cal.matvec_s_per_byte[outs[0].key] = mv
+        if narrow:
+            cal.matvec_s_per_row[key] = row
+            if outs:
+                cal.matvec_s_per_row.setdefault(outs[0].key, row)
+        o_mv = sum(g.bytes * mv + g.rows * row for g in outs)      # the output head: one mat-vec per prompt
         rest = []
         for n in MM_N:
-            t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_pp_s - cal.ubatch_pp_s - o_bytes * mv \
+            t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_pp_s - cal.ubatch_pp_s - o_mv \
                 - n * units * (n / 2) * cal.attn_pp_s.get(f16, 0.0)
             rest.append((n, t))
         (n1, t1), (n2, t2) = rest
@@ -502,7 +516,7 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         cal.matmul_s_per_byte[key] = per_byte
         cols = {}
         for n in MM_COLS:     # one graph of n tokens: a decode step's nodes, the output head once
-            t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_tg_s - cal.token_tg_s - o_bytes * mv \
+            t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_tg_s - cal.token_tg_s - o_mv \
                 - n * units * (n / 2) * cal.attn_pp_s.get(f16, 0.0)
             if t <= 0:
                 raise _disturbed(f"of {key} weights measured no cost for a {n}-column mat-mul")
@@ -510,6 +524,53 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         cal.matcols_s_per_byte[key] = cols
         if outs and outs[0].key not in cal.matcols_s_per_byte:
             cal.matcols_s_per_byte[outs[0].key] = dict(cols)
+
+
+def _decode_rest(r: dict[str, dict], sh, cal: Calibration) -> float:
+    """A weight model's decode time per token less what is not its matrices: the graph's nodes, the token's own
+    cost and the f16 attention at the decode's mean depth."""
+    from edgekv.core.speed import attn_units_tg
+
+    f16 = kv_key("f16", "f16", "auto")
+    return _median_s(r["tg"]["ns"]) / TG_N - sh.nodes_tg * cal.node_tg_s - cal.token_tg_s \
+        - attn_units_tg(sh, TG_N / 2, cal.n_threads, not cal.device) * cal.attn_tg_s.get(f16, 0.0)
+
+
+def _narrow_decode(results: list[dict], m: dict[str, Any], feats: list[str], repack: bool, cal: Calibration,
+                   wide_keys: set[str]) -> tuple[Any, float]:
+    """(speed shape, decode time of its matrices) of a type's narrow weight model, whose matrices the CPU backend
+    must hold as it holds the wide model's (``wide_keys``), or the two do not measure the same kernel."""
+    r = _by(results, m["key"])
+    sh = _probe_shape(m["model_path"], r["tg"]["graph"], feats, repack)
+    keys = {g.key for g in sh.groups}
+    if keys != wide_keys:
+        raise CalibrationError(f"the narrow {m['type']} weight model is held as {', '.join(sorted(keys))}, not as "
+                               f"{', '.join(sorted(wide_keys))}: its cost per row cannot be measured")
+    return sh, _decode_rest(r, sh, cal)
+
+
+def _solve_matvec(key: str, wide: tuple[Any, float], narrow: tuple[Any, float] | None) -> tuple[float, float]:
+    """(seconds per byte, seconds per row) of a type's mat-vec: from the wide model alone (no row term: a GPU) or
+    from the wide and the narrow model's decodes, t = bytes x c_byte + rows x c_row.  A row cost the machine's noise
+    makes negative is zero (the wide model then prices its bytes alone); a byte cost at or below zero is refused."""
+    (sw, tw) = wide
+    bw, rw = (sum(g.bytes for g in sw.groups), sum(g.rows for g in sw.groups))
+    if tw <= 0:
+        raise _disturbed(f"of {key} weights measured no cost for reading them")
+    if narrow is None:
+        return tw / bw, 0.0
+    sn, tn = narrow
+    bn, rn = sum(g.bytes for g in sn.groups), sum(g.rows for g in sn.groups)
+    if tn <= 0:
+        raise _disturbed(f"of {key} weights' narrow model measured no cost for reading them")
+    det = bw * rn - bn * rw
+    row = (bw * tn - bn * tw) / det
+    if row <= 0:
+        return tw / bw, 0.0
+    per_byte = (tw - rw * row) / bw
+    if per_byte <= 0:
+        raise _disturbed(f"of {key} weights measured rows that cost more than the wide model's whole decode")
+    return per_byte, row
 
 
 def _attn_needed(cal: Calibration, pairs: Iterable[tuple[str, str, str]],
@@ -532,7 +593,8 @@ def _types_needed(cal: Calibration, weight_types: Iterable[str], cpu_features: l
     extra = extra_buffer_types(cpu_features, repack)
     for t in dict.fromkeys(x.lower() for x in weight_types):
         k = t if cal.device else weight_key(t, extra_buffer_of(_Probe(t, weight_shape(t)), extra, cpu_features))
-        if k not in cal.matmul_s_per_flop or k not in cal.matcols_s_per_byte:
+        row_missing = not cal.device and k not in cal.matvec_s_per_row
+        if k not in cal.matmul_s_per_flop or k not in cal.matcols_s_per_byte or row_missing:
             out.append(t)
     return out
 
@@ -784,8 +846,8 @@ def _merge_cached(cal: Calibration, path, key: str) -> list[dict]:
         return []
     if other is None or other.id != cal.id:
         return []
-    for name in ("matvec_s_per_byte", "matmul_s_per_byte", "matmul_s_per_flop", "matcols_s_per_byte", "attn_tg_s",
-                 "attn_pp_s", "node_tg_body_s", "node_pp_body_s"):
+    for name in ("matvec_s_per_byte", "matvec_s_per_row", "matmul_s_per_byte", "matmul_s_per_flop", "matcols_s_per_byte",
+                 "attn_tg_s", "attn_pp_s", "node_tg_body_s", "node_pp_body_s"):
         mine = getattr(cal, name)
         for k, v in getattr(other, name).items():
             mine.setdefault(k, v)
