@@ -46,6 +46,7 @@ def _cal(**kw) -> Calibration:
     c = Calibration(id="test", n_threads=2, node_tg_s=2e-6, node_pp_s=4e-6,
                     matvec_s_per_byte={"q4_1": 1e-10, "q8_0": 1e-10},
                     matvec_s_per_row={"q4_1": 1e-8, "q8_0": 2e-8},
+                    matvec_stream_s_per_byte={"q4_1": 5e-11, "q8_0": 5e-11},
                     matmul_s_per_byte={"q4_1": 1e-11, "q8_0": 1e-11},
                     matmul_s_per_flop={"q4_1": 2e-11, "q8_0": 1e-11},
                     matcols_s_per_byte={"q4_1": {"2": 1.5e-10, "4": 2.5e-10}, "q8_0": {"2": 1.4e-10, "4": 2e-10}},
@@ -139,7 +140,8 @@ def test_sliding_window_layers_stop_at_the_window(gemma3_path):
                matmul_s_per_byte={k: 1e-11 for k in {g.key for g in sh.groups}},
                matmul_s_per_flop={k: 1e-11 for k in {g.key for g in sh.groups}},
                matcols_s_per_byte={k: {"4": 2e-10} for k in {g.key for g in sh.groups}},
-               matvec_s_per_row={k: 1e-8 for k in {g.key for g in sh.groups}})
+               matvec_s_per_row={k: 1e-8 for k in {g.key for g in sh.groups}},
+               matvec_stream_s_per_byte={k: 5e-11 for k in {g.key for g in sh.groups}})
     att = [next(p.s_per_token for p in predict_tg(sh, cal, d, 2, "f16", "f16", "auto").parts if p.name == "attention")
            for d in (4000, 8000)]
     full = len(sh.attn) - len(swa)
@@ -158,6 +160,31 @@ def test_a_type_the_calibration_lacks_is_named_never_guessed(smol):
     # a CPU calibration without the type's cost per row (its narrow model not measured) predicts nothing either
     with pytest.raises(MissingCalibration, match="weight type q4_1"):
         predict_tg(sh, _cal(matvec_s_per_row={"q8_0": 2e-8}), 0, 8, "f16", "f16", "auto")
+    with pytest.raises(MissingCalibration, match="weight type q4_1"):       # nor its streaming rate
+        predict_tg(sh, _cal(matvec_stream_s_per_byte={"q8_0": 5e-11}), 0, 8, "f16", "f16", "auto")
+
+
+def test_a_large_model_s_weights_take_at_least_their_streaming_time():
+    """A token's matrices cost their kernels' work (bytes and rows, as the 48 MB calibration models measure it) or,
+    where that is faster, their bytes at the rate llama.cpp streams the type from memory (a 384 MB model)."""
+    from edgekv.core.speed import WeightGroup, weights_s
+
+    cal = _cal(matvec_stream_s_per_byte={"q4_1": 3e-10, "q8_0": 5e-11})
+    big = WeightGroup("q4_1", 4_000_000_000, 7_000_000_000, False, 1_500_000)     # an 8B model's wide rows
+    assert weights_s(big, cal, 1) == pytest.approx(4e9 * 3e-10)                   # memory: 1.2 s, not 0.415
+    assert weights_s(big, cal, 2) == pytest.approx(4e9 * 3e-10)                   # two columns read it once too
+    small = WeightGroup("q8_0", 30_000_000, 28_000_000, True, 49_152)             # SmolLM2's head: the kernels
+    assert weights_s(small, cal, 1) == pytest.approx(30e6 * 1e-10 + 49_152 * 2e-8)
+    sh = speed_shape_of((big, small))
+    src = {p.name: p.source for p in predict_tg(sh, cal, 0, 8, "f16", "f16", "auto").parts}
+    assert src["weights"] == "q4_1 4000.0 MB streamed from memory at 3.3 GB/s"
+    assert src["output head"] == "q8_0 30.0 MB at 10.0 GB/s + 49152 rows x 20.0 ns"
+
+
+def speed_shape_of(groups):
+    from edgekv.core.speed import SpeedShape
+
+    return SpeedShape(tuple(groups), (), 100, 100)
 
 
 def test_sequences_decoding_together_share_each_step_s_weights(smol):
@@ -225,10 +252,10 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     few-column step's; rows that noise makes negative cost nothing (never a negative coefficient)."""
     from edgekv.orchestration import speedcal as S
 
-    truth = {"byte": 3e-11, "row": 15e-9, "flop": 1e-11, "mm_byte": 2e-11, "col": 6e-11}
+    truth = {"byte": 3e-11, "row": 15e-9, "flop": 1e-11, "mm_byte": 2e-11, "col": 6e-11, "stream": 5e-11}
     cal = Calibration(id="t", n_threads=2, node_tg_s=6e-7, node_pp_s=4e-5, token_tg_s=9e-6, ubatch_pp_s=6e-4)
     plan = S.weight_plan(["q4_1"], 2, False)
-    assert [m["key"] for m in plan] == ["w_q4_1", "wn_q4_1"]
+    assert [m["key"] for m in plan] == ["w_q4_1", "wn_q4_1", "ws_q4_1"]
     g = {"nodes_pp": 150, "nodes_tg": 140, "splits_pp": 1, "splits_tg": 1, "ops_pp": 100, "ops_tg": 90}
     shapes = {m["key"]: S._probe_shape(m["model_path"], g, [], False) for m in plan}
     wide = shapes["w_q4_1"]
@@ -239,8 +266,10 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     def results(row: float) -> list[dict]:
         out = []
         for k in shapes:
-            t_tok = 90 * cal.node_tg_s + cal.token_tg_s + nbytes[k] * truth["byte"] + rows[k] * row
-            out.append({"model": k, "context": "f16", "step": "tg", "ns": [int(S.TG_N * t_tok * 1e9)] * 5, "graph": g})
+            t_tok = 90 * cal.node_tg_s + cal.token_tg_s + (nbytes[k] * truth["stream"] if k == "ws_q4_1" else
+                                                             nbytes[k] * truth["byte"] + rows[k] * row)
+            n_tok = S.STREAM_N if k == "ws_q4_1" else S.TG_N
+            out.append({"model": k, "context": "f16", "step": "tg", "ns": [int(n_tok * t_tok * 1e9)] * 5, "graph": g})
         mats = [x for x in wide.groups if not x.output]
         o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in wide.groups if x.output)
         wb, wp = sum(x.bytes for x in mats), sum(x.params for x in mats)
@@ -255,6 +284,8 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     S.solve_weights(results(truth["row"]), plan, cal, [], False)
     assert cal.matvec_s_per_byte["q4_1"] == pytest.approx(truth["byte"], rel=1e-3)
     assert cal.matvec_s_per_row["q4_1"] == pytest.approx(truth["row"], rel=1e-3)
+    assert cal.matvec_stream_s_per_byte["q4_1"] == pytest.approx(truth["stream"], rel=1e-3)
+    assert 8 * nbytes["w_q4_1"] > nbytes["ws_q4_1"] > 6 * nbytes["w_q4_1"]       # 384 MB against 48
     assert cal.matmul_s_per_flop["q4_1"] == pytest.approx(truth["flop"], rel=1e-3)
     assert cal.matmul_s_per_byte["q4_1"] == pytest.approx(truth["mm_byte"], rel=1e-3)
     assert cal.matcols_s_per_byte["q4_1"]["4"] == pytest.approx(4 * truth["col"], rel=1e-3)
@@ -543,6 +574,8 @@ def test_real_calibration_is_positive_and_cached(real_cal):
     assert all(cal.matmul_s_per_flop[k] > 0 for k in cal.matvec_s_per_byte)
     # each type's narrow model was decoded: a cost per row for it (zero only where noise made it negative)
     assert set(cal.matvec_s_per_row) == set(cal.matvec_s_per_byte) and all(v >= 0 for v in cal.matvec_s_per_row.values())
+    assert set(cal.matvec_stream_s_per_byte) == set(cal.matvec_s_per_byte)     # and its 384 MB model streamed
+    assert all(v > 0 for v in cal.matvec_stream_s_per_byte.values())
     assert all(cal.attn_tg_s[k] > 0 and cal.attn_pp_s[k] > 0 for k in cal.attn_tg_s)
     again = cached(2, True)
     assert again is not None and again.id == cal.id
@@ -657,8 +690,9 @@ def test_sequences_decoding_together_are_predicted(real_cal, smollm2_path, tmp_p
 
     sh = model_speed_shape(m, runtime_baseline().cpu_features, RP[1] == "1", {"ops_tg": 1, "ops_pp": 1})
     for g in sh.groups:
-        assert weights_s(g, real_cal, 1) == pytest.approx(g.bytes * real_cal.matvec_s_per_byte[g.key]
-                                                          + g.rows * real_cal.matvec_s_per_row[g.key])
+        assert weights_s(g, real_cal, 1) == pytest.approx(max(g.bytes * real_cal.matvec_s_per_byte[g.key]
+                                                              + g.rows * real_cal.matvec_s_per_row[g.key],
+                                                              g.bytes * real_cal.matvec_stream_s_per_byte[g.key]))
         assert weights_s(g, real_cal, 4) == pytest.approx(g.bytes * real_cal.matcols_s_per_byte[g.key]["4"])
     parts = {p["name"]: p["s_per_token"] for p in two["prediction"]["speed"]["tg"]["parts"]}
     assert parts["weights"] == pytest.approx(sum(weights_s(g, real_cal, 2) for g in sh.groups if not g.output) / 2)

@@ -6,7 +6,9 @@ One token of decode (a one-token graph) costs
     t_tg(d) = nodes_tg * c_node                               fixed: llama.cpp's graph, one node after another
                                                               (the nodes a backend runs: views cost nothing)
             + sum over weight groups  bytes_g * c_matvec[g]  weights: each matrix read once (MoE: the active experts)
-                                 + rows_g * c_row[g]         and one dot product per row of it (CPU)
+                                 + rows_g * c_row[g]         and one dot product per row of it (CPU), or at
+                                                              least bytes_g * c_stream[g]: as fast as llama.cpp
+                                                              streams that type from memory
             + output matrix bytes * c_matvec[output]          output head (and its rows: one per vocabulary entry)
                                  + n_vocab * c_row[output]
             + sum over attention layers  n_head * (head_k + head_v) * depth_eff * c_attn_tg[K/V, fa]
@@ -192,6 +194,9 @@ class Calibration:
     # hands rows out in chunks of 64: a narrow model's many short rows cost more per byte than a wide one's); empty
     # on a GPU, whose node cost is measured at the model's own widths instead
     matvec_s_per_row: dict[str, float] = field(default_factory=dict)
+    # per weight type, the mat-vec's time per byte on a model far larger than the CPU's caches (the CPU): a token's
+    # matrices take at least their bytes at this rate (the weights come from memory), whatever their rows
+    matvec_stream_s_per_byte: dict[str, float] = field(default_factory=dict)
     matmul_s_per_byte: dict[str, float] = field(default_factory=dict)   # per ubatch: the weights streamed once
     matmul_s_per_flop: dict[str, float] = field(default_factory=dict)
     # per weight type, a ubatch of a few columns (str(n) -> seconds per byte of the matrices): llama.cpp's mat-mul
@@ -232,7 +237,8 @@ class MissingCalibration(ValueError):
 def missing(cal: Calibration, sh: SpeedShape, type_k: str, type_v: str, flash_attn: str) -> tuple[list[str], list[str]]:
     """(weight keys, K/V keys) the prediction needs and the calibration lacks."""
     w = sorted({g.key for g in sh.groups if g.key not in cal.matvec_s_per_byte or g.key not in cal.matmul_s_per_flop
-                or g.key not in cal.matcols_s_per_byte or (not cal.device and g.key not in cal.matvec_s_per_row)})
+                or g.key not in cal.matcols_s_per_byte
+                or (not cal.device and (g.key not in cal.matvec_s_per_row or g.key not in cal.matvec_stream_s_per_byte))})
     a = sorted({k for k in attn_keys(sh, type_k, type_v, flash_attn) if k not in cal.attn_tg_s or k not in cal.attn_pp_s})
     return w, a
 
@@ -349,16 +355,28 @@ def node_cost(sh: SpeedShape, cal: Calibration, test: str) -> tuple[float, str]:
 MATMUL_LINEAR_FROM = 32      # from this many columns on, a ubatch's weights follow the prompt coefficients
 
 
-def matvec_s(g: WeightGroup, cal: Calibration) -> float:
-    """Seconds one decoded token spends in group ``g``'s matrices: its bytes read, and on the CPU one dot product per
-    row (a GPU calibration prices the widths in its node cost: no row term)."""
+def matvec_compute_s(g: WeightGroup, cal: Calibration) -> float:
+    """A group's mat-vec as the calibration's weight models (about 48 MB, partly in the CPU's caches) price it: its
+    bytes, and on the CPU one dot product per row (a GPU calibration prices the widths in its node cost)."""
     return g.bytes * cal.matvec_s_per_byte[g.key] + g.rows * cal.matvec_s_per_row.get(g.key, 0.0)
+
+
+def matvec_s(g: WeightGroup, cal: Calibration) -> float:
+    """Seconds one decoded token spends in group ``g``'s matrices: the kernels' work (matvec_compute_s), or on the CPU,
+    where that is faster than llama.cpp streams the type from memory (a large model: an 8B model's 4.3 GB of
+    q4_K at 100 GB/s of kernel work measured 28 GB/s, bench/README.md), the bytes at the streaming rate."""
+    return max(matvec_compute_s(g, cal), g.bytes * cal.matvec_stream_s_per_byte.get(g.key, 0.0))
 
 
 def weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
     """Seconds one ubatch of ``n`` tokens spends in group ``g``'s matrices: a mat-vec for one token (matvec_s); for a few
     columns the measured cost (linear between the measured column counts, and up to the prompt model at
-    MATMUL_LINEAR_FROM); from MATMUL_LINEAR_FROM columns on, the bytes streamed plus the FLOPs."""
+    MATMUL_LINEAR_FROM); from MATMUL_LINEAR_FROM columns on, the bytes streamed plus the FLOPs.  Never less than
+    the bytes at the rate llama.cpp streams the type from memory (a ubatch reads its weights once)."""
+    return max(_ubatch_weights_s(g, cal, n), g.bytes * cal.matvec_stream_s_per_byte.get(g.key, 0.0))
+
+
+def _ubatch_weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
     def linear(k: int) -> float:
         return g.bytes * cal.matmul_s_per_byte[g.key] + 2.0 * g.params * k * cal.matmul_s_per_flop[g.key]
 
@@ -411,6 +429,9 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
 def _matvec_source(g: WeightGroup, cal: Calibration) -> str:
     """Where a group's decode time comes from: "q4_1 66.3 MB at 27.1 GB/s + 155520 rows x 15.2 ns"."""
     row = cal.matvec_s_per_row.get(g.key, 0.0)
+    stream = cal.matvec_stream_s_per_byte.get(g.key, 0.0)
+    if stream and g.bytes * stream > matvec_compute_s(g, cal):
+        return f"{g.key} {g.bytes / 1e6:.1f} MB streamed from memory at {1e-9 / stream:.1f} GB/s"
     return (f"{g.key} {g.bytes / 1e6:.1f} MB at {1e-9 / cal.matvec_s_per_byte[g.key]:.1f} GB/s"
             + (f" + {g.rows} rows x {row * 1e9:.1f} ns" if row and g.rows else ""))
 

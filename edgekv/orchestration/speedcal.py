@@ -15,7 +15,8 @@ sparse files: nothing of the user's model is needed):
 * per weight type (as the CPU backend holds it: repacked or not, the rules of core/memmodel), the mat-vec cost
   per byte (decode) and the mat-mat cost per byte streamed and per FLOP (prompts of 256 and 32 tokens) on a
   model of 24-64 MB of matrices of that type; on the CPU also the mat-vec's cost per row, from the decode of a
-  second model of about the same bytes in rows half as long (:data:`NARROW_WIDTHS`);
+  second model of about the same bytes in rows half as long (:data:`NARROW_WIDTHS`), and the rate llama.cpp
+  streams the type from memory, from the decode of a third of STREAM_TARGET_BYTES (far larger than the caches);
 * the machine's read bandwidth, independently (:func:`edgekv.edges.bandwidth.read_bandwidth`), for the roofline.
 
 Types a model needs and the calibration lacks are measured on demand (a few seconds each), never guessed.  A
@@ -39,7 +40,8 @@ from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_p
 
 CAL_VERSION = 7           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
-# 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row
+# 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row and
+# streaming rate
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -61,6 +63,11 @@ WEIGHT_TARGET_BYTES = 48 * 1024 * 1024
 # SmolLM2's widths (576/1536) decoded at 12.6 GB/s where the wide model ran at 18.7, and bytes + rows fitted seven
 # widths from 512 to 4096 within 8 % where bytes alone missed by up to 42 % (bench/README.md, the speed model)
 NARROW_WIDTHS = {"n_embd": 512, "n_ff": 2048, "n_head": 8}
+# and the rate it streams a type from memory: the wide widths, about 8x a large L3 (a 48 MB model sits partly in a
+# 32 MiB L3: its repacked q4_K decoded at 100 GB/s of kernel work, while an 8B model of it streamed 28 GB/s,
+# bench/README.md); 16 tokens, 3 runs (reading 384 MB takes 10-20 ms a token on two cores)
+STREAM_TARGET_BYTES = 384 * 1024 * 1024
+STREAM_N = 16
 # A GPU calibration (every layer offloaded): a GPU reads 48 MB in microseconds, less than the graph's own launches, so
 # its weight models are wide and about 1 GiB (the bytes then dominate a token), and its attention differences span
 # 15K cells (a tiny model's cache at 1K cells is read in a microsecond); filling 16K cells takes a GPU well under a
@@ -101,9 +108,10 @@ def auto_measure() -> bool:
     return mode == "auto"
 
 
-def weight_shape(type_name: str, device: str = "", narrow: bool = False) -> dict[str, Any]:
+def weight_shape(type_name: str, device: str = "", narrow: bool = False, stream: bool = False) -> dict[str, Any]:
     """A llama model of about WEIGHT_TARGET_BYTES of ``type_name`` matrices (n_embd 1024, n_ff 4096; K-quants
-    need rows of 256; ``narrow``: NARROW_WIDTHS, for the cost per row); for a GPU (``device``) about
+    need rows of 256; ``narrow``: NARROW_WIDTHS, for the cost per row; ``stream``: STREAM_TARGET_BYTES of the
+    wide widths, for the streaming rate); for a GPU (``device``) about
     DEVICE_WEIGHT_TARGET_BYTES of n_embd 4096, n_ff 16384 (heads of 128, which every flash-attention kernel has)."""
     from gguf import GGMLQuantizationType
 
@@ -114,8 +122,10 @@ def weight_shape(type_name: str, device: str = "", narrow: bool = False) -> dict
     e, f, target, heads = (4096, 16384, DEVICE_WEIGHT_TARGET_BYTES, 32) if device else (1024, 4096, WEIGHT_TARGET_BYTES, 8)
     if narrow:
         e, f, heads = NARROW_WIDTHS["n_embd"], NARROW_WIDTHS["n_ff"], NARROW_WIDTHS["n_head"]
+    if stream:
+        target = STREAM_TARGET_BYTES
     per_layer = (4 * e * e + 3 * e * f) * size / blk
-    n_layer = max(1, min(48 if narrow else 8, round(target / per_layer)))
+    n_layer = max(1, min(48 if narrow or stream else 8, round(target / per_layer)))
     return {"n_embd": e, "n_ff": f, "n_layer": n_layer, "n_head": heads, "n_head_kv": heads, "mat_type": qt.name}
 
 
@@ -339,11 +349,12 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
         out.append({"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": _ngl(device),
                     "model_path": str(speed_model_path(name, **shape)), "shape": shape,
                     "contexts": [_ctx("f16", n_threads, steps, n_ctx=512)]})
-        if not device:      # the CPU's cost per row: the narrow model's decode beside the wide one's
-            narrow = weight_shape(t, narrow=True)
-            out.append({"key": f"wn_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": 0,
-                        "model_path": str(speed_model_path(f"wn_{t.lower()}", **narrow)), "shape": narrow,
-                        "contexts": [_ctx("f16", n_threads, [_step("tg", "tg", 0, TG_N, 5, 2)], n_ctx=512)]})
+        if not device:      # the CPU: the narrow model's decode (cost per row), the large one's (streaming rate)
+            for pre, shp, step in (("wn", weight_shape(t, narrow=True), _step("tg", "tg", 0, TG_N, 5, 2)),
+                                   ("ws", weight_shape(t, stream=True), _step("tg", "tg", 0, STREAM_N, 3, 1))):
+                out.append({"key": f"{pre}_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": 0,
+                            "model_path": str(speed_model_path(f"{pre}_{t.lower()}", **shp)), "shape": shp,
+                            "contexts": [_ctx("f16", n_threads, [step], n_ctx=512)]})
     return out
 
 
@@ -501,6 +512,12 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
             cal.matvec_s_per_row[key] = row
             if outs:
                 cal.matvec_s_per_row.setdefault(outs[0].key, row)
+        stream = next((x for x in plan if x["key"] == "ws_" + m["key"][2:]), None)
+        if stream:
+            st = _stream_s_per_byte(results, stream, feats, rp, cal, {g.key for g in sh.groups})
+            cal.matvec_stream_s_per_byte[key] = st
+            if outs:
+                cal.matvec_stream_s_per_byte.setdefault(outs[0].key, st)
         o_mv = sum(g.bytes * mv + g.rows * row for g in outs)      # the output head: one mat-vec per prompt
         rest = []
         for n in MM_N:
@@ -526,27 +543,37 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
             cal.matcols_s_per_byte[outs[0].key] = dict(cols)
 
 
-def _decode_rest(r: dict[str, dict], sh, cal: Calibration) -> float:
-    """A weight model's decode time per token less what is not its matrices: the graph's nodes, the token's own
-    cost and the f16 attention at the decode's mean depth."""
+def _decode_rest(r: dict[str, dict], sh, cal: Calibration, n_tokens: int = TG_N) -> float:
+    """A weight model's decode time per token (of ``n_tokens`` timed) less what is not its matrices: the graph's
+    nodes, the token's own cost and the f16 attention at the decode's mean depth."""
     from edgekv.core.speed import attn_units_tg
 
     f16 = kv_key("f16", "f16", "auto")
-    return _median_s(r["tg"]["ns"]) / TG_N - sh.nodes_tg * cal.node_tg_s - cal.token_tg_s \
-        - attn_units_tg(sh, TG_N / 2, cal.n_threads, not cal.device) * cal.attn_tg_s.get(f16, 0.0)
+    return _median_s(r["tg"]["ns"]) / n_tokens - sh.nodes_tg * cal.node_tg_s - cal.token_tg_s \
+        - attn_units_tg(sh, n_tokens / 2, cal.n_threads, not cal.device) * cal.attn_tg_s.get(f16, 0.0)
 
 
 def _narrow_decode(results: list[dict], m: dict[str, Any], feats: list[str], repack: bool, cal: Calibration,
-                   wide_keys: set[str]) -> tuple[Any, float]:
-    """(speed shape, decode time of its matrices) of a type's narrow weight model, whose matrices the CPU backend
-    must hold as it holds the wide model's (``wide_keys``), or the two do not measure the same kernel."""
+                   wide_keys: set[str], n_tokens: int = TG_N) -> tuple[Any, float]:
+    """(speed shape, decode time of its matrices) of a type's narrow (or large) weight model, whose matrices the CPU
+    backend must hold as it holds the wide model's (``wide_keys``), or the two do not measure the same kernel."""
     r = _by(results, m["key"])
     sh = _probe_shape(m["model_path"], r["tg"]["graph"], feats, repack)
     keys = {g.key for g in sh.groups}
     if keys != wide_keys:
-        raise CalibrationError(f"the narrow {m['type']} weight model is held as {', '.join(sorted(keys))}, not as "
-                               f"{', '.join(sorted(wide_keys))}: its cost per row cannot be measured")
-    return sh, _decode_rest(r, sh, cal)
+        raise CalibrationError(f"the {m['key']} weight model is held as {', '.join(sorted(keys))}, not as "
+                               f"{', '.join(sorted(wide_keys))}: it does not time the same kernel")
+    return sh, _decode_rest(r, sh, cal, n_tokens)
+
+
+def _stream_s_per_byte(results: list[dict], m: dict[str, Any], feats: list[str], repack: bool, cal: Calibration,
+                       wide_keys: set[str]) -> float:
+    """Seconds per byte of a type's large weight model's decode (less its nodes, token and attention): the rate
+    llama.cpp streams that type's matrices from memory, or computes them where that is slower."""
+    sh, t = _narrow_decode(results, m, feats, repack, cal, wide_keys, n_tokens=STREAM_N)
+    if t <= 0:
+        raise _disturbed(f"of {m['type']} weights' large model measured no cost for reading them")
+    return t / sum(g.bytes for g in sh.groups)
 
 
 def _solve_matvec(key: str, wide: tuple[Any, float], narrow: tuple[Any, float] | None) -> tuple[float, float]:
@@ -593,7 +620,7 @@ def _types_needed(cal: Calibration, weight_types: Iterable[str], cpu_features: l
     extra = extra_buffer_types(cpu_features, repack)
     for t in dict.fromkeys(x.lower() for x in weight_types):
         k = t if cal.device else weight_key(t, extra_buffer_of(_Probe(t, weight_shape(t)), extra, cpu_features))
-        row_missing = not cal.device and k not in cal.matvec_s_per_row
+        row_missing = not cal.device and (k not in cal.matvec_s_per_row or k not in cal.matvec_stream_s_per_byte)
         if k not in cal.matmul_s_per_flop or k not in cal.matcols_s_per_byte or row_missing:
             out.append(t)
     return out
@@ -846,8 +873,8 @@ def _merge_cached(cal: Calibration, path, key: str) -> list[dict]:
         return []
     if other is None or other.id != cal.id:
         return []
-    for name in ("matvec_s_per_byte", "matvec_s_per_row", "matmul_s_per_byte", "matmul_s_per_flop", "matcols_s_per_byte",
-                 "attn_tg_s", "attn_pp_s", "node_tg_body_s", "node_pp_body_s"):
+    for name in ("matvec_s_per_byte", "matvec_s_per_row", "matvec_stream_s_per_byte", "matmul_s_per_byte",
+                 "matmul_s_per_flop", "matcols_s_per_byte", "attn_tg_s", "attn_pp_s", "node_tg_body_s", "node_pp_body_s"):
         mine = getattr(cal, name)
         for k, v in getattr(other, name).items():
             mine.setdefault(k, v)

@@ -1,0 +1,66 @@
+"""A large model's decode against the speed model: an 8B-shaped llama of zero weights, run for real (issue 26).
+
+The test models (SmolLM2 135M, Gemma 3 270M) fit in a few hundred MB; a user's 8B model reads 4-5 GB a token, which
+no 48 MB calibration model describes: its matrices stream from memory.  This writes a llama of Qwen3 8B's widths
+(36 layers, n_embd 4096, n_ff 12288, 32 query and 8 KV heads of 128, a 151,936-token vocabulary) with ``--type``
+matrices as a sparse file of zeros under ``bench/.build/`` (about 6 GB apparent, nothing on disk), then runs
+``edgekv bench`` on it: each configuration in a fresh process, the speed prediction made before the run stored
+beside the measurement.
+
+    .venv/bin/python bench/large_model_decode.py --out bench/results/large_model_decode/zero-8b-q4_k.jsonl
+
+Needs about 5 GB of free memory (llama.cpp repacks the matrices into its CPU_REPACK buffer) and a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SHAPE = {"n_embd": 4096, "n_ff": 12288, "n_layer": 36, "n_head": 32, "n_head_kv": 8, "n_vocab": 151936}
+
+
+def main() -> None:
+    from edgekv.edges.tinymodel import write_llama
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--type", default="Q4_K", help="the matrices' ggml type (default %(default)s)")
+    ap.add_argument("--threads", default="2")
+    ap.add_argument("--out", type=Path, required=True, help="the records (JSONL, appended; an interrupted run resumes)")
+    a = ap.parse_args()
+    folder = ROOT / "bench" / ".build"
+    folder.mkdir(parents=True, exist_ok=True)
+    model = folder / f"zero-8b-{a.type.lower()}.gguf"
+    if not model.is_file():
+        write_llama(model, mat_type=a.type.upper(), name="edgekv zero-weight 8B shape", **SHAPE)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "edgekv.cli", "bench", str(model), "-c", "1024", "-ctk", "f16,q8_0", "-p", "32",
+            "-n", "16", "-r", "3", "-t", a.threads, "-o", str(a.out), "--json"]
+    print("+", " ".join(argv[2:]), flush=True)
+    subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    report(a.out)
+
+
+def report(path: Path) -> None:
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        sp = (r.get("prediction") or {}).get("speed") or {}
+        for test in ("tg", "pp"):
+            meas = ((r.get("speed") or {}).get(test) or {}).get("mean_ts")
+            pred = (sp.get(test) or {}).get("tokens_per_s")
+            if meas and pred:
+                s = r["settings"]
+                print(f"{s['type_k']} depth {s['n_depth']} {test}: measured {meas:.2f} t/s, predicted {pred:.2f} "
+                      f"({100 * (meas - pred) / pred:+.1f} %)")
+        for p in (sp.get("tg") or {}).get("parts", []):
+            print(f"    {p['name']}: {1e3 * p['s_per_token']:.1f} ms ({p['source']})")
+
+
+if __name__ == "__main__":
+    main()
