@@ -8,6 +8,7 @@ included).  A row is ggml's ne0 elements: ggml-cpu's mat-vec computes one dot pr
 chunks of 64 (ggml-cpu.c, ggml_compute_forward_mul_mat).
 
     .venv/bin/python bench/matvec_widths.py --threads 2,1 --types Q4_1,Q8_0 --out bench/results/matvec_widths.csv
+    .venv/bin/python bench/matvec_widths.py --threads 2 --prompt      # the same widths' pp512
 
 Run it on a quiet machine; it prints each width's decode and the two fits' residuals, and writes the rows as CSV.
 """
@@ -49,11 +50,13 @@ def model(folder: Path, mat_type: str, e: int, f: int, h: int, kv: int, target: 
             "bytes": per_layer * n_layer + out_bytes, "rows": n_layer * (h * hd + 2 * kv * hd + 2 * e + 2 * f) + 256}
 
 
-def decode_ms(exe: Path, env: dict, path: Path, threads: int) -> tuple[float, float]:
-    r = subprocess.run([str(exe), "-m", str(path), "-p", "0", "-n", "32", "-r", "5", "-t", str(threads), "-o", "jsonl"],
+def decode_ms(exe: Path, env: dict, path: Path, threads: int, prompt: bool = False) -> tuple[float, float]:
+    """Milliseconds per decoded token (or, ``prompt``, per 512-token prompt) and the relative spread."""
+    test = ["-p", "512", "-n", "0", "-r", "3"] if prompt else ["-p", "0", "-n", "32", "-r", "5"]
+    r = subprocess.run([str(exe), "-m", str(path), *test, "-t", str(threads), "-o", "jsonl"],
                        capture_output=True, text=True, env=env, check=True)
     j = next(json.loads(x) for x in r.stdout.splitlines() if x.startswith("{"))
-    return 1e3 / j["avg_ts"], j["stddev_ts"] / j["avg_ts"]
+    return (512 if prompt else 1) * 1e3 / j["avg_ts"], j["stddev_ts"] / j["avg_ts"]
 
 
 def fit(rows: list[dict], node_s: float) -> None:
@@ -76,6 +79,8 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=64.0, help="MB of matrices per model (default %(default)s)")
     ap.add_argument("--node-us", type=float, default=0.6, help="a graph node's cost taken out first (us)")
     ap.add_argument("--out", type=Path, help="CSV of every width's decode")
+    ap.add_argument("--prompt", action="store_true", help="time a 512-token prompt instead (pp512; its attention over "
+                    "the layers is not taken out, so the fits are only indicative)")
     a = ap.parse_args()
     exe = tool("llama-bench")
     env = tool_env(exe)
@@ -86,7 +91,7 @@ def main() -> None:
             for th in (int(x) for x in a.threads.split(",")):
                 rows = []
                 for m in models:
-                    ms, sd = decode_ms(exe, env, m["path"], th)
+                    ms, sd = decode_ms(exe, env, m["path"], th, a.prompt)
                     rows.append({**{k: v for k, v in m.items() if k != "path"}, "threads": th, "ms": ms, "sd": sd})
                     print(f"{t} {m['n_embd']}/{m['n_ff']} x{m['n_layer']} -t {th}: {m['bytes'] / 1e6:.1f} MB, "
                           f"{m['rows']} rows, {ms:.2f} ms ({m['bytes'] / ms / 1e6:.1f} GB/s, sd {100 * sd:.1f} %)",
