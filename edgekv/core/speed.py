@@ -361,11 +361,16 @@ def matvec_compute_s(g: WeightGroup, cal: Calibration) -> float:
     return g.bytes * cal.matvec_s_per_byte[g.key] + g.rows * cal.matvec_s_per_row.get(g.key, 0.0)
 
 
+def stream_s(g: WeightGroup, cal: Calibration) -> float:
+    """A group's bytes at the rate llama.cpp streams its type from memory (0 where not calibrated: a GPU)."""
+    return g.bytes * cal.matvec_stream_s_per_byte.get(g.key, 0.0)
+
+
 def matvec_s(g: WeightGroup, cal: Calibration) -> float:
     """Seconds one decoded token spends in group ``g``'s matrices: the kernels' work (matvec_compute_s), or on the CPU,
     where that is faster than llama.cpp streams the type from memory (a large model: an 8B model's 4.3 GB of
     q4_K at 100 GB/s of kernel work measured 28 GB/s, bench/README.md), the bytes at the streaming rate."""
-    return max(matvec_compute_s(g, cal), g.bytes * cal.matvec_stream_s_per_byte.get(g.key, 0.0))
+    return max(matvec_compute_s(g, cal), stream_s(g, cal))
 
 
 def weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
@@ -373,7 +378,7 @@ def weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
     columns the measured cost (linear between the measured column counts, and up to the prompt model at
     MATMUL_LINEAR_FROM); from MATMUL_LINEAR_FROM columns on, the bytes streamed plus the FLOPs.  Never less than
     the bytes at the rate llama.cpp streams the type from memory (a ubatch reads its weights once)."""
-    return max(_ubatch_weights_s(g, cal, n), g.bytes * cal.matvec_stream_s_per_byte.get(g.key, 0.0))
+    return max(_ubatch_weights_s(g, cal, n), stream_s(g, cal))
 
 
 def _ubatch_weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
@@ -429,9 +434,8 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
 def _matvec_source(g: WeightGroup, cal: Calibration) -> str:
     """Where a group's decode time comes from: "q4_1 66.3 MB at 27.1 GB/s + 155520 rows x 15.2 ns"."""
     row = cal.matvec_s_per_row.get(g.key, 0.0)
-    stream = cal.matvec_stream_s_per_byte.get(g.key, 0.0)
-    if stream and g.bytes * stream > matvec_compute_s(g, cal):
-        return f"{g.key} {g.bytes / 1e6:.1f} MB streamed from memory at {1e-9 / stream:.1f} GB/s"
+    if stream_s(g, cal) > matvec_compute_s(g, cal):
+        return f"{g.key} {g.bytes / 1e6:.1f} MB streamed from memory at {1e-9 / cal.matvec_stream_s_per_byte[g.key]:.1f} GB/s"
     return (f"{g.key} {g.bytes / 1e6:.1f} MB at {1e-9 / cal.matvec_s_per_byte[g.key]:.1f} GB/s"
             + (f" + {g.rows} rows x {row * 1e9:.1f} ns" if row and g.rows else ""))
 

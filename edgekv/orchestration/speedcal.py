@@ -519,8 +519,8 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         f16 = kv_key("f16", "f16", "auto")
         narrow = next((x for x in plan if x["key"] == "wn_" + m["key"][2:]), None)
         mv, row = _solve_matvec(key, (sh, _decode_rest(r, sh, cal)),
-                                _narrow_decode(results, narrow, feats, rp, cal, {g.key for g in sh.groups})
-                                if narrow else None)
+                                _decode_of(results, narrow, feats, rp, cal, {g.key for g in sh.groups},
+                                           again="wnb_" + m["key"][2:]) if narrow else None)
         cal.matvec_s_per_byte[key] = mv
         if outs and outs[0].key not in cal.matvec_s_per_byte:
             cal.matvec_s_per_byte[outs[0].key] = mv
@@ -569,19 +569,18 @@ def _decode_rest(r: dict[str, dict], sh, cal: Calibration, n_tokens: int = TG_N)
         - attn_units_tg(sh, n_tokens / 2, cal.n_threads, not cal.device) * cal.attn_tg_s.get(f16, 0.0)
 
 
-def _narrow_decode(results: list[dict], m: dict[str, Any], feats: list[str], repack: bool, cal: Calibration,
-                   wide_keys: set[str], n_tokens: int = TG_N) -> tuple[Any, float]:
-    """(speed shape, decode time of its matrices) of a type's narrow (or large) weight model, whose matrices the CPU
-    backend must hold as it holds the wide model's (``wide_keys``), or the two do not measure the same kernel."""
+def _decode_of(results: list[dict], m: dict[str, Any], feats: list[str], repack: bool, cal: Calibration,
+               wide_keys: set[str], n_tokens: int = TG_N, again: str = "") -> tuple[Any, float]:
+    """(speed shape, decode time of its matrices) of a type's narrow or large weight model, whose matrices the CPU
+    backend must hold as it holds the wide model's (``wide_keys``), or the two do not measure the same kernel;
+    ``again``: the key under which the same model was timed a second time (the mean of both is taken)."""
     r = _by(results, m["key"])
     sh = _probe_shape(m["model_path"], r["tg"]["graph"], feats, repack)
     keys = {g.key for g in sh.groups}
     if keys != wide_keys:
         raise CalibrationError(f"the {m['key']} weight model is held as {', '.join(sorted(keys))}, not as "
                                f"{', '.join(sorted(wide_keys))}: it does not time the same kernel")
-    # the narrow model timed again after the wide one: the mean of both
-    again = _by(results, m["key"].replace("wn_", "wnb_", 1)) if m["key"].startswith("wn_") else {}
-    ts = [_decode_rest(x, sh, cal, n_tokens) for x in (r, again) if "tg" in x]
+    ts = [_decode_rest(x, sh, cal, n_tokens) for x in (r, _by(results, again) if again else {}) if "tg" in x]
     return sh, sum(ts) / len(ts)
 
 
@@ -589,7 +588,7 @@ def _stream_s_per_byte(results: list[dict], m: dict[str, Any], feats: list[str],
                        wide_keys: set[str]) -> float:
     """Seconds per byte of a type's large weight model's decode (less its nodes, token and attention): the rate
     llama.cpp streams that type's matrices from memory, or computes them where that is slower."""
-    sh, t = _narrow_decode(results, m, feats, repack, cal, wide_keys, n_tokens=STREAM_N)
+    sh, t = _decode_of(results, m, feats, repack, cal, wide_keys, n_tokens=STREAM_N)
     if t <= 0:
         raise _disturbed(f"of {m['type']} weights' large model measured no cost for reading them")
     return t / sum(g.bytes for g in sh.groups)
