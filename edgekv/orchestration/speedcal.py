@@ -3,8 +3,10 @@ edgekv drives (llama-cpp-python in one child process, or the user's own llama-be
 cached under ``EDGEKV_HOME/calibration/`` keyed by the environment fingerprint (for llama-bench: that binary), the
 thread count and the ``--repack`` setting, re-measured when any of them changes.
 
-What it measures, each on zero-weight models edgekv writes itself (:func:`edgekv.edges.tinymodel.speed_model_path`,
-sparse files: nothing of the user's model is needed):
+What it measures, each on models edgekv writes itself (:func:`edgekv.edges.tinymodel.speed_model_path`; nothing
+of the user's model is needed), whose weights are values like a trained model's, not zeros: on x86 llama.cpp's
+kernels convert every block's fp16 scales through a lookup table, and a model of zeros decoded SmolLM2's shape
+about 20 % faster than SmolLM2 itself (:func:`edgekv.edges.tinymodel.fill_values`):
 
 * the fixed cost of a graph node: decode and a 512-token prompt on two narrow models (n_embd 64) of 2 and 34
   layers; the time difference over llama.cpp's own node-count difference (its ``graph: nodes = ...`` line);
@@ -38,10 +40,10 @@ from typing import Any
 from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, weight_key
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 7           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+CAL_VERSION = 8           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
 # 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row and
-# streaming rate
+# streaming rate; 8: models of values like a trained model's, not zeros (edgekv.edges.tinymodel.fill_values)
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
