@@ -166,8 +166,9 @@ def speed_summary(recs: list) -> str:
                             f" of the bandwidth bound), pp {sp.pp.tokens_per_s:.2f} t/s")
     return (f"\n\n**Speed, predicted for one machine** (`edgekv/core/speed.py`; calibration `{sps[0].calibration_id}` on "
             f"{sps[0].machine}, measured by `edgekv predict` through the vendored llama.cpp's CPU backend on synthetic "
-            "zero-weight models, then applied to this header's shapes and weight types): llama-bench's tg128 and pp512 "
-            "at depth = context − 512. " + "; ".join(figs) + ". Nothing was run on the model itself. **On other "
+            "models of values like a trained model's, then applied to this header's shapes and weight types): "
+            "llama-bench's tg128 and pp512 at depth = context − 512. " + "; ".join(figs)
+            + ". Nothing was run on the model itself. **On other "
             "hardware every coefficient changes**: decode of the weights follows the machine's read bandwidth (the "
             "bound column), prefill its matrix throughput for these weight types (and whether llama.cpp repacks them, "
             "or uses AMX), attention at depth its cost per K/V type (quantized caches are much slower than f16 on CPU), "

@@ -81,7 +81,7 @@ def banner(doc: Document) -> str:
         return "**Predicted only.** Nothing in this report was measured: the figures are computed from GGUF metadata."
     return ("**Predicted only.** No model in this report was run: the memory figures are computed from GGUF metadata, "
             "the speed figures from it and a short speed calibration of one machine (`edgekv calibrate`: small "
-            "synthetic models with zero weights, run through llama.cpp).")
+            "synthetic models whose weights are values like a trained model's, run through llama.cpp).")
 
 
 def render_markdown(doc: Document) -> str:
