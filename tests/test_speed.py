@@ -23,6 +23,7 @@ from edgekv.core.speed import (
     speed_shape,
     ubatches,
 )
+from edgekv.edges.home import edgekv_home
 from edgekv.orchestration.api import load_model
 
 # -- llama.cpp's graph line (llama-context.cpp:754) -------------------------------------------------------------
@@ -562,9 +563,16 @@ def real_cal(smollm2_path):
     feats = runtime_baseline().cpu_features
     m = load_model(str(smollm2_path))
     sh = model_speed_shape(m, feats, RP[1] == "1", None)
+    speed = edgekv_home() / "calibration" / "speed"
+    for p in speed.glob("ws_*"):            # other tests' plans: this calibration must leave none of its own
+        p.unlink()
     sc = calibrate(2, RP[1] == "1", weight_types(sh), [("f16", "f16", "auto"), ("q8_0", "q8_0", "auto")], feats,
                    allow_busy=True, geometries=sorted({a.geometry for a in sh.attn}))
+    SPEED_FILES_AFTER[:] = sorted(p.name for p in speed.iterdir())
     return sc.cal
+
+
+SPEED_FILES_AFTER: list[str] = []
 
 
 def test_real_calibration_is_positive_and_cached(real_cal):
@@ -579,6 +587,9 @@ def test_real_calibration_is_positive_and_cached(real_cal):
     assert set(cal.matvec_stream_s_per_byte) == set(cal.matvec_s_per_byte)     # and its 384 MB model streamed
     assert all(v > 0 for v in cal.matvec_stream_s_per_byte.values())
     assert all(cal.attn_tg_s[k] > 0 and cal.attn_pp_s[k] > 0 for k in cal.attn_tg_s)
+    # the 384 MB streaming models are deleted once timed; the 48 MB wide ones stay for the drift sentinel
+    left = SPEED_FILES_AFTER
+    assert not any(n.startswith("ws_") for n in left) and any(n.startswith("w_q4_1-") for n in left), left
     again = cached(2, True)
     assert again is not None and again.id == cal.id
 

@@ -340,17 +340,10 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
 
 
 def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str = "") -> list[dict[str, Any]]:
-    from edgekv.edges.tinymodel import speed_model_path
 
     out = []
     for t in types:
-        shape = weight_shape(t, device)
-        steps = [_step("tg", "tg", 0, TG_N, 5, 2)] + [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]
-        steps += [_step(f"pp{n}", "pp", 0, n, MM_COLS_REPS, 2) for n in MM_COLS]
-        name = f"w_{t.lower()}" + ("_dev" if device else "")
-        wide = {"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": _ngl(device),
-                "model_path": str(speed_model_path(name, **shape)), "shape": shape,
-                "contexts": [_ctx("f16", n_threads, steps, n_ctx=512)]}
+        wide = _wide_model(t, n_threads, repack, device)
         if device:
             out.append(wide)
             continue
@@ -363,6 +356,34 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
                 _decode_only(f"ws_{t.lower()}", f"ws_{t.lower()}", t, stream, _step("tg", "tg", 0, STREAM_N, 3, 1),
                              n_threads, repack)]
     return out
+
+
+def _wide_model(t: str, n_threads: int, repack: bool, device: str = "") -> dict[str, Any]:
+    """The weight model of type ``t`` at the wide widths: its decode, prompts and few-column steps."""
+    from edgekv.edges.tinymodel import speed_model_path
+
+    shape = weight_shape(t, device)
+    steps = [_step("tg", "tg", 0, TG_N, 5, 2)] + [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]
+    steps += [_step(f"pp{n}", "pp", 0, n, MM_COLS_REPS, 2) for n in MM_COLS]
+    name = f"w_{t.lower()}" + ("_dev" if device else "")
+    return {"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": _ngl(device),
+            "model_path": str(speed_model_path(name, **shape)), "shape": shape,
+            "contexts": [_ctx("f16", n_threads, steps, n_ctx=512)]}
+
+
+def drop_stream_models(plan: list[dict[str, Any]]) -> None:
+    """Delete the plan's streaming-rate models once timed: STREAM_TARGET_BYTES each of written values (not sparse
+    holes), needed only while the calibration runs (the drift sentinel times the 48 MB wide model), and rewritten
+    in about a second when a type is measured again."""
+    from pathlib import Path
+
+    from edgekv.edges.home import edgekv_home
+
+    folder = (edgekv_home() / "calibration" / "speed").resolve()
+    for m in plan:
+        p = Path(m["model_path"]).resolve()
+        if m["key"].startswith("ws_") and p.parent == folder:
+            p.unlink(missing_ok=True)
 
 
 def _decode_only(key: str, file: str, t: str, shape: dict[str, Any], step: dict[str, Any], n_threads: int,
@@ -700,7 +721,7 @@ def check_drift(raw: list[dict], weight_type: str, n_threads: int, repack: bool,
     then = [r for r in raw if isinstance(r, dict) and r.get("model") == name and r.get("step") == "tg" and r.get("ns")]
     if not then:
         return None
-    plan = [m for m in weight_plan([weight_type], n_threads, repack, device) if m["key"] == name]
+    plan = [_wide_model(weight_type, n_threads, repack, device)]     # the wide model alone: no 384 MB model written
     ctx = plan[0]["contexts"][0]
     ctx["steps"] = [st for st in ctx["steps"] if st["key"] == "tg"]      # its decode step alone
     now = _by(run(plan, None), name).get("tg")
@@ -797,9 +818,12 @@ def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tu
                 cal.bandwidth_bytes_s = read_bandwidth(n_threads)
     if want_types:
         plan = weight_plan(want_types, n_threads, repack, dev)
-        res = run(plan, progress)
-        raw += res
-        solve_weights(res, plan, cal, feats, repack)
+        try:
+            res = run(plan, progress)
+            raw += res
+            solve_weights(res, plan, cal, feats, repack)     # reads the models' headers
+        finally:
+            drop_stream_models(plan)
     if dev and new:
         cal.vocab_tg_s = solve_vocab(base, cal)
     if want_bodies:
