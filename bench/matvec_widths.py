@@ -1,6 +1,7 @@
 """A matrix's decode cost per byte against its widths: the evidence for the speed model's cost per row (issue 26).
 
-Writes zero-weight llama models (edgekv's own sparse calibration models) of several widths -- hidden size, feed-
+Writes zero-weight llama models (edgekv's own sparse calibration models; ``--values``: of values like a trained
+model's, as the calibration writes since CAL_VERSION 8) of several widths -- hidden size, feed-
 forward size, heads -- each with about ``--mb`` MB of matrices of one type, decodes each with this build's llama-bench
 (``-p 0 -n 32 -r 5``) and fits the time per token, less the graph's nodes (``--node-us`` each, about 17 a layer), two
 ways: bytes alone, and bytes plus rows (one dot product per row of every matrix; the output head's 256 rows
@@ -9,6 +10,7 @@ chunks of 64 (ggml-cpu.c, ggml_compute_forward_mul_mat).
 
     .venv/bin/python bench/matvec_widths.py --threads 2,1 --types Q4_1,Q8_0 --out bench/results/matvec_widths.csv
     .venv/bin/python bench/matvec_widths.py --threads 2 --prompt      # the same widths' pp512
+    .venv/bin/python bench/matvec_widths.py --threads 2 --types Q4_1 --values   # models of values, not zeros
 
 Run it on a quiet machine; it prints each width's decode and the two fits' residuals, and writes the rows as CSV.
 """
@@ -37,14 +39,15 @@ BYTES_PER_ELEMENT = {"Q4_0": 18 / 32, "Q4_1": 20 / 32, "Q5_0": 22 / 32, "Q8_0": 
 NODES_PER_LAYER = 17
 
 
-def model(folder: Path, mat_type: str, e: int, f: int, h: int, kv: int, target: float) -> dict:
+def model(folder: Path, mat_type: str, e: int, f: int, h: int, kv: int, target: float, values: bool = False) -> dict:
     from edgekv.edges.tinymodel import write_llama
 
     hd = max(32, e // h)
     per_layer = (2 * e * h * hd + 2 * e * kv * hd + 3 * e * f) * BYTES_PER_ELEMENT[mat_type]
     n_layer = max(1, round(target / per_layer))
     path = folder / f"m_{mat_type}_{e}_{f}_{n_layer}.gguf"
-    write_llama(path, n_embd=e, n_ff=f, n_layer=n_layer, n_head=h, n_head_kv=kv, mat_type=mat_type, head_dim=hd)
+    write_llama(path, n_embd=e, n_ff=f, n_layer=n_layer, n_head=h, n_head_kv=kv, mat_type=mat_type, head_dim=hd,
+                values=values)
     out_bytes = 256 * e * BYTES_PER_ELEMENT[mat_type]
     return {"path": path, "type": mat_type, "n_embd": e, "n_ff": f, "n_layer": n_layer,
             "bytes": per_layer * n_layer + out_bytes, "rows": n_layer * (h * hd + 2 * kv * hd + 2 * e + 2 * f) + 256}
@@ -79,6 +82,8 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=64.0, help="MB of matrices per model (default %(default)s)")
     ap.add_argument("--node-us", type=float, default=0.6, help="a graph node's cost taken out first (us)")
     ap.add_argument("--out", type=Path, help="CSV of every width's decode")
+    ap.add_argument("--values", action="store_true", help="models of values like a trained model's (what the speed "
+                    "calibration decodes since CAL_VERSION 8), not zeros")
     ap.add_argument("--prompt", action="store_true", help="time a 512-token prompt instead (pp512; its attention over "
                     "the layers is not taken out, so the fits are only indicative)")
     a = ap.parse_args()
@@ -87,12 +92,13 @@ def main() -> None:
     out = []
     with tempfile.TemporaryDirectory(prefix="edgekv-widths-") as tmp:
         for t in a.types.split(","):
-            models = [model(Path(tmp), t, *w, a.mb * 1e6) for w in WIDTHS]
+            models = [model(Path(tmp), t, *w, a.mb * 1e6, a.values) for w in WIDTHS]
             for th in (int(x) for x in a.threads.split(",")):
                 rows = []
                 for m in models:
                     ms, sd = decode_ms(exe, env, m["path"], th, a.prompt)
-                    rows.append({**{k: v for k, v in m.items() if k != "path"}, "threads": th, "ms": ms, "sd": sd})
+                    rows.append({**{k: v for k, v in m.items() if k != "path"}, "threads": th, "ms": ms, "sd": sd,
+                                 "values": a.values})
                     print(f"{t} {m['n_embd']}/{m['n_ff']} x{m['n_layer']} -t {th}: {m['bytes'] / 1e6:.1f} MB, "
                           f"{m['rows']} rows, {ms:.2f} ms ({m['bytes'] / ms / 1e6:.1f} GB/s, sd {100 * sd:.1f} %)",
                           flush=True)
