@@ -46,7 +46,8 @@ def standins(src: Path, folder: Path, name: str) -> dict[str, Path]:
 
     r = GGUFReader(src)
     size = src.stat().st_size
-    head = src.open("rb").read(r.data_offset)
+    with src.open("rb") as fh:
+        head = fh.read(r.data_offset)
     out = {}
     for kind in ("zeros", "values"):
         p = folder / f"{name}-{kind}.gguf"

@@ -14,6 +14,7 @@ its tensor table implies.  The path is always edgekv's own (:func:`probe_model_p
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -172,19 +173,26 @@ def _pool(qt: Any, name: str, rng: Any) -> bytes:
     return raw.tobytes()
 
 
-def fill_values(f: Any, offset: int, nbytes: int, qt: Any, name: str, chunk: int = 16 << 20) -> None:
-    """Write ``nbytes`` of values like a trained model's (``_pool``, repeated) at ``offset`` of the open file ``f``."""
+@functools.lru_cache(maxsize=16)
+def _run_of(qt: Any, norm: bool, chunk: int = 16 << 20) -> memoryview:
+    """About ``chunk`` bytes of ``_pool`` repeated, made once per type (and norm or not) per process: a model's
+    hundreds of tensors of one type share it."""
     import zlib
 
     import numpy as np
 
-    rng = np.random.default_rng(zlib.crc32(f"{qt.name}/{'norm' in name}".encode()))
-    pool = _pool(qt, name, rng)
-    rep = pool * max(1, chunk // len(pool))
+    rng = np.random.default_rng(zlib.crc32(f"{qt.name}/{norm}".encode()))
+    pool = _pool(qt, "norm" if norm else "", rng)
+    return memoryview(pool * max(1, chunk // len(pool)))
+
+
+def fill_values(f: Any, offset: int, nbytes: int, qt: Any, name: str) -> None:
+    """Write ``nbytes`` of values like a trained model's (``_pool``, repeated) at ``offset`` of the open file ``f``."""
+    rep = _run_of(qt, "norm" in name)
     f.seek(offset)
     left = nbytes
     while left > 0:
-        piece = rep[:left] if left < len(rep) else rep
+        piece = rep[:left]
         f.write(piece)
         left -= len(piece)
 
