@@ -7,6 +7,7 @@ its predictions come to measurements is checked by bench/speed_model.py, not her
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -50,6 +51,7 @@ def _cal(**kw) -> Calibration:
                     matvec_stream_s_per_byte={"q4_1": 5e-11, "q8_0": 5e-11},
                     matmul_s_per_byte={"q4_1": 1e-11, "q8_0": 1e-11},
                     matmul_s_per_flop={"q4_1": 2e-11, "q8_0": 1e-11},
+                    matmul_s_per_dot={"q4_1": 3e-9, "q8_0": 3e-9},
                     matcols_s_per_byte={"q4_1": {"2": 1.5e-10, "4": 2.5e-10}, "q8_0": {"2": 1.4e-10, "4": 2e-10}},
                     attn_tg_s={**{kv_key("f16", "f16", "auto", g): 1e-10 for g in GEOMETRIES},
                                **{kv_key("q8_0", "q8_0", "auto", g): 3e-10 for g in GEOMETRIES}},
@@ -142,7 +144,8 @@ def test_sliding_window_layers_stop_at_the_window(gemma3_path):
                matmul_s_per_flop={k: 1e-11 for k in {g.key for g in sh.groups}},
                matcols_s_per_byte={k: {"4": 2e-10} for k in {g.key for g in sh.groups}},
                matvec_s_per_row={k: 1e-8 for k in {g.key for g in sh.groups}},
-               matvec_stream_s_per_byte={k: 5e-11 for k in {g.key for g in sh.groups}})
+               matvec_stream_s_per_byte={k: 5e-11 for k in {g.key for g in sh.groups}},
+               matmul_s_per_dot={k: 3e-9 for k in {g.key for g in sh.groups}})
     att = [next(p.s_per_token for p in predict_tg(sh, cal, d, 2, "f16", "f16", "auto").parts if p.name == "attention")
            for d in (4000, 8000)]
     full = len(sh.attn) - len(swa)
@@ -163,6 +166,19 @@ def test_a_type_the_calibration_lacks_is_named_never_guessed(smol):
         predict_tg(sh, _cal(matvec_s_per_row={"q8_0": 2e-8}), 0, 8, "f16", "f16", "auto")
     with pytest.raises(MissingCalibration, match="weight type q4_1"):       # nor its streaming rate
         predict_tg(sh, _cal(matvec_stream_s_per_byte={"q8_0": 5e-11}), 0, 8, "f16", "f16", "auto")
+    with pytest.raises(MissingCalibration, match="weight type q4_1"):       # nor its mat-mat's cost per dot product
+        predict_pp(sh, _cal(matmul_s_per_dot={"q8_0": 3e-9}), 0, 512, 2048, 512, "f16", "f16", "auto")
+
+
+def test_a_prompt_pays_one_dot_product_per_row_and_column(smol):
+    """ggml-cpu's mat-mat is a dot product per row and column: a ubatch of n tokens pays rows x n dot costs on top of
+    its FLOPs, so the prompt's weights per token grow by exactly the rows times the cost per dot."""
+    _m, sh = smol
+    part = {dot: next(p.s_per_token for p in predict_pp(sh, _cal(matmul_s_per_dot={"q4_1": dot, "q8_0": dot}), 0, 512,
+                                                          2048, 512, "f16", "f16", "auto").parts if p.name == "weights")
+            for dot in (0.0, 5e-9)}
+    rows = sum(g.rows for g in sh.groups if not g.output)
+    assert rows > 100_000 and part[5e-9] - part[0.0] == pytest.approx(rows * 5e-9)
 
 
 def test_a_large_model_s_weights_take_at_least_their_streaming_time():
@@ -253,7 +269,7 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     few-column step's; rows that noise makes negative cost nothing (never a negative coefficient)."""
     from edgekv.orchestration import speedcal as S
 
-    truth = {"byte": 3e-11, "row": 15e-9, "flop": 1e-11, "mm_byte": 2e-11, "col": 6e-11, "stream": 5e-11}
+    truth = {"byte": 3e-11, "row": 15e-9, "flop": 1e-11, "mm_byte": 2e-11, "col": 6e-11, "stream": 5e-11, "dot": 4e-9}
     cal = Calibration(id="t", n_threads=2, node_tg_s=6e-7, node_pp_s=4e-5, token_tg_s=9e-6, ubatch_pp_s=6e-4)
     plan = S.weight_plan(["q4_1"], 2, False)
     # the narrow model before and after the wide one (one file), then the large one
@@ -266,19 +282,24 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     nbytes = {k: sum(x.bytes for x in sh.groups) for k, sh in shapes.items()}
     assert rows["wn_q4_1"] / nbytes["wn_q4_1"] > 1.8 * rows["w_q4_1"] / nbytes["w_q4_1"]     # rows half as long
 
-    def results(row: float) -> list[dict]:
+    def results(row: float, dot: float = truth["dot"]) -> list[dict]:
         out = []
         for k in shapes:
             t_tok = 90 * cal.node_tg_s + cal.token_tg_s + (nbytes[k] * truth["stream"] if k == "ws_q4_1" else
                                                              nbytes[k] * truth["byte"] + rows[k] * row)
             n_tok = S.STREAM_N if k == "ws_q4_1" else S.TG_N
             out.append({"model": k, "context": "f16", "step": "tg", "ns": [int(n_tok * t_tok * 1e9)] * 5, "graph": g})
+        for k in ("w_q4_1", "wn_q4_1"):      # the prompts: the wide model's and (the dot cost) the narrow one's
+            mats = [x for x in shapes[k].groups if not x.output]
+            o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in shapes[k].groups if x.output)
+            wb, wp, wr = sum(x.bytes for x in mats), sum(x.params for x in mats), sum(x.rows for x in mats)
+            for n in S.MM_N:
+                t = (100 * cal.node_pp_s + cal.ubatch_pp_s + o_mv + wb * truth["mm_byte"] + 2 * wp * n * truth["flop"]
+                     + wr * n * dot)
+                out.append({"model": k, "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
         mats = [x for x in wide.groups if not x.output]
         o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in wide.groups if x.output)
-        wb, wp = sum(x.bytes for x in mats), sum(x.params for x in mats)
-        for n in S.MM_N:
-            t = 100 * cal.node_pp_s + cal.ubatch_pp_s + o_mv + wb * truth["mm_byte"] + 2 * wp * n * truth["flop"]
-            out.append({"model": "w_q4_1", "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
+        wb = sum(x.bytes for x in mats)
         for n in S.MM_COLS:
             t = 100 * cal.node_tg_s + cal.token_tg_s + o_mv + wb * truth["col"] * n
             out.append({"model": "w_q4_1", "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
@@ -291,13 +312,17 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     assert 8 * nbytes["w_q4_1"] > nbytes["ws_q4_1"] > 6 * nbytes["w_q4_1"]       # 384 MB against 48
     assert cal.matmul_s_per_flop["q4_1"] == pytest.approx(truth["flop"], rel=1e-3)
     assert cal.matmul_s_per_byte["q4_1"] == pytest.approx(truth["mm_byte"], rel=1e-3)
+    assert cal.matmul_s_per_dot["q4_1"] == pytest.approx(truth["dot"], rel=1e-3)
     assert cal.matcols_s_per_byte["q4_1"]["4"] == pytest.approx(4 * truth["col"], rel=1e-3)
     # the narrow model measured faster per byte than the wide one (noise): no negative row cost, the wide model's
     # time over its bytes
-    noisy = [{**r, "ns": [int(n * 0.7) for n in r["ns"]]} if r["model"].startswith("wn") else r for r in results(0.0)]
+    noisy = [{**r, "ns": [int(n * 0.7) for n in r["ns"]]} if r["model"].startswith("wn") else r
+             for r in results(0.0, 0.0)]
     S.solve_weights(noisy, plan, cal, [], False)
     assert cal.matvec_s_per_row["q4_1"] == 0.0
     assert cal.matvec_s_per_byte["q4_1"] == pytest.approx(truth["byte"], rel=1e-3)
+    assert cal.matmul_s_per_dot["q4_1"] == 0.0      # nor a negative dot cost: the wide model's FLOPs alone
+    assert cal.matmul_s_per_flop["q4_1"] == pytest.approx(truth["flop"], rel=1e-2)
     # a GPU calibration measures no narrow model (its widths are the body probe's)
     assert [m["key"] for m in S.weight_plan(["q4_1"], 2, False, "CUDA0")] == ["w_q4_1"]
 
@@ -405,8 +430,9 @@ def test_a_machine_that_changed_under_its_calibration_is_measured_again(monkeypa
                         if cal is None else named(cal, key, n, rt))
     again = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0")
     assert again.remeasured and again.cal.id != first.cal.id
-    assert again.note.startswith(f"this machine now decodes the calibration's q8_0 weight model 33 % slower than when "
-                                 f"it was calibrated ({first.cal.id}; more than ±20 % apart): re-measured"), again.note
+    assert again.note.startswith(f"this machine now takes 1.50x the time to decode the calibration's q8_0 weight model "
+                                 f"that it took when it was calibrated ({first.cal.id}; more than ±20 % apart): "
+                                 "re-measured"), again.note
     # measuring off (EDGEKV_SPEED_CALIBRATE=cached): nothing is timed, the cached calibration is used
     slow[0] = 3.0
     kept = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0", measure=False)
@@ -450,7 +476,8 @@ def test_the_drift_sentinel_times_the_real_decode(real_cal, tmp_path):
     fast = [{**r, "ns": [n // 4 for n in r["ns"]]} if r["model"] == "w_q4_1" else r for r in raw]
     S.write_json(tmp_path / "then.json", {"key": key, "calibration": real_cal.to_dict(), "raw": fast})
     why = S._drifted(real_cal, S._read_cache(tmp_path / "then.json", key, False)[2], "q4_1", 2, RP[1] == "1", S._run, "")
-    assert why.startswith("this machine now decodes the calibration's q4_1 weight model") and "slower" in why, why
+    assert re.match(r"this machine now takes (\d+\.\d\d)x the time to decode the calibration's q4_1 weight model", why), why
+    assert float(why.split("takes ")[1].split("x")[0]) > 1.2, why
     assert S.check_drift(raw, "q5_1", 2, RP[1] == "1", S._run) is None       # no timing of that type then: no check
 
 
@@ -584,6 +611,8 @@ def test_real_calibration_is_positive_and_cached(real_cal):
     assert all(cal.matmul_s_per_flop[k] > 0 for k in cal.matvec_s_per_byte)
     # each type's narrow model was decoded: a cost per row for it (zero only where noise made it negative)
     assert set(cal.matvec_s_per_row) == set(cal.matvec_s_per_byte) and all(v >= 0 for v in cal.matvec_s_per_row.values())
+    # and the mat-mat's cost per dot product, from the narrow model's prompts (zero only where noise made it negative)
+    assert set(cal.matmul_s_per_dot) == set(cal.matvec_s_per_byte) and all(v >= 0 for v in cal.matmul_s_per_dot.values())
     assert set(cal.matvec_stream_s_per_byte) == set(cal.matvec_s_per_byte)     # and its 384 MB model streamed
     assert all(v > 0 for v in cal.matvec_stream_s_per_byte.values())
     assert all(cal.attn_tg_s[k] > 0 and cal.attn_pp_s[k] > 0 for k in cal.attn_tg_s)

@@ -17,6 +17,7 @@ and one ubatch of ``n`` prompt tokens at depth ``d``
 
     t_ub(n, d) = nodes_pp * c_node_pp
                + sum over weight groups  bytes_g * a_matmul[g] + 2 * params_g * n * b_matmul[g]
+                                         + rows_g * n * c_dot[g]  (CPU: one dot product per row and column)
                + sum over attention layers  n_head * (head_k + head_v) * n * (d + n / 2)_eff * c_attn_pp[K/V, fa]
 
 with the output head computed once per prompt (llama.cpp computes logits for the last token only).  ``depth_eff``
@@ -199,6 +200,10 @@ class Calibration:
     matvec_stream_s_per_byte: dict[str, float] = field(default_factory=dict)
     matmul_s_per_byte: dict[str, float] = field(default_factory=dict)   # per ubatch: the weights streamed once
     matmul_s_per_flop: dict[str, float] = field(default_factory=dict)
+    # per weight type, the CPU mat-mat's cost per dot product (a row times a column) beyond its FLOPs: ggml-cpu's
+    # mat-mat is the mat-vec's dot product per row and column, so short rows cost more per FLOP; from the narrow
+    # weight model's prompts beside the wide one's (empty on a GPU, and before CAL_VERSION 9)
+    matmul_s_per_dot: dict[str, float] = field(default_factory=dict)
     # per weight type, a ubatch of a few columns (str(n) -> seconds per byte of the matrices): llama.cpp's mat-mul
     # with 2 or 4 columns (-npl sequences decoding together, a short last ubatch) is neither a mat-vec nor the
     # mat-mat the prompt coefficients describe
@@ -238,7 +243,8 @@ def missing(cal: Calibration, sh: SpeedShape, type_k: str, type_v: str, flash_at
     """(weight keys, K/V keys) the prediction needs and the calibration lacks."""
     w = sorted({g.key for g in sh.groups if g.key not in cal.matvec_s_per_byte or g.key not in cal.matmul_s_per_flop
                 or g.key not in cal.matcols_s_per_byte
-                or (not cal.device and (g.key not in cal.matvec_s_per_row or g.key not in cal.matvec_stream_s_per_byte))})
+                or (not cal.device and (g.key not in cal.matvec_s_per_row or g.key not in cal.matvec_stream_s_per_byte
+                                        or g.key not in cal.matmul_s_per_dot))})
     a = sorted({k for k in attn_keys(sh, type_k, type_v, flash_attn) if k not in cal.attn_tg_s or k not in cal.attn_pp_s})
     return w, a
 
@@ -383,7 +389,8 @@ def weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
 
 def _ubatch_weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
     def linear(k: int) -> float:
-        return g.bytes * cal.matmul_s_per_byte[g.key] + 2.0 * g.params * k * cal.matmul_s_per_flop[g.key]
+        return (g.bytes * cal.matmul_s_per_byte[g.key] + 2.0 * g.params * k * cal.matmul_s_per_flop[g.key]
+                + g.rows * k * cal.matmul_s_per_dot.get(g.key, 0.0))
 
     if n <= 1:
         return matvec_s(g, cal)
@@ -478,7 +485,10 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
                                            f"+ {cal.ubatch_pp_s * 1e6:.0f} us"),
              SpeedPart("weights", weights / p,
                        ", ".join(f"{g.key} {2 * g.params / 1e9:.2f} GFLOP/token at "
-                                 f"{1e-9 / cal.matmul_s_per_flop[g.key]:.1f} GFLOP/s" for g in sh.groups if not g.output))]
+                                 f"{1e-9 / cal.matmul_s_per_flop[g.key]:.1f} GFLOP/s"
+                                 + (f" + {g.rows} dot products x {cal.matmul_s_per_dot[g.key] * 1e9:.1f} ns"
+                                    if cal.matmul_s_per_dot.get(g.key) and g.rows else "")
+                                 for g in sh.groups if not g.output))]
     if out:
         parts.append(SpeedPart("output head", out / p, "the last token's logits only"
                                + (f" (of each of {n_seq} sequences)" if n_seq > 1 else "")))

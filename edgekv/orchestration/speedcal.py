@@ -16,8 +16,9 @@ about 20 % faster than SmolLM2 itself (:func:`edgekv.edges.tinymodel.fill_values
   geometry over shallower differences of the same work: :func:`attn_steps`);
 * per weight type (as the CPU backend holds it: repacked or not, the rules of core/memmodel), the mat-vec cost
   per byte (decode) and the mat-mat cost per byte streamed and per FLOP (prompts of 256 and 32 tokens) on a
-  model of 24-64 MB of matrices of that type; on the CPU also the mat-vec's cost per row, from the decode of a
-  second model of about the same bytes in rows half as long (:data:`NARROW_WIDTHS`), and the rate llama.cpp
+  model of 24-64 MB of matrices of that type; on the CPU also the mat-vec's cost per row and the mat-mat's per dot
+  product, from the decode and the same prompts of a second model of about the same bytes in rows half as long
+  (:data:`NARROW_WIDTHS`), and the rate llama.cpp
   streams the type from memory, from the decode of a third of STREAM_TARGET_BYTES (far larger than the caches);
 * the machine's read bandwidth, independently (:func:`edgekv.edges.bandwidth.read_bandwidth`), for the roofline.
 
@@ -40,10 +41,11 @@ from typing import Any
 from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, weight_key
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 8           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+CAL_VERSION = 9           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
 # 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row and
-# streaming rate; 8: models of values like a trained model's, not zeros (edgekv.edges.tinymodel.fill_values)
+# streaming rate; 8: models of values like a trained model's, not zeros (edgekv.edges.tinymodel.fill_values);
+# 9: the CPU mat-mat's cost per dot product (the narrow weight model's prompts)
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -349,9 +351,11 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
             continue
         # the CPU: the narrow model's decode before and after the wide one's (the cost per row; a machine that
         # drifts meanwhile moves both alike), then the large one's (the streaming rate)
+        # (its prompts too, before the wide one's: the mat-mat's cost per dot product)
         narrow, tg = weight_shape(t, narrow=True), _step("tg", "tg", 0, TG_N, 5, 2)
         stream = weight_shape(t, stream=True)
-        out += [_decode_only(f"wn_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack), wide,
+        out += [_decode_only(f"wn_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack,
+                             [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]), wide,
                 _decode_only(f"wnb_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack),
                 _decode_only(f"ws_{t.lower()}", f"ws_{t.lower()}", t, stream, _step("tg", "tg", 0, STREAM_N, 3, 1),
                              n_threads, repack)]
@@ -387,14 +391,14 @@ def drop_stream_models(plan: list[dict[str, Any]]) -> None:
 
 
 def _decode_only(key: str, file: str, t: str, shape: dict[str, Any], step: dict[str, Any], n_threads: int,
-                 repack: bool) -> dict[str, Any]:
-    """A CPU weight model timed by one decode step (``file``: the calibration model's name, shared by two keys that
-    time the same model twice)."""
+                 repack: bool, more: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A CPU weight model timed by one decode step (and ``more`` steps: the narrow model's prompts) (``file``: the
+    calibration model's name, shared by two keys that time the same model twice)."""
     from edgekv.edges.tinymodel import speed_model_path
 
     return {"key": key, "type": t.lower(), "repack": repack, "n_gpu_layers": 0,
             "model_path": str(speed_model_path(file, **shape)), "shape": shape,
-            "contexts": [_ctx("f16", n_threads, [step], n_ctx=512)]}
+            "contexts": [_ctx("f16", n_threads, [step, *(more or [])], n_ctx=512)]}
 
 
 def _by(results: list[dict], model: str, ctx: str | None = None) -> dict[str, dict]:
@@ -558,18 +562,17 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
             if outs:
                 cal.matvec_stream_s_per_byte.setdefault(outs[0].key, st)
         o_mv = sum(g.bytes * mv + g.rows * row for g in outs)      # the output head: one mat-vec per prompt
-        rest = []
-        for n in MM_N:
-            t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_pp_s - cal.ubatch_pp_s - o_mv \
-                - n * units * (n / 2) * cal.attn_pp_s.get(f16, 0.0)
-            rest.append((n, t))
-        (n1, t1), (n2, t2) = rest
-        if t1 <= t2:
-            raise _disturbed(f"of {key} weights measured a {n1}-token prompt no slower than a {n2}-token one")
-        per_flop = (t1 - t2) / (2.0 * w_params * (n1 - n2))
-        per_byte = max((t1 - 2.0 * w_params * n1 * per_flop) / w_bytes, 0.0)
+        (n1, t1), (n2, t2) = _prompt_rest(r, sh, cal, o_mv, key)
+        slope = (t1 - t2) / (n1 - n2)
+        per_flop, per_dot = _solve_matmul(key, (w_params, sum(g.rows for g in mats), slope),
+                                          _narrow_slope(results, narrow, feats, rp, cal, mv, row) if narrow else None)
+        per_byte = max((t1 - n1 * slope) / w_bytes, 0.0)
         cal.matmul_s_per_flop[key] = per_flop
         cal.matmul_s_per_byte[key] = per_byte
+        if narrow:
+            cal.matmul_s_per_dot[key] = per_dot
+            if outs:
+                cal.matmul_s_per_dot.setdefault(outs[0].key, per_dot)
         cols = {}
         for n in MM_COLS:     # one graph of n tokens: a decode step's nodes, the output head once
             t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_tg_s - cal.token_tg_s - o_mv \
@@ -580,6 +583,55 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         cal.matcols_s_per_byte[key] = cols
         if outs and outs[0].key not in cal.matcols_s_per_byte:
             cal.matcols_s_per_byte[outs[0].key] = dict(cols)
+
+
+def _prompt_rest(r: dict[str, dict], sh, cal: Calibration, o_mv: float, key: str) -> list[tuple[int, float]]:
+    """A weight model's MM_N prompts as (tokens, seconds of its matrices): each less the graph's nodes, the
+    ubatch's own cost, the output head's one mat-vec (``o_mv``) and the f16 attention over the prompt."""
+    f16 = kv_key("f16", "f16", "auto")
+    units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
+    rest = [(n, _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_pp_s - cal.ubatch_pp_s - o_mv
+             - n * units * (n / 2) * cal.attn_pp_s.get(f16, 0.0)) for n in MM_N]
+    (n1, t1), (n2, t2) = rest
+    if t1 <= t2:
+        raise _disturbed(f"of {key} weights measured a {n1}-token prompt no slower than a {n2}-token one")
+    return rest
+
+
+def _narrow_slope(results: list[dict], m: dict[str, Any], feats: list[str], repack: bool, cal: Calibration,
+                  mv: float, row: float) -> tuple[int, int, float] | None:
+    """(multiply-adds per column, rows, seconds per column) of the narrow weight model's prompts, or None where it
+    was not prompted (a calibration cached before CAL_VERSION 9)."""
+    r = _by(results, m["key"])
+    if any(f"pp{n}" not in r for n in MM_N):
+        return None
+    sh = _probe_shape(m["model_path"], r["tg"]["graph"], feats, repack)
+    mats = [g for g in sh.groups if not g.output]
+    o_mv = sum(g.bytes * mv + g.rows * row for g in sh.groups if g.output)
+    (n1, t1), (n2, t2) = _prompt_rest(r, sh, cal, o_mv, m["key"])
+    return sum(g.params for g in mats), sum(g.rows for g in mats), (t1 - t2) / (n1 - n2)
+
+
+def _solve_matmul(key: str, wide: tuple[int, int, float], narrow: tuple[int, int, float] | None) -> tuple[float, float]:
+    """(seconds per FLOP, seconds per dot product) of a type's mat-mat, from the seconds each prompt column costs on
+    the wide and the narrow model (params, rows, seconds per column): slope = 2 x params x c_flop + rows x c_dot.
+    ggml-cpu's mat-mat for a type llamafile's sgemm does not take (q4_1, the K-quants unrepacked) is the mat-vec's
+    dot product once per row and column (ggml-cpu.c, ggml_compute_forward_mul_mat_one_chunk, 16 x 16 blocks), so a
+    narrow model's short rows cost more per FLOP: on two threads of the 2-vCPU EPYC VM SmolLM2's widths ran its
+    q4_1 prompt 23 % slower per byte than the wide model's (bench/README.md, the speed model).  As for the mat-vec,
+    a dot cost that noise makes negative is zero (the wide model then prices its FLOPs alone)."""
+    pw, rw, sw = wide
+    if narrow is None:
+        return sw / (2.0 * pw), 0.0
+    pn, rn, sn = narrow
+    det = 2.0 * pw * rn - 2.0 * pn * rw
+    dot = (2.0 * pw * sn - 2.0 * pn * sw) / det if det else 0.0
+    if dot <= 0:
+        return sw / (2.0 * pw), 0.0
+    flop = (sw - rw * dot) / (2.0 * pw)
+    if flop <= 0:
+        raise _disturbed(f"of {key} weights measured dot products that cost more than the wide model's whole prompt")
+    return flop, dot
 
 
 def _decode_rest(r: dict[str, dict], sh, cal: Calibration, n_tokens: int = TG_N) -> float:
@@ -661,7 +713,8 @@ def _types_needed(cal: Calibration, weight_types: Iterable[str], cpu_features: l
     extra = extra_buffer_types(cpu_features, repack)
     for t in dict.fromkeys(x.lower() for x in weight_types):
         k = t if cal.device else weight_key(t, extra_buffer_of(_Probe(t, weight_shape(t)), extra, cpu_features))
-        row_missing = not cal.device and (k not in cal.matvec_s_per_row or k not in cal.matvec_stream_s_per_byte)
+        row_missing = not cal.device and (k not in cal.matvec_s_per_row or k not in cal.matvec_stream_s_per_byte
+                                          or k not in cal.matmul_s_per_dot)
         if k not in cal.matmul_s_per_flop or k not in cal.matcols_s_per_byte or row_missing:
             out.append(t)
     return out
@@ -740,9 +793,10 @@ def _drifted(cal: Calibration, raw: list[dict], sentinel: str, n_threads: int, r
         return ""
     if ratio is None or abs(ratio - 1.0) <= DRIFT_LIMIT:
         return ""
-    how = f"{100 * (1 / ratio - 1):.0f} % faster" if ratio < 1 else f"{100 * (1 - 1 / ratio):.0f} % slower"
-    return (f"this machine now decodes the calibration's {sentinel} weight model {how} than when it was calibrated "
-            f"({cal.id}; more than ±{100 * DRIFT_LIMIT:.0f} % apart): re-measured")
+    # the limit is on the time, so the words are too: "18 % slower" of a decode that took 1.22x the time read as
+    # within a limit of 20 %
+    return (f"this machine now takes {ratio:.2f}x the time to decode the calibration's {sentinel} weight model that it "
+            f"took when it was calibrated ({cal.id}; more than ±{100 * DRIFT_LIMIT:.0f} % apart): re-measured")
 
 
 def _still_holds(cal: Calibration, note: str, measure: bool, sentinel: str | None,
@@ -918,7 +972,8 @@ def _merge_cached(cal: Calibration, path, key: str) -> list[dict]:
     if other is None or other.id != cal.id:
         return []
     for name in ("matvec_s_per_byte", "matvec_s_per_row", "matvec_stream_s_per_byte", "matmul_s_per_byte",
-                 "matmul_s_per_flop", "matcols_s_per_byte", "attn_tg_s", "attn_pp_s", "node_tg_body_s", "node_pp_body_s"):
+                 "matmul_s_per_flop", "matmul_s_per_dot", "matcols_s_per_byte", "attn_tg_s", "attn_pp_s",
+                 "node_tg_body_s", "node_pp_body_s"):
         mine = getattr(cal, name)
         for k, v in getattr(other, name).items():
             mine.setdefault(k, v)

@@ -463,7 +463,7 @@ def render_calibration(con, sc) -> None:
     t = Table(title=f"Weights (on {cal.device})" if cal.device else "Weights (as the CPU backend holds them)",
               title_justify="left")
     for col in ("type", "decode GB/s", "ns per row", "from memory GB/s", "4 columns ×", "prompt GFLOP/s",
-                "prompt ms per GB streamed"):
+                "prompt ns per dot", "prompt ms per GB streamed"):
         t.add_column(col, justify="left" if col == "type" else "right")
     for k in sorted(cal.matvec_s_per_byte):
         mv = cal.matvec_s_per_byte[k]
@@ -475,6 +475,7 @@ def render_calibration(con, sc) -> None:
         t.add_row(k, f"{1e-9 / mv:.1f}", f"{row * 1e9:.1f}" if row is not None else "-",
                   f"{1e-9 / st:.1f}" if st else "-",
                   f"{c4 / mv:.2f}" if c4 else "-", f"{1e-9 / fl:.1f}" if fl else "-",
+                  f"{cal.matmul_s_per_dot[k] * 1e9:.2f}" if k in cal.matmul_s_per_dot else "-",
                   f"{sb * 1e12:.3g}" if sb is not None else "-")
     con.print(t)
     a = Table(title="Attention per head x (head_k + head_v) x cell", title_justify="left")

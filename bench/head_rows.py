@@ -1,0 +1,77 @@
+"""An output head streamed from memory: does its cost per row add to its bytes, or hide behind them? (issue 26)
+
+The speed model prices a group of matrices at max(bytes x c_byte + rows x c_row, bytes x c_stream): the kernels'
+work on a 48 MB model partly in the CPU's caches, or the bytes at the rate llama.cpp streams the type from a 384 MB
+model, whichever is slower.  Gemma 3 270M's output head is 178 MB of q8_0 in 262,144 rows of 640, and its decode on
+two threads is predicted too fast in every round since round 8.  This script writes four one-layer llamas of values
+(edgekv's own calibration writer, q8_0): a head of 262,144 rows of 640 (A) and one of the same bytes in 65,536 rows
+of 2,560 (B), each beside the same body with a 256-entry vocabulary (C, D); decodes each with this build's
+llama-bench (``-p 0 -n 32 -r 5``), in turn, three rounds, and prints each head's time (A - C, B - D) beside what the
+cached calibration's rule (max) and the additive rule (max of the byte costs + rows x c_row) predict for it.
+
+    .venv/bin/python bench/head_rows.py --threads 2,1
+
+Run it on a quiet machine, after a calibration of the thread counts (``edgekv calibrate smollm2-135m -t 2``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+MODELS = {"A": (640, 262144, 4), "B": (2560, 65536, 8), "C": (640, 256, 4), "D": (2560, 256, 8)}
+Q8_0_BYTES = 34 / 32
+
+
+def main() -> None:
+    from llama_tools import tool, tool_env
+
+    from edgekv.edges.tinymodel import write_llama
+    from edgekv.orchestration.speedcal import cached
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", default="2,1")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    exe = tool("llama-bench")
+    env = tool_env(exe)
+    threads = [int(x) for x in a.threads.split(",")]
+    ms: dict[tuple[int, str], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="edgekv-head-") as tmp:
+        for k, (e, v, h) in MODELS.items():
+            write_llama(Path(tmp) / f"{k}.gguf", n_embd=e, n_ff=2048, n_layer=1, n_head=h, n_head_kv=h,
+                        mat_type="Q8_0", n_vocab=v, out_type="Q8_0", values=True)
+        for r in range(a.rounds):
+            for t in threads:
+                for k in "ACBD":
+                    out = subprocess.run([str(exe), "-m", str(Path(tmp) / f"{k}.gguf"), "-p", "0", "-n", "32", "-r", "5",
+                                          "-t", str(t), "-o", "jsonl"], capture_output=True, text=True, env=env,
+                                         check=True).stdout
+                    j = next(json.loads(x) for x in out.splitlines() if x.startswith("{"))
+                    ms.setdefault((t, k), []).append(j["avg_ns"] / 32e6)
+                    print(f"round {r} -t {t} {k}: {j['avg_ns'] / 32e6:.3f} ms a token", flush=True)
+    for t in threads:
+        m = {k: statistics.median(ms[(t, k)]) for k in MODELS}
+        cal = cached(t, True)
+        for head, body, (e, v, _h) in (("A", "C", MODELS["A"]), ("B", "D", MODELS["B"])):
+            nbytes, rows = e * v * Q8_0_BYTES, v
+            line = f"-t {t}: head {head} ({v} rows of {e}, {nbytes / 1e6:.1f} MB): {m[head] - m[body]:.2f} ms measured"
+            if cal and "q8_0" in cal.matvec_stream_s_per_byte:
+                mv, row = nbytes * cal.matvec_s_per_byte["q8_0"], rows * cal.matvec_s_per_row.get("q8_0", 0.0)
+                st = nbytes * cal.matvec_stream_s_per_byte["q8_0"]
+                line += (f"; calibration {cal.id}: max rule {1e3 * max(mv + row, st):.2f} ms, additive "
+                         f"{1e3 * (max(mv, st) + row):.2f} ms")
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
