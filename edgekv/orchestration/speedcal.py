@@ -59,6 +59,10 @@ GEOMETRY_MAX_EMBD = 1024
 TG_N = 32                 # generated tokens per timed decode run (5 runs per step, the median kept)
 PP_N = 512
 MM_N = (256, 32)
+# the weight models' decodes: 11 runs each (a run of 32 tokens takes 0.1-0.2 s).  The mat-vec's cost per row is solved
+# from the narrow and the wide model's decodes, which differ by about 20 %; with 5 runs, their runs spreading +-7 % on
+# the 2-vCPU VM, eight calibrations within six minutes gave SmolLM2's q4_1 3.7-11.7 ns a row (bench/README.md)
+WEIGHT_TG_REPS = 11
 MM_COLS = (2, 4)          # a ubatch of a few columns: -npl sequences decoding together (one timed graph per run)
 MM_COLS_REPS = 9
 WEIGHT_TARGET_BYTES = 48 * 1024 * 1024
@@ -352,7 +356,7 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
         # the CPU: the narrow model's decode before and after the wide one's (the cost per row; a machine that
         # drifts meanwhile moves both alike), then the large one's (the streaming rate)
         # (its prompts too, before the wide one's: the mat-mat's cost per dot product)
-        narrow, tg = weight_shape(t, narrow=True), _step("tg", "tg", 0, TG_N, 5, 2)
+        narrow, tg = weight_shape(t, narrow=True), _step("tg", "tg", 0, TG_N, WEIGHT_TG_REPS, 2)
         stream = weight_shape(t, stream=True)
         out += [_decode_only(f"wn_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack,
                              [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]), wide,
@@ -367,7 +371,7 @@ def _wide_model(t: str, n_threads: int, repack: bool, device: str = "") -> dict[
     from edgekv.edges.tinymodel import speed_model_path
 
     shape = weight_shape(t, device)
-    steps = [_step("tg", "tg", 0, TG_N, 5, 2)] + [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]
+    steps = [_step("tg", "tg", 0, TG_N, WEIGHT_TG_REPS, 2)] + [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]
     steps += [_step(f"pp{n}", "pp", 0, n, MM_COLS_REPS, 2) for n in MM_COLS]
     name = f"w_{t.lower()}" + ("_dev" if device else "")
     return {"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": _ngl(device),
