@@ -13,6 +13,7 @@ Targets (issue 26): decode within ±10 %, prefill within ±15 %, on every config
     .venv/bin/python bench/speed_model.py --table-only        # rewrite the table from the stored records
     .venv/bin/python bench/speed_model.py --out DIR --previous bench/results/speed_model
                                                 # a second round into DIR, beside the first round's measurements
+    .venv/bin/python bench/speed_model.py --fresh-pages ...    # drop each model's pages first: every run reads it afresh
 
 Run it on a quiet machine: the records say when other work used the CPUs (``load.busy``), and the table marks them.
 """
@@ -40,7 +41,19 @@ def edgekv() -> list[str]:
     return [sys.executable, "-m", "edgekv.cli"]
 
 
-def run(model: str, variant: str, depths: str, outdir: Path = OUT) -> Path:
+def drop_pages(model: str) -> None:
+    """Drop the model file's pages from the page cache (posix_fadvise DONTNEED), so the next edgekv bench reads it
+    afresh: a file the page cache has held for hours decoded 8-10 % slower than a fresh copy of the same bytes on
+    the 2-vCPU VM, and as fast once dropped (bench/weight_values.py --aged, bench/README.md)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from weight_values import drop
+
+    from edgekv.edges.sources import resolve_model
+
+    drop(Path(resolve_model(model).path))
+
+
+def run(model: str, variant: str, depths: str, outdir: Path = OUT, fresh_pages: bool = False) -> Path:
     out = outdir / f"{model}-{variant}.jsonl"
     types = TYPES if variant == "base" else VARIANT_TYPES
     ds = depths.split(",") if variant == "base" else [depths.split(",")[min(1, len(depths.split(",")) - 1)]]
@@ -54,6 +67,8 @@ def run(model: str, variant: str, depths: str, outdir: Path = OUT) -> Path:
         argv = edgekv() + ["bench", model, "-c", str(int(d) + 512), "-d", d, "-ctk", types, *COMMON, *extra,
                            "-o", str(out), "--json"]
         print("+", " ".join(argv[2:]), flush=True)
+        if fresh_pages:
+            drop_pages(model)
         subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return out
 
@@ -135,12 +150,14 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out", type=Path, default=OUT, help="the records' folder (resumed; default %(default)s)")
     ap.add_argument("--previous", type=Path, help="an earlier round's records folder, shown beside this round's")
+    ap.add_argument("--fresh-pages", action="store_true", help="drop the model file's pages from the page cache before "
+                    "each edgekv bench, so every run reads it afresh (as the calibration's models are)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.table_only:
         for model in a.models.split(","):
             for variant in a.variants.split(","):
-                run(model, variant, a.depths, a.out)
+                run(model, variant, a.depths, a.out, a.fresh_pages)
     t = table(rows(a.out), rows(a.previous) if a.previous else None)
     print(t)
     write_readme(t)
