@@ -56,7 +56,7 @@ ATTN_PP_DEPTHS = (0, 1024)
 ATTN_PP_N = 256
 GEOMETRY_LAYERS = 6
 GEOMETRY_MAX_EMBD = 1024
-TG_N = 32                 # generated tokens per timed decode run (5 runs per step, the median kept)
+TG_N = 32                 # generated tokens per timed decode run (5 runs per attention step, the median kept)
 PP_N = 512
 MM_N = (256, 32)
 # the weight models' decodes: 11 runs each (a run of 32 tokens takes 0.1-0.2 s).  The mat-vec's cost per row is solved
