@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "speed_model"
 README = ROOT / "bench" / "README.md"
+sys.path.insert(0, str(ROOT / "bench"))      # the sibling scripts it calls on (llama_tools, weight_values)
 TYPES = "f16,q8_0,q5_0,q4_0"
 MODELS = ("smollm2-135m", "gemma3-270m")
 COMMON = ["-p", "128", "-n", "32", "-r", "3"]
@@ -45,7 +46,6 @@ def drop_pages(model: str) -> None:
     """Drop the model file's pages from the page cache (posix_fadvise DONTNEED), so the next edgekv bench reads it
     afresh: a file the page cache has held for hours decoded 8-10 % slower than a fresh copy of the same bytes on
     the 2-vCPU VM, and as fast once dropped (bench/weight_values.py --aged, bench/README.md)."""
-    sys.path.insert(0, str(ROOT / "bench"))
     from weight_values import drop
 
     from edgekv.edges.sources import resolve_model
@@ -59,7 +59,6 @@ def run(model: str, variant: str, depths: str, outdir: Path = OUT, fresh_pages: 
     ds = depths.split(",") if variant == "base" else [depths.split(",")[min(1, len(depths.split(",")) - 1)]]
     extra = list(VARIANTS[variant])
     if variant == "llamabench":
-        sys.path.insert(0, str(ROOT / "bench"))
         from llama_tools import tool
 
         extra.append(str(tool("llama-bench")))

@@ -549,9 +549,9 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
         f16 = kv_key("f16", "f16", "auto")
         narrow = next((x for x in plan if x["key"] == "wn_" + m["key"][2:]), None)
-        mv, row = _solve_matvec(key, (sh, _decode_rest(r, sh, cal)),
-                                _decode_of(results, narrow, feats, rp, cal, {g.key for g in sh.groups},
-                                           again="wnb_" + m["key"][2:]) if narrow else None)
+        nd = _decode_of(results, narrow, feats, rp, cal, {g.key for g in sh.groups},
+                        again="wnb_" + m["key"][2:]) if narrow else None
+        mv, row = _solve_matvec(key, (sh, _decode_rest(r, sh, cal)), nd)
         cal.matvec_s_per_byte[key] = mv
         if outs and outs[0].key not in cal.matvec_s_per_byte:
             cal.matvec_s_per_byte[outs[0].key] = mv
@@ -569,7 +569,7 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         (n1, t1), (n2, t2) = _prompt_rest(r, sh, cal, o_mv, key)
         slope = (t1 - t2) / (n1 - n2)
         per_flop, per_dot = _solve_matmul(key, (w_params, sum(g.rows for g in mats), slope),
-                                          _narrow_slope(results, narrow, feats, rp, cal, mv, row) if narrow else None)
+                                          _narrow_slope(results, narrow, nd[0], cal, mv, row) if narrow and nd else None)
         per_byte = max((t1 - n1 * slope) / w_bytes, 0.0)
         cal.matmul_s_per_flop[key] = per_flop
         cal.matmul_s_per_byte[key] = per_byte
@@ -602,14 +602,13 @@ def _prompt_rest(r: dict[str, dict], sh, cal: Calibration, o_mv: float, key: str
     return rest
 
 
-def _narrow_slope(results: list[dict], m: dict[str, Any], feats: list[str], repack: bool, cal: Calibration,
-                  mv: float, row: float) -> tuple[int, int, float] | None:
-    """(multiply-adds per column, rows, seconds per column) of the narrow weight model's prompts, or None where it
-    was not prompted (a calibration cached before CAL_VERSION 9)."""
+def _narrow_slope(results: list[dict], m: dict[str, Any], sh, cal: Calibration, mv: float,
+                  row: float) -> tuple[int, int, float] | None:
+    """(multiply-adds per column, rows, seconds per column) of the narrow weight model's prompts (``sh``: its speed
+    shape, as _decode_of read it), or None where it was not prompted (a calibration cached before CAL_VERSION 9)."""
     r = _by(results, m["key"])
     if any(f"pp{n}" not in r for n in MM_N):
         return None
-    sh = _probe_shape(m["model_path"], r["tg"]["graph"], feats, repack)
     mats = [g for g in sh.groups if not g.output]
     o_mv = sum(g.bytes * mv + g.rows * row for g in sh.groups if g.output)
     (n1, t1), (n2, t2) = _prompt_rest(r, sh, cal, o_mv, m["key"])
