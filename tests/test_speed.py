@@ -49,6 +49,7 @@ def _cal(**kw) -> Calibration:
                     matvec_s_per_byte={"q4_1": 1e-10, "q8_0": 1e-10},
                     matvec_s_per_row={"q4_1": 1e-8, "q8_0": 2e-8},
                     matvec_stream_s_per_byte={"q4_1": 5e-11, "q8_0": 5e-11},
+                    matvec_stream_s_per_row={"q4_1": 1e-9, "q8_0": 1e-9},
                     matmul_s_per_byte={"q4_1": 1e-11, "q8_0": 1e-11},
                     matmul_s_per_flop={"q4_1": 2e-11, "q8_0": 1e-11},
                     matmul_s_per_dot={"q4_1": 3e-9, "q8_0": 3e-9},
@@ -145,6 +146,7 @@ def test_sliding_window_layers_stop_at_the_window(gemma3_path):
                matcols_s_per_byte={k: {"4": 2e-10} for k in {g.key for g in sh.groups}},
                matvec_s_per_row={k: 1e-8 for k in {g.key for g in sh.groups}},
                matvec_stream_s_per_byte={k: 5e-11 for k in {g.key for g in sh.groups}},
+               matvec_stream_s_per_row={k: 1e-9 for k in {g.key for g in sh.groups}},
                matmul_s_per_dot={k: 3e-9 for k in {g.key for g in sh.groups}})
     att = [next(p.s_per_token for p in predict_tg(sh, cal, d, 2, "f16", "f16", "auto").parts if p.name == "attention")
            for d in (4000, 8000)]
@@ -166,6 +168,8 @@ def test_a_type_the_calibration_lacks_is_named_never_guessed(smol):
         predict_tg(sh, _cal(matvec_s_per_row={"q8_0": 2e-8}), 0, 8, "f16", "f16", "auto")
     with pytest.raises(MissingCalibration, match="weight type q4_1"):       # nor its streaming rate
         predict_tg(sh, _cal(matvec_stream_s_per_byte={"q8_0": 5e-11}), 0, 8, "f16", "f16", "auto")
+    with pytest.raises(MissingCalibration, match="weight type q4_1"):       # nor its cost per row while streaming
+        predict_tg(sh, _cal(matvec_stream_s_per_row={"q8_0": 1e-9}), 0, 8, "f16", "f16", "auto")
     with pytest.raises(MissingCalibration, match="weight type q4_1"):       # nor its mat-mat's cost per dot product
         predict_pp(sh, _cal(matmul_s_per_dot={"q8_0": 3e-9}), 0, 512, 2048, 512, "f16", "f16", "auto")
 
@@ -183,18 +187,24 @@ def test_a_prompt_pays_one_dot_product_per_row_and_column(smol):
 
 def test_a_large_model_s_weights_take_at_least_their_streaming_time():
     """A token's matrices cost their kernels' work (bytes and rows, as the 48 MB calibration models measure it) or,
-    where that is faster, their bytes at the rate llama.cpp streams the type from memory (a 384 MB model)."""
+    where that is faster, their bytes and rows at the costs llama.cpp streams the type from memory with (384 MB
+    models); a ubatch of columns pays its dot products in the mat-mat's terms, so its floor is the bytes alone."""
     from edgekv.core.speed import WeightGroup, weights_s
 
     cal = _cal(matvec_stream_s_per_byte={"q4_1": 3e-10, "q8_0": 5e-11})
     big = WeightGroup("q4_1", 4_000_000_000, 7_000_000_000, False, 1_500_000)     # an 8B model's wide rows
-    assert weights_s(big, cal, 1) == pytest.approx(4e9 * 3e-10)                   # memory: 1.2 s, not 0.415
+    assert weights_s(big, cal, 1) == pytest.approx(4e9 * 3e-10 + 1.5e6 * 1e-9)   # memory: 1.2 s, not 0.415
     assert weights_s(big, cal, 2) == pytest.approx(4e9 * 3e-10)                   # two columns read it once too
+    assert weights_s(big, cal, 512) == pytest.approx(max(4e9 * 3e-10, 4e9 * 1e-11 + 2 * 7e9 * 512 * 2e-11
+                                                         + 1.5e6 * 512 * 3e-9))   # the prompt's own terms
+    # the rows' cost while streaming is its own coefficient (a narrow 384 MB model's), not the 48 MB models'
+    slow_rows = _cal(matvec_stream_s_per_byte={"q4_1": 3e-10, "q8_0": 5e-11}, matvec_stream_s_per_row={"q4_1": 2e-8})
+    assert weights_s(big, slow_rows, 1) - weights_s(big, cal, 1) == pytest.approx(1.5e6 * (2e-8 - 1e-9))
     small = WeightGroup("q8_0", 30_000_000, 28_000_000, True, 49_152)             # SmolLM2's head: the kernels
     assert weights_s(small, cal, 1) == pytest.approx(30e6 * 1e-10 + 49_152 * 2e-8)
     sh = speed_shape_of((big, small))
     src = {p.name: p.source for p in predict_tg(sh, cal, 0, 8, "f16", "f16", "auto").parts}
-    assert src["weights"] == "q4_1 4000.0 MB streamed from memory at 3.3 GB/s"
+    assert src["weights"] == "q4_1 4000.0 MB streamed from memory at 3.3 GB/s + 1500000 rows x 1.0 ns"
     assert src["output head"] == "q8_0 30.0 MB at 10.0 GB/s + 49152 rows x 20.0 ns"
 
 
@@ -269,11 +279,12 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     few-column step's; rows that noise makes negative cost nothing (never a negative coefficient)."""
     from edgekv.orchestration import speedcal as S
 
-    truth = {"byte": 3e-11, "row": 15e-9, "flop": 1e-11, "mm_byte": 2e-11, "col": 6e-11, "stream": 5e-11, "dot": 4e-9}
+    truth = {"byte": 3e-11, "row": 15e-9, "flop": 1e-11, "mm_byte": 2e-11, "col": 6e-11, "stream": 5e-11, "dot": 4e-9,
+             "srow": 20e-9}
     cal = Calibration(id="t", n_threads=2, node_tg_s=6e-7, node_pp_s=4e-5, token_tg_s=9e-6, ubatch_pp_s=6e-4)
     plan = S.weight_plan(["q4_1"], 2, False)
-    # the narrow model before and after the wide one (one file), then the large one
-    assert [m["key"] for m in plan] == ["wn_q4_1", "w_q4_1", "wnb_q4_1", "ws_q4_1"]
+    # the narrow model before and after the wide one (one file), then the large wide and narrow ones
+    assert [m["key"] for m in plan] == ["wn_q4_1", "w_q4_1", "wnb_q4_1", "ws_q4_1", "wsn_q4_1"]
     assert plan[0]["model_path"] == plan[2]["model_path"]
     g = {"nodes_pp": 150, "nodes_tg": 140, "splits_pp": 1, "splits_tg": 1, "ops_pp": 100, "ops_tg": 90}
     shapes = {m["key"]: S._probe_shape(m["model_path"], g, [], False) for m in plan}
@@ -281,13 +292,15 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     rows = {k: sum(x.rows for x in sh.groups) for k, sh in shapes.items()}
     nbytes = {k: sum(x.bytes for x in sh.groups) for k, sh in shapes.items()}
     assert rows["wn_q4_1"] / nbytes["wn_q4_1"] > 1.8 * rows["w_q4_1"] / nbytes["w_q4_1"]     # rows half as long
+    assert rows["wsn_q4_1"] / nbytes["wsn_q4_1"] > 1.7 * rows["ws_q4_1"] / nbytes["ws_q4_1"]
 
     def results(row: float, dot: float = truth["dot"]) -> list[dict]:
         out = []
         for k in shapes:
-            t_tok = 90 * cal.node_tg_s + cal.token_tg_s + (nbytes[k] * truth["stream"] if k == "ws_q4_1" else
-                                                             nbytes[k] * truth["byte"] + rows[k] * row)
-            n_tok = S.STREAM_N if k == "ws_q4_1" else S.TG_N
+            large = k.startswith("ws")
+            t_tok = 90 * cal.node_tg_s + cal.token_tg_s + (nbytes[k] * truth["stream"] + rows[k] * truth["srow"] if large
+                                                             else nbytes[k] * truth["byte"] + rows[k] * row)
+            n_tok = S.STREAM_N if large else S.TG_N
             out.append({"model": k, "context": "f16", "step": "tg", "ns": [int(n_tok * t_tok * 1e9)] * 5, "graph": g})
         for k in ("w_q4_1", "wn_q4_1"):      # the prompts: the wide model's and (the dot cost) the narrow one's
             mats = [x for x in shapes[k].groups if not x.output]
@@ -309,6 +322,8 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     assert cal.matvec_s_per_byte["q4_1"] == pytest.approx(truth["byte"], rel=1e-3)
     assert cal.matvec_s_per_row["q4_1"] == pytest.approx(truth["row"], rel=1e-3)
     assert cal.matvec_stream_s_per_byte["q4_1"] == pytest.approx(truth["stream"], rel=1e-3)
+    assert cal.matvec_stream_s_per_row["q4_1"] == pytest.approx(truth["srow"], rel=1e-3)
+    assert 8 * nbytes["w_q4_1"] > nbytes["wsn_q4_1"] > 6 * nbytes["w_q4_1"]
     assert 8 * nbytes["w_q4_1"] > nbytes["ws_q4_1"] > 6 * nbytes["w_q4_1"]       # 384 MB against 48
     assert cal.matmul_s_per_flop["q4_1"] == pytest.approx(truth["flop"], rel=1e-3)
     assert cal.matmul_s_per_byte["q4_1"] == pytest.approx(truth["mm_byte"], rel=1e-3)
@@ -316,13 +331,17 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     assert cal.matcols_s_per_byte["q4_1"]["4"] == pytest.approx(4 * truth["col"], rel=1e-3)
     # the narrow model measured faster per byte than the wide one (noise): no negative row cost, the wide model's
     # time over its bytes
-    noisy = [{**r, "ns": [int(n * 0.7) for n in r["ns"]]} if r["model"].startswith("wn") else r
+    noisy = [{**r, "ns": [int(n * 0.7) for n in r["ns"]]} if r["model"].startswith(("wn", "wsn")) else r
              for r in results(0.0, 0.0)]
     S.solve_weights(noisy, plan, cal, [], False)
     assert cal.matvec_s_per_row["q4_1"] == 0.0
     assert cal.matvec_s_per_byte["q4_1"] == pytest.approx(truth["byte"], rel=1e-3)
     assert cal.matmul_s_per_dot["q4_1"] == 0.0      # nor a negative dot cost: the wide model's FLOPs alone
     assert cal.matmul_s_per_flop["q4_1"] == pytest.approx(truth["flop"], rel=1e-2)
+    # nor a negative cost per row while streaming: the wide large model's time over its bytes
+    assert cal.matvec_stream_s_per_row["q4_1"] == 0.0
+    assert cal.matvec_stream_s_per_byte["q4_1"] == pytest.approx(truth["stream"] + truth["srow"] * rows["ws_q4_1"]
+                                                                 / nbytes["ws_q4_1"], rel=1e-3)
     # a GPU calibration measures no narrow model (its widths are the body probe's)
     assert [m["key"] for m in S.weight_plan(["q4_1"], 2, False, "CUDA0")] == ["w_q4_1"]
 
@@ -591,7 +610,7 @@ def real_cal(smollm2_path):
     m = load_model(str(smollm2_path))
     sh = model_speed_shape(m, feats, RP[1] == "1", None)
     speed = edgekv_home() / "calibration" / "speed"
-    for p in speed.glob("ws_*"):            # other tests' plans: this calibration must leave none of its own
+    for p in [*speed.glob("ws_*"), *speed.glob("wsn_*")]:   # other tests' plans: this calibration must leave none
         p.unlink()
     sc = calibrate(2, RP[1] == "1", weight_types(sh), [("f16", "f16", "auto"), ("q8_0", "q8_0", "auto")], feats,
                    allow_busy=True, geometries=sorted({a.geometry for a in sh.attn}))
@@ -615,10 +634,13 @@ def test_real_calibration_is_positive_and_cached(real_cal):
     assert set(cal.matmul_s_per_dot) == set(cal.matvec_s_per_byte) and all(v >= 0 for v in cal.matmul_s_per_dot.values())
     assert set(cal.matvec_stream_s_per_byte) == set(cal.matvec_s_per_byte)     # and its 384 MB model streamed
     assert all(v > 0 for v in cal.matvec_stream_s_per_byte.values())
+    # and its narrow 384 MB model: the cost per row while streaming (zero only where noise made it negative)
+    assert set(cal.matvec_stream_s_per_row) == set(cal.matvec_s_per_byte)
+    assert all(v >= 0 for v in cal.matvec_stream_s_per_row.values())
     assert all(cal.attn_tg_s[k] > 0 and cal.attn_pp_s[k] > 0 for k in cal.attn_tg_s)
     # the 384 MB streaming models are deleted once timed; the 48 MB wide ones stay for the drift sentinel
     left = SPEED_FILES_AFTER
-    assert not any(n.startswith("ws_") for n in left) and any(n.startswith("w_q4_1-") for n in left), left
+    assert not any(n.startswith(("ws_", "wsn_")) for n in left) and any(n.startswith("w_q4_1-") for n in left), left
     again = cached(2, True)
     assert again is not None and again.id == cal.id
 
@@ -734,7 +756,8 @@ def test_sequences_decoding_together_are_predicted(real_cal, smollm2_path, tmp_p
     for g in sh.groups:
         assert weights_s(g, real_cal, 1) == pytest.approx(max(g.bytes * real_cal.matvec_s_per_byte[g.key]
                                                               + g.rows * real_cal.matvec_s_per_row[g.key],
-                                                              g.bytes * real_cal.matvec_stream_s_per_byte[g.key]))
+                                                              g.bytes * real_cal.matvec_stream_s_per_byte[g.key]
+                                                              + g.rows * real_cal.matvec_stream_s_per_row[g.key]))
         assert weights_s(g, real_cal, 4) == pytest.approx(g.bytes * real_cal.matcols_s_per_byte[g.key]["4"])
     parts = {p["name"]: p["s_per_token"] for p in two["prediction"]["speed"]["tg"]["parts"]}
     assert parts["weights"] == pytest.approx(sum(weights_s(g, real_cal, 2) for g in sh.groups if not g.output) / 2)

@@ -7,8 +7,8 @@ One token of decode (a one-token graph) costs
                                                               (the nodes a backend runs: views cost nothing)
             + sum over weight groups  bytes_g * c_matvec[g]  weights: each matrix read once (MoE: the active experts)
                                  + rows_g * c_row[g]         and one dot product per row of it (CPU), or at
-                                                              least bytes_g * c_stream[g]: as fast as llama.cpp
-                                                              streams that type from memory
+                                                              least bytes_g * c_stream[g] + rows_g * c_srow[g]:
+                                                              as fast as llama.cpp streams that type from memory
             + output matrix bytes * c_matvec[output]          output head (and its rows: one per vocabulary entry)
                                  + n_vocab * c_row[output]
             + sum over attention layers  n_head * (head_k + head_v) * depth_eff * c_attn_tg[K/V, fa]
@@ -195,9 +195,11 @@ class Calibration:
     # hands rows out in chunks of 64: a narrow model's many short rows cost more per byte than a wide one's); empty
     # on a GPU, whose node cost is measured at the model's own widths instead
     matvec_s_per_row: dict[str, float] = field(default_factory=dict)
-    # per weight type, the mat-vec's time per byte on a model far larger than the CPU's caches (the CPU): a token's
-    # matrices take at least their bytes at this rate (the weights come from memory), whatever their rows
+    # per weight type, the mat-vec's time per byte and per row on models far larger than the CPU's caches (the CPU):
+    # a token's matrices take at least their bytes and rows at these costs (the weights come from memory); the cost
+    # per row while streaming is not the 48 MB models' (a narrow and a wide 384 MB model; CAL_VERSION 10)
     matvec_stream_s_per_byte: dict[str, float] = field(default_factory=dict)
+    matvec_stream_s_per_row: dict[str, float] = field(default_factory=dict)
     matmul_s_per_byte: dict[str, float] = field(default_factory=dict)   # per ubatch: the weights streamed once
     matmul_s_per_flop: dict[str, float] = field(default_factory=dict)
     # per weight type, the CPU mat-mat's cost per dot product (a row times a column) beyond its FLOPs: ggml-cpu's
@@ -244,7 +246,7 @@ def missing(cal: Calibration, sh: SpeedShape, type_k: str, type_v: str, flash_at
     w = sorted({g.key for g in sh.groups if g.key not in cal.matvec_s_per_byte or g.key not in cal.matmul_s_per_flop
                 or g.key not in cal.matcols_s_per_byte
                 or (not cal.device and (g.key not in cal.matvec_s_per_row or g.key not in cal.matvec_stream_s_per_byte
-                                        or g.key not in cal.matmul_s_per_dot))})
+                                        or g.key not in cal.matvec_stream_s_per_row or g.key not in cal.matmul_s_per_dot))})
     a = sorted({k for k in attn_keys(sh, type_k, type_v, flash_attn) if k not in cal.attn_tg_s or k not in cal.attn_pp_s})
     return w, a
 
@@ -367,15 +369,18 @@ def matvec_compute_s(g: WeightGroup, cal: Calibration) -> float:
     return g.bytes * cal.matvec_s_per_byte[g.key] + g.rows * cal.matvec_s_per_row.get(g.key, 0.0)
 
 
-def stream_s(g: WeightGroup, cal: Calibration) -> float:
-    """A group's bytes at the rate llama.cpp streams its type from memory (0 where not calibrated: a GPU)."""
-    return g.bytes * cal.matvec_stream_s_per_byte.get(g.key, 0.0)
+def stream_s(g: WeightGroup, cal: Calibration, rows: bool = True) -> float:
+    """A group's bytes at the rate llama.cpp streams its type from memory, and (``rows``: a mat-vec) one dot product
+    per row at the cost it has while streaming (0 where not calibrated: a GPU).  A ubatch of several columns pays
+    its dot products in the mat-mat's own terms, so its floor is the bytes alone."""
+    return g.bytes * cal.matvec_stream_s_per_byte.get(g.key, 0.0) \
+        + (g.rows * cal.matvec_stream_s_per_row.get(g.key, 0.0) if rows else 0.0)
 
 
 def matvec_s(g: WeightGroup, cal: Calibration) -> float:
     """Seconds one decoded token spends in group ``g``'s matrices: the kernels' work (matvec_compute_s), or on the CPU,
     where that is faster than llama.cpp streams the type from memory (a large model: an 8B model's 4.3 GB of
-    q4_K at 100 GB/s of kernel work measured 28 GB/s, bench/README.md), the bytes at the streaming rate."""
+    q4_K at 100 GB/s of kernel work measured 28 GB/s, bench/README.md), the bytes and rows at the streaming costs."""
     return max(matvec_compute_s(g, cal), stream_s(g, cal))
 
 
@@ -384,7 +389,7 @@ def weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
     columns the measured cost (linear between the measured column counts, and up to the prompt model at
     MATMUL_LINEAR_FROM); from MATMUL_LINEAR_FROM columns on, the bytes streamed plus the FLOPs.  Never less than
     the bytes at the rate llama.cpp streams the type from memory (a ubatch reads its weights once)."""
-    return max(_ubatch_weights_s(g, cal, n), stream_s(g, cal))
+    return max(_ubatch_weights_s(g, cal, n), stream_s(g, cal, rows=n <= 1))
 
 
 def _ubatch_weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
@@ -442,7 +447,9 @@ def _matvec_source(g: WeightGroup, cal: Calibration) -> str:
     """Where a group's decode time comes from: "q4_1 66.3 MB at 27.1 GB/s + 155520 rows x 15.2 ns"."""
     row = cal.matvec_s_per_row.get(g.key, 0.0)
     if stream_s(g, cal) > matvec_compute_s(g, cal):
-        return f"{g.key} {g.bytes / 1e6:.1f} MB streamed from memory at {1e-9 / cal.matvec_stream_s_per_byte[g.key]:.1f} GB/s"
+        s_row = cal.matvec_stream_s_per_row.get(g.key, 0.0)
+        return (f"{g.key} {g.bytes / 1e6:.1f} MB streamed from memory at {1e-9 / cal.matvec_stream_s_per_byte[g.key]:.1f} GB/s"
+                + (f" + {g.rows} rows x {s_row * 1e9:.1f} ns" if s_row and g.rows else ""))
     return (f"{g.key} {g.bytes / 1e6:.1f} MB at {1e-9 / cal.matvec_s_per_byte[g.key]:.1f} GB/s"
             + (f" + {g.rows} rows x {row * 1e9:.1f} ns" if row and g.rows else ""))
 

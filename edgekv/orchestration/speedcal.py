@@ -41,11 +41,12 @@ from typing import Any
 from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, weight_key
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 9           # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+CAL_VERSION = 10          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
 # 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row and
 # streaming rate; 8: models of values like a trained model's, not zeros (edgekv.edges.tinymodel.fill_values);
-# 9: the CPU mat-mat's cost per dot product (the narrow weight model's prompts)
+# 9: the CPU mat-mat's cost per dot product (the narrow weight model's prompts); 10: the streaming rate's cost per
+# row (a narrow 384 MB model beside the wide one)
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -76,6 +77,12 @@ NARROW_WIDTHS = {"n_embd": 512, "n_ff": 2048, "n_head": 8}
 # bench/README.md); 16 tokens, 3 runs (reading 384 MB takes 10-20 ms a token on two cores)
 STREAM_TARGET_BYTES = 384 * 1024 * 1024
 STREAM_N = 16
+# and its cost per row while it streams: a narrow 384 MB model of rows of 512 (and ffn_down's of 8192, so that 384 MB
+# takes 30-50 layers, not 130-160 of NARROW_WIDTHS' small layers).  On two threads of the 2-vCPU EPYC VM, 384 MB of
+# q5_0 at eight widths fitted bytes + rows within 4.6 % at 26.5 GB/s + 13.0 ns a row, where the 48 MB models' fit
+# had 10.0 ns: Gemma 3's 68 MB body (rows of 640) decoded 25 % slower than the 48 MB coefficients priced it
+# (bench/README.md, the speed model)
+STREAM_NARROW_WIDTHS = {"n_embd": 512, "n_ff": 8192, "n_head": 8}
 # A GPU calibration (every layer offloaded): a GPU reads 48 MB in microseconds, less than the graph's own launches, so
 # its weight models are wide and about 1 GiB (the bytes then dominate a token), and its attention differences span
 # 15K cells (a tiny model's cache at 1K cells is read in a microsecond); filling 16K cells takes a GPU well under a
@@ -119,8 +126,9 @@ def auto_measure() -> bool:
 def weight_shape(type_name: str, device: str = "", narrow: bool = False, stream: bool = False) -> dict[str, Any]:
     """A llama model of about WEIGHT_TARGET_BYTES of ``type_name`` matrices (n_embd 1024, n_ff 4096; K-quants
     need rows of 256; ``narrow``: NARROW_WIDTHS, for the cost per row; ``stream``: STREAM_TARGET_BYTES of the
-    wide widths, for the streaming rate); for a GPU (``device``) about
-    DEVICE_WEIGHT_TARGET_BYTES of n_embd 4096, n_ff 16384 (heads of 128, which every flash-attention kernel has)."""
+    wide widths, for the streaming rate, or with ``narrow`` of STREAM_NARROW_WIDTHS, for its cost per row); for
+    a GPU (``device``) about DEVICE_WEIGHT_TARGET_BYTES of n_embd 4096, n_ff 16384 (heads of 128, which every
+    flash-attention kernel has)."""
     from gguf import GGMLQuantizationType
 
     from edgekv.core.cachetypes import ggml_type_info
@@ -129,7 +137,8 @@ def weight_shape(type_name: str, device: str = "", narrow: bool = False, stream:
     _name, blk, size = ggml_type_info(int(qt))
     e, f, target, heads = (4096, 16384, DEVICE_WEIGHT_TARGET_BYTES, 32) if device else (1024, 4096, WEIGHT_TARGET_BYTES, 8)
     if narrow:
-        e, f, heads = NARROW_WIDTHS["n_embd"], NARROW_WIDTHS["n_ff"], NARROW_WIDTHS["n_head"]
+        w = STREAM_NARROW_WIDTHS if stream else NARROW_WIDTHS
+        e, f, heads = w["n_embd"], w["n_ff"], w["n_head"]
     if stream:
         target = STREAM_TARGET_BYTES
     per_layer = (4 * e * e + 3 * e * f) * size / blk
@@ -354,14 +363,15 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
             out.append(wide)
             continue
         # the CPU: the narrow model's decode before and after the wide one's (the cost per row; a machine that
-        # drifts meanwhile moves both alike), then the large one's (the streaming rate)
+        # drifts meanwhile moves both alike), then the large ones' (the streaming rate and its cost per row)
         # (its prompts too, before the wide one's: the mat-mat's cost per dot product)
         narrow, tg = weight_shape(t, narrow=True), _step("tg", "tg", 0, TG_N, WEIGHT_TG_REPS, 2)
-        stream = weight_shape(t, stream=True)
+        stream, st = weight_shape(t, stream=True), _step("tg", "tg", 0, STREAM_N, 3, 1)
         out += [_decode_only(f"wn_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack,
                              [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]), wide,
                 _decode_only(f"wnb_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack),
-                _decode_only(f"ws_{t.lower()}", f"ws_{t.lower()}", t, stream, _step("tg", "tg", 0, STREAM_N, 3, 1),
+                _decode_only(f"ws_{t.lower()}", f"ws_{t.lower()}", t, stream, st, n_threads, repack),
+                _decode_only(f"wsn_{t.lower()}", f"wsn_{t.lower()}", t, weight_shape(t, narrow=True, stream=True), st,
                              n_threads, repack)]
     return out
 
@@ -380,7 +390,7 @@ def _wide_model(t: str, n_threads: int, repack: bool, device: str = "") -> dict[
 
 
 def drop_stream_models(plan: list[dict[str, Any]]) -> None:
-    """Delete the plan's streaming-rate models once timed: STREAM_TARGET_BYTES each of written values (not sparse
+    """Delete the plan's streaming models once timed: STREAM_TARGET_BYTES each of written values (not sparse
     holes), needed only while the calibration runs (the drift sentinel times the 48 MB wide model), and rewritten
     in about a second when a type is measured again."""
     from pathlib import Path
@@ -390,7 +400,7 @@ def drop_stream_models(plan: list[dict[str, Any]]) -> None:
     folder = (edgekv_home() / "calibration" / "speed").resolve()
     for m in plan:
         p = Path(m["model_path"]).resolve()
-        if m["key"].startswith("ws_") and p.parent == folder:
+        if m["key"].startswith(("ws_", "wsn_")) and p.parent == folder:
             p.unlink(missing_ok=True)
 
 
@@ -559,12 +569,14 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
             cal.matvec_s_per_row[key] = row
             if outs:
                 cal.matvec_s_per_row.setdefault(outs[0].key, row)
-        stream = next((x for x in plan if x["key"] == "ws_" + m["key"][2:]), None)
-        if stream:
-            st = _stream_s_per_byte(results, stream, feats, rp, cal, {g.key for g in sh.groups})
+        stream = [next((x for x in plan if x["key"] == f"{p}_{m['key'][2:]}"), None) for p in ("ws", "wsn")]
+        if stream[0]:
+            st, st_row = _stream_coefficients(results, stream[0], stream[1], feats, rp, cal, {g.key for g in sh.groups})
             cal.matvec_stream_s_per_byte[key] = st
+            cal.matvec_stream_s_per_row[key] = st_row
             if outs:
                 cal.matvec_stream_s_per_byte.setdefault(outs[0].key, st)
+                cal.matvec_stream_s_per_row.setdefault(outs[0].key, st_row)
         o_mv = sum(g.bytes * mv + g.rows * row for g in outs)      # the output head: one mat-vec per prompt
         (n1, t1), (n2, t2) = _prompt_rest(r, sh, cal, o_mv, key)
         slope = (t1 - t2) / (n1 - n2)
@@ -662,14 +674,17 @@ def _decode_of(results: list[dict], m: dict[str, Any], feats: list[str], repack:
     return sh, sum(ts) / len(ts)
 
 
-def _stream_s_per_byte(results: list[dict], m: dict[str, Any], feats: list[str], repack: bool, cal: Calibration,
-                       wide_keys: set[str]) -> float:
-    """Seconds per byte of a type's large weight model's decode (less its nodes, token and attention): the rate
-    llama.cpp streams that type's matrices from memory, or computes them where that is slower."""
-    sh, t = _decode_of(results, m, feats, repack, cal, wide_keys, n_tokens=STREAM_N)
-    if t <= 0:
+def _stream_coefficients(results: list[dict], m: dict[str, Any], narrow: dict[str, Any] | None, feats: list[str],
+                         repack: bool, cal: Calibration, wide_keys: set[str]) -> tuple[float, float]:
+    """(seconds per byte, seconds per row) of a type's large weight models' decodes (less their nodes, token and
+    attention): the rate llama.cpp streams that type's matrices from memory, or computes them where that is
+    slower, solved as the 48 MB models' mat-vec is (_solve_matvec); without the narrow large model (``narrow``
+    None, a plan before CAL_VERSION 10) the bytes alone."""
+    large = _decode_of(results, m, feats, repack, cal, wide_keys, n_tokens=STREAM_N)
+    if large[1] <= 0:
         raise _disturbed(f"of {m['type']} weights' large model measured no cost for reading them")
-    return t / sum(g.bytes for g in sh.groups)
+    return _solve_matvec(f"{m['type']} (from memory)", large,
+                         _decode_of(results, narrow, feats, repack, cal, wide_keys, n_tokens=STREAM_N) if narrow else None)
 
 
 def _solve_matvec(key: str, wide: tuple[Any, float], narrow: tuple[Any, float] | None) -> tuple[float, float]:
@@ -717,7 +732,7 @@ def _types_needed(cal: Calibration, weight_types: Iterable[str], cpu_features: l
     for t in dict.fromkeys(x.lower() for x in weight_types):
         k = t if cal.device else weight_key(t, extra_buffer_of(_Probe(t, weight_shape(t)), extra, cpu_features))
         row_missing = not cal.device and (k not in cal.matvec_s_per_row or k not in cal.matvec_stream_s_per_byte
-                                          or k not in cal.matmul_s_per_dot)
+                                          or k not in cal.matvec_stream_s_per_row or k not in cal.matmul_s_per_dot)
         if k not in cal.matmul_s_per_flop or k not in cal.matcols_s_per_byte or row_missing:
             out.append(t)
     return out
@@ -974,7 +989,8 @@ def _merge_cached(cal: Calibration, path, key: str) -> list[dict]:
         return []
     if other is None or other.id != cal.id:
         return []
-    for name in ("matvec_s_per_byte", "matvec_s_per_row", "matvec_stream_s_per_byte", "matmul_s_per_byte",
+    for name in ("matvec_s_per_byte", "matvec_s_per_row", "matvec_stream_s_per_byte", "matvec_stream_s_per_row",
+                 "matmul_s_per_byte",
                  "matmul_s_per_flop", "matmul_s_per_dot", "matcols_s_per_byte", "attn_tg_s", "attn_pp_s",
                  "node_tg_body_s", "node_pp_body_s"):
         mine = getattr(cal, name)

@@ -462,7 +462,8 @@ def render_calibration(con, sc) -> None:
                   highlight=False)
     t = Table(title=f"Weights (on {cal.device})" if cal.device else "Weights (as the CPU backend holds them)",
               title_justify="left")
-    for col in ("type", "decode GB/s", "ns per row", "from memory GB/s", "4 columns ×", "prompt GFLOP/s",
+    for col in ("type", "decode GB/s", "ns per row", "from memory GB/s", "from memory ns per row", "4 columns ×",
+                "prompt GFLOP/s",
                 "prompt ns per dot", "prompt ms per GB streamed"):
         t.add_column(col, justify="left" if col == "type" else "right")
     for k in sorted(cal.matvec_s_per_byte):
@@ -471,9 +472,10 @@ def render_calibration(con, sc) -> None:
         sb = cal.matmul_s_per_byte.get(k)
         c4 = cal.matcols_s_per_byte.get(k, {}).get("4")     # a 4-column step (-npl 4) against one mat-vec
         row = cal.matvec_s_per_row.get(k)       # the CPU mat-vec's cost per row beyond its bytes (none on a GPU)
-        st = cal.matvec_stream_s_per_byte.get(k)    # a 384 MB model of the type: as fast as it streams from memory
+        st = cal.matvec_stream_s_per_byte.get(k)    # 384 MB models of the type: as fast as it streams from memory
+        st_row = cal.matvec_stream_s_per_row.get(k)
         t.add_row(k, f"{1e-9 / mv:.1f}", f"{row * 1e9:.1f}" if row is not None else "-",
-                  f"{1e-9 / st:.1f}" if st else "-",
+                  f"{1e-9 / st:.1f}" if st else "-", f"{st_row * 1e9:.1f}" if st_row is not None else "-",
                   f"{c4 / mv:.2f}" if c4 else "-", f"{1e-9 / fl:.1f}" if fl else "-",
                   f"{cal.matmul_s_per_dot[k] * 1e9:.2f}" if k in cal.matmul_s_per_dot else "-",
                   f"{sb * 1e12:.3g}" if sb is not None else "-")
