@@ -81,10 +81,14 @@ def main() -> None:
             nbytes, rows = e * v * Q8_0_BYTES, v
             line = f"-t {t}: head {head} ({v} rows of {e}, {nbytes / 1e6:.1f} MB): {m[head] - m[body]:.2f} ms measured"
             if cal and "q8_0" in cal.matvec_stream_s_per_byte:
+                from edgekv.core.speed import WeightGroup, matvec_s
+
                 mv, row = nbytes * cal.matvec_s_per_byte["q8_0"], rows * cal.matvec_s_per_row.get("q8_0", 0.0)
                 st = nbytes * cal.matvec_stream_s_per_byte["q8_0"]
-                line += (f"; calibration {cal.id}: max rule {1e3 * max(mv + row, st):.2f} ms, additive "
-                         f"{1e3 * (max(mv, st) + row):.2f} ms")
+                model = matvec_s(WeightGroup("q8_0", int(nbytes), e * v, True, rows), cal)
+                line += (f"; calibration {cal.id}: the speed model {1e3 * model:.2f} ms (max rule, the stream's own "
+                         f"rows since CAL_VERSION 10), max rule on the bytes alone {1e3 * max(mv + row, st):.2f} ms, "
+                         f"additive {1e3 * (max(mv, st) + row):.2f} ms")
             print(line)
         if a.body:
             behind, alone = ms_of(t, "E") - ms_of(t, "A"), ms_of(t, "F") - ms_of(t, "C")

@@ -1,13 +1,15 @@
-"""A large model's decode against the speed model: an 8B-shaped llama of zero weights, run for real (issue 26).
+"""A large model's decode against the speed model: an 8B-shaped llama of values, run for real (issue 26).
 
 The test models (SmolLM2 135M, Gemma 3 270M) fit in a few hundred MB; a user's 8B model reads 4-5 GB a token, which
 no 48 MB calibration model describes: its matrices stream from memory.  This writes a llama of Qwen3 8B's widths
 (36 layers, n_embd 4096, n_ff 12288, 32 query and 8 KV heads of 128, a 151,936-token vocabulary) with ``--type``
-matrices as a sparse file of zeros under ``bench/.build/`` (about 6 GB apparent, nothing on disk), then runs
-``edgekv bench`` on it: each configuration in a fresh process, the speed prediction made before the run stored
-beside the measurement.
+matrices under ``bench/.build/``, of values like a trained model's (``edgekv.edges.tinymodel.fill_values``, what the
+speed calibration's own models hold since CAL_VERSION 8: about 7 GB on disk), or with ``--zeros`` as a sparse file of
+zeros (about 7 GB apparent, nothing on disk; what this script ran before), then runs ``edgekv bench`` on it: each
+configuration in a fresh process, the speed prediction made before the run stored beside the measurement.
 
-    .venv/bin/python bench/large_model_decode.py --out bench/results/large_model_decode/zero-8b-q4_k.jsonl
+    .venv/bin/python bench/large_model_decode.py --out bench/results/large_model_decode/values-8b-q4_k.jsonl
+    .venv/bin/python bench/large_model_decode.py --zeros --out bench/results/large_model_decode/zero-8b-q4_k.jsonl
 
 Needs about 5 GB of free memory (llama.cpp repacks the matrices into its CPU_REPACK buffer) and a few minutes.
 """
@@ -32,13 +34,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--type", default="Q4_K", help="the matrices' ggml type (default %(default)s)")
     ap.add_argument("--threads", default="2")
+    ap.add_argument("--zeros", action="store_true", help="zero weights in a sparse file, not values")
     ap.add_argument("--out", type=Path, required=True, help="the records (JSONL, appended; an interrupted run resumes)")
     a = ap.parse_args()
     folder = ROOT / "bench" / ".build"
     folder.mkdir(parents=True, exist_ok=True)
-    model = folder / f"zero-8b-{a.type.lower()}.gguf"
+    kind = "zero" if a.zeros else "values"
+    model = folder / f"{kind}-8b-{a.type.lower()}.gguf"
     if not model.is_file():
-        write_llama(model, mat_type=a.type.upper(), name="edgekv zero-weight 8B shape", **SHAPE)
+        part = model.with_suffix(".part")       # an interrupted write leaves no model that looks whole
+        write_llama(part, mat_type=a.type.upper(), name=f"edgekv {kind} 8B shape", values=not a.zeros, **SHAPE)
+        part.replace(model)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "edgekv.cli", "bench", str(model), "-c", "1024", "-ctk", "f16,q8_0", "-p", "32",
             "-n", "16", "-r", "3", "-t", a.threads, "-o", str(a.out), "--json"]
