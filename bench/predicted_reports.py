@@ -168,12 +168,17 @@ def speed_summary(recs: list) -> str:
             f"{sps[0].machine}, measured by `edgekv predict` through the vendored llama.cpp's CPU backend on synthetic "
             "models of values like a trained model's, then applied to this header's shapes and weight types): "
             "llama-bench's tg128 and pp512 at depth = context − 512. " + "; ".join(figs)
-            + ". Nothing was run on the model itself. **On other "
+            + ". Nothing was run on the model itself. How far to trust it at this size, on this machine: an 8B-shaped "
+            "llama of values (Qwen3 8B's widths, Q4_K; `bench/large_model_decode.py`, 27 Nov 15:23) decoded within 3 % "
+            "of the speed model's prediction at depth 992 and ran its 32-token prompt at half the predicted rate (12.8 "
+            "against 24.7 t/s with an f16 cache): the prompt's mat-mat at 8B widths is slower per FLOP than on the "
+            "calibration's models, so read pp here as an upper bound. **On other "
             "hardware every coefficient changes**: decode of the weights follows the machine's read bandwidth (the "
             "bound column), prefill its matrix throughput for these weight types (and whether llama.cpp repacks them, "
             "or uses AMX), attention at depth its cost per K/V type (quantized caches are much slower than f16 on CPU), "
             "all scaled by the thread count; with layers offloaded to a GPU (`-ngl`) none of this CPU calibration "
-            "applies (the CUDA and Metal forms in the README are unverified). Run `edgekv predict` on the target "
+            "applies (it takes its own GPU calibration: the CUDA form was checked on an H100, the Metal form is "
+            "unverified; README). Run `edgekv predict` on the target "
             "machine: it calibrates that machine first.")
 
 
