@@ -5,9 +5,10 @@ calibration's 1024/4096 models? (issue 26)
 model predicted, while its decode came within 3 %.  This times llama-bench's pp32 and pp256 (``-n 0 -r 3``) on
 llamas of Q4_K values (``edgekv.edges.tinymodel.write_llama``) at the calibration's widths (1024/4096: 8 and 64
 layers) and at Qwen3 8B's (4096/12288, 8 query and 2 KV heads per 1024: 1 and 3 layers), each model's slope between
-the two prompts as GFLOP/s of its matrices, and what the cached two-thread calibration prices that slope at
-(2 x params x c_flop + rows x c_dot).  llama.cpp computes the last layer's attention output and feed-forward for the
-last token only in a prompt, so a one- or three-layer model's slope is lower than a deep model's per layer.
+the two prompts as GFLOP/s of its matrices, and what the cached calibration prices that slope at (the speed
+model's ``prompt_weights_s``: 2 x params x c_flop + rows x c_dot, the bytes taken as zero, which cancel in the slope).
+llama.cpp computes the last layer's feed-forward for the last token only in a prompt, so a one- or three-layer
+model's slope is lower than a deep model's per layer; the price does the same.
 
     .venv/bin/python bench/prompt_widths.py                 # -t 2, Q4_K
     .venv/bin/python bench/prompt_widths.py --threads 1 --type Q8_0
@@ -54,8 +55,11 @@ def main() -> None:
             line = (f"{a.type} {name} -t {a.threads}: {params / 1e6:.0f}M params, {rows} rows; pp32 {t[32] * 1e3:.1f} ms, "
                     f"pp256 {t[256] * 1e3:.1f} ms; slope {slope * 1e3:.3f} ms a token = {2 * params / slope / 1e9:.0f} GFLOP/s")
             key = next((k for k in (cal.matmul_s_per_flop if cal else {}) if k.split("+")[0] == a.type.lower()), None)
-            if cal and key:
-                priced = 2 * params * cal.matmul_s_per_flop[key] + rows * cal.matmul_s_per_dot.get(key, 0.0)
+            if cal and key:     # the speed model's own pricing, the last layer's feed-forward a mat-vec per prompt
+                from edgekv.core.speed import WeightGroup, prompt_weights_s
+
+                g = WeightGroup(key, 0, params, False, rows, 0, 3 * e * f, 2 * f + e)
+                priced = (prompt_weights_s(g, cal, 256, 1) - prompt_weights_s(g, cal, 32, 1)) / (256 - 32)
                 line += f"; calibration {cal.id} ({key}) prices it at {priced * 1e3:.3f} ms"
             print(line, flush=True)
             path.unlink()

@@ -181,8 +181,27 @@ def test_a_prompt_pays_one_dot_product_per_row_and_column(smol):
     part = {dot: next(p.s_per_token for p in predict_pp(sh, _cal(matmul_s_per_dot={"q4_1": dot, "q8_0": dot}), 0, 512,
                                                           2048, 512, "f16", "f16", "auto").parts if p.name == "weights")
             for dot in (0.0, 5e-9)}
-    rows = sum(g.rows for g in sh.groups if not g.output)
+    rows = sum(g.rows - g.tail_rows for g in sh.groups if not g.output)     # the last layer's FFN: a mat-vec
     assert rows > 100_000 and part[5e-9] - part[0.0] == pytest.approx(rows * 5e-9)
+
+
+def test_a_prompt_computes_the_last_layer_s_feed_forward_for_its_last_token_only(smol):
+    """llama.cpp's model builders keep only the output tokens' rows after the last layer's attention
+    (``inp_out_ids``): a prompt's last-layer feed-forward is one mat-vec, in the ubatch holding the last token."""
+    from edgekv.core.speed import prompt_weights_s, weights_s
+
+    m, sh = smol
+    g = next(x for x in sh.groups if not x.output and x.tail_params)
+    n_layer = m.shape.n_layer
+    # SmolLM2's last layer: gate, up (1536 rows of 576) and down (576 rows of 1536), all of the body's type
+    assert (g.tail_params, g.tail_rows) == (3 * 576 * 1536, 2 * 1536 + 576) and g.params > (n_layer - 1) * g.tail_params
+    body, tail = g.split()
+    cal = _cal()
+    assert prompt_weights_s(g, cal, 512, 1) == pytest.approx(weights_s(body, cal, 512) + weights_s(tail, cal, 1))
+    assert prompt_weights_s(g, cal, 512, 0) == pytest.approx(weights_s(body, cal, 512))
+    two = {p.name: p.s_per_token for p in predict_pp(sh, cal, 0, 1024, 2048, 512, "f16", "f16", "auto").parts}
+    want = sum(weights_s(x.split()[0], cal, 512) * 2 + weights_s(x.split()[1], cal, 1) for x in sh.groups if not x.output)
+    assert two["weights"] == pytest.approx(want / 1024)
 
 
 def test_a_large_model_s_weights_take_at_least_their_streaming_time():
@@ -306,15 +325,19 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
             n_tok = S.STREAM_N if large else S.TG_N
             out.append({"model": k, "context": "f16", "step": "tg", "ns": [int(n_tok * t_tok * 1e9)] * 5, "graph": g})
         for k in ("w_q4_1", "wn_q4_1"):      # the prompts: the wide model's and (the dot cost) the narrow one's
-            mats = [x for x in shapes[k].groups if not x.output]
-            o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in shapes[k].groups if x.output)
+            # the last layer's feed-forward for the last token only: a mat-vec beside the output head's
+            mats = [x.split()[0] for x in shapes[k].groups if not x.output]
+            tails = [x.split()[1] for x in shapes[k].groups if not x.output]
+            assert sum(x.params for x in tails) > 0
+            o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in [*tails, *(g for g in shapes[k].groups if g.output)])
             wb, wp, wr = sum(x.bytes for x in mats), sum(x.params for x in mats), sum(x.rows for x in mats)
             for n in S.MM_N:
                 t = (100 * cal.node_pp_s + cal.ubatch_pp_s + o_mv + wb * truth["mm_byte"] + 2 * wp * n * truth["flop"]
                      + wr * n * dot)
                 out.append({"model": k, "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
-        mats = [x for x in wide.groups if not x.output]
-        o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in wide.groups if x.output)
+        mats = [x.split()[0] for x in wide.groups if not x.output]
+        tails = [x.split()[1] for x in wide.groups if not x.output]
+        o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in [*tails, *(g for g in wide.groups if g.output)])
         wb = sum(x.bytes for x in mats)
         for n in S.MM_COLS:
             t = 100 * cal.node_tg_s + cal.token_tg_s + o_mv + wb * truth["col"] * n

@@ -68,6 +68,18 @@ class WeightGroup:
     params: int           # multiply-adds per token (elements of the matrices it uses)
     output: bool = False  # the output head (computed once per prompt, every decoded token)
     rows: int = 0         # rows of the matrices a decoded token reads (one dot product each; MoE: the active experts)
+    # of these, the last layer's feed-forward matrices: in a prompt llama.cpp computes them for the output tokens
+    # only (the model builders' ``inp_out_ids``: after the last layer's attention, ``ggml_get_rows`` keeps the rows
+    # whose logits are wanted, the last token's), so a ubatch without the last token skips them
+    tail_bytes: int = 0
+    tail_params: int = 0
+    tail_rows: int = 0
+
+    def split(self) -> tuple[WeightGroup, WeightGroup]:
+        """(the group less its last-layer feed-forward matrices, those matrices as a group of their own)."""
+        return (WeightGroup(self.key, self.bytes - self.tail_bytes, self.params - self.tail_params, self.output,
+                            self.rows - self.tail_rows),
+                WeightGroup(self.key, self.tail_bytes, self.tail_params, False, self.tail_rows))
 
 
 @dataclass(frozen=True)
@@ -132,7 +144,8 @@ def speed_shape(shape: ModelShape, tensors: Sequence[Tensor], cpu_features: Iter
     :func:`edgekv.core.memmodel.extra_buffer_of`), the attention layers and the graph size."""
     feats = list(cpu_features)
     extra = extra_buffer_types(feats, repack)
-    acc: dict[tuple[str, bool], list[int]] = {}     # (key, output) -> [bytes, params, rows]
+    acc: dict[tuple[str, bool], list[int]] = {}     # (key, output) -> [bytes, params, rows, and the last layer's FFN's]
+    tail = f"blk.{shape.n_layer - 1}.ffn_"
     notes: list[str] = []
     frac = expert_used / expert_count if expert_used and expert_count else 1.0
     tied = tied_output(tensors)
@@ -148,13 +161,17 @@ def speed_shape(shape: ModelShape, tensors: Sequence[Tensor], cpu_features: Iter
         if "_exps" in t.name and frac < 1.0:
             n, b, rows = int(n * frac), int(b * frac), int(rows * frac)
         out = t.name.startswith("output.")
-        g = acc.setdefault((key, out), [0, 0, 0])
+        g = acc.setdefault((key, out), [0, 0, 0, 0, 0, 0])
         g[0] += b
         g[1] += n
         g[2] += rows
+        if t.name.startswith(tail) and shape.n_layer > 0:
+            g[3] += b
+            g[4] += n
+            g[5] += rows
     if frac < 1.0:
         notes.append(f"MoE: {expert_used} of {expert_count} experts read per token")
-    groups = tuple(WeightGroup(k, b, n, out, r) for (k, out), (b, n, r) in sorted(acc.items()))
+    groups = tuple(WeightGroup(k, *v[:2], out, v[2], *v[3:]) for (k, out), v in sorted(acc.items()))
     attn = tuple(AttnLayer(lay.n_head, lay.head_k, lay.head_v, shape.n_swa if lay.is_swa and shape.n_swa else None,
                            lay.n_head_kv)
                  for lay in shape.layers[:shape.n_layer] if lay.attn_cache or lay.reuses is not None)
@@ -416,6 +433,16 @@ def _ubatch_weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
     return linear(n)
 
 
+def prompt_weights_s(g: WeightGroup, cal: Calibration, n: int, n_out: int) -> float:
+    """Seconds a prompt ubatch of ``n`` tokens, ``n_out`` of them computing logits, spends in group ``g``'s matrices:
+    the last layer's feed-forward matrices only for the output tokens (none in a ubatch without the prompt's last
+    token), the rest for every token."""
+    if not g.tail_params:
+        return weights_s(g, cal, n)
+    body, tail = g.split()
+    return weights_s(body, cal, n) + (weights_s(tail, cal, n_out) if n_out else 0.0)
+
+
 def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k: str, type_v: str,
                flash_attn: str, n_seq: int = 1) -> SpeedPrediction:
     """Decode tokens/s of ``n_gen`` tokens generated from ``depth`` cells (llama-bench's tg at depth); with
@@ -483,9 +510,10 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
     n_seq = max(1, n_seq)
     fixed = weights = attn = 0.0
     c_node, c_src = node_cost(sh, cal, "pp")
-    for n in ubatches(n_seq * n_prompt, n_batch, n_ubatch):
+    ubs = ubatches(n_seq * n_prompt, n_batch, n_ubatch)
+    for i, n in enumerate(ubs):
         fixed += sh.nodes_pp * c_node + cal.ubatch_pp_s
-        weights += sum(weights_s(g, cal, n) for g in sh.groups if not g.output)
+        weights += sum(prompt_weights_s(g, cal, n, n_seq if i == len(ubs) - 1 else 0) for g in sh.groups if not g.output)
     d = float(depth)
     for n in ubatches(n_prompt, n_batch, n_ubatch):      # each sequence's tokens over its own cells
         if sh.attn:

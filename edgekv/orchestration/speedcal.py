@@ -41,12 +41,13 @@ from typing import Any
 from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, weight_key
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 10          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+CAL_VERSION = 11          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
 # 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row and
 # streaming rate; 8: models of values like a trained model's, not zeros (edgekv.edges.tinymodel.fill_values);
 # 9: the CPU mat-mat's cost per dot product (the narrow weight model's prompts); 10: the streaming rate's cost per
-# row (a narrow 384 MB model beside the wide one)
+# row (a narrow 384 MB model beside the wide one); 11: the prompts' coefficients are the matrices' less the last
+# layer's feed-forward, which llama.cpp computes for the last token only (WeightGroup.tail_*)
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -555,7 +556,10 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         mats = [g for g in sh.groups if not g.output]
         outs = [g for g in sh.groups if g.output]
         key = mats[0].key
-        w_bytes, w_params = sum(g.bytes for g in mats), sum(g.params for g in mats)
+        # a prompt computes the last layer's feed-forward for its last token only (WeightGroup.tail_*): the
+        # coefficients are those of the rest, the body (a 5-layer wide model's last FFN is 15 % of its matrices)
+        body = [g.split()[0] for g in mats]
+        w_bytes, w_params = sum(g.bytes for g in body), sum(g.params for g in body)
         units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
         f16 = kv_key("f16", "f16", "auto")
         narrow = next((x for x in plan if x["key"] == "wn_" + m["key"][2:]), None)
@@ -577,10 +581,11 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
             if outs:
                 cal.matvec_stream_s_per_byte.setdefault(outs[0].key, st)
                 cal.matvec_stream_s_per_row.setdefault(outs[0].key, st_row)
-        o_mv = sum(g.bytes * mv + g.rows * row for g in outs)      # the output head: one mat-vec per prompt
+        # the output head and the last layer's feed-forward: one mat-vec per prompt
+        o_mv = sum(g.bytes * mv + g.rows * row for g in outs) + _tail_mv(mats, mv, row)
         (n1, t1), (n2, t2) = _prompt_rest(r, sh, cal, o_mv, key)
         slope = (t1 - t2) / (n1 - n2)
-        per_flop, per_dot = _solve_matmul(key, (w_params, sum(g.rows for g in mats), slope),
+        per_flop, per_dot = _solve_matmul(key, (w_params, sum(g.rows for g in body), slope),
                                           _narrow_slope(results, narrow, nd[0], cal, mv, row) if narrow and nd else None)
         per_byte = max((t1 - n1 * slope) / w_bytes, 0.0)
         cal.matmul_s_per_flop[key] = per_flop
@@ -622,9 +627,16 @@ def _narrow_slope(results: list[dict], m: dict[str, Any], sh, cal: Calibration, 
     if any(f"pp{n}" not in r for n in MM_N):
         return None
     mats = [g for g in sh.groups if not g.output]
-    o_mv = sum(g.bytes * mv + g.rows * row for g in sh.groups if g.output)
+    o_mv = sum(g.bytes * mv + g.rows * row for g in sh.groups if g.output) + _tail_mv(mats, mv, row)
     (n1, t1), (n2, t2) = _prompt_rest(r, sh, cal, o_mv, m["key"])
-    return sum(g.params for g in mats), sum(g.rows for g in mats), (t1 - t2) / (n1 - n2)
+    body = [g.split()[0] for g in mats]
+    return sum(g.params for g in body), sum(g.rows for g in body), (t1 - t2) / (n1 - n2)
+
+
+def _tail_mv(mats, mv: float, row: float) -> float:
+    """The last layer's feed-forward matrices of a calibration model as one mat-vec (a prompt computes them for
+    its last token only)."""
+    return sum(g.tail_bytes * mv + g.tail_rows * row for g in mats)
 
 
 def _solve_matmul(key: str, wide: tuple[int, int, float], narrow: tuple[int, int, float] | None) -> tuple[float, float]:
