@@ -494,8 +494,10 @@ def solve_bodies(results: list[dict], plan: list[dict[str, Any]], cal: Calibrati
         r = _by(results, m["key"])
         sh = _probe_shape(m["model_path"], r["tg"]["graph"], [], False)
         w_bytes = sum(x.bytes for x in sh.groups)
-        body_params = sum(x.params for x in sh.groups if not x.output)
-        o_bytes = sum(x.bytes for x in sh.groups if x.output)
+        # the prompt's last-layer feed-forward runs for its last token only (WeightGroup.tail_*): a mat-vec
+        tail_bytes = sum(x.tail_bytes for x in sh.groups if not x.output)
+        body_params = sum(x.params - x.tail_params for x in sh.groups if not x.output)
+        o_bytes = sum(x.bytes for x in sh.groups if x.output) + tail_bytes
         units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
         t_tg = _median_s(r["tg"]["ns"]) / TG_N - cal.token_tg_s - sh.n_vocab * cal.vocab_tg_s \
             - w_bytes * cal.matvec_s_per_byte["q8_0"] - attn_units_tg(sh, TG_N / 2, cal.n_threads, False) * cal.attn_tg_s[f16]
