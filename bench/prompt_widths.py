@@ -32,6 +32,8 @@ MODELS = {"1024/4096 x8": (1024, 4096, 8, 8, 8), "1024/4096 x64": (1024, 4096, 6
 
 
 def main() -> None:
+    from llama_tools import tool, tool_env
+
     from edgekv.edges.tinymodel import write_llama
     from edgekv.orchestration.speedcal import cached
 
@@ -39,7 +41,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--type", default="Q4_K", help="the matrices' ggml type (default %(default)s)")
     a = ap.parse_args()
-    exe = ROOT / "bench" / ".build" / "llama_cpp_python-0.3.36" / "build" / "bin" / "llama-bench"
+    exe = tool("llama-bench")     # this llama-cpp-python's llama.cpp, built once under bench/.build/
+    env = tool_env(exe)
     cal = cached(a.threads, True)
     with tempfile.TemporaryDirectory(prefix="edgekv-prompt-widths-") as tmp:
         for name, (e, f, n_layer, h, hkv) in MODELS.items():
@@ -49,7 +52,7 @@ def main() -> None:
             params = n_layer * (2 * e * e + 2 * e * (e * hkv // h) + 3 * e * f)
             rows = n_layer * (2 * e + 2 * (e * hkv // h) + 2 * f + e)
             out = subprocess.run([str(exe), "-m", str(path), "-p", "32,256", "-n", "0", "-r", "3", "-t", str(a.threads),
-                                  "-o", "jsonl"], capture_output=True, text=True, check=True).stdout
+                                  "-o", "jsonl"], capture_output=True, text=True, env=env, check=True).stdout
             t = {j["n_prompt"]: j["avg_ns"] / 1e9 for j in (json.loads(x) for x in out.splitlines() if x.startswith("{"))}
             slope = (t[256] - t[32]) / (256 - 32)
             line = (f"{a.type} {name} -t {a.threads}: {params / 1e6:.0f}M params, {rows} rows; pp32 {t[32] * 1e3:.1f} ms, "
