@@ -15,6 +15,7 @@ import pytest
 from edgekv.cli.main import main
 from edgekv.core.llamalog import parse_graph_line, parse_memory_log
 from edgekv.core.speed import (
+    FA_TILE_Q,
     Calibration,
     MissingCalibration,
     explain,
@@ -58,6 +59,7 @@ def _cal(**kw) -> Calibration:
                                **{kv_key("q8_0", "q8_0", "auto", g): 3e-10 for g in GEOMETRIES}},
                     attn_pp_s={**{kv_key("f16", "f16", "auto", g): 5e-11 for g in GEOMETRIES},
                                **{kv_key("q8_0", "q8_0", "auto", g): 2e-10 for g in GEOMETRIES}},
+                    attn_pp_rows_s={kv_key("f16", "f16", "auto", g): 2e-10 for g in GEOMETRIES},
                     bandwidth_bytes_s=20e9)
     for k, v in kw.items():
         setattr(c, k, v)
@@ -202,6 +204,40 @@ def test_a_prompt_computes_the_last_layer_s_feed_forward_for_its_last_token_only
     two = {p.name: p.s_per_token for p in predict_pp(sh, cal, 0, 1024, 2048, 512, "f16", "f16", "auto").parts}
     want = sum(weights_s(x.split()[0], cal, 512) * 2 + weights_s(x.split()[1], cal, 1) for x in sh.groups if not x.output)
     assert two["weights"] == pytest.approx(want / 1024)
+
+
+def test_a_prompt_ubatch_under_64_tokens_over_an_f16_cache_runs_the_per_row_loop(smol):
+    """llama.cpp's CPU runs its tiled flash-attention kernel only for F16/F32 K == V and at least GGML_FA_TILE_Q (64)
+    query rows (ggml-cpu/ops.cpp:9546); a shorter ubatch runs the per-row loop, whose cost per cell the calibration
+    measures apart.  A quantized cache runs that loop at every size (its one prompt coefficient); a GPU has no such
+    split; a calibration without the short coefficient names the pair instead of guessing."""
+    from edgekv.core.speed import _attn_units, missing, tiled_prompt_path
+
+    _, sh = smol
+    cal = _cal()
+    kv = kv_key("f16", "f16", "auto")
+
+    def attn(n_prompt: int, n_ubatch: int, t: str = "f16"):
+        r = predict_pp(sh, cal, 1024, n_prompt, 2048, n_ubatch, t, t, "auto")
+        return next(x for x in r.parts if x.name == "attention")
+
+    assert FA_TILE_Q == 64
+    assert attn(32, 512).s_per_token == pytest.approx(_attn_units(sh, 1024 + 16, cal.attn_pp_rows_s, kv))
+    assert "1 ubatch(es) under 64 tokens" in attn(32, 512).source
+    assert attn(64, 512).s_per_token == pytest.approx(_attn_units(sh, 1024 + 32, cal.attn_pp_s, kv))
+    assert "under 64" not in attn(64, 512).source
+    # a 96-token prompt in ubatches of 64: one tiled ubatch, then 32 tokens through the per-row loop
+    both = (64 * _attn_units(sh, 1024 + 32, cal.attn_pp_s, kv) + 32 * _attn_units(sh, 1088 + 16, cal.attn_pp_rows_s, kv))
+    assert attn(96, 64).s_per_token == pytest.approx(both / 96)
+    q8 = kv_key("q8_0", "q8_0", "auto")
+    assert attn(32, 512, "q8_0").s_per_token == pytest.approx(_attn_units(sh, 1024 + 16, cal.attn_pp_s, q8))
+    assert tiled_prompt_path("f16", "f16", "auto") and tiled_prompt_path("f32", "f32", "on")
+    assert not any([tiled_prompt_path("q8_0", "q8_0", "auto"), tiled_prompt_path("f16", "q8_0", "auto"),
+                    tiled_prompt_path("f16", "f16", "off"), tiled_prompt_path("f16", "f16", "auto", "CUDA0")])
+    old = _cal(attn_pp_rows_s={})
+    assert missing(old, sh, "f16", "f16", "auto")[1] and not missing(old, sh, "q8_0", "q8_0", "auto")[1]
+    with pytest.raises(MissingCalibration, match="K/V cache f16/f16/fa=auto@"):
+        predict_pp(sh, old, 1024, 512, 2048, 512, "f16", "f16", "auto")
 
 
 def test_a_large_model_s_weights_take_at_least_their_streaming_time():
@@ -508,6 +544,29 @@ def test_interleaved_attention_steps_run_in_turn_through_llama_cpp():
     assert tg > 0 and pp > 0
 
 
+def test_an_f16_cache_short_prompt_is_timed_through_llama_cpp_and_costs_more_per_cell():
+    """An f16 cache's interleaved plan has a short prompt (PP_ROWS_N, under llama.cpp's 64-row tile) over the
+    long prompt's depths; through llama.cpp its deeper runs take longer, and its cost per cell is above the long
+    prompt's (the per-row loop against the tiled kernel, ggml-cpu/ops.cpp)."""
+    from edgekv.orchestration import speedcal as S
+
+    (m,) = S.attn_plan([("f16", "f16", "auto")], 2, _repack(), interleave=True)
+    (c,) = m["contexts"]
+    c["steps"] = [st for st in c["steps"] if st["test"] == "pp"]       # the decode steps are the other test's
+    assert [(st["key"], st["n"], st["depths"]) for st in c["steps"]] == [("pp", S.ATTN_PP_N, list(S.ATTN_PP_DEPTHS)),
+                                                                         ("ps", S.PP_ROWS_N, list(S.ATTN_PP_DEPTHS))]
+    for st in c["steps"]:
+        st["reps"] = 3
+    res = {r["step"]: r for r in S._run([m], None)}
+    p0, p1 = S.ATTN_PP_DEPTHS
+    assert S._median_s(res[f"ps{p1}"]["ns"]) > S._median_s(res[f"ps{p0}"]["ns"])
+    key = kv_key("f16", "f16", "auto")
+    r = res[f"pp{p1}"], res[f"pp{p0}"]
+    pp = (S._median_s(r[0]["ns"]) - S._median_s(r[1]["ns"])) / S.ATTN_PP_N / S._attn_units(S.ATTN_SHAPE) / (p1 - p0)
+    rows = S.solve_attn_rows(list(res.values()), key)
+    assert rows > pp > 0, (rows, pp)
+
+
 def test_the_drift_sentinel_times_the_real_decode(real_cal, tmp_path):
     """check_drift runs the calibration's own weight model through llama.cpp again: against the real calibration's
     timing it gives a positive ratio; against a record of the same decode four times as fast it names the change."""
@@ -540,7 +599,7 @@ def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_wo
     assert S.attn_steps(g, False) == S.AttnSteps((128, 384), (0, 512), S.ATTN_PP_N // 2)
     assert S.attn_steps(g, True).tg_depths == (640, 896)
     assert S.attn_steps("h9kv3k64v64", False) == S.AttnSteps(S.ATTN_TG_DEPTHS, S.ATTN_PP_DEPTHS, S.ATTN_PP_N)
-    truth_tg, truth_pp = 5e-10, 3e-10
+    truth_tg, truth_pp, truth_rows = 5e-10, 3e-10, 9e-10
     for pair in (("q5_0", "q5_0", "auto"), ("f16", "f16", "auto")):
         (m,) = S.attn_plan([pair], 2, True, g)
         key, split = kv_key(*pair, g), split_kv_path(*pair)
@@ -548,9 +607,15 @@ def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_wo
         for st in m["contexts"][0]["steps"]:
             d, n = st["depth"], st["n"]
             t = (0.01 + n * attn_units_tg(sh, d + n / 2, 2, split) * truth_tg if st["test"] == "tg"
-                 else 0.2 + n * units * (d + n / 2) * truth_pp)
+                 else 0.2 + n * units * (d + n / 2) * (truth_rows if st["key"].startswith("ps") else truth_pp))
             res.append({"model": f"attn_{g}", "context": key, "step": st["key"], "ns": [int(t * 1e9)] * 3})
         assert S.solve_attn(res, key, 2) == (pytest.approx(truth_tg, rel=1e-3), pytest.approx(truth_pp, rel=1e-3))
+        # the f16 cache's short prompts (under 64 tokens: the per-row loop) over the same depths, and only its
+        ps = [st for st in m["contexts"][0]["steps"] if st["key"].startswith("ps")]
+        assert [st["key"] for st in ps] == (["ps0", "ps512", "ps0b"] if split else [])
+        assert all(st["n"] == S.PP_ROWS_N < FA_TILE_Q and st["test"] == "pp" for st in ps)
+        if split:
+            assert S.solve_attn_rows(res, key) == pytest.approx(truth_rows, rel=1e-3)
 
 
 def test_attention_steps_run_in_order_of_depth_so_the_child_extends_one_fill():
@@ -664,6 +729,10 @@ def test_real_calibration_is_positive_and_cached(real_cal):
     assert set(cal.matvec_stream_s_per_row) == set(cal.matvec_s_per_byte)
     assert all(v >= 0 for v in cal.matvec_stream_s_per_row.values())
     assert all(cal.attn_tg_s[k] > 0 and cal.attn_pp_s[k] > 0 for k in cal.attn_tg_s)
+    # an f16 cache's short prompts run llama.cpp's per-row loop: measured apart, dearer per cell than the tiled
+    # kernel of its long prompts (a quantized cache runs that loop at every size: nothing apart)
+    assert set(cal.attn_pp_rows_s) == {k for k in cal.attn_tg_s if k.startswith("f16/f16/")}
+    assert all(cal.attn_pp_rows_s[k] > cal.attn_pp_s[k] for k in cal.attn_pp_rows_s)
     # the 384 MB streaming models are deleted once timed; the 48 MB wide ones stay for the drift sentinel
     left = SPEED_FILES_AFTER
     assert not any(n.startswith(("ws_", "wsn_")) for n in left) and any(n.startswith("w_q4_1-") for n in left), left

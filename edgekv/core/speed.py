@@ -20,6 +20,8 @@ and one ubatch of ``n`` prompt tokens at depth ``d``
                + sum over weight groups  bytes_g * a_matmul[g] + 2 * params_g * n * b_matmul[g]
                                          + rows_g * n * c_dot[g]  (CPU: one dot product per row and column)
                + sum over attention layers  n_head * (head_k + head_v) * n * (d + n / 2)_eff * c_attn_pp[K/V, fa]
+                                         (CPU, F16/F32 K == V: c_attn_pp_rows[K/V, fa] when n < 64, the
+                                          per-query-row loop rather than the tiled kernel)
 
 with the output head computed once per prompt (llama.cpp computes logits for the last token only).  ``depth_eff``
 is the depth a layer attends over: the whole cache for a full-attention layer, at most the window for a sliding
@@ -230,6 +232,10 @@ class Calibration:
     matcols_s_per_byte: dict[str, dict[str, float]] = field(default_factory=dict)
     attn_tg_s: dict[str, float] = field(default_factory=dict)   # per head x (head_k + head_v) x cell, decode
     attn_pp_s: dict[str, float] = field(default_factory=dict)   # the same, per prompt token
+    # the same, a prompt ubatch of fewer than FA_TILE_Q tokens over an F16/F32 cache on the CPU: llama.cpp's
+    # per-query-row loop, not the tiled kernel attn_pp_s measures (CAL_VERSION 12); every other pair runs that
+    # loop at any ubatch size, so attn_pp_s is its cost already
+    attn_pp_rows_s: dict[str, float] = field(default_factory=dict)
     bandwidth_bytes_s: float | None = None
     notes: list[str] = field(default_factory=list)
     machine: str = ""                                           # the CPU and thread count it was measured on
@@ -265,7 +271,9 @@ def missing(cal: Calibration, sh: SpeedShape, type_k: str, type_v: str, flash_at
                 or g.key not in cal.matcols_s_per_byte
                 or (not cal.device and (g.key not in cal.matvec_s_per_row or g.key not in cal.matvec_stream_s_per_byte
                                         or g.key not in cal.matvec_stream_s_per_row or g.key not in cal.matmul_s_per_dot))})
-    a = sorted({k for k in attn_keys(sh, type_k, type_v, flash_attn) if k not in cal.attn_tg_s or k not in cal.attn_pp_s})
+    rows = tiled_prompt_path(type_k, type_v, flash_attn, cal.device)
+    a = sorted({k for k in attn_keys(sh, type_k, type_v, flash_attn) if k not in cal.attn_tg_s or k not in cal.attn_pp_s
+                or (rows and k not in cal.attn_pp_rows_s)})
     return w, a
 
 
@@ -311,6 +319,25 @@ def split_kv_path(type_k: str, type_v: str, flash_attn: str, device: str = "") -
     cache view at least 512 cells; split over cells, one chunk per thread) rather than one query row per task.  On
     a GPU (``device``) no CPU thread reads the cache: the cells count as they are."""
     return not device and flash_attn != "off" and type_k == type_v and type_k in ("f16", "f32")
+
+
+# GGML_FA_TILE_Q (ggml-cpu/common.h:9): the query rows of one tile of the CPU's tiled flash-attention kernel, which
+# a prompt ubatch runs only when it has at least that many tokens (ggml-cpu/ops.cpp:9546)
+FA_TILE_Q = 64
+
+
+def tiled_prompt_path(type_k: str, type_v: str, flash_attn: str, device: str = "") -> bool:
+    """Whether a prompt ubatch of FA_TILE_Q tokens or more runs the CPU backend's tiled flash-attention kernel
+    (ggml-cpu/ops.cpp:9546: F16/F32 K == V, Q in F32).  A shorter ubatch over such a cache, and any ubatch over
+    another, runs the per-query-row loop (ops.cpp:8843): a pp32 over an f16 cache costs several times more per
+    cell than a pp512 (bench/README.md).  The pairs are split-KV's (:func:`split_kv_path`)."""
+    return split_kv_path(type_k, type_v, flash_attn, device)
+
+
+def prompt_attn_coef(cal: Calibration, n: int, tiled: bool) -> dict[str, float]:
+    """The calibration's attention coefficients for a prompt ubatch of ``n`` tokens per sequence (``tiled``:
+    :func:`tiled_prompt_path` of its K/V pair)."""
+    return cal.attn_pp_rows_s if tiled and n < FA_TILE_Q else cal.attn_pp_s
 
 
 def _pad256(n: float) -> int:
@@ -515,9 +542,11 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
         fixed += sh.nodes_pp * c_node + cal.ubatch_pp_s
         weights += sum(prompt_weights_s(g, cal, n, n_seq if i == len(ubs) - 1 else 0) for g in sh.groups if not g.output)
     d = float(depth)
+    tiled, short = tiled_prompt_path(type_k, type_v, flash_attn, cal.device), 0
     for n in ubatches(n_prompt, n_batch, n_ubatch):      # each sequence's tokens over its own cells
         if sh.attn:
-            attn += n_seq * n * _attn_units(sh, d + n / 2, cal.attn_pp_s, kv)
+            attn += n_seq * n * _attn_units(sh, d + n / 2, prompt_attn_coef(cal, n, tiled), kv)
+            short += tiled and n < FA_TILE_Q
         d += n
     out = sum(weights_s(g, cal, n_seq) for g in sh.groups if g.output)
     p = float(max(1, n_prompt * n_seq))
@@ -533,7 +562,9 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
         parts.append(SpeedPart("output head", out / p, "the last token's logits only"
                                + (f" (of each of {n_seq} sequences)" if n_seq > 1 else "")))
     if sh.attn:
-        parts.append(SpeedPart("attention", attn / p, f"{type_k}/{type_v} from depth {depth}"))
+        parts.append(SpeedPart("attention", attn / p, f"{type_k}/{type_v} from depth {depth}"
+                               + (f"; {short} ubatch(es) under {FA_TILE_Q} tokens run llama.cpp's per-row loop, "
+                                  "not its tiled kernel" if short else "")))
     t = sum(x.s_per_token for x in parts)
     return SpeedPrediction("pp", 1.0 / t, depth, n_prompt * n_seq, parts, None, None, cal.id)
 

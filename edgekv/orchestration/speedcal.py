@@ -38,16 +38,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, weight_key
+from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, prompt_attn_coef, tiled_prompt_path, weight_key
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 11          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+CAL_VERSION = 12          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
 # 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row and
 # streaming rate; 8: models of values like a trained model's, not zeros (edgekv.edges.tinymodel.fill_values);
 # 9: the CPU mat-mat's cost per dot product (the narrow weight model's prompts); 10: the streaming rate's cost per
 # row (a narrow 384 MB model beside the wide one); 11: the prompts' coefficients are the matrices' less the last
-# layer's feed-forward, which llama.cpp computes for the last token only (WeightGroup.tail_*)
+# layer's feed-forward, which llama.cpp computes for the last token only (WeightGroup.tail_*); 12: an F16/F32
+# cache's prompt attention under FA_TILE_Q tokens (llama.cpp's per-row loop, not its tiled kernel: attn_pp_rows_s)
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -56,6 +57,7 @@ NODE_SHAPES = {"nodes_a": {"n_embd": 64, "n_ff": 128, "n_layer": 2, "n_head": 2,
 ATTN_TG_DEPTHS = (640, 1664)   # both in the split-KV regime of an f16 cache (a view of 512 cells or more)
 ATTN_PP_DEPTHS = (0, 1024)
 ATTN_PP_N = 256
+PP_ROWS_N = 32            # a prompt under edgekv.core.speed.FA_TILE_Q tokens: an F16/F32 cache's per-row loop
 GEOMETRY_LAYERS = 6
 GEOMETRY_MAX_EMBD = 1024
 TG_N = 32                 # generated tokens per timed decode run (5 runs per attention step, the median kept)
@@ -334,19 +336,25 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
         a = attn_steps(geometry, split_kv_path(tk, tv, fa, device), device)
         tg_depths, pp_depths = a.tg_depths, a.pp_depths
         n_ctx = max(4096, -(-(max(tg_depths[1] + TG_N, pp_depths[1] + a.pp_n) + 1) // 512) * 512)
+        # a pair whose long prompts run the tiled kernel: a short prompt too, over the same depths ("ps" steps)
+        rows = tiled_prompt_path(tk, tv, fa, device)
         if interleave:
             steps = [{**_step("tg", "tg", 0, TG_N, 5), "depths": list(tg_depths)},
                      {**_step("pp", "pp", 0, a.pp_n, 3), "depths": list(pp_depths)}]
+            if rows:
+                steps.append({**_step("ps", "pp", 0, PP_ROWS_N, 3), "depths": list(pp_depths)})
             ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, n_ctx=n_ctx, type_k=tk, type_v=tv,
                              flash_attn=fa, n_seq=2))
             continue
         steps = [_step(f"tg{d}", "tg", d, TG_N, 5) for d in tg_depths]
         steps += [_step(f"pp{d}", "pp", d, a.pp_n, 3) for d in pp_depths]
+        steps += [_step(f"ps{d}", "pp", d, PP_ROWS_N, 3) for d in pp_depths if rows]
         steps.sort(key=lambda st: st["depth"])      # the child extends one fill from step to step
         # then the shallow steps again (dropping cells costs nothing): each difference is taken shallow, deep,
         # shallow, so a machine that slows or speeds up steadily meanwhile does not bias it
         steps += [_step(f"tg{tg_depths[0]}b", "tg", tg_depths[0], TG_N, 5),
                   _step(f"pp{pp_depths[0]}b", "pp", pp_depths[0], a.pp_n, 3)]
+        steps += [_step(f"ps{pp_depths[0]}b", "pp", pp_depths[0], PP_ROWS_N, 3)] if rows else []
         ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, n_ctx=n_ctx, type_k=tk, type_v=tv,
                          flash_attn=fa))
     name = "attn" if geometry is None else f"attn_{geometry}"
@@ -546,6 +554,26 @@ def solve_attn(results: list[dict], key: str, n_threads: int = 1, device: str = 
     return tg, pp
 
 
+def solve_attn_rows(results: list[dict], key: str, device: str = "") -> float:
+    """Seconds per head x (head_k + head_v) x cell of a prompt under FA_TILE_Q tokens for one K/V pair and
+    geometry whose longer prompts run the tiled kernel (the plan's "ps" steps: llama.cpp's per-query-row loop)."""
+    geometry = key.split("@")[1] if "@" in key else None
+    shape = geometry_shape(geometry)
+    r = _by(results, "attn" if geometry is None else f"attn_{geometry}", key)
+    p0, p1 = attn_steps(geometry, True, device).pp_depths
+    rows = (_median_s(r[f"ps{p1}"]["ns"]) - _shallow(r, f"ps{p0}")) / PP_ROWS_N / _attn_units(shape) / (p1 - p0)
+    if rows <= 0:
+        raise _disturbed(f"of {key} measured no cost for a deeper cache under a short prompt")
+    return rows
+
+
+def _prompt_attn_f16(cal: Calibration, units: int, n: int) -> float:
+    """The generic f16 attention of a weight model's ``n``-token prompt from depth 0 (``units``: its heads x
+    head dims over its layers): the tiled kernel's coefficient, or the per-row loop's under FA_TILE_Q tokens."""
+    coef = prompt_attn_coef(cal, n, tiled_prompt_path("f16", "f16", "auto", cal.device))
+    return n * units * (n / 2) * coef.get(kv_key("f16", "f16", "auto"), 0.0)
+
+
 def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibration, cpu_features: list[str],
                   repack: bool) -> None:
     """Fill cal's mat-vec and mat-mat coefficients for each weight model of ``plan`` (the node and attention costs
@@ -563,7 +591,6 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         body = [g.split()[0] for g in mats]
         w_bytes, w_params = sum(g.bytes for g in body), sum(g.params for g in body)
         units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
-        f16 = kv_key("f16", "f16", "auto")
         narrow = next((x for x in plan if x["key"] == "wn_" + m["key"][2:]), None)
         nd = _decode_of(results, narrow, feats, rp, cal, {g.key for g in sh.groups},
                         again="wnb_" + m["key"][2:]) if narrow else None
@@ -599,7 +626,7 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         cols = {}
         for n in MM_COLS:     # one graph of n tokens: a decode step's nodes, the output head once
             t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_tg_s - cal.token_tg_s - o_mv \
-                - n * units * (n / 2) * cal.attn_pp_s.get(f16, 0.0)
+                - _prompt_attn_f16(cal, units, n)
             if t <= 0:
                 raise _disturbed(f"of {key} weights measured no cost for a {n}-column mat-mul")
             cols[str(n)] = t / w_bytes
@@ -611,10 +638,9 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
 def _prompt_rest(r: dict[str, dict], sh, cal: Calibration, o_mv: float, key: str) -> list[tuple[int, float]]:
     """A weight model's MM_N prompts as (tokens, seconds of its matrices): each less the graph's nodes, the
     ubatch's own cost, the output head's one mat-vec (``o_mv``) and the f16 attention over the prompt."""
-    f16 = kv_key("f16", "f16", "auto")
     units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
     rest = [(n, _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_pp_s - cal.ubatch_pp_s - o_mv
-             - n * units * (n / 2) * cal.attn_pp_s.get(f16, 0.0)) for n in MM_N]
+             - _prompt_attn_f16(cal, units, n)) for n in MM_N]
     (n1, t1), (n2, t2) = rest
     if t1 <= t2:
         raise _disturbed(f"of {key} weights measured a {n1}-token prompt no slower than a {n2}-token one")
@@ -730,7 +756,8 @@ def _attn_needed(cal: Calibration, pairs: Iterable[tuple[str, str, str]],
     """Per geometry (None: the generic model), the K/V pairs not calibrated yet."""
     out: dict[str | None, list[tuple[str, str, str]]] = {}
     for g in dict.fromkeys(geometries):
-        want = [p for p in dict.fromkeys(pairs) if kv_key(*p, g) not in cal.attn_tg_s]
+        want = [p for p in dict.fromkeys(pairs) if kv_key(*p, g) not in cal.attn_tg_s
+                or (tiled_prompt_path(*p, cal.device) and kv_key(*p, g) not in cal.attn_pp_rows_s)]
         if want:
             out[g] = want
     return out
@@ -894,6 +921,8 @@ def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tu
             for p in ps:
                 k = kv_key(*p, g)
                 cal.attn_tg_s[k], cal.attn_pp_s[k] = solve_attn(res, k, n_threads, dev)
+                if tiled_prompt_path(*p, dev):
+                    cal.attn_pp_rows_s[k] = solve_attn_rows(res, k, dev)
         if new:
             f16 = kv_key("f16", "f16", "auto")
             cal.node_tg_s, cal.node_pp_s, cal.token_tg_s, cal.ubatch_pp_s = solve_nodes(res, cal.attn_tg_s.get(f16, 0.0),
@@ -1005,7 +1034,7 @@ def _merge_cached(cal: Calibration, path, key: str) -> list[dict]:
         return []
     for name in ("matvec_s_per_byte", "matvec_s_per_row", "matvec_stream_s_per_byte", "matvec_stream_s_per_row",
                  "matmul_s_per_byte",
-                 "matmul_s_per_flop", "matmul_s_per_dot", "matcols_s_per_byte", "attn_tg_s", "attn_pp_s",
+                 "matmul_s_per_flop", "matmul_s_per_dot", "matcols_s_per_byte", "attn_tg_s", "attn_pp_s", "attn_pp_rows_s",
                  "node_tg_body_s", "node_pp_body_s"):
         mine = getattr(cal, name)
         for k, v in getattr(other, name).items():

@@ -481,10 +481,14 @@ def render_calibration(con, sc) -> None:
                   f"{sb * 1e12:.3g}" if sb is not None else "-")
     con.print(t)
     a = Table(title="Attention per head x (head_k + head_v) x cell", title_justify="left")
-    for col in ("K/V, flash attention", "decode ps", "prompt ps"):
+    # the third column: a prompt ubatch under 64 tokens over an F16/F32 cache (llama.cpp's per-row loop, not its
+    # tiled kernel); "-" where every prompt runs that loop (a quantized cache) or on a GPU
+    for col in ("K/V, flash attention", "decode ps", "prompt ps", "prompt <64 ps"):
         a.add_column(col, justify="left" if col.startswith("K/V") else "right")
     for k in sorted(cal.attn_tg_s):      # picoseconds: a GPU's cell costs are a thousandth of a CPU's
-        a.add_row(k, f"{cal.attn_tg_s[k] * 1e12:.3g}", f"{cal.attn_pp_s.get(k, 0) * 1e12:.3g}")
+        rows = cal.attn_pp_rows_s.get(k)
+        a.add_row(k, f"{cal.attn_tg_s[k] * 1e12:.3g}", f"{cal.attn_pp_s.get(k, 0) * 1e12:.3g}",
+                  f"{rows * 1e12:.3g}" if rows is not None else "-")
     con.print(a)
     for n in cal.notes:
         con.print(f"[yellow]Note: {n}[/]")
