@@ -252,6 +252,8 @@ def test_case_done_attaches_typed_load_and_plan_blocks():
     wall, _elapsed, remaining = t.case_done(rec, 0)
     assert wall == 3.25 and remaining == 0 and t.monitor is None
     assert isinstance(rec.load, S.Load) and isinstance(rec.plan, S.Plan)
+    # a float, as the schema says, even when nothing is left (an int 0 read back as 0.0: not the same record)
+    assert isinstance(rec.plan.remaining_eta_s, float) and json.dumps(S.encode(rec)["plan"]["remaining_eta_s"]) == "0.0"
     assert json.dumps(S.encode(rec)["load"]) == json.dumps(Monitor().stop())
     plan = S.encode(rec)["plan"]
     assert list(plan) == ["estimate_s", "wall_s", "sweep_elapsed_s", "remaining_eta_s", "remaining_configs",

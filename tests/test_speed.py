@@ -618,6 +618,16 @@ def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_wo
             assert S.solve_attn_rows(res, key) == pytest.approx(truth_rows, rel=1e-3)
 
 
+def test_two_calibrations_begun_in_the_same_second_have_two_ids():
+    """A calibration's id is its key's head, the second it began and four random hex digits: two edgekv processes
+    that start one in the same second keep them apart (_merge_cached merges only the same id)."""
+    from edgekv.orchestration import speedcal as S
+
+    ids = [S._named(None, "0123456789abcdef", 2, "llama-cpp-python").id for _ in range(20)]
+    assert all(re.fullmatch(r"0123456789ab-\d{14}-[0-9a-f]{4}", i) for i in ids), ids
+    assert len(set(ids)) > 1, ids       # twenty draws of 4 hex digits all alike: 1 in 65,536 ** 19
+
+
 def test_attention_steps_run_in_order_of_depth_so_the_child_extends_one_fill():
     from edgekv.orchestration import speedcal as S
 

@@ -454,10 +454,10 @@ def _ubatch_weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
     pts += sorted((int(k), g.bytes * v) for k, v in cal.matcols_s_per_byte.get(g.key, {}).items()
                   if 1 < int(k) < MATMUL_LINEAR_FROM)
     pts.append((MATMUL_LINEAR_FROM, linear(MATMUL_LINEAR_FROM)))
-    for (k0, t0), (k1, t1) in zip(pts, pts[1:]):
-        if k0 <= n <= k1:
-            return t0 + (t1 - t0) * (n - k0) / (k1 - k0)
-    return linear(n)
+    # the points span 1 .. MATMUL_LINEAR_FROM and 1 < n < MATMUL_LINEAR_FROM: the segment that holds n
+    i = next(j for j in range(1, len(pts)) if n <= pts[j][0])
+    (k0, t0), (k1, t1) = pts[i - 1], pts[i]
+    return t0 + (t1 - t0) * (n - k0) / (k1 - k0)
 
 
 def prompt_weights_s(g: WeightGroup, cal: Calibration, n: int, n_out: int) -> float:

@@ -267,7 +267,7 @@ class SweepTracker:
         remaining, elapsed = p.remaining(rest), p.elapsed()
         rec.plan = S.Plan(estimate_s=round(self.case_estimate, 1) if self.case_estimate is not None else None,
                           wall_s=round(wall, 1), sweep_elapsed_s=round(elapsed, 1),
-                          remaining_eta_s=round(remaining, 1), remaining_configs=len(rest),
+                          remaining_eta_s=round(float(remaining), 1), remaining_configs=len(rest),
                           sweep_estimate_s=round(p.initial_total_s or 0.0, 1), basis=p.basis)
         return wall, elapsed, remaining
 

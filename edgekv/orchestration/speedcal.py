@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -878,8 +879,10 @@ def _still_holds(cal: Calibration, note: str, measure: bool, sentinel: str | Non
 def _named(cal: Calibration | None, key: str, n_threads: int, runtime: str, device: str = "") -> Calibration:
     """``cal``, or a new one with nothing measured yet, with its machine (and GPU) and runtime named."""
     if cal is None:
-        cal = Calibration(id=key[:12] + time.strftime("-%Y%m%d%H%M%S"), n_threads=n_threads, node_tg_s=0.0, node_pp_s=0.0,
-                          runtime=runtime, device=device)
+        # the key's head, the second, and 4 random hex digits: two calibrations begun in the same second (two edgekv
+        # processes) are two, and never merge each other's coefficients (_merge_cached)
+        cal = Calibration(id=key[:12] + time.strftime("-%Y%m%d%H%M%S-") + secrets.token_hex(2), n_threads=n_threads,
+                          node_tg_s=0.0, node_pp_s=0.0, runtime=runtime, device=device)
     if not cal.machine:     # calibrations cached before the field existed name their machine too
         from edgekv.edges.environment import cpu_model, nvidia_info
 
