@@ -533,14 +533,18 @@ def _shallow(r: dict[str, dict], key: str) -> float:
     return sum(both) / len(both)
 
 
+def _attn_results(results: list[dict], key: str) -> tuple[str | None, dict[str, Any], dict[str, dict]]:
+    """(geometry, its calibration model's shape, that model's steps by name) of one K/V pair's attention key."""
+    geometry = key.split("@")[1] if "@" in key else None
+    return geometry, geometry_shape(geometry), _by(results, "attn" if geometry is None else f"attn_{geometry}", key)
+
+
 def solve_attn(results: list[dict], key: str, n_threads: int = 1, device: str = "") -> tuple[float, float]:
     """(decode, prompt) seconds per head x (head_k + head_v) x cell for one K/V pair and geometry (``key``: its
     kv_key; decode: the cells the slowest thread reads, edgekv.core.speed.decode_cells)."""
     from edgekv.core.speed import attn_units_tg, split_kv_path
 
-    geometry = key.split("@")[1] if "@" in key else None
-    shape = geometry_shape(geometry)
-    r = _by(results, "attn" if geometry is None else f"attn_{geometry}", key)
+    geometry, shape, r = _attn_results(results, key)
     units = _attn_units(shape)
     tk, tv, fa = key.split("/")[0], key.split("/")[1], key.split("fa=")[1].split("@")[0]
     sh, split = _attn_speed_shape(shape), split_kv_path(tk, tv, fa, device)
@@ -558,9 +562,7 @@ def solve_attn(results: list[dict], key: str, n_threads: int = 1, device: str = 
 def solve_attn_rows(results: list[dict], key: str, device: str = "") -> float:
     """Seconds per head x (head_k + head_v) x cell of a prompt under FA_TILE_Q tokens for one K/V pair and
     geometry whose longer prompts run the tiled kernel (the plan's "ps" steps: llama.cpp's per-query-row loop)."""
-    geometry = key.split("@")[1] if "@" in key else None
-    shape = geometry_shape(geometry)
-    r = _by(results, "attn" if geometry is None else f"attn_{geometry}", key)
+    geometry, shape, r = _attn_results(results, key)
     p0, p1 = attn_steps(geometry, True, device).pp_depths
     rows = (_median_s(r[f"ps{p1}"]["ns"]) - _shallow(r, f"ps{p0}")) / PP_ROWS_N / _attn_units(shape) / (p1 - p0)
     if rows <= 0:
