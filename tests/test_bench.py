@@ -126,6 +126,9 @@ def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
     assert {"q4_1", "q8_0"} <= set(c["matvec_s_per_byte"]) and all(v > 0 for v in c["matmul_s_per_flop"].values())
     assert all(c["attn_tg_s"][k] > 0 and c["attn_pp_s"][k] > 0 for k in c["attn_tg_s"])
     assert {k.split("@")[0] for k in c["attn_tg_s"]} == {"f16/f16/fa=auto", "q4_0/q4_0/fa=auto"}
+    # the tiled kernel deep in the cache, through the same binary (-d 4096,8192,4096 on a one-layer model)
+    assert set(c["attn_pp_deep_s"]) == {k for k in c["attn_tg_s"] if k.startswith("f16/f16/") and "@" in k}
+    assert c["attn_pp_deep_s"] and all(v > 0 for v in c["attn_pp_deep_s"].values())
     from edgekv.orchestration.speedcal import cached
 
     assert cached(2, rp[1] == "1", str(llama_bench_exe)).id == c["id"]

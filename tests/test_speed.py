@@ -60,6 +60,7 @@ def _cal(**kw) -> Calibration:
                     attn_pp_s={**{kv_key("f16", "f16", "auto", g): 5e-11 for g in GEOMETRIES},
                                **{kv_key("q8_0", "q8_0", "auto", g): 2e-10 for g in GEOMETRIES}},
                     attn_pp_rows_s={kv_key("f16", "f16", "auto", g): 2e-10 for g in GEOMETRIES},
+                    attn_pp_deep_s={kv_key("f16", "f16", "auto", g): 5e-11 for g in GEOMETRIES},
                     bandwidth_bytes_s=20e9)
     for k, v in kw.items():
         setattr(c, k, v)
@@ -238,6 +239,46 @@ def test_a_prompt_ubatch_under_64_tokens_over_an_f16_cache_runs_the_per_row_loop
     assert missing(old, sh, "f16", "f16", "auto")[1] and not missing(old, sh, "q8_0", "q8_0", "auto")[1]
     with pytest.raises(MissingCalibration, match="K/V cache f16/f16/fa=auto@"):
         predict_pp(sh, old, 1024, 512, 2048, 512, "f16", "f16", "auto")
+
+
+def test_the_tiled_kernel_prices_deep_cells_at_the_deep_coefficient(smol):
+    """The tiled kernel's cost per cell is the calibration's shallow one over the first TILED_SHALLOW_END cells
+    and its deep one from TILED_DEEP_DEPTHS[0] on, linear between (bench/README.md: SmolLM2's heads 22 and 40 ps
+    on a 2-vCPU EPYC); only a long prompt over an F16/F32 cache on the CPU takes it, and a calibration without
+    the deep coefficient names the pair instead of guessing."""
+    from edgekv.core.speed import TILED_DEEP_DEPTHS, TILED_SHALLOW_END, _attn_units, missing, tiled_cells_cost
+
+    a, b = TILED_SHALLOW_END, TILED_DEEP_DEPTHS[0]
+    assert tiled_cells_cost(3000, 2.0, 2.0) == pytest.approx(6000)
+    assert tiled_cells_cost(a, 1.0, 3.0) == pytest.approx(a)
+    assert tiled_cells_cost(b, 1.0, 3.0) == pytest.approx(a + (b - a) * 2.0)          # the ramp's mean cost
+    assert tiled_cells_cost(b + 1000, 1.0, 3.0) == pytest.approx(a + (b - a) * 2.0 + 3000)
+    mid = (a + b) / 2                         # half-way up the ramp a cell costs 2.0: the ramp so far 1.5 a cell
+    assert tiled_cells_cost(mid, 1.0, 3.0) == pytest.approx(a + (mid - a) * 1.5)
+    _, sh = smol
+    kv = kv_key("f16", "f16", "auto")
+    flat, dear = _cal(), _cal(attn_pp_deep_s={kv_key("f16", "f16", "auto", g): 2e-10 for g in GEOMETRIES})
+
+    def attn(cal, depth: int, t: str = "f16", n: int = 512):
+        r = predict_pp(sh, cal, depth, n, 2048, 512, t, t, "auto")
+        return next(x for x in r.parts if x.name == "attention")
+
+    # shallow prompts: alike; deep ones: each layer's cells priced along the ramp (SmolLM2: 30 full-depth layers)
+    assert attn(dear, 256).s_per_token == pytest.approx(attn(flat, 256).s_per_token)
+    assert attn(flat, 8192).s_per_token == pytest.approx(_attn_units(sh, 8192 + 256, flat.attn_pp_s, kv))
+    units = _attn_units(sh, 1.0)
+    assert attn(dear, 8192).s_per_token == pytest.approx(units * tiled_cells_cost(8192 + 256, 5e-11, 2e-10))
+    assert attn(dear, 8192).s_per_token > 3 * attn(flat, 8192).s_per_token
+    assert "past 1024" in attn(dear, 8192).source and "past" not in attn(dear, 256).source
+    # a short prompt (the per-row loop) and a quantized cache never take it
+    assert attn(dear, 8192, n=32).s_per_token == pytest.approx(attn(flat, 8192, n=32).s_per_token)
+    assert attn(dear, 8192, "q8_0").s_per_token == pytest.approx(attn(flat, 8192, "q8_0").s_per_token)
+    old = _cal(attn_pp_deep_s={})
+    assert missing(old, sh, "f16", "f16", "auto")[1] and not missing(old, sh, "q8_0", "q8_0", "auto")[1]
+    with pytest.raises(MissingCalibration, match="K/V cache f16/f16/fa=auto@"):
+        predict_pp(sh, old, 8192, 512, 2048, 512, "f16", "f16", "auto")
+    gpu = _cal(attn_pp_deep_s={}, attn_pp_rows_s={}, device="CUDA0")
+    assert not missing(gpu, sh, "f16", "f16", "auto")[1]
 
 
 def test_a_large_model_s_weights_take_at_least_their_streaming_time():
@@ -601,7 +642,7 @@ def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_wo
     assert S.attn_steps("h9kv3k64v64", False) == S.AttnSteps(S.ATTN_TG_DEPTHS, S.ATTN_PP_DEPTHS, S.ATTN_PP_N)
     truth_tg, truth_pp, truth_rows = 5e-10, 3e-10, 9e-10
     for pair in (("q5_0", "q5_0", "auto"), ("f16", "f16", "auto")):
-        (m,) = S.attn_plan([pair], 2, True, g)
+        m, *deep = S.attn_plan([pair], 2, True, g)
         key, split = kv_key(*pair, g), split_kv_path(*pair)
         res = []
         for st in m["contexts"][0]["steps"]:
@@ -616,6 +657,27 @@ def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_wo
         assert all(st["n"] == S.PP_ROWS_N < FA_TILE_Q and st["test"] == "pp" for st in ps)
         if split:
             assert S.solve_attn_rows(res, key) == pytest.approx(truth_rows, rel=1e-3)
+        # and the tiled kernel deep in the cache: DEEP_PP_N-token prompts at TILED_DEEP_DEPTHS (shallow, deep,
+        # shallow) on a one-layer model of the geometry, priced along the model's own ramp
+        assert len(deep) == (1 if split else 0)
+        if split:
+            from edgekv.core.speed import TILED_DEEP_DEPTHS, tiled_cells_cost
+
+            (d,) = deep
+            (c,) = d["contexts"]
+            d0, d1 = TILED_DEEP_DEPTHS
+            assert d["key"] == f"attnd_{g}" and S.deep_shape(g)["n_layer"] == 1
+            assert [(st["key"], st["depth"], st["n"]) for st in c["steps"]] == [
+                (f"pd{d0}", d0, S.DEEP_PP_N), (f"pd{d1}", d1, S.DEEP_PP_N), (f"pd{d0}b", d0, S.DEEP_PP_N)]
+            assert c["params"]["n_ctx"] >= d1 + S.DEEP_PP_N
+            du, truth_deep = S._attn_units(S.deep_shape(g)), 8e-10
+            res += [{"model": d["key"], "context": key, "step": st["key"],
+                     "ns": [int((0.05 + st["n"] * du * tiled_cells_cost(st["depth"] + st["n"] / 2, truth_pp, truth_deep))
+                                * 1e9)] * 3} for st in c["steps"]]
+            assert S.solve_attn_deep(res, key) == pytest.approx(truth_deep, rel=1e-3)
+    # the generic model (no geometry) and a GPU take no deep step
+    assert len(S.attn_plan([("f16", "f16", "auto")], 2, True)) == 1
+    assert len(S.attn_plan([("f16", "f16", "auto")], 2, True, g, "CUDA0")) == 1
 
 
 def test_two_calibrations_begun_in_the_same_second_have_two_ids():
@@ -743,6 +805,9 @@ def test_real_calibration_is_positive_and_cached(real_cal):
     # kernel of its long prompts (a quantized cache runs that loop at every size: nothing apart)
     assert set(cal.attn_pp_rows_s) == {k for k in cal.attn_tg_s if k.startswith("f16/f16/")}
     assert all(cal.attn_pp_rows_s[k] > cal.attn_pp_s[k] for k in cal.attn_pp_rows_s)
+    # and its long prompts' tiled kernel deep in the cache, on a one-layer model of each geometry
+    assert set(cal.attn_pp_deep_s) == {k for k in cal.attn_tg_s if k.startswith("f16/f16/") and "@" in k}
+    assert cal.attn_pp_deep_s and all(v > 0 for v in cal.attn_pp_deep_s.values())
     # the 384 MB streaming models are deleted once timed; the 48 MB wide ones stay for the drift sentinel
     left = SPEED_FILES_AFTER
     assert not any(n.startswith(("ws_", "wsn_")) for n in left) and any(n.startswith("w_q4_1-") for n in left), left

@@ -236,6 +236,10 @@ class Calibration:
     # per-query-row loop, not the tiled kernel attn_pp_s measures (CAL_VERSION 12); every other pair runs that
     # loop at any ubatch size, so attn_pp_s is its cost already
     attn_pp_rows_s: dict[str, float] = field(default_factory=dict)
+    # the same, the tiled kernel's cost per cell deep in the cache (TILED_DEEP_DEPTHS), where it is dearer than over
+    # the first cells attn_pp_s measures (its K/V and mask tiles no longer stay in the core's cache); F16/F32 pairs
+    # on the CPU (CAL_VERSION 13)
+    attn_pp_deep_s: dict[str, float] = field(default_factory=dict)
     bandwidth_bytes_s: float | None = None
     notes: list[str] = field(default_factory=list)
     machine: str = ""                                           # the CPU and thread count it was measured on
@@ -273,7 +277,7 @@ def missing(cal: Calibration, sh: SpeedShape, type_k: str, type_v: str, flash_at
                                         or g.key not in cal.matvec_stream_s_per_row or g.key not in cal.matmul_s_per_dot))})
     rows = tiled_prompt_path(type_k, type_v, flash_attn, cal.device)
     a = sorted({k for k in attn_keys(sh, type_k, type_v, flash_attn) if k not in cal.attn_tg_s or k not in cal.attn_pp_s
-                or (rows and k not in cal.attn_pp_rows_s)})
+                or (rows and (k not in cal.attn_pp_rows_s or k not in cal.attn_pp_deep_s))})
     return w, a
 
 
@@ -334,6 +338,28 @@ def tiled_prompt_path(type_k: str, type_v: str, flash_attn: str, device: str = "
     return split_kv_path(type_k, type_v, flash_attn, device)
 
 
+# The tiled kernel's cost per cell: the calibration measures it over the first TILED_SHALLOW_END cells (attn_pp_s)
+# and from TILED_DEEP_DEPTHS[0] to [1] (attn_pp_deep_s); between the two it is taken as linear in the depth, and
+# beyond the deep step constant.  On a 2-vCPU EPYC (1 MB L2 a core) SmolLM2's heads cost about 22 ps a cell over
+# the first 1024 cells and about 40 from 4096 on, in SmolLM2 itself and in a one-layer model of its heads
+# (bench/README.md, the tiled kernel deep in the cache); where the step falls depends on the core's caches
+TILED_SHALLOW_END = 1024
+TILED_DEEP_DEPTHS = (4096, 8192)
+
+
+def tiled_cells_cost(depth: float, shallow: float, deep: float) -> float:
+    """The tiled kernel's cost of one query row over ``depth`` cells (the integral of its cost per cell, in the
+    units of the coefficients): ``shallow`` per cell up to TILED_SHALLOW_END, ``deep`` from TILED_DEEP_DEPTHS[0]
+    on, linear between.  With shallow == deep it is shallow x depth."""
+    a, b = TILED_SHALLOW_END, TILED_DEEP_DEPTHS[0]
+    if depth <= a:
+        return shallow * depth
+    if depth <= b:
+        at = shallow + (deep - shallow) * (depth - a) / (b - a)
+        return shallow * a + (depth - a) * (shallow + at) / 2
+    return shallow * a + (b - a) * (shallow + deep) / 2 + deep * (depth - b)
+
+
 def prompt_attn_coef(cal: Calibration, n: int, tiled: bool) -> dict[str, float]:
     """The calibration's attention coefficients for a prompt ubatch of ``n`` tokens per sequence (``tiled``:
     :func:`tiled_prompt_path` of its K/V pair)."""
@@ -368,6 +394,18 @@ def attn_units_tg(sh: SpeedShape, depth: float, n_threads: int, split: bool,
 def _attn_units(sh: SpeedShape, depth: float, coef: dict[str, float] | None = None, kv: str = "") -> float:
     return sum(lay.n_head * (lay.head_k + lay.head_v) * _depth_eff(depth, lay)
                * (coef[f"{kv}@{lay.geometry}"] if coef is not None else 1.0) for lay in sh.attn)
+
+
+def _tiled_attn_s(sh: SpeedShape, depth: float, cal: Calibration, kv: str) -> float:
+    """Seconds of one prompt token's attention at ``depth`` cells in the tiled kernel (:func:`tiled_cells_cost` of
+    each layer's geometry; a calibration without the deep coefficient, a GPU's, prices every cell alike)."""
+    out = 0.0
+    for lay in sh.attn:
+        k = f"{kv}@{lay.geometry}"
+        c = cal.attn_pp_s[k]
+        out += lay.n_head * (lay.head_k + lay.head_v) * tiled_cells_cost(_depth_eff(depth, lay), c,
+                                                                          cal.attn_pp_deep_s.get(k, c))
+    return out
 
 
 def _kv_bytes_per_cell(type_k: str, type_v: str, sh: SpeedShape) -> float:
@@ -542,9 +580,12 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
         fixed += sh.nodes_pp * c_node + cal.ubatch_pp_s
         weights += sum(prompt_weights_s(g, cal, n, n_seq if i == len(ubs) - 1 else 0) for g in sh.groups if not g.output)
     d = float(depth)
-    tiled, short = tiled_prompt_path(type_k, type_v, flash_attn, cal.device), 0
+    tiled, short, deep = tiled_prompt_path(type_k, type_v, flash_attn, cal.device), 0, False
     for n in ubatches(n_prompt, n_batch, n_ubatch):      # each sequence's tokens over its own cells
-        if sh.attn:
+        if sh.attn and tiled and n >= FA_TILE_Q:
+            attn += n_seq * n * _tiled_attn_s(sh, d + n / 2, cal, kv)
+            deep |= d + n > TILED_SHALLOW_END and bool(cal.attn_pp_deep_s)
+        elif sh.attn:
             attn += n_seq * n * _attn_units(sh, d + n / 2, prompt_attn_coef(cal, n, tiled), kv)
             short += tiled and n < FA_TILE_Q
         d += n
@@ -564,7 +605,9 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
     if sh.attn:
         parts.append(SpeedPart("attention", attn / p, f"{type_k}/{type_v} from depth {depth}"
                                + (f"; {short} ubatch(es) under {FA_TILE_Q} tokens run llama.cpp's per-row loop, "
-                                  "not its tiled kernel" if short else "")))
+                                  "not its tiled kernel" if short else "")
+                               + (f"; the tiled kernel's cells past {TILED_SHALLOW_END} at the dearer cost measured "
+                                  f"{TILED_DEEP_DEPTHS[0]}-{TILED_DEEP_DEPTHS[1]} deep" if deep else "")))
     t = sum(x.s_per_token for x in parts)
     return SpeedPrediction("pp", 1.0 / t, depth, n_prompt * n_seq, parts, None, None, cal.id)
 

@@ -39,24 +39,40 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration, kv_key, prompt_attn_coef, tiled_prompt_path, weight_key
+from edgekv.core.speed import (
+    SPEED_MODEL_VERSION,
+    TILED_DEEP_DEPTHS,
+    TILED_SHALLOW_END,
+    Calibration,
+    kv_key,
+    prompt_attn_coef,
+    tiled_prompt_path,
+    weight_key,
+)
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 12          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+CAL_VERSION = 13          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
 # 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row and
 # streaming rate; 8: models of values like a trained model's, not zeros (edgekv.edges.tinymodel.fill_values);
 # 9: the CPU mat-mat's cost per dot product (the narrow weight model's prompts); 10: the streaming rate's cost per
 # row (a narrow 384 MB model beside the wide one); 11: the prompts' coefficients are the matrices' less the last
 # layer's feed-forward, which llama.cpp computes for the last token only (WeightGroup.tail_*); 12: an F16/F32
-# cache's prompt attention under FA_TILE_Q tokens (llama.cpp's per-row loop, not its tiled kernel: attn_pp_rows_s)
+# cache's prompt attention under FA_TILE_Q tokens (llama.cpp's per-row loop, not its tiled kernel: attn_pp_rows_s);
+# 13: the tiled kernel's cost per cell deep in the cache (attn_pp_deep_s, a one-layer model of each geometry)
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
 NODE_SHAPES = {"nodes_a": {"n_embd": 64, "n_ff": 128, "n_layer": 2, "n_head": 2, "n_head_kv": 2, "mat_type": "Q8_0"},
                "nodes_b": {"n_embd": 64, "n_ff": 128, "n_layer": 34, "n_head": 2, "n_head_kv": 2, "mat_type": "Q8_0"}}
 ATTN_TG_DEPTHS = (640, 1664)   # both in the split-KV regime of an f16 cache (a view of 512 cells or more)
-ATTN_PP_DEPTHS = (0, 1024)
+ATTN_PP_DEPTHS = (0, TILED_SHALLOW_END)
+# the tiled kernel deep in the cache (F16/F32 pairs on the CPU): a 512-token prompt (llama.cpp's default ubatch) at
+# TILED_DEEP_DEPTHS on a one-layer model of the geometry (the cost per cell there is a layer's own; one layer keeps
+# the fill to 8192 cells at a few seconds, 15-20 for Qwen3 8B's 32 x 128 heads)
+DEEP_PP_N = 512
+DEEP_LAYERS = 1
+DEEP_REPS = 3
 ATTN_PP_N = 256
 PP_ROWS_N = 32            # a prompt under edgekv.core.speed.FA_TILE_Q tokens: an F16/F32 cache's per-row loop
 GEOMETRY_LAYERS = 6
@@ -359,9 +375,41 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
         ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, n_ctx=n_ctx, type_k=tk, type_v=tv,
                          flash_attn=fa))
     name = "attn" if geometry is None else f"attn_{geometry}"
-    return [{"key": name, "repack": repack, "n_gpu_layers": _ngl(device),
-             "model_path": str(speed_model_path(name, **geometry_shape(geometry))),
-             "contexts": ctxs}]
+    out = [{"key": name, "repack": repack, "n_gpu_layers": _ngl(device),
+            "model_path": str(speed_model_path(name, **geometry_shape(geometry))), "contexts": ctxs}]
+    deep = [p for p in pairs if geometry is not None and tiled_prompt_path(*p, device)]
+    if deep:
+        out.append(deep_plan(deep, n_threads, repack, geometry, interleave))
+    return out
+
+
+def deep_plan(pairs: list[tuple[str, str, str]], n_threads: int, repack: bool, geometry: str,
+              interleave: bool = False) -> dict[str, Any]:
+    """The tiled kernel deep in the cache for the given F16/F32 pairs of a geometry: DEEP_PP_N-token prompts at
+    both TILED_DEEP_DEPTHS on a DEEP_LAYERS-layer model of it (interleaved as attn_plan's steps, or deep-shallow
+    order through llama-bench: shallow, deep, shallow)."""
+    from edgekv.edges.tinymodel import speed_model_path
+
+    d0, d1 = TILED_DEEP_DEPTHS
+    n_ctx = -(-(d1 + DEEP_PP_N + 1) // 512) * 512
+    ctxs = []
+    for tk, tv, fa in pairs:
+        if interleave:
+            steps = [{**_step("pd", "pp", 0, DEEP_PP_N, DEEP_REPS), "depths": [d0, d1]}]
+            ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, n_ctx=n_ctx, type_k=tk, type_v=tv,
+                             flash_attn=fa, n_seq=2))
+            continue
+        steps = [_step(f"pd{d0}", "pp", d0, DEEP_PP_N, DEEP_REPS), _step(f"pd{d1}", "pp", d1, DEEP_PP_N, DEEP_REPS),
+                 _step(f"pd{d0}b", "pp", d0, DEEP_PP_N, DEEP_REPS)]
+        ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, n_ctx=n_ctx, type_k=tk, type_v=tv,
+                         flash_attn=fa))
+    name = f"attnd_{geometry}"
+    return {"key": name, "repack": repack, "n_gpu_layers": 0,
+            "model_path": str(speed_model_path(name, **deep_shape(geometry))), "contexts": ctxs}
+
+
+def deep_shape(geometry: str) -> dict[str, Any]:
+    return {**geometry_shape(geometry), "n_layer": DEEP_LAYERS}
 
 
 def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str = "") -> list[dict[str, Any]]:
@@ -570,6 +618,18 @@ def solve_attn_rows(results: list[dict], key: str, device: str = "") -> float:
     return rows
 
 
+def solve_attn_deep(results: list[dict], key: str) -> float:
+    """Seconds per head x (head_k + head_v) x cell of the tiled kernel between TILED_DEEP_DEPTHS, for one F16/F32
+    pair and geometry (the deep_plan's "pd" steps)."""
+    geometry = key.split("@")[1]
+    r = _by(results, f"attnd_{geometry}", key)
+    d0, d1 = TILED_DEEP_DEPTHS
+    deep = (_median_s(r[f"pd{d1}"]["ns"]) - _shallow(r, f"pd{d0}")) / DEEP_PP_N / _attn_units(deep_shape(geometry)) / (d1 - d0)
+    if deep <= 0:
+        raise _disturbed(f"of {key} measured no cost for a deeper cache in the tiled kernel")
+    return deep
+
+
 def _prompt_attn_f16(cal: Calibration, units: int, n: int) -> float:
     """The generic f16 attention of a weight model's ``n``-token prompt from depth 0 (``units``: its heads x
     head dims over its layers): the tiled kernel's coefficient, or the per-row loop's under FA_TILE_Q tokens."""
@@ -760,7 +820,8 @@ def _attn_needed(cal: Calibration, pairs: Iterable[tuple[str, str, str]],
     out: dict[str | None, list[tuple[str, str, str]]] = {}
     for g in dict.fromkeys(geometries):
         want = [p for p in dict.fromkeys(pairs) if kv_key(*p, g) not in cal.attn_tg_s
-                or (tiled_prompt_path(*p, cal.device) and kv_key(*p, g) not in cal.attn_pp_rows_s)]
+                or (tiled_prompt_path(*p, cal.device) and (kv_key(*p, g) not in cal.attn_pp_rows_s
+                                                           or (g is not None and kv_key(*p, g) not in cal.attn_pp_deep_s)))]
         if want:
             out[g] = want
     return out
@@ -928,6 +989,8 @@ def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tu
                 cal.attn_tg_s[k], cal.attn_pp_s[k] = solve_attn(res, k, n_threads, dev)
                 if tiled_prompt_path(*p, dev):
                     cal.attn_pp_rows_s[k] = solve_attn_rows(res, k, dev)
+                    if g is not None:
+                        cal.attn_pp_deep_s[k] = solve_attn_deep(res, k)
         if new:
             f16 = kv_key("f16", "f16", "auto")
             cal.node_tg_s, cal.node_pp_s, cal.token_tg_s, cal.ubatch_pp_s = solve_nodes(res, cal.attn_tg_s.get(f16, 0.0),
@@ -1040,6 +1103,7 @@ def _merge_cached(cal: Calibration, path, key: str) -> list[dict]:
     for name in ("matvec_s_per_byte", "matvec_s_per_row", "matvec_stream_s_per_byte", "matvec_stream_s_per_row",
                  "matmul_s_per_byte",
                  "matmul_s_per_flop", "matmul_s_per_dot", "matcols_s_per_byte", "attn_tg_s", "attn_pp_s", "attn_pp_rows_s",
+                 "attn_pp_deep_s",
                  "node_tg_body_s", "node_pp_body_s"):
         mine = getattr(cal, name)
         for k, v in getattr(other, name).items():
