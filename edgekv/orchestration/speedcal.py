@@ -69,10 +69,11 @@ ATTN_TG_DEPTHS = (640, 1664)   # both in the split-KV regime of an f16 cache (a 
 ATTN_PP_DEPTHS = (0, TILED_SHALLOW_END)
 # the tiled kernel deep in the cache (F16/F32 pairs on the CPU): a 512-token prompt (llama.cpp's default ubatch) at
 # TILED_DEEP_DEPTHS on a one-layer model of the geometry (the cost per cell there is a layer's own; one layer keeps
-# the fill to 8192 cells at a few seconds, 15-20 for Qwen3 8B's 32 x 128 heads)
+# the fill to 8192 cells at a few seconds, 15-20 for Qwen3 8B's 32 x 128 heads); five runs at each depth: on the
+# 2-vCPU VM one depth's three runs came out 150 or 200 ms together from one minute to the next (bench/README.md)
 DEEP_PP_N = 512
 DEEP_LAYERS = 1
-DEEP_REPS = 3
+DEEP_REPS = 5
 ATTN_PP_N = 256
 PP_ROWS_N = 32            # a prompt under edgekv.core.speed.FA_TILE_Q tokens: an F16/F32 cache's per-row loop
 GEOMETRY_LAYERS = 6
