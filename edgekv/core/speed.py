@@ -236,8 +236,8 @@ class Calibration:
     # per-query-row loop, not the tiled kernel attn_pp_s measures (CAL_VERSION 12); every other pair runs that
     # loop at any ubatch size, so attn_pp_s is its cost already
     attn_pp_rows_s: dict[str, float] = field(default_factory=dict)
-    # the same, the tiled kernel's cost per cell deep in the cache (TILED_DEEP_DEPTHS), where it is dearer than over
-    # the first cells attn_pp_s measures (its K/V and mask tiles no longer stay in the core's cache); F16/F32 pairs
+    # the same, the tiled kernel's cost per cell deep in the cache (TILED_DEEP_DEPTHS), where on a 2-vCPU EPYC it is
+    # dearer than over the first cells attn_pp_s measures (which cache it falls out of is not shown); F16/F32 pairs
     # on the CPU (CAL_VERSION 13)
     attn_pp_deep_s: dict[str, float] = field(default_factory=dict)
     bandwidth_bytes_s: float | None = None
@@ -340,9 +340,10 @@ def tiled_prompt_path(type_k: str, type_v: str, flash_attn: str, device: str = "
 
 # The tiled kernel's cost per cell: the calibration measures it over the first TILED_SHALLOW_END cells (attn_pp_s)
 # and from TILED_DEEP_DEPTHS[0] to [1] (attn_pp_deep_s); between the two it is taken as linear in the depth, and
-# beyond the deep step constant.  On a 2-vCPU EPYC (1 MB L2 a core) SmolLM2's heads cost about 22 ps a cell over
-# the first 1024 cells and about 40 from 4096 on, in SmolLM2 itself and in a one-layer model of its heads
-# (bench/README.md, the tiled kernel deep in the cache); where the step falls depends on the core's caches
+# beyond the deep step constant.  On a 2-vCPU EPYC (1 MB L2 a core) SmolLM2's heads cost 21-29 ps a cell over the
+# first 1024 cells and 23-42 (median 31) between 4096 and 8192 on a one-layer model of its heads; SmolLM2 itself
+# measured 34 and 41 there (bench/README.md, the tiled kernel deep in the cache); where the step falls depends on
+# the core's caches
 TILED_SHALLOW_END = 1024
 TILED_DEEP_DEPTHS = (4096, 8192)
 
@@ -606,7 +607,7 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
         parts.append(SpeedPart("attention", attn / p, f"{type_k}/{type_v} from depth {depth}"
                                + (f"; {short} ubatch(es) under {FA_TILE_Q} tokens run llama.cpp's per-row loop, "
                                   "not its tiled kernel" if short else "")
-                               + (f"; the tiled kernel's cells past {TILED_SHALLOW_END} at the dearer cost measured "
+                               + (f"; the tiled kernel's cells past {TILED_SHALLOW_END} priced toward its cost "
                                   f"{TILED_DEEP_DEPTHS[0]}-{TILED_DEEP_DEPTHS[1]} deep" if deep else "")))
     t = sum(x.s_per_token for x in parts)
     return SpeedPrediction("pp", 1.0 / t, depth, n_prompt * n_seq, parts, None, None, cal.id)

@@ -387,8 +387,8 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
 def deep_plan(pairs: list[tuple[str, str, str]], n_threads: int, repack: bool, geometry: str,
               interleave: bool = False) -> dict[str, Any]:
     """The tiled kernel deep in the cache for the given F16/F32 pairs of a geometry: DEEP_PP_N-token prompts at
-    both TILED_DEEP_DEPTHS on a DEEP_LAYERS-layer model of it (interleaved as attn_plan's steps, or deep-shallow
-    order through llama-bench: shallow, deep, shallow)."""
+    both TILED_DEEP_DEPTHS on a DEEP_LAYERS-layer model of it (interleaved as attn_plan's steps; through
+    llama-bench in order of depth, then the shallow one again)."""
     from edgekv.edges.tinymodel import speed_model_path
 
     d0, d1 = TILED_DEEP_DEPTHS
