@@ -481,10 +481,11 @@ def render_calibration(con, sc) -> None:
                   f"{sb * 1e12:.3g}" if sb is not None else "-")
     con.print(t)
     a = Table(title="Attention per head x (head_k + head_v) x cell", title_justify="left")
-    # the fourth column: a prompt ubatch under 64 tokens over an F16/F32 cache (llama.cpp's per-row loop, not its
-    # tiled kernel); the fifth: that tiled kernel's cost per cell deep in the cache (TILED_DEEP_DEPTHS); "-" where
-    # every prompt runs the per-row loop (a quantized cache) or on a GPU
-    for col in ("K/V, flash attention", "decode ps", "prompt ps", "prompt <64 ps", "deep ps"):
+    # decode (tg) and prompt (pp) in llama-bench's words, so that the table fits 80 columns; the fourth column: a
+    # prompt ubatch under 64 tokens over an F16/F32 cache (llama.cpp's per-row loop, not its tiled kernel); the fifth:
+    # that tiled kernel's cost per cell deep in the cache (TILED_DEEP_DEPTHS); "-" where every prompt runs the
+    # per-row loop (a quantized cache) or on a GPU
+    for col in ("K/V, flash attention", "tg ps", "pp ps", "pp <64 ps", "pp deep ps"):
         a.add_column(col, justify="left" if col.startswith("K/V") else "right")
     for k in sorted(cal.attn_tg_s):      # picoseconds: a GPU's cell costs are a thousandth of a CPU's
         rows, deep = cal.attn_pp_rows_s.get(k), cal.attn_pp_deep_s.get(k)
