@@ -4,7 +4,9 @@ prediction (issue 26, point 7's depths 4K and 8K).
 ``bench/speed_model.py`` checks depths 512 and 2048 (each configuration in a fresh ``edgekv bench`` process; a round
 takes about 15 minutes on two cores).  This runs the user's llama-bench (this build's, ``bench/llama_tools.py``) on a
 registry model over ``--depths`` in one process per K/V type (``-p 512 -n 128 -r R -d D1,D2,...``), then asks
-``edgekv predict`` (the cached calibration of ``-t``, measured first when missing) for the same depths, and writes
+``edgekv predict`` for the same depths (with ``--calibration llama-bench``, the default since 27 Nov 23:10, the
+calibration measured through that same llama-bench, as ``predict --llama-bench`` does; ``python``: llama-cpp-python's,
+which the runs before then used; either is the cached one of ``-t``, measured first when missing), and writes
 one CSV row per (type, test, depth): measured and predicted tokens/s, the residual, and the predicted attention's
 share.  The CSV is written under a ``.part`` name and renamed when whole.
 
@@ -30,9 +32,9 @@ FIELDS = ["model", "type", "test", "depth", "measured_ts", "predicted_ts", "resi
           "predicted_ms", "calibration_id"]
 
 
-def _predict(model: str, types: list[str], depth: int, threads: str) -> list[dict]:
+def _predict(model: str, types: list[str], depth: int, threads: str, llama_bench: str | None) -> list[dict]:
     argv = [sys.executable, "-m", "edgekv.cli", "predict", model, "-c", str(depth + 640), "-ctk", ",".join(types),
-            "-d", str(depth), "-t", threads, "--json"]
+            "-d", str(depth), "-t", threads, "--json"] + (["--llama-bench", llama_bench] if llama_bench else [])
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -46,14 +48,18 @@ def main() -> None:
     ap.add_argument("--depths", default="512,2048,4096,8192")
     ap.add_argument("-t", "--threads", default="2")
     ap.add_argument("-r", "--repetitions", default="3")
+    ap.add_argument("--calibration", choices=("llama-bench", "python"), default="llama-bench",
+                    help="whose speed calibration predicts: this llama-bench's (the runtime measured here) or "
+                         "llama-cpp-python's (deep in the cache the two builds' f16 prompts differ, bench/README.md)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     types = [t.strip() for t in a.cache_type_k.split(",") if t.strip()]
     depths = [int(d) for d in a.depths.split(",")]
     # the prediction first: it resolves the model's file (a registry name) and calibrates what is missing
-    preds = {d: _predict(a.model, types, d, a.threads) for d in depths}
-    path = preds[depths[0]][0]["model"]["path"]
     exe = tool("llama-bench")
+    lb = str(exe) if a.calibration == "llama-bench" else None
+    preds = {d: _predict(a.model, types, d, a.threads, lb) for d in depths}
+    path = preds[depths[0]][0]["model"]["path"]
     measured: dict[tuple[str, str, int], float] = {}
     for t in types:
         argv = [str(exe), "-m", path, "-p", "512", "-n", "128", "-d", ",".join(map(str, depths)), "-r", a.repetitions,
