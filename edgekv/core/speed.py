@@ -585,7 +585,7 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
     for n in ubatches(n_prompt, n_batch, n_ubatch):      # each sequence's tokens over its own cells
         if sh.attn and tiled and n >= FA_TILE_Q:
             attn += n_seq * n * _tiled_attn_s(sh, d + n / 2, cal, kv)
-            deep |= d + n > TILED_SHALLOW_END and bool(cal.attn_pp_deep_s)
+            deep |= d + n > TILED_SHALLOW_END
         elif sh.attn:
             attn += n_seq * n * _attn_units(sh, d + n / 2, prompt_attn_coef(cal, n, tiled), kv)
             short += tiled and n < FA_TILE_Q

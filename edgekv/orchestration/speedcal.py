@@ -588,6 +588,13 @@ def _attn_results(results: list[dict], key: str) -> tuple[str | None, dict[str, 
     return geometry, geometry_shape(geometry), _by(results, "attn" if geometry is None else f"attn_{geometry}", key)
 
 
+def _prompt_cell_cost(r: dict[str, dict], step: str, depths: tuple[int, int], n: int, units: int) -> float:
+    """Seconds per head x (head_k + head_v) x cell of an n-token prompt step timed at two depths (``step`` + depth;
+    the shallow one's runs before and after the deep one's, where both were taken), over ``units`` of its model."""
+    d0, d1 = depths
+    return (_median_s(r[f"{step}{d1}"]["ns"]) - _shallow(r, f"{step}{d0}")) / n / units / (d1 - d0)
+
+
 def solve_attn(results: list[dict], key: str, n_threads: int = 1, device: str = "") -> tuple[float, float]:
     """(decode, prompt) seconds per head x (head_k + head_v) x cell for one K/V pair and geometry (``key``: its
     kv_key; decode: the cells the slowest thread reads, edgekv.core.speed.decode_cells)."""
@@ -598,10 +605,10 @@ def solve_attn(results: list[dict], key: str, n_threads: int = 1, device: str = 
     tk, tv, fa = key.split("/")[0], key.split("/")[1], key.split("fa=")[1].split("@")[0]
     sh, split = _attn_speed_shape(shape), split_kv_path(tk, tv, fa, device)
     a = attn_steps(geometry, split, device)
-    (d0, d1), (p0, p1) = a.tg_depths, a.pp_depths
+    d0, d1 = a.tg_depths
     du = attn_units_tg(sh, d1 + TG_N / 2, n_threads, split) - attn_units_tg(sh, d0 + TG_N / 2, n_threads, split)
     tg = (_median_s(r[f"tg{d1}"]["ns"]) - _shallow(r, f"tg{d0}")) / TG_N / du
-    pp = (_median_s(r[f"pp{p1}"]["ns"]) - _shallow(r, f"pp{p0}")) / a.pp_n / units / (p1 - p0)
+    pp = _prompt_cell_cost(r, "pp", a.pp_depths, a.pp_n, units)
     if tg <= 0 or pp <= 0:
         # deeper attention cannot be free: other work on the machine hid its cost; never cache a zero
         raise _disturbed(f"of {key} measured no cost for a deeper cache")
@@ -612,8 +619,7 @@ def solve_attn_rows(results: list[dict], key: str, device: str = "") -> float:
     """Seconds per head x (head_k + head_v) x cell of a prompt under FA_TILE_Q tokens for one K/V pair and
     geometry whose longer prompts run the tiled kernel (the plan's "ps" steps: llama.cpp's per-query-row loop)."""
     geometry, shape, r = _attn_results(results, key)
-    p0, p1 = attn_steps(geometry, True, device).pp_depths
-    rows = (_median_s(r[f"ps{p1}"]["ns"]) - _shallow(r, f"ps{p0}")) / PP_ROWS_N / _attn_units(shape) / (p1 - p0)
+    rows = _prompt_cell_cost(r, "ps", attn_steps(geometry, True, device).pp_depths, PP_ROWS_N, _attn_units(shape))
     if rows <= 0:
         raise _disturbed(f"of {key} measured no cost for a deeper cache under a short prompt")
     return rows
@@ -624,8 +630,7 @@ def solve_attn_deep(results: list[dict], key: str) -> float:
     pair and geometry (the deep_plan's "pd" steps)."""
     geometry = key.split("@")[1]
     r = _by(results, f"attnd_{geometry}", key)
-    d0, d1 = TILED_DEEP_DEPTHS
-    deep = (_median_s(r[f"pd{d1}"]["ns"]) - _shallow(r, f"pd{d0}")) / DEEP_PP_N / _attn_units(deep_shape(geometry)) / (d1 - d0)
+    deep = _prompt_cell_cost(r, "pd", TILED_DEEP_DEPTHS, DEEP_PP_N, _attn_units(deep_shape(geometry)))
     if deep <= 0:
         raise _disturbed(f"of {key} measured no cost for a deeper cache in the tiled kernel")
     return deep
