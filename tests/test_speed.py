@@ -55,6 +55,7 @@ def _cal(**kw) -> Calibration:
                     matmul_s_per_flop={"q4_1": 2e-11, "q8_0": 1e-11},
                     matmul_s_per_dot={"q4_1": 3e-9, "q8_0": 3e-9},
                     matcols_s_per_byte={"q4_1": {"2": 1.5e-10, "4": 2.5e-10}, "q8_0": {"2": 1.4e-10, "4": 2e-10}},
+                    matcols_s_per_row={"q4_1": {"2": 2e-8, "4": 4e-8}, "q8_0": {"2": 2e-8, "4": 4e-8}},
                     attn_tg_s={**{kv_key("f16", "f16", "auto", g): 1e-10 for g in GEOMETRIES},
                                **{kv_key("q8_0", "q8_0", "auto", g): 3e-10 for g in GEOMETRIES}},
                     attn_pp_s={**{kv_key("f16", "f16", "auto", g): 5e-11 for g in GEOMETRIES},
@@ -147,6 +148,7 @@ def test_sliding_window_layers_stop_at_the_window(gemma3_path):
                matmul_s_per_byte={k: 1e-11 for k in {g.key for g in sh.groups}},
                matmul_s_per_flop={k: 1e-11 for k in {g.key for g in sh.groups}},
                matcols_s_per_byte={k: {"4": 2e-10} for k in {g.key for g in sh.groups}},
+               matcols_s_per_row={k: {"4": 4e-8} for k in {g.key for g in sh.groups}},
                matvec_s_per_row={k: 1e-8 for k in {g.key for g in sh.groups}},
                matvec_stream_s_per_byte={k: 5e-11 for k in {g.key for g in sh.groups}},
                matvec_stream_s_per_row={k: 1e-9 for k in {g.key for g in sh.groups}},
@@ -336,6 +338,22 @@ def test_sequences_decoding_together_share_each_step_s_weights(smol):
     assert pp2.n_tokens == 128
     with pytest.raises(MissingCalibration, match="weight type q4_1"):
         predict_tg(sh, _cal(matcols_s_per_byte={"q8_0": {"2": 1e-10}}), 0, 8, "f16", "f16", "auto", n_seq=2)
+    with pytest.raises(MissingCalibration, match="weight type q4_1"):     # a CPU calibration without its rows
+        predict_tg(sh, _cal(matcols_s_per_row={"q8_0": {"2": 1e-8}}), 0, 8, "f16", "f16", "auto", n_seq=2)
+
+
+def test_a_few_columns_cost_their_rows_beside_their_bytes():
+    from edgekv.core.speed import WeightGroup, weights_s
+
+    # ggml-cpu's mat-mul of 2 or 4 columns is a dot product per row and column: at the same bytes, a matrix of
+    # shorter rows (SmolLM2's widths against the calibration's wide model) costs its extra rows' dot products
+    cal = _cal()
+    wide, narrow = (WeightGroup("q4_1", 10_000_000, 20_000_000, rows=r) for r in (20_000, 40_000))
+    c, r = cal.matcols_s_per_byte["q4_1"], cal.matcols_s_per_row["q4_1"]
+    for n in (2, 4):
+        assert weights_s(wide, cal, n) == pytest.approx(wide.bytes * c[str(n)] + wide.rows * r[str(n)])
+        assert weights_s(narrow, cal, n) - weights_s(wide, cal, n) == pytest.approx(20_000 * r[str(n)])
+    assert weights_s(narrow, cal, 3) == pytest.approx((weights_s(narrow, cal, 2) + weights_s(narrow, cal, 4)) / 2)
 
 
 # -- the solvers recover known coefficients (a forward model of what the child measures) -------------------------
@@ -379,7 +397,7 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     from edgekv.orchestration import speedcal as S
 
     truth = {"byte": 3e-11, "row": 15e-9, "flop": 1e-11, "mm_byte": 2e-11, "col": 6e-11, "stream": 5e-11, "dot": 4e-9,
-             "srow": 20e-9}
+             "srow": 20e-9, "col_row": 7e-9}
     cal = Calibration(id="t", n_threads=2, node_tg_s=6e-7, node_pp_s=4e-5, token_tg_s=9e-6, ubatch_pp_s=6e-4)
     plan = S.weight_plan(["q4_1"], 2, False)
     # the narrow model before and after the wide one (one file), then the large wide and narrow ones
@@ -387,7 +405,6 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     assert plan[0]["model_path"] == plan[2]["model_path"]
     g = {"nodes_pp": 150, "nodes_tg": 140, "splits_pp": 1, "splits_tg": 1, "ops_pp": 100, "ops_tg": 90}
     shapes = {m["key"]: S._probe_shape(m["model_path"], g, [], False) for m in plan}
-    wide = shapes["w_q4_1"]
     rows = {k: sum(x.rows for x in sh.groups) for k, sh in shapes.items()}
     nbytes = {k: sum(x.bytes for x in sh.groups) for k, sh in shapes.items()}
     assert rows["wn_q4_1"] / nbytes["wn_q4_1"] > 1.8 * rows["w_q4_1"] / nbytes["w_q4_1"]     # rows half as long
@@ -412,13 +429,14 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
                 t = (100 * cal.node_pp_s + cal.ubatch_pp_s + o_mv + wb * truth["mm_byte"] + 2 * wp * n * truth["flop"]
                      + wr * n * dot)
                 out.append({"model": k, "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
-        mats = [x.split()[0] for x in wide.groups if not x.output]
-        tails = [x.split()[1] for x in wide.groups if not x.output]
-        o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in [*tails, *(g for g in wide.groups if g.output)])
-        wb = sum(x.bytes for x in mats)
-        for n in S.MM_COLS:
-            t = 100 * cal.node_tg_s + cal.token_tg_s + o_mv + wb * truth["col"] * n
-            out.append({"model": "w_q4_1", "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
+        for k in ("w_q4_1", "wn_q4_1"):     # a few columns: bytes and rows (one dot product per row and column)
+            mats = [x.split()[0] for x in shapes[k].groups if not x.output]
+            tails = [x.split()[1] for x in shapes[k].groups if not x.output]
+            o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in [*tails, *(g for g in shapes[k].groups if g.output)])
+            wb, wr = sum(x.bytes for x in mats), sum(x.rows for x in mats)
+            for n in S.MM_COLS:
+                t = 100 * cal.node_tg_s + cal.token_tg_s + o_mv + wb * truth["col"] * n + wr * truth["col_row"] * n
+                out.append({"model": k, "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
         return out
 
     S.solve_weights(results(truth["row"]), plan, cal, [], False)
@@ -432,6 +450,9 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     assert cal.matmul_s_per_byte["q4_1"] == pytest.approx(truth["mm_byte"], rel=1e-3)
     assert cal.matmul_s_per_dot["q4_1"] == pytest.approx(truth["dot"], rel=1e-3)
     assert cal.matcols_s_per_byte["q4_1"]["4"] == pytest.approx(4 * truth["col"], rel=1e-3)
+    assert cal.matcols_s_per_row["q4_1"] == pytest.approx({n: int(n) * truth["col_row"] for n in ("2", "4")}, rel=1e-3)
+    # both models are prompted with a few columns, the narrow one before the wide one
+    assert [st["key"] for st in plan[0]["contexts"][0]["steps"]][-2:] == [f"pp{n}" for n in S.MM_COLS]
     # the narrow model measured faster per byte than the wide one (noise): no negative row cost, the wide model's
     # time over its bytes
     noisy = [{**r, "ns": [int(n * 0.7) for n in r["ns"]]} if r["model"].startswith(("wn", "wsn")) else r
@@ -440,6 +461,7 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     assert cal.matvec_s_per_row["q4_1"] == 0.0
     assert cal.matvec_s_per_byte["q4_1"] == pytest.approx(truth["byte"], rel=1e-3)
     assert cal.matmul_s_per_dot["q4_1"] == 0.0      # nor a negative dot cost: the wide model's FLOPs alone
+    assert cal.matcols_s_per_row["q4_1"] == {"2": 0.0, "4": 0.0}    # nor per row at a few columns
     assert cal.matmul_s_per_flop["q4_1"] == pytest.approx(truth["flop"], rel=1e-2)
     # nor a negative cost per row while streaming: the wide large model's time over its bytes
     assert cal.matvec_stream_s_per_row["q4_1"] == 0.0
@@ -929,7 +951,8 @@ def test_sequences_decoding_together_are_predicted(real_cal, smollm2_path, tmp_p
                                                               g.bytes * real_cal.matvec_stream_s_per_byte[g.key]
                                                               + (0 if g.output else
                                                                  g.rows * real_cal.matvec_stream_s_per_row[g.key])))
-        assert weights_s(g, real_cal, 4) == pytest.approx(g.bytes * real_cal.matcols_s_per_byte[g.key]["4"])
+        assert weights_s(g, real_cal, 4) == pytest.approx(g.bytes * real_cal.matcols_s_per_byte[g.key]["4"]
+                                                          + g.rows * real_cal.matcols_s_per_row[g.key]["4"])
     parts = {p["name"]: p["s_per_token"] for p in two["prediction"]["speed"]["tg"]["parts"]}
     assert parts["weights"] == pytest.approx(sum(weights_s(g, real_cal, 2) for g in sh.groups if not g.output) / 2)
     assert predict_tg(sh, real_cal, 32, 8, "f16", "f16", "auto", 2).parts[1].s_per_token == pytest.approx(parts["weights"])

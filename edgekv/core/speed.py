@@ -230,6 +230,11 @@ class Calibration:
     # with 2 or 4 columns (-npl sequences decoding together, a short last ubatch) is neither a mat-vec nor the
     # mat-mat the prompt coefficients describe
     matcols_s_per_byte: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the same ubatch's cost per row (its n dot products, one per column) beyond its bytes (the CPU): a narrow
+    # model's short rows cost more per byte at a few columns too (on the 2-vCPU EPYC VM SmolLM2's widths ran 2- and
+    # 4-token prompts 15-25 % dearer per byte than the wide model's, bench/README.md); from the narrow weight
+    # model's few-column prompts beside the wide one's (CAL_VERSION 14; empty on a GPU)
+    matcols_s_per_row: dict[str, dict[str, float]] = field(default_factory=dict)
     attn_tg_s: dict[str, float] = field(default_factory=dict)   # per head x (head_k + head_v) x cell, decode
     attn_pp_s: dict[str, float] = field(default_factory=dict)   # the same, per prompt token
     # the same, a prompt ubatch of fewer than FA_TILE_Q tokens over an F16/F32 cache on the CPU: llama.cpp's
@@ -274,7 +279,8 @@ def missing(cal: Calibration, sh: SpeedShape, type_k: str, type_v: str, flash_at
     w = sorted({g.key for g in sh.groups if g.key not in cal.matvec_s_per_byte or g.key not in cal.matmul_s_per_flop
                 or g.key not in cal.matcols_s_per_byte
                 or (not cal.device and (g.key not in cal.matvec_s_per_row or g.key not in cal.matvec_stream_s_per_byte
-                                        or g.key not in cal.matvec_stream_s_per_row or g.key not in cal.matmul_s_per_dot))})
+                                        or g.key not in cal.matvec_stream_s_per_row or g.key not in cal.matmul_s_per_dot
+                                        or g.key not in cal.matcols_s_per_row))})
     rows = tiled_prompt_path(type_k, type_v, flash_attn, cal.device)
     a = sorted({k for k in attn_keys(sh, type_k, type_v, flash_attn) if k not in cal.attn_tg_s or k not in cal.attn_pp_s
                 or (rows and (k not in cal.attn_pp_rows_s or k not in cal.attn_pp_deep_s))})
@@ -474,7 +480,7 @@ def matvec_s(g: WeightGroup, cal: Calibration) -> float:
 
 def weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
     """Seconds one ubatch of ``n`` tokens spends in group ``g``'s matrices: a mat-vec for one token (matvec_s); for a few
-    columns the measured cost (linear between the measured column counts, and up to the prompt model at
+    columns the measured cost of its bytes and rows (linear between the measured column counts, and up to the prompt model at
     MATMUL_LINEAR_FROM); from MATMUL_LINEAR_FROM columns on, the bytes streamed plus the FLOPs.  Never less than
     the bytes at the rate llama.cpp streams the type from memory (a ubatch reads its weights once)."""
     return max(_ubatch_weights_s(g, cal, n), stream_s(g, cal, rows=n <= 1))
@@ -490,8 +496,9 @@ def _ubatch_weights_s(g: WeightGroup, cal: Calibration, n: int) -> float:
     if n >= MATMUL_LINEAR_FROM:
         return linear(n)
     pts = [(1, matvec_s(g, cal))]
-    pts += sorted((int(k), g.bytes * v) for k, v in cal.matcols_s_per_byte.get(g.key, {}).items()
-                  if 1 < int(k) < MATMUL_LINEAR_FROM)
+    per_row = cal.matcols_s_per_row.get(g.key, {})
+    pts += sorted((int(k), g.bytes * v + g.rows * per_row.get(k, 0.0))
+                  for k, v in cal.matcols_s_per_byte.get(g.key, {}).items() if 1 < int(k) < MATMUL_LINEAR_FROM)
     pts.append((MATMUL_LINEAR_FROM, linear(MATMUL_LINEAR_FROM)))
     # the points span 1 .. MATMUL_LINEAR_FROM and 1 < n < MATMUL_LINEAR_FROM: the segment that holds n
     i = next(j for j in range(1, len(pts)) if n <= pts[j][0])

@@ -51,7 +51,7 @@ from edgekv.core.speed import (
 )
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 13          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+CAL_VERSION = 14          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
 # 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row and
 # streaming rate; 8: models of values like a trained model's, not zeros (edgekv.edges.tinymodel.fill_values);
@@ -59,7 +59,9 @@ CAL_VERSION = 13          # 2: wide attention geometries over a hidden size of a
 # row (a narrow 384 MB model beside the wide one); 11: the prompts' coefficients are the matrices' less the last
 # layer's feed-forward, which llama.cpp computes for the last token only (WeightGroup.tail_*); 12: an F16/F32
 # cache's prompt attention under FA_TILE_Q tokens (llama.cpp's per-row loop, not its tiled kernel: attn_pp_rows_s);
-# 13: the tiled kernel's cost per cell deep in the cache (attn_pp_deep_s, a one-layer model of each geometry)
+# 13: the tiled kernel's cost per cell deep in the cache (attn_pp_deep_s, a one-layer model of each geometry);
+# 14: a few-column ubatch's cost per row beside its bytes (matcols_s_per_row, the narrow weight model's 2- and
+# 4-token prompts)
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -423,11 +425,11 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
             continue
         # the CPU: the narrow model's decode before and after the wide one's (the cost per row; a machine that
         # drifts meanwhile moves both alike), then the large ones' (the streaming rate and its cost per row)
-        # (its prompts too, before the wide one's: the mat-mat's cost per dot product)
+        # (its prompts too, before the wide one's: the mat-mat's cost per dot product, and a few columns' per row)
         narrow, tg = weight_shape(t, narrow=True), _step("tg", "tg", 0, TG_N, WEIGHT_TG_REPS, 2)
         stream, st = weight_shape(t, stream=True), _step("tg", "tg", 0, STREAM_N, 3, 1)
         out += [_decode_only(f"wn_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack,
-                             [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]), wide,
+                             [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N] + _cols_steps()), wide,
                 _decode_only(f"wnb_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack),
                 _decode_only(f"ws_{t.lower()}", f"ws_{t.lower()}", t, stream, st, n_threads, repack),
                 _decode_only(f"wsn_{t.lower()}", f"wsn_{t.lower()}", t, weight_shape(t, narrow=True, stream=True), st,
@@ -441,11 +443,16 @@ def _wide_model(t: str, n_threads: int, repack: bool, device: str = "") -> dict[
 
     shape = weight_shape(t, device)
     steps = [_step("tg", "tg", 0, TG_N, WEIGHT_TG_REPS, 2)] + [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]
-    steps += [_step(f"pp{n}", "pp", 0, n, MM_COLS_REPS, 2) for n in MM_COLS]
+    steps += _cols_steps()
     name = f"w_{t.lower()}" + ("_dev" if device else "")
     return {"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": _ngl(device),
             "model_path": str(speed_model_path(name, **shape)), "shape": shape,
             "contexts": [_ctx("f16", n_threads, steps, n_ctx=512)]}
+
+
+def _cols_steps() -> list[dict[str, Any]]:
+    """A weight model's few-column prompts (MM_COLS tokens: one graph of a decode step's width)."""
+    return [_step(f"pp{n}", "pp", 0, n, MM_COLS_REPS, 2) for n in MM_COLS]
 
 
 def drop_stream_models(plan: list[dict[str, Any]]) -> None:
@@ -659,7 +666,6 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
         # coefficients are those of the rest, the body (a 5-layer wide model's last FFN is 15 % of its matrices)
         body = [g.split()[0] for g in mats]
         w_bytes, w_params = sum(g.bytes for g in body), sum(g.params for g in body)
-        units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
         narrow = next((x for x in plan if x["key"] == "wn_" + m["key"][2:]), None)
         nd = _decode_of(results, narrow, feats, rp, cal, {g.key for g in sh.groups},
                         again="wnb_" + m["key"][2:]) if narrow else None
@@ -692,16 +698,17 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
             cal.matmul_s_per_dot[key] = per_dot
             if outs:
                 cal.matmul_s_per_dot.setdefault(outs[0].key, per_dot)
-        cols = {}
-        for n in MM_COLS:     # one graph of n tokens: a decode step's nodes, the output head once
-            t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_tg_s - cal.token_tg_s - o_mv \
-                - _prompt_attn_f16(cal, units, n)
-            if t <= 0:
-                raise _disturbed(f"of {key} weights measured no cost for a {n}-column mat-mul")
-            cols[str(n)] = t / w_bytes
+        n_cols = _cols_rest(results, narrow, nd[0], cal, mv, row) if narrow and nd else {}
+        cols, cols_row = {}, {}
+        for n, w in _cols_rest(results, m, sh, cal, mv, row).items():
+            cols[n], cols_row[n] = _solve_bytes_rows(f"{key} ({n} columns)", w, n_cols.get(n))
         cal.matcols_s_per_byte[key] = cols
         if outs and outs[0].key not in cal.matcols_s_per_byte:
             cal.matcols_s_per_byte[outs[0].key] = dict(cols)
+        if n_cols:
+            cal.matcols_s_per_row[key] = cols_row
+            if outs:
+                cal.matcols_s_per_row.setdefault(outs[0].key, dict(cols_row))
 
 
 def _prompt_rest(r: dict[str, dict], sh, cal: Calibration, o_mv: float, key: str) -> list[tuple[int, float]]:
@@ -728,6 +735,29 @@ def _narrow_slope(results: list[dict], m: dict[str, Any], sh, cal: Calibration, 
     (n1, t1), (n2, t2) = _prompt_rest(r, sh, cal, o_mv, m["key"])
     body = [g.split()[0] for g in mats]
     return sum(g.params for g in body), sum(g.rows for g in body), (t1 - t2) / (n1 - n2)
+
+
+def _cols_rest(results: list[dict], m: dict[str, Any], sh, cal: Calibration, mv: float,
+               row: float) -> dict[str, tuple[int, int, float]]:
+    """A weight model's MM_COLS prompts (str(n) -> (bytes, rows, seconds) of its matrices less the last layer's
+    feed-forward): each less the graph's nodes at a decode step's cost, the token's own cost, the output head's and
+    that feed-forward's one mat-vec and the f16 attention over the prompt; {} where the model was not prompted so
+    (a narrow model of a plan before CAL_VERSION 14)."""
+    r = _by(results, m["key"])
+    if any(f"pp{n}" not in r for n in MM_COLS):
+        return {}
+    mats = [g for g in sh.groups if not g.output]
+    body = [g.split()[0] for g in mats]
+    o_mv = sum(g.bytes * mv + g.rows * row for g in sh.groups if g.output) + _tail_mv(mats, mv, row)
+    units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
+    out = {}
+    for n in MM_COLS:     # one graph of n tokens: a decode step's nodes, the output head once
+        t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_tg_s - cal.token_tg_s - o_mv \
+            - _prompt_attn_f16(cal, units, n)
+        if t <= 0:
+            raise _disturbed(f"of {m['type']} weights measured no cost for a {n}-column mat-mul ({m['key']})")
+        out[str(n)] = (sum(g.bytes for g in body), sum(g.rows for g in body), t)
+    return out
 
 
 def _tail_mv(mats, mv: float, row: float) -> float:
@@ -800,14 +830,21 @@ def _solve_matvec(key: str, wide: tuple[Any, float], narrow: tuple[Any, float] |
     """(seconds per byte, seconds per row) of a type's mat-vec: from the wide model alone (no row term: a GPU) or
     from the wide and the narrow model's decodes, t = bytes x c_byte + rows x c_row.  A row cost the machine's noise
     makes negative is zero (the wide model then prices its bytes alone); a byte cost at or below zero is refused."""
-    (sw, tw) = wide
-    bw, rw = (sum(g.bytes for g in sw.groups), sum(g.rows for g in sw.groups))
+    (sw, tw), (sn, tn) = wide, narrow or (None, 0.0)
+    return _solve_bytes_rows(key, (sum(g.bytes for g in sw.groups), sum(g.rows for g in sw.groups), tw),
+                             (sum(g.bytes for g in sn.groups), sum(g.rows for g in sn.groups), tn) if narrow else None)
+
+
+def _solve_bytes_rows(key: str, wide: tuple[int, int, float],
+                      narrow: tuple[int, int, float] | None) -> tuple[float, float]:
+    """(seconds per byte, seconds per row) from a wide and a narrow model's (bytes, rows, seconds): t = bytes x
+    c_byte + rows x c_row (:func:`_solve_matvec`)."""
+    bw, rw, tw = wide
     if tw <= 0:
         raise _disturbed(f"of {key} weights measured no cost for reading them")
     if narrow is None:
         return tw / bw, 0.0
-    sn, tn = narrow
-    bn, rn = sum(g.bytes for g in sn.groups), sum(g.rows for g in sn.groups)
+    bn, rn, tn = narrow
     if tn <= 0:
         raise _disturbed(f"of {key} weights' narrow model measured no cost for reading them")
     det = bw * rn - bn * rw
@@ -843,7 +880,8 @@ def _types_needed(cal: Calibration, weight_types: Iterable[str], cpu_features: l
     for t in dict.fromkeys(x.lower() for x in weight_types):
         k = t if cal.device else weight_key(t, extra_buffer_of(_Probe(t, weight_shape(t)), extra, cpu_features))
         row_missing = not cal.device and (k not in cal.matvec_s_per_row or k not in cal.matvec_stream_s_per_byte
-                                          or k not in cal.matvec_stream_s_per_row or k not in cal.matmul_s_per_dot)
+                                          or k not in cal.matvec_stream_s_per_row or k not in cal.matmul_s_per_dot
+                                          or k not in cal.matcols_s_per_row)
         if k not in cal.matmul_s_per_flop or k not in cal.matcols_s_per_byte or row_missing:
             out.append(t)
     return out
@@ -1108,7 +1146,8 @@ def _merge_cached(cal: Calibration, path, key: str) -> list[dict]:
         return []
     for name in ("matvec_s_per_byte", "matvec_s_per_row", "matvec_stream_s_per_byte", "matvec_stream_s_per_row",
                  "matmul_s_per_byte",
-                 "matmul_s_per_flop", "matmul_s_per_dot", "matcols_s_per_byte", "attn_tg_s", "attn_pp_s", "attn_pp_rows_s",
+                 "matmul_s_per_flop", "matmul_s_per_dot", "matcols_s_per_byte", "matcols_s_per_row", "attn_tg_s",
+                 "attn_pp_s", "attn_pp_rows_s",
                  "attn_pp_deep_s",
                  "node_tg_body_s", "node_pp_body_s"):
         mine = getattr(cal, name)
