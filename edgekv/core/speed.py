@@ -231,9 +231,9 @@ class Calibration:
     # mat-mat the prompt coefficients describe
     matcols_s_per_byte: dict[str, dict[str, float]] = field(default_factory=dict)
     # the same ubatch's cost per row (its n dot products, one per column) beyond its bytes (the CPU): a narrow
-    # model's short rows cost more per byte at a few columns too (on the 2-vCPU EPYC VM SmolLM2's widths ran 2- and
-    # 4-token prompts 15-25 % dearer per byte than the wide model's, bench/README.md); from the narrow weight
-    # model's few-column prompts beside the wide one's (CAL_VERSION 14; empty on a GPU)
+    # model's short rows cost more per byte at a few columns too (on the 2-vCPU EPYC VM a second column cost 2.24 ms
+    # on the wide q4_1 model, 2.75-2.83 on the narrow one of about its bytes, 3.66-4.01 on SmolLM2, bench/README.md);
+    # from the narrow weight model's few-column prompts beside the wide one's (CAL_VERSION 14; empty on a GPU)
     matcols_s_per_row: dict[str, dict[str, float]] = field(default_factory=dict)
     attn_tg_s: dict[str, float] = field(default_factory=dict)   # per head x (head_k + head_v) x cell, decode
     attn_pp_s: dict[str, float] = field(default_factory=dict)   # the same, per prompt token
