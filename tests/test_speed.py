@@ -342,6 +342,26 @@ def test_sequences_decoding_together_share_each_step_s_weights(smol):
         predict_tg(sh, _cal(matcols_s_per_row={"q8_0": {"2": 1e-8}}), 0, 8, "f16", "f16", "auto", n_seq=2)
 
 
+def test_a_short_ubatch_pays_its_nodes_at_its_own_size(smol):
+    # a graph node's work grows with the ubatch's tokens: the calibration times nodes at NODE_PP_TOKENS, and a
+    # ubatch's nodes cost what its size costs, linear between (and toward a one-token graph's below the first)
+    from edgekv.core.speed import NODE_PP_TOKENS, prompt_node_s
+
+    cal = _cal(node_tg_s=1e-6, node_pp_s=40e-6, node_pp_short_s=4e-6)
+    (n0, n1), mid = NODE_PP_TOKENS, sum(NODE_PP_TOKENS) // 2
+    assert prompt_node_s(cal, n0) == pytest.approx(4e-6) and prompt_node_s(cal, n1) == pytest.approx(40e-6)
+    assert prompt_node_s(cal, mid) == pytest.approx(22e-6)
+    assert prompt_node_s(cal, 1) == pytest.approx(1e-6) and 1e-6 < prompt_node_s(cal, 8) < 4e-6
+    assert prompt_node_s(cal, 2 * n1) > 40e-6            # a longer ubatch's nodes do more work still
+    _m, sh = smol
+    fixed = {n: next(p.s_per_token for p in predict_pp(sh, cal, 0, n, 2048, n, "q8_0", "q8_0", "auto").parts
+                     if p.name == "fixed") for n in (n0, n1)}
+    assert fixed[n0] * n0 == pytest.approx(sh.nodes_pp * 4e-6 + cal.ubatch_pp_s)
+    assert fixed[n1] * n1 == pytest.approx(sh.nodes_pp * 40e-6 + cal.ubatch_pp_s)
+    # a calibration without the short size (a GPU's, or before CAL_VERSION 15) prices every ubatch's nodes alike
+    assert prompt_node_s(_cal(node_pp_s=40e-6), n0) == 40e-6
+
+
 def test_a_few_columns_cost_their_rows_beside_their_bytes():
     from edgekv.core.speed import WeightGroup, weights_s
 
@@ -361,7 +381,8 @@ def test_a_few_columns_cost_their_rows_beside_their_bytes():
 def test_solvers_recover_the_coefficients(monkeypatch, tmp_path):
     from edgekv.orchestration import speedcal as S
 
-    truth = {"node_tg": 3e-6, "node_pp": 9e-6, "attn_tg": 4e-10, "attn_pp": 2e-10, "token": 90e-6, "ubatch": 1.4e-3}
+    truth = {"node_tg": 3e-6, "node_pp": 9e-6, "attn_tg": 4e-10, "attn_pp": 2e-10, "token": 90e-6, "ubatch": 1.4e-3,
+             "node_short": 2e-6}
     nodes = {"nodes_a": (60, 70), "nodes_b": (700, 760)}
     units = S._attn_units(S.ATTN_SHAPE)
     out = []
@@ -371,9 +392,18 @@ def test_solvers_recover_the_coefficients(monkeypatch, tmp_path):
         out.append({"model": name, "context": "f16", "step": "tg", "ns": [int(32 * t_tok * 1e9)] * 3, "graph": g})
         out.append({"model": name, "context": "f16", "step": "pp",
                     "ns": [int((npp * truth["node_pp"] + truth["ubatch"]) * 1e9)] * 3, "graph": g})
-    node_tg, node_pp, token, ubatch = S.solve_nodes(out)
+    # before CAL_VERSION 15 no short prompt: its node cost is not measured (0.0, every ubatch priced alike)
+    assert S.solve_nodes(out)[4] == 0.0
+    for name, (ntg, npp) in nodes.items():
+        g = {"nodes_pp": npp, "nodes_tg": ntg, "splits_pp": 1, "splits_tg": 1, "ops_pp": npp, "ops_tg": ntg}
+        out.append({"model": name, "context": "f16", "step": "ps",
+                    "ns": [int((npp * truth["node_short"] + truth["ubatch"]) * 1e9)] * 5, "graph": g})
+    node_tg, node_pp, token, ubatch, short = S.solve_nodes(out)
     assert node_tg == pytest.approx(truth["node_tg"], rel=1e-3) and node_pp == pytest.approx(truth["node_pp"], rel=1e-3)
     assert token == pytest.approx(truth["token"], rel=1e-3) and ubatch == pytest.approx(truth["ubatch"], rel=1e-3)
+    assert short == pytest.approx(truth["node_short"], rel=1e-3)
+    assert [st["key"] for st in S.base_plan(2, True)[0]["contexts"][0]["steps"]] == ["tg", "pp", "ps"]
+    assert S.base_plan(2, True)[0]["contexts"][0]["steps"][2]["n"] == S.PP_SHORT_N < S.PP_N
     key = kv_key("q5_0", "q5_0", "auto")
     res = []
     for d in S.ATTN_TG_DEPTHS:
@@ -429,7 +459,7 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
                 t = (100 * cal.node_pp_s + cal.ubatch_pp_s + o_mv + wb * truth["mm_byte"] + 2 * wp * n * truth["flop"]
                      + wr * n * dot)
                 out.append({"model": k, "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
-        for k in ("w_q4_1", "wn_q4_1"):     # a few columns: bytes and rows (one dot product per row and column)
+        for k in ("w_q4_1", "wn_q4_1", "wnb_q4_1"):     # a few columns: bytes and rows (a dot product per row and column)
             mats = [x.split()[0] for x in shapes[k].groups if not x.output]
             tails = [x.split()[1] for x in shapes[k].groups if not x.output]
             o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in [*tails, *(g for g in shapes[k].groups if g.output)])
@@ -451,8 +481,15 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     assert cal.matmul_s_per_dot["q4_1"] == pytest.approx(truth["dot"], rel=1e-3)
     assert cal.matcols_s_per_byte["q4_1"]["4"] == pytest.approx(4 * truth["col"], rel=1e-3)
     assert cal.matcols_s_per_row["q4_1"] == pytest.approx({n: int(n) * truth["col_row"] for n in ("2", "4")}, rel=1e-3)
-    # both models are prompted with a few columns, the narrow one before the wide one
-    assert [st["key"] for st in plan[0]["contexts"][0]["steps"]][-2:] == [f"pp{n}" for n in S.MM_COLS]
+    # both models are prompted with a few columns, the narrow one before and after the wide one
+    for i in (0, 1, 2):
+        assert [st["key"] for st in plan[i]["contexts"][0]["steps"]][-2:] == [f"pp{n}" for n in S.MM_COLS]
+    # a machine that drifts meanwhile: the narrow model's runs before and after the wide one's are averaged
+    drift = [{**r, "ns": [int(x * (1.1 if r["model"] == "wn_q4_1" else 0.9)) for x in r["ns"]]}
+             if r["model"] in ("wn_q4_1", "wnb_q4_1") and r["step"] in ("pp2", "pp4") else r
+             for r in results(truth["row"])]
+    S.solve_weights(drift, plan, cal, [], False)
+    assert cal.matcols_s_per_row["q4_1"] == pytest.approx({n: int(n) * truth["col_row"] for n in ("2", "4")}, rel=1e-3)
     # the narrow model measured faster per byte than the wide one (noise): no negative row cost, the wide model's
     # time over its bytes
     noisy = [{**r, "ns": [int(n * 0.7) for n in r["ns"]]} if r["model"].startswith(("wn", "wsn")) else r
@@ -740,6 +777,11 @@ def test_a_disturbed_calibration_never_yields_a_free_graph_or_free_weights():
            {"model": "nodes_b", "step": "tg", "ns": [9_000_000] * 3, "graph": gb},
            {"model": "nodes_b", "step": "pp", "ns": [8_000_000] * 3, "graph": gb}]    # the deeper graph measured faster
     with pytest.raises(S.CalibrationError, match="no cost for a deeper graph"):
+        S.solve_nodes(res)
+    res[3]["ns"] = [20_000_000] * 3
+    res += [{"model": "nodes_a", "step": "ps", "ns": [2_000_000] * 5, "graph": g},
+            {"model": "nodes_b", "step": "ps", "ns": [1_900_000] * 5, "graph": gb}]     # so did its short prompt
+    with pytest.raises(S.CalibrationError, match="under a short prompt"):
         S.solve_nodes(res)
 
 

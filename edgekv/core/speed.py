@@ -199,11 +199,15 @@ class Calibration:
     id: str
     n_threads: int
     node_tg_s: float                                            # per graph node of a one-token graph
-    node_pp_s: float                                            # per graph node of a prompt ubatch
+    node_pp_s: float                                            # per graph node of a prompt ubatch (NODE_PP_TOKENS[1])
     # outside the graph's nodes: per one-token graph (llama_decode's own work, the logits back to the host) and per
     # prompt ubatch (the batch's inputs: token ids, positions, the attention mask built on the host); 0 when a
     # calibration predates them
     token_tg_s: float = 0.0
+    # per graph node of a prompt ubatch of NODE_PP_TOKENS[0] tokens (the CPU; CAL_VERSION 15): a node's work grows
+    # with the ubatch's tokens (on the 2-vCPU EPYC VM about 1 us at 8 tokens, 4 at 32, 10 at 128 and 40-50 at 512),
+    # so a short ubatch does not pay a long one's; 0: not measured (a GPU: its node cost is the model's own widths')
+    node_pp_short_s: float = 0.0
     ubatch_pp_s: float = 0.0
     # a GPU calibration: the cost of a graph node at a model's own widths (body_geometry -> seconds), decode and
     # prompt ubatch, and of returning one logit to the host per decoded token
@@ -450,6 +454,22 @@ def node_cost(sh: SpeedShape, cal: Calibration, test: str) -> tuple[float, str]:
     return c, f"{c * 1e6:.2f} us"
 
 
+# the prompt sizes the calibration times graph nodes at (its two narrow models' prompts): node_pp_short_s, node_pp_s
+NODE_PP_TOKENS = (32, 512)
+
+
+def prompt_node_s(cal: Calibration, n: int) -> float:
+    """Seconds per graph node of an ``n``-token prompt ubatch on the CPU: linear in the tokens through the two
+    measured sizes (NODE_PP_TOKENS; below the first, toward a one-token graph's node cost, never under it), as a
+    node's element-wise work is; a calibration without the short size (a GPU's) prices every ubatch's nodes alike."""
+    if not cal.node_pp_short_s:
+        return cal.node_pp_s
+    (n0, c0), (n1, c1) = (NODE_PP_TOKENS[0], cal.node_pp_short_s), (NODE_PP_TOKENS[1], cal.node_pp_s)
+    if n < n0:
+        return cal.node_tg_s + (c0 - cal.node_tg_s) * max(0, n - 1) / (n0 - 1)
+    return max(cal.node_tg_s, c0 + (c1 - c0) * (n - n0) / (n1 - n0))
+
+
 MATMUL_LINEAR_FROM = 32      # from this many columns on, a ubatch's weights follow the prompt coefficients
 
 
@@ -585,8 +605,10 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
     c_node, c_src = node_cost(sh, cal, "pp")
     ubs = ubatches(n_seq * n_prompt, n_batch, n_ubatch)
     for i, n in enumerate(ubs):
-        fixed += sh.nodes_pp * c_node + cal.ubatch_pp_s
+        fixed += sh.nodes_pp * (c_node if cal.device else prompt_node_s(cal, n)) + cal.ubatch_pp_s
         weights += sum(prompt_weights_s(g, cal, n, n_seq if i == len(ubs) - 1 else 0) for g in sh.groups if not g.output)
+    if not cal.device and cal.node_pp_short_s and ubs:
+        c_src = f"{prompt_node_s(cal, ubs[0]) * 1e6:.2f} us at {ubs[0]} tokens"
     d = float(depth)
     tiled, short, deep = tiled_prompt_path(type_k, type_v, flash_attn, cal.device), 0, False
     for n in ubatches(n_prompt, n_batch, n_ubatch):      # each sequence's tokens over its own cells

@@ -40,18 +40,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgekv.core.speed import (
+    NODE_PP_TOKENS,
     SPEED_MODEL_VERSION,
     TILED_DEEP_DEPTHS,
     TILED_SHALLOW_END,
     Calibration,
     kv_key,
     prompt_attn_coef,
+    prompt_node_s,
     tiled_prompt_path,
     weight_key,
 )
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 14          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+CAL_VERSION = 15          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
 # 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row and
 # streaming rate; 8: models of values like a trained model's, not zeros (edgekv.edges.tinymodel.fill_values);
@@ -61,7 +63,8 @@ CAL_VERSION = 14          # 2: wide attention geometries over a hidden size of a
 # cache's prompt attention under FA_TILE_Q tokens (llama.cpp's per-row loop, not its tiled kernel: attn_pp_rows_s);
 # 13: the tiled kernel's cost per cell deep in the cache (attn_pp_deep_s, a one-layer model of each geometry);
 # 14: a few-column ubatch's cost per row beside its bytes (matcols_s_per_row, the narrow weight model's 2- and
-# 4-token prompts)
+# 4-token prompts); 15: a prompt ubatch's node cost at NODE_PP_TOKENS[0] tokens beside NODE_PP_TOKENS[1]
+# (node_pp_short_s: the narrow models' short prompts)
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -81,7 +84,7 @@ PP_ROWS_N = 32            # a prompt under edgekv.core.speed.FA_TILE_Q tokens: a
 GEOMETRY_LAYERS = 6
 GEOMETRY_MAX_EMBD = 1024
 TG_N = 32                 # generated tokens per timed decode run (5 runs per attention step, the median kept)
-PP_N = 512
+PP_SHORT_N, PP_N = NODE_PP_TOKENS
 MM_N = (256, 32)
 # the weight models' decodes: 11 runs each (a run of 32 tokens takes 0.1-0.2 s).  The mat-vec's cost per row is solved
 # from the narrow and the wide model's decodes, which differ by about 20 %; with 5 runs, their runs spreading +-7 % on
@@ -267,8 +270,8 @@ def base_plan(n_threads: int, repack: bool, device: str = "") -> list[dict[str, 
     for name, shape in NODE_SHAPES.items():
         models.append({"key": name, "repack": repack, "n_gpu_layers": _ngl(device),
                        "model_path": str(speed_model_path(name, **shape)),
-                       "contexts": [_ctx("f16", n_threads, [_step("tg", "tg", 0, 32, 5, 2), _step("pp", "pp", 0, PP_N, 3)],
-                                         n_ctx=1024)]})
+                       "contexts": [_ctx("f16", n_threads, [_step("tg", "tg", 0, 32, 5, 2), _step("pp", "pp", 0, PP_N, 3),
+                                                            _step("ps", "pp", 0, PP_SHORT_N, 5, 2)], n_ctx=1024)]})
     if device:
         models.append({"key": "nodes_v", "repack": repack, "n_gpu_layers": -1,
                        "model_path": str(speed_model_path("nodes_v", **VOCAB_SHAPE)),
@@ -430,7 +433,7 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
         stream, st = weight_shape(t, stream=True), _step("tg", "tg", 0, STREAM_N, 3, 1)
         out += [_decode_only(f"wn_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack,
                              [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N] + _cols_steps()), wide,
-                _decode_only(f"wnb_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack),
+                _decode_only(f"wnb_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack, _cols_steps()),
                 _decode_only(f"ws_{t.lower()}", f"ws_{t.lower()}", t, stream, st, n_threads, repack),
                 _decode_only(f"wsn_{t.lower()}", f"wsn_{t.lower()}", t, weight_shape(t, narrow=True, stream=True), st,
                              n_threads, repack)]
@@ -485,10 +488,13 @@ def _by(results: list[dict], model: str, ctx: str | None = None) -> dict[str, di
     return {r["step"]: r for r in results if r["model"] == model and (ctx is None or r["context"] == ctx)}
 
 
-def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0) -> tuple[float, float, float, float]:
-    """(seconds per node of a one-token graph, seconds per node of a prompt ubatch, seconds per token and per ubatch
-    outside the nodes) from the two narrow models, less their own attention (``attn_tg``/``attn_pp``: the f16
-    coefficients, over the cells each token reads).  The per-token and per-ubatch costs are the narrow 2-layer
+def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0,
+                attn_short: float = 0.0) -> tuple[float, float, float, float, float]:
+    """(seconds per node of a one-token graph, seconds per node of a PP_N-token prompt ubatch, seconds per token and
+    per ubatch outside the nodes, seconds per node of a PP_SHORT_N-token ubatch) from the two narrow models, less
+    their own attention (``attn_tg``/``attn_pp``/``attn_short``: the f16 coefficients, over the cells each token
+    reads; the short prompt's is llama.cpp's per-row loop).  The short ubatch's node cost is 0.0 where the results
+    do not hold it (a plan before CAL_VERSION 15).  The per-token and per-ubatch costs are the narrow 2-layer
     model's time less its nodes' (on a GPU about 90 us a token: llama_decode's own work; on two CPU cores a few
     us): at least zero, since a machine's noise can hide a small constant, never make it negative."""
     a, b = _by(results, "nodes_a"), _by(results, "nodes_b")
@@ -500,6 +506,12 @@ def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0)
         / max(1, gb["nodes_tg"] - ga["nodes_tg"])
     pp = (_median_s(b["pp"]["ns"]) - _median_s(a["pp"]["ns"]) - dl * per_layer * PP_N * (PP_N / 2) * attn_pp) \
         / max(1, gb["nodes_pp"] - ga["nodes_pp"])
+    short = 0.0
+    if "ps" in a and "ps" in b:
+        short = (_median_s(b["ps"]["ns"]) - _median_s(a["ps"]["ns"])
+                 - dl * per_layer * PP_SHORT_N * (PP_SHORT_N / 2) * attn_short) / max(1, gb["nodes_pp"] - ga["nodes_pp"])
+        if short <= 0:
+            raise _disturbed("measured no cost for a deeper graph under a short prompt")
     if tg <= 0 or pp <= 0:
         # 32 more layers cannot be free: other work hid their cost; a zero would predict graphs as costing nothing
         raise _disturbed("measured no cost for a deeper graph")
@@ -507,7 +519,7 @@ def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0)
     own_pp = sa["n_layer"] * per_layer * PP_N * (PP_N / 2) * attn_pp
     tg0 = max(0.0, _median_s(a["tg"]["ns"]) / 32 - ga["nodes_tg"] * tg - own_tg)
     pp0 = max(0.0, _median_s(a["pp"]["ns"]) - ga["nodes_pp"] * pp - own_pp)
-    return tg, pp, tg0, pp0
+    return tg, pp, tg0, pp0, short
 
 
 def _ops(graph: dict[str, int] | None) -> dict[str, int]:
@@ -698,7 +710,7 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
             cal.matmul_s_per_dot[key] = per_dot
             if outs:
                 cal.matmul_s_per_dot.setdefault(outs[0].key, per_dot)
-        n_cols = _cols_rest(results, narrow, nd[0], cal, mv, row) if narrow and nd else {}
+        n_cols = _cols_rest(results, narrow, nd[0], cal, mv, row, again="wnb_" + m["key"][2:]) if narrow and nd else {}
         cols, cols_row = {}, {}
         for n, w in _cols_rest(results, m, sh, cal, mv, row).items():
             cols[n], cols_row[n] = _solve_bytes_rows(f"{key} ({n} columns)", w, n_cols.get(n))
@@ -715,7 +727,7 @@ def _prompt_rest(r: dict[str, dict], sh, cal: Calibration, o_mv: float, key: str
     """A weight model's MM_N prompts as (tokens, seconds of its matrices): each less the graph's nodes, the
     ubatch's own cost, the output head's one mat-vec (``o_mv``) and the f16 attention over the prompt."""
     units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
-    rest = [(n, _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_pp_s - cal.ubatch_pp_s - o_mv
+    rest = [(n, _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * prompt_node_s(cal, n) - cal.ubatch_pp_s - o_mv
              - _prompt_attn_f16(cal, units, n)) for n in MM_N]
     (n1, t1), (n2, t2) = rest
     if t1 <= t2:
@@ -738,13 +750,15 @@ def _narrow_slope(results: list[dict], m: dict[str, Any], sh, cal: Calibration, 
 
 
 def _cols_rest(results: list[dict], m: dict[str, Any], sh, cal: Calibration, mv: float,
-               row: float) -> dict[str, tuple[int, int, float]]:
+               row: float, again: str = "") -> dict[str, tuple[int, int, float]]:
     """A weight model's MM_COLS prompts (str(n) -> (bytes, rows, seconds) of its matrices less the last layer's
     feed-forward): each less the graph's nodes at a decode step's cost, the token's own cost, the output head's and
-    that feed-forward's one mat-vec and the f16 attention over the prompt; {} where the model was not prompted so
-    (a narrow model of a plan before CAL_VERSION 14)."""
-    r = _by(results, m["key"])
-    if any(f"pp{n}" not in r for n in MM_COLS):
+    that feed-forward's one mat-vec and the f16 attention over the prompt; ``again``: the key under which the same
+    model was prompted a second time (the narrow one after the wide one: the mean of both is taken, as for its
+    decode); {} where the model was not prompted so (a narrow model of a plan before CAL_VERSION 14)."""
+    runs = [x for x in (_by(results, m["key"]), _by(results, again) if again else {})
+            if all(f"pp{n}" in x for n in MM_COLS)]
+    if not runs:
         return {}
     mats = [g for g in sh.groups if not g.output]
     body = [g.split()[0] for g in mats]
@@ -752,8 +766,8 @@ def _cols_rest(results: list[dict], m: dict[str, Any], sh, cal: Calibration, mv:
     units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
     out = {}
     for n in MM_COLS:     # one graph of n tokens: a decode step's nodes, the output head once
-        t = _median_s(r[f"pp{n}"]["ns"]) - sh.nodes_pp * cal.node_tg_s - cal.token_tg_s - o_mv \
-            - _prompt_attn_f16(cal, units, n)
+        t = sum(_median_s(r[f"pp{n}"]["ns"]) for r in runs) / len(runs) - sh.nodes_pp * cal.node_tg_s \
+            - cal.token_tg_s - o_mv - _prompt_attn_f16(cal, units, n)
         if t <= 0:
             raise _disturbed(f"of {m['type']} weights measured no cost for a {n}-column mat-mul ({m['key']})")
         out[str(n)] = (sum(g.bytes for g in body), sum(g.rows for g in body), t)
@@ -1037,8 +1051,10 @@ def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tu
                         cal.attn_pp_deep_s[k] = solve_attn_deep(res, k)
         if new:
             f16 = kv_key("f16", "f16", "auto")
-            cal.node_tg_s, cal.node_pp_s, cal.token_tg_s, cal.ubatch_pp_s = solve_nodes(res, cal.attn_tg_s.get(f16, 0.0),
-                                                                                         cal.attn_pp_s.get(f16, 0.0))
+            (cal.node_tg_s, cal.node_pp_s, cal.token_tg_s, cal.ubatch_pp_s,
+             short) = solve_nodes(res, cal.attn_tg_s.get(f16, 0.0), cal.attn_pp_s.get(f16, 0.0),
+                                  cal.attn_pp_rows_s.get(f16, 0.0))
+            cal.node_pp_short_s = 0.0 if dev else short     # a GPU prices nodes at the model's own widths
             if dev:     # the host's bandwidth is not the GPU's, and edgekv has no GPU copy of its own to time
                 cal.notes.append(f"roofline: {dev}'s read bandwidth is not measured (no decode bound on a GPU)")
             else:

@@ -448,9 +448,12 @@ def render_calibration(con, sc) -> None:
     cal = sc.cal
     con.print(f"Speed calibration {cal.id} (-t {cal.n_threads}, through {cal.runtime}): {sc.note or 'cached'}",
               highlight=False)
-    con.print(f"Graph node: {cal.node_tg_s * 1e6:.2f} us per node of a one-token graph, {cal.node_pp_s * 1e6:.2f} us per "
-              f"node of a prompt ubatch; outside the nodes {cal.token_tg_s * 1e6:.0f} us per token, "
-              f"{cal.ubatch_pp_s * 1e6:.0f} us per ubatch.", highlight=False)
+    from edgekv.core.speed import NODE_PP_TOKENS
+
+    short = (f"{cal.node_pp_short_s * 1e6:.2f} us at {NODE_PP_TOKENS[0]} tokens, " if cal.node_pp_short_s else "")
+    con.print(f"Graph node: {cal.node_tg_s * 1e6:.2f} us per node of a one-token graph, {short}"
+              f"{cal.node_pp_s * 1e6:.2f} us per node of a {NODE_PP_TOKENS[1]}-token prompt ubatch; outside the nodes "
+              f"{cal.token_tg_s * 1e6:.0f} us per token, {cal.ubatch_pp_s * 1e6:.0f} us per ubatch.", highlight=False)
     if cal.device:
         con.print(f"On {cal.machine or cal.device}: {cal.vocab_tg_s * 1e9:.2f} ns per logit returned to the host; graph "
                   "nodes at a model's own widths: " + (", ".join(f"{b} {cal.node_tg_body_s[b] * 1e6:.2f} / "
