@@ -698,7 +698,7 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
                 cal.matvec_stream_s_per_byte.setdefault(outs[0].key, st)
                 cal.matvec_stream_s_per_row.setdefault(outs[0].key, st_row)
         # the output head and the last layer's feed-forward: one mat-vec per prompt
-        o_mv = sum(g.bytes * mv + g.rows * row for g in outs) + _tail_mv(mats, mv, row)
+        o_mv = _once_mv(sh, mv, row)
         (n1, t1), (n2, t2) = _prompt_rest(r, sh, cal, o_mv, key)
         slope = (t1 - t2) / (n1 - n2)
         per_flop, per_dot = _solve_matmul(key, (w_params, sum(g.rows for g in body), slope),
@@ -743,7 +743,7 @@ def _narrow_slope(results: list[dict], m: dict[str, Any], sh, cal: Calibration, 
     if any(f"pp{n}" not in r for n in MM_N):
         return None
     mats = [g for g in sh.groups if not g.output]
-    o_mv = sum(g.bytes * mv + g.rows * row for g in sh.groups if g.output) + _tail_mv(mats, mv, row)
+    o_mv = _once_mv(sh, mv, row)
     (n1, t1), (n2, t2) = _prompt_rest(r, sh, cal, o_mv, m["key"])
     body = [g.split()[0] for g in mats]
     return sum(g.params for g in body), sum(g.rows for g in body), (t1 - t2) / (n1 - n2)
@@ -762,7 +762,7 @@ def _cols_rest(results: list[dict], m: dict[str, Any], sh, cal: Calibration, mv:
         return {}
     mats = [g for g in sh.groups if not g.output]
     body = [g.split()[0] for g in mats]
-    o_mv = sum(g.bytes * mv + g.rows * row for g in sh.groups if g.output) + _tail_mv(mats, mv, row)
+    o_mv = _once_mv(sh, mv, row)
     units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
     out = {}
     for n in MM_COLS:     # one graph of n tokens: a decode step's nodes, the output head once
@@ -774,10 +774,10 @@ def _cols_rest(results: list[dict], m: dict[str, Any], sh, cal: Calibration, mv:
     return out
 
 
-def _tail_mv(mats, mv: float, row: float) -> float:
-    """The last layer's feed-forward matrices of a calibration model as one mat-vec (a prompt computes them for
-    its last token only)."""
-    return sum(g.tail_bytes * mv + g.tail_rows * row for g in mats)
+def _once_mv(sh, mv: float, row: float) -> float:
+    """What a calibration model's prompt computes for its last token only, as one mat-vec: the output head and the
+    last layer's feed-forward matrices (WeightGroup.tail_*)."""
+    return sum(g.bytes * mv + g.rows * row if g.output else g.tail_bytes * mv + g.tail_rows * row for g in sh.groups)
 
 
 def _solve_matmul(key: str, wide: tuple[int, int, float], narrow: tuple[int, int, float] | None) -> tuple[float, float]:
