@@ -1,0 +1,69 @@
+"""A decode's attention cost per cell against the calibration model's layer count and depth range (issue 26).
+
+The speed calibration times each K/V pair's one-token attention on a GEOMETRY_LAYERS-layer model of the model's
+heads (edgekv.orchestration.speedcal.attn_plan): two depths as two sequences of one context, their runs taken in turn,
+the difference per head x (head_k + head_v) x cell.  This script times the same step on models of the same heads
+with other layer counts and depth pairs, several rounds, so that a coefficient's spread on this machine and any
+dependence on the layer count (how much of the cache the CPU's caches hold) can be read off:
+
+    .venv/bin/python bench/attn_layers.py --configs 6:640:896,30:640:896,6:640:1664,30:640:1664 --rounds 3
+    .venv/bin/python bench/attn_layers.py --geometry h32kv8k128v128 --configs 6:640:896,36:640:896 --rounds 2
+
+``--configs``: LAYERS:SHALLOW:DEEP, each a model of that many layers timed from those two depths (32 tokens a run, five
+runs after one warm-up).  Prints one line per round, configuration and K/V type (edgekv's own probe,
+llama-cpp-python).  Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    from edgekv.core.speed import attn_units_tg, kv_key, split_kv_path
+    from edgekv.edges.tinymodel import speed_model_path
+    from edgekv.orchestration import speedcal as sc
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--geometry", default="h9kv3k64v64", help="query heads, KV heads, K and V head dims (SmolLM2's)")
+    ap.add_argument("--configs", default="6:640:1664,30:640:1664", help="LAYERS:SHALLOW:DEEP, comma-separated")
+    ap.add_argument("--types", default="f16,q8_0", help="K/V cache types (K == V)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    configs = [tuple(int(v) for v in c.split(":")) for c in a.configs.split(",")]
+    pairs = [(t, t, "auto") for t in a.types.split(",")]
+    for it in range(a.rounds):
+        for layers, d0, d1 in configs:
+            shape = {**sc.geometry_shape(a.geometry), "n_layer": layers}
+            name = f"attnl_{a.geometry}_{layers}"
+            n_ctx = max(4096, -(-(d1 + sc.TG_N + 1) // 512) * 512)
+            ctxs = [sc._ctx(kv_key(*p, a.geometry), a.threads,
+                            [{**sc._step("tg", "tg", 0, sc.TG_N, 5), "depths": [d0, d1]}], n_ctx=n_ctx,
+                            type_k=p[0], type_v=p[1], flash_attn=p[2], n_seq=2) for p in pairs]
+            model = {"key": name, "repack": True, "n_gpu_layers": 0,
+                     "model_path": str(speed_model_path(name, **shape)), "contexts": ctxs}
+            t0 = time.monotonic()
+            res = sc._run([model], None)
+            took = time.monotonic() - t0
+            sh = sc._attn_speed_shape(shape)
+            for p in pairs:
+                r = sc._by(res, name, kv_key(*p, a.geometry))
+                split = split_kv_path(*p)
+                du = (attn_units_tg(sh, d1 + sc.TG_N / 2, a.threads, split)
+                      - attn_units_tg(sh, d0 + sc.TG_N / 2, a.threads, split))
+                s, d = statistics.median(r[f"tg{d0}"]["ns"]), statistics.median(r[f"tg{d1}"]["ns"])
+                cell = (d - s) / 1e9 / sc.TG_N / du
+                print(f"round {it} {layers:3d} layers {d0:5d} -> {d1:5d} cells {p[0]:5s}: {cell * 1e12:6.1f} ps a cell "
+                      f"(runs {s / 1e6:.1f} and {d / 1e6:.1f} ms, {took:.1f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
