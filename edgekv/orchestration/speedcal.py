@@ -136,18 +136,13 @@ class CalibrationError(RuntimeError):
 
 
 class Disturbed(CalibrationError):
-    """A measurement that found no cost where there must be one: other work on the machine hid it."""
+    """A measurement that found no cost where there must be one: other work on the machine hid it.  Refused, never
+    cached (calibrate measures once more first: _measure_or_again)."""
 
     def __init__(self, what: str):
         self.what = what
         super().__init__(f"the speed calibration {what} (other work on the machine disturbed it): not cached; run "
                          "'edgekv calibrate' on a quiet machine")
-
-
-def _disturbed(what: str) -> Disturbed:
-    """A measurement that found no cost where there must be one (other work hid it): refused, never cached
-    (calibrate measures once more first)."""
-    return Disturbed(what)
 
 
 def auto_measure() -> bool:
@@ -521,10 +516,10 @@ def solve_nodes(results: list[dict], attn_tg: float = 0.0, attn_pp: float = 0.0,
         short = (_median_s(b["ps"]["ns"]) - _median_s(a["ps"]["ns"])
                  - dl * per_layer * PP_SHORT_N * (PP_SHORT_N / 2) * attn_short) / max(1, gb["nodes_pp"] - ga["nodes_pp"])
         if short <= 0:
-            raise _disturbed("measured no cost for a deeper graph under a short prompt")
+            raise Disturbed("measured no cost for a deeper graph under a short prompt")
     if tg <= 0 or pp <= 0:
         # 32 more layers cannot be free: other work hid their cost; a zero would predict graphs as costing nothing
-        raise _disturbed("measured no cost for a deeper graph")
+        raise Disturbed("measured no cost for a deeper graph")
     own_tg = sa["n_layer"] * per_layer * 16 * attn_tg                # the 2-layer model's attention at mean depth 16
     own_pp = sa["n_layer"] * per_layer * PP_N * (PP_N / 2) * attn_pp
     tg0 = max(0.0, _median_s(a["tg"]["ns"]) / 32 - ga["nodes_tg"] * tg - own_tg)
@@ -592,7 +587,7 @@ def solve_bodies(results: list[dict], plan: list[dict[str, Any]], cal: Calibrati
             - 2.0 * body_params * BODY_PP_N * cal.matmul_s_per_flop["q8_0"] - o_bytes * cal.matvec_s_per_byte["q8_0"] \
             - units * BODY_PP_N * (BODY_PP_N / 2) * cal.attn_pp_s[f16]
         if t_tg <= 0 or t_pp <= 0:
-            raise _disturbed(f"of the model widths {m['body']} measured no cost for the graph's nodes")
+            raise Disturbed(f"of the model widths {m['body']} measured no cost for the graph's nodes")
         cal.node_tg_body_s[m["body"]] = t_tg / sh.nodes_tg
         cal.node_pp_body_s[m["body"]] = t_pp / sh.nodes_pp
 
@@ -640,7 +635,7 @@ def solve_attn(results: list[dict], key: str, n_threads: int = 1, device: str = 
     pp = _prompt_cell_cost(r, "pp", a.pp_depths, a.pp_n, units)
     if tg <= 0 or pp <= 0:
         # deeper attention cannot be free: other work on the machine hid its cost; never cache a zero
-        raise _disturbed(f"of {key} measured no cost for a deeper cache")
+        raise Disturbed(f"of {key} measured no cost for a deeper cache")
     return tg, pp
 
 
@@ -650,7 +645,7 @@ def solve_attn_rows(results: list[dict], key: str, device: str = "") -> float:
     geometry, shape, r = _attn_results(results, key)
     rows = _prompt_cell_cost(r, "ps", attn_steps(geometry, True, device).pp_depths, PP_ROWS_N, _attn_units(shape))
     if rows <= 0:
-        raise _disturbed(f"of {key} measured no cost for a deeper cache under a short prompt")
+        raise Disturbed(f"of {key} measured no cost for a deeper cache under a short prompt")
     return rows
 
 
@@ -661,7 +656,7 @@ def solve_attn_deep(results: list[dict], key: str) -> float:
     r = _by(results, f"attnd_{geometry}", key)
     deep = _prompt_cell_cost(r, "pd", TILED_DEEP_DEPTHS, DEEP_PP_N, _attn_units(deep_shape(geometry)))
     if deep <= 0:
-        raise _disturbed(f"of {key} measured no cost for a deeper cache in the tiled kernel")
+        raise Disturbed(f"of {key} measured no cost for a deeper cache in the tiled kernel")
     return deep
 
 
@@ -741,7 +736,7 @@ def _prompt_rest(r: dict[str, dict], sh, cal: Calibration, o_mv: float, key: str
              - _prompt_attn_f16(cal, units, n)) for n in MM_N]
     (n1, t1), (n2, t2) = rest
     if t1 <= t2:
-        raise _disturbed(f"of {key} weights measured a {n1}-token prompt no slower than a {n2}-token one")
+        raise Disturbed(f"of {key} weights measured a {n1}-token prompt no slower than a {n2}-token one")
     return rest
 
 
@@ -779,7 +774,7 @@ def _cols_rest(results: list[dict], m: dict[str, Any], sh, cal: Calibration, mv:
         t = sum(_median_s(r[f"pp{n}"]["ns"]) for r in runs) / len(runs) - sh.nodes_pp * cal.node_tg_s \
             - cal.token_tg_s - o_mv - _prompt_attn_f16(cal, units, n)
         if t <= 0:
-            raise _disturbed(f"of {m['type']} weights measured no cost for a {n}-column mat-mul ({m['key']})")
+            raise Disturbed(f"of {m['type']} weights measured no cost for a {n}-column mat-mul ({m['key']})")
         out[str(n)] = (sum(g.bytes for g in body), sum(g.rows for g in body), t)
     return out
 
@@ -808,7 +803,7 @@ def _solve_matmul(key: str, wide: tuple[int, int, float], narrow: tuple[int, int
         return sw / (2.0 * pw), 0.0
     flop = (sw - rw * dot) / (2.0 * pw)
     if flop <= 0:
-        raise _disturbed(f"of {key} weights measured dot products that cost more than the wide model's whole prompt")
+        raise Disturbed(f"of {key} weights measured dot products that cost more than the wide model's whole prompt")
     return flop, dot
 
 
@@ -845,7 +840,7 @@ def _stream_coefficients(results: list[dict], m: dict[str, Any], narrow: dict[st
     None, a plan before CAL_VERSION 10) the bytes alone."""
     large = _decode_of(results, m, feats, repack, cal, wide_keys, n_tokens=STREAM_N)
     if large[1] <= 0:
-        raise _disturbed(f"of {m['type']} weights' large model measured no cost for reading them")
+        raise Disturbed(f"of {m['type']} weights' large model measured no cost for reading them")
     return _solve_matvec(f"{m['type']} (from memory)", large,
                          _decode_of(results, narrow, feats, repack, cal, wide_keys, n_tokens=STREAM_N) if narrow else None)
 
@@ -865,19 +860,19 @@ def _solve_bytes_rows(key: str, wide: tuple[int, int, float],
     c_byte + rows x c_row (:func:`_solve_matvec`)."""
     bw, rw, tw = wide
     if tw <= 0:
-        raise _disturbed(f"of {key} weights measured no cost for reading them")
+        raise Disturbed(f"of {key} weights measured no cost for reading them")
     if narrow is None:
         return tw / bw, 0.0
     bn, rn, tn = narrow
     if tn <= 0:
-        raise _disturbed(f"of {key} weights' narrow model measured no cost for reading them")
+        raise Disturbed(f"of {key} weights' narrow model measured no cost for reading them")
     det = bw * rn - bn * rw
     row = (bw * tn - bn * tw) / det
     if row <= 0:
         return tw / bw, 0.0
     per_byte = (tw - rw * row) / bw
     if per_byte <= 0:
-        raise _disturbed(f"of {key} weights measured rows that cost more than the wide model's whole decode")
+        raise Disturbed(f"of {key} weights measured rows that cost more than the wide model's whole decode")
     return per_byte, row
 
 

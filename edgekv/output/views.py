@@ -13,6 +13,7 @@ from msgspec import UNSET
 from edgekv.core.llamalog import off_device_text
 from edgekv.core.predict import STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, llama_mib
 from edgekv.core.shape import MEMORY_DSV4, MEMORY_HYBRID, MEMORY_HYBRID_IDX, MEMORY_HYBRID_ISWA, MEMORY_RECURRENT, ModelShape
+from edgekv.core.speed import NODE_PP_TOKENS
 from edgekv.core.units import MIB, kv_label
 from edgekv.orchestration.api import LoadedModel
 from edgekv.orchestration.budget import BudgetRow
@@ -448,8 +449,6 @@ def render_calibration(con, sc) -> None:
     cal = sc.cal
     con.print(f"Speed calibration {cal.id} (-t {cal.n_threads}, through {cal.runtime}): {sc.note or 'cached'}",
               highlight=False)
-    from edgekv.core.speed import NODE_PP_TOKENS
-
     short = (f"{cal.node_pp_short_s * 1e6:.2f} us at {NODE_PP_TOKENS[0]} tokens, " if cal.node_pp_short_s else "")
     con.print(f"Graph node: {cal.node_tg_s * 1e6:.2f} us per node of a one-token graph, {short}"
               f"{cal.node_pp_s * 1e6:.2f} us per node of a {NODE_PP_TOKENS[1]}-token prompt ubatch; outside the nodes "
