@@ -36,8 +36,10 @@ def make_home(root: Path) -> Path:
 # Nothing of the developer's edgekv or huggingface-hub settings reaches a test (EDGEKV_DEBUG=1 would turn every
 # one-line error into a traceback, HF_TOKEN or HF_ENDPOINT would change what the hub tests see); tests set what
 # they need with monkeypatch, which restores this scrubbed environment after each.  Kept: where the developer's own
-# llama.cpp tools are (bench/llama_tools.py), a choice of binaries, not of behaviour.
-for _name in [k for k in os.environ if k.startswith(("EDGEKV_", "HF_", "HUGGINGFACE_")) and k != "EDGEKV_LLAMA_CPP_BIN"]:
+# llama.cpp tools are (bench/llama_tools.py), a choice of binaries, not of behaviour; and the suite's own switch to
+# rewrite the golden files (tests/test_report.py, refused under CI), which edgekv itself never reads.
+_KEPT = ("EDGEKV_LLAMA_CPP_BIN", "EDGEKV_UPDATE_GOLDEN")
+for _name in [k for k in os.environ if k.startswith(("EDGEKV_", "HF_", "HUGGINGFACE_")) and k not in _KEPT]:
     del os.environ[_name]
 # Never the developer's home, even while test modules are imported (before pytest_configure, for edgekv imported
 # by a plugin); huggingface-hub's state (its cache, token, telemetry files) likewise: it reads HF_HOME when first

@@ -24,6 +24,7 @@ from edgekv.edges.load import BUSY_SHARE, Window, busy_note
 from edgekv.errors import UsageError
 from edgekv.orchestration.plan import fmt_duration, plan_lines
 from edgekv.output.benchview import Progress, case_label
+from edgekv.output.inputs import compared_kv
 from edgekv.records.schema import Record, Settings, Speed, encode_block
 
 if TYPE_CHECKING:
@@ -60,10 +61,11 @@ def case_line(i: int, n: int, rec: Record, wall_s: float, elapsed_s: float, rema
     if mem and mem.peak_rss_bytes:
         pp = pred.process.peak_rss_bytes if pred and pred.process else None
         parts.append(f"peak RSS {mem.peak_rss_bytes / MIB:.1f} MiB" + (f" (predicted {pp / MIB:.1f})" if pp else ""))
-    f = pred.formula.total_bytes if pred else None
+    n_ctx, f = compared_kv(rec)
     same = rec.differences.llama_kv_matches_formula if rec.differences else None
     if f is not None:
-        parts.append(f"KV {f / MIB:.2f} MiB" + {True: " (= llama.cpp)", False: " (llama.cpp differs!)"}.get(same, ""))
+        at = f" at llama-bench's n_ctx {n_ctx}" if n_ctx != rec.settings.n_ctx else ""
+        parts.append(f"KV {f / MIB:.2f} MiB{at}" + {True: " (= llama.cpp)", False: " (llama.cpp differs!)"}.get(same, ""))
     if rec.status != "ok":
         parts = [f"{rec.status}: {rec.reason}"]
     tail = f"{fmt_duration(wall_s)}; elapsed {fmt_duration(elapsed_s)}"

@@ -9,7 +9,7 @@ from edgekv.core.llamalog import off_device_text
 from edgekv.core.predict import llama_mib
 from edgekv.core.units import MIB, kv_label
 from edgekv.edges.load import record_busy
-from edgekv.output.inputs import speed_of
+from edgekv.output.inputs import compared_kv, speed_of
 from edgekv.records import results as R
 from edgekv.records import schema as S
 from edgekv.records.frame import off_device_of, unset_none
@@ -171,8 +171,7 @@ _NARROW = (("n_ctx", "right"), ("K/V", "left"), ("KV MiB\n= llama", "right"), ("
 
 def _summary_row(r: S.Record, narrow: bool, with_gpu: bool, with_quality: bool) -> list[str]:
     s = r.settings
-    pred = unset_none(r.prediction)
-    total = pred.formula.total_bytes if pred is not None else None
+    n_ctx, total = compared_kv(r)
     kv = kv_label(s.type_k, s.type_v)
     log, mem, diff = unset_none(r.llama_log), unset_none(r.memory), unset_none(r.differences)
     match = unset_none(diff.llama_kv_matches_formula) if diff is not None else None
@@ -198,9 +197,9 @@ def _summary_row(r: S.Record, narrow: bool, with_gpu: bool, with_quality: bool) 
     if npl and seq is not None and seq.mean_ts is not None:
         tg += f"\n{seq.mean_ts:.1f} /seq"
     depth = f"npl {npl}" if npl else str(s.n_depth)
-    row = [str(s.n_ctx), depth, kv, formula_mib, llama_kv, same, peak, anon, pp, tg, status]
+    row = [str(n_ctx), depth, kv, formula_mib, llama_kv, same, peak, anon, pp, tg, status]
     if narrow:
-        row = [str(s.n_ctx), kv, f"{formula_mib} {same}", peak, pp, tg, status]
+        row = [str(n_ctx), kv, f"{formula_mib} {same}", peak, pp, tg, status]
     if with_gpu:
         g = mem.peak_gpu_bytes if mem is not None else None
         gc = unset_none(diff.context_gpu_growth_bytes) if diff is not None else None
@@ -248,6 +247,9 @@ def render_summary(con, records: list[S.Record | dict[str, Any]], output: str) -
                   "from the server's own prompt_ms, tg all requests' tokens/s while all of them decode, measured by "
                   "the client; time to first token in the lines above and in --json (serving)."
                   if any(unset_none(r.serving) is not None for r in records) else ""))
+    if any(compared_kv(r)[0] != r.settings.n_ctx for r in records):
+        con.print("llama-bench sizes each test's context itself (depth + the test's tokens; it has no -c): those rows' "
+                  "n_ctx and KV are its prompt test's context, the formula predicted for that context.")
     note = repack_note(records)
     if note:
         con.print(f"[yellow]{note}[/]", highlight=False)

@@ -28,6 +28,7 @@ EXPORT: tuple[tuple[str, str, int | None], ...] = (
     ("device", "device", None), ("kind", "kind", None), ("status", "status", None), ("reason", "reason", None),
     ("n_ctx", "n_ctx", None), ("n_depth", "n_depth", None), ("type_k", "type_k", None), ("type_v", "type_v", None),
     ("flash_attn", "flash_attn", None), ("flash_attn_effective", "flash_attn_llamacpp", None),
+    ("n_ctx_effective", "n_ctx_llamacpp", None),
     ("n_threads", "n_threads", None), ("n_gpu_layers", "n_gpu_layers", None), ("n_batch", "n_batch", None),
     ("n_ubatch", "n_ubatch", None), ("n_prompt", "n_prompt", None), ("n_gen", "n_gen", None),
     ("repetitions", "repetitions", None),

@@ -193,6 +193,18 @@ def speed_of(rec: S.Record, test: str) -> S.SpeedTest | None:
     return unset_none(getattr(speed, test)) if speed is not None else None
 
 
+def compared_kv(rec: S.Record) -> tuple[int, int | None]:
+    """The context whose KV llama.cpp's lines were checked against, and the formula's bytes for it: ``-c`` for a
+    run edgekv sized itself; for llama-bench, which sizes each test's context as depth + its tokens and ignores
+    ``-c``, its first test's context (the one whose lines the record shows)."""
+    lb = unset_none(rec.llama_bench)
+    ctxs = unset_none(lb.contexts) if lb is not None else None
+    if ctxs:
+        return ctxs[0].n_ctx, ctxs[0].formula_kv_bytes
+    pred = unset_none(rec.prediction)
+    return rec.settings.n_ctx, pred.formula.total_bytes if pred is not None else None
+
+
 def merge_files(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -> list[S.Record]:
     """Several machines' results into one file: every row kept, in input order, each with a ``machine``.
 

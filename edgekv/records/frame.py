@@ -30,7 +30,7 @@ COLUMNS = (
     "type_k", "type_v", "flash_attn", "n_seq_max", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "n_prompt",
     "n_gen", "n_depth", "repetitions", "no_mmap", "repack", "n_parallel", "time_utc",
     # what llama.cpp used
-    "flash_attn_llamacpp", "ops_off_device_llamacpp",
+    "flash_attn_llamacpp", "n_ctx_llamacpp", "ops_off_device_llamacpp",
     # KV cache (every cache: KV + recurrent + state): formula, llama.cpp's dry run, llama.cpp's log in the measured run
     "kv_bytes_formula", "kv_mib_formula", "kv_mib_llamacpp_dryrun", "kv_mib_llamacpp", "kv_buffer_mib_llamacpp",
     "kv_cache_lines_llamacpp", "kv_matches_formula_llamacpp", "kv_diffs_llamacpp", "kv_on_device_llamacpp",
@@ -122,6 +122,8 @@ def _identity(rec: Record, file: str | None) -> dict[str, Any]:
         "n_parallel": _v(s.n_parallel),
         "time_utc": _v(rec.time_utc),
         "flash_attn_llamacpp": _v(eff.flash_attn) if eff is not None else None,
+        # the context llama.cpp built: -c, or llama-bench's own (depth + its prompt test's tokens)
+        "n_ctx_llamacpp": _v(eff.n_ctx) if eff is not None else None,
         "ops_off_device_llamacpp": off_device_text(off_device_of(rec)),
     }
 
