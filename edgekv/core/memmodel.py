@@ -13,6 +13,13 @@ What becomes *resident* on a CPU (vendored llama.cpp 0c1e570, paths under vendor
 
 * weights, mmap (default): the mapped tensor data is file-backed and every page is read by the first
   graph that runs (src/llama-model-loader.cpp load_all_data; llama-mmap.cpp): all tensor bytes.
+* the mapping after loading: llama.cpp keeps mapped only the span from the first to the last tensor it left in
+  the mapping (the CPU tensors not repacked; on Metal the offloaded ones too) and unmaps the pages before and
+  after it once every tensor is loaded (src/llama-model-loader.cpp:1778-1788 ``unmap_fragment``, mmaps_used
+  :1666-1668; llama-mmap.cpp:518-560 rounds the span out to whole pages; a no-op on Windows).  A repacked
+  ``output.weight`` at the end of the file (Q4_K 8B models: 334 MiB) is read while loading and gone before the
+  context exists: the process peaks either while loading (the whole mapping and the repacked copies, nothing
+  of the context yet) or later without those pages, whichever is larger.
 * weights, ``--no-mmap``: one anonymous CPU buffer holding the tensors that are not repacked.
 * CPU_REPACK: tensors whose type the CPU backend re-lays for its GEMM kernels get an anonymous copy
   (ggml/src/ggml-cpu/repack.cpp ``ggml_repack_get_optimal_repack_type``: q4_0, q4_K, iq4_nl, mxfp4 with
@@ -466,6 +473,13 @@ class Part:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class MappedFile:
+    """One GGUF file as llama.cpp maps it: where its data section starts and each tensor's offset in it."""
+    data_offset: int
+    offsets: dict[str, int]
+
+
 @dataclass
 class ProcessInputs:
     workload: str
@@ -499,6 +513,8 @@ class ProcessInputs:
     gpu_runtime_note: str = ""
     gpu_graph_host_bytes_per_node: float | None = None   # CUDA graphs of one-token decodes (calibration)
     graph_nodes_tg: int | None = None           # llama.cpp's one-token graph (its dry run's "graph: nodes =" line)
+    files: Sequence[MappedFile] = ()            # the mapping's layout (empty: unknown, nothing unmapped is modelled)
+    page_size: int = 4096                       # the OS page (0: llama.cpp unmaps nothing, as on Windows)
 
 
 @dataclass
@@ -562,6 +578,57 @@ def _host_weight_parts(x: ProcessInputs, host: list[Tensor]) -> list[Part]:
     for buft, (b, n) in extra_buffer_bytes(host, x.cpu_features, x.use_extra_bufts, tied_host).items():
         parts.append(Part(f"weights ({buft} copy)", b, SRC_FORMULA, note=EXTRA_NOTES[buft].format(n=n)))
     return parts
+
+
+def _kept_in_mapping(x: ProcessInputs, t: Tensor, on_gpu: set[str], extra: Sequence[str]) -> bool:
+    """Whether llama.cpp leaves ``t`` in the file mapping (a CPU_Mapped tensor; Metal maps offloaded ones too)."""
+    if t.name in on_gpu:
+        return (x.gpu_device or "").upper().startswith(("METAL", "MTL"))
+    return extra_buffer_of(t, extra, x.cpu_features) is None
+
+
+def unmapped_after_load(x: ProcessInputs, host: Sequence[Tensor]) -> tuple[int, list[str]]:
+    """(host tensor bytes llama.cpp unmaps once loaded, their names): the pages of each mapping before its first
+    and after its last kept tensor, rounded inwards to whole pages (src/llama-model-loader.cpp:1778-1788)."""
+    if not (x.use_mmap and x.files and x.page_size):
+        return 0, []
+    extra = extra_buffer_types(x.cpu_features, x.use_extra_bufts)
+    by_name = {t.name: t for t in x.tensors}
+    on_gpu = {t.name for t in x.tensors} - {t.name for t in host}
+    host_names = {t.name for t in host}
+    pg, total, names = x.page_size, 0, []
+    for f in x.files:
+        spans = {n: (f.data_offset + off, f.data_offset + off + by_name[n].n_bytes)
+                 for n, off in f.offsets.items() if n in by_name}
+        kept = [spans[n] for n in spans if _kept_in_mapping(x, by_name[n], on_gpu, extra)]
+        if kept:
+            first, last = min(a for a, _ in kept) // pg * pg, -(-max(b for _, b in kept) // pg) * pg
+        else:
+            first, last = max((b for _, b in spans.values()), default=0), 0     # nothing kept: all of it goes
+        for n, (a, b) in spans.items():
+            gone = max(0, min(b, first) - a) + (max(0, b - max(a, last)) if last else 0)
+            if n in host_names and gone:
+                total += min(gone, b - a)
+                names.append(n)
+    return total, names
+
+
+def _phase_parts(x: ProcessInputs, parts: list[Part], host: list[Tensor], load_parts: int) -> list[Part]:
+    """The mapping's pages llama.cpp unmaps after loading, as a negative part; and, when the process peaks while
+    loading (the whole mapping and the repacked copies resident, the context not yet created), what of them the
+    peak still holds."""
+    gone, names = unmapped_after_load(x, host)
+    if not gone:
+        return []
+    what = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    out = [Part("weights (mmap) unmapped after loading", -gone, SRC_FORMULA, kind="file",
+                note=f"{what}: read while loading, then unmapped (outside the tensors left in the mapping)")]
+    context = sum(p.bytes for p in parts[load_parts:] if p.where == HOST)
+    if gone > context:
+        out.append(Part("weights (mmap) until loaded", gone - context, SRC_FORMULA, kind="file",
+                        note=f"the process peaks while loading: these pages were still mapped and the context's "
+                             f"{context / MIB:.1f} MiB not yet allocated"))
+    return out
 
 
 def _device_weight_parts(x: ProcessInputs, on_gpu: list[Tensor]) -> list[Part]:
@@ -644,6 +711,7 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
     host = [t for t in x.tensors if t.name not in gpu_names]
     parts += _host_weight_parts(x, host)
     parts += _device_weight_parts(x, on_gpu)
+    load_parts = len(parts)
     parts += _kv_parts(x)
     parts += _compute_parts(x, n_out_ubatch, notes)
     parts += _host_buffer_parts(x, host, n_out_ubatch, out_rows)
@@ -654,6 +722,7 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
             notes.append(f"{x.gpu_device}: llama.cpp's buffers only (weights, KV, compute); the backend's own runtime "
                          "(CUDA context, cuBLAS workspace, ggml-cuda's pool) is not predicted: "
                          + (x.gpu_runtime_note or "not calibrated"))
+    parts += _phase_parts(x, parts, host, load_parts)
     for p in parts:
         if p.where != HOST:
             device[p.where] = device.get(p.where, 0) + p.bytes

@@ -15,6 +15,7 @@ from typing import Any
 
 from edgekv.core.memmodel import (
     WORKLOAD_BENCH,
+    MappedFile,
     ProcessInputs,
     ProcessPrediction,
     predict_process,
@@ -103,6 +104,18 @@ def workload_graph(params: ContextParams, settings: ProcessSettings) -> ContextP
     return replace(params, n_ctx=n_ctx, n_ubatch=tokens, n_batch=max(tokens, min(params.n_batch, n_ctx)))
 
 
+def mapped_files(header) -> list[MappedFile]:
+    """The layout llama.cpp maps, one entry per file of the model (a split model's shards in order)."""
+    return [MappedFile(h.data_offset, {t.name: t.offset for t in h.tensors}) for h in (header.shards or [header])]
+
+
+def page_size() -> int:
+    """This machine's page (0 on Windows, where llama.cpp's unmap_fragment does nothing)."""
+    import os
+
+    return 0 if os.name == "nt" else os.sysconf("SC_PAGE_SIZE")
+
+
 def _mib_dict_to_bytes(d: dict[str, float] | None) -> dict[str, int]:
     return {k: int(round(v * MIB)) for k, v in (d or {}).items()}
 
@@ -183,7 +196,8 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
         gpu_runtime_device_bytes=rt.device_bytes if rt else None, gpu_runtime_host_bytes=rt.host_bytes if rt else None,
         gpu_runtime_note=rt.note if rt else "",
         gpu_graph_host_bytes_per_node=rt.graph_host_bytes_per_node if rt else None,
-        graph_nodes_tg=((getattr(getattr(eng_default, "log", None), "graph", None) or {}).get("nodes_tg")))
+        graph_nodes_tg=((getattr(getattr(eng_default, "log", None), "graph", None) or {}).get("nodes_tg")),
+        files=mapped_files(m.header), page_size=page_size())
 
 
 def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings, baseline=None,
