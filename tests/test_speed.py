@@ -42,7 +42,7 @@ def test_graph_line_both_forms():
 
 # -- the pure model -------------------------------------------------------------------------------------------
 
-GEOMETRIES = ("h9kv3k64v64", "h4kv1k256v256")     # SmolLM2's and Gemma 3 270M's attention
+GEOMETRIES = ("h9kv3k64v64", "h4kv1k256v256e640")     # SmolLM2's and Gemma 3 270M's attention (its hidden size 640)
 
 
 def _cal(**kw) -> Calibration:
@@ -1149,3 +1149,24 @@ def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_path):
         predict_tg(replace(model, body="e576f1536h9kv3d64l30"), gcal, 512, 32, "f16", "f16", "auto")
     with pytest.raises(MissingCalibration, match="model widths of this architecture"):
         predict_tg(replace(model, body=""), gcal, 512, 32, "f16", "f16", "auto")
+
+
+def test_a_geometry_carries_the_hidden_size_its_calibration_model_is_built_with(gemma3_path):
+    """llama.cpp's per-row attention costs more per cell under a wider hidden size at the same heads
+    (bench/attn_widths.py), so the calibration model has the model's own: named in the geometry where it is not
+    n_head x head_k (Gemma 3 270M: 4 x 256 heads over 640), bounded, and validated before a file is named after it."""
+    from edgekv.core.speed import GEOMETRY_MAX_EMBD, AttnLayer
+    from edgekv.orchestration import speedcal as S
+
+    m = load_model(str(gemma3_path))
+    sh = speed_shape(m.shape, m.header.tensors, ["avx2"])
+    assert {a.geometry for a in sh.attn} == {"h4kv1k256v256e640"}
+    assert S.geometry_shape("h4kv1k256v256e640")["n_embd"] == 640
+    assert AttnLayer(32, 128, 128, None, 8, 4096).geometry == "h32kv8k128v128"       # Qwen3 8B: 32 x 128 = 4096
+    assert S.geometry_shape("h32kv8k128v128")["n_embd"] == 4096                        # its own, no longer 1024
+    assert AttnLayer(32, 128, 128, None, 8, 12288).geometry == f"h32kv8k128v128e{GEOMETRY_MAX_EMBD}"    # bounded
+    assert S.geometry_shape("h64kv8k128v128")["n_embd"] == GEOMETRY_MAX_EMBD
+    assert AttnLayer(9, 64, 64, None, 3, 0).geometry == "h9kv3k64v64"                    # unknown: the heads' width
+    for bad in ("h4kv1k256v256e650", "h4kv1k256v256e0", f"h4kv1k256v256e{2 * GEOMETRY_MAX_EMBD}", "h4kv1k256v256e../x"):
+        with pytest.raises(S.CalibrationError):
+            S.geometry_shape(bad)

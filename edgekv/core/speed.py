@@ -84,6 +84,10 @@ class WeightGroup:
                 WeightGroup(self.key, self.tail_bytes, self.tail_params, False, self.tail_rows))
 
 
+# the widest hidden size an attention calibration model takes (its fills run the projections of that width)
+GEOMETRY_MAX_EMBD = 8192
+
+
 @dataclass(frozen=True)
 class AttnLayer:
     n_head: int
@@ -91,13 +95,19 @@ class AttnLayer:
     head_v: int
     window: int | None    # sliding window (cells), None = the whole cache
     n_head_kv: int = 0
+    n_embd: int = 0       # the model's hidden size (0: unknown, taken as n_head x head_k)
 
     @property
     def geometry(self) -> str:
         """The attention geometry a calibration is measured for: query heads, KV heads, K and V head dims (how
         much K/V one layer reads per cell decides which cache level serves it, so the cost per cell is measured
-        on this geometry, not scaled from another)."""
-        return f"h{self.n_head}kv{self.n_head_kv}k{self.head_k}v{self.head_v}"
+        on this geometry, not scaled from another), and the hidden size where it is not n_head x head_k ("e640"):
+        llama.cpp's per-query-row attention costs more per cell under a wider hidden size at the same heads
+        (bench/attn_widths.py: 42, 55 and 67 ps at 1024, 2048 and 4096 for Qwen3 8B's heads), so the calibration
+        model has the model's own (at most GEOMETRY_MAX_EMBD)."""
+        g = f"h{self.n_head}kv{self.n_head_kv}k{self.head_k}v{self.head_v}"
+        e = min(self.n_embd, GEOMETRY_MAX_EMBD)
+        return g + (f"e{e}" if e and e % 32 == 0 and e != self.n_head * self.head_k else "")
 
 
 @dataclass(frozen=True)
@@ -175,7 +185,7 @@ def speed_shape(shape: ModelShape, tensors: Sequence[Tensor], cpu_features: Iter
         notes.append(f"MoE: {expert_used} of {expert_count} experts read per token")
     groups = tuple(WeightGroup(k, *v[:2], out, v[2], *v[3:]) for (k, out), v in sorted(acc.items()))
     attn = tuple(AttnLayer(lay.n_head, lay.head_k, lay.head_v, shape.n_swa if lay.is_swa and shape.n_swa else None,
-                           lay.n_head_kv)
+                           lay.n_head_kv, int(shape.n_embd or 0))
                  for lay in shape.layers[:shape.n_layer] if lay.attn_cache or lay.reuses is not None)
     kv_tok = sum(lay.k_width + lay.v_width for lay in shape.layers[:shape.n_layer] if lay.attn_cache)
     ops_tg, ops_pp = run_nodes(nodes)

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgekv.core.speed import (
+    GEOMETRY_MAX_EMBD,
     NODE_PP_TOKENS,
     SPEED_MODEL_VERSION,
     TILED_DEEP_DEPTHS,
@@ -54,7 +55,7 @@ from edgekv.core.speed import (
 )
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 15          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+CAL_VERSION = 16          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
 # 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row and
 # streaming rate; 8: models of values like a trained model's, not zeros (edgekv.edges.tinymodel.fill_values);
@@ -65,7 +66,8 @@ CAL_VERSION = 15          # 2: wide attention geometries over a hidden size of a
 # 13: the tiled kernel's cost per cell deep in the cache (attn_pp_deep_s, a one-layer model of each geometry);
 # 14: a few-column ubatch's cost per row beside its bytes (matcols_s_per_row, the narrow weight model's 2- and
 # 4-token prompts); 15: a prompt ubatch's node cost at NODE_PP_TOKENS[0] tokens beside NODE_PP_TOKENS[1]
-# (node_pp_short_s: the narrow models' short prompts)
+# (node_pp_short_s: the narrow models' short prompts); 16: each geometry's calibration model has the model's own
+# hidden size (up to GEOMETRY_MAX_EMBD = 8192, was 1024), named in the geometry where it is not n_head x head_k
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -83,7 +85,6 @@ DEEP_REPS = 5
 ATTN_PP_N = 256
 PP_ROWS_N = 32            # a prompt under edgekv.core.speed.FA_TILE_Q tokens: an F16/F32 cache's per-row loop
 GEOMETRY_LAYERS = 6
-GEOMETRY_MAX_EMBD = 1024
 TG_N = 32                 # generated tokens per timed decode run (5 runs per attention step, the median kept)
 PP_SHORT_N, PP_N = NODE_PP_TOKENS
 MM_N = (256, 32)
@@ -309,18 +310,20 @@ def geometry_shape(geometry: str | None) -> dict[str, Any]:
     GEOMETRY_LAYERS layers of it, narrow Q8_0 matrices; None: the generic model (ATTN_SHAPE)."""
     if geometry is None:
         return dict(ATTN_SHAPE)
-    m = re.fullmatch(r"h(\d+)kv(\d+)k(\d+)v(\d+)", geometry)
+    m = re.fullmatch(r"h(\d+)kv(\d+)k(\d+)v(\d+)(?:e(\d+))?", geometry)
     if not m:
         raise CalibrationError(f"bad attention geometry {geometry!r}")
-    h, kv, hk, hv = (int(x) for x in m.groups())
-    if hk != hv or h % max(1, kv) or (h * hk) % 32 or hk % 32:
+    h, kv, hk, hv = (int(x) for x in m.groups()[:4])
+    e = int(m[5]) if m[5] else min(h * hk, GEOMETRY_MAX_EMBD)
+    if hk != hv or h % max(1, kv) or (h * hk) % 32 or hk % 32 or not 32 <= e <= GEOMETRY_MAX_EMBD or e % 32:
         raise CalibrationError(f"no calibration model for the attention geometry {geometry} (K and V head dims must be "
-                               "equal multiples of 32, the query heads a multiple of the KV heads)")
-    # the attention reads the cache and computes per head whatever the hidden size: a wide geometry (Qwen3 8B's
-    # 32 x 128) keeps its heads over a hidden size of at most GEOMETRY_MAX_EMBD, so that filling the cache to the
-    # timed depths does not spend minutes in projections the solver subtracts anyway
-    return {"n_embd": min(h * hk, GEOMETRY_MAX_EMBD), "n_ff": 256, "n_layer": GEOMETRY_LAYERS, "n_head": h,
-            "n_head_kv": kv, "head_dim": hk, "mat_type": "Q8_0"}
+                               "equal multiples of 32, the query heads a multiple of the KV heads, the hidden size a "
+                               f"multiple of 32 up to {GEOMETRY_MAX_EMBD})")
+    # the model's own hidden size: llama.cpp's per-query-row attention (quantized caches, short prompts) costs more
+    # per cell under a wider one at the same heads (bench/attn_widths.py); the feed-forward stays narrow (its width
+    # changes nothing there) so that filling the cache stays quick
+    return {"n_embd": e, "n_ff": 256, "n_layer": GEOMETRY_LAYERS, "n_head": h, "n_head_kv": kv, "head_dim": hk,
+            "mat_type": "Q8_0"}
 
 
 @dataclass(frozen=True)
