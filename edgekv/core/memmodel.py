@@ -594,8 +594,8 @@ def unmapped_after_load(x: ProcessInputs, host: Sequence[Tensor]) -> tuple[int, 
         return 0, []
     extra = extra_buffer_types(x.cpu_features, x.use_extra_bufts)
     by_name = {t.name: t for t in x.tensors}
-    on_gpu = {t.name for t in x.tensors} - {t.name for t in host}
     host_names = {t.name for t in host}
+    on_gpu = set(by_name) - host_names
     pg, total, names = x.page_size, 0, []
     for f in x.files:
         spans = {n: (f.data_offset + off, f.data_offset + off + by_name[n].n_bytes)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -111,8 +112,6 @@ def mapped_files(header) -> list[MappedFile]:
 
 def page_size() -> int:
     """This machine's page (0 on Windows, where llama.cpp's unmap_fragment does nothing)."""
-    import os
-
     return 0 if os.name == "nt" else os.sysconf("SC_PAGE_SIZE")
 
 
