@@ -46,7 +46,9 @@ def main() -> None:
     ap.add_argument("--widths", default="1024/256/Q8_0,2048/256/Q8_0,4096/256/Q8_0", help="N_EMBD/N_FF/TYPE, comma-separated")
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--depths", default="256,992", help="two depths (llama-bench -d)")
-    ap.add_argument("--test", choices=("pp", "tg"), default="pp", help="pp32 (per-row loop) or a 32-token decode")
+    ap.add_argument("--test", choices=("pp", "tg"), default="pp", help="a prompt (per-row loop) or a 32-token decode")
+    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens of --test pp (the per-row loop: under 64, or any "
+                    "for a quantized cache)")
     ap.add_argument("--types", default="f16", help="K/V cache types (K == V)")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
@@ -55,7 +57,8 @@ def main() -> None:
     exe = tool("llama-bench")
     env = tool_env(exe)
     units = g["n_head"] * 2 * g["head_dim"] * a.layers
-    test = ["-p", "32", "-n", "0"] if a.test == "pp" else ["-p", "0", "-n", "32"]
+    n_tok = a.prompt if a.test == "pp" else 32
+    test = ["-p", str(n_tok), "-n", "0"] if a.test == "pp" else ["-p", "0", "-n", "32"]
     for n_embd, n_ff, mat in map(_width, a.widths.split(",")):
         with tempfile.TemporaryDirectory(prefix="edgekv-attn-widths-") as tmp:
             path = Path(tmp) / "m.gguf"
@@ -66,8 +69,8 @@ def main() -> None:
                                       str(a.threads), "-ctk", t, "-ctv", t, "-o", "jsonl"],
                                      capture_output=True, text=True, env=env, check=True).stdout
                 ns = {j["n_depth"]: j["avg_ns"] / 1e9 for j in (json.loads(x) for x in out.splitlines() if x.startswith("{"))}
-                cell = (ns[d1] - ns[d0]) / 32 / ((d1 - d0) * units)
-                print(f"{a.geometry} n_embd {n_embd} n_ff {n_ff} {mat} x{a.layers} {a.test}32 {t} -t {a.threads}: "
+                cell = (ns[d1] - ns[d0]) / n_tok / ((d1 - d0) * units)
+                print(f"{a.geometry} n_embd {n_embd} n_ff {n_ff} {mat} x{a.layers} {a.test}{n_tok} {t} -t {a.threads}: "
                       f"d{d0} {ns[d0] * 1e3:.1f} ms, d{d1} {ns[d1] * 1e3:.1f} ms; {cell * 1e12:.1f} ps a cell", flush=True)
 
 

@@ -102,9 +102,11 @@ class AttnLayer:
         """The attention geometry a calibration is measured for: query heads, KV heads, K and V head dims (how
         much K/V one layer reads per cell decides which cache level serves it, so the cost per cell is measured
         on this geometry, not scaled from another), and the hidden size where it is not n_head x head_k ("e640"):
-        llama.cpp's per-query-row attention costs more per cell under a wider hidden size at the same heads
-        (bench/attn_widths.py: 42, 55 and 67 ps at 1024, 2048 and 4096 for Qwen3 8B's heads), so the calibration
-        model has the model's own (at most GEOMETRY_MAX_EMBD)."""
+        the calibration model has the model's own (at most GEOMETRY_MAX_EMBD), so that its projections are the
+        model's.  The width does not move the attention's cost per cell once the model's weights are of a trained
+        model's size at that width (bench/attn_widths.py since CAL_VERSION 17: 43, 42 and 44 ps at 1024, 2048 and
+        4096 for Qwen3 8B's heads; with CAL_VERSION 16's weights, of one size at every width, 42, 55 and 67 ps:
+        the wider model's scores spread so far that its softmax underflowed, edgekv.edges.tinymodel)."""
         g = f"h{self.n_head}kv{self.n_head_kv}k{self.head_k}v{self.head_v}"
         e = min(self.n_embd, GEOMETRY_MAX_EMBD)
         return g + (f"e{e}" if e and e % 32 == 0 and e != self.n_head * self.head_k else "")

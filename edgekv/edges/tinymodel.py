@@ -25,6 +25,9 @@ from edgekv.edges.safepath import atomic_path
 
 N_EMBD, N_HEAD, N_FF, N_VOCAB, N_CTX_TRAIN = 256, 4, 512, 512, 256
 PROBE_VERSION = 1
+# the RMS of a values model's weights at n_embd 512 (weight_rms; "values like a trained model's" below): half that
+# of the Q8_0 models every calibration up to CAL_VERSION 16 was timed on
+WEIGHT_RMS_512 = 0.042
 
 
 def _tensors() -> list[tuple[str, tuple[int, ...], str]]:
@@ -66,11 +69,11 @@ def write_probe_model(path: str | os.PathLike) -> int:
 
 
 def write_sparse(w, path: str | os.PathLike, tensors: Iterable[tuple[str, Sequence[int], Any]],
-                 values: bool = False) -> int:
+                 values: bool = False, rms: float = WEIGHT_RMS_512) -> int:
     """Finish a ``GGUFWriter`` whose metadata is added: the tensor-info table of ``tensors`` (name, ne in ggml
     order, ``GGMLQuantizationType``), the header written, then the file extended to the size the table implies
-    (a hole: no tensor data is written; ``values``: each tensor then filled by :func:`fill_values`).  Returns the
-    file size."""
+    (a hole: no tensor data is written; ``values``: each tensor then filled by :func:`fill_values`, weights of RMS
+    ``rms``).  Returns the file size."""
     from gguf import GGML_QUANT_SIZES, GGUFWriter
 
     tensors = list(tensors)
@@ -100,7 +103,7 @@ def write_sparse(w, path: str | os.PathLike, tensors: Iterable[tuple[str, Sequen
         f.truncate(size)
         if values:
             for name, qt, off, nbytes in spans:
-                fill_values(f, start + off, nbytes, qt, name)
+                fill_values(f, start + off, nbytes, qt, name, rms)
     return size
 
 
@@ -115,10 +118,33 @@ def write_sparse(w, path: str | os.PathLike, tensors: Iterable[tuple[str, Sequen
 # model).  So the speed calibration's models carry values: every block's scale is 2^(base + U(-1, 1)) (a log2
 # spread of 0.58, where SmolLM2's and Gemma 3's tensors measure 0.26-1.12), the quants random, the norms'
 # gains log-normal (sigma 0.5) so that activations vary from channel to channel as a trained model's do.
+#
+# And their size: llama.cpp's flash attention on the CPU (an online softmax, one expf per cell, ggml-cpu/ops.cpp
+# :8990-9030) costs more per cell when the attention scores spread so widely that most cells' weights underflow
+# (on the 2-vCPU EPYC VM glibc's expf took 3.0 ns a call for arguments down to -95 and 5.8 ns past -103).  A
+# query's scores grow with its activations, which grow with the weights' size times the square root of the hidden
+# size: on six layers of Qwen3 8B's heads, Q8_0 weights of RMS 0.084 (each block's scale about 2^-10) priced a
+# 32-token prompt's cell at 46 ps at n_embd 1024 and 78 ps at 4096, weights 16 times smaller at 50 and 47 ps;
+# SmolLM2's heads at n_embd 576 cost 81-83 ps a cell of a 128-token prompt over a q8_0 cache with weights of RMS
+# 0.084 or smaller, 170 ps with 4 times larger ones, and SmolLM2 itself 80 ps (bench/attn_widths.py, bench/
+# README.md).  So the weights are centred (a trained model's tensors average about 0) and of RMS
+# WEIGHT_RMS_512 x sqrt(512 / n_embd), whatever their type: a trained model's attention sits in the cheap regime
+# at every width, and so does the calibration's, where types written at one base each (RMS 0.015 for MXFP4 to
+# 10 for IQ3_S, Q4_K and Q5_K with a mean above their spread) had put wide models and some types in the other.
 
 SCALE_SPREAD_OCTAVES = 1.0
 NORM_GAIN_SIGMA = 0.5
 _POOL_BLOCKS = 1 << 16
+_RMS_SAMPLE_BLOCKS = 2048     # blocks dequantized to measure a pool's RMS
+# the types whose block minimum centres the block: (offset of d, offset of the minimum or its scale, the minimum
+# in units of d: half the quants' range times the mean sub-block scale over the mean sub-block minimum, both 6-bit
+# (K) or 4-bit (Q2_K) random; an _1 block stores the minimum itself, negative)
+_CENTRE = {"Q4_1": (-7.5,), "Q5_1": (-15.5,), "Q4_K": (7.5,), "Q5_K": (15.5,), "Q2_K": (1.5,)}
+
+
+def weight_rms(n_embd: int) -> float:
+    """The RMS of a values model's weights at hidden size ``n_embd`` (the module comment above)."""
+    return WEIGHT_RMS_512 * (512.0 / max(1, n_embd)) ** 0.5
 
 
 def _scale_fields(type_name: str, block_bytes: int) -> tuple[tuple[int, ...], float]:
@@ -142,8 +168,9 @@ def _scale_fields(type_name: str, block_bytes: int) -> tuple[tuple[int, ...], fl
     return (), 0.0
 
 
-def _pool(qt: Any, name: str, rng: Any) -> bytes:
-    """A run of blocks of type ``qt`` whose values look like a trained model's (the module comment above)."""
+def _pool(qt: Any, name: str, rng: Any, rms: float = WEIGHT_RMS_512) -> bytes:
+    """A run of blocks of type ``qt`` whose values look like a trained model's (the module comment above): a norm's
+    gains, or weights centred and of RMS ``rms``."""
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -154,7 +181,8 @@ def _pool(qt: Any, name: str, rng: Any) -> bytes:
         if "norm" in name:
             x = np.exp(rng.standard_normal(n) * NORM_GAIN_SIGMA)
         else:
-            x = rng.standard_normal((n // 32, 32)) * 0.02 * np.exp2(rng.uniform(-1, 1, (n // 32, 1)) * SCALE_SPREAD_OCTAVES)
+            x = rng.standard_normal((n // 32, 32)) * np.exp2(rng.uniform(-1, 1, (n // 32, 1)) * SCALE_SPREAD_OCTAVES)
+            x *= rms / np.sqrt((x ** 2).mean())
         x = x.astype(np.float32).reshape(-1)
         if qt == Q.F32:
             return x.tobytes()
@@ -163,32 +191,63 @@ def _pool(qt: Any, name: str, rng: Any) -> bytes:
         return (x.view(np.uint32) >> 16).astype(np.uint16).tobytes()
     raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
     fields, base = _scale_fields(qt.name, size)
-    for off in fields:
-        d = np.exp2(base + rng.uniform(-1, 1, n) * SCALE_SPREAD_OCTAVES).astype(np.float16)
-        if off and qt.name in ("Q4_1", "Q5_1"):     # the block's minimum: below zero
-            d = -d
-        raw[:, off:off + 2] = d.view(np.uint8).reshape(n, 2)
+    d = [np.exp2(base + rng.uniform(-1, 1, n) * SCALE_SPREAD_OCTAVES) for _ in fields]
+    if qt.name in _CENTRE:                  # the second field: the block's minimum (or its scale), from the first
+        d[1] = d[0] * _CENTRE[qt.name][0]
     if qt.name == "MXFP4":                  # one e8m0 exponent per block
         raw[:, 0] = rng.integers(118, 121, n, dtype=np.uint8)
+    _set_fields(raw, fields, d)
+    if fields or qt.name == "MXFP4":
+        got = _rms_of(raw[:_RMS_SAMPLE_BLOCKS], qt)
+        if got:                             # scale every block alike: the RMS asked for, the spread kept
+            if qt.name == "MXFP4":
+                shift = max(-8, min(8, round(float(np.log2(rms / got)))))
+                raw[:, 0] = (raw[:, 0].astype(np.int16) + shift).astype(np.uint8)
+            else:
+                _set_fields(raw, fields, [x * (rms / got) for x in d])
     return raw.tobytes()
 
 
+def _set_fields(raw: Any, fields: tuple[int, ...], values: list[Any]) -> None:
+    import numpy as np
+
+    for off, v in zip(fields, values):
+        raw[:, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+
+def _rms_of(raw: Any, qt: Any) -> float | None:
+    """The RMS of some blocks' weights (None where gguf-py cannot dequantize the type)."""
+    import numpy as np
+    from gguf.quants import dequantize
+
+    if qt.name == "Q1_0":                   # each weight is +-d (its fp16 scale first): not in gguf-py yet
+        d = raw[:, :2].copy().view(np.float16).astype(np.float64)
+        return float(np.sqrt(np.mean(d ** 2)))
+    try:
+        w = dequantize(raw.reshape(-1), qt).astype(np.float64)
+    except NotImplementedError:
+        return None
+    r = float(np.sqrt(np.mean(w ** 2)))
+    return r if np.isfinite(r) and r > 0 else None
+
+
 @functools.lru_cache(maxsize=16)
-def _run_of(qt: Any, norm: bool, chunk: int = 16 << 20) -> memoryview:
-    """About ``chunk`` bytes of ``_pool`` repeated, made once per type (and norm or not) per process: a model's
+def _run_of(qt: Any, norm: bool, rms: float = WEIGHT_RMS_512, chunk: int = 16 << 20) -> memoryview:
+    """About ``chunk`` bytes of ``_pool`` repeated, made once per type, norm or not and RMS per process: a model's
     hundreds of tensors of one type share it."""
     import zlib
 
     import numpy as np
 
     rng = np.random.default_rng(zlib.crc32(f"{qt.name}/{norm}".encode()))
-    pool = _pool(qt, "norm" if norm else "", rng)
+    pool = _pool(qt, "norm" if norm else "", rng, rms)
     return memoryview(pool * max(1, chunk // len(pool)))
 
 
-def fill_values(f: Any, offset: int, nbytes: int, qt: Any, name: str) -> None:
-    """Write ``nbytes`` of values like a trained model's (``_pool``, repeated) at ``offset`` of the open file ``f``."""
-    rep = _run_of(qt, "norm" in name)
+def fill_values(f: Any, offset: int, nbytes: int, qt: Any, name: str, rms: float = WEIGHT_RMS_512) -> None:
+    """Write ``nbytes`` of values like a trained model's (``_pool``, repeated) at ``offset`` of the open file ``f``:
+    a norm's gains, or weights of RMS ``rms`` (weight_rms of the model's hidden size)."""
+    rep = _run_of(qt, "norm" in name, rms)
     f.seek(offset)
     left = nbytes
     while left > 0:
@@ -210,7 +269,7 @@ def probe_model_path() -> Path:
 
 # -- the speed calibration's models ----------------------------------------------------------------------
 
-SPEED_MODELS_VERSION = 2      # 2: values like a trained model's (fill_values), not zeros
+SPEED_MODELS_VERSION = 3      # 2: values like a trained model's (fill_values), not zeros; 3: centred, of RMS weight_rms
 
 
 def write_llama(path: str | os.PathLike, *, n_embd: int, n_ff: int, n_layer: int, n_head: int, n_head_kv: int,
@@ -250,7 +309,7 @@ def write_llama(path: str | os.PathLike, *, n_embd: int, n_ff: int, n_layer: int
               (b + "ffn_gate.weight", (n_embd, n_ff), m), (b + "ffn_up.weight", (n_embd, n_ff), m),
               (b + "ffn_down.weight", (n_ff, n_embd), m)]
     t += [("output_norm.weight", (n_embd,), Q.F32), ("output.weight", (n_embd, n_vocab), Q[out_type or mat_type])]
-    return write_sparse(w, path, t, values)
+    return write_sparse(w, path, t, values, weight_rms(n_embd))
 
 
 def speed_model_path(name: str, **shape: Any) -> Path:
