@@ -29,7 +29,7 @@ SHAPE = {"n_embd": 4096, "n_ff": 12288, "n_layer": 36, "n_head": 32, "n_head_kv"
 
 
 def main() -> None:
-    from edgekv.edges.tinymodel import write_llama
+    from edgekv.edges.tinymodel import SPEED_MODELS_VERSION, write_llama
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--type", default="Q4_K", help="the matrices' ggml type (default %(default)s)")
@@ -40,7 +40,8 @@ def main() -> None:
     folder = ROOT / "bench" / ".build"
     folder.mkdir(parents=True, exist_ok=True)
     kind = "zero" if a.zeros else "values"
-    model = folder / f"{kind}-8b-{a.type.lower()}.gguf"
+    # the values' version in the name: a model of older values (tinymodel.SPEED_MODELS_VERSION) is not reused
+    model = folder / (f"{kind}-8b-{a.type.lower()}" + ("" if a.zeros else f"-v{SPEED_MODELS_VERSION}") + ".gguf")
     if not model.is_file():
         part = model.with_suffix(".part")       # an interrupted write leaves no model that looks whole
         write_llama(part, mat_type=a.type.upper(), name=f"edgekv {kind} 8B shape", values=not a.zeros, **SHAPE)

@@ -431,7 +431,7 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     cal = Calibration(id="t", n_threads=2, node_tg_s=6e-7, node_pp_s=4e-5, token_tg_s=9e-6, ubatch_pp_s=6e-4)
     plan = S.weight_plan(["q4_1"], 2, False)
     # the narrow model before and after the wide one (one file), then the large wide and narrow ones
-    assert [m["key"] for m in plan] == ["wn_q4_1", "w_q4_1", "wnb_q4_1", "ws_q4_1", "wsn_q4_1"]
+    assert [m["key"] for m in plan] == ["wn_q4_1", "w_q4_1", "wnb_q4_1", "ws_q4_1", "wsn_q4_1", "wsb_q4_1"]
     assert plan[0]["model_path"] == plan[2]["model_path"]
     g = {"nodes_pp": 150, "nodes_tg": 140, "splits_pp": 1, "splits_tg": 1, "ops_pp": 100, "ops_tg": 90}
     shapes = {m["key"]: S._probe_shape(m["model_path"], g, [], False) for m in plan}
@@ -439,6 +439,9 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     nbytes = {k: sum(x.bytes for x in sh.groups) for k, sh in shapes.items()}
     assert rows["wn_q4_1"] / nbytes["wn_q4_1"] > 1.8 * rows["w_q4_1"] / nbytes["w_q4_1"]     # rows half as long
     assert rows["wsn_q4_1"] / nbytes["wsn_q4_1"] > 1.7 * rows["ws_q4_1"] / nbytes["ws_q4_1"]
+    # and a few large matrices (an 8B model's widths): a third of the rows per byte, a tenth of the matrices
+    assert rows["wsb_q4_1"] / nbytes["wsb_q4_1"] < 0.4 * rows["ws_q4_1"] / nbytes["ws_q4_1"]
+    assert shapes["wsb_q4_1"].groups and plan[5]["shape"]["n_layer"] * 10 <= plan[3]["shape"]["n_layer"]
 
     def results(row: float, dot: float = truth["dot"]) -> list[dict]:
         out = []
@@ -476,6 +479,7 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     assert cal.matvec_stream_s_per_row["q4_1"] == pytest.approx(truth["srow"], rel=1e-3)
     assert 8 * nbytes["w_q4_1"] > nbytes["wsn_q4_1"] > 6 * nbytes["w_q4_1"]
     assert 8 * nbytes["w_q4_1"] > nbytes["ws_q4_1"] > 6 * nbytes["w_q4_1"]       # 384 MB against 48
+    assert 9 * nbytes["w_q4_1"] > nbytes["wsb_q4_1"] > 6 * nbytes["w_q4_1"]
     assert cal.matmul_s_per_flop["q4_1"] == pytest.approx(truth["flop"], rel=1e-3)
     assert cal.matmul_s_per_byte["q4_1"] == pytest.approx(truth["mm_byte"], rel=1e-3)
     assert cal.matmul_s_per_dot["q4_1"] == pytest.approx(truth["dot"], rel=1e-3)
@@ -492,8 +496,9 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row():
     assert cal.matcols_s_per_row["q4_1"] == pytest.approx({n: int(n) * truth["col_row"] for n in ("2", "4")}, rel=1e-3)
     # the narrow model measured faster per byte than the wide one (noise): no negative row cost, the wide model's
     # time over its bytes
-    noisy = [{**r, "ns": [int(n * 0.7) for n in r["ns"]]} if r["model"].startswith(("wn", "wsn")) else r
-             for r in results(0.0, 0.0)]
+    # (and the large matrices slower per byte than the small ones: rows that would cost less than nothing)
+    noisy = [{**r, "ns": [int(n * (1.3 if r["model"].startswith("wsb") else 0.7)) for n in r["ns"]]}
+             if r["model"].startswith(("wn", "wsn", "wsb")) else r for r in results(0.0, 0.0)]
     S.solve_weights(noisy, plan, cal, [], False)
     assert cal.matvec_s_per_row["q4_1"] == 0.0
     assert cal.matvec_s_per_byte["q4_1"] == pytest.approx(truth["byte"], rel=1e-3)
@@ -870,7 +875,8 @@ def real_cal(smollm2_path):
     m = load_model(str(smollm2_path))
     sh = model_speed_shape(m, feats, RP[1] == "1", None)
     speed = edgekv_home() / "calibration" / "speed"
-    for p in [*speed.glob("ws_*"), *speed.glob("wsn_*")]:   # other tests' plans: this calibration must leave none
+    # other tests' plans: this calibration must leave none
+    for p in [*speed.glob("ws_*"), *speed.glob("wsn_*"), *speed.glob("wsb_*")]:
         p.unlink()
     sc = calibrate(2, RP[1] == "1", weight_types(sh), [("f16", "f16", "auto"), ("q8_0", "q8_0", "auto")], feats,
                    allow_busy=True, geometries=sorted({a.geometry for a in sh.attn}))
@@ -907,7 +913,7 @@ def test_real_calibration_is_positive_and_cached(real_cal):
     assert cal.attn_pp_deep_s and all(v > 0 for v in cal.attn_pp_deep_s.values())
     # the 384 MB streaming models are deleted once timed; the 48 MB wide ones stay for the drift sentinel
     left = SPEED_FILES_AFTER
-    assert not any(n.startswith(("ws_", "wsn_")) for n in left) and any(n.startswith("w_q4_1-") for n in left), left
+    assert not any(n.startswith(("ws_", "wsn_", "wsb_")) for n in left) and any(n.startswith("w_q4_1-") for n in left), left
     again = cached(2, True)
     assert again is not None and again.id == cal.id
 

@@ -55,7 +55,7 @@ from edgekv.core.speed import (
 )
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 16          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+CAL_VERSION = 17          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
 # 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row and
 # streaming rate; 8: models of values like a trained model's, not zeros (edgekv.edges.tinymodel.fill_values);
@@ -67,7 +67,10 @@ CAL_VERSION = 16          # 2: wide attention geometries over a hidden size of a
 # 14: a few-column ubatch's cost per row beside its bytes (matcols_s_per_row, the narrow weight model's 2- and
 # 4-token prompts); 15: a prompt ubatch's node cost at NODE_PP_TOKENS[0] tokens beside NODE_PP_TOKENS[1]
 # (node_pp_short_s: the narrow models' short prompts); 16: each geometry's calibration model has the model's own
-# hidden size (up to GEOMETRY_MAX_EMBD = 8192, was 1024), named in the geometry where it is not n_head x head_k
+# hidden size (up to GEOMETRY_MAX_EMBD = 8192, was 1024), named in the geometry where it is not n_head x head_k;
+# 17: every calibration model's weights centred and of RMS edgekv.edges.tinymodel.weight_rms (a trained model's size
+# at its width, whatever the type; SPEED_MODELS_VERSION 3): the attention's cost per cell no longer depends on the
+# width or the weight type through a softmax that underflows
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -111,6 +114,13 @@ STREAM_N = 16
 # had 10.0 ns: Gemma 3's 68 MB body (rows of 640) decoded 25 % slower than the 48 MB coefficients priced it
 # (bench/README.md, the speed model)
 STREAM_NARROW_WIDTHS = {"n_embd": 512, "n_ff": 8192, "n_head": 8}
+# and a third of an 8B model's widths (a few layers of large matrices): both 384 MB models above run hundreds of
+# small matrices, and bytes + rows solved from those two alone priced the large matrices too slowly.  On two threads
+# of the 2-vCPU EPYC VM, Q4_K llamas of about 384 MB decoded at 32-35 GB/s of matrices at n_embd 1024 (287
+# matrices) and 48-50 GB/s at 4096/12288 (28 matrices); an 8B llama of Qwen3's widths (4.26 GB of Q4_K) at depth 0
+# took 86 ms a token against 106 priced from the two small-matrix models (-19 %); bytes + rows fitted by least
+# squares over the three came within 2 % of each and within 1 % of the 8B (bench/README.md, the speed model)
+STREAM_BIG_WIDTHS = {"n_embd": 4096, "n_ff": 12288, "n_head": 32}
 # A GPU calibration (every layer offloaded): a GPU reads 48 MB in microseconds, less than the graph's own launches, so
 # its weight models are wide and about 1 GiB (the bytes then dominate a token), and its attention differences span
 # 15K cells (a tiny model's cache at 1K cells is read in a microsecond); filling 16K cells takes a GPU well under a
@@ -155,12 +165,13 @@ def auto_measure() -> bool:
     return mode == "auto"
 
 
-def weight_shape(type_name: str, device: str = "", narrow: bool = False, stream: bool = False) -> dict[str, Any]:
+def weight_shape(type_name: str, device: str = "", narrow: bool = False, stream: bool = False,
+                 big: bool = False) -> dict[str, Any]:
     """A llama model of about WEIGHT_TARGET_BYTES of ``type_name`` matrices (n_embd 1024, n_ff 4096; K-quants
     need rows of 256; ``narrow``: NARROW_WIDTHS, for the cost per row; ``stream``: STREAM_TARGET_BYTES of the
-    wide widths, for the streaming rate, or with ``narrow`` of STREAM_NARROW_WIDTHS, for its cost per row); for
-    a GPU (``device``) about DEVICE_WEIGHT_TARGET_BYTES of n_embd 4096, n_ff 16384 (heads of 128, which every
-    flash-attention kernel has)."""
+    wide widths, for the streaming rate, or with ``narrow`` of STREAM_NARROW_WIDTHS, for its cost per row, or with
+    ``big`` of STREAM_BIG_WIDTHS, large matrices); for a GPU (``device``) about DEVICE_WEIGHT_TARGET_BYTES of
+    n_embd 4096, n_ff 16384 (heads of 128, which every flash-attention kernel has)."""
     from gguf import GGMLQuantizationType
 
     from edgekv.core.cachetypes import ggml_type_info
@@ -168,8 +179,8 @@ def weight_shape(type_name: str, device: str = "", narrow: bool = False, stream:
     qt = GGMLQuantizationType[type_name.upper()]
     _name, blk, size = ggml_type_info(int(qt))
     e, f, target, heads = (4096, 16384, DEVICE_WEIGHT_TARGET_BYTES, 32) if device else (1024, 4096, WEIGHT_TARGET_BYTES, 8)
-    if narrow:
-        w = STREAM_NARROW_WIDTHS if stream else NARROW_WIDTHS
+    if narrow or big:
+        w = STREAM_BIG_WIDTHS if big else STREAM_NARROW_WIDTHS if stream else NARROW_WIDTHS
         e, f, heads = w["n_embd"], w["n_ff"], w["n_head"]
     if stream:
         target = STREAM_TARGET_BYTES
@@ -319,9 +330,10 @@ def geometry_shape(geometry: str | None) -> dict[str, Any]:
         raise CalibrationError(f"no calibration model for the attention geometry {geometry} (K and V head dims must be "
                                "equal multiples of 32, the query heads a multiple of the KV heads, the hidden size a "
                                f"multiple of 32 up to {GEOMETRY_MAX_EMBD})")
-    # the model's own hidden size: llama.cpp's per-query-row attention (quantized caches, short prompts) costs more
-    # per cell under a wider one at the same heads (bench/attn_widths.py); the feed-forward stays narrow (its width
-    # changes nothing there) so that filling the cache stays quick
+    # the model's own hidden size, so that its projections are the model's (with weights of a trained model's size
+    # at that width, edgekv.edges.tinymodel.weight_rms, the width leaves the cost per cell alone:
+    # bench/attn_widths.py); the feed-forward stays narrow (its width changes nothing there) so that filling the
+    # cache stays quick
     return {"n_embd": e, "n_ff": 256, "n_layer": GEOMETRY_LAYERS, "n_head": h, "n_head_kv": kv, "head_dim": hk,
             "mat_type": "Q8_0"}
 
@@ -444,6 +456,8 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
                 _decode_only(f"wnb_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack, _cols_steps()),
                 _decode_only(f"ws_{t.lower()}", f"ws_{t.lower()}", t, stream, st, n_threads, repack),
                 _decode_only(f"wsn_{t.lower()}", f"wsn_{t.lower()}", t, weight_shape(t, narrow=True, stream=True), st,
+                             n_threads, repack),
+                _decode_only(f"wsb_{t.lower()}", f"wsb_{t.lower()}", t, weight_shape(t, stream=True, big=True), st,
                              n_threads, repack)]
     return out
 
@@ -477,7 +491,7 @@ def drop_stream_models(plan: list[dict[str, Any]]) -> None:
     folder = (edgekv_home() / "calibration" / "speed").resolve()
     for m in plan:
         p = Path(m["model_path"]).resolve()
-        if m["key"].startswith(("ws_", "wsn_")) and p.parent == folder:
+        if m["key"].startswith(("ws_", "wsn_", "wsb_")) and p.parent == folder:
             p.unlink(missing_ok=True)
 
 
@@ -697,9 +711,9 @@ def solve_weights(results: list[dict], plan: list[dict[str, Any]], cal: Calibrat
             cal.matvec_s_per_row[key] = row
             if outs:
                 cal.matvec_s_per_row.setdefault(outs[0].key, row)
-        stream = [next((x for x in plan if x["key"] == f"{p}_{m['key'][2:]}"), None) for p in ("ws", "wsn")]
+        stream = [next((x for x in plan if x["key"] == f"{p}_{m['key'][2:]}"), None) for p in ("ws", "wsn", "wsb")]
         if stream[0]:
-            st, st_row = _stream_coefficients(results, stream[0], stream[1], feats, rp, cal, {g.key for g in sh.groups})
+            st, st_row = _stream_coefficients(results, stream[0], stream[1:], feats, rp, cal, {g.key for g in sh.groups})
             cal.matvec_stream_s_per_byte[key] = st
             cal.matvec_stream_s_per_row[key] = st_row
             if outs:
@@ -835,17 +849,39 @@ def _decode_of(results: list[dict], m: dict[str, Any], feats: list[str], repack:
     return sh, sum(ts) / len(ts)
 
 
-def _stream_coefficients(results: list[dict], m: dict[str, Any], narrow: dict[str, Any] | None, feats: list[str],
+def _stream_coefficients(results: list[dict], m: dict[str, Any], more: list[dict[str, Any] | None], feats: list[str],
                          repack: bool, cal: Calibration, wide_keys: set[str]) -> tuple[float, float]:
     """(seconds per byte, seconds per row) of a type's large weight models' decodes (less their nodes, token and
     attention): the rate llama.cpp streams that type's matrices from memory, or computes them where that is
-    slower, solved as the 48 MB models' mat-vec is (_solve_matvec); without the narrow large model (``narrow``
-    None, a plan before CAL_VERSION 10) the bytes alone."""
+    slower.  With the narrow and the big large model (``more``; None where a plan lacks one) bytes + rows fitted
+    by least squares over all of them (STREAM_BIG_WIDTHS); with one, solved as the 48 MB models' mat-vec is
+    (_solve_matvec); with none (a plan before CAL_VERSION 10) the bytes alone."""
     large = _decode_of(results, m, feats, repack, cal, wide_keys, n_tokens=STREAM_N)
     if large[1] <= 0:
         raise Disturbed(f"of {m['type']} weights' large model measured no cost for reading them")
-    return _solve_matvec(f"{m['type']} (from memory)", large,
-                         _decode_of(results, narrow, feats, repack, cal, wide_keys, n_tokens=STREAM_N) if narrow else None)
+    others = [_decode_of(results, x, feats, repack, cal, wide_keys, n_tokens=STREAM_N) for x in more if x]
+    key = f"{m['type']} (from memory)"
+    if len(others) < 2:
+        return _solve_matvec(key, large, others[0] if others else None)
+    pts = [(sum(g.bytes for g in sh.groups), sum(g.rows for g in sh.groups), t) for sh, t in [large, *others]]
+    if any(t <= 0 for _, _, t in pts):
+        raise Disturbed(f"of {key} weights measured no cost for reading a large model")
+    return _fit_bytes_rows(key, pts)
+
+
+def _fit_bytes_rows(key: str, pts: list[tuple[int, int, float]]) -> tuple[float, float]:
+    """(seconds per byte, seconds per row) fitted by least squares to models' (bytes, rows, seconds), each weighed
+    by its own time (relative residuals); a row cost the noise makes negative is zero (the first model's time
+    over its bytes, as _solve_bytes_rows)."""
+    import numpy as np
+
+    a = np.array([[b / t, r / t] for b, r, t in pts], dtype=np.float64)
+    (per_byte, row), *_ = np.linalg.lstsq(a, np.ones(len(pts)), rcond=None)
+    if row <= 0:
+        per_byte, row = pts[0][2] / pts[0][0], 0.0
+    if per_byte <= 0:
+        raise Disturbed(f"of {key} weights measured rows that cost more than a large model's whole decode")
+    return float(per_byte), float(row)
 
 
 def _solve_matvec(key: str, wide: tuple[Any, float], narrow: tuple[Any, float] | None) -> tuple[float, float]:
