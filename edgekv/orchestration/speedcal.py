@@ -185,6 +185,9 @@ def weight_shape(type_name: str, device: str = "", narrow: bool = False, stream:
     if stream:
         target = STREAM_TARGET_BYTES
     per_layer = (4 * e * e + 3 * e * f) * size / blk
+    if big and per_layer > 1.5 * target:        # F32: one layer of 4096/12288 is 872 MB; a square one 470
+        f = e
+        per_layer = 7 * e * e * size / blk
     n_layer = max(1, min(48 if narrow or stream else 8, round(target / per_layer)))
     return {"n_embd": e, "n_ff": f, "n_layer": n_layer, "n_head": heads, "n_head_kv": heads, "mat_type": qt.name}
 
