@@ -136,10 +136,10 @@ SCALE_SPREAD_OCTAVES = 1.0
 NORM_GAIN_SIGMA = 0.5
 _POOL_BLOCKS = 1 << 16
 _RMS_SAMPLE_BLOCKS = 2048     # blocks dequantized to measure a pool's RMS
-# the types whose block minimum centres the block: (offset of d, offset of the minimum or its scale, the minimum
-# in units of d: half the quants' range times the mean sub-block scale over the mean sub-block minimum, both 6-bit
-# (K) or 4-bit (Q2_K) random; an _1 block stores the minimum itself, negative)
-_CENTRE = {"Q4_1": (-7.5,), "Q5_1": (-15.5,), "Q4_K": (7.5,), "Q5_K": (15.5,), "Q2_K": (1.5,)}
+# the types whose block minimum centres the block: their second scale field (the minimum, or its scale) in units of
+# the first (d): half the quants' range (for a K-quant times its mean sub-block scale over its mean sub-block
+# minimum, both random 6- or 4-bit, so 1); an _1 block stores the minimum itself, negative
+_CENTRE = {"Q4_1": -7.5, "Q5_1": -15.5, "Q4_K": 7.5, "Q5_K": 15.5, "Q2_K": 1.5}
 
 
 def weight_rms(n_embd: int) -> float:
@@ -193,7 +193,7 @@ def _pool(qt: Any, name: str, rng: Any, rms: float = WEIGHT_RMS_512) -> bytes:
     fields, base = _scale_fields(qt.name, size)
     d = [np.exp2(base + rng.uniform(-1, 1, n) * SCALE_SPREAD_OCTAVES) for _ in fields]
     if qt.name in _CENTRE:                  # the second field: the block's minimum (or its scale), from the first
-        d[1] = d[0] * _CENTRE[qt.name][0]
+        d[1] = d[0] * _CENTRE[qt.name]
     if qt.name == "MXFP4":                  # one e8m0 exponent per block
         raw[:, 0] = rng.integers(118, 121, n, dtype=np.uint8)
     _set_fields(raw, fields, d)

@@ -119,7 +119,8 @@ STREAM_NARROW_WIDTHS = {"n_embd": 512, "n_ff": 8192, "n_head": 8}
 # of the 2-vCPU EPYC VM, Q4_K llamas of about 384 MB decoded at 32-35 GB/s of matrices at n_embd 1024 (287
 # matrices) and 48-50 GB/s at 4096/12288 (28 matrices); an 8B llama of Qwen3's widths (4.26 GB of Q4_K) at depth 0
 # took 86 ms a token against 106 priced from the two small-matrix models (-19 %); bytes + rows fitted by least
-# squares over the three came within 2 % of each and within 1 % of the 8B (bench/README.md, the speed model)
+# squares over four such models (1024/4096, 2048/8192, 4096/12288, 512/8192) came within 7 % of each and priced
+# the 8B's weights at about 87 ms (bench/README.md, round 24)
 STREAM_BIG_WIDTHS = {"n_embd": 4096, "n_ff": 12288, "n_head": 32}
 # A GPU calibration (every layer offloaded): a GPU reads 48 MB in microseconds, less than the graph's own launches, so
 # its weight models are wide and about 1 GiB (the bytes then dominate a token), and its attention differences span
@@ -857,19 +858,17 @@ def _stream_coefficients(results: list[dict], m: dict[str, Any], more: list[dict
     """(seconds per byte, seconds per row) of a type's large weight models' decodes (less their nodes, token and
     attention): the rate llama.cpp streams that type's matrices from memory, or computes them where that is
     slower.  With the narrow and the big large model (``more``; None where a plan lacks one) bytes + rows fitted
-    by least squares over all of them (STREAM_BIG_WIDTHS); with one, solved as the 48 MB models' mat-vec is
-    (_solve_matvec); with none (a plan before CAL_VERSION 10) the bytes alone."""
-    large = _decode_of(results, m, feats, repack, cal, wide_keys, n_tokens=STREAM_N)
-    if large[1] <= 0:
-        raise Disturbed(f"of {m['type']} weights' large model measured no cost for reading them")
-    others = [_decode_of(results, x, feats, repack, cal, wide_keys, n_tokens=STREAM_N) for x in more if x]
-    key = f"{m['type']} (from memory)"
-    if len(others) < 2:
-        return _solve_matvec(key, large, others[0] if others else None)
-    pts = [(sum(g.bytes for g in sh.groups), sum(g.rows for g in sh.groups), t) for sh, t in [large, *others]]
-    if any(t <= 0 for _, _, t in pts):
-        raise Disturbed(f"of {key} weights measured no cost for reading a large model")
-    return _fit_bytes_rows(key, pts)
+    by least squares over all of them (STREAM_BIG_WIDTHS; two models: the exact solve); with none (a plan before
+    CAL_VERSION 10) the bytes alone."""
+    pts = []
+    for x in [m, *(x for x in more if x)]:
+        sh, t = _decode_of(results, x, feats, repack, cal, wide_keys, n_tokens=STREAM_N)
+        if t <= 0:
+            raise Disturbed(f"of {m['type']} weights' large model {x['key']} measured no cost for reading them")
+        pts.append((sum(g.bytes for g in sh.groups), sum(g.rows for g in sh.groups), t))
+    if len(pts) == 1:
+        return pts[0][2] / pts[0][0], 0.0
+    return _fit_bytes_rows(f"{m['type']} (from memory)", pts)
 
 
 def _fit_bytes_rows(key: str, pts: list[tuple[int, int, float]]) -> tuple[float, float]:
