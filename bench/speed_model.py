@@ -14,6 +14,8 @@ Targets (issue 26): decode within ±10 %, prefill within ±15 %, on every config
     .venv/bin/python bench/speed_model.py --out DIR --previous bench/results/speed_model
                                                 # a second round into DIR, beside the first round's measurements
     .venv/bin/python bench/speed_model.py --fresh-pages ...    # drop each model's pages first: every run reads it afresh
+    .venv/bin/python bench/speed_model.py --rounds DIR,DIR,DIR  # no measuring: each configuration over several rounds
+                                                # of the same code (bias or noise), between speedrounds:begin/end
 
 Run it on a quiet machine: the records say when other work used the CPUs (``load.busy``), and the table marks them.
 """
@@ -89,6 +91,7 @@ def rows(outdir: Path = OUT) -> list[dict]:
                 out.append({"model": model, "variant": variant, "depth": s["n_depth"], "type": s["type_k"],
                             "test": test, "t": s["n_threads"], "ub": s["n_ubatch"], "measured": m, "predicted": p,
                             "pct": 100.0 * (m - p) / p, "busy": bool((r.get("load") or {}).get("busy")),
+                            "cal": str((pred.get(test) or {}).get("calibration_id") or "").split("-")[0],
                             "explain": pred.get("explain") if test == "tg" else None})
     return out
 
@@ -130,9 +133,80 @@ def table(rs: list[dict], previous: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
-def write_readme(text: str) -> None:
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def _spread(xs: list[float]) -> float:
+    """(largest - smallest) as % of the median."""
+    return 100.0 * (max(xs) - min(xs)) / _median(xs)
+
+
+def rounds_table(rounds: list[tuple[str, list[dict]]]) -> str:
+    """Each configuration over several rounds (``rounds``: (name, rows) each, rows as :func:`rows` gives): its
+    residual in every round, their median, and how far the rounds' measured and predicted figures were apart.  A
+    configuration whose median residual is outside its target is a miss of the model (the same sign round after
+    round); one within at the median but outside in some round missed by this machine's noise (the measurement's
+    or the calibration's, read from the two spreads).  Meaningful over rounds of the same code only: the
+    calibration keys (environment, threads, calibration version) of each round are listed."""
+    sett = {"base": "defaults", "t1": "-t 1", "ub256": "-ub 256 -p 512", "llamabench": "--llama-bench"}
+    by: dict[tuple, list[dict | None]] = {}
+    for i, (_, rs) in enumerate(rounds):
+        for r in rs:
+            by.setdefault(_key(r), [None] * len(rounds))[i] = r
+    names = [n for n, _ in rounds]
+    lines = ["| model | settings | depth | K/V | test | " + " | ".join(names) + " | median | measured spread "
+             "| predicted spread | verdict |",
+             "|---|---|---:|---|---|" + "---:|" * len(names) + "---:|---:|---:|---|"]
+    verdicts: dict[str, dict[str, list[tuple]]] = {"tg": {}, "pp": {}}
+    mspreads: list[float] = []
+    pspreads: list[float] = []
+    for k in sorted(by, key=lambda k: (MODELS.index(k[0]) if k[0] in MODELS else 9, list(VARIANTS).index(k[1])
+                                       if k[1] in VARIANTS else 9, k[2], TYPES.split(",").index(k[3])
+                                       if k[3] in TYPES.split(",") else 9, k[4])):
+        got = [r for r in by[k] if r is not None]
+        if len(got) < 2:
+            continue
+        target = TG_TARGET if k[4] == "tg" else PP_TARGET
+        pcts = [r["pct"] for r in got]
+        med = _median(pcts)
+        ms, ps = _spread([r["measured"] for r in got]), _spread([r["predicted"] for r in got])
+        mspreads.append(ms)
+        pspreads.append(ps)
+        if all(abs(x) <= target for x in pcts):
+            v = "within in every round"
+        elif abs(med) <= target:
+            v = "within at the median"
+        else:
+            v = "**outside at the median**"
+        verdicts[k[4]].setdefault(v, []).append(k + (med,))
+        cells = " | ".join(f"{r['pct']:+.1f}" + ("" if abs(r["pct"]) <= target else " ✗") if r else "–" for r in by[k])
+        lines.append(f"| {k[0]} | {sett.get(k[1], k[1])} | {k[2]} | {k[3]} | {k[4]} | {cells} | {med:+.1f} % | "
+                     f"{ms:.1f} % | {ps:.1f} % | {v} |")
+    for test, target in (("tg", TG_TARGET), ("pp", PP_TARGET)):
+        vs = verdicts[test]
+        n = sum(len(x) for x in vs.values())
+        if not n:
+            continue
+        out = vs.get("**outside at the median**", [])
+        lines += ["", f"{test} (±{target:g} %), {n} configurations over {len(rounds)} rounds: "
+                      f"{len(vs.get('within in every round', []))} within in every round, "
+                      f"{len(vs.get('within at the median', []))} within at the median only, {len(out)} outside at the "
+                      "median" + (": " + "; ".join(f"{m}, {sett.get(v, v)}, depth {d}, {t} {x:+.1f} %"
+                                                   for m, v, d, t, _, x in out) if out else "") + "."]
+    if mspreads:
+        lines += ["", f"Spread between the rounds (largest − smallest, % of the median), median over the "
+                      f"configurations: measured {_median(mspreads):.1f} %, predicted {_median(pspreads):.1f} %."]
+    keys = [", ".join(sorted({r["cal"] for r in rs if r.get("cal")})) for _, rs in rounds]
+    lines += ["", "Calibration keys: " + "; ".join(f"{n}: {k or '?'}" for n, k in zip(names, keys)) + "."]
+    return "\n".join(lines)
+
+
+def write_readme(text: str, marker: str = "speedmodel") -> None:
     body = README.read_text()
-    a, b = "<!-- speedmodel:begin -->", "<!-- speedmodel:end -->"
+    a, b = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     block = f"{a}\n{text}\n{b}"
     if a in body and b in body:
         body = body[:body.index(a)] + block + body[body.index(b) + len(b):]
@@ -151,7 +225,18 @@ def main() -> int:
     ap.add_argument("--previous", type=Path, help="an earlier round's records folder, shown beside this round's")
     ap.add_argument("--fresh-pages", action="store_true", help="drop the model file's pages from the page cache before "
                     "each edgekv bench, so every run reads it afresh (as the calibration's models are)")
+    ap.add_argument("--rounds", help="comma-separated records folders of rounds of the same code: no measuring, "
+                    "each configuration's residual over them (written between speedrounds:begin/end)")
     a = ap.parse_args()
+    if a.rounds:
+        dirs = [Path(d) for d in a.rounds.split(",")]
+        missing = [str(d) for d in dirs if not d.is_dir()]
+        if missing or len(dirs) < 2:
+            ap.error(f"--rounds needs two or more records folders ({', '.join(missing) or 'one given'})")
+        t = rounds_table([(d.name.replace("speed_model_", ""), rows(d)) for d in dirs])
+        print(t)
+        write_readme(t, "speedrounds")
+        return 0
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.table_only:
         for model in a.models.split(","):

@@ -105,3 +105,30 @@ def test_fuzz_script_runs_and_finds_no_crash(tmp_path):
     res = json.loads(out.read_text())
     assert res["inputs"] == 400 and res["crashes"] == 0 and sum(res["outcomes"].values()) == 400
     assert res["outcomes"].get("predict:ok", 0) > 0 and res["outcomes"].get("GGUFFormatError", 0) > 0
+
+
+def test_speed_rounds_table_tells_a_miss_of_the_model_from_noise():
+    """bench/speed_model.py --rounds: a configuration outside its target at the median of the rounds is the model's
+    miss; one outside in a single round only is noise; the spreads and each round's calibration keys are shown."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import speed_model as S
+
+    def row(test, depth, pct, measured, cal):
+        return {"model": "smollm2-135m", "variant": "base", "depth": depth, "type": "f16", "test": test, "t": 2,
+                "ub": 512, "measured": measured, "predicted": measured / (1 + pct / 100), "pct": pct, "busy": False,
+                "explain": None, "cal": cal}
+
+    rounds = [("r1", [row("tg", 512, -12.0, 90.0, "aaa"), row("tg", 2048, 3.0, 50.0, "aaa"),
+                      row("pp", 512, 16.0, 300.0, "aaa")]),
+              ("r2", [row("tg", 512, -14.0, 99.0, "aaa"), row("tg", 2048, -11.0, 45.0, "aaa"),
+                      row("pp", 512, 1.0, 310.0, "aaa")]),
+              ("r3", [row("tg", 512, -2.0, 95.0, "bbb"), row("tg", 2048, 1.0, 50.0, "bbb")])]
+    t = S.rounds_table(rounds)
+    lines = {ln.split("|")[3].strip() + ln.split("|")[5].strip(): ln for ln in t.splitlines() if ln.startswith("| smollm2")}
+    assert "-12.0 ✗ | -14.0 ✗ | -2.0 | -12.0 %" in lines["512tg"] and "**outside at the median**" in lines["512tg"]
+    assert "+3.0 | -11.0 ✗ | +1.0 | +1.0 %" in lines["2048tg"] and "within at the median |" in lines["2048tg"]
+    assert "| +16.0 ✗ | +1.0 | – | +8.5 % |" in lines["512pp"] and "within at the median" in lines["512pp"]
+    assert "| 9.5 % |" in lines["512tg"]          # measured 90 .. 99 t/s: 9 around a median of 95
+    assert ("tg (±10 %), 2 configurations over 3 rounds: 0 within in every round, 1 within at the median only, 1 outside "
+            "at the median: smollm2-135m, defaults, depth 512, f16 -12.0 %.") in t
+    assert "Calibration keys: r1: aaa; r2: aaa; r3: bbb." in t

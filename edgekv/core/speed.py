@@ -48,7 +48,7 @@ from edgekv.core.memmodel import (
     is_matrix_weight,
     tied_output,
 )
-from edgekv.core.shape import ModelShape
+from edgekv.core.shape import SWA_STANDARD, ModelShape
 
 SPEED_MODEL_VERSION = 1
 
@@ -124,6 +124,7 @@ class SpeedShape:
     notes: tuple[str, ...] = ()
     body: str = ""        # the model's widths as a GPU calibration names them (body_geometry), "" when not llama-shaped
     n_vocab: int = 0      # logits a decoded token returns to the host
+    swa_type: str = ""    # the sliding window's kind (edgekv.core.shape.SWA_*): "standard" is placed as a ring
 
 
 BODY_PROBE_BYTES = 1 << 30      # a body probe holds at most about this many bytes of Q8_0 matrices
@@ -192,7 +193,7 @@ def speed_shape(shape: ModelShape, tensors: Sequence[Tensor], cpu_features: Iter
     kv_tok = sum(lay.k_width + lay.v_width for lay in shape.layers[:shape.n_layer] if lay.attn_cache)
     ops_tg, ops_pp = run_nodes(nodes)
     return SpeedShape(groups, attn, ops_tg, ops_pp, float(kv_tok), tuple(notes), body_geometry(shape),
-                      int(shape.n_vocab or 0))
+                      int(shape.n_vocab or 0), shape.swa_type if any(lay.window for lay in attn) else "")
 
 
 def run_nodes(graph: dict[str, int] | None) -> tuple[int | None, int | None]:
@@ -406,12 +407,31 @@ def decode_cells(used: float, n_head: int, n_threads: int, split: bool) -> float
     return used
 
 
+@dataclass(frozen=True)
+class SwaRing:
+    """A sliding-window cache placed as llama.cpp places it (edgekv.core.kvcells): its cells per stream
+    (llama_kv_cache_iswa's size_swa), the ubatches of the prompt that filled it and the tokens decoded after."""
+    cells: int
+    fill: tuple[int, ...]
+    n_gen: int
+
+
 def attn_units_tg(sh: SpeedShape, depth: float, n_threads: int, split: bool,
-                  coef: dict[str, float] | None = None, kv: str = "") -> float:
+                  coef: dict[str, float] | None = None, kv: str = "", ring: SwaRing | None = None) -> float:
     """Sum over attention layers of n_head x (head_k + head_v) x the cells the slowest thread reads (x threads);
-    with ``coef`` each layer's term is multiplied by its geometry's coefficient (``kv`` + "@" + geometry)."""
-    return sum(lay.n_head * (lay.head_k + lay.head_v) * decode_cells(_depth_eff(depth, lay), lay.n_head, n_threads, split)
-               * (coef[f"{kv}@{lay.geometry}"] if coef is not None else 1.0) for lay in sh.attn)
+    with ``coef`` each layer's term is multiplied by its geometry's coefficient (``kv`` + "@" + geometry).  With
+    ``ring`` a standard sliding-window layer counts the cells of its ring inside the window, as the threads split
+    them (:func:`edgekv.core.kvcells.swa_decode_cells`), not min(depth, window) cells split evenly."""
+    from edgekv.core.kvcells import swa_decode_cells
+
+    out = 0.0
+    for lay in sh.attn:
+        if lay.window and ring is not None and ring.cells and sh.swa_type == SWA_STANDARD:
+            cells = swa_decode_cells(ring.cells, lay.window, ring.fill, ring.n_gen, n_threads, split)
+        else:
+            cells = decode_cells(_depth_eff(depth, lay), lay.n_head, n_threads, split)
+        out += lay.n_head * (lay.head_k + lay.head_v) * cells * (coef[f"{kv}@{lay.geometry}"] if coef is not None else 1.0)
+    return out
 
 
 def _attn_units(sh: SpeedShape, depth: float, coef: dict[str, float] | None = None, kv: str = "") -> float:
@@ -549,10 +569,13 @@ def prompt_weights_s(g: WeightGroup, cal: Calibration, n: int, n_out: int) -> fl
 
 
 def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k: str, type_v: str,
-               flash_attn: str, n_seq: int = 1) -> SpeedPrediction:
+               flash_attn: str, n_seq: int = 1, swa_cells: int = 0, n_batch: int = 2048,
+               n_ubatch: int = 512) -> SpeedPrediction:
     """Decode tokens/s of ``n_gen`` tokens generated from ``depth`` cells (llama-bench's tg at depth); with
     ``n_seq`` sequences decoding together (-npl, each its own KV stream), each step one ubatch of a token per
-    sequence, and the rate is all sequences' tokens (llama-batched-bench's S_TG)."""
+    sequence, and the rate is all sequences' tokens (llama-batched-bench's S_TG).  ``swa_cells``: the cells of
+    a sliding-window cache (0: none, or not known), filled by a prompt of ``depth`` tokens in ``n_batch`` /
+    ``n_ubatch`` pieces, whose ring decides what each thread reads (one sequence)."""
     _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_tg)
     n = max(1, n_seq)
     mean_depth = depth + max(1, n_gen) / 2
@@ -571,9 +594,12 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
     kv = kv_key(type_k, type_v, flash_attn)
     if sh.attn:
         split = split_kv_path(type_k, type_v, flash_attn, cal.device)
-        t_att = attn_units_tg(sh, mean_depth, cal.n_threads, split, cal.attn_tg_s, kv)
+        ring = (SwaRing(swa_cells, tuple(ubatches(depth, n_batch, n_ubatch)), max(1, n_gen))
+                if swa_cells and n == 1 and sh.swa_type == SWA_STANDARD else None)
+        t_att = attn_units_tg(sh, mean_depth, cal.n_threads, split, cal.attn_tg_s, kv, ring)
         parts.append(SpeedPart("attention", t_att,
-                               f"{type_k}/{type_v} at mean depth {mean_depth:.0f}" + (" in each sequence" if n > 1 else "")))
+                               f"{type_k}/{type_v} at mean depth {mean_depth:.0f}" + (" in each sequence" if n > 1 else "")
+                               + (f"; sliding-window layers over a ring of {swa_cells} cells" if ring else "")))
     t = sum(p.s_per_token for p in parts)
     read = sum(g.bytes for g in sh.groups) / n + _kv_bytes_per_cell(type_k, type_v, sh) * mean_depth
     roof = cal.bandwidth_bytes_s / read if cal.bandwidth_bytes_s and read else None

@@ -220,6 +220,7 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
         model_speed_shape,
         offload_device,
         speed_block,
+        swa_cells_of,
         with_graph,
     )
     from edgekv.records.schema import SpeedPrediction
@@ -251,7 +252,7 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
         f = r.prediction.formula
         xs.append(SpeedInputs(threads, req.n_prompt, req.n_gen, speed_depth(f.n_ctx, req), req.base.n_batch,
                               req.base.n_ubatch, f.type_k, f.type_v, req.base.flash_attn, p.use_extra_bufts,
-                              device=device))
+                              device=device, swa_cells=swa_cells_of(f)))
     feats = runtime_baseline().cpu_features
     base = model_speed_shape(m, feats, p.use_extra_bufts, next(iter(graphs.values())), device)
     shapes = {pair: with_graph(base, g) for pair, g in graphs.items()}
@@ -271,11 +272,12 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
 class _MinTg:
     """--min-tg for the budget search: predicted decode tokens/s at a context's full depth (the context minus -n)."""
 
-    def __init__(self, floor: float, speed_model: Any, req: PredictRequest):
-        self.floor, self.model, self.req = floor, speed_model, req
+    def __init__(self, floor: float, speed_model: Any, req: PredictRequest, shape: Any = None):
+        self.floor, self.model, self.req, self.shape = floor, speed_model, req, shape
 
     def __call__(self, type_k: str, type_v: str, n_ctx: int) -> float | None:
         from edgekv.core.speed import MissingCalibration, predict_tg
+        from edgekv.orchestration.speedpredict import swa_cells_of
 
         if self.model is None:
             return None
@@ -283,9 +285,13 @@ class _MinTg:
         sh = shapes.get((type_k, type_v))
         if sh is None:            # no dry run of this K/V pair: its graph size is unknown
             return None
+        b = self.req.base
+        # the sliding-window cache of this context (its cells decide how a decoded token's threads split it)
+        swa = (swa_cells_of(predict(self.shape, replace(b, n_ctx=n_ctx, type_k=type_k, type_v=type_v)))
+               if self.shape is not None and self.shape.n_swa else 0)
         try:
             return predict_tg(sh, cal, max(0, n_ctx - self.req.n_gen), self.req.n_gen, type_k, type_v,
-                              self.req.base.flash_attn).tokens_per_s
+                              b.flash_attn, 1, swa, b.n_batch, b.n_ubatch).tokens_per_s
         except MissingCalibration:
             return None
 
@@ -351,7 +357,7 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
         from edgekv.orchestration.budget import budget_table
 
         p = req.process
-        floor = _MinTg(req.min_tg, out.speed_model, req) if req.min_tg is not None else None
+        floor = _MinTg(req.min_tg, out.speed_model, req, m.shape) if req.min_tg is not None else None
         out.budget = budget_table(m, req.base, req.pairs, req.budget_bytes, n_gpu_layers=req.n_gpu_layers, min_tg=floor,
                                   workload=p.workload, n_threads=p.n_threads, use_mmap=p.use_mmap)
     out.defaults_cost = _defaults_cost(m, req.base, out.records)

@@ -111,12 +111,22 @@ class SpeedInputs:
     n_parallel: int = 0         # -npl N: N prompts from an empty cache, then N sequences decoding together
     kv_unified: bool = False
     device: str = ""            # every layer offloaded to this ggml device (CUDA0, ...); "" = the CPU
+    swa_cells: int = 0          # cells per stream of the sliding-window cache (the formula's), 0: none
 
     @classmethod
     def from_settings(cls, s: Settings) -> SpeedInputs:
         return cls(int(s.n_threads), int(s.n_prompt or 0), int(s.n_gen or 0), int(s.n_depth or 0),
                    int(s.n_batch or 2048), int(s.n_ubatch or 512), s.type_k, s.type_v,
                    str(s.flash_attn or "auto"), s.repack is not False, int(s.n_parallel or 0), bool(s.kv_unified))
+
+
+def swa_cells_of(formula: Any) -> int:
+    """Cells per stream of a formula prediction's sliding-window cache (llama_kv_cache_iswa's size_swa; a
+    KVPrediction's or a record's caches), 0 when it has none."""
+    for c in getattr(formula, "caches", None) or ():
+        if getattr(c, "kind", None) == "swa" and isinstance(getattr(c, "cells", None), int):
+            return int(c.cells)
+    return 0
 
 
 def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_none: str | None = None) -> SpeedPrediction:
@@ -139,7 +149,8 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
             out.pp = _test_block(predict_pp(sh, cal, pp_depth, x.n_prompt, x.n_batch, x.n_ubatch, x.type_k, x.type_v,
                                             x.flash_attn, n_seq))
         if x.n_gen > 0:
-            tg = predict_tg(sh, cal, tg_depth, x.n_gen, x.type_k, x.type_v, x.flash_attn, n_seq)
+            tg = predict_tg(sh, cal, tg_depth, x.n_gen, x.type_k, x.type_v, x.flash_attn, n_seq, x.swa_cells,
+                            x.n_batch, x.n_ubatch)
             out.tg = _test_block(tg)
             out.explain = explain(tg)
         return out

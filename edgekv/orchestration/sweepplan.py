@@ -147,6 +147,7 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
         model_speed_shape,
         offload_device,
         speed_block,
+        swa_cells_of,
         with_graph,
     )
 
@@ -171,7 +172,8 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
         groups.setdefault((x.n_threads, x.repack), []).append(c)
     for (_threads, repack), cases in groups.items():
         sh = model_speed_shape(spec.model, feats, repack, graph, device)
-        xs = [replace(SpeedInputs.from_settings(c.settings), device=device) for c in cases]
+        xs = [replace(SpeedInputs.from_settings(c.settings), device=device, swa_cells=swa_cells_of(c.prediction))
+              for c in cases]
         def progress(step: str, started: list[str] = []) -> None:  # noqa: B006 - one list per group, on purpose
             if not started:       # the first measurement: say why the plan is a minute away
                 via = f" through {spec.llama_bench}" if spec.llama_bench else ""
