@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,8 @@ COMMON = ["-p", "128", "-n", "32", "-r", "3"]
 VARIANTS = {"base": [], "t1": ["-t", "1"], "ub256": ["-ub", "256", "-p", "512"], "llamabench": ["--llama-bench"]}
 VARIANT_TYPES = "f16,q4_0"
 TG_TARGET, PP_TARGET = 10.0, 15.0
+# the variants as the tables name them
+SETTINGS = {"base": "defaults", "t1": "-t 1", "ub256": "-ub 256 -p 512", "llamabench": "--llama-bench"}
 
 
 def edgekv() -> list[str]:
@@ -103,7 +106,6 @@ def _key(r: dict) -> tuple:
 def table(rs: list[dict], previous: list[dict] | None = None) -> str:
     """The Markdown table; with ``previous`` (an earlier round's rows) a column of that round's measurement of the
     same configuration and a line on how far the two rounds' measurements are apart (this VM's own noise)."""
-    sett = {"base": "defaults", "t1": "-t 1", "ub256": "-ub 256 -p 512", "llamabench": "--llama-bench"}
     prev = {_key(r): r for r in previous or []}
     lines = ["| model | settings | depth | K/V | test | measured t/s | predicted t/s | measured − predicted | within |"
              + (" earlier round t/s |" if previous else ""),
@@ -112,7 +114,7 @@ def table(rs: list[dict], previous: list[dict] | None = None) -> str:
         target = TG_TARGET if r["test"] == "tg" else PP_TARGET
         ok = abs(r["pct"]) <= target
         p = prev.get(_key(r))
-        lines.append(f"| {r['model']} | {sett[r['variant']]} | {r['depth']} | {r['type']} | {r['test']} | "
+        lines.append(f"| {r['model']} | {SETTINGS[r['variant']]} | {r['depth']} | {r['type']} | {r['test']} | "
                      f"{r['measured']:.1f} | {r['predicted']:.1f} | {r['pct']:+.1f} % | {'✓' if ok else '✗'}"
                      f"{' busy' if r['busy'] else ''} |" + ((f" {p['measured']:.1f} |" if p else " |") if previous else ""))
     if rs:
@@ -123,7 +125,7 @@ def table(rs: list[dict], previous: list[dict] | None = None) -> str:
             n_ok = sum(1 for r in sub if abs(r["pct"]) <= target)
             worst = max(sub, key=lambda r: abs(r["pct"]))
             lines += ["", f"{test}: {n_ok} of {len(sub)} within ±{target:g} %; worst {worst['pct']:+.1f} % "
-                          f"({worst['model']}, {sett[worst['variant']]}, depth {worst['depth']}, {worst['type']})."]
+                          f"({worst['model']}, {SETTINGS[worst['variant']]}, depth {worst['depth']}, {worst['type']})."]
             both = [(r, prev[_key(r)]) for r in sub if _key(r) in prev]
             if both:
                 apart = sorted(abs(r["measured"] - p["measured"]) / p["measured"] * 100 for r, p in both)
@@ -133,15 +135,9 @@ def table(rs: list[dict], previous: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
 def _spread(xs: list[float]) -> float:
     """(largest - smallest) as % of the median."""
-    return 100.0 * (max(xs) - min(xs)) / _median(xs)
+    return 100.0 * (max(xs) - min(xs)) / statistics.median(xs)
 
 
 def rounds_table(rounds: list[tuple[str, list[dict]]]) -> str:
@@ -151,7 +147,6 @@ def rounds_table(rounds: list[tuple[str, list[dict]]]) -> str:
     round); one within at the median but outside in some round missed by this machine's noise (the measurement's
     or the calibration's, read from the two spreads).  Meaningful over rounds of the same code only: the
     calibration keys (environment, threads, calibration version) of each round are listed."""
-    sett = {"base": "defaults", "t1": "-t 1", "ub256": "-ub 256 -p 512", "llamabench": "--llama-bench"}
     by: dict[tuple, list[dict | None]] = {}
     for i, (_, rs) in enumerate(rounds):
         for r in rs:
@@ -163,15 +158,19 @@ def rounds_table(rounds: list[tuple[str, list[dict]]]) -> str:
     verdicts: dict[str, dict[str, list[tuple]]] = {"tg": {}, "pp": {}}
     mspreads: list[float] = []
     pspreads: list[float] = []
-    for k in sorted(by, key=lambda k: (MODELS.index(k[0]) if k[0] in MODELS else 9, list(VARIANTS).index(k[1])
-                                       if k[1] in VARIANTS else 9, k[2], TYPES.split(",").index(k[3])
-                                       if k[3] in TYPES.split(",") else 9, k[4])):
+    def order(k: tuple) -> tuple:
+        def at(seq: list, x: str) -> int:
+            return seq.index(x) if x in seq else len(seq)
+
+        return at(list(MODELS), k[0]), at(list(VARIANTS), k[1]), k[2], at(TYPES.split(","), k[3]), k[4]
+
+    for k in sorted(by, key=order):
         got = [r for r in by[k] if r is not None]
         if len(got) < 2:
             continue
         target = TG_TARGET if k[4] == "tg" else PP_TARGET
         pcts = [r["pct"] for r in got]
-        med = _median(pcts)
+        med = statistics.median(pcts)
         ms, ps = _spread([r["measured"] for r in got]), _spread([r["predicted"] for r in got])
         mspreads.append(ms)
         pspreads.append(ps)
@@ -183,7 +182,7 @@ def rounds_table(rounds: list[tuple[str, list[dict]]]) -> str:
             v = "**outside at the median**"
         verdicts[k[4]].setdefault(v, []).append(k + (med,))
         cells = " | ".join(f"{r['pct']:+.1f}" + ("" if abs(r["pct"]) <= target else " ✗") if r else "–" for r in by[k])
-        lines.append(f"| {k[0]} | {sett.get(k[1], k[1])} | {k[2]} | {k[3]} | {k[4]} | {cells} | {med:+.1f} % | "
+        lines.append(f"| {k[0]} | {SETTINGS.get(k[1], k[1])} | {k[2]} | {k[3]} | {k[4]} | {cells} | {med:+.1f} % | "
                      f"{ms:.1f} % | {ps:.1f} % | {v} |")
     for test, target in (("tg", TG_TARGET), ("pp", PP_TARGET)):
         vs = verdicts[test]
@@ -194,11 +193,12 @@ def rounds_table(rounds: list[tuple[str, list[dict]]]) -> str:
         lines += ["", f"{test} (±{target:g} %), {n} configurations over {len(rounds)} rounds: "
                       f"{len(vs.get('within in every round', []))} within in every round, "
                       f"{len(vs.get('within at the median', []))} within at the median only, {len(out)} outside at the "
-                      "median" + (": " + "; ".join(f"{m}, {sett.get(v, v)}, depth {d}, {t} {x:+.1f} %"
+                      "median" + (": " + "; ".join(f"{m}, {SETTINGS.get(v, v)}, depth {d}, {t} {x:+.1f} %"
                                                    for m, v, d, t, _, x in out) if out else "") + "."]
     if mspreads:
+        med_m, med_p = statistics.median(mspreads), statistics.median(pspreads)
         lines += ["", f"Spread between the rounds (largest − smallest, % of the median), median over the "
-                      f"configurations: measured {_median(mspreads):.1f} %, predicted {_median(pspreads):.1f} %."]
+                      f"configurations: measured {med_m:.1f} %, predicted {med_p:.1f} %."]
     keys = [", ".join(sorted({r["cal"] for r in rs if r.get("cal")})) for _, rs in rounds]
     lines += ["", "Calibration keys: " + "; ".join(f"{n}: {k or '?'}" for n, k in zip(names, keys)) + "."]
     return "\n".join(lines)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from edgekv.core.predict import pad
+
 
 class _Ring:
     """One sequence's cells of a sliding-window cache (standard window: a key at p0 is hidden from p1 once
@@ -78,7 +80,7 @@ class _Ring:
     def view(self) -> int:
         """Cells the attention runs over (get_n_kv: the used extent padded to 256, at most the cache)."""
         top = max((i for i, q in enumerate(self.pos) if q >= 0), default=-1) + 1
-        return min(self.size, max(256, -(-top // 256) * 256))
+        return min(self.size, max(256, pad(top)))
 
     def read(self, p: int, n_threads: int, split: bool) -> int:
         """Cells inside the window of a query at ``p`` that the slowest thread reads, times the threads (split-KV),

@@ -193,7 +193,7 @@ def speed_shape(shape: ModelShape, tensors: Sequence[Tensor], cpu_features: Iter
     kv_tok = sum(lay.k_width + lay.v_width for lay in shape.layers[:shape.n_layer] if lay.attn_cache)
     ops_tg, ops_pp = run_nodes(nodes)
     return SpeedShape(groups, attn, ops_tg, ops_pp, float(kv_tok), tuple(notes), body_geometry(shape),
-                      int(shape.n_vocab or 0), shape.swa_type if any(lay.window for lay in attn) else "")
+                      int(shape.n_vocab or 0), shape.swa_type)
 
 
 def run_nodes(graph: dict[str, int] | None) -> tuple[int | None, int | None]:
