@@ -25,11 +25,11 @@ from edgekv.child.workload import _Runner
 from edgekv.core.predict import ContextParams
 from edgekv.edges.engine import LogCapture, context_params, model_params
 
-path, cases = sys.argv[1], json.loads(sys.argv[2])
+path, cases, repack = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
 cap = LogCapture()
 cap.install()
 L.llama_backend_init()
-model = L.llama_model_load_from_file(path.encode(), model_params(0, dry=False))
+model = L.llama_model_load_from_file(path.encode(), model_params(0, dry=False, use_extra_bufts=repack))
 n_vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(model)))
 out = []
 for depth, ub, n_gen, restore in cases:
@@ -115,9 +115,13 @@ def test_attn_units_count_the_ring_for_standard_windows_only():
 def test_the_ring_is_llama_cpps(gemma3_path: Path):
     """The positions of every cell of Gemma 3's sliding-window cache after prompts that wrap the ring (ubatches of 512
     and of 256 tokens: 1024 and 768 cells) and a few decoded tokens are llama.cpp's own."""
+    from edgekv.orchestration.preflight import preflight
+
     cases = [(1600, 512, 3, False), (1600, 512, 3, True), (2048, 512, 2, True), (1000, 256, 5, False),
              (1000, 256, 5, True)]
-    r = subprocess.run([sys.executable, "-c", CHILD, str(gemma3_path), json.dumps(cases)], capture_output=True,
+    # the extra-buffer preflight's setting: off where llama.cpp's AMX kernels crash on a prompt batch (issue 25)
+    repack = "1" if preflight().repack else "0"
+    r = subprocess.run([sys.executable, "-c", CHILD, str(gemma3_path), json.dumps(cases), repack], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     logs = json.loads(r.stdout.strip().splitlines()[-1])
