@@ -178,6 +178,22 @@ def test_load_monitor_sees_a_busy_loop(tmp_path):
     assert load["busy"] and load["others_share_max"] >= 0.10
 
 
+def test_a_window_too_short_for_the_os_clock_has_no_share(monkeypatch):
+    """A configuration llama.cpp refuses at once closes its window within milliseconds, where one 10 ms tick of the
+    OS's CPU time read as several cores: such a window has no share and does not make the record busy."""
+    from edgekv.edges import load
+
+    ticks = iter([100.0, 100.01])
+    monkeypatch.setattr(load, "_busy_cpu_s", lambda: next(ticks))
+    monkeypatch.setattr(load, "_own_cpu_s", lambda: 0.0)
+    w = load.Window()
+    got = w.close()
+    assert "others_share" not in got and got["others_cpu_s"] == pytest.approx(0.01)
+    m = load.LoadMonitor(before_s=0.0)
+    m.before, m.window = got, None
+    assert m.stop()["busy"] is False
+
+
 # -- points 2/3: plan and ETA --------------------------------------------------------------------------------------
 
 def test_cost_model_tracks_the_reference_sweep():

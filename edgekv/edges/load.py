@@ -17,6 +17,9 @@ from typing import Any
 import psutil
 
 BUSY_SHARE = 0.10          # other work used >= 10 % of the machine's cores
+# the OS counts CPU time in clock ticks (Linux: 10 ms): over a window of a few milliseconds (a configuration llama.cpp
+# refused at once) one tick read as 293 % of 2 CPUs; a window shorter than this has no share, busy or quiet
+MIN_WINDOW_S = 0.25
 _IDLE = ("idle", "iowait")
 
 
@@ -53,8 +56,10 @@ class Window:
         # a child reaped between the two reads moves from "live" to os.times(): the sum stays continuous
         others = max(0.0, (_busy_cpu_s() - self.busy) - (_own_cpu_s() - self.own))
         n = psutil.cpu_count() or 1
-        return {"wall_s": round(wall, 3), "others_cpu_s": round(others, 3),
-                "others_cores": round(others / wall, 3), "others_share": round(others / wall / n, 3)}
+        out = {"wall_s": round(wall, 3), "others_cpu_s": round(others, 3)}
+        if wall >= MIN_WINDOW_S:
+            out.update(others_cores=round(others / wall, 3), others_share=round(others / wall / n, 3))
+        return out
 
 
 def _loadavg() -> float | None:
