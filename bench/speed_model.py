@@ -1,7 +1,8 @@
 """Accuracy of edgekv's speed model (edgekv/core/speed.py) against measured tokens/s.
 
 Runs ``edgekv bench`` (one fresh process per configuration) on both real models -- SmolLM2-135M and Gemma 3 270M --
-over f16/q8_0/q5_0/q4_0 at several depths, then variants (``-t 1``, ``-ub 256``, ``--llama-bench``).  Every record
+over f16/q8_0/q5_0/q4_0 at several depths, then variants (``-t 1``, ``-ub 256``, ``--llama-bench``, and f16 with
+``-fa off``, whose attention runs over the whole padded view).  Every record
 carries the speed prediction made *before* the run (``prediction.speed``, with this machine's calibration) and the
 residual (``speed_residual``: measured - predicted, % of predicted).  The table goes into bench/README.md between the
 ``speedmodel:begin/end`` markers; the raw records stay in bench/results/speed_model/.
@@ -36,11 +37,15 @@ sys.path.insert(0, str(ROOT / "bench"))      # the sibling scripts it calls on (
 TYPES = "f16,q8_0,q5_0,q4_0"
 MODELS = ("smollm2-135m", "gemma3-270m")
 COMMON = ["-p", "128", "-n", "32", "-r", "3"]
-VARIANTS = {"base": [], "t1": ["-t", "1"], "ub256": ["-ub", "256", "-p", "512"], "llamabench": ["--llama-bench"]}
+VARIANTS = {"base": [], "t1": ["-t", "1"], "ub256": ["-ub", "256", "-p", "512"], "llamabench": ["--llama-bench"],
+            "faoff": ["-fa", "off"]}
 VARIANT_TYPES = "f16,q4_0"
+# llama.cpp refuses a quantized V cache without flash attention
+TYPES_OF = {"faoff": "f16"}
 TG_TARGET, PP_TARGET = 10.0, 15.0
 # the variants as the tables name them
-SETTINGS = {"base": "defaults", "t1": "-t 1", "ub256": "-ub 256 -p 512", "llamabench": "--llama-bench"}
+SETTINGS = {"base": "defaults", "t1": "-t 1", "ub256": "-ub 256 -p 512", "llamabench": "--llama-bench",
+            "faoff": "-fa off"}
 
 
 def edgekv() -> list[str]:
@@ -60,7 +65,7 @@ def drop_pages(model: str) -> None:
 
 def run(model: str, variant: str, depths: str, outdir: Path = OUT, fresh_pages: bool = False) -> Path:
     out = outdir / f"{model}-{variant}.jsonl"
-    types = TYPES if variant == "base" else VARIANT_TYPES
+    types = TYPES if variant == "base" else TYPES_OF.get(variant, VARIANT_TYPES)
     ds = depths.split(",") if variant == "base" else [depths.split(",")[min(1, len(depths.split(",")) - 1)]]
     extra = list(VARIANTS[variant])
     if variant == "llamabench":

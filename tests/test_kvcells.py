@@ -81,6 +81,8 @@ def test_ring_after_a_wrapped_fill():
     assert r.pos[0] == 2048 and r.pos[1:] == list(range(1025, 2048)) and r.view() == 1024
     # the window of a query at 2048 holds 1537..2048: cell 0 and cells 513..1023, nearly all in the second half
     assert r.read(2048, 2, True) == 2 * 511 and r.read(2048, 2, False) == 512
+    # without flash attention every cell of the view is computed, masked or not
+    assert r.read(2048, 2, True, dense=True) == r.read(2048, 2, False, dense=True) == 1024
 
 
 def test_decode_cells_of_a_sliding_layer():

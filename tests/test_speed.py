@@ -124,6 +124,103 @@ def test_threads_share_the_work_as_llama_cpp_splits_it():
     assert decode_cells(100, 8, 1, split=True) == 100
 
 
+def test_without_flash_attention_a_token_pays_the_whole_padded_view(smol):
+    from edgekv.core.speed import decode_cells
+
+    # -fa off: the product and the softmax run over the view (the used cells padded to 256), masked cells too
+    assert decode_cells(1, 9, 2, split=False, dense=True) == 256
+    assert decode_cells(256, 9, 2, split=False, dense=True) == 256
+    assert decode_cells(257, 9, 2, split=False, dense=True) == 512
+    assert decode_cells(600, 9, 2, split=True, dense=True) == 768
+    _m, sh = smol
+    off = {kv_key("f16", "f16", "off", g): 1e-10 for g in GEOMETRIES}
+    cal = _cal(attn_tg_s=off, attn_pp_s=off)
+
+    def att(pred):
+        return next(p for p in pred.parts if p.name == "attention")
+
+    # a token at depth 0 and one at 192 read the same 256-cell view; at 256 the view is 512
+    a, b, c = (att(predict_tg(sh, cal, d, 32, "f16", "f16", "off")) for d in (0, 192, 256))
+    assert a.s_per_token == pytest.approx(b.s_per_token) and c.s_per_token == pytest.approx(2 * a.s_per_token)
+    assert "whole padded view" in a.source
+    units = sum(lay.n_head * (lay.head_k + lay.head_v) for lay in sh.attn)
+    assert a.s_per_token == pytest.approx(units * 256 * 1e-10)
+    # a prompt: every row of a 128-token ubatch from depth 512 over the 768-cell view
+    pp = att(predict_pp(sh, cal, 512, 128, 2048, 512, "f16", "f16", "off"))
+    assert pp.s_per_token == pytest.approx(units * 768 * 1e-10) and "whole padded view" in pp.source
+
+
+def test_the_attention_calibration_evicts_the_cpu_caches_between_tokens(monkeypatch):
+    from edgekv.edges import environment
+    from edgekv.orchestration import speedcal as S
+
+    # a token reads EVICT_FACTOR x the last-level cache: the model's own Q8_0 matrices (34 bytes per 32 values),
+    # then a head of n_embd columns for the rest
+    g = S.geometry_shape("h9kv3k64v64")
+    own = 6 * (576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 256) * 34 / 32
+    assert S.stream_bytes({**g, "n_vocab": 0}) == pytest.approx(own)
+    nv = S.evict_vocab(g, 32 << 20)
+    assert S.stream_bytes({**g, "n_vocab": nv}) >= S.EVICT_FACTOR * (32 << 20) > S.stream_bytes({**g, "n_vocab": nv - 256})
+    assert S.stream_bytes({**g, "n_vocab": S.evict_vocab(g, None)}) >= S.EVICT_DEFAULT_BYTES
+    assert S.stream_bytes({**g, "n_vocab": S.evict_vocab(g, 1 << 40)}) < S.EVICT_MAX_BYTES + 256 * 576 * 34 / 32
+    # Bonsai 8B's heads at its hidden size: its six layers alone read 287 MB a token, no head is added
+    assert S.evict_vocab(S.geometry_shape("h32kv8k128v128"), 32 << 20) == 256
+    assert S.evict_shape("h32kv8k128v128") is None
+    assert [m["key"] for m in S.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h32kv8k128v128")] == [
+        "attn_h32kv8k128v128"]
+    monkeypatch.setattr(environment, "last_level_cache_bytes", lambda: 16 << 20)
+    shape = S.evict_shape("h9kv3k64v64")
+    assert shape["n_vocab"] == S.evict_vocab(g, 16 << 20) and shape["embd_type"] == "Q8_0"
+    assert {k: v for k, v in shape.items() if k not in ("n_vocab", "embd_type")} == S.geometry_shape("h9kv3k64v64")
+    from edgekv.edges.gguf_header import read_header_file
+
+    def head(m):
+        return next(t for t in read_header_file(m["model_path"]).tensors if t.name == "output.weight").n_bytes
+
+    # the decode steps run on the evicting model, the prompts on the geometry's own (a 256-row head)
+    plan = S.attn_plan([("f16", "f16", "auto")], 2, True, "h9kv3k64v64", interleave=True)
+    by = {m["key"]: m for m in plan}
+    assert head(by["attnv_h9kv3k64v64"]) + own >= S.EVICT_FACTOR * (16 << 20) > head(by["attn_h9kv3k64v64"]) + own
+    assert [st["key"] for st in by["attnv_h9kv3k64v64"]["contexts"][0]["steps"]] == ["tg"]
+    assert [st["key"] for st in by["attn_h9kv3k64v64"]["contexts"][0]["steps"]] == ["pp", "ps"]
+    # the solver reads the decode steps from the one model and the prompts from the other
+    from edgekv.core.speed import attn_units_tg
+
+    shape_g = S.geometry_shape("h9kv3k64v64")
+    sh, units = S._attn_speed_shape(shape_g), S._attn_units(shape_g)
+    res = []
+    for m in S.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h9kv3k64v64"):
+        for st in m["contexts"][0]["steps"]:
+            d, n = st["depth"], st["n"]
+            t = (0.01 + n * attn_units_tg(sh, d + n / 2, 2, False) * 4e-10 if st["test"] == "tg"
+                 else 0.2 + n * units * (d + n / 2) * 2e-10)
+            res.append({"model": m["key"], "context": m["contexts"][0]["key"], "step": st["key"],
+                        "ns": [int(t * 1e9)] * 3})
+    assert S.solve_attn(res, kv_key("q8_0", "q8_0", "auto", "h9kv3k64v64"), 2) == (
+        pytest.approx(4e-10, rel=1e-3), pytest.approx(2e-10, rel=1e-3))
+    # a GPU, and the generic model whose few cells the node models read, keep one model of their own
+    assert [m["key"] for m in S.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h9kv3k64v64", "CUDA0")] == [
+        "attn_h9kv3k64v64"]
+    assert [m["key"] for m in S.attn_plan([("q8_0", "q8_0", "auto")], 2, True)] == ["attn"]
+
+
+def test_the_last_level_cache_is_the_os_s_figure(tmp_path, monkeypatch):
+    from edgekv.edges import environment
+
+    for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"),
+                                             (3, "Unified", "32768K")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    monkeypatch.setattr(environment.sys, "platform", "linux")
+    assert environment.last_level_cache_bytes(tmp_path) == 32 << 20
+    (tmp_path / "index3" / "size").write_text("garbage\n")
+    assert environment.last_level_cache_bytes(tmp_path) == 1 << 20
+    assert environment.last_level_cache_bytes(tmp_path / "none") is None
+
+
 def test_prefill_splits_ubatches_and_computes_the_head_once(smol):
     _m, sh = smol
     assert ubatches(1200, 2048, 512) == [512, 512, 176]
@@ -739,7 +836,10 @@ def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_wo
     assert S.attn_steps("h9kv3k64v64", False) == S.AttnSteps(S.ATTN_TG_DEPTHS, S.ATTN_PP_DEPTHS, S.ATTN_PP_N)
     truth_tg, truth_pp, truth_rows = 5e-10, 3e-10, 9e-10
     for pair in (("q5_0", "q5_0", "auto"), ("f16", "f16", "auto")):
+        # one model: the geometry's six layers at a hidden size of 4096 read enough a token to evict the caches
+        # (a narrower geometry's decode steps run on a copy with a larger head, test_the_attention_calibration_...)
         m, *deep = S.attn_plan([pair], 2, True, g)
+        assert m["key"] == f"attn_{g}" and not any(d["key"].startswith("attnv_") for d in deep)
         key, split = kv_key(*pair, g), split_kv_path(*pair)
         res = []
         for st in m["contexts"][0]["steps"]:

@@ -82,11 +82,14 @@ class _Ring:
         top = max((i for i, q in enumerate(self.pos) if q >= 0), default=-1) + 1
         return min(self.size, max(256, pad(top)))
 
-    def read(self, p: int, n_threads: int, split: bool) -> int:
+    def read(self, p: int, n_threads: int, split: bool, dense: bool = False) -> int:
         """Cells inside the window of a query at ``p`` that the slowest thread reads, times the threads (split-KV),
-        or all of them (one query head per task, each over the whole view)."""
-        inside = [q >= 0 and p - q < self.n_swa for q in self.pos]
+        or all of them (one query head per task, each over the whole view); ``dense`` (no flash attention: a
+        matrix product and a softmax over the whole view, the masked cells too) the view."""
         n_kv = self.view()
+        if dense:
+            return n_kv
+        inside = [q >= 0 and p - q < self.n_swa for q in self.pos]
         if not split or n_kv < 512:
             return sum(inside[:n_kv])
         nth = max(1, n_threads)
@@ -96,11 +99,12 @@ class _Ring:
 
 @lru_cache(maxsize=256)
 def swa_decode_cells(size: int, n_swa: int, fill: tuple[int, ...], n_gen: int, n_threads: int, split: bool,
-                     restored: bool = True) -> float:
+                     restored: bool = True, dense: bool = False) -> float:
     """The mean over ``n_gen`` decoded tokens of the cells one sliding-window layer's attention reads (as
     :func:`edgekv.core.speed.decode_cells` counts them: the slowest thread's, times the threads, on the split-KV
     path), after a prompt filled the cache in ubatches of ``fill`` tokens from position 0 and (``restored``, as
-    llama-bench's tg at depth) the sequence was saved and loaded back."""
+    llama-bench's tg at depth) the sequence was saved and loaded back (``dense``: no flash attention, whose products
+    run over the whole view)."""
     ring = _Ring(size, n_swa)
     p = 0
     for n in fill:
@@ -111,5 +115,5 @@ def swa_decode_cells(size: int, n_swa: int, fill: tuple[int, ...], n_gen: int, n
     total = 0
     for j in range(max(1, n_gen)):
         ring.place(p + j, 1)
-        total += ring.read(p + j, n_threads, split)
+        total += ring.read(p + j, n_threads, split, dense)
     return total / max(1, n_gen)

@@ -348,6 +348,15 @@ def split_kv_path(type_k: str, type_v: str, flash_attn: str, device: str = "") -
     return not device and flash_attn != "off" and type_k == type_v and type_k in ("f16", "f32")
 
 
+def dense_view(flash_attn: str) -> bool:
+    """Whether attention runs without flash attention (-fa off): llama.cpp then multiplies the query by the whole
+    cache view (get_n_kv: the used extent padded to 256) and takes the softmax over all of it, masked cells too
+    (llama-graph.cpp build_attn_mha), so its cost follows the padded view, not the cells a query sees.  On the
+    2-vCPU EPYC VM a decoded token's time stood still from depth 0 to 192 (a view of 256) and from 256 to 448 (512)
+    on a model of SmolLM2's heads (bench/README.md)."""
+    return flash_attn == "off"
+
+
 # GGML_FA_TILE_Q (ggml-cpu/common.h:9): the query rows of one tile of the CPU's tiled flash-attention kernel, which
 # a prompt ubatch runs only when it has at least that many tokens (ggml-cpu/ops.cpp:9546)
 FA_TILE_Q = 64
@@ -394,12 +403,15 @@ def _pad256(n: float) -> int:
     return max(256, -(-int(n) // 256) * 256)
 
 
-def decode_cells(used: float, n_head: int, n_threads: int, split: bool) -> float:
+def decode_cells(used: float, n_head: int, n_threads: int, split: bool, dense: bool = False) -> float:
     """Cells of one layer's one-token attention as the slowest thread sees them, times the thread count: the
     cost is that thread's.  Split-KV: each thread takes a contiguous chunk of the padded view (masked cells at
     its end are skipped).  Otherwise llama.cpp hands out query heads in small chunks as threads free up; an odd
     head count could leave one thread a head more, but SmolLM2's 9 heads on 2 threads measure no slower per head
-    than the calibration's 8 (bench/README.md, speed model), so the cells count as they are."""
+    than the calibration's 8 (bench/README.md, speed model), so the cells count as they are.  ``dense`` (no flash
+    attention, :func:`dense_view`): the padded view, split evenly over rows."""
+    if dense:
+        return float(_pad256(used))
     nth = max(1, n_threads)
     if split and _pad256(used) >= 512:
         chunk = -(-_pad256(used) // nth)
@@ -417,25 +429,37 @@ class SwaRing:
 
 
 def attn_units_tg(sh: SpeedShape, depth: float, n_threads: int, split: bool,
-                  coef: dict[str, float] | None = None, kv: str = "", ring: SwaRing | None = None) -> float:
+                  coef: dict[str, float] | None = None, kv: str = "", ring: SwaRing | None = None,
+                  dense: bool = False) -> float:
     """Sum over attention layers of n_head x (head_k + head_v) x the cells the slowest thread reads (x threads);
     with ``coef`` each layer's term is multiplied by its geometry's coefficient (``kv`` + "@" + geometry).  With
     ``ring`` a standard sliding-window layer counts the cells of its ring inside the window, as the threads split
-    them (:func:`edgekv.core.kvcells.swa_decode_cells`), not min(depth, window) cells split evenly."""
+    them (:func:`edgekv.core.kvcells.swa_decode_cells`), not min(depth, window) cells split evenly.  ``dense``: no
+    flash attention, each layer over its whole padded view (:func:`dense_view`)."""
     from edgekv.core.kvcells import swa_decode_cells
 
     out = 0.0
     for lay in sh.attn:
         if lay.window and ring is not None and ring.cells and sh.swa_type == SWA_STANDARD:
-            cells = swa_decode_cells(ring.cells, lay.window, ring.fill, ring.n_gen, n_threads, split)
+            cells = swa_decode_cells(ring.cells, lay.window, ring.fill, ring.n_gen, n_threads, split, dense=dense)
         else:
-            cells = decode_cells(_depth_eff(depth, lay), lay.n_head, n_threads, split)
+            cells = decode_cells(_depth_eff(depth, lay), lay.n_head, n_threads, split, dense)
         out += lay.n_head * (lay.head_k + lay.head_v) * cells * (coef[f"{kv}@{lay.geometry}"] if coef is not None else 1.0)
     return out
 
 
-def _attn_units(sh: SpeedShape, depth: float, coef: dict[str, float] | None = None, kv: str = "") -> float:
-    return sum(lay.n_head * (lay.head_k + lay.head_v) * _depth_eff(depth, lay)
+def _attn_units(sh: SpeedShape, depth: float, coef: dict[str, float] | None = None, kv: str = "",
+                dense: tuple[float, int] | None = None) -> float:
+    """Sum over attention layers of n_head x (head_k + head_v) x the cells a query row reads at ``depth``; with
+    ``dense`` = (the ubatch's last cell, its tokens), no flash attention: every row over the layer's padded view
+    (:func:`dense_view`; a sliding-window layer's cache holds its window and a ubatch)."""
+    def cells(lay: AttnLayer) -> float:
+        if dense is None:
+            return _depth_eff(depth, lay)
+        end, n = dense
+        return _pad256(min(end, lay.window + n) if lay.window else end)
+
+    return sum(lay.n_head * (lay.head_k + lay.head_v) * cells(lay)
                * (coef[f"{kv}@{lay.geometry}"] if coef is not None else 1.0) for lay in sh.attn)
 
 
@@ -596,9 +620,11 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
         split = split_kv_path(type_k, type_v, flash_attn, cal.device)
         ring = (SwaRing(swa_cells, tuple(ubatches(depth, n_batch, n_ubatch)), max(1, n_gen))
                 if swa_cells and n == 1 and sh.swa_type == SWA_STANDARD else None)
-        t_att = attn_units_tg(sh, mean_depth, cal.n_threads, split, cal.attn_tg_s, kv, ring)
+        dense = dense_view(flash_attn)
+        t_att = attn_units_tg(sh, mean_depth, cal.n_threads, split, cal.attn_tg_s, kv, ring, dense)
         parts.append(SpeedPart("attention", t_att,
                                f"{type_k}/{type_v} at mean depth {mean_depth:.0f}" + (" in each sequence" if n > 1 else "")
+                               + ("; no flash attention: over the whole padded view" if dense else "")
                                + (f"; sliding-window layers over a ring of {swa_cells} cells" if ring else "")))
     t = sum(p.s_per_token for p in parts)
     read = sum(g.bytes for g in sh.groups) / n + _kv_bytes_per_cell(type_k, type_v, sh) * mean_depth
@@ -654,7 +680,8 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
             attn += n_seq * n * _tiled_attn_s(sh, d + n / 2, cal, kv)
             deep |= d + n > TILED_SHALLOW_END
         elif sh.attn:
-            attn += n_seq * n * _attn_units(sh, d + n / 2, prompt_attn_coef(cal, n, tiled), kv)
+            attn += n_seq * n * _attn_units(sh, d + n / 2, prompt_attn_coef(cal, n, tiled), kv,
+                                            (d + n, n) if dense_view(flash_attn) else None)
             short += tiled and n < FA_TILE_Q
         d += n
     out = sum(weights_s(g, cal, n_seq) for g in sh.groups if g.output)
@@ -672,6 +699,8 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
                                + (f" (of each of {n_seq} sequences)" if n_seq > 1 else "")))
     if sh.attn:
         parts.append(SpeedPart("attention", attn / p, f"{type_k}/{type_v} from depth {depth}"
+                               + ("; no flash attention: every row over the whole padded view"
+                                  if dense_view(flash_attn) else "")
                                + (f"; {short} ubatch(es) under {FA_TILE_Q} tokens run llama.cpp's per-row loop, "
                                   "not its tiled kernel" if short else "")
                                + (f"; the tiled kernel's cells past {TILED_SHALLOW_END} priced toward its cost "

@@ -48,6 +48,31 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def last_level_cache_bytes(sysfs: str | os.PathLike = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The size of the CPU's last-level cache as the OS reports it (Linux: the highest level of cpu0's caches in
+    sysfs; macOS: sysctl hw.l3cachesize, else hw.l2cachesize), or None where it does not say."""
+    if sys.platform.startswith("linux"):
+        best: tuple[int, int] | None = None
+        for d in sorted(Path(sysfs).glob("index*")):
+            level, size, kind = _read(str(d / "level")), _read(str(d / "size")), _read(str(d / "type"))
+            if not level or not level.isdigit() or not size or kind == "Instruction":
+                continue
+            unit = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(size[-1].upper(), 1)
+            digits = size[:-1] if unit > 1 else size
+            if digits.isdigit() and (best is None or int(level) > best[0]):
+                best = (int(level), int(digits) * unit)
+        return best[1] if best else None
+    if sys.platform == "darwin":
+        for key in ("hw.l3cachesize", "hw.l2cachesize"):
+            try:
+                v = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5).stdout.strip()
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if v.isdigit() and int(v) > 0:
+                return int(v)
+    return None
+
+
 def governor() -> str | None:
     return _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
 

@@ -274,11 +274,11 @@ SPEED_MODELS_VERSION = 3      # 2: values like a trained model's (fill_values), 
 
 def write_llama(path: str | os.PathLike, *, n_embd: int, n_ff: int, n_layer: int, n_head: int, n_head_kv: int,
                 mat_type: str, n_vocab: int = 256, head_dim: int | None = None, out_type: str | None = None,
-                name: str = "edgekv speed calibration", values: bool = False) -> int:
+                name: str = "edgekv speed calibration", values: bool = False, embd_type: str = "F32") -> int:
     """A llama-architecture GGUF of zero weights in a sparse file (``values``: weights like a trained model's,
     fill_values; the speed calibration's models): ``n_layer`` blocks whose seven matrices are ``mat_type``, F32
-    norms, an F32 token embedding and a separate output matrix (``out_type``, default ``mat_type``).  Returns the
-    file size."""
+    norms, a token embedding (``embd_type``, default F32) and a separate output matrix (``out_type``, default
+    ``mat_type``).  Returns the file size."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
     Q = GGMLQuantizationType
@@ -298,7 +298,7 @@ def write_llama(path: str | os.PathLike, *, n_embd: int, n_ff: int, n_layer: int
     w.add_vocab_size(n_vocab)
     w.add_tokenizer_model("none")
     m = Q[mat_type]
-    t: list[tuple[str, tuple[int, ...], Any]] = [("token_embd.weight", (n_embd, n_vocab), Q.F32)]
+    t: list[tuple[str, tuple[int, ...], Any]] = [("token_embd.weight", (n_embd, n_vocab), Q[embd_type])]
     if n_head * hd % 32 or n_embd % 32:
         raise ValueError(f"n_embd {n_embd} and n_head x head_dim {n_head * hd} must be multiples of 32")
     for i in range(n_layer):
