@@ -49,7 +49,7 @@ def main() -> None:
     pairs = [(t.split("/")[0], t.split("/")[0], t.split("/")[1] if "/" in t else "auto") for t in a.types.split(",")]
     model_shape = sc.evict_shape(a.geometry) or sc.geometry_shape(a.geometry)
     e = model_shape["n_embd"]
-    vocabs = ([max(256, round(float(mb) * 1e6 / (e * 34 / 32) / 256) * 256) for mb in a.heads.split(",")]
+    vocabs = ([max(256, round(float(mb) * 1e6 / sc._q8_bytes(e) / 256) * 256) for mb in a.heads.split(",")]
               if a.heads else [model_shape["n_vocab"]])
     for it in range(a.rounds):
         for (layers, d0, d1), nv in ((c, v) for c in configs for v in vocabs):
@@ -72,7 +72,7 @@ def main() -> None:
                       - attn_units_tg(sh, d0 + sc.TG_N / 2, a.threads, split, dense=dense))
                 s, d = statistics.median(r[f"tg{d0}"]["ns"]), statistics.median(r[f"tg{d1}"]["ns"])
                 cell = (d - s) / 1e9 / sc.TG_N / du
-                head = nv * e * 34 / 32 / 1e6
+                head = sc._q8_bytes(nv * e) / 1e6
                 print(f"round {it} {layers:3d} layers {d0:5d} -> {d1:5d} cells, head {head:6.1f} MB, "
                       f"{p[0]:5s} fa={p[2]:4s}: {cell * 1e12:6.1f} ps a cell (runs {s / 1e6:.1f} and {d / 1e6:.1f} ms, "
                       f"{took:.1f} s)", flush=True)

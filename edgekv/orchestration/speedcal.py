@@ -633,7 +633,7 @@ def solve_vocab(results: list[dict], cal: Calibration) -> float:
     if "tg" not in v:
         return 0.0
     e, dv = VOCAB_SHAPE["n_embd"], VOCAB_SHAPE["n_vocab"] - 256
-    out_bytes = e * dv * 34 / 32
+    out_bytes = _q8_bytes(e * dv)
     dt = (_median_s(v["tg"]["ns"]) - _median_s(a["tg"]["ns"])) / TG_N \
         - (_ops(v["tg"]["graph"])["nodes_tg"] - _ops(a["tg"]["graph"])["nodes_tg"]) * cal.node_tg_s
     return max(0.0, (dt - out_bytes * cal.matvec_s_per_byte["q8_0"]) / dv)
