@@ -182,7 +182,7 @@ def test_the_attention_calibration_evicts_the_cpu_caches_between_tokens(monkeypa
     by = {m["key"]: m for m in plan}
     assert head(by["attnv_h9kv3k64v64"]) + own >= S.EVICT_FACTOR * (16 << 20) > head(by["attn_h9kv3k64v64"]) + own
     assert [st["key"] for st in by["attnv_h9kv3k64v64"]["contexts"][0]["steps"]] == ["tg"]
-    assert [st["key"] for st in by["attn_h9kv3k64v64"]["contexts"][0]["steps"]] == ["pp", "ps"]
+    assert [st["key"] for st in by["attn_h9kv3k64v64"]["contexts"][0]["steps"]] == ["pp", "ps", "pt"]
     # the solver reads the decode steps from the one model and the prompts from the other
     from edgekv.core.speed import attn_units_tg
 
@@ -338,6 +338,63 @@ def test_a_prompt_ubatch_under_64_tokens_over_an_f16_cache_runs_the_per_row_loop
     assert missing(old, sh, "f16", "f16", "auto")[1] and not missing(old, sh, "q8_0", "q8_0", "auto")[1]
     with pytest.raises(MissingCalibration, match="K/V cache f16/f16/fa=auto@"):
         predict_pp(sh, old, 1024, 512, 2048, 512, "f16", "f16", "auto")
+
+
+def test_short_query_tiles_cost_what_full_ones_do(smol):
+    """llama.cpp's tiled kernel cuts a query tile at a chunk's end and a head's (ggml-cpu/ops.cpp:9529-9544,
+    9160-9170) and runs every tile over all its 64 rows: SmolLM2's 9 heads at 128 tokens on two threads run 24 tiles
+    for 18 full ones' rows.  The calibration's share of cost per tile scales each layer's rows accordingly; the
+    solver recovers the share and the cost per row of full tiles from the plan's own steps (a forward model)."""
+    from edgekv.core.speed import FA_TILE_Q, _attn_units, fa_tiles, tile_factor
+    from edgekv.orchestration import speedcal as S
+
+    assert [fa_tiles(n, 9, 2) for n in (64, 96, 128, 256, 512)] == [16, 22, 24, 40, 72]
+    assert [fa_tiles(n, 9, 1) for n in (64, 96, 128, 256, 512)] == [9, 18, 18, 36, 72]    # one chunk: per head
+    assert fa_tiles(64, 4, 2) == 8 and fa_tiles(512, 4, 2) == 32 and fa_tiles(100, 16, 2) == 32
+    assert tile_factor(0.0, 128, 9, 2) == 1.0 and tile_factor(0.6, 512, 9, 2) == pytest.approx(1.0)
+    assert tile_factor(1.0, 128, 9, 2) == pytest.approx(24 * FA_TILE_Q / (128 * 9))
+    assert tile_factor(0.6, 128, 9, 2) == pytest.approx(0.6 * 4 / 3 + 0.4)
+    _, sh = smol
+    g = "h9kv3k64v64"
+    kv, kg = kv_key("f16", "f16", "auto"), kv_key("f16", "f16", "auto", g)
+
+    def attn(cal, n: int, depth: int = 512):
+        r = predict_pp(sh, cal, depth, n, 2048, 512, "f16", "f16", "auto")
+        return next(x for x in r.parts if x.name == "attention")
+
+    full, tiled = _cal(), _cal(attn_pp_tile_share={kv_key("f16", "f16", "auto", x): 0.6 for x in GEOMETRIES})
+    assert attn(tiled, 512).s_per_token == pytest.approx(attn(full, 512).s_per_token)      # full tiles: alike
+    assert attn(tiled, 128).s_per_token == pytest.approx(attn(full, 128).s_per_token * (0.6 * 4 / 3 + 0.4))
+    assert "cut short" in attn(tiled, 128).source and "cut short" not in attn(full, 128).source
+    assert _attn_units(sh, 1.0) > 0
+    # the solver: a geometry model whose tiles cost 0.6 of the kernel, the rest per row, 3e-11 a row-cell in full tiles
+    (m, *_) = [x for x in S.attn_plan([("f16", "f16", "auto")], 2, True, g) if x["key"] == f"attn_{g}"]
+    shape = S.geometry_shape(g)
+    units, h = S._attn_units(shape), shape["n_head"]
+    res = [{"model": m["key"], "context": kg, "step": st["key"],
+            "ns": [int((0.1 + st["n"] * units * (st["depth"] + st["n"] / 2) * 3e-11
+                        * tile_factor(0.6, st["n"], h, 2)) * 1e9)] * 3}
+           for st in m["contexts"][0]["steps"] if st["test"] == "pp"]
+    assert {r["step"] for r in res} >= {"pt0", "pt1024", "pp0", "pp1024"}
+    assert S.solve_tile_share(res, kg, 2) == pytest.approx(0.6, rel=1e-3)
+    # deep in the cache its own share, from the deep model's PT_N-token prompts beside its DEEP_PP_N ones
+    d = S.deep_plan([("f16", "f16", "auto")], 2, True, g)
+    du = S._attn_units(S.deep_shape(g))
+    res += [{"model": d["key"], "context": kg, "step": st["key"],
+             "ns": [int((0.05 + st["n"] * du * (st["depth"] + st["n"] / 2) * 4e-11 * tile_factor(0.3, st["n"], h, 2))
+                        * 1e9)] * 3} for st in d["contexts"][0]["steps"]]
+    assert S.solve_tile_share(res, kg, 2, deep=True) == pytest.approx(0.3, rel=1e-3)
+    assert S.solve_tile_share(res, kg, 2) == pytest.approx(0.6, rel=1e-3)
+    # and the prediction prices the deep cells with the deep share: SmolLM2's 128-token prompt at depth 8192
+    both = _cal(attn_pp_tile_share={kg: 0.6}, attn_pp_tile_share_deep={kg: 0.3})
+    deep_only = attn(both, 128, 8192).s_per_token / attn(full, 128, 8192).s_per_token
+    assert 0.3 / 3 + 1 < deep_only < 0.6 / 3 + 1     # mostly the deep share's factor, a little of the shallow one's
+    # noise that makes short tiles cheaper per row than full ones gives no share (every row alike), never a negative
+    cheap = [{"model": m["key"], "context": kg, "step": st["key"],
+              "ns": [int((0.1 + st["n"] * units * st["depth"] * (2.5e-11 if st["key"].startswith("pt") else 3e-11))
+                         * 1e9)] * 3} for st in m["contexts"][0]["steps"] if st["test"] == "pp"]
+    assert S.solve_tile_share(cheap, kg, 2) == 0.0
+    assert kv != kg
 
 
 def test_the_tiled_kernel_prices_deep_cells_at_the_deep_coefficient(smol):
@@ -782,14 +839,17 @@ def test_interleaved_attention_steps_run_in_turn_through_llama_cpp():
 def test_an_f16_cache_short_prompt_is_timed_through_llama_cpp_and_costs_more_per_cell():
     """An f16 cache's interleaved plan has a short prompt (PP_ROWS_N, under llama.cpp's 64-row tile) over the
     long prompt's depths; through llama.cpp its deeper runs take longer, and its cost per cell is above the long
-    prompt's (the per-row loop against the tiled kernel, ggml-cpu/ops.cpp)."""
+    prompt's (the per-row loop against the tiled kernel, ggml-cpu/ops.cpp).  So is a prompt of PT_N tokens, whose
+    heads' second query tiles are a half (the tiled kernel packs K/V and multiplies a whole tile whatever rows it
+    holds): the share of its cost per tile comes out above zero."""
     from edgekv.orchestration import speedcal as S
 
     (m,) = S.attn_plan([("f16", "f16", "auto")], 2, _repack(), interleave=True)
     (c,) = m["contexts"]
     c["steps"] = [st for st in c["steps"] if st["test"] == "pp"]       # the decode steps are the other test's
     assert [(st["key"], st["n"], st["depths"]) for st in c["steps"]] == [("pp", S.ATTN_PP_N, list(S.ATTN_PP_DEPTHS)),
-                                                                         ("ps", S.PP_ROWS_N, list(S.ATTN_PP_DEPTHS))]
+                                                                         ("ps", S.PP_ROWS_N, list(S.ATTN_PP_DEPTHS)),
+                                                                         ("pt", S.PT_N, list(S.ATTN_PP_DEPTHS))]
     for st in c["steps"]:
         st["reps"] = 3
     res = {r["step"]: r for r in S._run([m], None)}
@@ -800,6 +860,9 @@ def test_an_f16_cache_short_prompt_is_timed_through_llama_cpp_and_costs_more_per
     pp = (S._median_s(r[0]["ns"]) - S._median_s(r[1]["ns"])) / S.ATTN_PP_N / S._attn_units(S.ATTN_SHAPE) / (p1 - p0)
     rows = S.solve_attn_rows(list(res.values()), key)
     assert rows > pp > 0, (rows, pp)
+    r = res[f"pt{p1}"], res[f"pt{p0}"]
+    short = (S._median_s(r[0]["ns"]) - S._median_s(r[1]["ns"])) / S.PT_N / S._attn_units(S.ATTN_SHAPE) / (p1 - p0)
+    assert 0 < S.solve_tile_share(list(res.values()), key, 2) <= 1, (short, pp)
 
 
 def test_the_drift_sentinel_times_the_real_decode(real_cal, tmp_path):
@@ -865,7 +928,8 @@ def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_wo
             d0, d1 = TILED_DEEP_DEPTHS
             assert d["key"] == f"attnd_{g}" and S.deep_shape(g)["n_layer"] == 1
             assert [(st["key"], st["depth"], st["n"]) for st in c["steps"]] == [
-                (f"pd{d0}", d0, S.DEEP_PP_N), (f"pd{d1}", d1, S.DEEP_PP_N), (f"pd{d0}b", d0, S.DEEP_PP_N)]
+                (f"pd{d0}", d0, S.DEEP_PP_N), (f"td{d0}", d0, S.PT_N), (f"pd{d1}", d1, S.DEEP_PP_N),
+                (f"td{d1}", d1, S.PT_N), (f"pd{d0}b", d0, S.DEEP_PP_N), (f"td{d0}b", d0, S.PT_N)]
             assert c["params"]["n_ctx"] >= d1 + S.DEEP_PP_N
             du, truth_deep = S._attn_units(S.deep_shape(g)), 8e-10
             res += [{"model": d["key"], "context": key, "step": st["key"],

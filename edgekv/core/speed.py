@@ -262,6 +262,13 @@ class Calibration:
     # dearer than over the first cells attn_pp_s measures (which cache it falls out of is not shown); F16/F32 pairs
     # on the CPU (CAL_VERSION 13)
     attn_pp_deep_s: dict[str, float] = field(default_factory=dict)
+    # the share of the tiled kernel's cost that a query tile pays whatever rows it holds (tile_factor): from a prompt
+    # of PT_N tokens (short tiles) beside ATTN_PP_N's on the same depths; attn_pp_s and attn_pp_deep_s are then the
+    # cost per row of full tiles; F16/F32 pairs on the CPU (CAL_VERSION 19; 0 = every row alike, as before)
+    attn_pp_tile_share: dict[str, float] = field(default_factory=dict)
+    # the same deep in the cache (the deep model's PT_N-token prompts beside its DEEP_PP_N ones), which attn_pp_deep_s
+    # is then per row of full tiles of; where absent, the shallow share
+    attn_pp_tile_share_deep: dict[str, float] = field(default_factory=dict)
     bandwidth_bytes_s: float | None = None
     notes: list[str] = field(default_factory=list)
     machine: str = ""                                           # the CPU and thread count it was measured on
@@ -393,6 +400,40 @@ def tiled_cells_cost(depth: float, shallow: float, deep: float) -> float:
     return shallow * a + (b - a) * (shallow + deep) / 2 + deep * (depth - b)
 
 
+def fa_tiles(n: int, n_head: int, n_threads: int) -> int:
+    """The query tiles llama.cpp's tiled flash-attention kernel runs for one layer of an ``n``-token ubatch over
+    ``n_head`` query heads on ``n_threads`` threads: the n x n_head query rows go out in chunks, four a thread
+    (ggml-cpu/ops.cpp:9529-9544; one a thread on one thread), and a tile of FA_TILE_Q rows ends early at a chunk's
+    end and at a head's (ops.cpp:9160-9170).  A short tile costs about what a full one does: the K/V tile is packed
+    and both GEMMs and the softmax run over all FA_TILE_Q rows whatever the rows filled (ops.cpp:9249-9330).
+    SmolLM2's 9 heads at 128 tokens on two threads: 24 tiles for 18 full ones' rows."""
+    nr = n * n_head
+    if nr <= 0:
+        return 0
+    nth = max(1, n_threads)
+    size = -(-nr // (nth * 4))
+    nchunk = -(-nr // size)
+    if nth == 1 or nchunk < nth:
+        nchunk = nth
+    dr = -(-nr // nchunk)
+    tiles = 0
+    for c in range(nchunk):
+        ir, end = dr * c, min(dr * c + dr, nr)
+        while ir < end:
+            ir += min(FA_TILE_Q, end - ir, n - ir % n)
+            tiles += 1
+    return tiles
+
+
+def tile_factor(share: float, n: int, n_head: int, n_threads: int) -> float:
+    """What one layer's tiled prompt attention costs against the same rows in full tiles: ``share`` of the kernel's
+    work is per tile (:func:`fa_tiles`, whatever its rows), the rest per query row (the mask each row converts,
+    its query copied in).  1.0 where every tile is full or the share is unknown (0)."""
+    if share <= 0 or n <= 0:
+        return 1.0
+    return share * fa_tiles(n, n_head, n_threads) * FA_TILE_Q / (n * n_head) + (1.0 - share)
+
+
 def prompt_attn_coef(cal: Calibration, n: int, tiled: bool) -> dict[str, float]:
     """The calibration's attention coefficients for a prompt ubatch of ``n`` tokens per sequence (``tiled``:
     :func:`tiled_prompt_path` of its K/V pair)."""
@@ -463,15 +504,18 @@ def _attn_units(sh: SpeedShape, depth: float, coef: dict[str, float] | None = No
                * (coef[f"{kv}@{lay.geometry}"] if coef is not None else 1.0) for lay in sh.attn)
 
 
-def _tiled_attn_s(sh: SpeedShape, depth: float, cal: Calibration, kv: str) -> float:
+def _tiled_attn_s(sh: SpeedShape, depth: float, cal: Calibration, kv: str, n: int = 0) -> float:
     """Seconds of one prompt token's attention at ``depth`` cells in the tiled kernel (:func:`tiled_cells_cost` of
-    each layer's geometry; a calibration without the deep coefficient, a GPU's, prices every cell alike)."""
+    each layer's geometry; a calibration without the deep coefficient, a GPU's, prices every cell alike), in an
+    ``n``-token ubatch whose short query tiles cost what full ones do (:func:`tile_factor`)."""
     out = 0.0
     for lay in sh.attn:
         k = f"{kv}@{lay.geometry}"
-        c = cal.attn_pp_s[k]
-        out += lay.n_head * (lay.head_k + lay.head_v) * tiled_cells_cost(_depth_eff(depth, lay), c,
-                                                                          cal.attn_pp_deep_s.get(k, c))
+        share = cal.attn_pp_tile_share.get(k, 0.0)
+        c = cal.attn_pp_s[k] * tile_factor(share, n, lay.n_head, cal.n_threads)
+        deep = cal.attn_pp_deep_s.get(k, cal.attn_pp_s[k]) \
+            * tile_factor(cal.attn_pp_tile_share_deep.get(k, share), n, lay.n_head, cal.n_threads)
+        out += lay.n_head * (lay.head_k + lay.head_v) * tiled_cells_cost(_depth_eff(depth, lay), c, deep)
     return out
 
 
@@ -674,10 +718,12 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
     if not cal.device and cal.node_pp_short_s and ubs:
         c_src = f"{prompt_node_s(cal, ubs[0]) * 1e6:.2f} us at {ubs[0]} tokens"
     d = float(depth)
-    tiled, short, deep = tiled_prompt_path(type_k, type_v, flash_attn, cal.device), 0, False
+    tiled, short, deep, short_tiles = tiled_prompt_path(type_k, type_v, flash_attn, cal.device), 0, False, False
     for n in ubatches(n_prompt, n_batch, n_ubatch):      # each sequence's tokens over its own cells
         if sh.attn and tiled and n >= FA_TILE_Q:
-            attn += n_seq * n * _tiled_attn_s(sh, d + n / 2, cal, kv)
+            attn += n_seq * n * _tiled_attn_s(sh, d + n / 2, cal, kv, n)
+            short_tiles |= any(tile_factor(cal.attn_pp_tile_share.get(f"{kv}@{lay.geometry}", 0.0), n, lay.n_head,
+                                           cal.n_threads) > 1.0 for lay in sh.attn)
             deep |= d + n > TILED_SHALLOW_END
         elif sh.attn:
             attn += n_seq * n * _attn_units(sh, d + n / 2, prompt_attn_coef(cal, n, tiled), kv,
@@ -704,7 +750,9 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
                                + (f"; {short} ubatch(es) under {FA_TILE_Q} tokens run llama.cpp's per-row loop, "
                                   "not its tiled kernel" if short else "")
                                + (f"; the tiled kernel's cells past {TILED_SHALLOW_END} priced toward its cost "
-                                  f"{TILED_DEEP_DEPTHS[0]}-{TILED_DEEP_DEPTHS[1]} deep" if deep else "")))
+                                  f"{TILED_DEEP_DEPTHS[0]}-{TILED_DEEP_DEPTHS[1]} deep" if deep else "")
+                               + ("; query tiles cut short at llama.cpp's chunk and head ends priced as full ones "
+                                  "(their per-tile share)" if short_tiles else "")))
     t = sum(x.s_per_token for x in parts)
     return SpeedPrediction("pp", 1.0 / t, depth, n_prompt * n_seq, parts, None, None, cal.id)
 

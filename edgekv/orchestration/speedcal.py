@@ -50,12 +50,13 @@ from edgekv.core.speed import (
     kv_key,
     prompt_attn_coef,
     prompt_node_s,
+    tile_factor,
     tiled_prompt_path,
     weight_key,
 )
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-CAL_VERSION = 18          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
+CAL_VERSION = 19          # 2: wide attention geometries over a hidden size of at most GEOMETRY_MAX_EMBD; 3: a few columns;
 # 4: the cost of a token and of a ubatch outside the graph's nodes; 5: each attention difference's depths timed in turn;
 # 6: a node is one a backend runs (the scheduler's listing), not a view; 7: the CPU mat-vec's cost per row and
 # streaming rate; 8: models of values like a trained model's, not zeros (edgekv.edges.tinymodel.fill_values);
@@ -71,7 +72,8 @@ CAL_VERSION = 18          # 2: wide attention geometries over a hidden size of a
 # 17: every calibration model's weights centred and of RMS edgekv.edges.tinymodel.weight_rms (a trained model's size
 # at its width, whatever the type; SPEED_MODELS_VERSION 3): the attention's cost per cell no longer depends on the
 # width or the weight type through a softmax that underflows; 18: each geometry's decode attention timed with the
-# CPU's caches evicted between tokens (evict_shape) and, without flash attention, over the whole padded view
+# CPU's caches evicted between tokens (evict_shape) and, without flash attention, over the whole padded view;
+# 19: the tiled kernel's share of cost per query tile, whatever rows it holds (attn_pp_tile_share: PT_N-token prompts)
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -88,6 +90,9 @@ DEEP_LAYERS = 1
 DEEP_REPS = 5
 ATTN_PP_N = 256
 PP_ROWS_N = 32            # a prompt under edgekv.core.speed.FA_TILE_Q tokens: an F16/F32 cache's per-row loop
+# a prompt of one and a half query tiles a head: every head's second tile is short (more so where llama.cpp's chunks
+# cut it), beside ATTN_PP_N's on the same depths the tiled kernel's cost per tile separates from its cost per row
+PT_N = 96
 GEOMETRY_LAYERS = 6
 TG_N = 32                 # generated tokens per timed decode run (5 runs per attention step, the median kept)
 PP_SHORT_N, PP_N = NODE_PP_TOKENS
@@ -424,7 +429,7 @@ def _in_order(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     step), then each kind's shallowest again (dropping cells costs nothing): each difference is taken shallow, deep,
     shallow, so a machine that slows or speeds up steadily meanwhile does not bias it."""
     again = []
-    for kind in ("tg", "pp", "ps"):
+    for kind in ("tg", "pp", "ps", "pt"):
         mine = [st for st in steps if st["key"].startswith(kind)]
         if mine:
             first = min(mine, key=lambda st: st["depth"])
@@ -458,10 +463,12 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
             tg = [{**_step("tg", "tg", 0, TG_N, reps), "depths": list(tg_depths)}]
             pp = [{**_step("pp", "pp", 0, a.pp_n, 3), "depths": list(pp_depths)}]
             pp += [{**_step("ps", "pp", 0, PP_ROWS_N, 3), "depths": list(pp_depths)}] if rows else []
+            pp += [{**_step("pt", "pp", 0, PT_N, 3), "depths": list(pp_depths)}] if rows and not device else []
         else:
             tg = [_step(f"tg{d}", "tg", d, TG_N, reps) for d in tg_depths]
             pp = [_step(f"pp{d}", "pp", d, a.pp_n, 3) for d in pp_depths]
             pp += [_step(f"ps{d}", "pp", d, PP_ROWS_N, 3) for d in pp_depths if rows]
+            pp += [_step(f"pt{d}", "pp", d, PT_N, 3) for d in pp_depths if rows and not device]
         for dest, steps in ([(ctxs_tg, tg), (ctxs, pp)] if evict else [(ctxs, tg + pp)]):
             dest.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps if interleave else _in_order(steps),
                              n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa, n_seq=2 if interleave else 1))
@@ -481,8 +488,9 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
 def deep_plan(pairs: list[tuple[str, str, str]], n_threads: int, repack: bool, geometry: str,
               interleave: bool = False) -> dict[str, Any]:
     """The tiled kernel deep in the cache for the given F16/F32 pairs of a geometry: DEEP_PP_N-token prompts at
-    both TILED_DEEP_DEPTHS on a DEEP_LAYERS-layer model of it (interleaved as attn_plan's steps; through
-    llama-bench in order of depth, then the shallow one again)."""
+    both TILED_DEEP_DEPTHS on a DEEP_LAYERS-layer model of it, and PT_N-token ones (short query tiles: the share of
+    the cost per tile deep in the cache) (interleaved as attn_plan's steps; through llama-bench in order of depth,
+    then the shallow ones again)."""
     from edgekv.edges.tinymodel import speed_model_path
 
     d0, d1 = TILED_DEEP_DEPTHS
@@ -491,11 +499,12 @@ def deep_plan(pairs: list[tuple[str, str, str]], n_threads: int, repack: bool, g
     for tk, tv, fa in pairs:
         if interleave:
             steps = [{**_step("pd", "pp", 0, DEEP_PP_N, DEEP_REPS), "depths": [d0, d1]}]
+            steps += [{**_step("td", "pp", 0, PT_N, DEEP_REPS), "depths": [d0, d1]}]
             ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, n_ctx=n_ctx, type_k=tk, type_v=tv,
                              flash_attn=fa, n_seq=2))
             continue
-        steps = [_step(f"pd{d0}", "pp", d0, DEEP_PP_N, DEEP_REPS), _step(f"pd{d1}", "pp", d1, DEEP_PP_N, DEEP_REPS),
-                 _step(f"pd{d0}b", "pp", d0, DEEP_PP_N, DEEP_REPS)]
+        steps = [_step(f"{k}{d}", "pp", d, n, DEEP_REPS) for d in (d0, d1) for k, n in (("pd", DEEP_PP_N), ("td", PT_N))]
+        steps += [_step(f"{k}{d0}b", "pp", d0, n, DEEP_REPS) for k, n in (("pd", DEEP_PP_N), ("td", PT_N))]
         ctxs.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps, n_ctx=n_ctx, type_k=tk, type_v=tv,
                          flash_attn=fa))
     name = f"attnd_{geometry}"
@@ -739,6 +748,36 @@ def solve_attn_rows(results: list[dict], key: str, device: str = "") -> float:
     if rows <= 0:
         raise Disturbed(f"of {key} measured no cost for a deeper cache under a short prompt")
     return rows
+
+
+def solve_tile_share(results: list[dict], key: str, n_threads: int, deep: bool = False) -> float:
+    """The share of one F16/F32 pair's tiled prompt attention that a query tile pays whatever rows it holds
+    (edgekv.core.speed.tile_factor) at a geometry: the plan's PT_N-token prompt ("pt" steps: short tiles) beside its
+    longer one over the same depths.  Between 0 (the kernel's cost follows the rows) and 1 (the tiles).  On the
+    2-vCPU EPYC VM a one-layer model of SmolLM2's 9 heads cost 27.7 ps a row and cell in 512-token prompts (full
+    tiles), 30.8 at 128 (a third more tiles) and 39.7-42.2 at 64 and 96 (four fifths and two thirds more) between
+    depths 4096 and 8192 (bench/README.md).  ``deep``: the deep model's steps at TILED_DEEP_DEPTHS ("td" beside
+    "pd")."""
+    from edgekv.core.speed import FA_TILE_Q, fa_tiles
+
+    geometry, shape, r = _attn_results(results, key)
+    a = attn_steps(geometry, True)
+    long_n, depths, steps = a.pp_n, a.pp_depths, ("pp", "pt")
+    if deep:
+        shape, r = deep_shape(geometry), _by(results, f"attnd_{geometry}", key)
+        long_n, depths, steps = DEEP_PP_N, TILED_DEEP_DEPTHS, ("pd", "td")
+    units, h = _attn_units(shape), shape["n_head"]
+    y_long = _prompt_cell_cost(r, steps[0], depths, long_n, units)
+    y_short = _prompt_cell_cost(r, steps[1], depths, PT_N, units)
+    r_long = fa_tiles(long_n, h, n_threads) * FA_TILE_Q / (long_n * h)
+    r_short = fa_tiles(PT_N, h, n_threads) * FA_TILE_Q / (PT_N * h)
+    if y_long <= 0 or y_short <= 0:
+        raise Disturbed(f"of {key} measured no cost for a deeper cache under a prompt of short tiles")
+    q = y_short / y_long
+    den = (r_short - 1) - q * (r_long - 1)
+    if den <= 1e-9:
+        return 0.0
+    return min(1.0, max(0.0, (q - 1) / den))
 
 
 def solve_attn_deep(results: list[dict], key: str) -> float:
@@ -1166,6 +1205,13 @@ def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tu
                     cal.attn_pp_rows_s[k] = solve_attn_rows(res, k, dev)
                     if g is not None:
                         cal.attn_pp_deep_s[k] = solve_attn_deep(res, k)
+                    if not dev:     # the coefficients per row of full tiles, each step's own tiles taken out
+                        share = cal.attn_pp_tile_share[k] = solve_tile_share(res, k, n_threads)
+                        h = geometry_shape(g)["n_head"]
+                        cal.attn_pp_s[k] /= tile_factor(share, attn_steps(g, True).pp_n, h, n_threads)
+                        if k in cal.attn_pp_deep_s:
+                            deep = cal.attn_pp_tile_share_deep[k] = solve_tile_share(res, k, n_threads, deep=True)
+                            cal.attn_pp_deep_s[k] /= tile_factor(deep, DEEP_PP_N, h, n_threads)
         if new:
             f16 = kv_key("f16", "f16", "auto")
             (cal.node_tg_s, cal.node_pp_s, cal.token_tg_s, cal.ubatch_pp_s,
@@ -1295,7 +1341,7 @@ def _merge_cached(cal: Calibration, path, key: str) -> list[dict]:
                  "matmul_s_per_byte",
                  "matmul_s_per_flop", "matmul_s_per_dot", "matcols_s_per_byte", "matcols_s_per_row", "attn_tg_s",
                  "attn_pp_s", "attn_pp_rows_s",
-                 "attn_pp_deep_s",
+                 "attn_pp_deep_s", "attn_pp_tile_share", "attn_pp_tile_share_deep",
                  "node_tg_body_s", "node_pp_body_s"):
         mine = getattr(cal, name)
         for k, v in getattr(other, name).items():

@@ -486,13 +486,15 @@ def render_calibration(con, sc) -> None:
     # decode (tg) and prompt (pp) in llama-bench's words, so that the table fits 80 columns; the fourth column: a
     # prompt ubatch under 64 tokens over an F16/F32 cache (llama.cpp's per-row loop, not its tiled kernel); the fifth:
     # that tiled kernel's cost per cell deep in the cache (TILED_DEEP_DEPTHS); "-" where every prompt runs the
-    # per-row loop (a quantized cache) or on a GPU
-    for col in ("K/V, flash attention", "tg ps", "pp ps", "pp <64 ps", "pp deep ps"):
+    # per-row loop (a quantized cache) or on a GPU; the last: the tiled kernel's share of cost per query tile,
+    # whatever rows it holds (its pp columns are then per row of full tiles)
+    for col in ("K/V, flash attention", "tg ps", "pp ps", "pp <64 ps", "pp deep ps", "tile"):
         a.add_column(col, justify="left" if col.startswith("K/V") else "right")
     for k in sorted(cal.attn_tg_s):      # picoseconds: a GPU's cell costs are a thousandth of a CPU's
-        rows, deep = cal.attn_pp_rows_s.get(k), cal.attn_pp_deep_s.get(k)
+        rows, deep, tile = cal.attn_pp_rows_s.get(k), cal.attn_pp_deep_s.get(k), cal.attn_pp_tile_share.get(k)
         a.add_row(k, f"{cal.attn_tg_s[k] * 1e12:.3g}", f"{cal.attn_pp_s.get(k, 0) * 1e12:.3g}",
-                  f"{rows * 1e12:.3g}" if rows is not None else "-", f"{deep * 1e12:.3g}" if deep is not None else "-")
+                  f"{rows * 1e12:.3g}" if rows is not None else "-", f"{deep * 1e12:.3g}" if deep is not None else "-",
+                  f"{100 * tile:.0f}%" if tile is not None else "-")
     con.print(a)
     for n in cal.notes:
         con.print(f"[yellow]Note: {n}[/]")
