@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from edgekv.core.speed import FA_TILE_Q, fa_tiles, kv_key
+    from edgekv.core.speed import fa_tiles, kv_key, tile_ratio
     from edgekv.edges.tinymodel import speed_model_path
     from edgekv.orchestration import speedcal as sc
 
@@ -54,7 +54,7 @@ def main() -> None:
     print(f"{a.geometry}, {a.layers} layer(s), {a.threads} threads, depths {d0} -> {d1} ({time.monotonic() - t0:.1f} s)")
     units, h = sc._attn_units(shape), shape["n_head"]
     for n in sizes:
-        ratio = fa_tiles(n, h, a.threads) * FA_TILE_Q / (n * h)
+        ratio = tile_ratio(n, h, a.threads)
         for it in range(a.rounds):
             s, d = (statistics.median(r[f"p{n}_{x}_{it}"]["ns"]) / 1e9 for x in (d0, d1))
             cell = (d - s) / n / units / (d1 - d0)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from edgekv.core.cachetypes import CACHE_TYPES, ggml_type_name
@@ -400,6 +401,7 @@ def tiled_cells_cost(depth: float, shallow: float, deep: float) -> float:
     return shallow * a + (b - a) * (shallow + deep) / 2 + deep * (depth - b)
 
 
+@lru_cache(maxsize=4096)
 def fa_tiles(n: int, n_head: int, n_threads: int) -> int:
     """The query tiles llama.cpp's tiled flash-attention kernel runs for one layer of an ``n``-token ubatch over
     ``n_head`` query heads on ``n_threads`` threads: the n x n_head query rows go out in chunks, four a thread
@@ -425,13 +427,19 @@ def fa_tiles(n: int, n_head: int, n_threads: int) -> int:
     return tiles
 
 
+def tile_ratio(n: int, n_head: int, n_threads: int) -> float:
+    """The rows of the tiles llama.cpp's tiled kernel runs (:func:`fa_tiles` x FA_TILE_Q) over the ubatch's query
+    rows: 1.0 where every tile is full."""
+    return fa_tiles(n, n_head, n_threads) * FA_TILE_Q / (n * n_head) if n > 0 and n_head > 0 else 1.0
+
+
 def tile_factor(share: float, n: int, n_head: int, n_threads: int) -> float:
     """What one layer's tiled prompt attention costs against the same rows in full tiles: ``share`` of the kernel's
     work is per tile (:func:`fa_tiles`, whatever its rows), the rest per query row (the mask each row converts,
     its query copied in).  1.0 where every tile is full or the share is unknown (0)."""
     if share <= 0 or n <= 0:
         return 1.0
-    return share * fa_tiles(n, n_head, n_threads) * FA_TILE_Q / (n * n_head) + (1.0 - share)
+    return share * tile_ratio(n, n_head, n_threads) + (1.0 - share)
 
 
 def prompt_attn_coef(cal: Calibration, n: int, tiled: bool) -> dict[str, float]:

@@ -758,7 +758,7 @@ def solve_tile_share(results: list[dict], key: str, n_threads: int, deep: bool =
     tiles), 30.8 at 128 (a third more tiles) and 39.7-42.2 at 64 and 96 (four fifths and two thirds more) between
     depths 4096 and 8192 (bench/README.md).  ``deep``: the deep model's steps at TILED_DEEP_DEPTHS ("td" beside
     "pd")."""
-    from edgekv.core.speed import FA_TILE_Q, fa_tiles
+    from edgekv.core.speed import tile_ratio
 
     geometry, shape, r = _attn_results(results, key)
     a = attn_steps(geometry, True)
@@ -769,8 +769,7 @@ def solve_tile_share(results: list[dict], key: str, n_threads: int, deep: bool =
     units, h = _attn_units(shape), shape["n_head"]
     y_long = _prompt_cell_cost(r, steps[0], depths, long_n, units)
     y_short = _prompt_cell_cost(r, steps[1], depths, PT_N, units)
-    r_long = fa_tiles(long_n, h, n_threads) * FA_TILE_Q / (long_n * h)
-    r_short = fa_tiles(PT_N, h, n_threads) * FA_TILE_Q / (PT_N * h)
+    r_long, r_short = tile_ratio(long_n, h, n_threads), tile_ratio(PT_N, h, n_threads)
     if y_long <= 0 or y_short <= 0:
         raise Disturbed(f"of {key} measured no cost for a deeper cache under a prompt of short tiles")
     q = y_short / y_long
