@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     from edgekv.core.speed import attn_units_tg, dense_view, kv_key, split_kv_path
-    from edgekv.edges.tinymodel import speed_model_path
+    from edgekv.edges.tinymodel import drop_plan_models, plan_model
     from edgekv.orchestration import speedcal as sc
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -60,9 +60,12 @@ def main() -> None:
                             [{**sc._step("tg", "tg", 0, sc.TG_N, 5), "depths": [d0, d1]}], n_ctx=n_ctx,
                             type_k=p[0], type_v=p[1], flash_attn=p[2], n_seq=2) for p in pairs]
             model = {"key": name, "repack": True, "n_gpu_layers": 0,
-                     "model_path": str(speed_model_path(name, **shape)), "contexts": ctxs}
+                     **plan_model(name, **shape), "contexts": ctxs}
             t0 = time.monotonic()
-            res = sc._run([model], None)
+            try:
+                res = sc._run([model], None)
+            finally:
+                drop_plan_models([model])
             took = time.monotonic() - t0
             sh = sc._attn_speed_shape(shape)
             for p in pairs:

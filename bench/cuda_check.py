@@ -326,7 +326,7 @@ def resolve(res: Path):
     run's (calibration file) and the shape probes' (vocab_big as nodes_v, the bodies of the two models as their
     body probes: the same zero-weight models edgekv's plan writes)."""
     from edgekv.core.speed import Calibration, kv_key
-    from edgekv.edges.tinymodel import speed_model_path
+    from edgekv.edges.tinymodel import drop_plan_models, plan_headers
     from edgekv.orchestration import speedcal as S
     from edgekv.orchestration.api import load_model
     from edgekv.orchestration.speedpredict import model_speed_shape
@@ -351,10 +351,13 @@ def resolve(res: Path):
     cal.node_tg_s, cal.node_pp_s, cal.token_tg_s, cal.ubatch_pp_s = S.solve_nodes(raw, cal.attn_tg_s[f16],
                                                                                   cal.attn_pp_s[f16])
     plan = S.weight_plan(sorted(oc["matvec_s_per_byte"]), cal.n_threads, True, "CUDA0")
+    plan_headers(plan)      # the solve reads the models' tensor tables
     S.solve_weights(raw, plan, cal, [], False)
     cal.vocab_tg_s = S.solve_vocab(raw + extra, cal)
-    assert all(Path(speed_model_path(f"body_{b}", **S.body_shape(b))).is_file() for b in bodies.values())
-    S.solve_bodies(extra, S.body_plan(sorted(bodies.values()), cal.n_threads, True), cal)
+    body_plan = S.body_plan(sorted(bodies.values()), cal.n_threads, True)
+    plan_headers(body_plan)
+    S.solve_bodies(extra, body_plan, cal)
+    drop_plan_models(plan + body_plan)
     return cal, models
 
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     from edgekv.core.speed import fa_tiles, kv_key, tile_ratio
-    from edgekv.edges.tinymodel import speed_model_path
+    from edgekv.edges.tinymodel import drop_plan_models, plan_model
     from edgekv.orchestration import speedcal as sc
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -48,9 +48,12 @@ def main() -> None:
     ctx = sc._ctx(kv_key("f16", "f16", "auto", a.geometry), a.threads, steps,
                   n_ctx=-(-(d1 + max(sizes) + 1) // 512) * 512)
     model = {"key": name, "repack": True, "n_gpu_layers": 0,
-             "model_path": str(speed_model_path(name, **shape)), "contexts": [ctx]}
+             **plan_model(name, **shape), "contexts": [ctx]}
     t0 = time.monotonic()
-    r = sc._by(sc._run([model], None), name)
+    try:
+        r = sc._by(sc._run([model], None), name)
+    finally:
+        drop_plan_models([model])
     print(f"{a.geometry}, {a.layers} layer(s), {a.threads} threads, depths {d0} -> {d1} ({time.monotonic() - t0:.1f} s)")
     units, h = sc._attn_units(shape), shape["n_head"]
     for n in sizes:

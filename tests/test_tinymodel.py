@@ -5,6 +5,8 @@ writes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
@@ -101,3 +103,149 @@ def test_mxfp4_blocks_get_a_sane_e8m0_exponent(tmp_path):
         w = dequantize(blocks.reshape(-1), t.tensor_type)
         assert np.isfinite(w).all() and np.count_nonzero(w) > 0.8 * w.size
         assert 0.7 < np.sqrt(np.mean(w.astype(np.float64) ** 2)) / weight_rms(SHAPE["n_embd"]) < 1.42
+
+
+# -- a calibration plan's models: written as a probe loads them, cut to their headers, deleted at the end ---------
+
+
+def test_a_plan_model_is_written_as_it_is_loaded_then_cut_to_its_header(tmp_path, monkeypatch):
+    """plan_model names a file and writes nothing; plan_model_file writes the whole model (llama.cpp loads it and
+    decodes), then cuts it to its header (the tensor table the solve reads back); a second use writes it whole
+    again; drop_plan_models deletes it."""
+    import llama_cpp
+
+    from edgekv.edges.gguf_header import read_header_file
+    from edgekv.edges.tinymodel import drop_plan_models, plan_model, plan_model_file
+    from tests.llamaparams import preflight_model_params
+
+    monkeypatch.setenv("EDGEKV_HOME", str(tmp_path))
+    m = plan_model("wn_q8_0", **SHAPE, mat_type="Q8_0")
+    p = Path(m["model_path"])
+    assert p.parent == tmp_path / "calibration" / "speed" / "scratch" and not p.exists()
+    for _ in range(2):
+        with plan_model_file(m) as path:
+            h = read_header_file(path)
+            assert Path(path).stat().st_size == h.file_size > h.data_offset
+            with preflight_model_params():
+                llm = llama_cpp.Llama(model_path=path, n_ctx=64, n_batch=64, n_threads=2, logits_all=True,
+                                      verbose=False)
+            try:
+                llm.eval([1, 7, 42])
+                assert np.isfinite(np.array(llm.scores[:3])).all()
+            finally:
+                llm.close()
+        assert p.stat().st_size == h.data_offset        # cut: its header alone
+        assert [t.name for t in read_header_file(p).tensors] == [t.name for t in h.tensors]
+    drop_plan_models([m])
+    assert not p.exists()
+
+
+def test_a_plan_model_path_is_the_one_its_name_and_shape_give(tmp_path, monkeypatch):
+    """A plan entry never chooses where a model is written: a path other than its name, shape and owner's is
+    refused before anything is written, and drop_plan_models deletes nothing outside the scratch folder."""
+    from edgekv.edges.tinymodel import drop_plan_models, plan_model, plan_model_file
+
+    monkeypatch.setenv("EDGEKV_HOME", str(tmp_path))
+    elsewhere = tmp_path / "mine.gguf"
+    elsewhere.write_bytes(b"x")
+    m = {**plan_model("wn_q8_0", **SHAPE, mat_type="Q8_0"), "model_path": str(elsewhere)}
+    with pytest.raises(ValueError, match="is not where"), plan_model_file(m):
+        pass
+    drop_plan_models([m])
+    assert elsewhere.read_bytes() == b"x"
+    bad = plan_model("wn_q8_0", **SHAPE, mat_type="Q8_0")
+    bad["write"]["name"] = "../x"
+    with pytest.raises(ValueError, match="bad calibration model name"), plan_model_file(bad):
+        pass
+
+
+def test_the_sweep_deletes_models_of_dead_calibrations_and_stale_kept_ones(tmp_path, monkeypatch):
+    """sweep_speed_models: a scratch model of a process that no longer runs and a kept model untouched for STALE_S
+    go; this process's scratch models and a kept model used lately stay."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from edgekv.edges.tinymodel import STALE_S, speed_model_file, sweep_speed_models
+
+    monkeypatch.setenv("EDGEKV_HOME", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    files = {k: speed_model_file("wn_q8_0", owner, **SHAPE) for k, owner in (("dead", pid), ("mine", os.getpid()))}
+    files["old"] = speed_model_file("w_q8_0", **SHAPE)
+    files["new"] = speed_model_file("w_q4_1", **SHAPE)
+    for p in files.values():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"GGUF")
+    t = time.time() - STALE_S - 60
+    os.utime(files["old"], (t, t))
+    gone = sweep_speed_models()
+    assert sorted(gone) == sorted([files["dead"], files["old"]])
+    assert {k for k, p in files.items() if p.exists()} == {"mine", "new"}
+
+
+def test_a_full_disk_is_one_line_naming_the_folder_and_the_size(tmp_path, monkeypatch):
+    """The disk filling while a model is written: an OSError whose one line names the speed folder, the model and
+    its size, and what to do; no partial file is left."""
+    import errno
+
+    from edgekv.edges import tinymodel as T
+
+    monkeypatch.setenv("EDGEKV_HOME", str(tmp_path))
+    real = T.fill_values
+
+    def full(f, offset, nbytes, *a, **kw):
+        if offset > 1 << 20:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(f, offset, nbytes, *a, **kw)
+
+    monkeypatch.setattr(T, "fill_values", full)
+    m = T.plan_model("ws_q8_0", **{**SHAPE, "n_layer": 24}, mat_type="Q8_0")
+    with pytest.raises(OSError) as e, T.plan_model_file(m):
+        pass
+    msg = e.value.strerror
+    assert e.value.errno == errno.ENOSPC and "\n" not in msg
+    assert str(tmp_path / "calibration" / "speed") in msg and "ws_q8_0 (" in msg and " MiB)" in msg
+    assert "EDGEKV_HOME" in msg
+    assert list((tmp_path / "calibration" / "speed").rglob("*")) == [tmp_path / "calibration" / "speed" / "scratch"]
+
+
+FULL_DISK_CHILD = """
+import os, sys
+os.environ["EDGEKV_HOME"] = sys.argv[1]
+from edgekv.edges.tinymodel import plan_model, plan_model_file
+m = plan_model("ws_q8_0", n_embd=256, n_ff=512, n_layer=24, n_head=4, n_head_kv=2, mat_type="Q8_0")
+try:
+    with plan_model_file(m):
+        print("WROTE")
+except OSError as e:
+    print(e.errno, e.strerror)
+    print(sorted(str(p) for p in __import__("pathlib").Path(sys.argv[1]).rglob("*") if p.is_file()))
+"""
+
+
+def test_a_real_full_disk_is_one_line_and_leaves_no_partial_model(tmp_path):
+    """A real full disk: a 1 MiB tmpfs mounted in a mount namespace of its own (unshare -m; the mount goes with the
+    process) as EDGEKV_HOME, and a model of several MiB written there: ENOSPC, the one line, no file left."""
+    import errno
+    import shutil
+    import subprocess
+    import sys
+
+    home = tmp_path / "small"
+    home.mkdir()
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare (util-linux) to mount a small filesystem in a namespace of its own")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {home}"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {probe.stderr.strip()[:120]}")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=1m tmpfs {home} && exec "$@"', "sh",
+                        sys.executable, "-c", FULL_DISK_CHILD, str(home)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"{errno.ENOSPC} no space left on the disk of {home}/calibration/speed to write the "
+                               "speed calibration's model ws_q8_0 ("), r.stdout
+    assert lines[0].endswith("or set EDGEKV_HOME to a folder on a disk with room") and len(lines) == 2
+    assert lines[1] == "[]"         # no partial model (the atomic write's temporary file removed)

@@ -333,8 +333,8 @@ def speed_probe(payload: dict, ev: EventWriter) -> None:
     context."""
     import llama_cpp as L
 
-    from edgekv.core.predict import ContextParams
-    from edgekv.edges.engine import LogCapture, context_params, model_params
+    from edgekv.edges.engine import LogCapture
+    from edgekv.edges.tinymodel import plan_model_file
 
     cap = LogCapture()
     cap.install()
@@ -342,14 +342,31 @@ def speed_probe(payload: dict, ev: EventWriter) -> None:
     rng = random.Random(SEED)
     out: list[dict[str, Any]] = []
     for m in payload["models"]:
-        # a GPU calibration offloads every layer (n_gpu_layers -1), as the configurations it predicts do
-        model = L.llama_model_load_from_file(m["model_path"].encode(),
-                                             model_params(int(m.get("n_gpu_layers", 0)), dry=False,
-                                                          use_extra_bufts=bool(m.get("repack", True))))
-        cap.take()
-        if not model:
-            ev.result({"ok": False, "reason": f"llama.cpp could not load the calibration model {m['key']}"})
+        try:
+            with plan_model_file(m) as path:        # written now, cut to its header once timed
+                if not _probe_model(L, cap, m, path, rng, out, ev):
+                    return
+        except OSError as e:        # a full disk: its one line, naming the folder
+            ev.result({"ok": False, "reason": e.strerror or str(e)})
             return
+    ev.result({"ok": True, "results": out})
+
+
+def _probe_model(L, cap, m: dict, path: str, rng: random.Random, out: list[dict[str, Any]], ev: EventWriter) -> bool:
+    """Time every context and step of the plan entry ``m`` (its model at ``path``) into ``out``; False when llama.cpp
+    refused it (the result is reported)."""
+    from edgekv.core.predict import ContextParams
+    from edgekv.edges.engine import context_params, model_params
+
+    # a GPU calibration offloads every layer (n_gpu_layers -1), as the configurations it predicts do
+    model = L.llama_model_load_from_file(path.encode(),
+                                         model_params(int(m.get("n_gpu_layers", 0)), dry=False,
+                                                      use_extra_bufts=bool(m.get("repack", True))))
+    cap.take()
+    if not model:
+        ev.result({"ok": False, "reason": f"llama.cpp could not load the calibration model {m['key']}"})
+        return False
+    try:
         n_vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(model)))
         for c in m["contexts"]:
             params = context_params(ContextParams(**c["params"]), n_threads=c["n_threads"])
@@ -358,13 +375,15 @@ def speed_probe(payload: dict, ev: EventWriter) -> None:
             cap.take()
             if not ctx:
                 ev.result({"ok": False, "reason": f"llama.cpp could not create a context for {m['key']}/{c['key']}"})
-                return
+                return False
             runner = _Runner(L, ctx, int(L.llama_n_batch(ctx)), n_vocab, False, 0, rng)
             out += [{"model": m["key"], "context": c["key"], **r, "graph": graph}
                     for r in _probe_steps(L, runner, L.llama_get_memory(ctx), c["steps"], f"{m['key']}/{c['key']}", ev)]
             runner.close()
             L.llama_free(ctx)
-        L.llama_model_free(model)
+    finally:
+        L.llama_model_free(model)       # before its file is cut
+    return True
     ev.result({"ok": True, "results": out})
 
 

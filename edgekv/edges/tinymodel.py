@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -312,20 +313,194 @@ def write_llama(path: str | os.PathLike, *, n_embd: int, n_ff: int, n_layer: int
     return write_sparse(w, path, t, values, weight_rms(n_embd))
 
 
-def speed_model_path(name: str, **shape: Any) -> Path:
-    """A calibration model under ``EDGEKV_HOME/calibration/speed/`` (``name`` is edgekv's own, never user
-    input), written on first use; the shape is part of the file name's hash so a changed shape is rewritten."""
+def speed_model_file(name: str, owner: int | None = None, **shape: Any) -> Path:
+    """The path of a calibration model (``name`` is edgekv's own, never user input; the shape is part of the file
+    name's hash so a changed shape is another file): under ``EDGEKV_HOME/calibration/speed/``, or (``owner``, the
+    process whose plan it belongs to) under its ``scratch/`` folder, named for that process (:func:`plan_model`).
+    Nothing is written."""
     import hashlib
     import json
     import re
 
     if not re.fullmatch(r"[a-z0-9_]+", name):
         raise ValueError(f"bad calibration model name {name!r}")
-    folder = edgekv_home() / "calibration" / "speed"
     tag = hashlib.sha256(json.dumps([SPEED_MODELS_VERSION, shape], sort_keys=True).encode()).hexdigest()[:10]
-    p = folder / f"{name}-{tag}.gguf"
+    if owner is None:
+        return speed_folder() / f"{name}-{tag}.gguf"
+    return speed_folder() / SCRATCH / f"{name}-{tag}-p{int(owner)}.gguf"
+
+
+def speed_folder() -> Path:
+    return edgekv_home() / "calibration" / "speed"
+
+
+def speed_model_path(name: str, **shape: Any) -> Path:
+    """A model under ``EDGEKV_HOME/calibration/speed/``, written on first use and kept (bench scripts, the GPU graph
+    probe); the speed calibration's own plans use :func:`plan_model` instead, which leaves nothing behind."""
+    p = speed_model_file(name, **shape)
     if not p.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
+        _write_speed_model(p, name, shape)
+    return p
+
+
+# -- a calibration plan's models ------------------------------------------------------------------------
+#
+# The speed calibration's models carry values (not sparse holes: a model of zero weights decodes faster), and its
+# streaming models are 380-450 MB each, three per weight type: a SmolLM2 calibration wrote 2.4 GB of them at once
+# and a test session more (a CI machine ran out of disk on 28 Nov 2026), and models kept between calibrations grew
+# a home's calibration folder to 5.4 GB of files no later calibration read.  So a plan names its models without
+# writing them (plan_model): the probe writes each just before llama.cpp loads it and cuts it to its header (a few
+# KB: what the solve reads back) once its steps are timed (plan_model_file), and the calibration deletes the plan's
+# files when it ends (drop_plan_models).  At most one model's values are on disk at a time; writing one takes
+# 0.01-0.7 s (the largest, 447 MB, 0.17-0.69 s on the 2-vCPU EPYC VM).
+
+SCRATCH = "scratch"
+STALE_S = 3600.0     # a kept model unread this long is deleted by sweep_speed_models (any of them is rewritten in < 1 s)
+
+
+def plan_model(name: str, **shape: Any) -> dict[str, Any]:
+    """A calibration plan entry's model fields: its path (in the scratch folder, named for this process) and what to
+    write there (:func:`plan_model_file`); nothing is written yet."""
+    owner = os.getpid()
+    return {"model_path": str(speed_model_file(name, owner, **shape)),
+            "write": {"name": name, "shape": shape, "owner": owner}}
+
+
+@contextmanager
+def plan_model_file(m: dict[str, Any]) -> Iterator[str]:
+    """The model file of the plan entry ``m`` for the block: written first when it is missing or was cut to its
+    header (an entry written by :func:`plan_model`; the path is recomputed from its name, shape and owner and must
+    be the entry's, so a plan never chooses a path), then cut to its header.  An entry without ``write`` (a user's
+    file, a kept model) is used as it is."""
+    w = m.get("write")
+    if not w:
+        yield m["model_path"]
+        return
+    p = _plan_path(m)
+    if not _complete(p):
+        _write_speed_model(p, str(w["name"]), w["shape"])
+    try:
+        yield str(p)
+    finally:
+        cut_to_header(p)
+
+
+def plan_headers(plan: Iterable[dict[str, Any]]) -> None:
+    """Give each of a plan's models written by :func:`plan_model` a file holding its header alone (what the solve
+    reads), where none is: a plan solved again from recorded timings, or a test reading a plan's tensor tables.  No
+    values are written (a sparse file, then cut), and :func:`plan_model_file` writes the whole model before a probe
+    loads it."""
+    for m in plan:
+        w = m.get("write")
+        if not w:
+            continue
+        p = _plan_path(m)
+        if not p.is_file():
+            with atomic_path(p, root=speed_folder(), what="a speed calibration model") as tmp:
+                write_llama(tmp, **w["shape"])
+                cut_to_header(tmp)
+
+
+def _plan_path(m: dict[str, Any]) -> Path:
+    """Where the plan entry ``m``'s model belongs, recomputed from its name, shape and owner: a plan whose path is
+    another is refused (a plan never chooses a path)."""
+    w = m["write"]
+    p = speed_model_file(str(w["name"]), int(w["owner"]), **w["shape"])
+    if str(p) != m["model_path"]:
+        raise ValueError(f"the calibration model {m['model_path']!r} is not where {w['name']!r} belongs ({p})")
+    return p
+
+
+def cut_to_header(p: Path) -> None:
+    """Cut the model at ``p`` to its header (the tensor table the calibration's solve reads back)."""
+    from edgekv.edges.gguf_header import read_header_file
+
+    try:
+        os.truncate(p, read_header_file(p).data_offset)
+    except (OSError, ValueError):
+        p.unlink(missing_ok=True)
+
+
+def _complete(p: Path) -> bool:
+    """Whether ``p`` holds a whole model (not one cut to its header)."""
+    from edgekv.edges.gguf_header import read_header_file
+
+    try:
+        return p.is_file() and p.stat().st_size >= read_header_file(p).file_size
+    except (OSError, ValueError):
+        return False
+
+
+def drop_plan_models(plan: Iterable[dict[str, Any]]) -> None:
+    """Delete the files of a plan's models written by :func:`plan_model` (only inside the scratch folder)."""
+    folder = (speed_folder() / SCRATCH).resolve()
+    for m in plan:
+        if m.get("write"):
+            p = Path(m["model_path"]).resolve()
+            if p.parent == folder:
+                p.unlink(missing_ok=True)
+
+
+def sweep_speed_models(now: float | None = None) -> list[Path]:
+    """Delete what calibrations left behind: scratch models of processes no longer running (a calibration killed
+    before it dropped its plan's), and kept models nobody wrote or read for STALE_S (the models every calibration
+    before this one kept).  Returns the paths deleted."""
+    import re
+    import time
+
+    folder = speed_folder()
+    now = time.time() if now is None else now
+    gone = []
+    for p in (folder / SCRATCH).glob("*.gguf") if (folder / SCRATCH).is_dir() else []:
+        m = re.search(r"-p(\d+)\.gguf$", p.name)
+        if m and not _alive(int(m.group(1))):
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    for p in folder.glob("*.gguf") if folder.is_dir() else []:
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if now - max(st.st_mtime, st.st_atime) > STALE_S:
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_speed_model(p: Path, name: str, shape: dict[str, Any]) -> None:
+    """Write the calibration model ``name`` of ``shape`` at ``p`` (atomically, inside the speed folder); a full disk
+    is one clear error naming the folder and the size."""
+    import errno
+
+    folder = speed_folder()
+    try:
         with atomic_path(p, root=folder, what="a speed calibration model") as tmp:
             write_llama(tmp, **shape, values=True)
-    return p
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        mib = _model_mib(shape)
+        raise OSError(e.errno, f"no space left on the disk of {folder} to write the speed calibration's model "
+                               f"{name}{f' ({mib} MiB)' if mib else ''}: free that much there, or set EDGEKV_HOME to "
+                               "a folder on a disk with room") from None
+
+
+def _model_mib(shape: dict[str, Any]) -> int:
+    """The size in MiB of the calibration model of ``shape`` (its header written to a sparse file, no values)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            return -(-write_llama(Path(d) / "m.gguf", **shape) // (1 << 20))
+        except OSError:
+            return 0

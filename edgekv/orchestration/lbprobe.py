@@ -76,19 +76,32 @@ def parse_group(stdout: str, stderr: str, group: list[dict[str, Any]], where: st
 def run_probe(exe: str, models: list[dict[str, Any]], progress: Callable[[str], None] | None = None,
               timeout: float = LB_TIMEOUT_S) -> list[dict[str, Any]]:
     """The calibration plan ``models`` (edgekv.orchestration.speedcal's) measured by llama-bench at ``exe``."""
+    from edgekv.edges.tinymodel import plan_model_file
+
     out: list[dict[str, Any]] = []
     for m in models:
-        model_path = os.path.abspath(m["model_path"])
-        rp, ngl = bool(m.get("repack", True)), int(m.get("n_gpu_layers", 0))
-        for c in m["contexts"]:
-            where = f"{m['key']}/{c['key']}"
-            graph = _listed_graph(exe, model_path, c, rp, ngl, where, timeout)
-            for group in step_groups(c["steps"]):
-                if progress:
-                    progress(f"{where}/{','.join(st['key'] for st in group)} (llama-bench)")
-                child = _run(group_argv(exe, model_path, c, group, rp, ngl), where, timeout)
-                out += [{"model": m["key"], "context": c["key"], **r, "graph": graph or r["graph"]}
-                        for r in parse_group(child.stdout or "", child.stderr or "", group, where)]
+        try:
+            with plan_model_file(m) as path:        # written now, cut to its header once timed
+                out += _probe_model(exe, m, os.path.abspath(path), progress, timeout)
+        except OSError as e:        # a full disk: its one line, naming the folder
+            raise ProbeError(e.strerror or str(e)) from None
+    return out
+
+
+def _probe_model(exe: str, m: dict[str, Any], model_path: str, progress: Callable[[str], None] | None,
+                 timeout: float) -> list[dict[str, Any]]:
+    """Every context and step of the plan entry ``m`` (its model at ``model_path``) through llama-bench."""
+    out: list[dict[str, Any]] = []
+    rp, ngl = bool(m.get("repack", True)), int(m.get("n_gpu_layers", 0))
+    for c in m["contexts"]:
+        where = f"{m['key']}/{c['key']}"
+        graph = _listed_graph(exe, model_path, c, rp, ngl, where, timeout)
+        for group in step_groups(c["steps"]):
+            if progress:
+                progress(f"{where}/{','.join(st['key'] for st in group)} (llama-bench)")
+            child = _run(group_argv(exe, model_path, c, group, rp, ngl), where, timeout)
+            out += [{"model": m["key"], "context": c["key"], **r, "graph": graph or r["graph"]}
+                    for r in parse_group(child.stdout or "", child.stderr or "", group, where)]
     return out
 
 

@@ -3,7 +3,7 @@ edgekv drives (llama-cpp-python in one child process, or the user's own llama-be
 cached under ``EDGEKV_HOME/calibration/`` keyed by the environment fingerprint (for llama-bench: that binary), the
 thread count and the ``--repack`` setting, re-measured when any of them changes.
 
-What it measures, each on models edgekv writes itself (:func:`edgekv.edges.tinymodel.speed_model_path`; nothing
+What it measures, each on models edgekv writes itself (:func:`edgekv.edges.tinymodel.plan_model`; nothing
 of the user's model is needed), whose weights are values like a trained model's, not zeros: on x86 llama.cpp's
 kernels convert every block's fp16 scales through a lookup table, and a model of zeros decoded SmolLM2's shape
 about 20 % faster than SmolLM2 itself (:func:`edgekv.edges.tinymodel.fill_values`):
@@ -305,17 +305,17 @@ def _ngl(device: str) -> int:
 
 
 def base_plan(n_threads: int, repack: bool, device: str = "") -> list[dict[str, Any]]:
-    from edgekv.edges.tinymodel import speed_model_path
+    from edgekv.edges.tinymodel import plan_model
 
     models = []
     for name, shape in NODE_SHAPES.items():
         models.append({"key": name, "repack": repack, "n_gpu_layers": _ngl(device),
-                       "model_path": str(speed_model_path(name, **shape)),
+                       **plan_model(name, **shape),
                        "contexts": [_ctx("f16", n_threads, [_step("tg", "tg", 0, 32, 5, 2), _step("pp", "pp", 0, PP_N, 3),
                                                             _step("ps", "pp", 0, PP_SHORT_N, 5, 2)], n_ctx=1024)]})
     if device:
         models.append({"key": "nodes_v", "repack": repack, "n_gpu_layers": -1,
-                       "model_path": str(speed_model_path("nodes_v", **VOCAB_SHAPE)),
+                       **plan_model("nodes_v", **VOCAB_SHAPE),
                        "contexts": [_ctx("f16", n_threads, [_step("tg", "tg", 0, 32, 5, 2)], n_ctx=1024)]})
     return models
 
@@ -332,11 +332,11 @@ def body_shape(body: str) -> dict[str, Any]:
 
 def body_plan(bodies: Iterable[str], n_threads: int, repack: bool) -> list[dict[str, Any]]:
     """A GPU calibration's body probes: a decode of 32 tokens and a 512-token prompt at depth 0, every layer offloaded."""
-    from edgekv.edges.tinymodel import speed_model_path
+    from edgekv.edges.tinymodel import plan_model
 
     steps = [_step("tg", "tg", 0, TG_N, 5, 2), _step("pp", "pp", 0, BODY_PP_N, 9, 2)]
     return [{"key": f"body_{b}", "body": b, "repack": repack, "n_gpu_layers": -1,
-             "model_path": str(speed_model_path(f"body_{b}", **body_shape(b))),
+             **plan_model(f"body_{b}", **body_shape(b)),
              "contexts": [_ctx("f16", n_threads, steps, n_ctx=1024)]} for b in bodies]
 
 
@@ -446,7 +446,7 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
     with that head the f16 prompt's cost per cell came out 26 % lower, 14.2 against 19.1 ps, further from
     SmolLM2's own, bench/README.md)."""
     from edgekv.core.speed import split_kv_path
-    from edgekv.edges.tinymodel import speed_model_path
+    from edgekv.edges.tinymodel import plan_model
 
     evicting = None if device or geometry is None else evict_shape(geometry)
     evict = evicting is not None
@@ -474,10 +474,10 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
                              n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa, n_seq=2 if interleave else 1))
     name = "attn" if geometry is None else f"attn_{geometry}"
     out = [{"key": name, "repack": repack, "n_gpu_layers": _ngl(device),
-            "model_path": str(speed_model_path(name, **geometry_shape(geometry))), "contexts": ctxs}]
+            **plan_model(name, **geometry_shape(geometry)), "contexts": ctxs}]
     if ctxs_tg:
         out.append({"key": f"attnv_{geometry}", "repack": repack, "n_gpu_layers": 0,
-                    "model_path": str(speed_model_path(f"attnv_{geometry}", **evicting)),
+                    **plan_model(f"attnv_{geometry}", **evicting),
                     "contexts": ctxs_tg})
     deep = [p for p in pairs if geometry is not None and tiled_prompt_path(*p, device)]
     if deep:
@@ -491,7 +491,7 @@ def deep_plan(pairs: list[tuple[str, str, str]], n_threads: int, repack: bool, g
     both TILED_DEEP_DEPTHS on a DEEP_LAYERS-layer model of it, and PT_N-token ones (short query tiles: the share of
     the cost per tile deep in the cache) (interleaved as attn_plan's steps; through llama-bench in order of depth,
     then the shallow ones again)."""
-    from edgekv.edges.tinymodel import speed_model_path
+    from edgekv.edges.tinymodel import plan_model
 
     d0, d1 = TILED_DEEP_DEPTHS
     n_ctx = -(-(d1 + DEEP_PP_N + 1) // 512) * 512
@@ -509,7 +509,7 @@ def deep_plan(pairs: list[tuple[str, str, str]], n_threads: int, repack: bool, g
                          flash_attn=fa))
     name = f"attnd_{geometry}"
     return {"key": name, "repack": repack, "n_gpu_layers": 0,
-            "model_path": str(speed_model_path(name, **deep_shape(geometry))), "contexts": ctxs}
+            **plan_model(name, **deep_shape(geometry)), "contexts": ctxs}
 
 
 def deep_shape(geometry: str) -> dict[str, Any]:
@@ -542,14 +542,14 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
 
 def _wide_model(t: str, n_threads: int, repack: bool, device: str = "") -> dict[str, Any]:
     """The weight model of type ``t`` at the wide widths: its decode, prompts and few-column steps."""
-    from edgekv.edges.tinymodel import speed_model_path
+    from edgekv.edges.tinymodel import plan_model
 
     shape = weight_shape(t, device)
     steps = [_step("tg", "tg", 0, TG_N, WEIGHT_TG_REPS, 2)] + [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]
     steps += _cols_steps()
     name = f"w_{t.lower()}" + ("_dev" if device else "")
     return {"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": _ngl(device),
-            "model_path": str(speed_model_path(name, **shape)), "shape": shape,
+            **plan_model(name, **shape), "shape": shape,
             "contexts": [_ctx("f16", n_threads, steps, n_ctx=512)]}
 
 
@@ -558,29 +558,14 @@ def _cols_steps() -> list[dict[str, Any]]:
     return [_step(f"pp{n}", "pp", 0, n, MM_COLS_REPS, 2) for n in MM_COLS]
 
 
-def drop_stream_models(plan: list[dict[str, Any]]) -> None:
-    """Delete the plan's streaming models once timed: STREAM_TARGET_BYTES each of written values (not sparse
-    holes), needed only while the calibration runs (the drift sentinel times the 48 MB wide model), and rewritten
-    in about a second when a type is measured again."""
-    from pathlib import Path
-
-    from edgekv.edges.home import edgekv_home
-
-    folder = (edgekv_home() / "calibration" / "speed").resolve()
-    for m in plan:
-        p = Path(m["model_path"]).resolve()
-        if m["key"].startswith(("ws_", "wsn_", "wsb_")) and p.parent == folder:
-            p.unlink(missing_ok=True)
-
-
 def _decode_only(key: str, file: str, t: str, shape: dict[str, Any], step: dict[str, Any], n_threads: int,
                  repack: bool, more: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A CPU weight model timed by one decode step (and ``more`` steps: the narrow model's prompts) (``file``: the
     calibration model's name, shared by two keys that time the same model twice)."""
-    from edgekv.edges.tinymodel import speed_model_path
+    from edgekv.edges.tinymodel import plan_model
 
     return {"key": key, "type": t.lower(), "repack": repack, "n_gpu_layers": 0,
-            "model_path": str(speed_model_path(file, **shape)), "shape": shape,
+            **plan_model(file, **shape), "shape": shape,
             "contexts": [_ctx("f16", n_threads, [step, *(more or [])], n_ctx=512)]}
 
 
@@ -1110,10 +1095,15 @@ def check_drift(raw: list[dict], weight_type: str, n_threads: int, repack: bool,
     then = [r for r in raw if isinstance(r, dict) and r.get("model") == name and r.get("step") == "tg" and r.get("ns")]
     if not then:
         return None
+    from edgekv.edges.tinymodel import drop_plan_models
+
     plan = [_wide_model(weight_type, n_threads, repack, device)]     # the wide model alone: no 384 MB model written
     ctx = plan[0]["contexts"][0]
     ctx["steps"] = [st for st in ctx["steps"] if st["key"] == "tg"]      # its decode step alone
-    now = _by(run(plan, None), name).get("tg")
+    try:
+        now = _by(run(plan, None), name).get("tg")
+    finally:
+        drop_plan_models(plan)
     if not now or not now.get("ns"):
         return None
     return _median_s(now["ns"]) / _median_s(then[-1]["ns"])
@@ -1186,6 +1176,21 @@ def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tu
     pairs first, then the graph nodes (which subtract the f16 attention) and bandwidth, then the weight types, then
     (a GPU) the logits' copy and the node cost at each model's widths (which subtract Q8_0's weights).  Returns the
     probe's own timings (kept beside the coefficients, the evidence they were solved from)."""
+    from edgekv.edges.tinymodel import drop_plan_models, sweep_speed_models
+
+    sweep_speed_models()        # what killed calibrations and older versions left in the speed folder
+    ran: list[dict[str, Any]] = []      # every plan's models: their files (cut to headers) are deleted at the end
+    try:
+        return _measure_plans(cal, new, want, want_types, n_threads, repack, feats, progress, run, want_bodies,
+                              interleave, ran)
+    finally:
+        drop_plan_models(ran)
+
+
+def _measure_plans(cal: Calibration, new: bool, want: dict[str | None, list[tuple[str, str, str]]],
+                   want_types: list[str], n_threads: int, repack: bool, feats: list[str],
+                   progress: Callable[[str], None] | None, run: Runner, want_bodies: list[str], interleave: bool,
+                   ran: list[dict[str, Any]]) -> list[dict]:
     from edgekv.edges.bandwidth import read_bandwidth
 
     dev, raw, base = cal.device, [], []
@@ -1193,6 +1198,7 @@ def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tu
         plan = base_plan(n_threads, repack, dev) if new else []
         for g, ps in want.items():
             plan += attn_plan(ps, n_threads, repack, g, dev, interleave=interleave)
+        ran += plan
         res = run(plan, progress)
         raw += res
         base = res
@@ -1223,16 +1229,15 @@ def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tu
                 cal.bandwidth_bytes_s = read_bandwidth(n_threads)
     if want_types:
         plan = weight_plan(want_types, n_threads, repack, dev)
-        try:
-            res = run(plan, progress)
-            raw += res
-            solve_weights(res, plan, cal, feats, repack)     # reads the models' headers
-        finally:
-            drop_stream_models(plan)
+        ran += plan
+        res = run(plan, progress)
+        raw += res
+        solve_weights(res, plan, cal, feats, repack)     # reads the models' headers
     if dev and new:
         cal.vocab_tg_s = solve_vocab(base, cal)
     if want_bodies:
         plan = body_plan(want_bodies, n_threads, repack)
+        ran += plan
         res = run(plan, progress)
         raw += res
         solve_bodies(res, plan, cal)
