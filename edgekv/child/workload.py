@@ -384,7 +384,6 @@ def _probe_model(L, cap, m: dict, path: str, rng: random.Random, out: list[dict[
     finally:
         L.llama_model_free(model)       # before its file is cut
     return True
-    ev.result({"ok": True, "results": out})
 
 
 def _probe_steps(L, runner: _Runner, mem, steps: list[dict], where: str, ev: EventWriter) -> list[dict[str, Any]]:
