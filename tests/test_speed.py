@@ -1391,3 +1391,46 @@ def test_a_geometry_carries_the_hidden_size_its_calibration_model_is_built_with(
     for bad in ("h4kv1k256v256e650", "h4kv1k256v256e0", f"h4kv1k256v256e{2 * GEOMETRY_MAX_EMBD}", "h4kv1k256v256e../x"):
         with pytest.raises(S.CalibrationError):
             S.geometry_shape(bad)
+
+
+PARTIAL_CHILD = """
+import json, os, sys
+os.environ["EDGEKV_HOME"] = sys.argv[1]
+from edgekv.orchestration.speedcal import CalibrationError, cached, calibrate
+repack = sys.argv[2] == "1"
+out = {}
+try:
+    calibrate(2, repack, ["q4_1"], [("f16", "f16", "auto")], [], allow_busy=True)
+except CalibrationError as e:
+    out["error"] = str(e)
+c = cached(2, repack)
+out["cached"] = c.to_dict() if c else None
+try:
+    calibrate(2, repack, ["q4_1"], [("f16", "f16", "auto")], [], allow_busy=True, measure=False)
+except CalibrationError as e:
+    out["missing"] = str(e)
+out["left"] = sorted(str(p) for p in __import__("pathlib").Path(sys.argv[1]).rglob("*.gguf"))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_a_calibration_that_runs_out_of_disk_keeps_what_it_measured(tmp_path):
+    """A real calibration whose home is a 200 MiB tmpfs (mounted in a mount namespace of its own, unshare -m): its
+    graph nodes and attention models fit, the first 380 MB streaming weight model does not.  The error is one line
+    naming the folder, and what was measured before is cached, so that the next run (here: measuring off) asks for
+    the weight type alone; no model is left on the disk."""
+    from tests.smalldisk import run_on_small_disk
+
+    home = tmp_path / "small"
+    r = run_on_small_disk(home, "200m", PARTIAL_CHILD, "1" if _repack() else "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    err = out["error"]
+    assert "\n" not in err and f"no space left on the disk of {home}/calibration/speed" in err
+    assert err.endswith("is cached: the next run measures q4_1 alone"), err
+    c = out["cached"]
+    assert c is not None and c["node_tg_s"] > 0 and c["bandwidth_bytes_s"] > 0
+    assert c["attn_tg_s"].get("f16/f16/fa=auto", 0) > 0 and "q4_1" not in c["matvec_s_per_byte"]
+    assert "q4_1" in out["missing"] and "this machine" not in out["missing"]
+    assert out["left"] == []

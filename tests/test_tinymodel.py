@@ -229,20 +229,11 @@ def test_a_real_full_disk_is_one_line_and_leaves_no_partial_model(tmp_path):
     """A real full disk: a 1 MiB tmpfs mounted in a mount namespace of its own (unshare -m; the mount goes with the
     process) as EDGEKV_HOME, and a model of several MiB written there: ENOSPC, the one line, no file left."""
     import errno
-    import shutil
-    import subprocess
-    import sys
+
+    from tests.smalldisk import run_on_small_disk
 
     home = tmp_path / "small"
-    home.mkdir()
-    if not shutil.which("unshare"):
-        pytest.skip("needs unshare (util-linux) to mount a small filesystem in a namespace of its own")
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {home}"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot mount a small filesystem here: {probe.stderr.strip()[:120]}")
-    r = subprocess.run(["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=1m tmpfs {home} && exec "$@"', "sh",
-                        sys.executable, "-c", FULL_DISK_CHILD, str(home)], capture_output=True, text=True, timeout=120)
+    r = run_on_small_disk(home, "1m", FULL_DISK_CHILD, timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith(f"{errno.ENOSPC} no space left on the disk of {home}/calibration/speed to write the "

@@ -167,6 +167,16 @@ class CalibrationError(RuntimeError):
     pass
 
 
+class PartlyMeasured(CalibrationError):
+    """The weight models' run failed (a full disk, a type llama.cpp refused) after the graph nodes and attention were
+    measured and solved into ``cal`` (``raw``: their timings): calibrate caches those before it reports the error,
+    so that the next run measures only the rest."""
+
+    def __init__(self, why: str, cal: Calibration, raw: list[dict]):
+        super().__init__(why)
+        self.cal, self.raw = cal, raw
+
+
 class Disturbed(CalibrationError):
     """A measurement that found no cost where there must be one: other work on the machine hid it.  Refused, never
     cached (calibrate measures once more first: _measure_or_again)."""
@@ -1230,7 +1240,12 @@ def _measure_plans(cal: Calibration, new: bool, want: dict[str | None, list[tupl
     if want_types:
         plan = weight_plan(want_types, n_threads, repack, dev)
         ran += plan
-        res = run(plan, progress)
+        try:
+            res = run(plan, progress)
+        except CalibrationError as e:
+            if raw and not dev:     # what was measured before is kept (a GPU's logits copy needs its Q8_0 first)
+                raise PartlyMeasured(str(e), cal, raw) from None
+            raise
         raw += res
         solve_weights(res, plan, cal, feats, repack)     # reads the models' headers
     if dev and new:
@@ -1258,14 +1273,44 @@ def _measure_or_again(cal: Calibration, *args: Any, **kw: Any) -> tuple[Calibrat
             f" (the first try was disturbed: the speed calibration {e.what}; measured again)"
 
 
-def _check_load(cal: Calibration, load: dict[str, Any], allow_busy: bool) -> None:
-    """Refuse a calibration taken while other work used the CPUs, or (``allow_busy``) note it in ``cal``."""
+def _check_load(cal: Calibration, load: dict[str, Any], allow_busy: bool) -> str:
+    """Refuse a calibration taken while other work used the CPUs, or (``allow_busy``) note it in ``cal``; returns
+    what the output adds ("" when the machine was quiet)."""
     if load.get("busy") and not allow_busy:
         raise CalibrationError(f"the speed calibration ran while other work used "
                                f"{100 * load.get('others_share_max', 0):.0f} % of the CPUs: not cached; run it again "
                                "on a quiet machine ('edgekv calibrate')")
+    if not load.get("busy"):
+        return ""
+    cal.notes.append(f"busy: other work used {100 * load.get('others_share_max', 0):.0f} % of the CPUs")
+    return (f" while other work used {100 * load.get('others_share_max', 0):.0f} % of the CPUs: its predictions are "
+            "marked, and the next run measures again")
+
+
+def _measured(new: bool, want: dict[str | None, list[tuple[str, str, str]]], want_types: list[str],
+              want_bodies: list[str], device: str) -> str:
+    """What a calibration run measured, in words: "measured graph nodes, bandwidth, f16/f16/fa=auto, q4_1"."""
+    return "measured " + ", ".join(x for x in ([("graph nodes" + ("" if device else ", bandwidth"))] if new else [])
+                                   + [", ".join(kv_key(*p, g) for p in ps) for g, ps in want.items()]
+                                   + ([", ".join(want_types)] if want_types else [])
+                                   + ([f"widths {', '.join(want_bodies)}"] if want_bodies else []))
+
+
+def _keep_partial(e: PartlyMeasured, load: dict[str, Any], path, key: str, fp: dict[str, Any], new: bool,
+                  want: dict[str | None, list[tuple[str, str, str]]], want_types: list[str]) -> CalibrationError:
+    """The error of a run whose weight models failed, the graph nodes and attention it measured before that cached
+    (not when other work used the CPUs meanwhile, nor when the cache cannot be written): the next run measures only
+    the weight types."""
+    kept = _measured(new, want, [], [], e.cal.device)[len("measured "):]
     if load.get("busy"):
-        cal.notes.append(f"busy: other work used {100 * load.get('others_share_max', 0):.0f} % of the CPUs")
+        return CalibrationError(f"{e}; what it measured before ({kept}) is not cached: other work used the CPUs")
+    try:
+        write_json(path, {"key": key, "fingerprint": fp, "calibration": e.cal.to_dict(),
+                          "raw": _merge_cached(e.cal, path, key) + e.raw})
+    except OSError as w:
+        return CalibrationError(f"{e}; what it measured before ({kept}) is not cached either ({w.strerror})")
+    return CalibrationError(f"{e}; what it measured before ({kept}) is cached: the next run measures "
+                            f"{', '.join(want_types)} alone")
 
 
 def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] = (),
@@ -1310,18 +1355,14 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     mon.start()
     t0 = time.monotonic()
     # edgekv's own probe takes each attention difference's depths in turn (two sequences of one context)
-    cal, raw, again = _measure_or_again(cal, new, want, want_types, n_threads, repack, feats, progress,
-                                        _runner(llama_bench), want_bodies, interleave=llama_bench is None)
+    try:
+        cal, raw, again = _measure_or_again(cal, new, want, want_types, n_threads, repack, feats, progress,
+                                            _runner(llama_bench), want_bodies, interleave=llama_bench is None)
+    except PartlyMeasured as e:
+        raise _keep_partial(e, mon.stop(), path, key, fp, new, want, want_types) from None
     load = mon.stop()
-    took = f" in {time.monotonic() - t0:.0f} s{again}"
-    measured = "measured " + ", ".join(x for x in ([("graph nodes" + ("" if device else ", bandwidth"))] if new else [])
-                                       + [", ".join(kv_key(*p, g) for p in ps) for g, ps in want.items()]
-                                       + ([", ".join(want_types)] if want_types else [])
-                                       + ([f"widths {', '.join(want_bodies)}"] if want_bodies else [])) + took
-    _check_load(cal, load, allow_busy)
-    if load.get("busy"):
-        measured += (f" while other work used {100 * load.get('others_share_max', 0):.0f} % of the CPUs: its predictions "
-                     "are marked, and the next run measures again")
+    measured = _measured(new, want, want_types, want_bodies, device) + f" in {time.monotonic() - t0:.0f} s{again}"
+    measured += _check_load(cal, load, allow_busy)
     raw = _merge_cached(cal, path, key) + raw
     try:
         write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict(), "raw": raw})
