@@ -441,19 +441,21 @@ def drop_plan_models(plan: Iterable[dict[str, Any]]) -> None:
                 p.unlink(missing_ok=True)
 
 
-def sweep_speed_models(now: float | None = None) -> list[Path]:
+def sweep_speed_models() -> list[Path]:
     """Delete what calibrations left behind: scratch models of processes no longer running (a calibration killed
     before it dropped its plan's), and kept models nobody wrote or read for STALE_S (the models every calibration
     before this one kept).  Returns the paths deleted."""
     import re
     import time
 
+    import psutil
+
     folder = speed_folder()
-    now = time.time() if now is None else now
+    now = time.time()
     gone = []
     for p in (folder / SCRATCH).glob("*.gguf") if (folder / SCRATCH).is_dir() else []:
         m = re.search(r"-p(\d+)\.gguf$", p.name)
-        if m and not _alive(int(m.group(1))):
+        if m and not psutil.pid_exists(int(m.group(1))):
             p.unlink(missing_ok=True)
             gone.append(p)
     for p in folder.glob("*.gguf") if folder.is_dir() else []:
@@ -465,16 +467,6 @@ def sweep_speed_models(now: float | None = None) -> list[Path]:
             p.unlink(missing_ok=True)
             gone.append(p)
     return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write_speed_model(p: Path, name: str, shape: dict[str, Any]) -> None:

@@ -1289,11 +1289,11 @@ def _check_load(cal: Calibration, load: dict[str, Any], allow_busy: bool) -> str
 
 def _measured(new: bool, want: dict[str | None, list[tuple[str, str, str]]], want_types: list[str],
               want_bodies: list[str], device: str) -> str:
-    """What a calibration run measured, in words: "measured graph nodes, bandwidth, f16/f16/fa=auto, q4_1"."""
-    return "measured " + ", ".join(x for x in ([("graph nodes" + ("" if device else ", bandwidth"))] if new else [])
-                                   + [", ".join(kv_key(*p, g) for p in ps) for g, ps in want.items()]
-                                   + ([", ".join(want_types)] if want_types else [])
-                                   + ([f"widths {', '.join(want_bodies)}"] if want_bodies else []))
+    """What a calibration run measures, in words: "graph nodes, bandwidth, f16/f16/fa=auto, q4_1"."""
+    return ", ".join(x for x in ([("graph nodes" + ("" if device else ", bandwidth"))] if new else [])
+                     + [", ".join(kv_key(*p, g) for p in ps) for g, ps in want.items()]
+                     + ([", ".join(want_types)] if want_types else [])
+                     + ([f"widths {', '.join(want_bodies)}"] if want_bodies else []))
 
 
 def _keep_partial(e: PartlyMeasured, load: dict[str, Any], path, key: str, fp: dict[str, Any], new: bool,
@@ -1301,12 +1301,11 @@ def _keep_partial(e: PartlyMeasured, load: dict[str, Any], path, key: str, fp: d
     """The error of a run whose weight models failed, the graph nodes and attention it measured before that cached
     (not when other work used the CPUs meanwhile, nor when the cache cannot be written): the next run measures only
     the weight types."""
-    kept = _measured(new, want, [], [], e.cal.device)[len("measured "):]
+    kept = _measured(new, want, [], [], e.cal.device)
     if load.get("busy"):
         return CalibrationError(f"{e}; what it measured before ({kept}) is not cached: other work used the CPUs")
     try:
-        write_json(path, {"key": key, "fingerprint": fp, "calibration": e.cal.to_dict(),
-                          "raw": _merge_cached(e.cal, path, key) + e.raw})
+        _cache(path, key, fp, e.cal, e.raw)
     except OSError as w:
         return CalibrationError(f"{e}; what it measured before ({kept}) is not cached either ({w.strerror})")
     return CalibrationError(f"{e}; what it measured before ({kept}) is cached: the next run measures "
@@ -1361,14 +1360,21 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     except PartlyMeasured as e:
         raise _keep_partial(e, mon.stop(), path, key, fp, new, want, want_types) from None
     load = mon.stop()
-    measured = _measured(new, want, want_types, want_bodies, device) + f" in {time.monotonic() - t0:.0f} s{again}"
+    measured = "measured " + _measured(new, want, want_types, want_bodies, device) + \
+        f" in {time.monotonic() - t0:.0f} s{again}"
     measured += _check_load(cal, load, allow_busy)
-    raw = _merge_cached(cal, path, key) + raw
     try:
-        write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict(), "raw": raw})
+        _cache(path, key, fp, cal, raw)
     except OSError as e:
         note = (note + "; " if note else "") + f"not cached ({e.strerror})"
     return SpeedCalibration(cal, True, "; ".join(x for x in (note, measured) if x))
+
+
+def _cache(path, key: str, fp: dict[str, Any], cal: Calibration, raw: list[dict]) -> None:
+    """Write ``cal`` and its timings ``raw`` to the cache at ``path``, with what another process cached meanwhile
+    (_merge_cached); OSError when it cannot be written."""
+    raw = _merge_cached(cal, path, key) + raw
+    write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict(), "raw": raw})
 
 
 def _merge_cached(cal: Calibration, path, key: str) -> list[dict]:
