@@ -10,6 +10,8 @@ configuration in a fresh process, the speed prediction made before the run store
 
     .venv/bin/python bench/large_model_decode.py --out bench/results/large_model_decode/values-8b-q4_k.jsonl
     .venv/bin/python bench/large_model_decode.py --zeros --out bench/results/large_model_decode/zero-8b-q4_k.jsonl
+    .venv/bin/python bench/large_model_decode.py --shape 72b-4l --type Q4_0 \
+        --out bench/results/large_model_decode/values-72b-4l-q4_0.jsonl
 
 Needs about 5 GB of free memory (llama.cpp repacks the matrices into its CPU_REPACK buffer) and a few minutes.
 """
@@ -25,7 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SHAPE = {"n_embd": 4096, "n_ff": 12288, "n_layer": 36, "n_head": 32, "n_head_kv": 8, "n_vocab": 151936}
+SHAPES = {"8b": {"n_embd": 4096, "n_ff": 12288, "n_layer": 36, "n_head": 32, "n_head_kv": 8, "n_vocab": 151936},
+          # Qwen2.5 72B's widths (64 query and 8 KV heads of 128, n_embd 8192, n_ff 29568) on four of its 80 layers and
+          # a 32K vocabulary: a 70B-class geometry's attention and projections, run for real (3.2 GB in Q4_0; its
+          # n_ff is no multiple of 256, so no K-quant)
+          "72b-4l": {"n_embd": 8192, "n_ff": 29568, "n_layer": 4, "n_head": 64, "n_head_kv": 8, "n_vocab": 32000}}
 
 
 def main() -> None:
@@ -34,6 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--type", default="Q4_K", help="the matrices' ggml type (default %(default)s)")
     ap.add_argument("--threads", default="2")
+    ap.add_argument("--shape", default="8b", choices=sorted(SHAPES), help="the widths (default %(default)s)")
     ap.add_argument("--zeros", action="store_true", help="zero weights in a sparse file, not values")
     ap.add_argument("--out", type=Path, required=True, help="the records (JSONL, appended; an interrupted run resumes)")
     a = ap.parse_args()
@@ -41,10 +48,11 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     kind = "zero" if a.zeros else "values"
     # the values' version in the name: a model of older values (tinymodel.SPEED_MODELS_VERSION) is not reused
-    model = folder / (f"{kind}-8b-{a.type.lower()}" + ("" if a.zeros else f"-v{SPEED_MODELS_VERSION}") + ".gguf")
+    model = folder / (f"{kind}-{a.shape}-{a.type.lower()}" + ("" if a.zeros else f"-v{SPEED_MODELS_VERSION}") + ".gguf")
     if not model.is_file():
         part = model.with_suffix(".part")       # an interrupted write leaves no model that looks whole
-        write_llama(part, mat_type=a.type.upper(), name=f"edgekv {kind} 8B shape", values=not a.zeros, **SHAPE)
+        write_llama(part, mat_type=a.type.upper(), name=f"edgekv {kind} {a.shape} shape", values=not a.zeros,
+                    **SHAPES[a.shape])
         part.replace(model)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "edgekv.cli", "bench", str(model), "-c", "1024", "-ctk", "f16,q8_0", "-p", "32",

@@ -964,6 +964,31 @@ def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_wo
     assert len(S.attn_plan([("f16", "f16", "auto")], 2, True, g, "CUDA0")) == 1
 
 
+def test_the_widest_heads_are_calibrated_on_fewer_layers_and_deep_runs_of_the_8b_work():
+    """Qwen2.5 72B's 64 x 128 heads over 8192: six layers of them would do 8x the generic model's work a cell where
+    the decode difference cannot shrink below 256 cells, and its projections 8192 wide took the calibration 170 s on
+    two cores.  Its model is GEOMETRY_MAX_EMBD wide and three layers deep (4x: the steps of Qwen3 8B's geometry), and
+    its deep prompts run 3 times, each of twice the 8B's work; the 8B's own plan is unchanged."""
+    from edgekv.core.speed import GEOMETRY_MAX_EMBD
+    from edgekv.orchestration import speedcal as S
+
+    wide, eight = S.geometry_shape("h64kv8k128v128e4096"), S.geometry_shape("h32kv8k128v128")
+    assert (wide["n_embd"], wide["n_layer"]) == (GEOMETRY_MAX_EMBD, 3)
+    assert (eight["n_embd"], eight["n_layer"]) == (4096, S.GEOMETRY_LAYERS)
+    assert S._attn_units(wide) == S._attn_units(eight) == S.GEOMETRY_MAX_SCALE * S._attn_units(S.ATTN_SHAPE)
+    for split in (False, True):
+        assert S.attn_steps("h64kv8k128v128e4096", split) == S.attn_steps("h32kv8k128v128", split)
+    # a geometry of more work a layer still gets a layer
+    assert S.geometry_shape("h128kv8k256v256e4096")["n_layer"] == 1
+
+    def reps(g: str) -> set[int]:
+        plan = S.deep_plan([("f16", "f16", "auto")], 2, True, g, interleave=True)
+        return {st["reps"] for c in plan["contexts"] for st in c["steps"]}
+
+    assert reps("h64kv8k128v128e4096") == {3}
+    assert reps("h32kv8k128v128") == reps("h9kv3k64v64") == {S.DEEP_REPS}
+
+
 def test_two_calibrations_begun_in_the_same_second_have_two_ids():
     """A calibration's id is its key's head, the second it began and four random hex digits: two edgekv processes
     that start one in the same second keep them apart (_merge_cached merges only the same id)."""
@@ -1385,8 +1410,14 @@ def test_a_geometry_carries_the_hidden_size_its_calibration_model_is_built_with(
     assert S.geometry_shape("h4kv1k256v256e640")["n_embd"] == 640
     assert AttnLayer(32, 128, 128, None, 8, 4096).geometry == "h32kv8k128v128"       # Qwen3 8B: 32 x 128 = 4096
     assert S.geometry_shape("h32kv8k128v128")["n_embd"] == 4096                        # its own, no longer 1024
-    assert AttnLayer(32, 128, 128, None, 8, 12288).geometry == f"h32kv8k128v128e{GEOMETRY_MAX_EMBD}"    # bounded
+    # bounded: a model wider than GEOMETRY_MAX_EMBD is calibrated at that width (the width does not move the cost per
+    # cell), so a 32 x 128 model 12288 wide shares the 8B's geometry; Qwen2.5 72B's 64 x 128 heads over 8192 are
+    # named for the width their calibration model has
+    assert GEOMETRY_MAX_EMBD == 4096
+    assert AttnLayer(32, 128, 128, None, 8, 12288).geometry == "h32kv8k128v128"
+    assert AttnLayer(64, 128, 128, None, 8, 8192).geometry == "h64kv8k128v128e4096"
     assert S.geometry_shape("h64kv8k128v128")["n_embd"] == GEOMETRY_MAX_EMBD
+    assert S.geometry_shape("h64kv8k128v128e4096") == S.geometry_shape("h64kv8k128v128")
     assert AttnLayer(9, 64, 64, None, 3, 0).geometry == "h9kv3k64v64"                    # unknown: the heads' width
     for bad in ("h4kv1k256v256e650", "h4kv1k256v256e0", f"h4kv1k256v256e{2 * GEOMETRY_MAX_EMBD}", "h4kv1k256v256e../x"):
         with pytest.raises(S.CalibrationError):

@@ -85,8 +85,10 @@ class WeightGroup:
                 WeightGroup(self.key, self.tail_bytes, self.tail_params, False, self.tail_rows))
 
 
-# the widest hidden size an attention calibration model takes (its fills run the projections of that width)
-GEOMETRY_MAX_EMBD = 8192
+# the widest hidden size an attention calibration model takes (its fills and decodes run the projections of that
+# width).  The width does not move the attention's cost per cell (AttnLayer.geometry: 43, 42 and 44 ps at 1024, 2048
+# and 4096); at 8192 (Qwen2.5 72B's) the projections made its calibration take 170 s on two cores (bench/README.md)
+GEOMETRY_MAX_EMBD = 4096
 
 
 @dataclass(frozen=True)
