@@ -15,6 +15,8 @@ Targets (issue 26): decode within ±10 %, prefill within ±15 %, on every config
     .venv/bin/python bench/speed_model.py --out DIR --previous bench/results/speed_model
                                                 # a second round into DIR, beside the first round's measurements
     .venv/bin/python bench/speed_model.py --fresh-pages ...    # drop each model's pages first: every run reads it afresh
+    .venv/bin/python bench/speed_model.py --off-table          # settings outside the table: other cache types, a
+                                                # K/V pair of two types, -ub 128 (the second depth only)
     .venv/bin/python bench/speed_model.py --rounds DIR,DIR,DIR  # no measuring: each configuration over several rounds
                                                 # of the same code (bias or noise), between speedrounds:begin/end
 
@@ -43,9 +45,14 @@ VARIANT_TYPES = "f16,q4_0"
 # llama.cpp refuses a quantized V cache without flash attention
 TYPES_OF = {"faoff": "f16"}
 TG_TARGET, PP_TARGET = 10.0, 15.0
+# settings outside the issue's table (--off-table), the second depth only: the other cache types llama.cpp takes,
+# a K/V pair of two types, a smaller ubatch (written between speedofftable:begin/end, records in OFF_OUT)
+OFF_TABLE = {"types": [], "mixed": ["-ctv", "q4_0"], "ub128": ["-ub", "128", "-p", "512"]}
+TYPES_OF.update({"types": "bf16,q4_1,q5_1,iq4_nl", "mixed": "q8_0", "ub128": "f16,q8_0"})
+OFF_OUT = ROOT / "bench" / "results" / "speed_offtable"
 # the variants as the tables name them
 SETTINGS = {"base": "defaults", "t1": "-t 1", "ub256": "-ub 256 -p 512", "llamabench": "--llama-bench",
-            "faoff": "-fa off"}
+            "faoff": "-fa off", "types": "defaults", "mixed": "-ctv q4_0", "ub128": "-ub 128 -p 512"}
 
 
 def edgekv() -> list[str]:
@@ -67,7 +74,7 @@ def run(model: str, variant: str, depths: str, outdir: Path = OUT, fresh_pages: 
     out = outdir / f"{model}-{variant}.jsonl"
     types = TYPES if variant == "base" else TYPES_OF.get(variant, VARIANT_TYPES)
     ds = depths.split(",") if variant == "base" else [depths.split(",")[min(1, len(depths.split(",")) - 1)]]
-    extra = list(VARIANTS[variant])
+    extra = list({**VARIANTS, **OFF_TABLE}[variant])
     if variant == "llamabench":
         from llama_tools import tool
 
@@ -96,7 +103,8 @@ def rows(outdir: Path = OUT) -> list[dict]:
                 p = (pred.get(test) or {}).get("tokens_per_s")
                 if not m or not p:
                     continue
-                out.append({"model": model, "variant": variant, "depth": s["n_depth"], "type": s["type_k"],
+                kv = s["type_k"] if s.get("type_v", s["type_k"]) == s["type_k"] else f"{s['type_k']}/{s['type_v']}"
+                out.append({"model": model, "variant": variant, "depth": s["n_depth"], "type": kv,
                             "test": test, "t": s["n_threads"], "ub": s["n_ubatch"], "measured": m, "predicted": p,
                             "pct": 100.0 * (m - p) / p, "busy": bool((r.get("load") or {}).get("busy")),
                             "cal": str((pred.get(test) or {}).get("calibration_id") or "").split("-")[0],
@@ -230,6 +238,9 @@ def main() -> int:
     ap.add_argument("--previous", type=Path, help="an earlier round's records folder, shown beside this round's")
     ap.add_argument("--fresh-pages", action="store_true", help="drop the model file's pages from the page cache before "
                     "each edgekv bench, so every run reads it afresh (as the calibration's models are)")
+    ap.add_argument("--off-table", action="store_true", help="the settings outside the issue's table instead ("
+                    f"{', '.join(SETTINGS[v] + (' ' + TYPES_OF[v]) for v in OFF_TABLE)}; records in --out, default "
+                    f"{OFF_OUT.relative_to(ROOT)}; between speedofftable:begin/end)")
     ap.add_argument("--rounds", help="comma-separated records folders of rounds of the same code: no measuring, "
                     "each configuration's residual over them (written between speedrounds:begin/end)")
     a = ap.parse_args()
@@ -242,14 +253,17 @@ def main() -> int:
         print(t)
         write_readme(t, "speedrounds")
         return 0
+    variants = a.variants.split(",")
+    if a.off_table:
+        variants, a.out = list(OFF_TABLE), (OFF_OUT if a.out == OUT else a.out)
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.table_only:
         for model in a.models.split(","):
-            for variant in a.variants.split(","):
+            for variant in variants:
                 run(model, variant, a.depths, a.out, a.fresh_pages)
     t = table(rows(a.out), rows(a.previous) if a.previous else None)
     print(t)
-    write_readme(t)
+    write_readme(t, "speedofftable" if a.off_table else "speedmodel")
     return 0
 
 

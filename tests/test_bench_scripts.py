@@ -132,3 +132,25 @@ def test_speed_rounds_table_tells_a_miss_of_the_model_from_noise():
     assert ("tg (±10 %), 2 configurations over 3 rounds: 0 within in every round, 1 within at the median only, 1 outside "
             "at the median: smollm2-135m, defaults, depth 512, f16 -12.0 %.") in t
     assert "Calibration keys: r1: aaa; r2: aaa; r3: bbb." in t
+
+
+def test_speed_off_table_rows_name_a_pair_of_two_types_and_their_settings(tmp_path):
+    """bench/speed_model.py --off-table: a record of a K/V pair of two types reads back as "q8_0/q4_0" (not its K type
+    alone, which would mix it with the q8_0 row of the table) under its variant's settings."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import speed_model as S
+
+    def rec(tk, tv):
+        return {"status": "ok", "settings": {"n_depth": 2048, "type_k": tk, "type_v": tv, "n_threads": 2, "n_ubatch": 512},
+                "speed": {"tg": {"mean_ts": 50.0}, "pp": {"mean_ts": 70.0}},
+                "prediction": {"speed": {"tg": {"tokens_per_s": 52.0, "calibration_id": "abc-1"},
+                                         "pp": {"tokens_per_s": 70.0, "calibration_id": "abc-1"}}}}
+
+    (tmp_path / "smollm2-135m-mixed.jsonl").write_text(json.dumps(rec("q8_0", "q4_0")) + "\n")
+    (tmp_path / "smollm2-135m-types.jsonl").write_text(json.dumps(rec("bf16", "bf16")) + "\n")
+    rs = S.rows(tmp_path)
+    assert {(r["variant"], r["type"], r["test"]) for r in rs} == {
+        ("mixed", "q8_0/q4_0", "tg"), ("mixed", "q8_0/q4_0", "pp"), ("types", "bf16", "tg"), ("types", "bf16", "pp")}
+    t = S.table(rs)
+    assert "| smollm2-135m | -ctv q4_0 | 2048 | q8_0/q4_0 | tg | 50.0 | 52.0 | -3.8 % | ✓ |" in t
+    assert set(S.OFF_TABLE) <= set(S.TYPES_OF) and not set(S.OFF_TABLE) & set(S.VARIANTS)
