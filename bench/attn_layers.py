@@ -50,7 +50,7 @@ def main() -> None:
     model_shape = sc.evict_shape(a.geometry) or sc.geometry_shape(a.geometry)
     e = model_shape["n_embd"]
     vocabs = ([max(256, round(float(mb) * 1e6 / sc._q8_bytes(e) / 256) * 256) for mb in a.heads.split(",")]
-              if a.heads else [model_shape["n_vocab"]])
+              if a.heads else [model_shape.get("n_vocab", 256)])     # 256: its own matrices evict the caches
     for it in range(a.rounds):
         for (layers, d0, d1), nv in ((c, v) for c in configs for v in vocabs):
             shape = {**model_shape, "n_layer": layers, "n_vocab": nv}
