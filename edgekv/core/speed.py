@@ -592,13 +592,13 @@ def matvec_compute_s(g: WeightGroup, cal: Calibration) -> float:
 def stream_s(g: WeightGroup, cal: Calibration, rows: bool = True) -> float:
     """A group's bytes at the rate llama.cpp streams its type from memory, and (``rows``: a mat-vec) one dot product
     per row at the cost it has while streaming (0 where not calibrated: a GPU).  A ubatch of several columns pays
-    its dot products in the mat-mat's own terms, so its floor is the bytes alone.  So does the output head, one
-    matrix: on two threads of the 2-vCPU EPYC VM Gemma 3's 178 MB q8_0 head (262,144 rows of 640) decoded in 6.72 ms
-    a token, its bytes alone at the calibration's streaming rate 6.71, with its rows at the cost the body's
-    matrices stream with 7.90 (bench/head_rows.py, bench/README.md); why one matrix streams its rows so much more
-    cheaply than a body of many is not known."""
+    its dot products in the mat-mat's own terms, so its floor is the bytes alone.  The output head, one matrix,
+    pays its rows too: on two threads of the 2-vCPU EPYC VM a 178 MB q8_0 head of 262,144 rows of 640 (Gemma 3's)
+    decoded 1.12 ms (27 Nov) and 1.34 ms (29 Nov) a token slower than one of the same bytes in 65,536 rows of 2,560,
+    5.7 and 6.8 ns a row (bench/head_rows.py, bench/README.md); from CAL_VERSION 10 to 20 the head had its bytes
+    alone, which matched on 27 Nov only because that day's streaming rate per byte was priced slow."""
     return g.bytes * cal.matvec_stream_s_per_byte.get(g.key, 0.0) \
-        + (g.rows * cal.matvec_stream_s_per_row.get(g.key, 0.0) if rows and not g.output else 0.0)
+        + (g.rows * cal.matvec_stream_s_per_row.get(g.key, 0.0) if rows else 0.0)
 
 
 def matvec_s(g: WeightGroup, cal: Calibration) -> float:
@@ -690,7 +690,7 @@ def _matvec_source(g: WeightGroup, cal: Calibration) -> str:
     """Where a group's decode time comes from: "q4_1 66.3 MB at 27.1 GB/s + 155520 rows x 15.2 ns"."""
     row = cal.matvec_s_per_row.get(g.key, 0.0)
     if stream_s(g, cal) > matvec_compute_s(g, cal):
-        s_row = 0.0 if g.output else cal.matvec_stream_s_per_row.get(g.key, 0.0)
+        s_row = cal.matvec_stream_s_per_row.get(g.key, 0.0)
         return (f"{g.key} {g.bytes / 1e6:.1f} MB streamed from memory at {1e-9 / cal.matvec_stream_s_per_byte[g.key]:.1f} GB/s"
                 + (f" + {g.rows} rows x {s_row * 1e9:.1f} ns" if s_row and g.rows else ""))
     return (f"{g.key} {g.bytes / 1e6:.1f} MB at {1e-9 / cal.matvec_s_per_byte[g.key]:.1f} GB/s"
