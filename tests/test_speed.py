@@ -1271,8 +1271,7 @@ def test_sequences_decoding_together_are_predicted(real_cal, smollm2_path, tmp_p
         assert weights_s(g, real_cal, 1) == pytest.approx(max(g.bytes * real_cal.matvec_s_per_byte[g.key]
                                                               + g.rows * real_cal.matvec_s_per_row[g.key],
                                                               g.bytes * real_cal.matvec_stream_s_per_byte[g.key]
-                                                              + (0 if g.output else
-                                                                 g.rows * real_cal.matvec_stream_s_per_row[g.key])))
+                                                              + g.rows * real_cal.matvec_stream_s_per_row[g.key]))
         assert weights_s(g, real_cal, 4) == pytest.approx(g.bytes * real_cal.matcols_s_per_byte[g.key]["4"]
                                                           + g.rows * real_cal.matcols_s_per_row[g.key]["4"])
     parts = {p["name"]: p["s_per_token"] for p in two["prediction"]["speed"]["tg"]["parts"]}
