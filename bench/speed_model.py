@@ -17,6 +17,7 @@ Targets (issue 26): decode within ±10 %, prefill within ±15 %, on every config
     .venv/bin/python bench/speed_model.py --fresh-pages ...    # drop each model's pages first: every run reads it afresh
     .venv/bin/python bench/speed_model.py --off-table          # settings outside the table: other cache types, a
                                                 # K/V pair of two types, -ub 128 (the second depth only)
+    .venv/bin/python bench/speed_model.py --marker speedxeon ...  # the table into its own README section (another machine)
     .venv/bin/python bench/speed_model.py --rounds DIR,DIR,DIR  # no measuring: each configuration over several rounds
                                                 # of the same code (bias or noise), between speedrounds:begin/end
 
@@ -241,6 +242,8 @@ def main() -> int:
     ap.add_argument("--off-table", action="store_true", help="the settings outside the issue's table instead ("
                     f"{', '.join(SETTINGS[v] + (' ' + TYPES_OF[v]) for v in OFF_TABLE)}; records in --out, default "
                     f"{OFF_OUT.relative_to(ROOT)}; between speedofftable:begin/end)")
+    ap.add_argument("--marker", help="write the table between <!-- MARKER:begin/end --> in bench/README.md (default "
+                    "speedmodel, speedofftable with --off-table): a round on another machine gets its own section")
     ap.add_argument("--rounds", help="comma-separated records folders of rounds of the same code: no measuring, "
                     "each configuration's residual over them (written between speedrounds:begin/end)")
     a = ap.parse_args()
@@ -263,7 +266,7 @@ def main() -> int:
                 run(model, variant, a.depths, a.out, a.fresh_pages)
     t = table(rows(a.out), rows(a.previous) if a.previous else None)
     print(t)
-    write_readme(t, "speedofftable" if a.off_table else "speedmodel")
+    write_readme(t, a.marker or ("speedofftable" if a.off_table else "speedmodel"))
     return 0
 
 

@@ -977,7 +977,8 @@ def test_the_widest_heads_are_calibrated_on_fewer_layers_and_deep_runs_of_the_8b
     wide, eight = S.geometry_shape("h64kv8k128v128e4096"), S.geometry_shape("h32kv8k128v128")
     assert (wide["n_embd"], wide["n_layer"]) == (GEOMETRY_MAX_EMBD, 3)
     assert (eight["n_embd"], eight["n_layer"]) == (4096, S.GEOMETRY_LAYERS)
-    assert S._attn_units(wide) == S._attn_units(eight) == S.GEOMETRY_MAX_SCALE * S._attn_units(S.ATTN_SHAPE)
+    units = S.GEOMETRY_LAYERS * S.WIDE_LAYER_UNITS
+    assert S._attn_units(wide) == S._attn_units(eight) == units == 4 * S._attn_units(S.ATTN_SHAPE)
     for split in (False, True):
         assert S.attn_steps("h64kv8k128v128e4096", split) == S.attn_steps("h32kv8k128v128", split)
     # a geometry of more work a layer still gets a layer

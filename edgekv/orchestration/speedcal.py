@@ -74,8 +74,8 @@ CAL_VERSION = 20          # 2: wide attention geometries over a hidden size of a
 # width or the weight type through a softmax that underflows; 18: each geometry's decode attention timed with the
 # CPU's caches evicted between tokens (evict_shape) and, without flash attention, over the whole padded view;
 # 19: the tiled kernel's share of cost per query tile, whatever rows it holds (attn_pp_tile_share: PT_N-token prompts);
-# 20: a geometry's model at most GEOMETRY_MAX_EMBD = 4096 wide and at most GEOMETRY_MAX_SCALE x the generic model's
-# attention work per cell (fewer layers for the widest heads)
+# 20: a geometry's model at most GEOMETRY_MAX_EMBD = 4096 wide and at most GEOMETRY_LAYERS x WIDE_LAYER_UNITS of
+# attention work per cell, 4x the generic model's (fewer layers for the widest heads)
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
 # L2 and its attention runs up to 2x faster per cell than SmolLM2's); narrow matrices so the fill stays quick
 ATTN_SHAPE = {"n_embd": 512, "n_ff": 256, "n_layer": 12, "n_head": 8, "n_head_kv": 2, "mat_type": "Q8_0"}
@@ -90,19 +90,20 @@ ATTN_PP_DEPTHS = (0, TILED_SHALLOW_END)
 DEEP_PP_N = 512
 DEEP_LAYERS = 1
 DEEP_REPS = 5
-# a geometry whose layer does more work a cell than Qwen3 8B's 32 x (128 + 128) takes fewer runs (at least 3), each of
-# them that much longer: the same timed work (Qwen2.5 72B's 64 x 128 heads: 3 runs of twice the 8B's)
-DEEP_WORK_UNITS = 32 * 256
+# a layer of Qwen3 8B's 32 x (128 + 128) heads: 8192 units of attention work a cell, the most a layer does in a
+# calibration that keeps its full form.  A geometry whose layer does more takes fewer layers in its model
+# (geometry_shape) and fewer deep runs (at least 3), each of them that much longer: the same timed work (Qwen2.5 72B's
+# 64 x 128 heads: 3 layers, and 3 deep runs of twice the 8B's)
+WIDE_LAYER_UNITS = 32 * 2 * 128
 ATTN_PP_N = 256
 PP_ROWS_N = 32            # a prompt under edgekv.core.speed.FA_TILE_Q tokens: an F16/F32 cache's per-row loop
 # a prompt of one and a half query tiles a head: every head's second tile is short (more so where llama.cpp's chunks
 # cut it), beside ATTN_PP_N's on the same depths the tiled kernel's cost per tile separates from its cost per row
 PT_N = 96
+# a geometry's model: six layers, fewer where six would do more attention work per cell than six of WIDE_LAYER_UNITS
+# (4x the generic model's): its decode steps cannot shrink below a 256-cell difference (attn_steps), so more work a
+# cell is more time, not more signal (Qwen2.5 72B's 64 x 128 heads: three layers, Bonsai 8B's 32 x 128 keep six)
 GEOMETRY_LAYERS = 6
-# a geometry's model takes fewer layers where six would do more than this many times the generic model's attention
-# work per cell: its decode steps cannot shrink below a 256-cell difference (attn_steps), so more work a cell is more
-# time, not more signal (Qwen2.5 72B's 64 x 128 heads: three layers, Bonsai 8B's 32 x 128 keep six)
-GEOMETRY_MAX_SCALE = 4
 TG_N = 32                 # generated tokens per timed decode run (5 runs per attention step, the median kept)
 PP_SHORT_N, PP_N = NODE_PP_TOKENS
 MM_N = (256, 32)
@@ -361,7 +362,7 @@ def body_plan(bodies: Iterable[str], n_threads: int, repack: bool) -> list[dict[
 
 def geometry_shape(geometry: str | None) -> dict[str, Any]:
     """The attention calibration model of a geometry ("h9kv3k64v64": query heads, KV heads, K and V head dims):
-    GEOMETRY_LAYERS layers of it (fewer past GEOMETRY_MAX_SCALE), narrow Q8_0 matrices; None: the generic model
+    GEOMETRY_LAYERS layers of it (fewer past WIDE_LAYER_UNITS a layer), narrow Q8_0 matrices; None: the generic model
     (ATTN_SHAPE)."""
     if geometry is None:
         return dict(ATTN_SHAPE)
@@ -378,8 +379,8 @@ def geometry_shape(geometry: str | None) -> dict[str, Any]:
     # at that width, edgekv.edges.tinymodel.weight_rms, the width leaves the cost per cell alone:
     # bench/attn_widths.py); the feed-forward stays narrow (its width changes nothing there) so that filling the
     # cache stays quick
-    per_layer = h * 2 * hk
-    layers = max(1, min(GEOMETRY_LAYERS, GEOMETRY_MAX_SCALE * _attn_units(ATTN_SHAPE) // per_layer))
+    per_layer = _attn_units({"n_layer": 1, "n_head": h, "head_dim": hk})
+    layers = max(1, min(GEOMETRY_LAYERS, GEOMETRY_LAYERS * WIDE_LAYER_UNITS // per_layer))
     return {"n_embd": e, "n_ff": 256, "n_layer": layers, "n_head": h, "n_head_kv": kv, "head_dim": hk,
             "mat_type": "Q8_0"}
 
@@ -518,7 +519,7 @@ def deep_plan(pairs: list[tuple[str, str, str]], n_threads: int, repack: bool, g
     d0, d1 = TILED_DEEP_DEPTHS
     n_ctx = -(-(d1 + DEEP_PP_N + 1) // 512) * 512
     shape = deep_shape(geometry)
-    reps = max(3, min(DEEP_REPS, round(DEEP_REPS * DEEP_WORK_UNITS / _attn_units(shape))))
+    reps = max(3, min(DEEP_REPS, round(DEEP_REPS * WIDE_LAYER_UNITS / _attn_units(shape))))
     ctxs = []
     for tk, tv, fa in pairs:
         if interleave:
