@@ -15,6 +15,7 @@ from edgekv.core.memmodel import (
     SRC_FORMULA,
     SRC_LLAMA,
     ProcessInputs,
+    kq_work_bytes,
     predict_process,
     repacked,
     tensor_on_gpu,
@@ -171,6 +172,21 @@ def test_work_buffer_uses_the_widest_matrix():
     assert work_buffer_bytes(ts, 512, 1, 2) == 512 * 2048 // 256 * 292 + 128     # q4_K -> q8_K
 
 
+def test_without_flash_attention_the_work_buffer_holds_the_scores_converted_for_v():
+    """-fa off: V (transposed) times the softmaxed scores, f32 n_kv x n_tokens x n_head, converted to V's vec_dot type in
+    the work buffer; the largest ubatch x cells of the run decides (a fill of 2048 cells in ubatches of 512, then a
+    128-token prompt over 2304 cells), an F32 V converts nothing, and a sliding-window cache caps its cells."""
+    from edgekv.core.memmodel import T_F16, T_F32, T_Q8_0
+
+    fill = [(s, 512) for s in range(0, 2048, 512)] + [(2048, 128)]
+    assert kq_work_bytes(T_F16, [(2560, 9)] * 30, fill) == 2048 * 512 * 9 * 2
+    assert kq_work_bytes(T_F16, [(2560, 9)], [(0, 200)]) == 256 * 200 * 9 * 2      # at least 256 cells
+    assert kq_work_bytes(T_F32, [(2560, 9)], fill) == 0
+    assert kq_work_bytes(T_Q8_0, [(2560, 9)], fill) == 2048 * 512 * 9 * 34 // 32
+    assert kq_work_bytes(T_F16, [(1024, 4), (2560, 4)], fill) == 2048 * 512 * 4 * 2
+    assert kq_work_bytes(T_F16, [(1024, 4)], fill) == 1024 * 512 * 4 * 2
+
+
 # -- calibration -----------------------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -287,6 +303,23 @@ def test_bench_record_carries_prediction_and_residual(tmp_path, smollm2_path):
     assert rec["memory_residual"]["peak_rss_bytes"] == meas - proc["peak_rss_bytes"]
     # the mechanism, not a fit: within 3 % and 8 MiB of the OS-measured peak on this CPU
     assert abs(meas - proc["peak_rss_bytes"]) <= min(8 * MIB, 0.03 * meas), (meas / MIB, proc["peak_rss_bytes"] / MIB)
+
+
+def test_bench_without_flash_attention_counts_the_scores_work_buffer(tmp_path, smollm2_path):
+    """-fa off over 1536 cells of depth filled in ubatches of 512: the work buffer grows to the scores converted for
+    V (1536 x 512 x 9 heads in f16, 13.5 MiB; the weights' activations need 0.9), measured within 3 % and 8 MiB as
+    the flash-attention runs are (it was 15.6 MiB under at depth 2048 before it was modelled)."""
+    from edgekv.orchestration.sweep import SweepSpec, run_sweep
+
+    m = load_model(str(smollm2_path))
+    spec = SweepSpec(model=m, contexts=[2048], pairs=[("f16", "f16")], n_prompt=64, n_gen=4, repetitions=1,
+                     n_threads=2, flash_attn=["off"], depths=[1536])
+    (rec,) = run_sweep(spec, output=tmp_path / "r.jsonl").lines
+    assert rec["status"] == "ok", rec.get("reason")
+    work = {p["name"]: p for p in rec["prediction"]["process"]["parts"]}["thread work buffer"]
+    assert work["bytes"] >= 1536 * 512 * 9 * 2 and "without flash attention" in work["note"]
+    meas = rec["memory"]["peak_rss_bytes"]
+    assert abs(rec["memory_residual"]["peak_rss_bytes"]) <= min(8 * MIB, 0.03 * meas), rec["memory_residual"]
 
 
 def test_bench_no_mmap_is_anonymous(tmp_path, smollm2_path):

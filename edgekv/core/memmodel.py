@@ -50,7 +50,9 @@ What becomes *resident* on a CPU (vendored llama.cpp 0c1e570, paths under vendor
   process's own ``n_outputs_max`` (default n_batch).
 * thread work buffer: ggml-cpu.c ``ggml_graph_plan``: the largest per-node scratch, for a matrix
   product the activations converted to the weight's vec_dot type (row_size(vec_dot, K x n_tokens)),
-  plus one cache line per thread (ggml-cpu.cpp allocates it with ``new uint8_t[work_size]``).
+  plus one cache line per thread (ggml-cpu.cpp allocates it with ``new uint8_t[work_size]``).  Without
+  flash attention the largest is usually the attention scores converted for V (``kq_work_bytes``):
+  n_kv x n_tokens x n_head, 18 MiB for SmolLM2's fill of 2048 cells in ubatches of 512.
 * output buffer: n_vocab floats per output row the workload keeps (llama-context.cpp:2120-2143,
   ``output_reserve``): 1 row per sequence for generation, n_batch rows for perplexity.
 """
@@ -349,6 +351,27 @@ def work_buffer_bytes(tensors: Sequence[Tensor], n_tokens: int, n_outputs: int, 
     return best + CACHE_LINE_SIZE * max(1, n_threads) if best else 0
 
 
+KQ_PAD = 256    # src/llama-kv-cache.cpp:1265 get_n_kv: the cells a graph attends over, padded to max(n_pad, 256)
+
+
+def kq_work_bytes(type_v: int, caches: Iterable[tuple[int, int]], spans: Iterable[tuple[int, int]]) -> int:
+    """The work buffer of attention without flash attention: llama.cpp multiplies V (stored transposed) by the
+    softmaxed scores, an f32 tensor of n_kv x n_tokens x n_head (src/llama-graph.cpp build_attn_mha), and
+    ggml_graph_plan converts it to V's vec_dot type first (ggml-cpu.c GGML_OP_MUL_MAT: row_size(vec_dot_type,
+    nelements(src1)); an F32 V needs none).  The buffer grows to the largest graph the run computes (ggml-cpu.cpp
+    reallocates it only upward), each step of the run a ubatch.  ``caches``: (cells, n_head) of each layer's cache;
+    ``spans``: (first position, tokens) of each ubatch; a ubatch attends over min(cells, pad(end)) cells."""
+    vd = vec_dot_type(type_v)
+    if vd is None or vd == T_F32:
+        return 0
+    best = 0
+    for cells, n_head in set(caches):
+        for start, n in spans:
+            n_kv = min(cells, max(KQ_PAD, -(-(start + n) // KQ_PAD) * KQ_PAD))
+            best = max(best, n_kv * n * n_head)
+    return row_size(vd, best) if best else 0
+
+
 # -- llama-server ------------------------------------------------------------------------------------
 #
 # What a llama-server process (vendored llama.cpp 0c1e570) holds at its peak beyond what the runtime baseline (the
@@ -506,6 +529,7 @@ class ProcessInputs:
     host_structures_note: str = ""
     state_copy_bytes: int = 0                   # llama-bench keeps the depth state in memory (cstate.buf)
     restore_buffer_bytes: int = 0               # edgekv bench's state-file restore: the read buffer malloc keeps
+    kq_work_bytes: int = 0                      # without flash attention: the scores converted for V (kq_work_bytes)
     server_slots: int = 0                       # llama-server: slots in use at once (-np), 0: not a server
     arch: str = ""                              # general.architecture (llama-server: its graph's node budget)
     gpu_runtime_device_bytes: int | None = None  # the GPU runtime beside llama.cpp's buffers (calibration), device
@@ -680,7 +704,12 @@ def _host_buffer_parts(x: ProcessInputs, host: list[Tensor], n_out_ubatch: int, 
     host_tokens_on_cpu = x.n_gpu_layers < x.n_layer + 1 or not x.gpu_device
     if host_tokens_on_cpu:
         work = work_buffer_bytes(host if x.gpu_device else x.tensors, x.n_ubatch, n_out_ubatch, x.n_threads)
-        if work:
+        kq = -(-x.kq_work_bytes // 64) * 64 + CACHE_LINE_SIZE * max(1, x.n_threads) if x.kq_work_bytes else 0
+        if kq > work:
+            parts.append(Part("thread work buffer", kq, SRC_FORMULA,
+                              note=f"attention scores converted for V without flash attention (the largest ubatch x "
+                                   f"cells of the run), {x.n_threads} threads"))
+        elif work:
             parts.append(Part("thread work buffer", work, SRC_FORMULA,
                               note=f"largest activation conversion for {x.n_ubatch} tokens, {x.n_threads} threads"))
     if x.restore_buffer_bytes:

@@ -91,6 +91,43 @@ def state_seq_bytes(pred: KVPrediction, n_tokens: int) -> int:
     return total
 
 
+def workload_spans(pred: KVPrediction, settings: ProcessSettings) -> list[tuple[int, int]]:
+    """(first position, tokens) of the ubatches the workload computes: a run of known size fills its depth (unless
+    the cache is restored from a state file), then its prompt at that depth, then one token at a time (-npl: the
+    sequences' prompts in one batch, then a token of each); a long session, a full ubatch at the end of the context."""
+    from edgekv.core.speed import ubatches
+
+    def pieces(start: int, n: int) -> list[tuple[int, int]]:
+        out = []
+        for u in ubatches(n, pred.n_batch, pred.n_ubatch):
+            out.append((start, u))
+            start += u
+        return out
+
+    if settings.n_prompt is None or settings.n_depth is None:
+        return [(max(0, pred.n_ctx_padded - pred.n_ubatch), pred.n_ubatch)]
+    p, n, d = settings.n_prompt, settings.n_gen or 0, settings.n_depth
+    if settings.n_parallel:
+        k = settings.n_parallel
+        return pieces(0, k * p) + ([(k * (p + n - 1), k)] if n else [])
+    spans = [] if settings.restores_state_file else pieces(0, d)
+    return spans + pieces(d, p) + ([(d + p + n - 1, 1)] if n else [])
+
+
+def kq_work(shape, pred: KVPrediction, settings: ProcessSettings, n_layer: int, n_gpu_layers_eff: int) -> int:
+    """The CPU work buffer's scores converted for V without flash attention (edgekv.core.memmodel.kq_work_bytes), over
+    the layers whose attention runs on the CPU."""
+    from edgekv.core.cachetypes import cache_type
+    from edgekv.core.memmodel import kq_work_bytes
+
+    if pred.status != STATUS_OK or not pred.v_trans:
+        return 0
+    heads = {lay.index: lay.n_head for lay in shape.layers}
+    caches = [(lp.cells, heads.get(lp.index, 0)) for lp in pred.layers
+              if lp.cells and lp.v_bytes and not tensor_on_gpu(f"blk.{lp.index}.x", n_layer, n_gpu_layers_eff)]
+    return kq_work_bytes(cache_type(pred.params.type_v).ggml_id, caches, workload_spans(pred, settings)) if caches else 0
+
+
 def workload_graph(params: ContextParams, settings: ProcessSettings) -> ContextParams:
     """The context parameters whose dry-run reservation is the largest graph the workload really runs."""
     from edgekv.core.predict import pad
@@ -182,6 +219,7 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
     restore = state_read_buffer_bytes(pred, settings.n_depth or 0) if settings.restores_state_file else 0
     return ProcessInputs(
         state_copy_bytes=state, restore_buffer_bytes=restore, server_slots=settings.server_slots,
+        kq_work_bytes=kq_work(shape, pred, settings, n_layer, n_gpu_eff),
         arch=str(getattr(shape, "arch", "") or ""),
         workload=settings.workload, n_ubatch=pred.n_ubatch, n_batch=pred.n_batch, n_seq_max=params.n_seq_max,
         n_threads=settings.n_threads or default_threads(), tensors=m.header.tensors, n_vocab=shape.n_vocab,
