@@ -63,6 +63,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from edgekv.core.predict import pad
 from edgekv.core.units import MIB
 
 WORKLOAD_GENERATE = "generate"
@@ -346,9 +347,14 @@ def work_buffer_bytes(tensors: Sequence[Tensor], n_tokens: int, n_outputs: int, 
         if vd is None or vd == T_F32:
             continue
         rows = n_outputs if t.name.startswith("output") else n_tokens
-        cur = row_size(vd, t.shape[0] * rows)
-        best = max(best, -(-cur // 64) * 64)
-    return best + CACHE_LINE_SIZE * max(1, n_threads) if best else 0
+        best = max(best, row_size(vd, t.shape[0] * rows))
+    return work_scratch_bytes(best, n_threads)
+
+
+def work_scratch_bytes(node_bytes: int, n_threads: int) -> int:
+    """The work buffer ggml_graph_plan sizes for its largest node's scratch: padded to 64, plus a cache line per
+    thread (0: no node needs one)."""
+    return pad(node_bytes, 64) + CACHE_LINE_SIZE * max(1, n_threads) if node_bytes else 0
 
 
 KQ_PAD = 256    # src/llama-kv-cache.cpp:1265 get_n_kv: the cells a graph attends over, padded to max(n_pad, 256)
@@ -367,7 +373,7 @@ def kq_work_bytes(type_v: int, caches: Iterable[tuple[int, int]], spans: Iterabl
     best = 0
     for cells, n_head in set(caches):
         for start, n in spans:
-            n_kv = min(cells, max(KQ_PAD, -(-(start + n) // KQ_PAD) * KQ_PAD))
+            n_kv = min(cells, max(KQ_PAD, pad(start + n, KQ_PAD)))
             best = max(best, n_kv * n * n_head)
     return row_size(vd, best) if best else 0
 
@@ -704,7 +710,7 @@ def _host_buffer_parts(x: ProcessInputs, host: list[Tensor], n_out_ubatch: int, 
     host_tokens_on_cpu = x.n_gpu_layers < x.n_layer + 1 or not x.gpu_device
     if host_tokens_on_cpu:
         work = work_buffer_bytes(host if x.gpu_device else x.tensors, x.n_ubatch, n_out_ubatch, x.n_threads)
-        kq = -(-x.kq_work_bytes // 64) * 64 + CACHE_LINE_SIZE * max(1, x.n_threads) if x.kq_work_bytes else 0
+        kq = work_scratch_bytes(x.kq_work_bytes, x.n_threads)
         if kq > work:
             parts.append(Part("thread work buffer", kq, SRC_FORMULA,
                               note=f"attention scores converted for V without flash attention (the largest ubatch x "
