@@ -9,8 +9,9 @@ dependence on the layer count (how much of the cache the CPU's caches hold) can 
     .venv/bin/python bench/attn_layers.py --configs 6:640:896,30:640:896,6:640:1664,30:640:1664 --rounds 3
     .venv/bin/python bench/attn_layers.py --geometry h32kv8k128v128 --configs 6:640:896,36:640:896 --rounds 2
 
-``--configs``: LAYERS:SHALLOW:DEEP, each a model of that many layers timed from those two depths (32 tokens a run, five
-runs after one warm-up).  ``--heads``: output heads to time each configuration with, in MB (default: the one the
+``--configs``: LAYERS:SHALLOW:DEEP, each a model of that many layers timed from those two depths (five runs after one
+warm-up, ``--reps``; runs of the calibration's tokens, ``--tokens``: speedcal.EVICT_TG_N behind an evicting head,
+TG_N behind none).  ``--heads``: output heads to time each configuration with, in MB (default: the one the
 calibration's decode steps run with, speedcal.evict_shape: a token then reads 1.25 x this CPU's last-level cache,
 which evicts the K/V between tokens as a real model's weights do; 0: 256 rows, whose K/V stays in the caches):
 
@@ -44,6 +45,8 @@ def main() -> None:
     ap.add_argument("--heads", default="", help="output heads in MB, comma-separated (default: the calibration's)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=0, help="tokens a timed run (default: the calibration's)")
+    ap.add_argument("--reps", type=int, default=5, help="timed runs of each depth after one warm-up")
     a = ap.parse_args()
     configs = [tuple(int(v) for v in c.split(":")) for c in a.configs.split(",")]
     pairs = [(t.split("/")[0], t.split("/")[0], t.split("/")[1] if "/" in t else "auto") for t in a.types.split(",")]
@@ -54,10 +57,11 @@ def main() -> None:
     for it in range(a.rounds):
         for (layers, d0, d1), nv in ((c, v) for c in configs for v in vocabs):
             shape = {**model_shape, "n_layer": layers, "n_vocab": nv}
+            n_tg = a.tokens or (sc.EVICT_TG_N if nv > 256 else sc.TG_N)
             name = f"attnl_{a.geometry}_{layers}_{nv}"
-            n_ctx = max(4096, -(-(d1 + sc.TG_N + 1) // 512) * 512)
+            n_ctx = max(4096, -(-(d1 + n_tg + 1) // 512) * 512)
             ctxs = [sc._ctx(kv_key(*p, a.geometry), a.threads,
-                            [{**sc._step("tg", "tg", 0, sc.TG_N, 5), "depths": [d0, d1]}], n_ctx=n_ctx,
+                            [{**sc._step("tg", "tg", 0, n_tg, a.reps), "depths": [d0, d1]}], n_ctx=n_ctx,
                             type_k=p[0], type_v=p[1], flash_attn=p[2], n_seq=2) for p in pairs]
             model = {"key": name, "repack": True, "n_gpu_layers": 0,
                      **plan_model(name, **shape), "contexts": ctxs}
@@ -71,12 +75,12 @@ def main() -> None:
             for p in pairs:
                 r = sc._by(res, name, kv_key(*p, a.geometry))
                 split, dense = split_kv_path(*p), dense_view(p[2])
-                du = (attn_units_tg(sh, d1 + sc.TG_N / 2, a.threads, split, dense=dense)
-                      - attn_units_tg(sh, d0 + sc.TG_N / 2, a.threads, split, dense=dense))
+                du = (attn_units_tg(sh, d1 + n_tg / 2, a.threads, split, dense=dense)
+                      - attn_units_tg(sh, d0 + n_tg / 2, a.threads, split, dense=dense))
                 s, d = statistics.median(r[f"tg{d0}"]["ns"]), statistics.median(r[f"tg{d1}"]["ns"])
-                cell = (d - s) / 1e9 / sc.TG_N / du
+                cell = (d - s) / 1e9 / n_tg / du
                 head = sc._q8_bytes(nv * e) / 1e6
-                print(f"round {it} {layers:3d} layers {d0:5d} -> {d1:5d} cells, head {head:6.1f} MB, "
+                print(f"round {it} {layers:3d} layers {d0:5d} -> {d1:5d} cells, head {head:6.1f} MB, {n_tg} x {a.reps}, "
                       f"{p[0]:5s} fa={p[2]:4s}: {cell * 1e12:6.1f} ps a cell (runs {s / 1e6:.1f} and {d / 1e6:.1f} ms, "
                       f"{took:.1f} s)", flush=True)
 

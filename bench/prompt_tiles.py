@@ -11,8 +11,13 @@ calibration's share of cost per tile (speedcal.solve_tile_share) is what makes t
     .venv/bin/python bench/prompt_tiles.py --sizes 64,96,128,192,256,320,384,512 --depths 4096,8192
     .venv/bin/python bench/prompt_tiles.py --geometry h4kv1k256v256e640 --sizes 64,100,128,512
 
-``--layers``: the model's layer count (1, as the calibration's deep model).  Prints one line per size and round
-(edgekv's own probe, llama-cpp-python, f16 cache).  Run it on a quiet machine.
+``--layers``: the model's layer count (1, as the calibration's deep model).  ``--type``: the K/V cache type (K == V,
+f16 by default; a quantized cache runs llama.cpp's per-row loop at every size, whose cost per row and cell should
+not depend on the prompt's size: the tile columns then do not apply):
+
+    .venv/bin/python bench/prompt_tiles.py --type q5_0 --layers 6 --sizes 64,128,256 --depths 0,1024
+
+Prints one line per size and round (edgekv's own probe, llama-cpp-python).  Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -39,14 +44,15 @@ def main() -> None:
     ap.add_argument("--depths", default="4096,8192", help="the two depths each prompt is timed at")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--type", default="f16", help="K/V cache type (K == V)")
     a = ap.parse_args()
     sizes = [int(v) for v in a.sizes.split(",")]
     d0, d1 = (int(v) for v in a.depths.split(","))
     shape = {**sc.geometry_shape(a.geometry), "n_layer": a.layers}
     name = f"attnt_{a.geometry}_{a.layers}"
     steps = [sc._step(f"p{n}_{d}_{it}", "pp", d, n, 5) for it in range(a.rounds) for n in sizes for d in (d0, d1)]
-    ctx = sc._ctx(kv_key("f16", "f16", "auto", a.geometry), a.threads, steps,
-                  n_ctx=-(-(d1 + max(sizes) + 1) // 512) * 512)
+    ctx = sc._ctx(kv_key(a.type, a.type, "auto", a.geometry), a.threads, steps,
+                  n_ctx=-(-(d1 + max(sizes) + 1) // 512) * 512, type_k=a.type, type_v=a.type)
     model = {"key": name, "repack": True, "n_gpu_layers": 0,
              **plan_model(name, **shape), "contexts": [ctx]}
     t0 = time.monotonic()
@@ -54,7 +60,8 @@ def main() -> None:
         r = sc._by(sc._run([model], None), name)
     finally:
         drop_plan_models([model])
-    print(f"{a.geometry}, {a.layers} layer(s), {a.threads} threads, depths {d0} -> {d1} ({time.monotonic() - t0:.1f} s)")
+    print(f"{a.geometry}, {a.layers} layer(s), {a.type} cache, {a.threads} threads, depths {d0} -> {d1} "
+          f"({time.monotonic() - t0:.1f} s)")
     units, h = sc._attn_units(shape), shape["n_head"]
     for n in sizes:
         ratio = tile_ratio(n, h, a.threads)

@@ -201,7 +201,7 @@ def test_the_attention_calibration_evicts_the_cpu_caches_between_tokens(monkeypa
     headers(plan)       # a plan writes nothing: the probe writes each model as it loads it
     by = {m["key"]: m for m in plan}
     assert head(by["attnv_h9kv3k64v64"]) + own >= S.EVICT_FACTOR * (16 << 20) > head(by["attn_h9kv3k64v64"]) + own
-    assert [st["key"] for st in by["attnv_h9kv3k64v64"]["contexts"][0]["steps"]] == ["tg"]
+    assert [(st["key"], st["n"]) for st in by["attnv_h9kv3k64v64"]["contexts"][0]["steps"]] == [("tg", S.EVICT_TG_N)]
     assert [st["key"] for st in by["attn_h9kv3k64v64"]["contexts"][0]["steps"]] == ["pp", "ps", "pt"]
     # the solver reads the decode steps from the one model and the prompts from the other
     from edgekv.core.speed import attn_units_tg
@@ -214,7 +214,7 @@ def test_the_attention_calibration_evicts_the_cpu_caches_between_tokens(monkeypa
             d, n = st["depth"], st["n"]
             t = (0.01 + n * attn_units_tg(sh, d + n / 2, 2, False) * 4e-10 if st["test"] == "tg"
                  else 0.2 + n * units * (d + n / 2) * 2e-10)
-            res.append({"model": m["key"], "context": m["contexts"][0]["key"], "step": st["key"],
+            res.append({"model": m["key"], "context": m["contexts"][0]["key"], "step": st["key"], "n": n,
                         "ns": [int(t * 1e9)] * 3})
     assert S.solve_attn(res, kv_key("q8_0", "q8_0", "auto", "h9kv3k64v64"), 2) == (
         pytest.approx(4e-10, rel=1e-3), pytest.approx(2e-10, rel=1e-3))
@@ -581,13 +581,14 @@ def test_solvers_recover_the_coefficients(monkeypatch, tmp_path):
     assert [st["key"] for st in S.base_plan(2, True)[0]["contexts"][0]["steps"]] == ["tg", "pp", "ps"]
     assert S.base_plan(2, True)[0]["contexts"][0]["steps"][2]["n"] == S.PP_SHORT_N < S.PP_N
     key = kv_key("q5_0", "q5_0", "auto")
+    a, n = S.attn_steps(None, False, rows=True), S.ROW_LOOP_PP_N
     res = []
-    for d in S.ATTN_TG_DEPTHS:
-        res.append({"model": "attn", "context": key, "step": f"tg{d}",
+    for d in a.tg_depths:
+        res.append({"model": "attn", "context": key, "step": f"tg{d}", "n": S.TG_N,
                     "ns": [int((0.01 + S.TG_N * units * (d + S.TG_N / 2) * truth["attn_tg"]) * 1e9)] * 3, "graph": None})
-    for d in S.ATTN_PP_DEPTHS:
-        res.append({"model": "attn", "context": key, "step": f"pp{d}",
-                    "ns": [int((0.2 + S.ATTN_PP_N * units * (d + S.ATTN_PP_N / 2) * truth["attn_pp"]) * 1e9)] * 3, "graph": None})
+    for d in a.pp_depths:
+        res.append({"model": "attn", "context": key, "step": f"pp{d}", "n": n,
+                    "ns": [int((0.2 + n * units * (d + n / 2) * truth["attn_pp"]) * 1e9)] * 3, "graph": None})
     tg, pp = S.solve_attn(res, key)
     assert tg == pytest.approx(truth["attn_tg"], rel=1e-3) and pp == pytest.approx(truth["attn_pp"], rel=1e-3)
     # a deeper cache measured no slower (other work hid its cost): an error, never a zero coefficient
@@ -846,13 +847,17 @@ def test_interleaved_attention_steps_run_in_turn_through_llama_cpp():
     # the --repack that runs here: on a CPU whose AMX kernels crash, prompt batches die with them (amx.md)
     (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, _repack(), interleave=True)
     (c,) = m["contexts"]
-    assert c["params"]["n_seq_max"] == 2 and [st["depths"] for st in c["steps"]] == [list(S.ATTN_TG_DEPTHS),
-                                                                                       list(S.ATTN_PP_DEPTHS)]
+    a = S.attn_steps(None, False, rows=True)     # q8_0's prompts run the per-row loop: shorter, shallower steps
+    assert a == S.AttnSteps((S.ROW_LOOP_TG_START, S.ROW_LOOP_TG_START + S.ATTN_TG_DEPTHS[1] - S.ATTN_TG_DEPTHS[0]),
+                            S.ATTN_PP_DEPTHS, S.ROW_LOOP_PP_N)
+    assert c["params"]["n_seq_max"] == 2 and [st["depths"] for st in c["steps"]] == [list(a.tg_depths),
+                                                                                       list(a.pp_depths)]
+    assert [st["n"] for st in c["steps"]] == [S.TG_N, S.ROW_LOOP_PP_N]
     for st in c["steps"]:
         st["reps"] = 3
     res = {r["step"]: r for r in S._run([m], None)}
-    d0, d1 = S.ATTN_TG_DEPTHS
-    p0, p1 = S.ATTN_PP_DEPTHS
+    d0, d1 = a.tg_depths
+    p0, p1 = a.pp_depths
     assert set(res) == {f"tg{d0}", f"tg{d1}", f"pp{p0}", f"pp{p1}"}
     assert all(len(r["ns"]) == 3 for r in res.values())
     assert S._median_s(res[f"tg{d1}"]["ns"]) > S._median_s(res[f"tg{d0}"]["ns"])
@@ -934,7 +939,7 @@ def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_wo
             d, n = st["depth"], st["n"]
             t = (0.01 + n * attn_units_tg(sh, d + n / 2, 2, split) * truth_tg if st["test"] == "tg"
                  else 0.2 + n * units * (d + n / 2) * (truth_rows if st["key"].startswith("ps") else truth_pp))
-            res.append({"model": f"attn_{g}", "context": key, "step": st["key"], "ns": [int(t * 1e9)] * 3})
+            res.append({"model": f"attn_{g}", "context": key, "step": st["key"], "n": n, "ns": [int(t * 1e9)] * 3})
         assert S.solve_attn(res, key, 2) == (pytest.approx(truth_tg, rel=1e-3), pytest.approx(truth_pp, rel=1e-3))
         # the f16 cache's short prompts (under 64 tokens: the per-row loop) over the same depths, and only its
         ps = [st for st in m["contexts"][0]["steps"] if st["key"].startswith("ps")]
@@ -1006,12 +1011,13 @@ def test_attention_steps_run_in_order_of_depth_so_the_child_extends_one_fill():
     from edgekv.orchestration import speedcal as S
 
     (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, True)
+    a = S.attn_steps(None, False, rows=True)
     steps = m["contexts"][0]["steps"]
     depths = [st["depth"] for st in steps[:-2]]
-    assert depths == sorted(depths) and set(depths) == set(S.ATTN_TG_DEPTHS) | set(S.ATTN_PP_DEPTHS)
+    assert depths == sorted(depths) and set(depths) == set(a.tg_depths) | set(a.pp_depths)
     # then the shallow ones again (the child only drops cells): shallow, deep, shallow
-    assert [(st["key"], st["depth"]) for st in steps[-2:]] == [(f"tg{S.ATTN_TG_DEPTHS[0]}b", S.ATTN_TG_DEPTHS[0]),
-                                                               (f"pp{S.ATTN_PP_DEPTHS[0]}b", S.ATTN_PP_DEPTHS[0])]
+    assert [(st["key"], st["depth"]) for st in steps[-2:]] == [(f"tg{a.tg_depths[0]}b", a.tg_depths[0]),
+                                                               (f"pp{a.pp_depths[0]}b", a.pp_depths[0])]
     # a steady drift over the three steps cancels: the shallow time is the mean of before and after
     r = {"tg640": {"ns": [10_000_000] * 3}, "tg640b": {"ns": [14_000_000] * 3}}
     assert S._shallow(r, "tg640") == pytest.approx(0.012)
@@ -1048,22 +1054,22 @@ def test_llama_bench_probe_runs_each_shallow_deep_shallow_group_as_one_process_a
     (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, False)
     ctx = m["contexts"][0]
     groups = step_groups(ctx["steps"])
-    assert [[st["key"] for st in g] for g in groups] == [["pp0", "pp1024", "pp0b"], ["tg640", "tg1664", "tg640b"]]
+    assert [[st["key"] for st in g] for g in groups] == [["pp0", "pp1024", "pp0b"], ["tg128", "tg1152", "tg128b"]]
     argv = group_argv("/x/llama-bench", "/m.gguf", ctx, groups[1], False)
-    assert argv[argv.index("-d") + 1] == "640,1664,640" and argv[argv.index("-n") + 1] == str(S.TG_N)
+    assert argv[argv.index("-d") + 1] == "128,1152,128" and argv[argv.index("-n") + 1] == str(S.TG_N)
     assert argv[argv.index("-p") + 1] == "0" and argv[argv.index("-ctk") + 1] == "q8_0" and argv[-2:] == ["--repack", "0"]
     assert argv[argv.index("-r") + 1] == "5" and argv[argv.index("-o") + 1] == "jsonl"
     line = '{{"n_depth": {d}, "n_gen": 32, "samples_ns": [1000, 1100, 1200, 1300, 1400]}}'
-    out = "\n".join(line.format(d=d) for d in (640, 1664, 640))
+    out = "\n".join(line.format(d=d) for d in (128, 1152, 128))
     log = "sched_reserve: max_nodes = 1024\nsched_reserve: graph: nodes = 68, splits = 1, input objects = 4, input tensors = 6"
     res = parse_group(out, log, groups[1], "attn/q8_0")
-    assert [r["step"] for r in res] == ["tg640", "tg1664", "tg640b"] and res[1]["depth"] == 1664
+    assert [r["step"] for r in res] == ["tg128", "tg1152", "tg128b"] and res[1]["depth"] == 1152
     assert res[0]["graph"] == {"nodes_pp": 68, "nodes_tg": 68, "splits_pp": 1, "splits_tg": 1}
     assert res[0]["ns"] == [1000, 1100, 1200, 1300, 1400]
     with pytest.raises(ProbeError, match="printed 2 results for attn/q8_0, not 3"):
         parse_group("\n".join(out.splitlines()[:2]), log, groups[1], "attn/q8_0")
     with pytest.raises(ProbeError, match="not the test asked for"):
-        parse_group(out.replace('"n_depth": 1664', '"n_depth": 1660'), log, groups[1], "attn/q8_0")
+        parse_group(out.replace('"n_depth": 1152', '"n_depth": 1150'), log, groups[1], "attn/q8_0")
 
 
 # -- real llama.cpp: one calibration for the suite, then predict / bench / calibrate ----------------------------

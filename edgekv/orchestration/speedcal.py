@@ -97,6 +97,15 @@ DEEP_REPS = 5
 WIDE_LAYER_UNITS = 32 * 2 * 128
 ATTN_PP_N = 256
 PP_ROWS_N = 32            # a prompt under edgekv.core.speed.FA_TILE_Q tokens: an F16/F32 cache's per-row loop
+# A pair whose prompts run llama.cpp's per-query-row flash-attention loop at every size (a quantized or mixed cache on
+# the CPU, row_loop_path) costs the same per row and cell from 32 to 256 tokens (six layers of SmolLM2's heads between
+# depths 0 and 1024: q8_0 143-146 ps, q5_0 382-390, q4_0 245-248, bench/prompt_tiles.py --type), so its prompt
+# steps are ROW_LOOP_PP_N tokens, a quarter of ATTN_PP_N's time; and its decode steps start at depth ROW_LOOP_TG_START,
+# not ATTN_TG_DEPTHS[0] (they have no split-KV regime to reach): filling a cache runs that same loop over every cell
+# before it (q5_0 filling 640 and 1664 cells took about 4 of its 9 s), and the same 1024 cells from 128 cost the same
+# per cell (q5_0 409-437 ps from 128, 424-431 from 640; q4_0 285-288 and 276-281, bench/attn_layers.py)
+ROW_LOOP_PP_N = 64
+ROW_LOOP_TG_START = 128
 # a prompt of one and a half query tiles a head: every head's second tile is short (more so where llama.cpp's chunks
 # cut it), beside ATTN_PP_N's on the same depths the tiled kernel's cost per tile separates from its cost per row
 PT_N = 96
@@ -164,6 +173,12 @@ DRIFT_LIMIT = 0.20
 # its decode runs: the head's read from memory makes each run of 32 tokens spread more on a shared VM (Gemma 3's
 # geometry: 63-76 ms against the difference of 20 ms it times), so more of them than the other steps' five
 EVICT_TG_REPS = 9
+# and each run is EVICT_TG_N tokens, not TG_N: most of a run's time is the head's read (on a 2-vCPU Xeon at 18 GB/s a
+# 134 MB head is 7 ms of a 10 ms token), which the difference of two depths takes out, so the difference's spread is
+# the same with half the tokens (nine rounds each, six layers of SmolLM2's heads: f16 433-436 ps a cell from 16-token
+# runs, 435-438 from 32; q4_0 287-294 and 281-284) and the steps take half the time: the four K/V pairs' evicting
+# decode steps 26 s instead of 42 (bench/attn_layers.py --tokens, bench/README.md)
+EVICT_TG_N = 16
 EVICT_FACTOR = 1.25
 EVICT_DEFAULT_BYTES = 48 * 1024 * 1024
 EVICT_MAX_BYTES = 128 * 1024 * 1024
@@ -425,12 +440,22 @@ class AttnSteps:
     pp_n: int
 
 
-def attn_steps(geometry: str | None, split: bool, device: str = "") -> AttnSteps:
+def row_loop_path(type_k: str, type_v: str, flash_attn: str, device: str = "") -> bool:
+    """Whether every prompt over this K/V pair runs llama.cpp's per-query-row flash-attention loop on the CPU
+    (ggml-cpu/ops.cpp: flash attention on, and not the tiled kernel's F16/F32 K == V), whatever its size."""
+    from edgekv.core.speed import tiled_prompt_path
+
+    return not device and flash_attn != "off" and not tiled_prompt_path(type_k, type_v, flash_attn, device)
+
+
+def attn_steps(geometry: str | None, split: bool, device: str = "", rows: bool = False) -> AttnSteps:
     """The depths and prompt size of one K/V pair's attention steps at a geometry (``split``: llama.cpp's
-    split-KV decode path, f16/f32).  A geometry whose cell costs s times the generic model's (more heads x head
-    dims over its layers: Qwen3 8B's 32 x 128 is s = 4) takes decode depth differences 1/s as deep, so that each
-    difference times the same work as the generic model's, and filling the cache costs about 1/s^2 as much; its
-    decode steps start at depth 128 unless split-KV needs a view of 512 cells or more (whose differences stay
+    split-KV decode path, f16/f32; ``rows``: its prompts run the per-row loop at every size, row_loop_path: prompts
+    of ROW_LOOP_PP_N tokens at most, decode steps from ROW_LOOP_TG_START).  A geometry whose cell costs s times the
+    generic model's (more heads x head dims over its layers: Qwen3 8B's 32 x 128 is s = 4) takes decode depth
+    differences 1/s as deep, so that each difference times the same work as the generic model's, and filling the
+    cache costs about 1/s^2 as much; its decode steps start at depth ROW_LOOP_TG_START (128) unless split-KV needs a
+    view of 512 cells or more (whose differences stay
     whole 256-cell chunks of the padded view, edgekv.core.speed.decode_cells), and its prompts are half as long
     over a depth difference 2/s as deep (the same work again).  Without this, that geometry's four K/V pairs took
     239 s on two cores (bench/README.md), over the issue's 90 s.  A GPU (``device``) takes the DEVICE_ depths for
@@ -438,13 +463,14 @@ def attn_steps(geometry: str | None, split: bool, device: str = "") -> AttnSteps
     if device:
         return AttnSteps(DEVICE_ATTN_TG_DEPTHS, DEVICE_ATTN_PP_DEPTHS, ATTN_PP_N)
     s = _attn_units(geometry_shape(geometry)) / _attn_units(ATTN_SHAPE)
-    if s <= 1:
-        return AttnSteps(ATTN_TG_DEPTHS, ATTN_PP_DEPTHS, ATTN_PP_N)
     (t0, t1), (p0, p1) = ATTN_TG_DEPTHS, ATTN_PP_DEPTHS
+    if s <= 1:
+        start = ROW_LOOP_TG_START if rows else t0
+        return AttnSteps((start, start + t1 - t0), ATTN_PP_DEPTHS, ROW_LOOP_PP_N if rows else ATTN_PP_N)
     dt = max(256, round((t1 - t0) / s / 256) * 256)
     dp = max(128, round(2 * (p1 - p0) / s / 128) * 128)
-    start = t0 if split else 128
-    return AttnSteps((start, start + dt), (p0, p0 + dp), ATTN_PP_N // 2)
+    start = t0 if split else ROW_LOOP_TG_START
+    return AttnSteps((start, start + dt), (p0, p0 + dp), min(ATTN_PP_N // 2, ROW_LOOP_PP_N) if rows else ATTN_PP_N // 2)
 
 
 def _in_order(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -476,19 +502,19 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
     ctxs: list[dict[str, Any]] = []
     ctxs_tg: list[dict[str, Any]] = []
     for tk, tv, fa in pairs:
-        a = attn_steps(geometry, split_kv_path(tk, tv, fa, device), device)
+        a = attn_steps(geometry, split_kv_path(tk, tv, fa, device), device, row_loop_path(tk, tv, fa, device))
         tg_depths, pp_depths = a.tg_depths, a.pp_depths
         n_ctx = max(4096, -(-(max(tg_depths[1] + TG_N, pp_depths[1] + a.pp_n) + 1) // 512) * 512)
         # a pair whose long prompts run the tiled kernel: a short prompt too, over the same depths ("ps" steps)
         rows = tiled_prompt_path(tk, tv, fa, device)
-        reps = EVICT_TG_REPS if evict else 5
+        reps, n_tg = (EVICT_TG_REPS, EVICT_TG_N) if evict else (5, TG_N)
         if interleave:
-            tg = [{**_step("tg", "tg", 0, TG_N, reps), "depths": list(tg_depths)}]
+            tg = [{**_step("tg", "tg", 0, n_tg, reps), "depths": list(tg_depths)}]
             pp = [{**_step("pp", "pp", 0, a.pp_n, 3), "depths": list(pp_depths)}]
             pp += [{**_step("ps", "pp", 0, PP_ROWS_N, 3), "depths": list(pp_depths)}] if rows else []
             pp += [{**_step("pt", "pp", 0, PT_N, 3), "depths": list(pp_depths)}] if rows and not device else []
         else:
-            tg = [_step(f"tg{d}", "tg", d, TG_N, reps) for d in tg_depths]
+            tg = [_step(f"tg{d}", "tg", d, n_tg, reps) for d in tg_depths]
             pp = [_step(f"pp{d}", "pp", d, a.pp_n, 3) for d in pp_depths]
             pp += [_step(f"ps{d}", "pp", d, PP_ROWS_N, 3) for d in pp_depths if rows]
             pp += [_step(f"pt{d}", "pp", d, PT_N, 3) for d in pp_depths if rows and not device]
@@ -736,13 +762,14 @@ def solve_attn(results: list[dict], key: str, n_threads: int = 1, device: str = 
     units = _attn_units(shape)
     tk, tv, fa = key.split("/")[0], key.split("/")[1], key.split("fa=")[1].split("@")[0]
     sh, split = _attn_speed_shape(shape), split_kv_path(tk, tv, fa, device)
-    a = attn_steps(geometry, split, device)
+    a = attn_steps(geometry, split, device, row_loop_path(tk, tv, fa, device))
     d0, d1 = a.tg_depths
     dense = dense_view(fa)
-    du = (attn_units_tg(sh, d1 + TG_N / 2, n_threads, split, dense=dense)
-          - attn_units_tg(sh, d0 + TG_N / 2, n_threads, split, dense=dense))
-    tg = (_median_s(r[f"tg{d1}"]["ns"]) - _shallow(r, f"tg{d0}")) / TG_N / du
-    pp = _prompt_cell_cost(r, "pp", a.pp_depths, a.pp_n, units)
+    n = int(r[f"tg{d1}"]["n"])      # the step's own tokens a run (EVICT_TG_N on an evicting model)
+    du = (attn_units_tg(sh, d1 + n / 2, n_threads, split, dense=dense)
+          - attn_units_tg(sh, d0 + n / 2, n_threads, split, dense=dense))
+    tg = (_median_s(r[f"tg{d1}"]["ns"]) - _shallow(r, f"tg{d0}")) / n / du
+    pp = _prompt_cell_cost(r, "pp", a.pp_depths, int(r[f"pp{a.pp_depths[1]}"]["n"]), units)
     if tg <= 0 or pp <= 0:
         # deeper attention cannot be free: other work on the machine hid its cost; never cache a zero
         raise Disturbed(f"of {key} measured no cost for a deeper cache")
