@@ -100,10 +100,12 @@ PP_ROWS_N = 32            # a prompt under edgekv.core.speed.FA_TILE_Q tokens: a
 # A pair whose prompts run llama.cpp's per-query-row flash-attention loop at every size (a quantized or mixed cache on
 # the CPU, row_loop_path) costs the same per row and cell from 32 to 256 tokens (six layers of SmolLM2's heads between
 # depths 0 and 1024: q8_0 143-146 ps, q5_0 382-390, q4_0 245-248, bench/prompt_tiles.py --type), so its prompt
-# steps are ROW_LOOP_PP_N tokens, a quarter of ATTN_PP_N's time; and its decode steps start at depth ROW_LOOP_TG_START,
+# steps are ROW_LOOP_PP_N tokens, a quarter of ATTN_PP_N's time; its decode steps start at depth ROW_LOOP_TG_START,
 # not ATTN_TG_DEPTHS[0] (they have no split-KV regime to reach): filling a cache runs that same loop over every cell
 # before it (q5_0 filling 640 and 1664 cells took about 4 of its 9 s), and the same 1024 cells from 128 cost the same
-# per cell (q5_0 409-437 ps from 128, 424-431 from 640; q4_0 285-288 and 276-281, bench/attn_layers.py)
+# per cell (q5_0 409-437 ps from 128, 424-431 from 640; q4_0 285-288 and 276-281, bench/attn_layers.py); and its
+# prompts run at the decode steps' depths in the same context, after them, so that one fill serves both (a prompt of
+# this loop reads a layer's cells once per query row: whether the cache starts a run evicted is a first read in 64)
 ROW_LOOP_PP_N = 64
 ROW_LOOP_TG_START = 128
 # a prompt of one and a half query tiles a head: every head's second tile is short (more so where llama.cpp's chunks
@@ -450,8 +452,8 @@ def row_loop_path(type_k: str, type_v: str, flash_attn: str, device: str = "") -
 
 def attn_steps(geometry: str | None, split: bool, device: str = "", rows: bool = False) -> AttnSteps:
     """The depths and prompt size of one K/V pair's attention steps at a geometry (``split``: llama.cpp's
-    split-KV decode path, f16/f32; ``rows``: its prompts run the per-row loop at every size, row_loop_path: prompts
-    of ROW_LOOP_PP_N tokens at most, decode steps from ROW_LOOP_TG_START).  A geometry whose cell costs s times the
+    split-KV decode path, f16/f32; ``rows``: its prompts run the per-row loop at every size, row_loop_path: decode
+    steps from ROW_LOOP_TG_START, prompts of ROW_LOOP_PP_N tokens at the same depths).  A geometry whose cell costs s times the
     generic model's (more heads x head dims over its layers: Qwen3 8B's 32 x 128 is s = 4) takes decode depth
     differences 1/s as deep, so that each difference times the same work as the generic model's, and filling the
     cache costs about 1/s^2 as much; its decode steps start at depth ROW_LOOP_TG_START (128) unless split-KV needs a
@@ -465,12 +467,16 @@ def attn_steps(geometry: str | None, split: bool, device: str = "", rows: bool =
     s = _attn_units(geometry_shape(geometry)) / _attn_units(ATTN_SHAPE)
     (t0, t1), (p0, p1) = ATTN_TG_DEPTHS, ATTN_PP_DEPTHS
     if s <= 1:
-        start = ROW_LOOP_TG_START if rows else t0
-        return AttnSteps((start, start + t1 - t0), ATTN_PP_DEPTHS, ROW_LOOP_PP_N if rows else ATTN_PP_N)
+        if rows:
+            tg = (ROW_LOOP_TG_START, ROW_LOOP_TG_START + t1 - t0)
+            return AttnSteps(tg, tg, ROW_LOOP_PP_N)
+        return AttnSteps(ATTN_TG_DEPTHS, ATTN_PP_DEPTHS, ATTN_PP_N)
     dt = max(256, round((t1 - t0) / s / 256) * 256)
     dp = max(128, round(2 * (p1 - p0) / s / 128) * 128)
     start = t0 if split else ROW_LOOP_TG_START
-    return AttnSteps((start, start + dt), (p0, p0 + dp), min(ATTN_PP_N // 2, ROW_LOOP_PP_N) if rows else ATTN_PP_N // 2)
+    if rows:    # the same work a difference as the generic model's: s x the units over 1/s of the cells
+        return AttnSteps((start, start + dt), (start, start + dt), ROW_LOOP_PP_N)
+    return AttnSteps((start, start + dt), (p0, p0 + dp), ATTN_PP_N // 2)
 
 
 def _in_order(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -493,7 +499,8 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
     geometry's decode steps run on a model whose output head evicts the caches between tokens (evict_shape: model
     "attnv_" + geometry), its prompt steps on the geometry's own model (a prompt reads its cells once per ubatch;
     with that head the f16 prompt's cost per cell came out 26 % lower, 14.2 against 19.1 ps, further from
-    SmolLM2's own, bench/README.md)."""
+    SmolLM2's own, bench/README.md) except a per-row-loop pair's (row_loop_path), which follow its decode steps in
+    their context, over the same fill."""
     from edgekv.core.speed import split_kv_path
     from edgekv.edges.tinymodel import plan_model
 
@@ -506,24 +513,25 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
         tg_depths, pp_depths = a.tg_depths, a.pp_depths
         n_ctx = max(4096, -(-(max(tg_depths[1] + TG_N, pp_depths[1] + a.pp_n) + 1) // 512) * 512)
         # a pair whose long prompts run the tiled kernel: a short prompt too, over the same depths ("ps" steps)
-        rows = tiled_prompt_path(tk, tv, fa, device)
+        tiled = tiled_prompt_path(tk, tv, fa, device)
         reps, n_tg = (EVICT_TG_REPS, EVICT_TG_N) if evict else (5, TG_N)
         if interleave:
             tg = [{**_step("tg", "tg", 0, n_tg, reps), "depths": list(tg_depths)}]
             pp = [{**_step("pp", "pp", 0, a.pp_n, 3), "depths": list(pp_depths)}]
-            pp += [{**_step("ps", "pp", 0, PP_ROWS_N, 3), "depths": list(pp_depths)}] if rows else []
-            pp += [{**_step("pt", "pp", 0, PT_N, 3), "depths": list(pp_depths)}] if rows and not device else []
+            pp += [{**_step("ps", "pp", 0, PP_ROWS_N, 3), "depths": list(pp_depths)}] if tiled else []
+            pp += [{**_step("pt", "pp", 0, PT_N, 3), "depths": list(pp_depths)}] if tiled and not device else []
         else:
             tg = [_step(f"tg{d}", "tg", d, n_tg, reps) for d in tg_depths]
             pp = [_step(f"pp{d}", "pp", d, a.pp_n, 3) for d in pp_depths]
-            pp += [_step(f"ps{d}", "pp", d, PP_ROWS_N, 3) for d in pp_depths if rows]
-            pp += [_step(f"pt{d}", "pp", d, PT_N, 3) for d in pp_depths if rows and not device]
-        for dest, steps in ([(ctxs_tg, tg), (ctxs, pp)] if evict else [(ctxs, tg + pp)]):
+            pp += [_step(f"ps{d}", "pp", d, PP_ROWS_N, 3) for d in pp_depths if tiled]
+            pp += [_step(f"pt{d}", "pp", d, PT_N, 3) for d in pp_depths if tiled and not device]
+        apart = evict and not row_loop_path(tk, tv, fa, device)
+        for dest, steps in ([(ctxs_tg, tg), (ctxs, pp)] if apart else [(ctxs_tg if evict else ctxs, tg + pp)]):
             dest.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps if interleave else _in_order(steps),
                              n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa, n_seq=2 if interleave else 1))
     name = "attn" if geometry is None else f"attn_{geometry}"
     out = [{"key": name, "repack": repack, "n_gpu_layers": _ngl(device),
-            **plan_model(name, **geometry_shape(geometry)), "contexts": ctxs}]
+            **plan_model(name, **geometry_shape(geometry)), "contexts": ctxs}] if ctxs else []
     if ctxs_tg:
         out.append({"key": f"attnv_{geometry}", "repack": repack, "n_gpu_layers": 0,
                     **plan_model(f"attnv_{geometry}", **evicting),
