@@ -203,10 +203,12 @@ def test_the_attention_calibration_evicts_the_cpu_caches_between_tokens(monkeypa
     assert head(by["attnv_h9kv3k64v64"]) + own >= S.EVICT_FACTOR * (16 << 20) > head(by["attn_h9kv3k64v64"]) + own
     assert [(st["key"], st["n"]) for st in by["attnv_h9kv3k64v64"]["contexts"][0]["steps"]] == [("tg", S.EVICT_TG_N)]
     assert [st["key"] for st in by["attn_h9kv3k64v64"]["contexts"][0]["steps"]] == ["pp", "ps", "pt"]
-    # a quantized pair's prompts run the per-row loop: they follow its decode steps over the same fill
-    (q8,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h9kv3k64v64", interleave=True)
-    assert q8["key"] == "attnv_h9kv3k64v64"
-    assert [(st["key"], st["depths"]) for st in q8["contexts"][0]["steps"]] == [("tg", [128, 1152]), ("pp", [128, 1152])]
+    # a quantized pair (the per-row loop): decode steps from ROW_LOOP_TG_START, short prompts on the geometry's model
+    q8 = {m["key"]: m for m in S.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h9kv3k64v64", interleave=True)}
+    assert [(st["key"], st["depths"], st["n"]) for st in q8["attnv_h9kv3k64v64"]["contexts"][0]["steps"]] == [
+        ("tg", [S.ROW_LOOP_TG_START, S.ROW_LOOP_TG_START + 1024], S.EVICT_TG_N)]
+    assert [(st["key"], st["depths"], st["n"]) for st in q8["attn_h9kv3k64v64"]["contexts"][0]["steps"]] == [
+        ("pp", list(S.ATTN_PP_DEPTHS), S.ROW_LOOP_PP_N)]
     # the solver reads the decode steps from the one model and the prompts from the other
     from edgekv.core.speed import attn_units_tg
 
@@ -852,8 +854,8 @@ def test_interleaved_attention_steps_run_in_turn_through_llama_cpp():
     (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, _repack(), interleave=True)
     (c,) = m["contexts"]
     a = S.attn_steps(None, False, rows=True)     # q8_0's prompts run the per-row loop: shorter, shallower steps
-    tg = (S.ROW_LOOP_TG_START, S.ROW_LOOP_TG_START + S.ATTN_TG_DEPTHS[1] - S.ATTN_TG_DEPTHS[0])
-    assert a == S.AttnSteps(tg, tg, S.ROW_LOOP_PP_N)      # the prompts over the decode steps' fill
+    assert a == S.AttnSteps((S.ROW_LOOP_TG_START, S.ROW_LOOP_TG_START + S.ATTN_TG_DEPTHS[1] - S.ATTN_TG_DEPTHS[0]),
+                            S.ATTN_PP_DEPTHS, S.ROW_LOOP_PP_N)
     assert c["params"]["n_seq_max"] == 2 and [st["depths"] for st in c["steps"]] == [list(a.tg_depths),
                                                                                        list(a.pp_depths)]
     assert [st["n"] for st in c["steps"]] == [S.TG_N, S.ROW_LOOP_PP_N]
@@ -1058,22 +1060,22 @@ def test_llama_bench_probe_runs_each_shallow_deep_shallow_group_as_one_process_a
     (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, False)
     ctx = m["contexts"][0]
     groups = step_groups(ctx["steps"])
-    assert [[st["key"] for st in g] for g in groups] == [["tg128", "tg1152", "tg128b"], ["pp128", "pp1152", "pp128b"]]
-    argv = group_argv("/x/llama-bench", "/m.gguf", ctx, groups[0], False)
+    assert [[st["key"] for st in g] for g in groups] == [["pp0", "pp1024", "pp0b"], ["tg128", "tg1152", "tg128b"]]
+    argv = group_argv("/x/llama-bench", "/m.gguf", ctx, groups[1], False)
     assert argv[argv.index("-d") + 1] == "128,1152,128" and argv[argv.index("-n") + 1] == str(S.TG_N)
     assert argv[argv.index("-p") + 1] == "0" and argv[argv.index("-ctk") + 1] == "q8_0" and argv[-2:] == ["--repack", "0"]
     assert argv[argv.index("-r") + 1] == "5" and argv[argv.index("-o") + 1] == "jsonl"
     line = '{{"n_depth": {d}, "n_gen": 32, "samples_ns": [1000, 1100, 1200, 1300, 1400]}}'
     out = "\n".join(line.format(d=d) for d in (128, 1152, 128))
     log = "sched_reserve: max_nodes = 1024\nsched_reserve: graph: nodes = 68, splits = 1, input objects = 4, input tensors = 6"
-    res = parse_group(out, log, groups[0], "attn/q8_0")
+    res = parse_group(out, log, groups[1], "attn/q8_0")
     assert [r["step"] for r in res] == ["tg128", "tg1152", "tg128b"] and res[1]["depth"] == 1152
     assert res[0]["graph"] == {"nodes_pp": 68, "nodes_tg": 68, "splits_pp": 1, "splits_tg": 1}
     assert res[0]["ns"] == [1000, 1100, 1200, 1300, 1400]
     with pytest.raises(ProbeError, match="printed 2 results for attn/q8_0, not 3"):
-        parse_group("\n".join(out.splitlines()[:2]), log, groups[0], "attn/q8_0")
+        parse_group("\n".join(out.splitlines()[:2]), log, groups[1], "attn/q8_0")
     with pytest.raises(ProbeError, match="not the test asked for"):
-        parse_group(out.replace('"n_depth": 1152', '"n_depth": 1150'), log, groups[0], "attn/q8_0")
+        parse_group(out.replace('"n_depth": 1152', '"n_depth": 1150'), log, groups[1], "attn/q8_0")
 
 
 # -- real llama.cpp: one calibration for the suite, then predict / bench / calibrate ----------------------------

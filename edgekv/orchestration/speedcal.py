@@ -103,9 +103,10 @@ PP_ROWS_N = 32            # a prompt under edgekv.core.speed.FA_TILE_Q tokens: a
 # steps are ROW_LOOP_PP_N tokens, a quarter of ATTN_PP_N's time; its decode steps start at depth ROW_LOOP_TG_START,
 # not ATTN_TG_DEPTHS[0] (they have no split-KV regime to reach): filling a cache runs that same loop over every cell
 # before it (q5_0 filling 640 and 1664 cells took about 4 of its 9 s), and the same 1024 cells from 128 cost the same
-# per cell (q5_0 409-437 ps from 128, 424-431 from 640; q4_0 285-288 and 276-281, bench/attn_layers.py); and its
-# prompts run at the decode steps' depths in the same context, after them, so that one fill serves both (a prompt of
-# this loop reads a layer's cells once per query row: whether the cache starts a run evicted is a first read in 64)
+# per cell (q5_0 409-437 ps from 128, 424-431 from 640; q4_0 285-288 and 276-281, bench/attn_layers.py).  Its
+# prompts stay on the geometry's own model over ATTN_PP_DEPTHS: run after the decode steps on the evicting model,
+# over their fill, they came out 10 % cheaper a cell on one thread (Gemma 3's heads, q4_0: 373 against 412-413 ps
+# on its own model at either depth range) and predicted that prefill 15 % too fast (bench/README.md)
 ROW_LOOP_PP_N = 64
 ROW_LOOP_TG_START = 128
 # a prompt of one and a half query tiles a head: every head's second tile is short (more so where llama.cpp's chunks
@@ -176,14 +177,18 @@ DRIFT_LIMIT = 0.20
 # geometry: 63-76 ms against the difference of 20 ms it times), so more of them than the other steps' five
 EVICT_TG_REPS = 9
 # and each run is EVICT_TG_N tokens, not TG_N: most of a run's time is the head's read (on a 2-vCPU Xeon at 18 GB/s a
-# 134 MB head is 7 ms of a 10 ms token), which the difference of two depths takes out, so the difference's spread is
-# the same with half the tokens (nine rounds each, six layers of SmolLM2's heads: f16 433-436 ps a cell from 16-token
-# runs, 435-438 from 32; q4_0 287-294 and 281-284) and the steps take half the time: the four K/V pairs' evicting
-# decode steps 26 s instead of 42 (bench/attn_layers.py --tokens, bench/README.md)
+# 134 MB head, the cap before the one below, was 7 ms of a 10 ms token), which the difference of two depths takes out,
+# so the difference's spread is the same with half the tokens (nine rounds each, six layers of SmolLM2's heads: f16
+# 433-436 ps a cell from 16-token runs, 435-438 from 32; q4_0 287-294 and 281-284) and the steps take half the time:
+# the four K/V pairs' evicting decode steps 26 s instead of 42 (bench/attn_layers.py --tokens, bench/README.md)
 EVICT_TG_N = 16
+# the head's size is capped: a last-level cache larger than EVICT_MAX_BYTES / EVICT_FACTOR is a big server part's,
+# shared with other guests (the 2-vCPU Xeon's 260 MiB), which a 2-vCPU share cannot fill anyway; there a 64 MB head
+# and a 134 MB one gave the same costs a cell (SmolLM2's heads, 16-token runs, two rounds: f16 423-434 and 433-436 ps,
+# q8_0 131-153 and 135-142, q5_0 427-431 and 418-433, q4_0 285-296 and 287-294; the four pairs' steps 19 s and 26 s)
 EVICT_FACTOR = 1.25
 EVICT_DEFAULT_BYTES = 48 * 1024 * 1024
-EVICT_MAX_BYTES = 128 * 1024 * 1024
+EVICT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_KV = (("f16", "f16"), ("q8_0", "q8_0"), ("q5_0", "q5_0"), ("q4_0", "q4_0"))
 
 
@@ -453,7 +458,7 @@ def row_loop_path(type_k: str, type_v: str, flash_attn: str, device: str = "") -
 def attn_steps(geometry: str | None, split: bool, device: str = "", rows: bool = False) -> AttnSteps:
     """The depths and prompt size of one K/V pair's attention steps at a geometry (``split``: llama.cpp's
     split-KV decode path, f16/f32; ``rows``: its prompts run the per-row loop at every size, row_loop_path: decode
-    steps from ROW_LOOP_TG_START, prompts of ROW_LOOP_PP_N tokens at the same depths).  A geometry whose cell costs s times the
+    steps from ROW_LOOP_TG_START, prompts of ROW_LOOP_PP_N tokens).  A geometry whose cell costs s times the
     generic model's (more heads x head dims over its layers: Qwen3 8B's 32 x 128 is s = 4) takes decode depth
     differences 1/s as deep, so that each difference times the same work as the generic model's, and filling the
     cache costs about 1/s^2 as much; its decode steps start at depth ROW_LOOP_TG_START (128) unless split-KV needs a
@@ -467,16 +472,12 @@ def attn_steps(geometry: str | None, split: bool, device: str = "", rows: bool =
     s = _attn_units(geometry_shape(geometry)) / _attn_units(ATTN_SHAPE)
     (t0, t1), (p0, p1) = ATTN_TG_DEPTHS, ATTN_PP_DEPTHS
     if s <= 1:
-        if rows:
-            tg = (ROW_LOOP_TG_START, ROW_LOOP_TG_START + t1 - t0)
-            return AttnSteps(tg, tg, ROW_LOOP_PP_N)
-        return AttnSteps(ATTN_TG_DEPTHS, ATTN_PP_DEPTHS, ATTN_PP_N)
+        start = ROW_LOOP_TG_START if rows else t0
+        return AttnSteps((start, start + t1 - t0), ATTN_PP_DEPTHS, ROW_LOOP_PP_N if rows else ATTN_PP_N)
     dt = max(256, round((t1 - t0) / s / 256) * 256)
     dp = max(128, round(2 * (p1 - p0) / s / 128) * 128)
     start = t0 if split else ROW_LOOP_TG_START
-    if rows:    # the same work a difference as the generic model's: s x the units over 1/s of the cells
-        return AttnSteps((start, start + dt), (start, start + dt), ROW_LOOP_PP_N)
-    return AttnSteps((start, start + dt), (p0, p0 + dp), ATTN_PP_N // 2)
+    return AttnSteps((start, start + dt), (p0, p0 + dp), min(ATTN_PP_N // 2, ROW_LOOP_PP_N) if rows else ATTN_PP_N // 2)
 
 
 def _in_order(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -499,8 +500,7 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
     geometry's decode steps run on a model whose output head evicts the caches between tokens (evict_shape: model
     "attnv_" + geometry), its prompt steps on the geometry's own model (a prompt reads its cells once per ubatch;
     with that head the f16 prompt's cost per cell came out 26 % lower, 14.2 against 19.1 ps, further from
-    SmolLM2's own, bench/README.md) except a per-row-loop pair's (row_loop_path), which follow its decode steps in
-    their context, over the same fill."""
+    SmolLM2's own, bench/README.md)."""
     from edgekv.core.speed import split_kv_path
     from edgekv.edges.tinymodel import plan_model
 
@@ -525,13 +525,12 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
             pp = [_step(f"pp{d}", "pp", d, a.pp_n, 3) for d in pp_depths]
             pp += [_step(f"ps{d}", "pp", d, PP_ROWS_N, 3) for d in pp_depths if tiled]
             pp += [_step(f"pt{d}", "pp", d, PT_N, 3) for d in pp_depths if tiled and not device]
-        apart = evict and not row_loop_path(tk, tv, fa, device)
-        for dest, steps in ([(ctxs_tg, tg), (ctxs, pp)] if apart else [(ctxs_tg if evict else ctxs, tg + pp)]):
+        for dest, steps in ([(ctxs_tg, tg), (ctxs, pp)] if evict else [(ctxs, tg + pp)]):
             dest.append(_ctx(kv_key(tk, tv, fa, geometry), n_threads, steps if interleave else _in_order(steps),
                              n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa, n_seq=2 if interleave else 1))
     name = "attn" if geometry is None else f"attn_{geometry}"
     out = [{"key": name, "repack": repack, "n_gpu_layers": _ngl(device),
-            **plan_model(name, **geometry_shape(geometry)), "contexts": ctxs}] if ctxs else []
+            **plan_model(name, **geometry_shape(geometry)), "contexts": ctxs}]
     if ctxs_tg:
         out.append({"key": f"attnv_{geometry}", "repack": repack, "n_gpu_layers": 0,
                     **plan_model(f"attnv_{geometry}", **evicting),
