@@ -386,13 +386,6 @@ def _probe_model(L, cap, m: dict, path: str, rng: random.Random, out: list[dict[
     return True
 
 
-def _warm_or(n: int, warm: bool) -> int:
-    """The tokens a calibration decode run generates: one for a warm-up run (as llama-bench's own warm-up: it reads
-    every weight and the cache once, faulting the pages in and allocating the one-token graph; the rest of a run of
-    ``n`` would only repeat that), ``n`` for a timed one.  A prompt's warm-up keeps its size (its graph's)."""
-    return 1 if warm else n
-
-
 def _probe_steps(L, runner: _Runner, mem, steps: list[dict], where: str, ev: EventWriter) -> list[dict[str, Any]]:
     """One calibration context's steps: each step's timed runs in nanoseconds (warm-up runs dropped)."""
     out = []
@@ -413,8 +406,7 @@ def _probe_steps(L, runner: _Runner, mem, steps: list[dict], where: str, ev: Eve
             runner.run_prompt(runner.prompt_chunks(d - cur))
         cur = d
         ns = []
-        w = int(st.get("warmup", 1))
-        for i in range(w + int(st["reps"])):
+        for _ in range(int(st.get("warmup", 1)) + int(st["reps"])):
             if not L.llama_memory_seq_rm(mem, 0, d, -1):
                 L.llama_memory_clear(mem, True)
                 if d:
@@ -427,11 +419,11 @@ def _probe_steps(L, runner: _Runner, mem, steps: list[dict], where: str, ev: Eve
                 t0 = time.perf_counter_ns()
                 runner.run_prompt(work)
             else:
-                toks = runner.gen_tokens(_warm_or(n, i < w))
+                toks = runner.gen_tokens(n)
                 t0 = time.perf_counter_ns()
                 runner.run_gen(toks, d)
             ns.append(time.perf_counter_ns() - t0)
-        out.append({"step": st["key"], "test": st["test"], "depth": d, "n": n, "ns": ns[w:]})
+        out.append({"step": st["key"], "test": st["test"], "depth": d, "n": n, "ns": ns[int(st.get("warmup", 1)):]})
     return out
 
 
@@ -473,15 +465,15 @@ def _probe_interleaved(L, runner: _Runner, mem, st: dict, where: str) -> list[di
         if have < d:
             _decode_timed(L, runner.ctx, _seq_tokens(L, runner, s, have, d - have, False), "filling the cache")
     ns: list[list[int]] = [[] for _ in depths]
-    w = int(st.get("warmup", 1))
-    for i in range(w + int(st["reps"])):
+    for _ in range(int(st.get("warmup", 1)) + int(st["reps"])):
         for s, d in enumerate(depths):
             L.llama_memory_seq_rm(mem, s, d, -1)
             if L.llama_memory_seq_pos_max(mem, s) != d - 1:
                 raise RuntimeError(f"the calibration cache holds {L.llama_memory_seq_pos_max(mem, s) + 1} cells of "
                                    f"sequence {s}, not {d}, before {where}/{st['key']}")
-            work = _seq_tokens(L, runner, s, d, _warm_or(n, gen and i < w), gen)
+            work = _seq_tokens(L, runner, s, d, n, gen)
             ns[s].append(_decode_timed(L, runner.ctx, work, "generating" if gen else "processing a prompt"))
+    w = int(st.get("warmup", 1))
     return [{"step": f"{st['key']}{d}", "test": st["test"], "depth": d, "n": n, "ns": ns[s][w:]}
             for s, d in enumerate(depths)]
 

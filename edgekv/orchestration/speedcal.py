@@ -177,18 +177,16 @@ DRIFT_LIMIT = 0.20
 # geometry: 63-76 ms against the difference of 20 ms it times), so more of them than the other steps' five
 EVICT_TG_REPS = 9
 # and each run is EVICT_TG_N tokens, not TG_N: most of a run's time is the head's read (on a 2-vCPU Xeon at 18 GB/s a
-# 134 MB head, the cap before the one below, was 7 ms of a 10 ms token), which the difference of two depths takes out,
+# 134 MB head, EVICT_MAX_BYTES's, is 7 ms of a 10 ms token), which the difference of two depths takes out,
 # so the difference's spread is the same with half the tokens (nine rounds each, six layers of SmolLM2's heads: f16
 # 433-436 ps a cell from 16-token runs, 435-438 from 32; q4_0 287-294 and 281-284) and the steps take half the time:
 # the four K/V pairs' evicting decode steps 26 s instead of 42 (bench/attn_layers.py --tokens, bench/README.md)
 EVICT_TG_N = 16
-# the head's size is capped: a last-level cache larger than EVICT_MAX_BYTES / EVICT_FACTOR is a big server part's,
-# shared with other guests (the 2-vCPU Xeon's 260 MiB), which a 2-vCPU share cannot fill anyway; there a 64 MB head
-# and a 134 MB one gave the same costs a cell (SmolLM2's heads, 16-token runs, two rounds: f16 423-434 and 433-436 ps,
-# q8_0 131-153 and 135-142, q5_0 427-431 and 418-433, q4_0 285-296 and 287-294; the four pairs' steps 19 s and 26 s)
 EVICT_FACTOR = 1.25
 EVICT_DEFAULT_BYTES = 48 * 1024 * 1024
-EVICT_MAX_BYTES = 64 * 1024 * 1024
+# (tried on the Xeon: a 64 MiB cap, with warm-ups of one token, made runs of 40-110 ms that were still speeding up
+# over their first several after a fill, and round xeon4 priced quantized decodes 10-42 % too slow, bench/README.md)
+EVICT_MAX_BYTES = 128 * 1024 * 1024
 DEFAULT_KV = (("f16", "f16"), ("q8_0", "q8_0"), ("q5_0", "q5_0"), ("q4_0", "q4_0"))
 
 
