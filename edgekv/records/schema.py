@@ -981,8 +981,20 @@ def growth_minus_formula_bytes(growth_bytes: int | None, formula_bytes: int | No
     return growth_bytes - formula_bytes
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema of a record, generated from the types (committed as results.schema.json)."""
-    return msgspec.json.schema(AnyRecord)
+    """The JSON Schema of a record, generated from the types (committed as results.schema.json).  Every description
+    is the type's docstring as :func:`inspect.cleandoc` cleans it: msgspec 0.23 cleans them itself, 0.22 and before
+    kept their indentation, and the committed file must not depend on which one pip chose."""
+    import inspect
+
+    def clean(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: inspect.cleandoc(v) if k == "description" and isinstance(v, str) else clean(v)
+                    for k, v in node.items()}
+        if isinstance(node, list):
+            return [clean(v) for v in node]
+        return node
+
+    return clean(msgspec.json.schema(AnyRecord))
 
 
 SCHEMA_FILE = Path(__file__).with_name("results.schema.json")
