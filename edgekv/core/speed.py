@@ -380,6 +380,12 @@ def tiled_prompt_path(type_k: str, type_v: str, flash_attn: str, device: str = "
     return split_kv_path(type_k, type_v, flash_attn, device)
 
 
+def row_loop_path(type_k: str, type_v: str, flash_attn: str, device: str = "") -> bool:
+    """Whether every prompt over this K/V pair runs the CPU backend's per-query-row flash-attention loop, whatever
+    its size (ops.cpp:8843: flash attention on, and not :func:`tiled_prompt_path`'s F16/F32 K == V)."""
+    return not device and flash_attn != "off" and not tiled_prompt_path(type_k, type_v, flash_attn, device)
+
+
 # The tiled kernel's cost per cell: the calibration measures it over the first TILED_SHALLOW_END cells (attn_pp_s)
 # and from TILED_DEEP_DEPTHS[0] to [1] (attn_pp_deep_s); between the two it is taken as linear in the depth, and
 # beyond the deep step constant.  On a 2-vCPU EPYC (1 MB L2 a core) SmolLM2's heads cost 21-29 ps a cell over the

@@ -50,6 +50,7 @@ from edgekv.core.speed import (
     kv_key,
     prompt_attn_coef,
     prompt_node_s,
+    row_loop_path,
     tile_factor,
     tiled_prompt_path,
     weight_key,
@@ -443,14 +444,6 @@ class AttnSteps:
     tg_depths: tuple[int, int]
     pp_depths: tuple[int, int]
     pp_n: int
-
-
-def row_loop_path(type_k: str, type_v: str, flash_attn: str, device: str = "") -> bool:
-    """Whether every prompt over this K/V pair runs llama.cpp's per-query-row flash-attention loop on the CPU
-    (ggml-cpu/ops.cpp: flash attention on, and not the tiled kernel's F16/F32 K == V), whatever its size."""
-    from edgekv.core.speed import tiled_prompt_path
-
-    return not device and flash_attn != "off" and not tiled_prompt_path(type_k, type_v, flash_attn, device)
 
 
 def attn_steps(geometry: str | None, split: bool, device: str = "", rows: bool = False) -> AttnSteps:
