@@ -636,7 +636,7 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row(headers):
             t_tok = 90 * cal.node_tg_s + cal.token_tg_s + (nbytes[k] * truth["stream"] + rows[k] * truth["srow"] if large
                                                              else nbytes[k] * truth["byte"] + rows[k] * row)
             n_tok = S.STREAM_N if large else S.TG_N
-            out.append({"model": k, "context": "f16", "step": "tg", "ns": [int(n_tok * t_tok * 1e9)] * 5, "graph": g})
+            out.append({"model": k, "context": "f16", "step": "tg", "n": n_tok, "ns": [int(n_tok * t_tok * 1e9)] * 5, "graph": g})
         for k in ("w_q4_1", "wn_q4_1"):      # the prompts: the wide model's and (the dot cost) the narrow one's
             # the last layer's feed-forward for the last token only: a mat-vec beside the output head's
             mats = [x.split()[0] for x in shapes[k].groups if not x.output]
@@ -858,7 +858,7 @@ def test_interleaved_attention_steps_run_in_turn_through_llama_cpp():
                             S.ATTN_PP_DEPTHS, S.ROW_LOOP_PP_N)
     assert c["params"]["n_seq_max"] == 2 and [st["depths"] for st in c["steps"]] == [list(a.tg_depths),
                                                                                        list(a.pp_depths)]
-    assert [st["n"] for st in c["steps"]] == [S.TG_N, S.ROW_LOOP_PP_N]
+    assert [st["n"] for st in c["steps"]] == [S.GENERIC_TG_N, S.ROW_LOOP_PP_N]
     for st in c["steps"]:
         st["reps"] = 3
     res = {r["step"]: r for r in S._run([m], None)}
@@ -1062,7 +1062,7 @@ def test_llama_bench_probe_runs_each_shallow_deep_shallow_group_as_one_process_a
     groups = step_groups(ctx["steps"])
     assert [[st["key"] for st in g] for g in groups] == [["pp0", "pp1024", "pp0b"], ["tg128", "tg1152", "tg128b"]]
     argv = group_argv("/x/llama-bench", "/m.gguf", ctx, groups[1], False)
-    assert argv[argv.index("-d") + 1] == "128,1152,128" and argv[argv.index("-n") + 1] == str(S.TG_N)
+    assert argv[argv.index("-d") + 1] == "128,1152,128" and argv[argv.index("-n") + 1] == str(S.GENERIC_TG_N)
     assert argv[argv.index("-p") + 1] == "0" and argv[argv.index("-ctk") + 1] == "q8_0" and argv[-2:] == ["--repack", "0"]
     assert argv[argv.index("-r") + 1] == "5" and argv[argv.index("-o") + 1] == "jsonl"
     line = '{{"n_depth": {d}, "n_gen": 32, "samples_ns": [1000, 1100, 1200, 1300, 1400]}}'

@@ -120,6 +120,9 @@ GEOMETRY_LAYERS = 6
 TG_N = 32                 # generated tokens per timed decode run (5 runs per attention step, the median kept)
 PP_SHORT_N, PP_N = NODE_PP_TOKENS
 MM_N = (256, 32)
+# their runs (after one warm-up): a prompt of 256 tokens over 48 MB of weights is compute-bound and repeats within
+# 1 % (the 2-vCPU Xeon VM: 333.0, 333.1, 331.5 ms), so two runs where three were (bench/README.md, calibration time)
+MM_REPS = 2
 # the weight models' decodes: 11 runs each (a run of 32 tokens takes 0.1-0.2 s).  The mat-vec's cost per row is solved
 # from the narrow and the wide model's decodes, which differ by about 20 %; with 5 runs, their runs spreading +-7 % on
 # the 2-vCPU VM, eight calibrations within six minutes gave SmolLM2's q4_1 3.7-11.7 ns a row (bench/README.md)
@@ -134,9 +137,12 @@ WEIGHT_TARGET_BYTES = 48 * 1024 * 1024
 NARROW_WIDTHS = {"n_embd": 512, "n_ff": 2048, "n_head": 8}
 # and the rate it streams a type from memory: the wide widths, about 8x a large L3 (a 48 MB model sits partly in a
 # 32 MiB L3: its repacked q4_K decoded at 100 GB/s of kernel work, while an 8B model of it streamed 28 GB/s,
-# bench/README.md); 16 tokens, 3 runs (reading 384 MB takes 10-20 ms a token on two cores)
+# bench/README.md); 8 tokens, 4 runs after one warm-up (reading 384 MB takes 10-40 ms a token on two cores: on the
+# 2-vCPU Xeon VM, 8-token runs of the three large models spread as 16-token ones did, +-3 %, and a type's three took
+# 7 of the 9.6 s its large models cost a calibration with 16 tokens and 3 runs: bench/README.md, calibration time)
 STREAM_TARGET_BYTES = 384 * 1024 * 1024
-STREAM_N = 16
+STREAM_N = 8
+STREAM_REPS = 4
 # and its cost per row while it streams: a narrow 384 MB model of rows of 512 (and ffn_down's of 8192, so that 384 MB
 # takes 30-50 layers, not 130-160 of NARROW_WIDTHS' small layers).  On two threads of the 2-vCPU EPYC VM, 384 MB of
 # q5_0 at eight widths fitted bytes + rows within 4.6 % at 26.5 GB/s + 13.0 ns a row, where the 48 MB models' fit
@@ -183,6 +189,9 @@ EVICT_TG_REPS = 9
 # 433-436 ps a cell from 16-token runs, 435-438 from 32; q4_0 287-294 and 281-284) and the steps take half the time:
 # the four K/V pairs' evicting decode steps 26 s instead of 42 (bench/attn_layers.py --tokens, bench/README.md)
 EVICT_TG_N = 16
+# the generic model's decode steps (no geometry: its f16 cost prices the node and weight models' own attention, a few
+# per cent of their time) run EVICT_TG_N tokens too: the same difference of two depths, half the time
+GENERIC_TG_N = EVICT_TG_N
 EVICT_FACTOR = 1.25
 EVICT_DEFAULT_BYTES = 48 * 1024 * 1024
 # (tried on the Xeon: a 64 MiB cap, with warm-ups of one token, made runs of 40-110 ms that were still speeding up
@@ -505,7 +514,7 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
         n_ctx = max(4096, -(-(max(tg_depths[1] + TG_N, pp_depths[1] + a.pp_n) + 1) // 512) * 512)
         # a pair whose long prompts run the tiled kernel: a short prompt too, over the same depths ("ps" steps)
         tiled = tiled_prompt_path(tk, tv, fa, device)
-        reps, n_tg = (EVICT_TG_REPS, EVICT_TG_N) if evict else (5, TG_N)
+        reps, n_tg = (EVICT_TG_REPS, EVICT_TG_N) if evict else (5, TG_N if device else GENERIC_TG_N)
         if interleave:
             tg = [{**_step("tg", "tg", 0, n_tg, reps), "depths": list(tg_depths)}]
             pp = [{**_step("pp", "pp", 0, a.pp_n, 3), "depths": list(pp_depths)}]
@@ -576,9 +585,9 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
         # drifts meanwhile moves both alike), then the large ones' (the streaming rate and its cost per row)
         # (its prompts too, before the wide one's: the mat-mat's cost per dot product, and a few columns' per row)
         narrow, tg = weight_shape(t, narrow=True), _step("tg", "tg", 0, TG_N, WEIGHT_TG_REPS, 2)
-        stream, st = weight_shape(t, stream=True), _step("tg", "tg", 0, STREAM_N, 3, 1)
+        stream, st = weight_shape(t, stream=True), _step("tg", "tg", 0, STREAM_N, STREAM_REPS, 1)
         out += [_decode_only(f"wn_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack,
-                             [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N] + _cols_steps()), wide,
+                             [_step(f"pp{n}", "pp", 0, n, MM_REPS) for n in MM_N] + _cols_steps()), wide,
                 _decode_only(f"wnb_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack, _cols_steps()),
                 _decode_only(f"ws_{t.lower()}", f"ws_{t.lower()}", t, stream, st, n_threads, repack),
                 _decode_only(f"wsn_{t.lower()}", f"wsn_{t.lower()}", t, weight_shape(t, narrow=True, stream=True), st,
@@ -593,7 +602,7 @@ def _wide_model(t: str, n_threads: int, repack: bool, device: str = "") -> dict[
     from edgekv.edges.tinymodel import plan_model
 
     shape = weight_shape(t, device)
-    steps = [_step("tg", "tg", 0, TG_N, WEIGHT_TG_REPS, 2)] + [_step(f"pp{n}", "pp", 0, n, 3) for n in MM_N]
+    steps = [_step("tg", "tg", 0, TG_N, WEIGHT_TG_REPS, 2)] + [_step(f"pp{n}", "pp", 0, n, MM_REPS) for n in MM_N]
     steps += _cols_steps()
     name = f"w_{t.lower()}" + ("_dev" if device else "")
     return {"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": _ngl(device),
@@ -971,18 +980,19 @@ def _solve_matmul(key: str, wide: tuple[int, int, float], narrow: tuple[int, int
     return flop, dot
 
 
-def _decode_rest(r: dict[str, dict], sh, cal: Calibration, n_tokens: int = TG_N) -> float:
-    """A weight model's decode time per token (of ``n_tokens`` timed) less what is not its matrices: the graph's
-    nodes, the token's own cost and the f16 attention at the decode's mean depth."""
+def _decode_rest(r: dict[str, dict], sh, cal: Calibration) -> float:
+    """A weight model's decode time per token (of the tokens its step timed) less what is not its matrices: the
+    graph's nodes, the token's own cost and the f16 attention at the decode's mean depth."""
     from edgekv.core.speed import attn_units_tg
 
     f16 = kv_key("f16", "f16", "auto")
+    n_tokens = int(r["tg"]["n"])
     return _median_s(r["tg"]["ns"]) / n_tokens - sh.nodes_tg * cal.node_tg_s - cal.token_tg_s \
         - attn_units_tg(sh, n_tokens / 2, cal.n_threads, not cal.device) * cal.attn_tg_s.get(f16, 0.0)
 
 
 def _decode_of(results: list[dict], m: dict[str, Any], feats: list[str], repack: bool, cal: Calibration,
-               wide_keys: set[str], n_tokens: int = TG_N, again: str = "") -> tuple[Any, float]:
+               wide_keys: set[str], again: str = "") -> tuple[Any, float]:
     """(speed shape, decode time of its matrices) of a type's narrow or large weight model, whose matrices the CPU
     backend must hold as it holds the wide model's (``wide_keys``), or the two do not measure the same kernel;
     ``again``: the key under which the same model was timed a second time (the mean of both is taken)."""
@@ -992,7 +1002,7 @@ def _decode_of(results: list[dict], m: dict[str, Any], feats: list[str], repack:
     if keys != wide_keys:
         raise CalibrationError(f"the {m['key']} weight model is held as {', '.join(sorted(keys))}, not as "
                                f"{', '.join(sorted(wide_keys))}: it does not time the same kernel")
-    ts = [_decode_rest(x, sh, cal, n_tokens) for x in (r, _by(results, again) if again else {}) if "tg" in x]
+    ts = [_decode_rest(x, sh, cal) for x in (r, _by(results, again) if again else {}) if "tg" in x]
     return sh, sum(ts) / len(ts)
 
 
@@ -1005,7 +1015,7 @@ def _stream_coefficients(results: list[dict], m: dict[str, Any], more: list[dict
     CAL_VERSION 10) the bytes alone."""
     pts = []
     for x in [m, *(x for x in more if x)]:
-        sh, t = _decode_of(results, x, feats, repack, cal, wide_keys, n_tokens=STREAM_N)
+        sh, t = _decode_of(results, x, feats, repack, cal, wide_keys)
         if t <= 0:
             raise Disturbed(f"of {m['type']} weights' large model {x['key']} measured no cost for reading them")
         pts.append((sum(g.bytes for g in sh.groups), sum(g.rows for g in sh.groups), t))
