@@ -137,9 +137,10 @@ WEIGHT_TARGET_BYTES = 48 * 1024 * 1024
 NARROW_WIDTHS = {"n_embd": 512, "n_ff": 2048, "n_head": 8}
 # and the rate it streams a type from memory: the wide widths, about 8x a large L3 (a 48 MB model sits partly in a
 # 32 MiB L3: its repacked q4_K decoded at 100 GB/s of kernel work, while an 8B model of it streamed 28 GB/s,
-# bench/README.md); 8 tokens, 4 runs after one warm-up (reading 384 MB takes 10-40 ms a token on two cores: on the
-# 2-vCPU Xeon VM, 8-token runs of the three large models spread as 16-token ones did, +-3 %, and a type's three took
-# 7 of the 9.6 s its large models cost a calibration with 16 tokens and 3 runs: bench/README.md, calibration time)
+# bench/README.md); 4 runs of 8 tokens, no warm-up (reading 384 MB takes 10-40 ms a token on two cores: on the 2-vCPU
+# Xeon VM, 8-token runs of the three large models spread as 16-token ones did, +-3 %, the first no slower than the rest
+# (its pages were written a moment before; repacked types are copied at load), and a type's three took 7 of the 9.6 s
+# its large models cost a calibration with a warm-up and 3 runs of 16 tokens: bench/README.md, calibration time)
 STREAM_TARGET_BYTES = 384 * 1024 * 1024
 STREAM_N = 8
 STREAM_REPS = 4
@@ -585,7 +586,7 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
         # drifts meanwhile moves both alike), then the large ones' (the streaming rate and its cost per row)
         # (its prompts too, before the wide one's: the mat-mat's cost per dot product, and a few columns' per row)
         narrow, tg = weight_shape(t, narrow=True), _step("tg", "tg", 0, TG_N, WEIGHT_TG_REPS, 2)
-        stream, st = weight_shape(t, stream=True), _step("tg", "tg", 0, STREAM_N, STREAM_REPS, 1)
+        stream, st = weight_shape(t, stream=True), _step("tg", "tg", 0, STREAM_N, STREAM_REPS, 0)
         out += [_decode_only(f"wn_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack,
                              [_step(f"pp{n}", "pp", 0, n, MM_REPS) for n in MM_N] + _cols_steps()), wide,
                 _decode_only(f"wnb_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack, _cols_steps()),
