@@ -658,6 +658,11 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row(headers):
                 out.append({"model": k, "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
         return out
 
+    # the large models: STREAM_REPS runs of STREAM_N tokens, no warm-up run; the prompts MM_REPS runs after one
+    for m in plan[3:]:
+        assert [(st["n"], st["reps"], st["warmup"]) for st in m["contexts"][0]["steps"]] == [(S.STREAM_N, S.STREAM_REPS, 0)]
+    assert [(st["n"], st["reps"], st["warmup"]) for st in plan[1]["contexts"][0]["steps"] if st["key"] == "pp256"] \
+        == [(256, S.MM_REPS, 1)]
     S.solve_weights(results(truth["row"]), plan, cal, [], False)
     assert cal.matvec_s_per_byte["q4_1"] == pytest.approx(truth["byte"], rel=1e-3)
     assert cal.matvec_s_per_row["q4_1"] == pytest.approx(truth["row"], rel=1e-3)
@@ -671,6 +676,13 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row(headers):
     assert cal.matmul_s_per_dot["q4_1"] == pytest.approx(truth["dot"], rel=1e-3)
     assert cal.matcols_s_per_byte["q4_1"]["4"] == pytest.approx(4 * truth["col"], rel=1e-3)
     assert cal.matcols_s_per_row["q4_1"] == pytest.approx({n: int(n) * truth["col_row"] for n in ("2", "4")}, rel=1e-3)
+    # timings of an earlier plan (large models' runs of 16 tokens, its cached raw timings): each decode is read per
+    # its own step's tokens, so the same coefficients come back
+    older = [{**r, "n": 16, "ns": [x * 16 // r["n"] for x in r["ns"]]} if r["model"].startswith("ws") else r
+             for r in results(truth["row"])]
+    S.solve_weights(older, plan, cal, [], False)
+    assert cal.matvec_stream_s_per_byte["q4_1"] == pytest.approx(truth["stream"], rel=1e-3)
+    assert cal.matvec_stream_s_per_row["q4_1"] == pytest.approx(truth["srow"], rel=1e-3)
     # both models are prompted with a few columns, the narrow one before and after the wide one
     for i in (0, 1, 2):
         assert [st["key"] for st in plan[i]["contexts"][0]["steps"]][-2:] == [f"pp{n}" for n in S.MM_COLS]
