@@ -405,8 +405,8 @@ def _probe_steps(L, runner: _Runner, mem, steps: list[dict], where: str, ev: Eve
         if d > cur:
             runner.run_prompt(runner.prompt_chunks(d - cur))
         cur = d
-        ns = []
-        for _ in range(int(st.get("warmup", 1)) + int(st["reps"])):
+        ns, w = [], int(st.get("warmup", 1))
+        for _ in range(w + int(st["reps"])):
             if not L.llama_memory_seq_rm(mem, 0, d, -1):
                 L.llama_memory_clear(mem, True)
                 if d:
@@ -423,7 +423,7 @@ def _probe_steps(L, runner: _Runner, mem, steps: list[dict], where: str, ev: Eve
                 t0 = time.perf_counter_ns()
                 runner.run_gen(toks, d)
             ns.append(time.perf_counter_ns() - t0)
-        out.append({"step": st["key"], "test": st["test"], "depth": d, "n": n, "ns": ns[int(st.get("warmup", 1)):]})
+        out.append({"step": st["key"], "test": st["test"], "depth": d, "n": n, "ns": ns[w:]})
     return out
 
 
@@ -465,7 +465,8 @@ def _probe_interleaved(L, runner: _Runner, mem, st: dict, where: str) -> list[di
         if have < d:
             _decode_timed(L, runner.ctx, _seq_tokens(L, runner, s, have, d - have, False), "filling the cache")
     ns: list[list[int]] = [[] for _ in depths]
-    for _ in range(int(st.get("warmup", 1)) + int(st["reps"])):
+    w = int(st.get("warmup", 1))
+    for _ in range(w + int(st["reps"])):
         for s, d in enumerate(depths):
             L.llama_memory_seq_rm(mem, s, d, -1)
             if L.llama_memory_seq_pos_max(mem, s) != d - 1:
@@ -473,7 +474,6 @@ def _probe_interleaved(L, runner: _Runner, mem, st: dict, where: str) -> list[di
                                    f"sequence {s}, not {d}, before {where}/{st['key']}")
             work = _seq_tokens(L, runner, s, d, n, gen)
             ns[s].append(_decode_timed(L, runner.ctx, work, "generating" if gen else "processing a prompt"))
-    w = int(st.get("warmup", 1))
     return [{"step": f"{st['key']}{d}", "test": st["test"], "depth": d, "n": n, "ns": ns[s][w:]}
             for s, d in enumerate(depths)]
 
