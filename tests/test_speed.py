@@ -884,6 +884,48 @@ def test_interleaved_attention_steps_run_in_turn_through_llama_cpp():
     assert tg > 0 and pp > 0
 
 
+def test_one_thread_times_half_the_tokens_a_decode_run_and_fills_on_every_core():
+    """A calibration at -t 1: each decode step's runs are half the tokens of the two-thread constants (one thread
+    takes about twice as long a token, so a run lasts as long), its prompts unchanged, a GPU's unchanged; every
+    context fills its caches on the cores llama.cpp uses by default."""
+    from edgekv.edges.environment import default_threads
+    from edgekv.orchestration import speedcal as S
+
+    assert (S.run_tokens(S.TG_N, 2), S.run_tokens(S.TG_N, 1), S.run_tokens(S.TG_N, 1, "CUDA0")) == \
+        (S.TG_N, S.TG_N // 2, S.TG_N)
+    for threads in (1, 2):
+        plan = S.weight_plan(["q8_0"], threads, False)
+        tg = [st["n"] for m in plan for st in m["contexts"][0]["steps"] if st["test"] == "tg"]
+        assert tg == [S.run_tokens(S.TG_N, threads)] * 3 + [S.run_tokens(S.STREAM_N, threads)] * 3
+        assert all(st["n"] in S.MM_N + S.MM_COLS for m in plan for st in m["contexts"][0]["steps"]
+                   if st["test"] == "pp")
+        attn = S.attn_plan([("q4_0", "q4_0", "auto"), ("f16", "f16", "auto")], threads, False, "h9kv3k64v64",
+                           interleave=True)
+        by = {m["key"]: m for m in attn}
+        assert {st["n"] for c in by["attnv_h9kv3k64v64"]["contexts"] for st in c["steps"]} == \
+            {S.run_tokens(S.EVICT_TG_N, threads)}
+        assert all(c["n_threads"] == threads and c["fill_threads"] == max(threads, default_threads())
+                   for m in plan + attn for c in m["contexts"])
+
+
+def test_a_one_thread_calibration_fills_on_more_threads_and_times_on_one_through_llama_cpp():
+    """Through llama.cpp: a -t 1 attention step's fill runs on the default thread count (llama.cpp holds it while
+    filling) and its timed runs on one, and the difference of its two depths still measures a cost per cell."""
+    from edgekv.edges.environment import default_threads
+    from edgekv.orchestration import speedcal as S
+
+    (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 1, _repack(), interleave=True)
+    (c,) = m["contexts"]
+    for st in c["steps"]:
+        st["reps"] = 3
+    res = S._run([m], None)
+    assert {r["threads"] for r in res} == {1}
+    assert {r["fill_threads"] for r in res} == {default_threads() if default_threads() > 1 else None}
+    assert {r["n"] for r in res if r["test"] == "tg"} == {S.GENERIC_TG_N // 2}
+    tg, pp = S.solve_attn(res, kv_key("q8_0", "q8_0", "auto"), 1)
+    assert tg > 0 and pp > 0
+
+
 def test_an_f16_cache_short_prompt_is_timed_through_llama_cpp_and_costs_more_per_cell():
     """An f16 cache's interleaved plan has a short prompt (PP_ROWS_N, under llama.cpp's 64-row tile) over the
     long prompt's depths; through llama.cpp its deeper runs take longer, and its cost per cell is above the long

@@ -14,6 +14,7 @@ events tell it which part of the run each peak belongs to.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
@@ -22,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -376,7 +378,8 @@ def _probe_model(L, cap, m: dict, path: str, rng: random.Random, out: list[dict[
             if not ctx:
                 ev.result({"ok": False, "reason": f"llama.cpp could not create a context for {m['key']}/{c['key']}"})
                 return False
-            runner = _Runner(L, ctx, int(L.llama_n_batch(ctx)), n_vocab, False, 0, rng)
+            runner = _Runner(L, ctx, int(L.llama_n_batch(ctx)), n_vocab, False, 0, rng,
+                             threads=(int(c["n_threads"]), int(c.get("fill_threads") or c["n_threads"])))
             out += [{"model": m["key"], "context": c["key"], **r, "graph": graph}
                     for r in _probe_steps(L, runner, L.llama_get_memory(ctx), c["steps"], f"{m['key']}/{c['key']}", ev)]
             runner.close()
@@ -403,7 +406,8 @@ def _probe_steps(L, runner: _Runner, mem, steps: list[dict], where: str, ev: Eve
             L.llama_memory_clear(mem, True)
             cur = 0
         if d > cur:
-            runner.run_prompt(runner.prompt_chunks(d - cur))
+            with runner.filling():
+                runner.run_prompt(runner.prompt_chunks(d - cur))
         cur = d
         ns, w = [], int(st.get("warmup", 1))
         for _ in range(w + int(st["reps"])):
@@ -423,7 +427,7 @@ def _probe_steps(L, runner: _Runner, mem, steps: list[dict], where: str, ev: Eve
                 t0 = time.perf_counter_ns()
                 runner.run_gen(toks, d)
             ns.append(time.perf_counter_ns() - t0)
-        out.append({"step": st["key"], "test": st["test"], "depth": d, "n": n, "ns": ns[w:]})
+        out.append({"step": st["key"], "test": st["test"], "depth": d, "n": n, "ns": ns[w:], **_threads(L, runner)})
     return out
 
 
@@ -463,7 +467,8 @@ def _probe_interleaved(L, runner: _Runner, mem, st: dict, where: str) -> list[di
         if have > d and not L.llama_memory_seq_rm(mem, s, d, -1):
             raise RuntimeError(f"llama.cpp could not shorten sequence {s} to {d} cells before {where}/{st['key']}")
         if have < d:
-            _decode_timed(L, runner.ctx, _seq_tokens(L, runner, s, have, d - have, False), "filling the cache")
+            with runner.filling():
+                _decode_timed(L, runner.ctx, _seq_tokens(L, runner, s, have, d - have, False), "filling the cache")
     ns: list[list[int]] = [[] for _ in depths]
     w = int(st.get("warmup", 1))
     for _ in range(w + int(st["reps"])):
@@ -474,17 +479,41 @@ def _probe_interleaved(L, runner: _Runner, mem, st: dict, where: str) -> list[di
                                    f"sequence {s}, not {d}, before {where}/{st['key']}")
             work = _seq_tokens(L, runner, s, d, n, gen)
             ns[s].append(_decode_timed(L, runner.ctx, work, "generating" if gen else "processing a prompt"))
-    return [{"step": f"{st['key']}{d}", "test": st["test"], "depth": d, "n": n, "ns": ns[s][w:]}
+    return [{"step": f"{st['key']}{d}", "test": st["test"], "depth": d, "n": n, "ns": ns[s][w:], **_threads(L, runner)}
             for s, d in enumerate(depths)]
+
+
+def _threads(L, runner: _Runner) -> dict[str, int | None]:
+    """The thread counts a step ran on, as llama.cpp holds them: its timed runs' and its fill's (None: no fill on
+    other threads)."""
+    return {"threads": int(L.llama_n_threads(runner.ctx)), "fill_threads": runner.filled_on}
 
 
 # -- the measured run ---------------------------------------------------------------------------------
 
 class _Runner:
-    def __init__(self, L, ctx, n_batch: int, n_vocab: int, add_bos: bool, bos: int, rng: random.Random):
+    def __init__(self, L, ctx, n_batch: int, n_vocab: int, add_bos: bool, bos: int, rng: random.Random,
+                 threads: tuple[int, int] | None = None):
         self.L, self.ctx, self.n_batch, self.n_vocab = L, ctx, n_batch, n_vocab
         self.add_bos, self.bos, self.rng = add_bos, bos, rng
         self.gen_batch = L.llama_batch_init(1, 0, 1)
+        # (the timed thread count, the untimed fills'): a calibration fills its caches on every core it may use
+        self.threads = threads
+        self.filled_on: int | None = None     # the thread count llama.cpp held during the last fill at fill threads
+
+    @contextlib.contextmanager
+    def filling(self) -> Iterator[None]:
+        """Untimed work (a calibration's cache fill) at the fill thread count, then back to the timed one."""
+        t = self.threads
+        if not t or t[1] == t[0]:
+            yield
+            return
+        self.L.llama_set_n_threads(self.ctx, t[1], t[1])
+        self.filled_on = int(self.L.llama_n_threads_batch(self.ctx))
+        try:
+            yield
+        finally:
+            self.L.llama_set_n_threads(self.ctx, t[0], t[0])
 
     def prompt_chunks(self, n: int) -> list[tuple[Any, int]]:
         """Random tokens for a prompt of n tokens in n_batch chunks; BOS first like llama-bench."""

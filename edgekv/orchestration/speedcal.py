@@ -335,10 +335,24 @@ def _run(models: list[dict[str, Any]], progress: Callable[[str], None] | None, t
 
 def _ctx(key: str, n_threads: int, steps: list[dict[str, Any]], n_ctx: int = 4096, n_batch: int = 512,
          type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto", n_seq: int = 1) -> dict[str, Any]:
-    """A calibration context; ``n_seq`` sequences each get their own KV stream of ``n_ctx`` cells."""
-    return {"key": key, "n_threads": n_threads, "steps": steps,
+    """A calibration context; ``n_seq`` sequences each get their own KV stream of ``n_ctx`` cells.  Its untimed cache
+    fills run on every core llama.cpp would use by default (``fill_threads``: Gemma 3's needs at -t 1 from nothing
+    took 112 s filling on one thread, 94-97 s on two, the 2-vCPU Xeon VM: bench/README.md), its timed runs and their
+    warm-ups on ``n_threads``."""
+    from edgekv.edges.environment import default_threads
+
+    return {"key": key, "n_threads": n_threads, "fill_threads": max(n_threads, default_threads()), "steps": steps,
             "params": {"n_ctx": n_ctx * n_seq, "n_batch": n_batch, "n_ubatch": n_batch, "type_k": type_k,
                        "type_v": type_v, "flash_attn": flash_attn, "n_seq_max": n_seq}}
+
+
+def run_tokens(n: int, n_threads: int, device: str = "") -> int:
+    """The tokens of a CPU decode step's timed run: ``n`` (the constants above, chosen at two threads), half of it at
+    one thread.  One thread takes about twice as long over each token, so its run of half the tokens lasts as long as
+    the two-thread run (a run's error is mostly the machine's jitter over its duration).  On the 2-vCPU Xeon VM
+    Gemma 3's needs at -t 1 took 153 s from nothing with whole runs, 112 s with half (fills on one thread), and a
+    round's -t 1 rows came within -5.2 ... +2.7 % (bench/README.md, calibration at -t 1)."""
+    return n if device or n_threads > 1 else max(4, n // 2)
 
 
 def _step(key: str, test: str, depth: int, n: int, reps: int, warmup: int = 1) -> dict[str, Any]:
@@ -516,6 +530,7 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
         # a pair whose long prompts run the tiled kernel: a short prompt too, over the same depths ("ps" steps)
         tiled = tiled_prompt_path(tk, tv, fa, device)
         reps, n_tg = (EVICT_TG_REPS, EVICT_TG_N) if evict else (5, TG_N if device else GENERIC_TG_N)
+        n_tg = run_tokens(n_tg, n_threads, device)
         if interleave:
             tg = [{**_step("tg", "tg", 0, n_tg, reps), "depths": list(tg_depths)}]
             pp = [{**_step("pp", "pp", 0, a.pp_n, 3), "depths": list(pp_depths)}]
@@ -585,8 +600,9 @@ def weight_plan(types: Iterable[str], n_threads: int, repack: bool, device: str 
         # the CPU: the narrow model's decode before and after the wide one's (the cost per row; a machine that
         # drifts meanwhile moves both alike), then the large ones' (the streaming rate and its cost per row)
         # (its prompts too, before the wide one's: the mat-mat's cost per dot product, and a few columns' per row)
-        narrow, tg = weight_shape(t, narrow=True), _step("tg", "tg", 0, TG_N, WEIGHT_TG_REPS, 2)
-        stream, st = weight_shape(t, stream=True), _step("tg", "tg", 0, STREAM_N, STREAM_REPS, 0)
+        narrow, tg = weight_shape(t, narrow=True), _step("tg", "tg", 0, run_tokens(TG_N, n_threads), WEIGHT_TG_REPS, 2)
+        stream = weight_shape(t, stream=True)
+        st = _step("tg", "tg", 0, run_tokens(STREAM_N, n_threads), STREAM_REPS, 0)
         out += [_decode_only(f"wn_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack,
                              [_step(f"pp{n}", "pp", 0, n, MM_REPS) for n in MM_N] + _cols_steps()), wide,
                 _decode_only(f"wnb_{t.lower()}", f"wn_{t.lower()}", t, narrow, tg, n_threads, repack, _cols_steps()),
@@ -603,7 +619,8 @@ def _wide_model(t: str, n_threads: int, repack: bool, device: str = "") -> dict[
     from edgekv.edges.tinymodel import plan_model
 
     shape = weight_shape(t, device)
-    steps = [_step("tg", "tg", 0, TG_N, WEIGHT_TG_REPS, 2)] + [_step(f"pp{n}", "pp", 0, n, MM_REPS) for n in MM_N]
+    steps = [_step("tg", "tg", 0, run_tokens(TG_N, n_threads, device), WEIGHT_TG_REPS, 2)]
+    steps += [_step(f"pp{n}", "pp", 0, n, MM_REPS) for n in MM_N]
     steps += _cols_steps()
     name = f"w_{t.lower()}" + ("_dev" if device else "")
     return {"key": f"w_{t.lower()}", "type": t.lower(), "repack": repack, "n_gpu_layers": _ngl(device),
