@@ -886,13 +886,16 @@ def test_interleaved_attention_steps_run_in_turn_through_llama_cpp():
 
 def test_one_thread_times_half_the_tokens_a_decode_run_and_fills_on_every_core():
     """A calibration at -t 1: each decode step's runs are half the tokens of the two-thread constants (one thread
-    takes about twice as long a token, so a run lasts as long), its prompts unchanged, a GPU's unchanged; every
-    context fills its caches on the cores llama.cpp uses by default."""
+    takes about twice as long a token, so a run lasts as long), its attention decode and deep prompt steps about half
+    the runs (one thread's spread less), its prompts unchanged, a GPU's unchanged; every context fills its caches on
+    the cores llama.cpp uses by default."""
     from edgekv.edges.environment import default_threads
     from edgekv.orchestration import speedcal as S
 
     assert (S.run_tokens(S.TG_N, 2), S.run_tokens(S.TG_N, 1), S.run_tokens(S.TG_N, 1, "CUDA0")) == \
         (S.TG_N, S.TG_N // 2, S.TG_N)
+    # and an attention decode or deep prompt step about half the runs (at least a median's three)
+    assert [S.attn_reps(r, 1) for r in (9, 5, 3)] == [5, 3, 3] and S.attn_reps(9, 2) == S.attn_reps(9, 1, "CUDA0") == 9
     for threads in (1, 2):
         plan = S.weight_plan(["q8_0"], threads, False)
         tg = [st["n"] for m in plan for st in m["contexts"][0]["steps"] if st["test"] == "tg"]
@@ -902,8 +905,12 @@ def test_one_thread_times_half_the_tokens_a_decode_run_and_fills_on_every_core()
         attn = S.attn_plan([("q4_0", "q4_0", "auto"), ("f16", "f16", "auto")], threads, False, "h9kv3k64v64",
                            interleave=True)
         by = {m["key"]: m for m in attn}
-        assert {st["n"] for c in by["attnv_h9kv3k64v64"]["contexts"] for st in c["steps"]} == \
-            {S.run_tokens(S.EVICT_TG_N, threads)}
+        assert {(st["n"], st["reps"]) for c in by["attnv_h9kv3k64v64"]["contexts"] for st in c["steps"]} == \
+            {(S.run_tokens(S.EVICT_TG_N, threads), S.attn_reps(S.EVICT_TG_REPS, threads))}
+        assert {st["reps"] for c in by["attnd_h9kv3k64v64"]["contexts"] for st in c["steps"]} == \
+            {S.attn_reps(S.DEEP_REPS, threads)}
+        # the geometry's prompts keep their three runs at either count
+        assert {st["reps"] for c in by["attn_h9kv3k64v64"]["contexts"] for st in c["steps"]} == {3}
         assert all(c["n_threads"] == threads and c["fill_threads"] == max(threads, default_threads())
                    for m in plan + attn for c in m["contexts"])
 

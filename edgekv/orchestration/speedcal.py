@@ -350,9 +350,18 @@ def run_tokens(n: int, n_threads: int, device: str = "") -> int:
     """The tokens of a CPU decode step's timed run: ``n`` (the constants above, chosen at two threads), half of it at
     one thread.  One thread takes about twice as long over each token, so its run of half the tokens lasts as long as
     the two-thread run (a run's error is mostly the machine's jitter over its duration).  On the 2-vCPU Xeon VM
-    Gemma 3's needs at -t 1 took 153 s from nothing with whole runs, 112 s with half (fills on one thread), and a
-    round's -t 1 rows came within -5.2 ... +2.7 % (bench/README.md, calibration at -t 1)."""
+    Gemma 3's needs at -t 1 took 153 s from nothing with whole runs, 112 s with half (fills on one thread), and two
+    rounds' -t 1 rows came within -7.5 ... +5.1 % (bench/README.md, calibration at -t 1)."""
     return n if device or n_threads > 1 else max(4, n // 2)
+
+
+def attn_reps(reps: int, n_threads: int, device: str = "") -> int:
+    """The timed runs of a CPU attention decode or deep prompt step: ``reps`` (chosen at two threads), about half at
+    one thread (at least 3, a median's).  One thread's runs of them spread less, having no barrier between ops: on the
+    2-vCPU Xeon VM a median absolute deviation of 0.3 % a run for the evicting decode steps and 0.1-0.15 % for the
+    deep prompts, against 0.8 and 0.6 % on two threads, so five and three runs pin the median better than nine and
+    five did there (bench/README.md, calibration at -t 1)."""
+    return reps if device or n_threads > 1 else max(3, (reps + 1) // 2)
 
 
 def _step(key: str, test: str, depth: int, n: int, reps: int, warmup: int = 1) -> dict[str, Any]:
@@ -530,7 +539,7 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
         # a pair whose long prompts run the tiled kernel: a short prompt too, over the same depths ("ps" steps)
         tiled = tiled_prompt_path(tk, tv, fa, device)
         reps, n_tg = (EVICT_TG_REPS, EVICT_TG_N) if evict else (5, TG_N if device else GENERIC_TG_N)
-        n_tg = run_tokens(n_tg, n_threads, device)
+        n_tg, reps = run_tokens(n_tg, n_threads, device), attn_reps(reps, n_threads, device)
         if interleave:
             tg = [{**_step("tg", "tg", 0, n_tg, reps), "depths": list(tg_depths)}]
             pp = [{**_step("pp", "pp", 0, a.pp_n, 3), "depths": list(pp_depths)}]
@@ -568,7 +577,7 @@ def deep_plan(pairs: list[tuple[str, str, str]], n_threads: int, repack: bool, g
     d0, d1 = TILED_DEEP_DEPTHS
     n_ctx = -(-(d1 + DEEP_PP_N + 1) // 512) * 512
     shape = deep_shape(geometry)
-    reps = max(3, min(DEEP_REPS, round(DEEP_REPS * WIDE_LAYER_UNITS / _attn_units(shape))))
+    reps = attn_reps(max(3, min(DEEP_REPS, round(DEEP_REPS * WIDE_LAYER_UNITS / _attn_units(shape)))), n_threads)
     ctxs = []
     for tk, tv, fa in pairs:
         if interleave:
