@@ -346,13 +346,18 @@ def _ctx(key: str, n_threads: int, steps: list[dict[str, Any]], n_ctx: int = 409
                        "type_v": type_v, "flash_attn": flash_attn, "n_seq_max": n_seq}}
 
 
+def _one_cpu_thread(n_threads: int, device: str) -> bool:
+    """A CPU calibration on one thread: its steps' constants, chosen at two, shrink (run_tokens, attn_reps)."""
+    return not device and n_threads <= 1
+
+
 def run_tokens(n: int, n_threads: int, device: str = "") -> int:
     """The tokens of a CPU decode step's timed run: ``n`` (the constants above, chosen at two threads), half of it at
     one thread.  One thread takes about twice as long over each token, so its run of half the tokens lasts as long as
     the two-thread run (a run's error is mostly the machine's jitter over its duration).  On the 2-vCPU Xeon VM
     Gemma 3's needs at -t 1 took 153 s from nothing with whole runs, 112 s with half (fills on one thread), and two
     rounds' -t 1 rows came within -7.5 ... +5.1 % (bench/README.md, calibration at -t 1)."""
-    return n if device or n_threads > 1 else max(4, n // 2)
+    return max(4, n // 2) if _one_cpu_thread(n_threads, device) else n
 
 
 def attn_reps(reps: int, n_threads: int, device: str = "") -> int:
@@ -361,7 +366,7 @@ def attn_reps(reps: int, n_threads: int, device: str = "") -> int:
     2-vCPU Xeon VM a median absolute deviation of 0.3 % a run for the evicting decode steps and 0.1-0.15 % for the
     deep prompts, against 0.8 and 0.6 % on two threads, so five and three runs pin the median better than nine and
     five did there (bench/README.md, calibration at -t 1)."""
-    return reps if device or n_threads > 1 else max(3, (reps + 1) // 2)
+    return max(3, (reps + 1) // 2) if _one_cpu_thread(n_threads, device) else reps
 
 
 def _step(key: str, test: str, depth: int, n: int, reps: int, warmup: int = 1) -> dict[str, Any]:
