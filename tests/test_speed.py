@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -880,6 +881,10 @@ def test_interleaved_attention_steps_run_in_turn_through_llama_cpp():
     assert all(len(r["ns"]) == 3 for r in res.values())
     assert S._median_s(res[f"tg{d1}"]["ns"]) > S._median_s(res[f"tg{d0}"]["ns"])
     assert S._median_s(res[f"pp{p1}"]["ns"]) > S._median_s(res[f"pp{p0}"]["ns"])
+    # taken in turn, and said so: the solver pairs each deep run with the shallow run just before it
+    assert all(r["in_turn"] for r in res.values())
+    paired = statistics.median(y - x for x, y in zip(res[f"tg{d0}"]["ns"], res[f"tg{d1}"]["ns"])) / 1e9
+    assert S._difference_s(res, f"tg{d1}", f"tg{d0}") == pytest.approx(paired)
     tg, pp = S.solve_attn(list(res.values()), kv_key("q8_0", "q8_0", "auto"), 2)
     assert tg > 0 and pp > 0
 
@@ -1089,6 +1094,27 @@ def test_attention_steps_run_in_order_of_depth_so_the_child_extends_one_fill():
     r = {"tg640": {"ns": [10_000_000] * 3}, "tg640b": {"ns": [14_000_000] * 3}}
     assert S._shallow(r, "tg640") == pytest.approx(0.012)
     assert S._shallow({"tg640": {"ns": [10_000_000] * 3}}, "tg640") == pytest.approx(0.010)
+    # runs taken in sequence are not paired: the difference of the medians, the shallow one before and after
+    assert S._difference_s({**r, "tg1664": {"ns": [15_000_000] * 3}}, "tg1664", "tg640") == pytest.approx(0.003)
+
+
+def test_runs_taken_in_turn_are_paired_so_a_slow_stretch_falls_out():
+    """The in-process probe takes a difference's shallow and deep runs in turn; a stretch in which the machine runs
+    slower lengthens both runs of a pair.  Paired, the difference stays what it is; the difference of the medians
+    takes the stretch in (here the shallow step's median lands on a fast run, the deep step's on a slow one)."""
+    from edgekv.orchestration import speedcal as S
+
+    shallow = [10, 14, 10, 14, 10]     # ms: runs 2 and 4 of both depths in a stretch 4 ms slower
+    deep = [12, 16, 12, 16, 16]        # and the deep step's last run slowed on its own
+    r = {"tg128": {"ns": [x * 1_000_000 for x in shallow], "in_turn": True},
+         "tg1152": {"ns": [x * 1_000_000 for x in deep], "in_turn": True}}
+    assert S._difference_s(r, "tg1152", "tg128") == pytest.approx(0.002)     # pairs: 2 2 2 2 6
+    # the same runs without the mark (llama-bench's, in sequence): medians 16 and 10 ms
+    seq = {k: {"ns": v["ns"]} for k, v in r.items()}
+    assert S._difference_s(seq, "tg1152", "tg128") == pytest.approx(0.006)
+    # a shallow step taken again after the deep one (llama-bench) is never paired, marked or not
+    again = {**r, "tg128b": {"ns": r["tg128"]["ns"], "in_turn": True}}
+    assert S._difference_s(again, "tg1152", "tg128") == pytest.approx(0.006)
 
 
 def test_a_disturbed_calibration_never_yields_a_free_graph_or_free_weights():

@@ -479,8 +479,9 @@ def _probe_interleaved(L, runner: _Runner, mem, st: dict, where: str) -> list[di
                                    f"sequence {s}, not {d}, before {where}/{st['key']}")
             work = _seq_tokens(L, runner, s, d, n, gen)
             ns[s].append(_decode_timed(L, runner.ctx, work, "generating" if gen else "processing a prompt"))
-    return [{"step": f"{st['key']}{d}", "test": st["test"], "depth": d, "n": n, "ns": ns[s][w:], **_threads(L, runner)}
-            for s, d in enumerate(depths)]
+    # "in_turn": run i of each depth was taken one after the other, so the solver may pair them (speedcal._difference_s)
+    return [{"step": f"{st['key']}{d}", "test": st["test"], "depth": d, "n": n, "ns": ns[s][w:], "in_turn": True,
+             **_threads(L, runner)} for s, d in enumerate(depths)]
 
 
 def _threads(L, runner: _Runner) -> dict[str, int | None]:

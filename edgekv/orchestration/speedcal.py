@@ -775,6 +775,22 @@ def _shallow(r: dict[str, dict], key: str) -> float:
     return sum(both) / len(both)
 
 
+def _difference_s(r: dict[str, dict], deep: str, shallow: str) -> float:
+    """How much longer a run of step ``deep`` takes than one of step ``shallow`` (seconds).  Runs taken in turn (the
+    in-process probe's two sequences, "in_turn") are paired, each deep run with the shallow run just before it, and
+    the median of those differences kept: a stretch in which the VM runs slower or faster lengthens both runs of a
+    pair and falls out.  Over seven calibrations of one day on the 2-vCPU Xeon (their recorded runs solved both ways,
+    bench/README.md) that took the spread of q8_0's decode attention at SmolLM2's heads from 10.2 to 4.4 % (141-186 ps
+    a cell to 143-161) and of f16 without flash attention from 10.0 to 6.0 % (SmolLM2) and 11.3 to 4.4 % (Gemma 3),
+    left the other pairs' within two points either way, and moved no pair's mean by more than about 5 %.  Runs taken in
+    sequence (llama-bench: all of one depth, then the other, then the first again)
+    cannot be paired: the difference of the medians, the shallow one the mean of before and after."""
+    a, b = r[shallow], r[deep]
+    if a.get("in_turn") and b.get("in_turn") and len(a["ns"]) == len(b["ns"]) and shallow + "b" not in r:
+        return statistics.median(y - x for x, y in zip(a["ns"], b["ns"])) / 1e9
+    return _median_s(b["ns"]) - _shallow(r, shallow)
+
+
 def _attn_results(results: list[dict], key: str) -> tuple[str | None, dict[str, Any], dict[str, dict]]:
     """(geometry, its calibration model's shape, that model's steps by name) of one K/V pair's attention key."""
     geometry = key.split("@")[1] if "@" in key else None
@@ -787,9 +803,9 @@ def _attn_results(results: list[dict], key: str) -> tuple[str | None, dict[str, 
 
 def _prompt_cell_cost(r: dict[str, dict], step: str, depths: tuple[int, int], n: int, units: int) -> float:
     """Seconds per head x (head_k + head_v) x cell of an n-token prompt step timed at two depths (``step`` + depth;
-    the shallow one's runs before and after the deep one's, where both were taken), over ``units`` of its model."""
+    _difference_s: paired where the runs were taken in turn), over ``units`` of its model."""
     d0, d1 = depths
-    return (_median_s(r[f"{step}{d1}"]["ns"]) - _shallow(r, f"{step}{d0}")) / n / units / (d1 - d0)
+    return _difference_s(r, f"{step}{d1}", f"{step}{d0}") / n / units / (d1 - d0)
 
 
 def solve_attn(results: list[dict], key: str, n_threads: int = 1, device: str = "") -> tuple[float, float]:
@@ -807,7 +823,7 @@ def solve_attn(results: list[dict], key: str, n_threads: int = 1, device: str = 
     n = int(r[f"tg{d1}"]["n"])      # the step's own tokens a run (EVICT_TG_N on an evicting model)
     du = (attn_units_tg(sh, d1 + n / 2, n_threads, split, dense=dense)
           - attn_units_tg(sh, d0 + n / 2, n_threads, split, dense=dense))
-    tg = (_median_s(r[f"tg{d1}"]["ns"]) - _shallow(r, f"tg{d0}")) / n / du
+    tg = _difference_s(r, f"tg{d1}", f"tg{d0}") / n / du
     pp = _prompt_cell_cost(r, "pp", a.pp_depths, int(r[f"pp{a.pp_depths[1]}"]["n"]), units)
     if tg <= 0 or pp <= 0:
         # deeper attention cannot be free: other work on the machine hid its cost; never cache a zero
