@@ -783,8 +783,8 @@ def _difference_s(r: dict[str, dict], deep: str, shallow: str) -> float:
     bench/README.md) that took the spread of q8_0's decode attention at SmolLM2's heads from 10.2 to 4.4 % (141-186 ps
     a cell to 143-161) and of f16 without flash attention from 10.0 to 6.0 % (SmolLM2) and 11.3 to 4.4 % (Gemma 3),
     left the other pairs' within two points either way, and moved no pair's mean by more than about 5 %.  Runs taken in
-    sequence (llama-bench: all of one depth, then the other, then the first again)
-    cannot be paired: the difference of the medians, the shallow one the mean of before and after."""
+    sequence (llama-bench: all of one depth, then the other, then the first again) cannot be paired: the difference
+    of the medians, the shallow one the mean of before and after."""
     a, b = r[shallow], r[deep]
     if a.get("in_turn") and b.get("in_turn") and len(a["ns"]) == len(b["ns"]) and shallow + "b" not in r:
         return statistics.median(y - x for x, y in zip(a["ns"], b["ns"])) / 1e9
