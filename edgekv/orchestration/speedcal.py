@@ -787,7 +787,7 @@ def _difference_s(r: dict[str, dict], deep: str, shallow: str) -> float:
     of the medians, the shallow one the mean of before and after."""
     a, b = r[shallow], r[deep]
     if a.get("in_turn") and b.get("in_turn") and len(a["ns"]) == len(b["ns"]) and shallow + "b" not in r:
-        return statistics.median(y - x for x, y in zip(a["ns"], b["ns"])) / 1e9
+        return _median_s([y - x for x, y in zip(a["ns"], b["ns"])])
     return _median_s(b["ns"]) - _shallow(r, shallow)
 
 
