@@ -277,12 +277,20 @@ def test_sliding_window_layers_stop_at_the_window(gemma3_path):
                matvec_stream_s_per_byte={k: 5e-11 for k in {g.key for g in sh.groups}},
                matvec_stream_s_per_row={k: 1e-9 for k in {g.key for g in sh.groups}},
                matmul_s_per_dot={k: 3e-9 for k in {g.key for g in sh.groups}})
-    att = [next(p.s_per_token for p in predict_tg(sh, cal, d, 2, "f16", "f16", "auto").parts if p.name == "attention")
-           for d in (4000, 8000)]
+    preds = [predict_tg(sh, cal, d, 2, "f16", "f16", "auto") for d in (4000, 8000)]
+    att = [next(p.s_per_token for p in pr.parts if p.name == "attention") for pr in preds]
     full = len(sh.attn) - len(swa)
     # beyond the window only the full-attention layers grow
     per = sum(a.n_head * (a.head_k + a.head_v) for a in sh.attn if not a.window)
     assert att[1] - att[0] == pytest.approx(per * 4000 * 1e-10) and full > 0
+    # and so do the bytes the roofline counts: a sliding-window layer reads its window's K/V, not the whole depth
+    # (f16: 2 bytes an element; one KV head of 256 K and 256 V dims per layer in Gemma 3 270M)
+    row = {i: lay.k_width + lay.v_width for i, lay in enumerate(m.shape.layers[:m.shape.n_layer]) if lay.attn_cache}
+    kv_full = sum(w for i, w in row.items() if not m.shape.layers[i].is_swa) * 2
+    kv_swa = sum(w for i, w in row.items() if m.shape.layers[i].is_swa) * 2
+    weights = sum(g.bytes for g in sh.groups)
+    assert preds[1].bytes_per_token == pytest.approx(weights + kv_full * 8001 + kv_swa * m.shape.n_swa)
+    assert preds[1].bytes_per_token - preds[0].bytes_per_token == pytest.approx(kv_full * 4000)
 
 
 def test_a_type_the_calibration_lacks_is_named_never_guessed(smol):

@@ -29,7 +29,8 @@ window layer (the CPU kernel skips masked cells).  Every coefficient is measured
 machine, at this thread count, through the llama.cpp edgekv drives; nothing is typed in from a spec sheet.
 
 The roofline beside it: decode cannot be faster than ``bandwidth / bytes read per token`` (the weights a token
-reads plus the KV cache at that depth), with the bandwidth measured, not looked up.
+reads plus the K/V each attention layer reads at that depth: a sliding-window layer at most its window, a layer
+that reads another's cache those cells again), with the bandwidth measured, not looked up.
 """
 
 from __future__ import annotations
@@ -123,7 +124,6 @@ class SpeedShape:
     attn: tuple[AttnLayer, ...]
     nodes_tg: int | None
     nodes_pp: int | None
-    kv_bytes_per_token: float = 0.0       # bytes of K and V one cell holds over all layers (for the roofline)
     notes: tuple[str, ...] = ()
     body: str = ""        # the model's widths as a GPU calibration names them (body_geometry), "" when not llama-shaped
     n_vocab: int = 0      # logits a decoded token returns to the host
@@ -193,9 +193,8 @@ def speed_shape(shape: ModelShape, tensors: Sequence[Tensor], cpu_features: Iter
     attn = tuple(AttnLayer(lay.n_head, lay.head_k, lay.head_v, shape.n_swa if lay.is_swa and shape.n_swa else None,
                            lay.n_head_kv, int(shape.n_embd or 0))
                  for lay in shape.layers[:shape.n_layer] if lay.attn_cache or lay.reuses is not None)
-    kv_tok = sum(lay.k_width + lay.v_width for lay in shape.layers[:shape.n_layer] if lay.attn_cache)
     ops_tg, ops_pp = run_nodes(nodes)
-    return SpeedShape(groups, attn, ops_tg, ops_pp, float(kv_tok), tuple(notes), body_geometry(shape),
+    return SpeedShape(groups, attn, ops_tg, ops_pp, tuple(notes), body_geometry(shape),
                       int(shape.n_vocab or 0), shape.swa_type)
 
 
@@ -535,13 +534,17 @@ def _tiled_attn_s(sh: SpeedShape, depth: float, cal: Calibration, kv: str, n: in
     return out
 
 
-def _kv_bytes_per_cell(type_k: str, type_v: str, sh: SpeedShape) -> float:
+def kv_read_bytes(sh: SpeedShape, type_k: str, type_v: str, depth: float) -> float:
+    """The bytes of K and V that one decoded token's attention reads at ``depth``: each attention layer its cells (a
+    sliding-window layer at most its window, as :func:`_depth_eff`; a layer that reads another layer's cache, as Gemma
+    3n's shared-KV tail does, reads those cells again) x its K and V row bytes per cell in the cache's types.  0 for
+    a type edgekv does not know the block size of."""
     tk, tv = CACHE_TYPES.get(type_k), CACHE_TYPES.get(type_v)
     if tk is None or tv is None:
         return 0.0
-    per_k = tk.block_bytes / tk.block
-    per_v = tv.block_bytes / tv.block
-    return sh.kv_bytes_per_token * (per_k + per_v) / 2
+    per_k, per_v = tk.block_bytes / tk.block, tv.block_bytes / tv.block
+    return sum(_depth_eff(depth, lay) * (lay.n_head_kv or lay.n_head) * (lay.head_k * per_k + lay.head_v * per_v)
+               for lay in sh.attn)
 
 
 def _require(sh: SpeedShape, cal: Calibration, type_k: str, type_v: str, flash_attn: str, nodes: int | None) -> None:
@@ -687,7 +690,7 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
                                + ("; no flash attention: over the whole padded view" if dense else "")
                                + (f"; sliding-window layers over a ring of {swa_cells} cells" if ring else "")))
     t = sum(p.s_per_token for p in parts)
-    read = sum(g.bytes for g in sh.groups) / n + _kv_bytes_per_cell(type_k, type_v, sh) * mean_depth
+    read = sum(g.bytes for g in sh.groups) / n + kv_read_bytes(sh, type_k, type_v, mean_depth)
     roof = cal.bandwidth_bytes_s / read if cal.bandwidth_bytes_s and read else None
     return SpeedPrediction("tg", 1.0 / t, depth, n_gen, parts, roof, read, cal.id)
 
