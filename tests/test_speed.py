@@ -846,11 +846,25 @@ def test_a_machine_that_changed_under_its_calibration_is_measured_again(monkeypa
         return [{**r, "ns": [int(n * slow[0]) for n in r["ns"]]} for r in _fake_results(models)]
 
     monkeypatch.setattr(S, "_run", run)
+    clock = [1.0e9]
+    monkeypatch.setattr(S, "_now", lambda: clock[0])
+    timed = []
+    check = S.check_drift
+    monkeypatch.setattr(S, "check_drift", lambda *a, **k: timed.append(a[1]) or check(*a, **k))
     first = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"])
     assert first.remeasured
+    # measured a moment ago: used as it is, the sentinel not timed
     same = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0")
-    assert not same.remeasured and same.cal.id == first.cal.id
+    assert not same.remeasured and same.cal.id == first.cal.id and timed == []
+    clock[0] += S.DRIFT_RECHECK_S + 1               # later: timed again, found to hold, and that time recorded
+    same = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0")
+    assert not same.remeasured and same.cal.id == first.cal.id and timed == ["q8_0"]
+    assert json.loads(S._path(2, True).read_text())["verified_unix"] == clock[0]
     slow[0] = 1.5                                 # the same decode now takes 1.5x the time
+    clock[0] += S.DRIFT_RECHECK_S - 1              # within the window of the last check: not timed
+    assert S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0").cal.id == first.cal.id
+    assert timed == ["q8_0"]
+    clock[0] += 2
     named = S._named
     monkeypatch.setattr(S, "_named", lambda cal, key, n, rt, dev="": named(cal, "later-" + key, n, rt)
                         if cal is None else named(cal, key, n, rt))

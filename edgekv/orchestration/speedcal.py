@@ -173,6 +173,10 @@ BODY_PP_N = 512
 # machine has changed under it (a 2-vCPU VM measured its q4_1 decode 0.71x and its q8_0 prompt 1.05x the time of
 # four hours before, bench/README.md) and everything is measured again
 DRIFT_LIMIT = 0.20
+# ... at most once in this many seconds: a calibration measured, or last found to hold, that recently is used as it is
+# (the sentinel's decode takes 1.1-1.6 s, the largest share of a cached `edgekv predict`'s speed work; the VM of
+# bench/README.md drifted over tens of minutes, not seconds)
+DRIFT_RECHECK_S = 300.0
 # A real model's weights (tens of MB and more) stream through the CPU's caches between one token's read of a layer's
 # K/V and the next token's, so its decode reads the cache from memory; the geometry models' narrow matrices would
 # leave their K/V in the last-level cache.  On the CPU a geometry's decode steps therefore run on a copy of its model
@@ -1216,14 +1220,44 @@ def check_drift(raw: list[dict], weight_type: str, n_threads: int, repack: bool,
     return _median_s(now["ns"]) / _median_s(then[-1]["ns"])
 
 
+def _now() -> float:
+    return time.time()
+
+
+def _verified_recently(path) -> bool:
+    """Whether the calibration cached at ``path`` was measured, or found to hold by its sentinel, within
+    DRIFT_RECHECK_S (its file's ``verified_unix``)."""
+    try:
+        t = json.loads(path.read_text()).get("verified_unix")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(t, (int, float)) and 0 <= _now() - t < DRIFT_RECHECK_S
+
+
+def _mark_verified(path, cal_id: str) -> None:
+    """Record in the cached file that calibration ``cal_id`` was found to hold now (nothing when the file holds
+    another calibration by now, or cannot be written: the next run checks again)."""
+    try:
+        c = json.loads(path.read_text())
+        if (c.get("calibration") or {}).get("id") == cal_id:
+            write_json(path, {**c, "verified_unix": _now()})
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def _drifted(cal: Calibration, raw: list[dict], sentinel: str, n_threads: int, repack: bool, run: Runner,
-             device: str) -> str:
+             device: str, path=None) -> str:
     """Why the cached ``cal`` is measured again (the machine now runs its sentinel DRIFT_LIMIT faster or slower), or
-    "" when it still holds."""
+    "" when it still holds (measured or checked within DRIFT_RECHECK_S: not timed again; found to hold: ``path``,
+    its cache file, says so)."""
+    if path is not None and _verified_recently(path):
+        return ""
     try:
         ratio = check_drift(raw, sentinel, n_threads, repack, run, device)
     except CalibrationError:
         return ""
+    if ratio is not None and abs(ratio - 1.0) <= DRIFT_LIMIT and path is not None:
+        _mark_verified(path, cal.id)
     if ratio is None or abs(ratio - 1.0) <= DRIFT_LIMIT:
         return ""
     # the limit is on the time, so the words are too: "18 % slower" of a decode that took 1.22x the time read as
@@ -1431,7 +1465,7 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     cal, note, raw = _read_cache(path, key, refresh)
     if cal is not None:
         cal, note = _still_holds(cal, note, measure, sentinel,
-                                 lambda t: _drifted(cal, raw, t, n_threads, repack, _runner(llama_bench), device))
+                                 lambda t: _drifted(cal, raw, t, n_threads, repack, _runner(llama_bench), device, path))
     feats = list(cpu_features or [])
     pairs = list(kv_pairs) or [(k, v, "auto") for k, v in DEFAULT_KV]
     new = cal is None
@@ -1471,7 +1505,8 @@ def _cache(path, key: str, fp: dict[str, Any], cal: Calibration, raw: list[dict]
     """Write ``cal`` and its timings ``raw`` to the cache at ``path``, with what another process cached meanwhile
     (_merge_cached); OSError when it cannot be written."""
     raw = _merge_cached(cal, path, key) + raw
-    write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict(), "raw": raw})
+    # just measured: the drift sentinel need not time it again for DRIFT_RECHECK_S
+    write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict(), "raw": raw, "verified_unix": _now()})
 
 
 def _merge_cached(cal: Calibration, path, key: str) -> list[dict]:
