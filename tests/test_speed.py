@@ -1305,6 +1305,29 @@ def test_predict_shows_speed_and_its_json_record(real_cal, smollm2_path, capsys)
     assert r["prediction"]["speed"]["error"].startswith("--kv-only")
 
 
+def test_predict_takes_each_pair_s_graph_from_the_memory_dry_run(real_cal, smollm2_path, capsys, monkeypatch):
+    """The speed model's node count per K/V pair comes from the whole-process prediction's own dry run: one llama.cpp
+    session for the whole table (a second one for the graphs alone took 1.2 s of a 5 s predict), and the count is
+    the same at every context (llama.cpp's graph does not grow with n_ctx)."""
+    from edgekv.edges import engine as E
+
+    opened = []
+    enter = E.EngineSession.__enter__
+    monkeypatch.setattr(E.EngineSession, "__enter__", lambda self: opened.append(self.model_path) or enter(self))
+    rc = main(["predict", str(smollm2_path), "-c", "1024,8192", "-ctk", "f16,q8_0", "-t", "2", *RP, "--json"])
+    assert rc == 0 and len(opened) == 1, opened
+    recs = json.loads(capsys.readouterr().out)
+    fixed = {(r["settings"]["n_ctx"], r["settings"]["type_k"]): next(
+        p["source"] for p in r["prediction"]["speed"]["tg"]["parts"] if p["name"] == "fixed") for r in recs}
+    assert len(fixed) == 4
+    for (_n, t), src in fixed.items():
+        assert src.startswith({"f16": "576 graph nodes", "q8_0": "696 graph nodes"}[t]), src
+    # --kv-only makes no process prediction: the speed model is not asked either (no dry run at all)
+    opened.clear()
+    assert main(["predict", str(smollm2_path), "-c", "1024", "-ctk", "f16", "-t", "2", *RP, "--kv-only"]) == 0
+    assert opened == []
+
+
 def test_report_of_predicted_speed(real_cal, smollm2_path, tmp_path, capsys):
     """A predicted-only report with speed: the table, the plot, the CSV columns, and the banner that says what ran."""
     assert main(["predict", str(smollm2_path), "-c", "1024,2048", "-ctk", "f16,q8_0", "-t", "2", *RP, "--json"]) == 0

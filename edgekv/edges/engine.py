@@ -310,6 +310,10 @@ class EngineSession:
         self.model_size_bytes: int | None = None
         self.sparse = False
         self.graph: dict[str, int] | None = None
+        # llama.cpp's default graph (n_outputs_max 0) per K/V type pair, from the first such context of the pair: a
+        # quantized cache adds nodes of its own; the node count does not depend on n_ctx (edgekv predict prices
+        # each pair's speed with it instead of asking a second session)
+        self.graphs: dict[tuple[str, str], dict[str, int]] = {}
         self._stack = contextlib.ExitStack()
         self._child = None
 
@@ -362,6 +366,10 @@ class EngineSession:
         out = [_engine_result(c, r) for c, r in zip(configs, data["results"])]
         if self.graph is None:          # llama.cpp's graph size (the speed model's node count), from the first context
             self.graph = next((r.log.graph for r in out if r.ok and r.log.graph), None)
+        if not n_outputs_max:
+            for c, r in zip(configs, out):
+                if r.ok and r.log.graph:
+                    self.graphs.setdefault((c.type_k, c.type_v), r.log.graph)
         return out
 
     def __exit__(self, *exc: Any) -> None:

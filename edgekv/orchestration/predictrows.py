@@ -210,9 +210,11 @@ def speed_depth(n_ctx: int, req: PredictRequest) -> int:
     return max(0, n_ctx - max(req.n_prompt, req.n_gen))
 
 
-def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
+def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest,
+            known: dict[tuple[str, str], dict[str, int]] | None = None) -> None:
     """``prediction.speed`` in every record (edgekv.core.speed): pp and tg at the row's depth with this machine's
-    calibration (measured now when absent: a progress line on stderr), or the reason there is none."""
+    calibration (measured now when absent: a progress line on stderr), or the reason there is none.  ``known``: the
+    graph sizes per K/V pair the whole-process prediction's dry run already gave."""
     from edgekv.orchestration.calibrate import runtime_baseline
     from edgekv.orchestration.speedpredict import (
         SpeedInputs,
@@ -240,7 +242,7 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
     ok = [r for r in out.records if r.prediction.formula.status == STATUS_OK]
     if not ok:
         return
-    graphs = _graphs(m, req, sorted({(r.prediction.formula.type_k, r.prediction.formula.type_v) for r in ok}))
+    graphs = _graphs(m, req, sorted({(r.prediction.formula.type_k, r.prediction.formula.type_v) for r in ok}), known)
     if not graphs:
         return none("llama.cpp's dry run did not give its graph size for this model")
     p = req.process
@@ -305,20 +307,26 @@ def _offload_device(out: PredictOutcome) -> str | None:
     return None
 
 
-def _graphs(m: LoadedModel, req: PredictRequest, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, int]]:
-    """llama.cpp's graph size (nodes of the prompt and one-token graphs) for this model per K/V type pair, from one
-    dry-run session: a quantized cache adds nodes of its own (SmolLM2: 936 with f16, 1296 with q8_0, q5_0 or q4_0)."""
+def _graphs(m: LoadedModel, req: PredictRequest, pairs: list[tuple[str, str]],
+            known: dict[tuple[str, str], dict[str, int]] | None = None) -> dict[tuple[str, str], dict[str, int]]:
+    """llama.cpp's graph size (nodes of the prompt and one-token graphs) for this model per K/V type pair: a
+    quantized cache adds nodes of its own (SmolLM2: 936 with f16, 1296 with q8_0, q5_0 or q4_0).  The pairs ``known``
+    lacks (the whole-process prediction's dry run holds every pair it ran) from one dry-run session of their own."""
     from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
 
-    cs = [replace(req.base, n_ctx=min(req.base.n_ctx or 4096, 4096), type_k=tk, type_v=tv) for tk, tv in pairs]
+    got = {p: g for p, g in (known or {}).items() if p in pairs}
+    todo = [p for p in pairs if p not in got]
+    if not todo:
+        return got
+    cs = [replace(req.base, n_ctx=min(req.base.n_ctx or 4096, 4096), type_k=tk, type_v=tv) for tk, tv in todo]
     try:
         with EngineSession(m.ref.path, n_gpu_layers=req.n_gpu_layers, header=m.header,
                            use_extra_bufts=req.process.use_extra_bufts) as eng:
             res = eng.run(cs)
     except EngineError:
-        return {}
-    return {p: r.log.graph for p, r in zip(pairs, res) if r.ok and r.log.graph}
+        return got
+    return {**got, **{p: r.log.graph for p, r in zip(todo, res) if r.ok and r.log.graph}}
 
 
 def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
@@ -346,7 +354,7 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
     if processes is not None:
         _fit_marks(out)
     if req.speed:
-        _speeds(out, m, req)
+        _speeds(out, m, req, seen.get("graphs"))
     if req.engine and m.header.tensors:
         from edgekv.orchestration.calibrate import runtime_baseline
         from edgekv.orchestration.crosscheck import extra_buffer_check, extra_buffer_line

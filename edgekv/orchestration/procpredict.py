@@ -275,7 +275,8 @@ def process_blocks(m, configs: list[ContextParams], settings: ProcessSettings,
 
     A configuration whose cache is invalid/unsupported gets None; when llama.cpp's dry run cannot run, every
     configuration gets None and the reason is a note (never a partial sum).  ``seen`` receives llama.cpp's graph
-    size from the same dry run (``seen["graph"]``: the speed model's node count)."""
+    size from the same dry run (``seen["graph"]``: the speed model's node count; ``seen["graphs"]``: the default graph's
+    per K/V type pair)."""
     from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
     from edgekv.orchestration.calibrate import runtime_baseline
@@ -291,6 +292,7 @@ def process_blocks(m, configs: list[ContextParams], settings: ProcessSettings,
             procs = predict_processes(m, configs, settings, baseline, eng)
             if seen is not None:
                 seen["graph"] = eng.graph
+                seen["graphs"] = dict(eng.graphs)
     except EngineError as e:
         notes.append(f"whole-process memory not predicted: {e}")
         return [None] * len(configs), notes
