@@ -10,7 +10,8 @@ from the models' public configuration values with ``gguf.GGUFWriter``, the way l
     edgekv report reports/NAME/predictions.json -o reports/NAME --title "..."
 
 and checks the published figures (the MiB llama.cpp prints) against the result.  Run from the
-repository root:  ``.venv/bin/python bench/predicted_reports.py``.  With the real file at hand,
+repository root:  ``.venv/bin/python bench/predicted_reports.py`` (``--roofline-only``: the committed speed
+predictions kept, each decode bound counted again, bench/roofline_recount.py).  With the real file at hand,
 ``edgekv predict bonsai-8b`` / ``edgekv predict gemma4-e4b`` (models.toml) read the real header instead.
 
 Where the values come from (public configuration files; see also ../shared/reference/anchors.md):
@@ -197,24 +198,45 @@ def edgekv(*args: str) -> str:
                           text=True).stdout
 
 
-def committed_speed(preds: str, committed: Path) -> str:
+def committed_speed(preds: str, committed: Path, header: Path | None = None) -> str:
     """``preds`` (predict --json) with each record's ``prediction.speed`` taken from the committed predictions.json
     (same context and cache types): the speed figures are one machine's (its calibration), everything else must be remade
-    identically anywhere, which is what tests/test_published_reports.py checks."""
+    identically anywhere, which is what tests/test_published_reports.py checks.  ``header``: each decode bound counted
+    again for that header (--roofline-only, bench/roofline_recount.py), the predictions as they were made."""
     def key(r: dict) -> tuple:
         s = r["settings"]
         return s["n_ctx"], s["type_k"], s["type_v"]
 
     speed = {key(r): r["prediction"].get("speed") for r in json.loads(committed.read_text())}
+    if header is not None:
+        _recount(speed, header)
     recs = json.loads(preds)
     for r in recs:
         r["prediction"]["speed"] = speed.get(key(r))
-    return json.dumps(recs, indent=1) + "\n"
+    return json.dumps(recs, indent=2, ensure_ascii=False) + "\n"
 
 
-def main(out_root: Path = ROOT / "reports", speed_from: Path | None = None) -> int:
+def _recount(speed: dict, header: Path) -> None:
+    """Each committed decode bound in ``speed`` ((n_ctx, K, V) -> prediction.speed) counted again for ``header``."""
+    from roofline_recount import recount
+
+    from edgekv.orchestration.api import load_model
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.speedpredict import model_speed_shape
+
+    m = load_model(str(header))
+    sh = model_speed_shape(m, runtime_baseline().cpu_features, True, None)
+    for (_n, tk, tv), sp in speed.items():
+        tg = (sp or {}).get("tg")
+        if tg and tg.get("roofline_tokens_per_s") and tg.get("bytes_per_token"):
+            tg["bytes_per_token"], tg["roofline_tokens_per_s"], sp["explain"] = recount(
+                m.shape, sh, tk, tv, tg["depth"], tg["n_tokens"], tg["bytes_per_token"], tg["roofline_tokens_per_s"],
+                tg["tokens_per_s"], sp.get("explain"))
+
+
+def main(out_root: Path = ROOT / "reports", speed_from: Path | None = None, recount: bool = False) -> int:
     """Write both reports under ``out_root``; ``speed_from`` (the committed reports folder): reuse its speed
-    predictions instead of this machine's."""
+    predictions instead of this machine's (``recount``: with each decode bound counted again)."""
     from edgekv.core.predict import llama_mib
 
     failures = 0
@@ -226,7 +248,7 @@ def main(out_root: Path = ROOT / "reports", speed_from: Path | None = None) -> i
         rel = header.relative_to(ROOT) if header.is_relative_to(ROOT) else header
         preds = edgekv("predict", str(rel), "-c", ctxs, "-ctk", TYPES, "--engine", "--json")
         if speed_from is not None:
-            preds = committed_speed(preds, speed_from / name / "predictions.json")
+            preds = committed_speed(preds, speed_from / name / "predictions.json", header if recount else None)
         (d / "predictions.json").write_text(preds)
         recs = records(preds, str(d / "predictions.json"))
         got = {(r.settings.n_ctx, r.settings.type_k): llama_mib(r.prediction.formula.kv_bytes) for r in recs}
@@ -247,4 +269,6 @@ def main(out_root: Path = ROOT / "reports", speed_from: Path | None = None) -> i
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--roofline-only"]:     # the committed speed predictions, each decode bound counted again
+        sys.exit(main(ROOT / "reports", speed_from=ROOT / "reports", recount=True))
     sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "reports"))
