@@ -859,7 +859,7 @@ def test_a_machine_that_changed_under_its_calibration_is_measured_again(monkeypa
     clock[0] += S.DRIFT_RECHECK_S + 1               # later: timed again, found to hold, and that time recorded
     same = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0")
     assert not same.remeasured and same.cal.id == first.cal.id and timed == ["q8_0"]
-    assert json.loads(S._path(2, True).read_text())["verified_unix"] == clock[0]
+    assert json.loads(S._verified_path(S._path(2, True)).read_text()) == {"id": first.cal.id, "unix": clock[0]}
     slow[0] = 1.5                                 # the same decode now takes 1.5x the time
     clock[0] += S.DRIFT_RECHECK_S - 1              # within the window of the last check: not timed
     assert S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0").cal.id == first.cal.id

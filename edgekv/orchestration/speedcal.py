@@ -28,6 +28,7 @@ calibration taken while other work used the CPUs is refused (not cached), and sa
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -174,6 +175,7 @@ BODY_PP_N = 512
 # four hours before, bench/README.md) and everything is measured again
 DRIFT_LIMIT = 0.20
 # ... at most once in this many seconds: a calibration measured, or last found to hold, that recently is used as it is
+# (its -verified.json beside it)
 # (the sentinel's decode takes 1.1-1.6 s, the largest share of a cached `edgekv predict`'s speed work; the VM of
 # bench/README.md drifted over tens of minutes, not seconds)
 DRIFT_RECHECK_S = 300.0
@@ -1224,25 +1226,27 @@ def _now() -> float:
     return time.time()
 
 
-def _verified_recently(path) -> bool:
-    """Whether the calibration cached at ``path`` was measured, or found to hold by its sentinel, within
-    DRIFT_RECHECK_S (its file's ``verified_unix``)."""
+def _verified_path(path):
+    """Where the calibration cached at ``path`` records when it was last measured or found to hold (a file of its
+    own: rewriting the calibration's file for that could lose what another edgekv process cached meanwhile)."""
+    return path.with_name(path.stem + "-verified.json")
+
+
+def _verified_recently(path, cal_id: str) -> bool:
+    """Whether calibration ``cal_id``, cached at ``path``, was measured or found to hold by its sentinel within
+    DRIFT_RECHECK_S."""
     try:
-        t = json.loads(path.read_text()).get("verified_unix")
-    except (OSError, ValueError, AttributeError):
+        v = json.loads(_verified_path(path).read_text())
+    except (OSError, ValueError):
         return False
-    return isinstance(t, (int, float)) and 0 <= _now() - t < DRIFT_RECHECK_S
+    t = v.get("unix") if isinstance(v, dict) else None
+    return v.get("id") == cal_id and isinstance(t, (int, float)) and 0 <= _now() - t < DRIFT_RECHECK_S
 
 
 def _mark_verified(path, cal_id: str) -> None:
-    """Record in the cached file that calibration ``cal_id`` was found to hold now (nothing when the file holds
-    another calibration by now, or cannot be written: the next run checks again)."""
-    try:
-        c = json.loads(path.read_text())
-        if (c.get("calibration") or {}).get("id") == cal_id:
-            write_json(path, {**c, "verified_unix": _now()})
-    except (OSError, ValueError, AttributeError):
-        pass
+    """Record that calibration ``cal_id`` (cached at ``path``) was measured or found to hold now; OSError when it
+    cannot be written."""
+    write_json(_verified_path(path), {"id": cal_id, "unix": _now()})
 
 
 def _drifted(cal: Calibration, raw: list[dict], sentinel: str, n_threads: int, repack: bool, run: Runner,
@@ -1250,15 +1254,16 @@ def _drifted(cal: Calibration, raw: list[dict], sentinel: str, n_threads: int, r
     """Why the cached ``cal`` is measured again (the machine now runs its sentinel DRIFT_LIMIT faster or slower), or
     "" when it still holds (measured or checked within DRIFT_RECHECK_S: not timed again; found to hold: ``path``,
     its cache file, says so)."""
-    if path is not None and _verified_recently(path):
+    if path is not None and _verified_recently(path, cal.id):
         return ""
     try:
         ratio = check_drift(raw, sentinel, n_threads, repack, run, device)
     except CalibrationError:
         return ""
-    if ratio is not None and abs(ratio - 1.0) <= DRIFT_LIMIT and path is not None:
-        _mark_verified(path, cal.id)
     if ratio is None or abs(ratio - 1.0) <= DRIFT_LIMIT:
+        if ratio is not None and path is not None:
+            with contextlib.suppress(OSError):      # not recorded: the next run times it again
+                _mark_verified(path, cal.id)
         return ""
     # the limit is on the time, so the words are too: "18 % slower" of a decode that took 1.22x the time read as
     # within a limit of 20 %
@@ -1505,8 +1510,8 @@ def _cache(path, key: str, fp: dict[str, Any], cal: Calibration, raw: list[dict]
     """Write ``cal`` and its timings ``raw`` to the cache at ``path``, with what another process cached meanwhile
     (_merge_cached); OSError when it cannot be written."""
     raw = _merge_cached(cal, path, key) + raw
-    # just measured: the drift sentinel need not time it again for DRIFT_RECHECK_S
-    write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict(), "raw": raw, "verified_unix": _now()})
+    write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict(), "raw": raw})
+    _mark_verified(path, cal.id)        # just measured: the drift sentinel need not time it for DRIFT_RECHECK_S
 
 
 def _merge_cached(cal: Calibration, path, key: str) -> list[dict]:
