@@ -174,10 +174,9 @@ BODY_PP_N = 512
 # machine has changed under it (a 2-vCPU VM measured its q4_1 decode 0.71x and its q8_0 prompt 1.05x the time of
 # four hours before, bench/README.md) and everything is measured again
 DRIFT_LIMIT = 0.20
-# ... at most once in this many seconds: a calibration measured, or last found to hold, that recently is used as it is
-# (its -verified.json beside it)
-# (the sentinel's decode takes 1.1-1.6 s, the largest share of a cached `edgekv predict`'s speed work; the VM of
-# bench/README.md drifted over tens of minutes, not seconds)
+# ... at most once in this many seconds: a calibration measured, or last found to hold, that recently (its
+# -verified.json beside it) is used as it is.  The sentinel's decode takes 1.1-1.6 s, the largest share of a cached
+# `edgekv predict`'s speed work; the VM of bench/README.md drifted over tens of minutes, not seconds.
 DRIFT_RECHECK_S = 300.0
 # A real model's weights (tens of MB and more) stream through the CPU's caches between one token's read of a layer's
 # K/V and the next token's, so its decode reads the cache from memory; the geometry models' narrow matrices would
@@ -1239,8 +1238,10 @@ def _verified_recently(path, cal_id: str) -> bool:
         v = json.loads(_verified_path(path).read_text())
     except (OSError, ValueError):
         return False
-    t = v.get("unix") if isinstance(v, dict) else None
-    return v.get("id") == cal_id and isinstance(t, (int, float)) and 0 <= _now() - t < DRIFT_RECHECK_S
+    if not isinstance(v, dict) or v.get("id") != cal_id:
+        return False
+    t = v.get("unix")
+    return isinstance(t, (int, float)) and 0 <= _now() - t < DRIFT_RECHECK_S
 
 
 def _mark_verified(path, cal_id: str) -> None:
