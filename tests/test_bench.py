@@ -116,10 +116,11 @@ def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
     apart from llama-cpp-python's."""
     from edgekv.orchestration.preflight import preflight
 
-    rp = ["--repack", "1" if preflight().repack else "0"]     # what runs here (its AMX kernels may crash: amx.md)
+    # calibrate and bench follow that binary's own preflight when --repack is not given (its AMX kernels may crash)
+    rp_on = preflight("binary", str(llama_bench_exe)).repack
     cal = subprocess.run([sys.executable, "-m", "edgekv.cli", "calibrate", str(smollm2_path), "--llama-bench",
-                          str(llama_bench_exe), "-t", "2", "-ctk", "f16,q4_0", *rp, "--allow-busy", "--json"],
-                         capture_output=True, text=True, timeout=600)
+                          str(llama_bench_exe), "-t", "2", "-ctk", "f16,q4_0", "--allow-busy", "--json"],
+                         capture_output=True, text=True, timeout=900)
     assert cal.returncode == 0, cal.stderr[-2000:]
     c = json.loads(cal.stdout)
     assert c["runtime"] == f"llama-bench at {os.path.abspath(llama_bench_exe)}"
@@ -132,12 +133,12 @@ def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
     assert c["attn_pp_deep_s"] and all(v > 0 for v in c["attn_pp_deep_s"].values())
     from edgekv.orchestration.speedcal import cached
 
-    assert cached(2, rp[1] == "1", str(llama_bench_exe)).id == c["id"]
-    py = cached(2, rp[1] == "1")                         # llama-cpp-python's calibration is another one
+    assert cached(2, rp_on, str(llama_bench_exe)).id == c["id"]
+    py = cached(2, rp_on)                                # llama-cpp-python's calibration is another one
     assert py is None or py.id != c["id"]
     out = tmp_path / "lb.jsonl"
     r = subprocess.run([sys.executable, "-m", "edgekv.cli", "bench", str(smollm2_path), "--llama-bench", str(llama_bench_exe),
-                        "-c", "2048", "-d", "992", "-ctk", "f16,q4_0,f32", "-p", "32", "-n", "8", "-r", "2", "-t", "2", *rp,
+                        "-c", "2048", "-d", "992", "-ctk", "f16,q4_0,f32", "-p", "32", "-n", "8", "-r", "2", "-t", "2",
                         "-o", str(out), "--json"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     # llama-bench has no -c: its prompt test's context is depth + prompt (1024 cells), and the lines say so
@@ -178,7 +179,7 @@ def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
     from edgekv.orchestration.sweepplan import binary_baseline
 
     p = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-c", "1024", "-ctk", "f16,q4_0",
-                        "--llama-bench", str(llama_bench_exe), "-t", "2", *rp, "--json"],
+                        "--llama-bench", str(llama_bench_exe), "-t", "2", "--json"],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     base = binary_baseline(str(llama_bench_exe)).bytes

@@ -76,7 +76,7 @@ FAKE = textwrap.dedent('''\
     # a stand-in for llama-server: refuses its flags, or serves /health and dies on the first completion
     import http.server, json, os, sys
     if "--help" in sys.argv:
-        print("--host HOST\\n--port PORT\\n-np, --parallel N\\n--kv-unified\\n--no-kv-unified")
+        print("--host HOST\\n--port PORT\\n-np, --parallel N\\n--kv-unified\\n--no-kv-unified\\n-nr, --no-repack")
         sys.exit(0)
     if os.environ.get("FAKE_MODE", "{mode}") == "refuse":
         print("0.00.001.000 E error: invalid argument: -ctk f16", file=sys.stderr)

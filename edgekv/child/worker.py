@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in SUBCOMMANDS:
         print(f"usage: python -m edgekv.child.worker {{{','.join(SUBCOMMANDS)}}}", file=sys.stderr)
         return 2
+    from edgekv.child.emulate import install
+
+    install()       # a testing aid, off unless EDGEKV_EMULATE_EXTRA_BUFT_CRASH=1 (edgekv.child.emulate)
     ev = EventWriter()
     payload = {} if argv[0] in STREAMING else json.loads(sys.stdin.buffer.read() or b"{}")
     try:

@@ -193,6 +193,7 @@ def preflight(payload: dict, ev: EventWriter) -> None:
     ev.emit("phase", phase="load")
     model = L.llama_model_load_from_file(payload["model_path"].encode(), model_params(0, dry=False, use_extra_bufts=True))
     buffers = parse_memory_log([x for _, x in cap.take()]).model_buffers
+    ev.emit("buffers", buffers=buffers)     # before any decode: a parent that sees this process die still knows them
     if not model:
         ev.result({"ok": False, "step": "load", "reason": "llama.cpp could not load the probe model",
                    "buffers": buffers, "system_info": system_info})

@@ -83,6 +83,7 @@ class BenchMonitor:
         self.contexts = contexts
         self.full_hint = full_hint
         self.todo: list[Settings] = []
+        self.calibration_said = float("-inf")
 
     def __enter__(self) -> BenchMonitor:
         self.prog.__enter__()
@@ -100,6 +101,13 @@ class BenchMonitor:
     def on_event(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "note":      # one line each, e.g. the repair of a results file's last line
             self.prog.p.console.print(f"edgekv: {data['message']}", markup=False, highlight=False)
+            return
+        if kind == "calibrate":     # what the speed calibration measures, and the time left: a line every 15 s
+            now = time.monotonic()
+            if now - self.calibration_said >= 15:
+                self.prog.p.console.print(f"edgekv: calibrating: {data['step']} ({data['left_s']:.0f} s left)",
+                                          markup=False, highlight=False)
+                self.calibration_said = now
             return
         if kind == "start":
             self._start(data)
@@ -176,6 +184,8 @@ class BenchArgs:
     n_parallel: str | None = None
     kv_unified: bool = False
     llama_server: str | None = None
+    no_speed_model: bool = False
+    calibration_timeout: float = 180.0
 
     @classmethod
     def from_flags(cls, flags: dict[str, Any], model: str | None) -> BenchArgs:
@@ -221,7 +231,8 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
                      llama_bench=a.llama_bench, llama_server=a.llama_server,
                      quality={"enabled": True, "corpus": a.corpus, "chunks": a.chunks} if a.quality else None,
                      use_mmap=not a.no_mmap, repack=parse_repack_list(a.repack), retry_failed=not a.no_retry,
-                     force_fit=a.force, kv_unified=a.kv_unified,
+                     force_fit=a.force, kv_unified=a.kv_unified, predict_speed=not a.no_speed_model,
+                     calibration_timeout_s=a.calibration_timeout,
                      n_parallel=parse_int_list(a.n_parallel, "-npl") if a.n_parallel else [1] if a.llama_server else None)
     full_hint = None
     if not a.full and not a.ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
@@ -240,6 +251,8 @@ def _check(a: BenchArgs, n_prompt: int, n_gen: int, repetitions: int) -> None:
         raise UsageError("-p and -n cannot both be 0: there would be nothing to measure")
     if not a.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds (got {a.timeout:g})")
+    if not a.calibration_timeout > 0:
+        raise UsageError(f"--calibration-timeout must be a positive number of seconds (got {a.calibration_timeout:g})")
     if (a.corpus is not None or a.chunks is not None) and not a.quality:
         raise UsageError("--corpus and --chunks choose the quality pass: add --quality")
     if a.chunks is not None and a.chunks < 1:

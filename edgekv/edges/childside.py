@@ -7,6 +7,9 @@ import json
 import os
 from typing import Any
 
+# a testing aid (edgekv.child.emulate): children act as on a CPU whose extra-buffer kernels crash
+EMULATE_CRASH_ENV = "EDGEKV_EMULATE_EXTRA_BUFT_CRASH"
+
 EVENT_FD_ENV = "EDGEKV_EVENT_FD"
 
 

@@ -169,7 +169,7 @@ def _process_row(m: LoadedModel, params: ContextParams, tk: str, tv: str, proc_a
 
 def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str]], budget_bytes: int,
                  n_gpu_layers: int = -1, cap: int | None = None, workload: str = "generate", n_threads: int = 0,
-                 use_mmap: bool = True, baseline=None, min_tg=None) -> list[BudgetRow]:
+                 use_mmap: bool = True, baseline=None, min_tg=None, use_extra_bufts: bool = True) -> list[BudgetRow]:
     """One row per cache pair: the formula, the dry run and the process model side by side.
 
     ``min_tg``: (type_k, type_v, n_ctx) -> predicted decode tokens/s at that context's full depth, or None when
@@ -183,7 +183,8 @@ def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str
     cap = cap or trained or (1 << 20)
     cap = max(KV_PAD, cap // KV_PAD * KV_PAD)
     baseline = baseline if baseline is not None else runtime_baseline()
-    settings = ProcessSettings(workload=workload, n_threads=n_threads, use_mmap=use_mmap, n_gpu_layers=n_gpu_layers)
+    settings = ProcessSettings(workload=workload, n_threads=n_threads, use_mmap=use_mmap, n_gpu_layers=n_gpu_layers,
+                               use_extra_bufts=use_extra_bufts)
     common = {"budget_bytes": budget_bytes, "cap": cap, "workload": workload,
               "workload_means": WORKLOAD_HELP.get(workload, "")}
     weights_note = ("" if m.header.tensors else
@@ -192,7 +193,8 @@ def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str
     if settled is not None:
         return _typed(settled)
     try:
-        session = EngineSession(m.ref.path, n_gpu_layers=n_gpu_layers, header=m.header).__enter__()
+        session = EngineSession(m.ref.path, n_gpu_layers=n_gpu_layers, header=m.header,
+                                use_extra_bufts=use_extra_bufts).__enter__()
     except EngineError as e:
         # no compute buffers without llama.cpp: answer from what is known, labelled as the bound it is
         return _typed(_lower_bound_rows(m, base, pairs, budget_bytes, baseline.bytes + m.weights_bytes, cap, trained,

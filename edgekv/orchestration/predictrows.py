@@ -11,6 +11,7 @@ the cost of llama-cpp-python's ``Llama()`` defaults and the per-layer prediction
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -91,7 +92,9 @@ class PredictRequest:
     depth: int | None = None        # -d: the depth the speed is predicted at (None: the context minus -p)
     n_prompt: int = 512             # the predicted tests: llama-bench's pp512 and tg128 at that depth
     n_gen: int = 128
-    speed: bool = True              # predict tokens/s too (calibrating this machine when needed)
+    speed: bool = True              # predict tokens/s too, from this machine's cached calibration
+    measure_speed: bool = False     # --speed: calibrate first what the cache lacks (bounded by calibration_timeout_s)
+    calibration_timeout_s: float = 180.0
     min_tg: float | None = None     # --budget with --min-tg: decode at full depth at least this fast
     llama_bench: str | None = None  # --llama-bench: speed calibrated through that binary, the process over its baseline
 
@@ -175,31 +178,56 @@ def _remeasure_command(llama_bench: str | None) -> str:
     return f"edgekv calibrate --llama-bench {llama_bench}" if llama_bench else "edgekv calibrate"
 
 
-def _calibrating_line(llama_bench: str | None = None):
-    """A progress callback that says once, on stderr, that predict is calibrating this machine's speed."""
+def _calibrating_line(llama_bench: str | None, deadline: float | None):
+    """A progress callback for predict --speed: on stderr, what the calibration measures and the time left before
+    its deadline (a line when the step changes, at most every 10 s)."""
     import sys
+    import time
 
-    started = []
     via, again = f" through {llama_bench}" if llama_bench else "", _remeasure_command(llama_bench)
+    last = [0.0]
 
     def progress(step: str) -> None:
-        if not started:
+        now = time.monotonic()
+        if last[0] and now - last[0] < 10:
+            return
+        if not last[0]:
             sys.stderr.write(f"edgekv: calibrating this machine's speed{via} (once per environment and thread count; "
                              f"'{again}' re-measures) ...\n")
-            started.append(1)
+        left = f", {max(0.0, deadline - now):.0f} s left" if deadline is not None else ""
+        sys.stderr.write(f"edgekv: calibrating: {step}{left}\n")
+        last[0] = now
 
     return progress
 
 
-def _crash_note(notes: list[str], use_extra_bufts: bool) -> None:
-    """When this environment's extra-buffer preflight (already cached: predict probes nothing) saw the kernels crash,
-    say that the default prediction describes a process that dies here."""
-    from edgekv.orchestration.preflight import cached
+def _waiting_line() -> None:
+    import sys
 
-    pf = cached()
-    if pf is not None and pf.runs is False and use_extra_bufts:
-        notes.append(f"{pf.crash_cause}: llama.cpp with its default (--repack 1) dies on the first prompt batch here; "
-                     "`--repack 0` (llama.cpp's -nr) predicts the setting that runs")
+    sys.stderr.write("edgekv: another edgekv process is measuring this machine's speed: waiting for its result\n")
+
+
+def resolve_repack(req: PredictRequest, asked: bool | None) -> list[str]:
+    """Set ``req.process.use_extra_bufts``: ``asked`` (--repack) when given, else llama.cpp's default unless this
+    environment's extra-buffer preflight saw those kernels kill its probe (then 0, the setting that runs here).  The
+    preflight is probed once per environment (a few seconds, cached) when the choice needs it; --kv-only probes
+    nothing.  Returns the notes
+    that say what was chosen and why."""
+    from edgekv.orchestration.preflight import cached, preflight
+
+    who = ("binary", req.llama_bench) if req.llama_bench else ("python", None)      # the build that would run
+    pf = cached(*who) if req.kv_only or asked is not None else preflight(*who)
+    crashes = pf is not None and pf.runs is False
+    req.process.use_extra_bufts = (not crashes) if asked is None else asked
+    if not crashes:
+        return []
+    if asked is None:
+        return [f"{pf.crash_cause}: predicting --repack 0, the setting that runs here ({pf.detail}); '--repack 1' "
+                "predicts llama.cpp's default, which dies on its first prompt batch here"]
+    if asked:
+        return [f"{pf.crash_cause}: llama.cpp with its default (--repack 1) dies on the first prompt batch here; "
+                "`--repack 0` (llama.cpp's -nr) predicts the setting that runs"]
+    return []
 
 
 def speed_depth(n_ctx: int, req: PredictRequest) -> int:
@@ -258,8 +286,12 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest,
     feats = runtime_baseline().cpu_features
     base = model_speed_shape(m, feats, p.use_extra_bufts, next(iter(graphs.values())), device)
     shapes = {pair: with_graph(base, g) for pair, g in graphs.items()}
-    cal, note = calibration_for(base, xs, feats, progress=_calibrating_line(req.llama_bench), allow_busy=True,
-                                llama_bench=req.llama_bench)
+    deadline = time.monotonic() + req.calibration_timeout_s if req.measure_speed else None
+    cal, note = calibration_for(base, xs, feats, progress=_calibrating_line(req.llama_bench, deadline),
+                                allow_busy=True, llama_bench=req.llama_bench, measure=req.measure_speed,
+                                deadline=deadline, on_wait=_waiting_line)
+    if cal is None:
+        out.process_notes.append(f"no speed prediction: {note}")
     if note and cal is not None:
         out.process_notes.append(f"speed calibration: {note}")
     if cal is not None and cal.notes:
@@ -329,12 +361,13 @@ def _graphs(m: LoadedModel, req: PredictRequest, pairs: list[tuple[str, str]],
     return {**got, **{p: r.log.graph for p, r in zip(todo, res) if r.ok and r.log.graph}}
 
 
-def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
+def run_predict(m: LoadedModel, req: PredictRequest, repack: bool | None = True) -> PredictOutcome:
     """Compute everything ``edgekv predict`` prints: formula records (and llama.cpp's dry run), the
     whole-process prediction, the budget table, and the notes the view adds under the table."""
     # --engine runs on a header-only file too (llama.cpp's dry run reads no tensor data: edgekv.edges.engine
     # loadable_path gives it a sparse stand-in; the shape headers of the predicted reports rely on it): warned, not refused
     processes, notes = None, []
+    repack_notes = resolve_repack(req, repack)
     seen: dict[str, Any] = {}
     if not req.kv_only:
         from edgekv.orchestration.procpredict import process_blocks
@@ -349,8 +382,11 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
     if m.incomplete:                    # the --json records say it too
         for r in out.records:
             r.model.incomplete = m.incomplete
+    if not req.process.use_extra_bufts:     # --repack 0 (asked, or the preflight's): the records say it, as bench's
+        for r in out.records:
+            r.settings.repack = False
     _command_lines(out, m, req)
-    _crash_note(out.process_notes, req.process.use_extra_bufts)
+    out.process_notes.extend(repack_notes)
     if processes is not None:
         _fit_marks(out)
     if req.speed:
@@ -367,7 +403,8 @@ def run_predict(m: LoadedModel, req: PredictRequest) -> PredictOutcome:
         p = req.process
         floor = _MinTg(req.min_tg, out.speed_model, req, m.shape) if req.min_tg is not None else None
         out.budget = budget_table(m, req.base, req.pairs, req.budget_bytes, n_gpu_layers=req.n_gpu_layers, min_tg=floor,
-                                  workload=p.workload, n_threads=p.n_threads, use_mmap=p.use_mmap)
+                                  workload=p.workload, n_threads=p.n_threads, use_mmap=p.use_mmap,
+                                  use_extra_bufts=p.use_extra_bufts)
     out.defaults_cost = _defaults_cost(m, req.base, out.records)
     if req.layers:
         first = next((r.prediction.formula for r in out.records if r.prediction.formula.status == STATUS_OK), None)

@@ -22,7 +22,7 @@ from typing import Any
 
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
-PREFLIGHT_VERSION = 1
+PREFLIGHT_VERSION = 2     # 2: a probe that died names the buffers it loaded (its "buffers" event)
 ISSUE = "llama.cpp #20824"
 CRASH_TEXT = f"llama.cpp's AMX kernels crash on this CPU ({ISSUE})"
 
@@ -73,6 +73,17 @@ def verdict(ok: bool, signal_no: int | None, step: str | None, buffers: dict[str
     return Preflight(None, f"the probe could not run: {why or 'no result'}", extra)
 
 
+def _key(runtime: str, binary: str | None) -> str:
+    """The verdict's cache key: the environment's fingerprint (and, under the crash emulation that the suite uses,
+    that too: an emulated verdict never stands for the machine's own)."""
+    import os
+
+    from edgekv.edges.childside import EMULATE_CRASH_ENV
+
+    extra = {"emulated_crash": True} if runtime == "python" and os.environ.get(EMULATE_CRASH_ENV) == "1" else {}
+    return fingerprint_key({**fingerprint(runtime, binary), "preflight": PREFLIGHT_VERSION, **extra})
+
+
 def _cache_path(runtime: str, binary: str | None):
     import hashlib
     import os
@@ -91,8 +102,19 @@ def _probe_python() -> Preflight:
     step = next((e.get("phase") for e in reversed(res.events) if e.get("event") == "phase"), None)
     if res.timed_out:
         return Preflight(None, f"the probe timed out in {step or 'start-up'}")
-    return verdict(bool(res.ok and r.get("ok")), res.signal, r.get("step") or step, r.get("buffers") or {},
+    return verdict(bool(res.ok and r.get("ok")), res.signal, r.get("step") or step, r.get("buffers") or _buffers(res),
                    r.get("reason") or res.failure_reason())
+
+
+def _buffers(res) -> dict[str, float]:
+    """The model buffers of a probe that died before its result: its ``buffers`` event, else llama.cpp's own
+    ``load_tensors: ... model buffer size`` lines among those it forwarded."""
+    from edgekv.core.llamalog import parse_memory_log
+
+    said = next((e.get("buffers") for e in res.events if e.get("event") == "buffers"), None)
+    if isinstance(said, dict) and said:
+        return {str(k): float(v) for k, v in said.items() if isinstance(v, (int, float))}
+    return parse_memory_log(list(res.log_tail or [])).model_buffers
 
 
 def _probe_binary(binary: str) -> Preflight:
@@ -112,7 +134,7 @@ def _probe_binary(binary: str) -> Preflight:
 
 def cached(runtime: str = "python", binary: str | None = None) -> Preflight | None:
     """The verdict already cached for this environment, or None (nothing is probed)."""
-    key = fingerprint_key({**fingerprint(runtime, binary), "preflight": PREFLIGHT_VERSION})
+    key = _key(runtime, binary)
     try:
         c = json.loads(_cache_path(runtime, binary).read_text())
         if c.get("fingerprint_key") == key:
@@ -124,7 +146,7 @@ def cached(runtime: str = "python", binary: str | None = None) -> Preflight | No
 
 def preflight(runtime: str = "python", binary: str | None = None, refresh: bool = False) -> Preflight:
     """The cached verdict for this environment, probing when absent, stale, or ``refresh``."""
-    key = fingerprint_key({**fingerprint(runtime, binary), "preflight": PREFLIGHT_VERSION})
+    key = _key(runtime, binary)
     path = _cache_path(runtime, binary)
     known = None if refresh else cached(runtime, binary)
     if known is not None:

@@ -177,16 +177,15 @@ def _invalid_reason(shape, c: QualityConfig, n_ctx: int, p: dict[str, int], n_ub
     return pred.reason if pred.status == STATUS_INVALID else None
 
 
-def resolve_repack(repack: bool | None, on_event: Callable[[dict[str, Any]], None] | None) -> bool:
-    """The --repack the quality child runs with: as asked, else the preflight's (said through ``on_event``)."""
+def resolve_repack(repack: bool | None) -> tuple[bool, str | None]:
+    """The --repack the quality child runs with: as asked, else the preflight's; and the note that says it fell back
+    (said once the run is known to have read its inputs: a refused corpus stays one line)."""
     if repack is not None:
-        return repack
+        return repack, None
     from edgekv.orchestration.preflight import preflight
 
     pf = preflight()
-    if not pf.repack and on_event is not None:
-        on_event({"event": "note", "message": pf.fallback_line})
-    return pf.repack
+    return pf.repack, (None if pf.repack else pf.fallback_line)
 
 
 def _checked_inputs(n_ctx: int | Sequence[int], chunks: int | None, n_batch: int, n_ubatch: int,
@@ -267,11 +266,13 @@ def _run_pass(m, corp: Corpus, ctxs: list[int], cfgs: list[QualityConfig], run_c
         "n_ctx": ctxs,
         "configs": [asdict(cfgs[i]) for i in run_cfgs],
         "n_gpu_layers": n_gpu_layers,
-        "repack": resolve_repack(repack, on_event),
         "options": options,
     }
+    payload["repack"], fallback = resolve_repack(repack)
     res = run_child(worker_argv("quality"), payload, timeout=timeout, sample_memory=True, on_event=on_event)
     _raise_child_failure(res, m, corp)
+    if fallback and on_event is not None:
+        on_event({"event": "note", "message": fallback})
     try:
         info = msgspec.convert(res.result or {}, _ChildResult)
     except msgspec.ValidationError as e:

@@ -1311,8 +1311,7 @@ def _uncached_error(new: bool, want: dict[str | None, list[tuple[str, str, str]]
     """The refusal when measuring is off (EDGEKV_SPEED_CALIBRATE=cached) and something asked for is not cached."""
     what = ["this machine"] if new else [kv_key(*p, g) for g, ps in want.items() for p in ps] + want_types
     named = ", ".join(what[:3]) + (f" and {len(what) - 3} more" if len(what) > 3 else "")
-    return CalibrationError(f"no speed calibration of {named} here yet and {SPEED_CALIBRATE_ENV}=cached: "
-                            "'edgekv calibrate MODEL' measures it")
+    return CalibrationError(f"no speed calibration of {named} here yet")
 
 
 def _measure_missing(cal: Calibration, new: bool, want: dict[str | None, list[tuple[str, str, str]]],
@@ -1454,7 +1453,7 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
               refresh: bool = False, progress: Callable[[str], None] | None = None,
               allow_busy: bool = False, geometries: Iterable[str] = (), measure: bool = True,
               llama_bench: str | None = None, device: str = "", bodies: Iterable[str] = (),
-              sentinel: str | None = None) -> SpeedCalibration:
+              sentinel: str | None = None, deadline: float | None = None) -> SpeedCalibration:
     """The cached calibration for this environment, thread count and --repack, with every weight type and K/V pair
     (for each attention geometry in ``geometries``) asked for measured (only what is missing is measured;
     everything when absent, stale or ``refresh``).  ``measure`` False: only what is cached, and CalibrationError

@@ -176,11 +176,18 @@ def residual(rec: Record) -> SpeedResidual | None:
     return SpeedResidual(**out) if any(v is not None for v in out.values()) else None
 
 
+SPEED_LOCK = "speed-calibration"      # one measurer of this machine's speed at a time (edgekv.orchestration.callock)
+
+
 def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[str], progress=None,
-                    allow_busy: bool = False, llama_bench: str | None = None) -> tuple[Calibration | None, str]:
-    """This machine's calibration with everything the configurations ``xs`` need measured (on demand), through
-    llama-cpp-python or (``llama_bench``) the user's llama-bench; (None, why) when it cannot be had."""
-    from edgekv.orchestration.speedcal import CalibrationError, auto_measure, calibrate
+                    allow_busy: bool = False, llama_bench: str | None = None, measure: bool = True,
+                    deadline: float | None = None, on_wait=None) -> tuple[Calibration | None, str]:
+    """This machine's calibration with everything the configurations ``xs`` need, through llama-cpp-python or
+    (``llama_bench``) the user's llama-bench; (None, why) when it cannot be had.  ``measure`` False: only what is
+    cached (predict without --speed).  Measuring holds the calibration lock (another edgekv process measuring is
+    waited for, ``on_wait`` said once) and stops at ``deadline`` (a ``time.monotonic()`` time)."""
+    from edgekv.orchestration.callock import LockTimeout, measuring
+    from edgekv.orchestration.speedcal import SPEED_CALIBRATE_ENV, CalibrationError, auto_measure, calibrate
 
     if not xs:
         return None, "nothing to predict"
@@ -192,11 +199,26 @@ def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[st
         raise ValueError("calibration_for: one thread count, --repack setting and device at a time")
     pairs = sorted({(x.type_k, x.type_v, x.flash_attn) for x in xs})
     geometries = sorted({lay.geometry for lay in sh.attn})
+
+    def run(measuring_now: bool, **kw: Any):
+        return calibrate(next(iter(threads)), next(iter(repacks)), weight_types(sh), pairs, cpu_features,
+                         progress=progress, allow_busy=allow_busy, geometries=geometries, measure=measuring_now,
+                         llama_bench=llama_bench, device=next(iter(devices)), bodies=[sh.body] if sh.body else [],
+                         sentinel=main_weight_type(sh), **kw)
+
     try:
-        sc = calibrate(next(iter(threads)), next(iter(repacks)), weight_types(sh), pairs, cpu_features,
-                       progress=progress, allow_busy=allow_busy, geometries=geometries, measure=auto_measure(),
-                       llama_bench=llama_bench, device=next(iter(devices)), bodies=[sh.body] if sh.body else [],
-                       sentinel=main_weight_type(sh))
+        if not measure or not auto_measure():
+            try:
+                sc = run(False)
+            except CalibrationError as e:
+                how = (f"{SPEED_CALIBRATE_ENV}=cached" if measure else
+                       "'edgekv calibrate' measures it in about a minute, or add --speed")
+                return None, f"{e} ({how})"
+        else:
+            with measuring(SPEED_LOCK, deadline, on_wait):
+                sc = run(True, deadline=deadline)
+    except LockTimeout as e:
+        return None, f"{e}: no speed predictions"
     except CalibrationError as e:
         return None, str(e)
     except (OSError, ValueError) as e:

