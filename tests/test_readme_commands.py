@@ -1,5 +1,6 @@
 """README.md's command list (its "## Commands" table) and `edgekv --help` name the same commands, in the same
-order, and each listed command's --help runs."""
+order, and each listed command's --help runs; README's two commands at the top are the install-and-bench line and
+exactly the test line .ci/run runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,20 @@ import typer
 
 from edgekv.cli.main import app, main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+BENCH_LINE = "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/edgekv bench"
+TEST_LINE = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest -q"
+
+
+def test_the_two_commands_open_the_readme_and_ci_runs_the_second():
+    text = README.read_text()
+    first = re.search(r"^```bash\n(.*?)^```", text, re.M | re.S)
+    assert first, f"{README}: no bash block"
+    assert first.group(1).splitlines() == [BENCH_LINE, TEST_LINE]
+    assert text.index(first.group(0)) < text.index("\n## "), "the two commands come before the first section"
+    ci = [x for x in (ROOT / ".ci" / "run").read_text().splitlines() if x.strip()]
+    assert ci[-1] == TEST_LINE
 
 
 def readme_commands() -> dict[str, list[str]]:
