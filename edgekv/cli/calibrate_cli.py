@@ -126,10 +126,10 @@ def _repack(asked: bool | None, llama_bench: str | None, con) -> bool:
 
 def _move_calibrations(export: Path | None, import_: Path | None, as_json: bool) -> None:
     """calibrate --export FILE / --import FILE: the calibration cache in one file, for a CI job to keep."""
-    from edgekv.orchestration.speedcal import CalibrationError, export_calibrations, import_calibrations
-
     if export is not None and import_ is not None:
         raise UsageError("--export and --import: give one of them")
+    from edgekv.orchestration.speedcal import CalibrationError, export_calibrations, import_calibrations
+
     try:
         n = export_calibrations(export) if export is not None else import_calibrations(import_)
     except CalibrationError as e:

@@ -154,6 +154,10 @@ def predict(
     min_tg: Optional[float] = MIN_TG_OPT,
     depth: Optional[int] = PREDICT_DEPTH_OPT,
     llama_bench: Optional[str] = PREDICT_LLAMA_BENCH_OPT,
+    speed: bool = typer.Option(False, "--speed", help="Measure this machine's speed calibration first when it is not "
+                                                      "cached (about a minute, at most --calibration-timeout); "
+                                                      "without it predict uses only what is cached."),
+    calibration_timeout: float = CAL_TIMEOUT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Exact KV-cache bytes from the GGUF header, the whole llama.cpp process's peak memory, its speed here."""
@@ -167,7 +171,10 @@ def predict(
     ctxs = _predict_contexts(ctx_size, spec_name, m)
     req = _predict_request(ctxs, cache_type_k, cache_type_v, flash_attn, swa_full, parallel, kv_unified, ubatch_size,
                            batch_size, n_rs_seq, budget, workload, threads, no_mmap, n_gpu_layers, repack)
+    if not calibration_timeout > 0:
+        raise UsageError(f"--calibration-timeout must be a positive number of seconds (got {calibration_timeout:g})")
     req.engine, req.kv_only, req.verbose = engine, kv_only, verbose
+    req.measure_speed, req.calibration_timeout_s = speed, calibration_timeout
     (req.depth, req.min_tg), req.llama_bench = speed_flags, lb
     req.layers, req.with_layers_json = layers and not as_json, layers and as_json
     _notes(m)
