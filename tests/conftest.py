@@ -98,6 +98,32 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+def _llama_child(args) -> str | None:
+    """The program, when a command line starts llama.cpp: one of its tools (llama-*) or a Python child importing it."""
+    argv = [os.fsdecode(a) for a in ([args] if isinstance(args, (str, bytes, os.PathLike)) else args)]
+    if argv and (os.path.basename(argv[0]).startswith("llama-") or any("import llama_cpp" in a or "edgekv.child" in a
+                                                                        for a in argv)):
+        return argv[0]
+    return None
+
+
+@pytest.fixture(autouse=True)
+def fast_tier_guard(request, monkeypatch) -> None:
+    """An unmarked test (the fast tier) that starts a llama.cpp child fails, naming itself (tests/test_limits.py)."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    import subprocess
+
+    class Guarded(subprocess.Popen):
+        def __init__(self, args, *a, **kw):
+            if (prog := _llama_child(args)) is not None:
+                pytest.fail(f"{request.node.nodeid} starts a llama.cpp child ({prog}) but is not marked "
+                            "@pytest.mark.slow", pytrace=False)
+            super().__init__(args, *a, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", Guarded)
+
+
 @pytest.fixture(autouse=True)
 def edgekv_home(tmp_path_factory, monkeypatch) -> Path:
     """Every test gets its own EDGEKV_HOME (child processes inherit it through the environment)."""

@@ -64,6 +64,7 @@ def test_ctv_follows_ctk_pairwise_and_single_value(capsys):
                                                                                           ("q4_0", "q4_0")]
 
 
+@pytest.mark.slow
 def test_invalid_combination_is_reported_not_crashed(capsys):
     (r,) = records(capsys, "predict", "-c", "4096", "-ctk", "q4_0", "-fa", "off")
     f = r.prediction.formula

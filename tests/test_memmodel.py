@@ -479,6 +479,7 @@ def test_state_file_read_buffer(gemma3_path, smollm2_path):
     assert state_read_buffer_bytes(predict(gem, ContextParams(n_ctx=131072)), 131072 - 512) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["llama-cpp-python", "llama-bench"])
 def test_a_repacked_tail_is_unmapped_before_the_context(engine, request, tmp_path):
     """llama.cpp unmaps the mapping outside its first and last mapped CPU tensors once the model is loaded

@@ -6,7 +6,7 @@ rose meanwhile.  :func:`diagnose` turns that into the phase in the user's words 
 recognised:
 
 * ``amx-crash``: SIGSEGV while running a batch of 2 or more tokens with an AMX weight buffer in the load log --
-  llama.cpp's AMX matrix kernels crash on some Xeons (llama.cpp #20824, open; ../shared/reference/amx.md);
+  llama.cpp's AMX matrix kernels crash on some AMX CPUs (llama.cpp #20824, open; docs/hardware.md);
 * ``oom-kill``: SIGKILL and the kernel's ``oom_kill`` counter rose while the child ran (never claimed without it);
 * ``timeout``: the parent stopped it at its deadline.
 """

@@ -1,7 +1,7 @@
 """Will a configuration fit this machine now?  A pure decision on the predicted peak and the available memory.
 
 The margin covers what the whole-process prediction does not hold (within 3 % and 8 MiB of the measured peak on
-the configurations checked, bench/README.md) and other programs' growth while the configuration runs: the larger of
+the configurations checked, docs/predict.md) and other programs' growth while the configuration runs: the larger of
 5 % of the predicted peak and 256 MiB.  The watchdog's floor, below which a running configuration is stopped before
 the kernel's OOM killer picks a process, is the larger of 2 % of the machine's memory and 256 MiB.
 """

@@ -132,9 +132,9 @@ def die_with_parent() -> Callable[[], None] | None:
     return set_pdeathsig
 
 
-# Every child loads libllama (``import llama_cpp``) before anything imports numpy.  With numpy 2.5.2
-# imported first, a CUDA build of llama.cpp (H100, CUDA 13, GCC 13) died with SIGSEGV inside std::regex
-# while loading a model's tokenizer; with llama_cpp imported first the same process loads and runs.
+# Every child loads libllama (``import llama_cpp``) before anything imports numpy: with numpy imported first, a
+# CUDA build of llama.cpp can die with SIGSEGV inside std::regex while loading a model's tokenizer, and with
+# llama_cpp imported first the same process loads and runs (docs/hardware.md, CUDA).
 # ``python -m edgekv.child.worker`` would import the edgekv package (and so gguf and numpy) first.
 _WORKER_BOOT = ("import sys\n"
                 "try:\n    import llama_cpp  # noqa: F401  (first: see edgekv.edges.process.worker_argv)\n"

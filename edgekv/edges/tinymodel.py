@@ -114,21 +114,18 @@ def write_sparse(w, path: str | os.PathLike, tensors: Iterable[tuple[str, Sequen
 # of 32 weights has two, the q8_1 block of activations it meets two more) are converted through ggml's 256 KB
 # table (ggml-cpu/simd-mappings.h, ggml_lookup_fp16_to_fp32: only ARM and POWER convert in registers), so how many
 # of its cache lines a mat-vec touches depends on how varied the scales are.  A model of zero weights touches one
-# line and decoded SmolLM2's shape 25-35 % faster than SmolLM2 itself on a 2-vCPU EPYC VM; weights and activations
-# whose block scales spread like a trained model's decoded as fast as the real one (bench/README.md, the speed
-# model).  So the speed calibration's models carry values: every block's scale is 2^(base + U(-1, 1)) (a log2
+# line and decodes faster than the trained model of the same shape; weights and activations whose block scales
+# spread like a trained model's decode as fast as the real one (docs/speed-model.md has the measurements).  So the
+# speed calibration's models carry values: every block's scale is 2^(base + U(-1, 1)) (a log2
 # spread of 0.58, where SmolLM2's and Gemma 3's tensors measure 0.26-1.12), the quants random, the norms'
 # gains log-normal (sigma 0.5) so that activations vary from channel to channel as a trained model's do.
 #
 # And their size: llama.cpp's flash attention on the CPU (an online softmax, one expf per cell, ggml-cpu/ops.cpp
 # :8990-9030) costs more per cell when the attention scores spread so widely that most cells' weights underflow
-# (on the 2-vCPU EPYC VM glibc's expf took 3.0 ns a call for arguments down to -95 and 5.8 ns past -103).  A
-# query's scores grow with its activations, which grow with the weights' size times the square root of the hidden
-# size: on six layers of Qwen3 8B's heads, Q8_0 weights of RMS 0.084 (each block's scale about 2^-10) priced a
-# 32-token prompt's cell at 46 ps at n_embd 1024 and 78 ps at 4096, weights 16 times smaller at 50 and 47 ps;
-# SmolLM2's heads at n_embd 576 cost 81-83 ps a cell of a 128-token prompt over a q8_0 cache with weights of RMS
-# 0.084 or smaller, 170 ps with 4 times larger ones, and SmolLM2 itself 80 ps (bench/attn_widths.py, bench/
-# README.md).  So the weights are centred (a trained model's tensors average about 0) and of RMS
+# (glibc's expf is slower for arguments past about -100 than above it).  A query's scores grow with its
+# activations, which grow with the weights' size times the square root of the hidden size, so weights that are too
+# large put a wide model's attention in the expensive regime, where a trained model's is not (docs/speed-model.md
+# has the measurements).  So the weights are centred (a trained model's tensors average about 0) and of RMS
 # WEIGHT_RMS_512 x sqrt(512 / n_embd), whatever their type: a trained model's attention sits in the cheap regime
 # at every width, and so does the calibration's, where types written at one base each (RMS 0.015 for MXFP4 to
 # 10 for IQ3_S, Q4_K and Q5_K with a mean above their spread) had put wide models and some types in the other.
@@ -346,13 +343,13 @@ def speed_model_path(name: str, **shape: Any) -> Path:
 # -- a calibration plan's models ------------------------------------------------------------------------
 #
 # The speed calibration's models carry values (not sparse holes: a model of zero weights decodes faster), and its
-# streaming models are 380-450 MB each, three per weight type: a SmolLM2 calibration wrote 2.4 GB of them at once
-# and a test session more (a CI machine ran out of disk on 28 Nov 2026), and models kept between calibrations grew
-# a home's calibration folder to 5.4 GB of files no later calibration read.  So a plan names its models without
+# streaming models are hundreds of MB each, three per weight type: written all at once, a calibration's models
+# take gigabytes (enough to fill a CI machine's disk), and models kept between calibrations grow a home's
+# calibration folder with files no later calibration reads.  So a plan names its models without
 # writing them (plan_model): the probe writes each just before llama.cpp loads it and cuts it to its header (a few
 # KB: what the solve reads back) once its steps are timed (plan_model_file), and the calibration deletes the plan's
 # files when it ends (drop_plan_models).  At most one model's values are on disk at a time; writing one takes
-# 0.01-0.7 s (the largest, 447 MB, 0.17-0.69 s on the 2-vCPU EPYC VM).
+# under a second.
 
 SCRATCH = "scratch"
 STALE_S = 3600.0     # a kept model unread this long is deleted by sweep_speed_models (any of them is rewritten in < 1 s)

@@ -7,7 +7,7 @@ order of preference:
 
 1. earlier runs of the same model file on this machine (records under edgekv's runs folder and the output file:
    their measured wall time per configuration calibrates the model), else
-2. a prior measured on a 2-vCPU AMD EPYC VM with SmolLM2-135M (reports/smollm2-135m/sweep.jsonl), scaled by the
+2. a prior measured once with SmolLM2-135M (reports/smollm2-135m/sweep.jsonl), scaled by the
    model's weight bytes (the per-token matrix work) and its KV bytes per token (the per-depth attention work).
 
 After every finished configuration the model is recalibrated on the measured wall times (per cache type once that
