@@ -19,6 +19,17 @@ EXPORT_OPT = typer.Option(None, "--export", metavar="FILE", show_default=False,
                           help="Write every calibration cached here to FILE (for a CI cache) and measure nothing.")
 IMPORT_OPT = typer.Option(None, "--import", metavar="FILE", show_default=False,
                           help="Read calibrations from a FILE written by --export into this machine's cache.")
+THREADS_OPT = typer.Option(0, "-t", "--threads", help="CPU threads (0: physical cores, llama.cpp's default).")
+CAL_CTK_OPT = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
+                           help="K/V cache types to calibrate (comma-separated; V follows K).")
+ALLOW_BUSY_OPT = typer.Option(False, "--allow-busy", help="Keep a calibration taken while other work used the CPUs "
+                                                          "(marked busy) instead of refusing it.")
+CAL_LLAMA_BENCH_OPT = typer.Option(None, "--llama-bench", show_default=False,
+                                   help="Measure through your own llama-bench binary (what 'edgekv bench --llama-bench' "
+                                        "predicts from) instead of llama-cpp-python.")
+CAL_NGL_OPT = typer.Option(0, "-ngl", "--n-gpu-layers",
+                           help="0: the CPU; -1: every layer on the GPU (the calibration that predict and bench use when "
+                                "they offload every layer).")
 
 
 def info(
@@ -45,19 +56,13 @@ def info(
 def calibrate(
     model: Optional[str] = typer.Argument(None, show_default=False,
                                           help="Also calibrate the weight types this model uses (path or name)."),
-    threads: int = typer.Option(0, "-t", "--threads", help="CPU threads (0: physical cores, llama.cpp's default)."),
-    cache_type_k: str = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
-                                     help="K/V cache types to calibrate (comma-separated; V follows K)."),
+    threads: int = THREADS_OPT,
+    cache_type_k: str = CAL_CTK_OPT,
     flash_attn: str = FA_OPT,
     repack: Optional[str] = PREDICT_REPACK_OPT,
-    allow_busy: bool = typer.Option(False, "--allow-busy", help="Keep a calibration taken while other work used the "
-                                                                "CPUs (marked busy) instead of refusing it."),
-    llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
-                                              help="Measure through your own llama-bench binary (what 'edgekv bench "
-                                                   "--llama-bench' predicts from) instead of llama-cpp-python."),
-    n_gpu_layers: int = typer.Option(0, "-ngl", "--n-gpu-layers",
-                                     help="0: the CPU; -1: every layer on the GPU (the calibration that predict and bench "
-                                          "use when they offload every layer)."),
+    allow_busy: bool = ALLOW_BUSY_OPT,
+    llama_bench: Optional[str] = CAL_LLAMA_BENCH_OPT,
+    n_gpu_layers: int = CAL_NGL_OPT,
     timeout: float = CALIBRATE_TIMEOUT_OPT,
     export: Optional[Path] = EXPORT_OPT,
     import_: Optional[Path] = IMPORT_OPT,

@@ -68,6 +68,29 @@ CAL_TIMEOUT_OPT = typer.Option(180.0, "--calibration-timeout", metavar="SECONDS"
                                 help="Stop measuring this machine's speed calibration after this long; past it the "
                                      "run goes on without speed predictions and says so.")
 
+N_RS_SEQ_OPT = typer.Option(
+    0, "--n-rs-seq", help="Rollback snapshots per sequence (llama_context_params.n_rs_seq; llama-server sets it to "
+    "--draft-max with MTP/EAGLE3/DFlash drafting). Multiplies recurrent and DeepSeek-V4 "
+    "compressor state.")
+BUDGET_OPT = typer.Option(None, "--budget", show_default=False,
+    help="Memory budget (16GiB): largest context that fits, per cache type.")
+WORKLOAD_OPT = typer.Option("generate", "--workload",
+    help="What the process runs: generate (llama-cli/llama-server), perplexity "
+    "(all logits) or bench (edgekv bench / llama-bench).")
+PREDICT_NO_MMAP_OPT = typer.Option(False, "--no-mmap", help="Predict for weights read into memory "
+    "(llama.cpp's `-lm none`; --no-mmap in older builds).")
+KV_ONLY_OPT = typer.Option(False, "--kv-only", help="Caches only: skip the whole-process prediction "
+    "(which runs llama.cpp's dry run).")
+SPEED_OPT = typer.Option(False, "--speed", help="Measure this machine's speed calibration first when it is not "
+    "cached (about a minute, at most --calibration-timeout); "
+    "without it predict uses only what is cached.")
+NO_SPEED_MODEL_OPT = typer.Option(False, "--no-speed-model",
+    help="No speed predictions: measure without calibrating this machine first.")
+BENCH_NO_MMAP_OPT = typer.Option(False, "--no-mmap", help="Read the weights into memory instead of mapping the file "
+    "(llama.cpp's `-lm none`; --no-mmap in older builds).")
+QUALITY_FLAG_OPT = typer.Option(False, "--quality", help="Add perplexity and KL divergence vs f16 to each result "
+    "(edgekv quality's pass, through llama-cpp-python).")
+
 
 def llama_bench_path(path: Optional[str]) -> Optional[str]:
     """--llama-bench PATH checked (an executable file), as an absolute path; None when not given."""

@@ -19,6 +19,8 @@ from edgekv.cli.flags import (
     B_OPT,
     BENCH_CTK_OPT,
     BENCH_CTX_OPT,
+    BENCH_NO_MMAP_OPT,
+    BUDGET_OPT,
     CAL_TIMEOUT_OPT,
     CTK_OPT,
     CTV_OPT,
@@ -26,21 +28,28 @@ from edgekv.cli.flags import (
     FA_OPT,
     FORCE_OPT,
     JSON_OPT,
+    KV_ONLY_OPT,
     LLAMA_SERVER_OPT,
     MIN_TG_OPT,
     MODEL_ARG,
     MODEL_OPT,
+    N_RS_SEQ_OPT,
     NGL_OPT,
     NO_RETRY_OPT,
+    NO_SPEED_MODEL_OPT,
     NP_OPT,
     NPL_OPT,
     PREDICT_DEPTH_OPT,
     PREDICT_LLAMA_BENCH_OPT,
+    PREDICT_NO_MMAP_OPT,
     PREDICT_REPACK_OPT,
+    QUALITY_FLAG_OPT,
     REPACK_OPT,
+    SPEED_OPT,
     SWA_FULL_OPT,
     UB_OPT,
     UNIFIED_OPT,
+    WORKLOAD_OPT,
     llama_bench_path,
     one_repack,
 )
@@ -132,31 +141,21 @@ def predict(
     kv_unified: bool = UNIFIED_OPT,
     ubatch_size: int = UB_OPT,
     batch_size: int = B_OPT,
-    n_rs_seq: int = typer.Option(
-        0, "--n-rs-seq", help="Rollback snapshots per sequence (llama_context_params.n_rs_seq; llama-server sets it to "
-                              "--draft-max with MTP/EAGLE3/DFlash drafting). Multiplies recurrent and DeepSeek-V4 "
-                              "compressor state."),
+    n_rs_seq: int = N_RS_SEQ_OPT,
     engine: bool = typer.Option(False, "--engine", help="Also ask llama.cpp itself (dry run: nothing read, nothing allocated)."),
     n_gpu_layers: int = NGL_OPT,
-    budget: Optional[str] = typer.Option(None, "--budget", show_default=False,
-                                         help="Memory budget (16GiB): largest context that fits, per cache type."),
+    budget: Optional[str] = BUDGET_OPT,
     layers: bool = typer.Option(False, "--layers", help="Per-layer breakdown (with --json: included per row)."),
-    workload: str = typer.Option("generate", "--workload",
-                                 help="What the process runs: generate (llama-cli/llama-server), perplexity "
-                                      "(all logits) or bench (edgekv bench / llama-bench)."),
+    workload: str = WORKLOAD_OPT,
     threads: int = typer.Option(0, "-t", "--threads", help="CPU threads (0: physical cores, llama.cpp's default)."),
-    no_mmap: bool = typer.Option(False, "--no-mmap", help="Predict for weights read into memory "
-                                                          "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
-    kv_only: bool = typer.Option(False, "--kv-only", help="Caches only: skip the whole-process prediction "
-                                                          "(which runs llama.cpp's dry run)."),
+    no_mmap: bool = PREDICT_NO_MMAP_OPT,
+    kv_only: bool = KV_ONLY_OPT,
     repack: str = PREDICT_REPACK_OPT,
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the llama.cpp command each row assumes."),
     min_tg: Optional[float] = MIN_TG_OPT,
     depth: Optional[int] = PREDICT_DEPTH_OPT,
     llama_bench: Optional[str] = PREDICT_LLAMA_BENCH_OPT,
-    speed: bool = typer.Option(False, "--speed", help="Measure this machine's speed calibration first when it is not "
-                                                      "cached (about a minute, at most --calibration-timeout); "
-                                                      "without it predict uses only what is cached."),
+    speed: bool = SPEED_OPT,
     calibration_timeout: float = CAL_TIMEOUT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -164,15 +163,13 @@ def predict(
     from edgekv.orchestration.api import load_model
     from edgekv.orchestration.predictrows import run_predict
 
-    speed_flags, lb = _speed_flags(depth, min_tg, budget, kv_only), llama_bench_path(llama_bench)
+    speed_flags, lb = _speed_flags(depth, min_tg, budget, kv_only, calibration_timeout), llama_bench_path(llama_bench)
     spec_name = pick_model(model, model_opt)
     _check_process_flags(workload, threads)
     m = load_model(spec_name)
     ctxs = _predict_contexts(ctx_size, spec_name, m)
     req = _predict_request(ctxs, cache_type_k, cache_type_v, flash_attn, swa_full, parallel, kv_unified, ubatch_size,
                            batch_size, n_rs_seq, budget, workload, threads, no_mmap, n_gpu_layers, repack)
-    if not calibration_timeout > 0:
-        raise UsageError(f"--calibration-timeout must be a positive number of seconds (got {calibration_timeout:g})")
     req.engine, req.kv_only, req.verbose = engine, kv_only, verbose
     req.measure_speed, req.calibration_timeout_s = speed, calibration_timeout
     (req.depth, req.min_tg), req.llama_bench = speed_flags, lb
@@ -200,8 +197,10 @@ def _show_predict(m, req, out, engine: bool) -> None:
 
 
 def _speed_flags(depth: Optional[int], min_tg: Optional[float], budget: Optional[str],
-                 kv_only: bool) -> tuple[Optional[int], Optional[float]]:
-    """predict's -d and --min-tg checked (one line naming the flag when one is wrong)."""
+                 kv_only: bool, calibration_timeout: float = 180.0) -> tuple[Optional[int], Optional[float]]:
+    """predict's -d, --min-tg and --calibration-timeout checked (one line naming the flag when one is wrong)."""
+    if not calibration_timeout > 0:
+        raise UsageError(f"--calibration-timeout must be a positive number of seconds (got {calibration_timeout:g})")
     if depth is not None and depth < 0:
         raise UsageError("-d/--n-depth must be 0 or more")
     if min_tg is not None:
@@ -310,23 +309,20 @@ def bench(
                                          help="Results JSONL (appended; rerun the same command to resume)."),
     llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
                                               help="Run your own llama-bench binary instead of llama-cpp-python."),
-    quality: bool = typer.Option(False, "--quality", help="Add perplexity and KL divergence vs f16 to each result "
-                                                          "(edgekv quality's pass, through llama-cpp-python)."),
+    quality: bool = QUALITY_FLAG_OPT,
     corpus: Optional[str] = typer.Option(None, "--corpus", show_default=False,
                                          help="With --quality: pydoc (default, offline), wikitext-2 or a text file."),
     chunks: Optional[int] = typer.Option(None, "--chunks", show_default=False,
                                          help="With --quality: chunks per context size (default: 2)."),
     timeout: float = typer.Option(3600.0, "--timeout", help="Seconds allowed per configuration."),
     force: bool = FORCE_OPT,
-    no_mmap: bool = typer.Option(False, "--no-mmap", help="Read the weights into memory instead of mapping the file "
-                                                          "(llama.cpp's `-lm none`; --no-mmap in older builds)."),
+    no_mmap: bool = BENCH_NO_MMAP_OPT,
     repack: Optional[str] = REPACK_OPT,
     no_retry: bool = NO_RETRY_OPT,
     n_parallel: Optional[str] = NPL_OPT,
     llama_server: Optional[str] = LLAMA_SERVER_OPT,
     kv_unified: bool = UNIFIED_OPT,
-    no_speed_model: bool = typer.Option(False, "--no-speed-model",
-                                        help="No speed predictions: measure without calibrating this machine first."),
+    no_speed_model: bool = NO_SPEED_MODEL_OPT,
     calibration_timeout: float = CAL_TIMEOUT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:

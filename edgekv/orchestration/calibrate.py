@@ -271,8 +271,8 @@ def device_runtime(gpu: str, flash_attn: bool = True, type_k: str = "f16", type_
 
     Measured per flash-attention setting and K/V types: without flash attention, ggml-cuda computes attention's
     products with cuBLAS (ggml/src/ggml-cuda/ggml-cuda.cu ggml_cuda_mul_mat_batched_cublas), whose handle, workspace
-    and kernels the probe then loads too (on the H200 of bench/README.md: about 100 MiB of device and 110 MiB of
-    host memory), and each K/V type loads its own attention kernels.  A second, deeper probe gives the host memory
+    and kernels the probe then loads too (about 100 MiB of device and 110 MiB of host memory on a datacenter GPU,
+    docs/hardware.md), and each K/V type loads its own attention kernels.  A second, deeper probe gives the host memory
     of CUDA graphs per graph node."""
     fp = {**fingerprint("python"), "gpu": gpu, **gpu_identity(), "flash_attn": flash_attn, "type_k": type_k,
           "type_v": type_v, "version": 2}

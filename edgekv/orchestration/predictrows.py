@@ -246,7 +246,6 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest,
     from edgekv.orchestration.calibrate import runtime_baseline
     from edgekv.orchestration.speedpredict import (
         SpeedInputs,
-        calibration_for,
         model_speed_shape,
         offload_device,
         speed_block,
@@ -286,21 +285,30 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest,
     feats = runtime_baseline().cpu_features
     base = model_speed_shape(m, feats, p.use_extra_bufts, next(iter(graphs.values())), device)
     shapes = {pair: with_graph(base, g) for pair, g in graphs.items()}
-    deadline = time.monotonic() + req.calibration_timeout_s if req.measure_speed else None
-    cal, note = calibration_for(base, xs, feats, progress=_calibrating_line(req.llama_bench, deadline),
-                                allow_busy=True, llama_bench=req.llama_bench, measure=req.measure_speed,
-                                deadline=deadline, on_wait=_waiting_line)
-    if cal is None:
-        out.process_notes.append(f"no speed prediction: {note}")
-    if note and cal is not None:
-        out.process_notes.append(f"speed calibration: {note}")
-    if cal is not None and cal.notes:
-        out.process_notes.append("speed calibration: " + "; ".join(cal.notes) + " (re-measure on a quiet machine: "
-                                 f"'{_remeasure_command(req.llama_bench)}')")
+    cal, note = _calibration(out, base, xs, feats, req)
     for r, x in zip(ok, xs):
         r.prediction.speed = speed_block(shapes.get((x.type_k, x.type_v), base), cal, x, note)
     if cal is not None:
         out.speed_model = (shapes, cal, threads)
+
+
+def _calibration(out: PredictOutcome, sh: Any, xs: list[Any], feats: list[str], req: PredictRequest) -> tuple[Any, str]:
+    """This machine's calibration for ``xs``: what is cached, or with --speed measured now within its deadline; the
+    notes say why there is none, or what the calibration did."""
+    from edgekv.orchestration.speedpredict import calibration_for
+
+    deadline = time.monotonic() + req.calibration_timeout_s if req.measure_speed else None
+    cal, note = calibration_for(sh, xs, feats, progress=_calibrating_line(req.llama_bench, deadline),
+                                allow_busy=True, llama_bench=req.llama_bench, measure=req.measure_speed,
+                                deadline=deadline, on_wait=_waiting_line)
+    if cal is None:
+        out.process_notes.append(f"no speed prediction: {note}")
+    elif note:
+        out.process_notes.append(f"speed calibration: {note}")
+    if cal is not None and cal.notes:
+        out.process_notes.append("speed calibration: " + "; ".join(cal.notes) + " (re-measure on a quiet machine: "
+                                 f"'{_remeasure_command(req.llama_bench)}')")
+    return cal, note
 
 
 class _MinTg:
