@@ -13,6 +13,7 @@ from typing import Optional
 
 import typer
 
+from edgekv.cli.explain_cli import explain as _explain_command
 from edgekv.cli.options import (
     make_console,
     pair_types,
@@ -638,6 +639,7 @@ def models_pull(
 # -- quality (edgekv/cli/quality_cli.py) -------------------------------------------------------------------
 
 app.command(name="quality")(_quality_command)
+app.command(name="explain")(_explain_command)
 
 
 # -- entry point --------------------------------------------------------------------------------------
