@@ -251,8 +251,15 @@ def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None) 
         return out
     dev = {k: v for k, v in mem.model_buffers.items() if not is_host_buffer(k)}
     full = cfg.offloaded is not None and cfg.offloaded[0] == cfg.offloaded[1]
+    t = _tensor_mib(cfg)
     if dev and full:
+        # the input layer (token_embd) stays in host memory (llama-model.cpp dev_input is the CPU): the device holds
+        # every other tensor, plus a copy of token_embd when the output layer is tied to it
         compared, which = sum(dev.values()), "device model buffers (full offload)"
+        host = sum(v for k, v in mem.model_buffers.items() if is_host_buffer(k))
+        ref = weights_bytes / MIB if weights_bytes is not None else (t[0] if t else None)
+        if ref is not None and abs(compared + host - ref) < abs(compared - ref):
+            compared, which = compared + host, "device + host model buffers (full offload; token_embd on the host)"
     elif not dev:
         mapped = {k: v for k, v in mem.model_buffers.items() if k.endswith("_Mapped")}
         compared, which = sum((mapped or mem.model_buffers).values()), "host model buffers"
@@ -265,7 +272,6 @@ def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None) 
         out.update({"predicted_mib": round(pred, 2), "source": "the GGUF header's tensor table",
                     "residual_pct": round(100 * (compared - pred) / pred, 3) if pred else None, "status": "predicted"})
         return out
-    t = _tensor_mib(cfg)
     if t is None:
         out["status"] = "needs the header (--model): the log gives tensor type counts, not each tensor's type and shape"
         return out
