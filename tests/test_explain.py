@@ -81,8 +81,8 @@ def test_metal_working_set_and_iswa():
 def test_why_names_the_largest_part_and_the_alternatives():
     r = explain_file(LOGS / "rocm-rx7900xt-qwen3-8b-b5618.log")
     assert r["why"].startswith("model ROCm0 is 7.5 GiB of the 14.6 GiB on ROCm0")
-    lines = [x for x in open(LOGS / "rocm-rx7900xt-qwen3-8b-b5618.log", encoding="utf-8").read().splitlines()
-             if "model buffer size" not in x]
+    text = (LOGS / "rocm-rx7900xt-qwen3-8b-b5618.log").read_text(encoding="utf-8")
+    lines = [x for x in text.splitlines() if "model buffer size" not in x]
     r = explain_lines("kv-only", lines)
     # the KV cache is then the largest part: f16 at 40960 is 5.6 GiB; q8_0 halves it plus the scales
     assert r["why"].startswith("KV f16/f16 at 40960 is 5.6 GiB")
@@ -176,7 +176,8 @@ def test_byte_budget_stops_reading():
 def test_arrays_cut_short_are_filled_from_print_info():
     lines = [
         "llama_model_loader: - kv   0:                       general.architecture str              = llama",
-        "llama_model_loader: - kv   3:              llama.attention.head_count_kv arr[i32,48]     = [8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, ...",
+        "llama_model_loader: - kv   3:              llama.attention.head_count_kv arr[i32,48]     = "
+        "[8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, ...",
         "llama_model_loader: - kv   4:                          llama.block_count u32              = 48",
         "print_info: n_head_kv        = [8, 8, 0, 8]",
         "print_info: n_layer          = 48",

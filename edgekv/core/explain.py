@@ -252,6 +252,11 @@ def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None) 
     dev = {k: v for k, v in mem.model_buffers.items() if not is_host_buffer(k)}
     full = cfg.offloaded is not None and cfg.offloaded[0] == cfg.offloaded[1]
     t = _tensor_mib(cfg)
+    host_mib = sum(v for k, v in mem.model_buffers.items() if is_host_buffer(k))
+    if dev and full and host_mib > sum(dev.values()):
+        out["status"] = ("every layer offloaded, yet most weights in host buffers: tensor overrides (-ot, --cpu-moe) "
+                         "place tensor by tensor, which needs the header (--model)")
+        return out
     if dev and full:
         # the input layer (token_embd) stays in host memory (llama-model.cpp dev_input is the CPU): the device holds
         # every other tensor, plus a copy of token_embd when the output layer is tied to it
