@@ -14,10 +14,11 @@ from typing import Any
 
 # src/llama-kv-cache.cpp:301-304
 # "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB"
-# (builds of mid 2025 named the class llama_kv_cache_unified and printed "%2u seqs" without the stream count)
+# (builds of mid 2025 named the class llama_kv_cache_unified and printed "%2u seqs" without the stream count, or no
+# sequence count at all)
 RE_KV_SIZE = re.compile(
-    r"llama_kv_cache(?:_unified)?: size = +(?P<mib>[\d.]+) MiB \( *(?P<cells>\d+) cells, +(?P<layers>\d+) layers, +"
-    r"(?P<seqs>\d+)(?:/(?P<streams>\d+))? seqs\), K \((?P<type_k>\w+)\): +(?P<k_mib>[\d.]+) MiB, "
+    r"llama_kv_cache(?:_unified)?: size = +(?P<mib>[\d.]+) MiB \( *(?P<cells>\d+) cells, +(?P<layers>\d+) layers"
+    r"(?:, +(?P<seqs>\d+)(?:/(?P<streams>\d+))? seqs)?\), K \((?P<type_k>\w+)\): +(?P<k_mib>[\d.]+) MiB, "
     r"V \((?P<type_v>\w+)\): +(?P<v_mib>[\d.]+) MiB")
 # src/llama-memory-recurrent.cpp:133-136
 # "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u seqs %2u rs_seq), R (%s): %7.2f MiB, S (%s): %7.2f MiB, P (%s): %7.2f MiB"
@@ -182,7 +183,7 @@ def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
         if m:
             out.caches.append(KVCacheLine(
                 kind="kv", role=pending_role, mib=m["mib"], cells=int(m["cells"]), layers=int(m["layers"]),
-                seqs=int(m["seqs"]), streams=int(m["streams"]) if m["streams"] else None, type_k=m["type_k"],
+                seqs=int(m["seqs"] or 1), streams=int(m["streams"]) if m["streams"] else None, type_k=m["type_k"],
                 type_v=m["type_v"], k_mib=m["k_mib"], v_mib=m["v_mib"]))
             pending_role = None
             continue

@@ -258,7 +258,9 @@ def parse_config(lines: list[str]) -> LogConfig:
             m = RE_BUILD.search(line)
             if m:
                 if m["n"]:
-                    cfg.build, cfg.build_number = f"{m['n']} ({m['commit']})", int(m["n"])
+                    # packagers that build without git history print "build: 0 (unknown)" or "1 (<commit>)"
+                    cfg.build = f"{m['n']} ({m['commit']})"
+                    cfg.build_number = int(m["n"]) if int(m["n"]) >= 100 else None
                 else:               # a packager's own build counter ("b1-e365e65"): the commit is what identifies it
                     cfg.build = f"b{m['n2']}-{m['commit2']}"
                 continue
