@@ -20,6 +20,7 @@ from edgekv.core.logconfig import parse_config, read_bounded
 
 LOGS = Path(__file__).parent / "data" / "logs"
 CORPUS = sorted(LOGS.glob("*.log"))
+GENERATED = sorted((LOGS / "generated").glob("*.log"))      # logs llama-cpp-python printed here, on top of the corpus
 
 
 def explain_file(path: Path) -> dict:
@@ -35,7 +36,7 @@ def test_corpus_is_there():
         assert p.name in readme, f"{p.name} is not in tests/data/logs/README.md"
 
 
-@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+@pytest.mark.parametrize("path", CORPUS + GENERATED, ids=[p.stem for p in CORPUS + GENERATED])
 def test_every_kv_line_reproduced(path):
     r = explain_file(path)
     lines = r["kv"]["lines"]
@@ -45,7 +46,7 @@ def test_every_kv_line_reproduced(path):
         assert x["printed_mib"] == x["predicted_mib"]
 
 
-@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+@pytest.mark.parametrize("path", CORPUS + GENERATED, ids=[p.stem for p in CORPUS + GENERATED])
 def test_model_buffers_within_half_a_percent(path):
     m = explain_file(path)["model"]
     if m["status"] != "predicted":
@@ -192,3 +193,20 @@ def test_explain_error_is_one_line():
     with pytest.raises(ExplainError) as e:
         explain_lines("x", ["nothing here"])
     assert "\n" not in str(e.value)
+
+
+def test_metal_fit():
+    from edgekv.core.devicemem import metal_fit, working_set_mib
+
+    gib = 2**30
+    r = metal_fit(12 * gib, 1 * gib, 16 * gib)
+    assert r["working_set_bytes"] == 16 * gib * 2 // 3 and r["fits_working_set"] is False and r["fits_ram"] is True
+    r = metal_fit(12 * gib, 1 * gib, 24 * gib, working_set_bytes=int(19069.67e6))
+    assert r["basis"] == "recommendedMaxWorkingSetSize" and r["fits_working_set"] is True
+    assert round(working_set_mib(19069.67), 2) == 18186.25
+
+
+def test_generated_logs_are_llama_cpp_python_logs():
+    for p in GENERATED:
+        r = explain_file(p)
+        assert r["build"] is None and r["config"]["backends"] == ["CPU"]

@@ -18,6 +18,7 @@ from edgekv.core.cachetypes import cache_type
 from edgekv.core.devicemem import device_rows
 from edgekv.core.llamalog import LlamaMemoryLog, is_host_buffer, parse_memory_log
 from edgekv.core.logconfig import LogConfig, parse_config
+from edgekv.core.memmodel import device_alloc_bytes, tensor_on_gpu
 from edgekv.core.predict import STATUS_OK, CachePrediction, ContextParams, KVPrediction, llama_mib, predict
 from edgekv.core.units import MIB
 from edgekv.errors import EdgekvError
@@ -238,7 +239,30 @@ def _tensor_mib(cfg: LogConfig) -> tuple[float, float] | None:
     return float(m[1]) * scale, 0.005 * scale
 
 
-def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None) -> dict[str, Any]:
+def _partial(out: dict[str, Any], dev: dict[str, float], cfg: LogConfig, tensors: list[Any] | None,
+             n_layer: int | None) -> dict[str, Any]:
+    """A partial offload on one device: the layers at and above n_layer + 1 - ngl go to the device, with the output
+    layer counted as layer n_layer (memmodel.tensor_on_gpu), each tensor padded as that device's buffer pads it."""
+    if tensors is None or n_layer is None or cfg.offloaded is None or len(dev) != 1:
+        out["status"] = "partial offload: the split between devices is per tensor, which needs the header (--model)"
+        return out
+    (name, printed), = dev.items()
+    ngl = cfg.offloaded[0]
+    on = [t for t in tensors if tensor_on_gpu(t.name, n_layer, ngl)]
+    tied = not any(t.name == "output.weight" for t in tensors) and n_layer + 1 - ngl <= n_layer
+    pred = sum(device_alloc_bytes(t, name) for t in on)
+    if tied:
+        pred += sum(device_alloc_bytes(t, name) for t in tensors if t.name == "token_embd.weight")
+    pred_mib = pred / MIB
+    out.update({"compared": f"{name} model buffer (partial offload, {ngl} layers)", "compared_mib": printed,
+                "predicted_mib": round(pred_mib, 2), "source": "the GGUF header's tensor table",
+                "residual_pct": round(100 * (printed - pred_mib) / pred_mib, 3) if pred_mib else None,
+                "status": "predicted"})
+    return out
+
+
+def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None, tensors: list[Any] | None = None,
+                n_layer: int | None = None) -> dict[str, Any]:
     """The model buffers against the tensor bytes: the header's tensor table (--model), else print_info's sum.
 
     Which buffers hold every tensor once: at full offload the device buffers (the token embeddings stay on the host
@@ -269,8 +293,7 @@ def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None) 
         mapped = {k: v for k, v in mem.model_buffers.items() if k.endswith("_Mapped")}
         compared, which = sum((mapped or mem.model_buffers).values()), "host model buffers"
     else:
-        out["status"] = "partial offload: the split between devices is per tensor, which needs the header (--model)"
-        return out
+        return _partial(out, dev, cfg, tensors, n_layer)
     out.update({"compared": which, "compared_mib": round(compared, 2)})
     if weights_bytes is not None:
         pred = weights_bytes / MIB
@@ -330,7 +353,7 @@ def why(buffers: list[dict[str, Any]], kv: dict[str, Any], cfg: LogConfig) -> st
 
 
 def explain_lines(name: str, lines: list[str], header_meta: dict[str, Any] | None = None,
-                  weights_bytes: int | None = None) -> dict[str, Any]:
+                  weights_bytes: int | None = None, tensors: list[Any] | None = None) -> dict[str, Any]:
     """The whole explanation of one log, as a dict (``edgekv explain --json`` prints it)."""
     mem = parse_memory_log(lines)
     cfg = parse_config(lines)
@@ -340,14 +363,25 @@ def explain_lines(name: str, lines: list[str], header_meta: dict[str, Any] | Non
     kv = kv_check(cfg, mem, meta)
     out = {"source": name, "build": cfg.build, "llama_cpp_python": cfg.python_version,
            "config": config_summary(cfg, mem, kv), "buffers": buffers,
-           "kv": {"status": kv["status"], "lines": kv["lines"]},
-           "model": model_check(cfg, mem, weights_bytes),
+           "kv": {"status": kv["status"], "lines": kv["lines"], "params": kv.get("params")},
+           "model": model_check(cfg, mem, weights_bytes, tensors,
+                                kv["shape"].n_layer if kv.get("shape") is not None else None),
            "compute": compute_rows(mem),
            "devices": device_rows(cfg, buffers),
            "why": why(buffers, kv, cfg)}
     if cfg.truncated_arrays:
         out["notes"] = [f"the loader cut these arrays short, print_info filled them: {', '.join(cfg.truncated_arrays[:8])}"]
     return out
+
+
+def add_engine_compute(result: dict[str, Any], engine_compute: dict[str, float]) -> None:
+    """Put llama.cpp's own dry run (the installed build, CPU backend) beside the compute buffers the log printed."""
+    for row in result["compute"]:
+        pred = engine_compute.get(row["buffer"])
+        if pred is not None:
+            row["predicted_mib"] = pred
+            row["source"] = "llama.cpp dry run (edgekv predict --engine)"
+            row["residual_pct"] = round(100 * (row["printed_mib"] - pred) / pred, 3) if pred else None
 
 
 def compute_rows(mem: LlamaMemoryLog) -> list[dict[str, Any]]:

@@ -83,8 +83,12 @@ def render_explain(con: Any, r: dict[str, Any]) -> None:
     else:
         con.print(f"Model buffers: {m['status']}")
     for c in r["compute"]:
-        con.print(f"Compute buffer {c['buffer']}: {c['printed_mib']:.2f} MiB (llama.cpp); edgekv takes compute "
-                  "buffers from llama.cpp's own dry run (edgekv predict --engine), not from a formula")
+        if c.get("predicted_mib") is not None:
+            con.print(f"Compute buffer {c['buffer']}: {c['printed_mib']:.2f} MiB (llama.cpp), {c['predicted_mib']:.2f} "
+                      f"MiB ({c['source']}): residual {c['residual_pct']:+.3f} %")
+        else:
+            con.print(f"Compute buffer {c['buffer']}: {c['printed_mib']:.2f} MiB (llama.cpp); not predicted: edgekv "
+                      "takes compute buffers from llama.cpp's own dry run (explain -m MODEL --engine, CPU logs)")
     for d in r["devices"]:
         if "limit_mib" in d:
             verdict = "fits" if d["fits"] else "does NOT fit"
