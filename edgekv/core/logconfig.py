@@ -83,7 +83,7 @@ def read_bounded(stream: BinaryIO, max_bytes: int = MAX_BYTES, max_kept: int = M
 
 
 # build: 4658 (855cd073) with Apple clang ...  (common/common.cpp, every common-based tool); version: 4658 (855cd073)
-RE_BUILD = re.compile(r"\b(?:build|version)(?: = |: )(?P<n>\d+) \((?P<commit>[0-9a-f]{6,40})\)"
+RE_BUILD = re.compile(r"\b(?:build|version)(?: = |: )(?P<n>\d+) \((?P<commit>[0-9a-f]{6,40}|unknown)\)"
                       r"|build_info: b(?P<n2>\d+)-(?P<commit2>[0-9a-f]{6,40})")
 # llama-cpp-python prints no build line; a pasted version is the best there is
 RE_PYVER = re.compile(r"llama[-_]cpp[-_]python[ =:v]*(?P<v>\d+\.\d+\.\d+)|llama_cpp\.__version__\D*(?P<v2>\d+\.\d+\.\d+)")
