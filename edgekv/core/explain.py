@@ -173,6 +173,23 @@ def _uniform(cfg: LogConfig, row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _check_recurrent(pred: KVPrediction, mem: LlamaMemoryLog) -> list[dict[str, Any]]:
+    """The recurrent-state lines (hybrid and recurrent models), R and S as printed."""
+    rec = [c for c in pred.caches if c.kind == "recurrent"]
+    out = []
+    for line, c in zip([c for c in mem.caches if c.kind == "recurrent"], rec):
+        row = {"role": "recurrent", "cells": line.cells, "layers": line.layers, "type_k": "f32", "type_v": "f32",
+               "printed_mib": line.mib, "printed_k_mib": line.r_mib, "printed_v_mib": line.s_mib,
+               "predicted_mib": llama_mib(c.bytes), "predicted_k_mib": llama_mib(c.r_bytes),
+               "predicted_v_mib": llama_mib(c.s_bytes), "bytes": c.bytes}
+        diffs = [k for k in ("mib", "k_mib", "v_mib") if row[f"printed_{k}"] != row[f"predicted_{k}"]]
+        row["match"] = not diffs
+        if diffs:
+            row["why"] = "differs in " + ", ".join(diffs) + " (R and S)"
+        out.append(row)
+    return out
+
+
 def _check_kv_self(cfg: LogConfig, mem: LlamaMemoryLog, pred: KVPrediction) -> list[dict[str, Any]]:
     """Builds of early 2025 print one "KV self size" line: one cache over every layer, no SWA split."""
     out = []
@@ -217,6 +234,7 @@ def kv_check(cfg: LogConfig, mem: LlamaMemoryLog, meta: dict[str, Any]) -> dict[
     if mem.caches:
         rows = [_check_line(line, c) for line, c in _pair(pred, mem)]
         rows = [r if "predicted_mib" in r else _uniform(cfg, r) for r in rows]
+        rows += _check_recurrent(pred, mem)
     else:
         rows = _check_kv_self(cfg, mem, pred)
     return {"status": "predicted", "params": params.__dict__, "lines": rows, "prediction": pred, "shape": shape}

@@ -24,7 +24,7 @@ RE_KV_SIZE = re.compile(
 # "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u seqs %2u rs_seq), R (%s): %7.2f MiB, S (%s): %7.2f MiB, P (%s): %7.2f MiB"
 RE_RS_SIZE = re.compile(
     r"llama_memory_recurrent: size = +(?P<mib>[\d.]+) MiB \( *(?P<cells>\d+) cells, +(?P<layers>\d+) layers, +"
-    r"(?P<seqs>\d+) seqs +(?P<rs_seq>\d+) rs_seq\), R \((?P<type_r>\w+)\): +(?P<r_mib>[\d.]+) MiB, "
+    r"(?P<seqs>\d+) seqs(?: +(?P<rs_seq>\d+) rs_seq)?\), R \((?P<type_r>\w+)\): +(?P<r_mib>[\d.]+) MiB, "
     r"S \((?P<type_s>\w+)\): +(?P<s_mib>[\d.]+) MiB(?:, P \((?P<type_p>\w+)\): +(?P<p_mib>[\d.]+) MiB)?")
 # src/llama-kv-cache-iswa.cpp:83,100  "creating non-SWA KV cache, size = %u cells" / "creating     SWA KV cache, ..."
 RE_ISWA_CREATE = re.compile(r"llama_kv_cache(?:_unified)?_iswa: creating +(?P<which>non-SWA|SWA) KV cache, "
@@ -196,7 +196,7 @@ def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
             out.caches.append(KVCacheLine(
                 kind="recurrent", role=None, mib=m["mib"], cells=int(m["cells"]), layers=int(m["layers"]),
                 seqs=int(m["seqs"]), streams=None, type_k=m["type_r"], type_v=m["type_s"],
-                r_mib=m["r_mib"], s_mib=m["s_mib"], p_mib=m["p_mib"], rs_seq=int(m["rs_seq"])))
+                r_mib=m["r_mib"], s_mib=m["s_mib"], p_mib=m["p_mib"], rs_seq=int(m["rs_seq"] or 0)))
             continue
         if RE_SWA_FULL.search(line):
             out.swa_full_warned = True
