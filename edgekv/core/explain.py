@@ -309,6 +309,13 @@ def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None, 
             compared, which = compared + host, "device + host model buffers (full offload; token_embd on the host)"
     elif not dev:
         mapped = {k: v for k, v in mem.model_buffers.items() if k.endswith("_Mapped")}
+        if mapped and len(mapped) < len(mem.model_buffers):
+            # a mapped CPU buffer spans the file from the first to the last tensor left in the mapping
+            # (llama-model.cpp, buffer from the mapped pointer): with repacked copies beside it, where that span
+            # starts and ends depends on which tensors were repacked and where they lie in the file
+            out["status"] = ("repacked weights beside a mapped buffer: the mapping spans the file between the first "
+                             "and last tensor not repacked, which needs the header (--model)")
+            return out
         compared, which = sum((mapped or mem.model_buffers).values()), "host model buffers"
     else:
         return _partial(out, dev, cfg, tensors, n_layer)

@@ -54,7 +54,7 @@ RE_KV_BUFFER = re.compile(r"(?:llama_kv_cache\w*|init): +(?P<dev>\S+) KV buffer 
 RE_RS_BUFFER = re.compile(r"llama_memory_recurrent: +(?P<dev>\S+) RS buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-context.cpp:740 "%s: %10s compute buffer size = %8.2f MiB"
 RE_COMPUTE = re.compile(
-    r"(?:sched_reserve|llama_context|graph_reserve|llama_init_from_model|llama_new_context_with_model)\w*: +"
+    r"(?:sched_reserve|llama_context|graph_reserve|reserve|llama_init_from_model|llama_new_context_with_model)\w*: +"
     r"(?P<dev>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-context.cpp:381 "%s: %10s  output buffer size = %8.2f MiB"
 RE_OUTPUT = re.compile(r"(?:llama_context|llama_init_from_model|llama_new_context_with_model): +(?P<dev>\S+) +"

@@ -27,7 +27,7 @@ _CHUNK = 1 << 16
 KEEP = ("buffer size", "print_info", "llm_load_print_meta", "llama_model_loader", "llama_context", "kv_cache",
         "load_tensors", "build", "version", "device", "ggml_", "KV self size", "system_info", "init_from_model",
         "new_context_with_model", "sched_reserve", "llama_memory", "graph", "Flash Attention", "flash_attn",
-        "padding V", "SWA", "offloaded", "llama_cpp", "Device ")
+        "padding V", "SWA", "offloaded", "llama_cpp", "Device ", "kv_size")
 RE_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
