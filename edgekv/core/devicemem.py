@@ -76,8 +76,8 @@ def metal_fit(device_bytes: int, host_bytes: int, ram_bytes: int,
     """Will a load fit a Mac: its Metal buffers within the GPU working set, and everything within RAM.
 
     ``working_set_bytes`` is the Mac's recommendedMaxWorkingSetSize where known (llama.cpp prints it at load);
-    without it the limit is two thirds of RAM, what the 16 GiB and 32 GiB Macs in the corpus report (larger Macs
-    report a larger share, so this errs on the safe side)."""
+    without it the limit is two thirds of RAM, the smallest share the Macs in the corpus report (docs/explain.md),
+    so it errs on the safe side."""
     ws = working_set_bytes if working_set_bytes else ram_bytes * 2 // 3
     basis = "recommendedMaxWorkingSetSize" if working_set_bytes else "2/3 of RAM (assumed working set)"
     return {"device_bytes": device_bytes, "host_bytes": host_bytes, "working_set_bytes": ws, "basis": basis,
