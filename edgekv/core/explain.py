@@ -20,6 +20,7 @@ from edgekv.core.llamalog import LlamaMemoryLog, is_host_buffer, parse_memory_lo
 from edgekv.core.logconfig import LogConfig, parse_config
 from edgekv.core.memmodel import device_alloc_bytes, tensor_on_gpu
 from edgekv.core.predict import STATUS_OK, CachePrediction, ContextParams, KVPrediction, llama_mib, predict
+from edgekv.core.tensortable import rebuild
 from edgekv.core.units import MIB
 from edgekv.errors import EdgekvError
 
@@ -279,40 +280,62 @@ def _partial(out: dict[str, Any], dev: dict[str, float], cfg: LogConfig, tensors
     return out
 
 
+def _reference(cfg: LogConfig, weights_bytes: int | None, table: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The tensors' bytes to compare with: the header's table, else the family table rebuilt from the log (exact
+    when every matrix has one type), else print_info's rounded sum."""
+    if weights_bytes is not None:
+        return {"predicted_mib": weights_bytes / MIB, "source": "the GGUF header's tensor table"}
+    if table and table.get("status") == "rebuilt":
+        return {"predicted_mib": table["bytes"] / MIB,
+                "source": f"the {table['family']} tensor table rebuilt from the log's hyperparameters and type counts"}
+    t = _tensor_mib(cfg)
+    if t is None:
+        return None
+    return {"predicted_mib": t[0], "rounding_mib": t[1], "source": "print_info's file size (the tensors' bytes)"}
+
+
+def _full_offload(mem: LlamaMemoryLog, dev: dict[str, float], ref: dict[str, Any] | None,
+                  table: dict[str, Any] | None) -> tuple[float, str]:
+    """The input layer (token_embd) stays in host memory (llama-model.cpp dev_input is the CPU): the device holds every
+    other tensor, plus a copy of token_embd when the output layer is tied to it.  The family table says which; without
+    it the layout nearer the tensors' bytes is taken."""
+    device = sum(dev.values())
+    host = sum(v for k, v in mem.model_buffers.items() if is_host_buffer(k))
+    tied = table.get("tied_output") if table else None
+    if tied is None and ref is not None:
+        tied = abs(device - ref["predicted_mib"]) <= abs(device + host - ref["predicted_mib"])
+    if tied:
+        return device, "device model buffers (full offload, output tied: the device holds a copy of token_embd)"
+    return device + host, "device + host model buffers (full offload; token_embd on the host)"
+
+
 def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None, tensors: list[Any] | None = None,
                 n_layer: int | None = None) -> dict[str, Any]:
-    """The model buffers against the tensor bytes: the header's tensor table (--model), else print_info's sum.
-
-    Which buffers hold every tensor once: at full offload the device buffers (the token embeddings stay on the host
-    for GET_ROWS, and a tied output layer is a device copy of them, so a tied model's device buffers sum to the
-    tensors' bytes); on the CPU the mapping (CPU_Mapped spans the file's tensor data; CPU_REPACK holds copies).
-    A partial offload splits by tensor, which needs each tensor's size: the header."""
+    """The model buffers against the tensors' bytes (:func:`_reference`), in the buffers that hold every tensor once:
+    at full offload the device (:func:`_full_offload`), on the CPU the mapping.  A partial offload or tensor
+    overrides split tensor by tensor, which needs each tensor's size: the header."""
     out: dict[str, Any] = {"printed_mib": round(sum(mem.model_buffers.values()), 2)}
+    table = rebuild(cfg.metadata, cfg.print_info, cfg.type_counts) if weights_bytes is None else None
+    if table:
+        out["tensor_table"] = table
     if not mem.model_buffers:
         out["status"] = "no model buffer line in the log"
         return out
     dev = {k: v for k, v in mem.model_buffers.items() if not is_host_buffer(k)}
     full = cfg.offloaded is not None and cfg.offloaded[0] == cfg.offloaded[1]
-    t = _tensor_mib(cfg)
-    host_mib = sum(v for k, v in mem.model_buffers.items() if is_host_buffer(k))
-    if dev and full and host_mib > sum(dev.values()):
+    ref = _reference(cfg, weights_bytes, table)
+    if dev and full and sum(v for k, v in mem.model_buffers.items() if is_host_buffer(k)) > sum(dev.values()):
         out["status"] = ("every layer offloaded, yet most weights in host buffers: tensor overrides (-ot, --cpu-moe) "
                          "place tensor by tensor, which needs the header (--model)")
         return out
     if dev and full:
-        # the input layer (token_embd) stays in host memory (llama-model.cpp dev_input is the CPU): the device holds
-        # every other tensor, plus a copy of token_embd when the output layer is tied to it
-        compared, which = sum(dev.values()), "device model buffers (full offload)"
-        host = sum(v for k, v in mem.model_buffers.items() if is_host_buffer(k))
-        ref = weights_bytes / MIB if weights_bytes is not None else (t[0] if t else None)
-        if ref is not None and abs(compared + host - ref) < abs(compared - ref):
-            compared, which = compared + host, "device + host model buffers (full offload; token_embd on the host)"
+        compared, which = _full_offload(mem, dev, ref, table)
     elif not dev:
         mapped = {k: v for k, v in mem.model_buffers.items() if k.endswith("_Mapped")}
         if mapped and len(mapped) < len(mem.model_buffers):
-            # a mapped CPU buffer spans the file from the first to the last tensor left in the mapping
-            # (llama-model.cpp, buffer from the mapped pointer): with repacked copies beside it, where that span
-            # starts and ends depends on which tensors were repacked and where they lie in the file
+            # a mapped CPU buffer spans the file from the first to the last tensor left in the mapping (llama-model.cpp,
+            # buffer from the mapped pointer): beside repacked copies, that span depends on which tensors were
+            # repacked and where they lie in the file
             out["status"] = ("repacked weights beside a mapped buffer: the mapping spans the file between the first "
                              "and last tensor not repacked, which needs the header (--model)")
             return out
@@ -320,17 +343,13 @@ def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None, 
     else:
         return _partial(out, dev, cfg, tensors, n_layer)
     out.update({"compared": which, "compared_mib": round(compared, 2)})
-    if weights_bytes is not None:
-        pred = weights_bytes / MIB
-        out.update({"predicted_mib": round(pred, 2), "source": "the GGUF header's tensor table",
-                    "residual_pct": round(100 * (compared - pred) / pred, 3) if pred else None, "status": "predicted"})
-        return out
-    if t is None:
+    if ref is None:
         out["status"] = "needs the header (--model): the log gives tensor type counts, not each tensor's type and shape"
         return out
-    out.update({"predicted_mib": round(t[0], 2), "source": "print_info's file size (the tensors' bytes)",
-                "rounding_mib": t[1], "residual_pct": round(100 * (compared - t[0]) / t[0], 3),
-                "status": "predicted"})
+    pred = ref["predicted_mib"]
+    out.update({k: v for k, v in ref.items() if k != "predicted_mib"})
+    out.update({"predicted_mib": round(pred, 2), "status": "predicted",
+                "residual_pct": round(100 * (compared - pred) / pred, 3) if pred else None})
     return out
 
 
