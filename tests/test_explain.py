@@ -84,12 +84,12 @@ def test_metal_working_set_and_iswa():
 
 def test_why_names_the_largest_part_and_the_alternatives():
     r = explain_file(LOGS / "rocm-rx7900xt-qwen3-8b-b5618.log")
-    assert r["why"].startswith("model ROCm0 is 7.5 GiB of the 14.6 GiB on ROCm0")
+    assert r["why"].startswith("the model buffer ROCm0 is 7.5 GiB of the 14.6 GiB on ROCm0")
     text = (LOGS / "rocm-rx7900xt-qwen3-8b-b5618.log").read_text(encoding="utf-8")
     lines = [x for x in text.splitlines() if "model buffer size" not in x]
     r = explain_lines("kv-only", lines)
     # the KV cache is then the largest part: f16 at 40960 is 5.6 GiB; q8_0 halves it plus the scales
-    assert r["why"].startswith("KV f16/f16 at 40960 is 5.6 GiB")
+    assert r["why"].startswith("KV f16 at 40960 is 5.6 GiB of the 7.1 GiB on ROCm0")
     assert "q8_0 would be 3.0 GiB" in r["why"] and "q4_0 would be 1.6 GiB" in r["why"]
     assert "-c 20480 would be 2.8 GiB" in r["why"]
 

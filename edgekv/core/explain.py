@@ -365,6 +365,31 @@ def _gib(mib: float) -> str:
     return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
 
 
+def _kv_why(dev: dict[str, Any], top: dict[str, Any], kv: dict[str, Any]) -> str:
+    """The KV cache is the largest part: its size, and what other cache types or half the context would make it."""
+    pred, shape, p = kv["prediction"], kv["shape"], ContextParams(**kv["params"])
+    total = pred.total_bytes / MIB
+    where = "host memory" if dev["device"] == "host" else dev["device"]
+    types = p.type_k if p.type_k == p.type_v else f"{p.type_k}/{p.type_v}"
+    text = f"KV {types} at {p.n_ctx} is {_gib(top['mib'])} of the {_gib(dev['total_mib'])} on {where}"
+    if abs(total - top["mib"]) > 0.5:
+        text += f" ({_gib(total)} over every device)"
+    alts = []
+    for t in ("q8_0", "q4_0"):
+        if t not in (p.type_k, p.type_v):
+            b = _alt_kv(shape, p, type_k=t, type_v=t, flash_attn="on")
+            if b:
+                alts.append(f"{t} would be {_gib(b / MIB)}")
+    b = _alt_kv(shape, p, n_ctx=max(256, p.n_ctx // 2))
+    if b:
+        alts.append(f"-c {p.n_ctx // 2} would be {_gib(b / MIB)}")
+    if p.type_k != "f16" or p.type_v != "f16":
+        b = _alt_kv(shape, p, type_k="f16", type_v="f16")
+        if b:
+            alts.append(f"f16 would be {_gib(b / MIB)}")
+    return text + ("; " + ", ".join(alts) if alts else "")
+
+
 def why(buffers: list[dict[str, Any]], kv: dict[str, Any], cfg: LogConfig) -> str | None:
     """One sentence: the largest part of the fullest memory, and what another setting would give."""
     if not buffers:
@@ -372,21 +397,9 @@ def why(buffers: list[dict[str, Any]], kv: dict[str, Any], cfg: LogConfig) -> st
     dev = buffers[0]
     top = max(dev["buffers"], key=lambda r: r["mib"])
     where = "host memory" if dev["device"] == "host" else dev["device"]
-    head = (f"{top['kind']} {top['buffer']} is {_gib(top['mib'])} of the {_gib(dev['total_mib'])} on {where}")
-    pred, shape, params = kv.get("prediction"), kv.get("shape"), kv.get("params")
-    if top["kind"] == "KV" and pred is not None:
-        p = ContextParams(**params)
-        kvmib = pred.total_bytes / MIB
-        alts = []
-        for t in ("q8_0", "q4_0"):
-            if t not in (p.type_k, p.type_v):
-                b = _alt_kv(shape, p, type_k=t, type_v=t, flash_attn="on")
-                if b:
-                    alts.append(f"{t} would be {_gib(b / MIB)}")
-        b = _alt_kv(shape, p, n_ctx=max(256, p.n_ctx // 2))
-        if b:
-            alts.append(f"-c {p.n_ctx // 2} would be {_gib(b / MIB)}")
-        return (f"KV {p.type_k}/{p.type_v} at {p.n_ctx} is {_gib(kvmib)} in all; {head}; " + "; ".join(alts))
+    head = f"the {top['kind']} buffer {top['buffer']} is {_gib(top['mib'])} of the {_gib(dev['total_mib'])} on {where}"
+    if top["kind"] == "KV" and kv.get("prediction") is not None:
+        return _kv_why(dev, top, kv)
     if top["kind"] == "model" and cfg.offloaded and dev["device"] != "host":
         n, total = cfg.offloaded
         per = top["mib"] / max(1, n)
