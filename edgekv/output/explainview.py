@@ -34,7 +34,7 @@ def _config_table(r: dict[str, Any]) -> Table:
     t.add_column("what")
     t.add_column("value")
     build = r.get("build") or (f"llama-cpp-python {r['llama_cpp_python']}" if r.get("llama_cpp_python")
-                               else "not printed (llama-cpp-python or a library caller)")
+                               else "not in the log (llama-cpp-python, ollama and LM Studio print none)")
     t.add_row("llama.cpp build", build)
     for key, label in CONFIG_LABELS:
         if key in cfg:
