@@ -15,6 +15,7 @@ import typer
 
 from edgekv.cli.calibrate_cli import calibrate as _calibrate_command
 from edgekv.cli.calibrate_cli import info as _info_command
+from edgekv.cli.explain_cli import explain as _explain_command
 from edgekv.cli.flags import (
     B_OPT,
     BENCH_CTK_OPT,
@@ -494,11 +495,12 @@ def models_pull(
         render_pull(make_console(), r)
 
 
-# -- quality, info, calibrate (edgekv/cli/quality_cli.py, calibrate_cli.py) -------------------------------
+# -- quality, info, calibrate, explain (cli/quality_cli.py, calibrate_cli.py, explain_cli.py)----------------------------
 
 app.command(name="quality")(_quality_command)
 app.command(name="info")(_info_command)
 app.command(name="calibrate")(_calibrate_command)
+app.command(name="explain")(_explain_command)
 
 
 # -- entry point --------------------------------------------------------------------------------------

@@ -14,18 +14,21 @@ from typing import Any
 
 # src/llama-kv-cache.cpp:301-304
 # "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB"
+# (builds of mid 2025 named the class llama_kv_cache_unified and printed "%2u seqs" without the stream count, or no
+# sequence count at all)
 RE_KV_SIZE = re.compile(
-    r"llama_kv_cache: size = +(?P<mib>[\d.]+) MiB \( *(?P<cells>\d+) cells, +(?P<layers>\d+) layers, +"
-    r"(?P<seqs>\d+)/(?P<streams>\d+) seqs\), K \((?P<type_k>\w+)\): +(?P<k_mib>[\d.]+) MiB, "
+    r"llama_kv_cache(?:_unified)?: size = +(?P<mib>[\d.]+) MiB \( *(?P<cells>\d+) cells, +(?P<layers>\d+) layers"
+    r"(?:, +(?P<seqs>\d+)(?:/(?P<streams>\d+))? seqs)?\), K \((?P<type_k>\w+)\): +(?P<k_mib>[\d.]+) MiB, "
     r"V \((?P<type_v>\w+)\): +(?P<v_mib>[\d.]+) MiB")
 # src/llama-memory-recurrent.cpp:133-136
 # "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u seqs %2u rs_seq), R (%s): %7.2f MiB, S (%s): %7.2f MiB, P (%s): %7.2f MiB"
 RE_RS_SIZE = re.compile(
     r"llama_memory_recurrent: size = +(?P<mib>[\d.]+) MiB \( *(?P<cells>\d+) cells, +(?P<layers>\d+) layers, +"
-    r"(?P<seqs>\d+) seqs +(?P<rs_seq>\d+) rs_seq\), R \((?P<type_r>\w+)\): +(?P<r_mib>[\d.]+) MiB, "
+    r"(?P<seqs>\d+) seqs(?: +(?P<rs_seq>\d+) rs_seq)?\), R \((?P<type_r>\w+)\): +(?P<r_mib>[\d.]+) MiB, "
     r"S \((?P<type_s>\w+)\): +(?P<s_mib>[\d.]+) MiB(?:, P \((?P<type_p>\w+)\): +(?P<p_mib>[\d.]+) MiB)?")
 # src/llama-kv-cache-iswa.cpp:83,100  "creating non-SWA KV cache, size = %u cells" / "creating     SWA KV cache, ..."
-RE_ISWA_CREATE = re.compile(r"llama_kv_cache_iswa: creating +(?P<which>non-SWA|SWA) KV cache, size = (?P<cells>\d+) cells")
+RE_ISWA_CREATE = re.compile(r"llama_kv_cache(?:_unified)?_iswa: creating +(?P<which>non-SWA|SWA) KV cache, "
+                            r"size = (?P<cells>\d+) cells")
 RE_SWA_FULL = re.compile(r"using full-size SWA cache")
 # the caches llama.cpp builds from several llama_kv_cache objects announce each one before its size line:
 # src/llama-kv-cache-dsa.cpp:31,47 ("creating main KV cache" / "creating indexer KV cache"), llama-kv-cache-msa.cpp:32,44,
@@ -45,16 +48,19 @@ RE_DSV4_STATE = re.compile(
 # src/llama-kv-cache-dsv4.cpp:992 "%s: %10s DSV4 %s state buffer size = %8.2f MiB"
 RE_STATE_BUFFER = re.compile(r"llama_dsv4_comp_state: +(?P<dev>\S+) DSV4 \w+ state buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-kv-cache.cpp:291 "%s: %10s KV buffer size = %8.2f MiB"
-RE_KV_BUFFER = re.compile(r"llama_kv_cache: +(?P<dev>\S+) KV buffer size = +(?P<mib>[\d.]+) MiB")
+# (llama_kv_cache_init / llama_kv_cache_unified / init in builds of 2025)
+RE_KV_BUFFER = re.compile(r"(?:llama_kv_cache\w*|init): +(?P<dev>\S+) KV buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-memory-recurrent.cpp:124 "%s: %10s RS buffer size = %8.2f MiB"
 RE_RS_BUFFER = re.compile(r"llama_memory_recurrent: +(?P<dev>\S+) RS buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-context.cpp:740 "%s: %10s compute buffer size = %8.2f MiB"
 RE_COMPUTE = re.compile(
-    r"(?:sched_reserve|llama_context|graph_reserve)\w*: +(?P<dev>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
+    r"(?:sched_reserve|llama_context|graph_reserve|reserve|llama_init_from_model|llama_new_context_with_model)\w*: +"
+    r"(?P<dev>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-context.cpp:381 "%s: %10s  output buffer size = %8.2f MiB"
-RE_OUTPUT = re.compile(r"llama_context: +(?P<dev>\S+) +output buffer size = +(?P<mib>[\d.]+) MiB")
+RE_OUTPUT = re.compile(r"(?:llama_context|llama_init_from_model|llama_new_context_with_model): +(?P<dev>\S+) +"
+                       r"output buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-model.cpp:1930 "%s: %12s model buffer size = %8.2f MiB"
-RE_MODEL_BUFFER = re.compile(r"load_tensors: +(?P<dev>\S+) model buffer size = +(?P<mib>[\d.]+) MiB")
+RE_MODEL_BUFFER = re.compile(r"(?:llm_)?load_tensors: +(?P<dev>\S+) model buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-context.cpp:306-318 "%s: n_ctx                 = %u"
 RE_CTX_PARAM = re.compile(
     r"llama_context: (?P<key>n_seq_max|n_ctx|n_ctx_seq|n_batch|n_ubatch|causal_attn|flash_attn|kv_unified|n_rs_seq)"
@@ -67,6 +73,9 @@ RE_FA_FORCED = re.compile(r"enabling flash_attn since it is required for quantiz
 # any other "<func>: <dev> <what> buffer size = X MiB" line: a buffer of a kind this parser does not know (a cache
 # class newer than edgekv), so that its bytes are never silently dropped
 RE_OTHER_BUFFER = re.compile(r"(?P<fn>\w+): +(?P<dev>\S+) (?P<what>[\w -]+?) buffer size = +(?P<mib>[\d.]+) MiB")
+# builds of early 2025 (llama_kv_cache_init): "%s: KV self size  = %7.2f MiB, K (%s): %7.2f MiB, V (%s): %7.2f MiB"
+RE_KV_SELF = re.compile(r"KV self size += +(?P<mib>[\d.]+) MiB, K \((?P<type_k>\w+)\): +(?P<k_mib>[\d.]+) MiB, "
+                        r"V \((?P<type_v>\w+)\): +(?P<v_mib>[\d.]+) MiB")
 RE_GPU_OFFLOAD = re.compile(r"load_tensors: offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
 
 
@@ -110,6 +119,7 @@ class LlamaMemoryLog:
     fa_forced_for_quantized_v: bool = False
     gpu_layers: tuple[int, int] | None = None
     errors: list[str] = field(default_factory=list)
+    kv_self: list[dict[str, str]] = field(default_factory=list)   # the "KV self size" lines of builds of early 2025
     graph: dict[str, int] | None = None   # llama.cpp's graph sizes (nodes, splits; parse_graph_line)
     placement: dict[str, Any] | None = None   # the scheduler's op placement (GGML_SCHED_DEBUG=2; parse_placement)
 
@@ -173,16 +183,20 @@ def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
         if m:
             out.caches.append(KVCacheLine(
                 kind="kv", role=pending_role, mib=m["mib"], cells=int(m["cells"]), layers=int(m["layers"]),
-                seqs=int(m["seqs"]), streams=int(m["streams"]), type_k=m["type_k"], type_v=m["type_v"],
-                k_mib=m["k_mib"], v_mib=m["v_mib"]))
+                seqs=int(m["seqs"] or 1), streams=int(m["streams"]) if m["streams"] else None, type_k=m["type_k"],
+                type_v=m["type_v"], k_mib=m["k_mib"], v_mib=m["v_mib"]))
             pending_role = None
+            continue
+        m = RE_KV_SELF.search(line)
+        if m:
+            out.kv_self.append({k: m[k] for k in ("mib", "type_k", "k_mib", "type_v", "v_mib")})
             continue
         m = RE_RS_SIZE.search(line)
         if m:
             out.caches.append(KVCacheLine(
                 kind="recurrent", role=None, mib=m["mib"], cells=int(m["cells"]), layers=int(m["layers"]),
                 seqs=int(m["seqs"]), streams=None, type_k=m["type_r"], type_v=m["type_s"],
-                r_mib=m["r_mib"], s_mib=m["s_mib"], p_mib=m["p_mib"], rs_seq=int(m["rs_seq"])))
+                r_mib=m["r_mib"], s_mib=m["s_mib"], p_mib=m["p_mib"], rs_seq=int(m["rs_seq"] or 0)))
             continue
         if RE_SWA_FULL.search(line):
             out.swa_full_warned = True
