@@ -344,6 +344,12 @@ def bench(
         raise typer.Exit(code)
 
 
+# -- info, calibrate (cli/calibrate_cli.py) --------------------------------------------------------------
+
+app.command(name="info")(_info_command)
+app.command(name="calibrate")(_calibrate_command)
+
+
 # -- report, compare, merge ------------------------------------------------------------------------------
 
 @app.command()
@@ -495,11 +501,9 @@ def models_pull(
         render_pull(make_console(), r)
 
 
-# -- quality, info, calibrate, explain (cli/quality_cli.py, calibrate_cli.py, explain_cli.py)----------------------------
+# -- quality, explain (cli/quality_cli.py, explain_cli.py) --------------------------------------------------------------------
 
 app.command(name="quality")(_quality_command)
-app.command(name="info")(_info_command)
-app.command(name="calibrate")(_calibrate_command)
 app.command(name="explain")(_explain_command)
 
 

@@ -1,7 +1,8 @@
 """The extra-buffer preflight: do llama.cpp's AMX / CPU_REPACK kernels run on this machine?
 
 On CPUs with AMX (many cloud machines and CI runners) llama.cpp copies eligible weights into its AMX buffer, and on
-some of them its AMX matrix kernels crash on every batch of 2 or more tokens (llama.cpp #20824, open; docs/hardware.md).  A run that only learns that when each configuration dies
+some of them its AMX matrix kernels crash on every batch of 2 or more tokens (llama.cpp #20824, open;
+docs/hardware.md).  A run that only learns that when each configuration dies
 measures nothing.  So once per environment (cached with the runtime baseline under ``EDGEKV_HOME/calibration/``,
 keyed by the same fingerprint, re-run when it changes) a child loads a tiny Q4_0 model
 (:mod:`edgekv.edges.tinymodel`) with the extra buffer types on and decodes a batch of 2 and a batch of 32 tokens
