@@ -530,7 +530,7 @@ def report(
 @app.command("compare")
 def compare_cmd(
     base: str = typer.Argument(..., metavar="BASE", help="Baseline results (edgekv .jsonl or llama-bench json/jsonl)."),
-    cand: Optional[str] = typer.Argument(None, metavar="[CAND]", show_default=False,
+    cand: Optional[str] = typer.Argument(None, metavar="CAND", show_default=False,
                                          help="Candidate results, same formats (omitted: BASE, with --baseline)."),
     threshold: Optional[str] = typer.Option(None, "--threshold", show_default=False,
                                             help="Regression thresholds over the defaults tg=5%,pp=5%,rss=3%,kv=0%,"
