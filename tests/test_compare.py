@@ -378,3 +378,85 @@ def test_merge_writes_each_record_as_read_plus_its_machine(src, same_bytes, tmp_
     assert (got == [json.dumps(w) for w in want]) is same_bytes
     assert got == [json.dumps(S.encode(r)) for r in recs] and len(recs) == len(lines)
     assert all(isinstance(r, S.Record) and r.machine for r in recs)
+
+
+# -- two commits of one file (schema 4's code identity) -------------------------------------------------------------
+
+A, B = "3f32cba" + "0" * 33, "9e1c2d4" + "1" * 33
+
+
+def at(records, commit, dirty=False):
+    """The records as the edgekv commit ``commit`` wrote them."""
+    return [msgspec.structs.replace(r, environment=msgspec.structs.replace(r.environment, edgekv_commit=commit,
+                                                                           edgekv_dirty=dirty)) for r in records]
+
+
+@pytest.fixture()
+def two_commits(records, tmp_path):
+    """One results file two commits appended to: B decodes one stable configuration 20 % slower."""
+    rec = stable(records)[0]
+    f = tmp_path / "both.jsonl"
+    R.write_all(f, at(records, A) + at([planted(r, 0.80) if r is rec else r for r in records], B))
+    return f
+
+
+def test_compare_pairs_two_commits_of_one_file(records, two_commits):
+    from edgekv.output.compare import compare, render_markdown
+
+    res = compare(two_commits, None, baseline="3f32", candidate="9E1C2D4")        # prefixes, any case
+    assert (res["base"], res["cand"]) == (f"{two_commits}@3f32cba", f"{two_commits}@9e1c2d4")
+    assert res["base_code"] == ["3f32cba"] and res["cand_code"] == ["9e1c2d4"]
+    assert len(res["pairs"]) == len(records) and res["regressions"] == 1
+    assert "Code: BASE `3f32cba` → CAND `9e1c2d4`" in render_markdown(res)
+    # --compare left out: the newest other commit of the file
+    assert compare(two_commits, None, baseline=A)["cand"] == f"{two_commits}@9e1c2d4"
+    # two files: each side filtered by its own commit
+    assert compare(two_commits, two_commits, baseline="9e1c", candidate="3f32")["regressions"] == 0
+
+
+def test_compare_names_the_code_of_each_side(records):
+    res = compare_records(at(records, A, dirty=True), records, THR)
+    assert res["base_code"] == ["3f32cba-dirty"] and res["cand_code"] == ["unknown"]
+
+
+@pytest.mark.parametrize("args,message", [
+    ({"baseline": "abcd"}, "--baseline abcd: no record of .* was written by that commit "
+                           r"\(commits there: 3f32cba, 9e1c2d4, 3f32ddd-dirty\)"),
+    ({"baseline": "3f32"}, "--baseline 3f32: ambiguous in .*, it matches 3f32cba00000, 3f32ddd22222; give more digits"),
+    ({"baseline": "main"}, r"--baseline 'main': not a commit id \(4 to 40 hex digits"),
+    ({"baseline": "3f32c", "candidate": "3f32cba"}, "name the same code"),
+    ({"baseline": "3f32cba-dirty"}, "holds no record of 3f32cba with local changes"),
+    ({"candidate": "3f32cba"}, "--compare COMMIT needs --baseline COMMIT"),
+    ({}, r"give two results files \(BASE CAND\), or one with --baseline COMMIT"),
+])
+def test_commit_choice_refuses_in_one_line(records, two_commits, args, message):
+    from edgekv.output.compare import compare
+
+    recs = R.load_records(two_commits) + at(records[:1], "3f32ddd" + "2" * 33, dirty=True)
+    R.write_all(two_commits, recs)
+    with pytest.raises(UsageError, match=message) as e:
+        compare(two_commits, None, **args)
+    assert "\n" not in str(e.value)
+
+
+def test_dirty_records_of_a_commit_are_asked_for_by_name(records, tmp_path):
+    from edgekv.output.compare import compare
+
+    f = tmp_path / "dirty.jsonl"
+    R.write_all(f, at(records, A) + at(records, A, dirty=True))
+    res = compare(f, None, baseline="3f32cba", candidate="3f32cba-dirty")
+    assert (res["base_code"], res["cand_code"]) == (["3f32cba"], ["3f32cba-dirty"])
+    assert compare(f, None, baseline="3f32cba")["cand_code"] == ["3f32cba-dirty"]
+    with pytest.raises(UsageError, match="no record there names its commit"):
+        compare(FIXTURE, None, baseline="3f32")
+
+
+@pytest.mark.slow
+def test_cli_compares_two_commits_of_one_file(two_commits):
+    r = cli("compare", str(two_commits), "--baseline", "3f32cba", "--compare", "9e1c")
+    assert r.returncode == 1, r.stderr
+    assert "Code: BASE `3f32cba` → CAND `9e1c2d4`" in r.stdout and "🔴 **regression**" in r.stdout
+    r = cli("compare", str(two_commits), "-b", "9e1c", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["cand_code"] == ["3f32cba"]
+    r = cli("compare", str(two_commits), "-b", "abcdef")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--baseline abcdef: no record" in r.stderr

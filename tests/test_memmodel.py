@@ -355,7 +355,7 @@ def test_v1_files_upgrade(path):
     recs = R.load(ROOT / path)
     assert len(recs) == len(raw)
     for old, new in zip(raw, recs):
-        assert new["schema_version"] == R.SCHEMA_VERSION == 3
+        assert new["schema_version"] == R.SCHEMA_VERSION == 4
         assert new["prediction"]["process"] is None and new["prediction"]["speed"] is None and "memory_residual" not in new
         assert new["memory"] == old.get("memory") and new["config_key"] == old["config_key"]
 
@@ -366,9 +366,11 @@ def test_v2_record_with_process_roundtrips(tmp_path):
     rec["prediction"]["process"] = {"workload": "bench", "peak_rss_bytes": 1, "device_bytes": {}, "parts": [],
                                     "notes": []}
     R.append(tmp_path / "r.jsonl", R.as_record(rec))
-    # a v2 record reads as v3: the same, with the speed never predicted (None)
-    want = {**rec, "schema_version": R.SCHEMA_VERSION, "prediction": {**rec["prediction"], "speed": None}}
-    assert R.load(tmp_path / "r.jsonl") == [want]
+    # a v2 record reads as v4: the same, with the speed never predicted (None) and its speed intervals recomputed
+    got = R.load(tmp_path / "r.jsonl")
+    want = {**rec, "schema_version": R.SCHEMA_VERSION, "prediction": {**rec["prediction"], "speed": None},
+            "speed": got[0]["speed"]}
+    assert got == [want] and got[0]["speed"]["tg"]["samples_ts"] == rec["speed"]["tg"]["samples_ts"]
 
 
 def test_context_params_untouched():

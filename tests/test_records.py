@@ -254,3 +254,45 @@ def test_each_kind_is_its_own_type_and_a_bench_record_requires_its_blocks():
     del r["model"]["arch"]
     with pytest.raises(ResultsError, match=r":1: model.arch: missing in a bench record"):
         R.load(_write(r))
+
+
+# -- schema 4: the code identity ------------------------------------------------------------------------------
+
+def test_a_v3_record_upgrades_to_v4_with_its_commit_unknown_and_its_interval_on_the_logarithm():
+    """A v3 record names no commit: it loads with none (absent, shown as ``unknown``), nothing guessed.  Its speed
+    tests' 95 % interval is recomputed from the samples: an old linear one (below zero here) becomes the positive
+    interval edgekv computes today, so the report's frame no longer has to mend it."""
+    from edgekv.core.stats import summarize
+    from edgekv.records.frame import code_label, frame_rows
+
+    r = {**_real(), "schema_version": 3}
+    r["prediction"] = {**r["prediction"], "process": None, "speed": None}
+    xs = [31.0, 2.0, 60.0, 45.0, 17.0]
+    r["speed"]["tg"] = {**r["speed"]["tg"], "samples_ts": xs, "ci95_ts": [-3.6, 65.6]}
+    (rec,) = R.load_records(_write(r))
+    assert rec.schema_version == S.SCHEMA_VERSION == 4
+    assert rec.environment.edgekv_commit is S.UNSET and code_label(rec) == "unknown"
+    assert rec.speed.tg.ci95_ts == summarize(xs)["ci95"] and rec.speed.tg.ci95_ts[0] > 0
+    assert rec.speed.pp.ci95_ts == summarize(rec.speed.pp.samples_ts)["ci95"]
+    (row,) = frame_rows([rec])
+    assert row["tg_tokens_per_s_ci95_low"] == rec.speed.tg.ci95_ts[0] and row["edgekv_commit"] is None
+    # a v4 record is read as written: its interval is not recomputed
+    v4 = {**r, "schema_version": 4, "speed": {**r["speed"], "tg": {**r["speed"]["tg"], "ci95_ts": [1.0, 2.0]}}}
+    v4["environment"] = {**v4["environment"], "edgekv_commit": "3f32cba" + "0" * 33, "edgekv_dirty": True}
+    (rec4,) = R.load_records(_write(v4))
+    assert rec4.speed.tg.ci95_ts == [1.0, 2.0] and code_label(rec4) == "3f32cba-dirty"
+    assert frame_rows([rec4])[0]["edgekv_commit"] == "3f32cba" + "0" * 33 and frame_rows([rec4])[0]["edgekv_dirty"]
+
+
+def test_the_collected_environment_carries_this_checkouts_commit():
+    """edgekv's own code identity goes into every collected environment (bench, quality): the checkout's HEAD and
+    whether edgekv/ has local changes, typed in the record's environment."""
+    from edgekv.edges.codeid import code_identity
+    from edgekv.edges.environment import host_side
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    env = S.environment(host_side())
+    assert env.edgekv_commit == code_identity().commit == head and len(head) == 40
+    assert env.edgekv_dirty is code_identity().dirty and isinstance(env.edgekv_dirty, bool)
+    enc = S.encode_block(env)
+    assert list(enc)[:3] == ["edgekv", "edgekv_commit", "edgekv_dirty"]

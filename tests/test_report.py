@@ -25,6 +25,7 @@ from edgekv.cli.main import main
 from edgekv.output import export as EX
 from edgekv.output import render as RND
 from edgekv.output import report as REP
+from edgekv.output.envsection import gpu_text
 from edgekv.records import results as R
 
 DATA = Path(__file__).parent / "data"
@@ -66,6 +67,24 @@ def written(tmp_path_factory):
 def test_golden_markdown_and_csv(written):
     _golden("README.md", (written / "README.md").read_text())
     _golden("results.csv", (written / "results.csv").read_text())
+
+
+def test_the_environment_names_the_code_that_wrote_the_records():
+    """Schema 4: each machine's column names the edgekv commits its records were written by (``-dirty``: with local
+    changes); records older than that say ``unknown``, the one line the committed reports gained."""
+    import msgspec
+
+    typed = R.load_records(FIXTURE)
+
+    def at(r, commit, dirty):
+        return msgspec.structs.replace(r, environment=msgspec.structs.replace(r.environment, edgekv_commit=commit,
+                                                                              edgekv_dirty=dirty))
+
+    md = RND.render_markdown(REP.build(typed, plots=False))
+    assert "| edgekv | 0.1.0 |\n| edgekv commit | unknown |\n" in md
+    mixed = [at(r, "3f32cba" + "0" * 33, i % 2 == 1) for i, r in enumerate(typed)]
+    md = RND.render_markdown(REP.build(mixed, plots=False))
+    assert "| edgekv commit | 3f32cba, 3f32cba-dirty |" in md or "| edgekv commit | 3f32cba-dirty, 3f32cba |" in md
 
 
 def test_every_file_is_written(written):
@@ -405,5 +424,5 @@ def test_h100_report_names_the_gpu(name):
     recs = [json.loads(x) for x in (root / f"{name}.jsonl").read_text().splitlines()]
     assert all(r["environment"]["nvidia"]["devices"] for r in recs)
     typed = R.load_records(root / f"{name}.jsonl")          # the typed environment: nvidia.devices, never a dict key
-    assert REP._gpu(typed[0].environment) == "NVIDIA H100 80GB HBM3 (80 GiB), driver 580.159.04"
+    assert gpu_text(typed[0].environment) == "NVIDIA H100 80GB HBM3 (80 GiB), driver 580.159.04"
     assert "| GPU | NVIDIA H100 80GB HBM3 (80 GiB), driver 580.159.04 |" in (root / f"report-{name}" / "README.md").read_text()

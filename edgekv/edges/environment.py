@@ -1,7 +1,7 @@
 """The reproducibility fingerprint recorded with every run, collected automatically.
 
-Parent side: machine, CPU, RAM, OS, power, governor, versions, argv, time.  The llama.cpp side
-(backends, devices, system info) comes from :func:`llama_side`, which runs in a child
+Parent side: machine, CPU, RAM, OS, power, governor, versions, edgekv's code identity (commit, dirty), argv,
+time.  The llama.cpp side (backends, devices, system info) comes from :func:`llama_side`, which runs in a child
 (``python -m edgekv.child.worker env``) so the parent never imports llama_cpp.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 
+from edgekv.edges.codeid import code_identity
 from edgekv.version import __version__
 
 # The llama.cpp commit vendored in each llama-cpp-python release edgekv was tested with (from the
@@ -108,11 +109,19 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def code_fields() -> dict[str, Any]:
+    """The code identity a record's environment carries: ``edgekv_commit`` and ``edgekv_dirty``
+    (:func:`edgekv.edges.codeid.code_identity`; None where edgekv cannot tell)."""
+    ci = code_identity()
+    return {"edgekv_commit": ci.commit, "edgekv_dirty": ci.dirty}
+
+
 def host_side(argv: list[str] | None = None) -> dict[str, Any]:
     vm = psutil.virtual_memory()
     lcp = package_version("llama-cpp-python")
     env = {
         "edgekv": __version__,
+        **code_fields(),
         "llama_cpp_python": lcp,
         "llama_cpp_commit": VENDORED_LLAMA_CPP.get(lcp or ""),
         "python": platform.python_version(),

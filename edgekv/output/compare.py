@@ -9,6 +9,11 @@ Pairing
     llama-bench files pair on what llama-bench records (model file, type_k/v, flash_attn, threads,
     batch sizes, n_gpu_layers, n_prompt/n_gen/n_depth, CPU/GPU info and backends).
 
+Commits
+    The output names the edgekv commits that wrote each side's records (``unknown`` for records older than
+    schema 4).  ``--baseline A --compare B`` keeps only the records those commits wrote, so one results file
+    that several commits appended to compares two of them (:mod:`edgekv.output.commits`).
+
 Refusal
     Paired records must come from the same environment (:data:`edgekv.records.results.CHECKED_ENVIRONMENT`:
     machine, CPU, OS, llama-cpp-python, llama.cpp commit, backends, devices).  Otherwise compare stops
@@ -49,6 +54,7 @@ import msgspec
 from edgekv.core.stats import summarize, welch, z_test
 from edgekv.core.units import MIB, kv_label
 from edgekv.errors import EnvironmentMismatch, UsageError
+from edgekv.output.commits import commits_in, newest_other, select
 from edgekv.output.inputs import load_any, speed_of
 from edgekv.records import results as R
 from edgekv.records import schema as S
@@ -287,14 +293,38 @@ def _varying(recs: list[S.Record]) -> list[str]:
     return out
 
 
-def compare(base_path: str | os.PathLike, cand_path: str | os.PathLike, thresholds: str | None = None,
-            force: bool = False, alpha: float = ALPHA) -> dict[str, Any]:
+def compare(base_path: str | os.PathLike, cand_path: str | os.PathLike | None, thresholds: str | None = None,
+            force: bool = False, alpha: float = ALPHA, baseline: str | None = None,
+            candidate: str | None = None) -> dict[str, Any]:
+    """Compare two results files, or two edgekv commits' records: ``baseline`` / ``candidate`` (``--baseline`` /
+    ``--compare``, commit prefixes) keep only the records of BASE / CAND that commit wrote; with no CAND file both
+    come from BASE, and ``candidate`` defaults to the newest other commit there (:mod:`edgekv.output.commits`)."""
     if not 0 < alpha < 1:
         raise UsageError(f"--alpha must be between 0 and 1 (got {alpha})")
     thr = parse_thresholds(thresholds)
-    base_all, cand_all = load_any(base_path), load_any(cand_path)
-    return compare_records(base_all, cand_all, thr, force=force, alpha=alpha, base_name=str(base_path),
-                           cand_name=str(cand_path))
+    base_name, cand_name = str(base_path), str(cand_path if cand_path is not None else base_path)
+    if baseline is None and candidate is None:
+        if cand_path is None:
+            raise UsageError("compare: give two results files (BASE CAND), or one with --baseline COMMIT "
+                             "[--compare COMMIT] to compare two edgekv commits' records in it")
+        return compare_records(load_any(base_path), load_any(cand_path), thr, force=force, alpha=alpha,
+                               base_name=base_name, cand_name=cand_name)
+    if baseline is None:
+        raise UsageError("--compare COMMIT needs --baseline COMMIT (the commit to compare against)")
+    # every line of the files (several commits' records of one configuration), the newest of each per commit
+    base_recs = load_any(base_path, history=True)
+    cand_recs = base_recs if cand_path is None else load_any(cand_path, history=True)
+    base_sel, base_code = select(base_recs, baseline, "--baseline", base_name)
+    if candidate is not None:
+        cand_sel, cand_code = select(cand_recs, candidate, "--compare", cand_name)
+    else:
+        cand_sel, cand_code = newest_other(cand_recs, base_code, "--compare", cand_name)
+    if cand_path is None and base_code == cand_code:
+        raise UsageError(f"--baseline {baseline} and --compare {candidate} name the same code ({base_code}); "
+                         "give two different commits")
+    base_sel, cand_sel = R.latest(base_sel), R.latest(cand_sel)
+    return compare_records(base_sel, cand_sel, thr, force=force, alpha=alpha, base_name=f"{base_name}@{base_code}",
+                           cand_name=f"{cand_name}@{cand_code}")
 
 
 # -- busy machines (issue 19) -------------------------------------------------------------------------------------
@@ -387,6 +417,7 @@ def compare_records(base_all: list[S.Record | dict[str, Any]], cand_all: list[S.
     return {
         "base": base_name, "cand": cand_name, "alpha": alpha, "thresholds": {k: str(v) for k, v in thr.items()},
         "forced": bool(force and env_diffs), "environment_differences": env_diffs,
+        "base_code": commits_in(base_all), "cand_code": commits_in(cand_all),
         "n_base": len(base_all), "n_cand": len(cand_all), "pairs": out_pairs, "failed_in_cand": failures,
         "only_in_base": sorted(_label(rs[0], varying) for rs in only_b),
         "only_in_cand": sorted(_label(rs[0], varying) for rs in only_c),
@@ -432,17 +463,23 @@ def _change(m: dict[str, Any]) -> str:
     return s
 
 
+def _codes(labels: list[str]) -> str:
+    return ", ".join(f"`{c}`" for c in labels) or "–"
+
+
 _VERDICT = {"better": "🟢 better", "worse": "🟠 worse", "not significant": "⚪ not significant"}
 
 
-def render_markdown(res: dict[str, Any]) -> str:
-    out = ["## edgekv compare", ""]
-    n_pairs = len(res["pairs"])
+def _summary(res: dict[str, Any]) -> list[str]:
+    """The lines above the table: what was compared, with which code, and the outcome."""
     v = res["verdicts"]
-    out.append(f"**BASE** `{res['base']}` ({res['n_base']} configurations) → **CAND** `{res['cand']}` "
-               f"({res['n_cand']}): {n_pairs} paired; {v['better']} better, {v['worse']} worse, "
-               f"{v['not significant']} not significant.")
-    out.append("")
+    out = ["## edgekv compare", "",
+           f"**BASE** `{res['base']}` ({res['n_base']} configurations) → **CAND** `{res['cand']}` "
+           f"({res['n_cand']}): {len(res['pairs'])} paired; {v['better']} better, {v['worse']} worse, "
+           f"{v['not significant']} not significant.", ""]
+    if res.get("base_code") is not None:
+        out += [f"Code: BASE {_codes(res['base_code'])} → CAND {_codes(res['cand_code'])} (the edgekv commits that "
+                "wrote the records).", ""]
     if res["regressions"]:
         out.append(f"**🔴 {res['regressions']} regression{'s' if res['regressions'] != 1 else ''}** "
                    f"(significantly worse and beyond the threshold).")
@@ -453,6 +490,11 @@ def render_markdown(res: dict[str, Any]) -> str:
         out.append("> ⚠️ **Compared with --force although the environments differ:** "
                    + "; ".join(f"`{d}`" for d in res["environment_differences"]))
         out.append("")
+    return out
+
+
+def render_markdown(res: dict[str, Any]) -> str:
+    out = _summary(res)
     models = {p["model"] for p in res["pairs"]} | {f["model"] for f in res["failed_in_cand"]}
     multi = len(models) > 1
     if not multi and models:

@@ -22,6 +22,7 @@ from edgekv.records import frame as F
 from edgekv.records.schema import Record, encode_block
 
 REPORT_FORMAT = 1
+DASH = "–"          # a value a record does not hold (never filled in from another source)
 
 # -- the document ---------------------------------------------------------------------------------------
 

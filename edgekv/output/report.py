@@ -20,6 +20,7 @@ same records give byte-identical Markdown, CSV and JSON (no rendering timestamps
 formatting); PNGs carry no software/date metadata.
 
 This module builds the report's document (:func:`build`) and writes its folder (:func:`write_report`);
+:mod:`edgekv.output.envsection` writes its Environment section (machines, builds, the edgekv commit);
 :mod:`edgekv.output.export` makes the rows (order, rounding, results.csv / results.json columns) and
 :mod:`edgekv.output.render` turns the document into Markdown, CSV, JSON and HTML.
 """
@@ -36,14 +37,22 @@ from typing import Any
 from edgekv.core import units
 from edgekv.core.units import MIB
 from edgekv.edges.safepath import atomic_write
+from edgekv.output.envsection import env_section
 from edgekv.output.export import report_rows, sort_records, type_rank, typed
 from edgekv.output.inputs import KIND_BENCH, KIND_LLAMA_BENCH, KIND_PREDICT
-from edgekv.output.render import Document, Section, Table, md_safe, render_csv, render_html, render_json, render_markdown
-from edgekv.records import frame as F
+from edgekv.output.render import (
+    DASH,
+    Document,
+    Section,
+    Table,
+    md_safe,
+    render_csv,
+    render_html,
+    render_json,
+    render_markdown,
+)
 from edgekv.records.frame import unset_none as _v
-from edgekv.records.schema import Environment, Record
-
-DASH = "–"
+from edgekv.records.schema import Record
 
 # -- formatting ---------------------------------------------------------------------------------------
 
@@ -116,133 +125,6 @@ def _cells(row: dict[str, Any], cols: list[tuple[str, str]]) -> list[str]:
 
 def _align(cols: list[tuple[str, str]], n_values: int) -> list[str]:
     return ["l" if k in ("device", "kv", "flash_attn") else "r" for k, _ in cols] + ["r"] * n_values
-
-
-def _env_section(records: list[Record]) -> Section:
-    measured = [r for r in records if r.kind != KIND_PREDICT]
-    sec = Section("Environment")
-    if not measured:
-        cals = _calibrations(records)
-        if not cals:
-            sec.paragraphs.append("**Predicted only — nothing here was measured.** Every figure in this report comes "
-                                  "from the GGUF header (edgekv's formula, and llama.cpp's own dry run where a column "
-                                  "says so); no model was run and no machine was measured.")
-            return sec
-        sec.paragraphs.append("**Predicted only — no model here was run.** Every memory figure comes from the GGUF "
-                              "header (edgekv's formula, and llama.cpp's own dry run where a column says so). The "
-                              "speed figures are the speed model's (`edgekv/core/speed.py`): the header's shapes and "
-                              "weight types times the coefficients of one machine's speed calibration "
-                              f"({'; '.join(cals)}), which `edgekv calibrate` measured on small synthetic models "
-                              "through llama.cpp; they describe that machine only.")
-        return sec
-    by_machine: dict[str, list[Record]] = {}
-    for r in measured:
-        by_machine.setdefault(F.device_label(r), []).append(r)
-    labels = sorted(by_machine)
-    fields = [
-        ("machine", lambda e, rs: F.machine_label(rs[0]) or DASH),
-        ("devices (backends)", lambda e, rs: F.device_label(rs[0]).split(": ", 1)[-1]),
-        ("llama.cpp", lambda e, rs: " ".join(x for x in (
-            f"commit {e.llama_cpp_commit}" if e.llama_cpp_commit else "",
-            f"(llama-cpp-python {e.llama_cpp_python})" if e.llama_cpp_python else "",
-            f"llama-bench build {e.llama_bench_build_number}" if e.llama_bench_build_number else "") if x)
-         or DASH),
-        ("edgekv", lambda e, rs: e.edgekv or DASH),
-        ("CPU", lambda e, rs: _cpu(e)),
-        ("RAM", lambda e, rs: f"{e.ram_bytes / 1024**3:.1f} GiB" if e.ram_bytes else DASH),
-        ("GPU", lambda e, rs: _gpu(e)),
-        ("OS", lambda e, rs: " ".join(str(x) for x in (e.os, f"({e.arch})" if e.arch else "") if x) or DASH),
-        ("Python", lambda e, rs: e.python or DASH),
-        ("power / governor", lambda e, rs: f"{e.power or DASH} / {e.governor or DASH}"),
-        ("llama.cpp system info", lambda e, rs: f"`{e.system_info}`" if e.system_info else DASH),
-        ("measured", lambda e, rs: _time_range(rs)),
-        ("command", lambda e, rs: f"`{_argv(e)}`" if e.argv else DASH),
-        ("CI", lambda e, rs: "yes" if e.ci else "no"),
-    ]
-    if any(_v(rs[0].environment.extra_buffers_preflight) for rs in by_machine.values()):
-        # records written before the preflight existed have no such row: their reports stay as they were
-        fields.insert(-3, ("extra buffers (AMX, CPU_REPACK)", lambda e, rs: _extra_buffers(e, rs)))
-    rows = []
-    for name, fn in fields:
-        cells = []
-        for lab in labels:
-            rs = by_machine[lab]
-            cells.append(md_safe(str(fn(rs[0].environment, rs))))
-        rows.append([name] + cells)
-    heads = [""] + [f"machine {i + 1}" for i in range(len(labels))] if len(labels) > 1 else ["", "value"]
-    sec.tables.append(Table("", "", heads, rows, ["l"] * (len(labels) + 1)))
-    nmeas = len(measured)
-    sec.paragraphs.append(f"{nmeas} measured configuration{'s' if nmeas != 1 else ''}"
-                          + (f" on {len(labels)} machines" if len(labels) > 1 else "") + ". Each configuration ran in a "
-                          "fresh process; the environment is recorded by the run itself, not typed in.")
-    return sec
-
-
-def _calibrations(records: list[Record]) -> list[str]:
-    """The speed calibrations behind the records' predicted speeds: `id` (machine)."""
-    out = set()
-    for r in records:
-        p = _v(r.prediction)
-        sp = _v(p.speed) if p is not None else None
-        if sp is not None and (_v(sp.tg) is not None or _v(sp.pp) is not None):
-            m, via = _v(sp.machine), _v(sp.calibrated_with)
-            out.add(f"`{sp.calibration_id}`" + (f" on {m}" if m else "")
-                    + (f", measured through {via.split(' at ')[0]}" if via else "")
-                    + (" (taken while other work used the CPUs: not this machine's own figures)"
-                       if _v(sp.calibration_busy) else ""))
-    return sorted(out)
-
-
-def _extra_buffers(e: Environment, rs: list[Record]) -> str:
-    """The extra-buffer preflight's verdict, and the --repack the configurations ran with."""
-    pf = _v(e.extra_buffers_preflight)
-    if pf is None:
-        return DASH
-    used = sorted({"1" if F.repack_of(r.settings) else "0" for r in rs})
-    verdict = {True: "run here", False: "crash on this CPU" + (" (llama.cpp #20824)" if "AMX" in pf.extra_buffers_mib
-                                                                else ""), None: "unknown"}[pf.runs]
-    return f"kernels {verdict}: {pf.detail}; measured with --repack {','.join(used)}"
-
-
-def _cpu(e: Environment) -> str:
-    if not e.cpu_model:
-        return DASH
-    cores = ""
-    if e.cpu_count_logical:
-        cores = f", {e.cpu_count_logical} logical"
-        if e.cpu_count_physical:
-            cores += f" / {e.cpu_count_physical} physical cores"
-        else:
-            cores += " cores"
-    return f"{e.cpu_model}{cores}"
-
-
-def _gpu(e: Environment) -> str:
-    nv = _v(e.nvidia)
-    parts = []
-    if nv is not None:
-        # the typed block names them ``devices`` (the report once read a ``gpus`` key no record had)
-        for g in nv.devices or []:
-            parts.append(f"{g.name} ({g.memory_total / 1024**3:.0f} GiB)")
-        if nv.driver:
-            parts.append(f"driver {nv.driver}")
-    if _v(e.iogpu_wired_limit_mb) is not None:
-        parts.append(f"iogpu.wired_limit_mb={e.iogpu_wired_limit_mb}")
-    return ", ".join(parts) or DASH
-
-
-def _time_range(rs: list[Record]) -> str:
-    ts = sorted(str(r.time_utc) for r in rs if _v(r.time_utc))
-    if not ts:
-        return DASH
-    return ts[0] if ts[0] == ts[-1] else f"{ts[0]} … {ts[-1]}"
-
-
-def _argv(e: Environment) -> str:
-    argv = list(e.argv or [])
-    if argv:
-        argv[0] = os.path.basename(str(argv[0]))
-    return " ".join(str(a) for a in argv)
 
 
 def _model_section(name: str, recs: list[Record]) -> Section:
@@ -354,8 +236,8 @@ def _kv_intro(ok: list[dict[str, Any]], has_engine: bool, has_run: bool, has_mea
                   "(read by the run itself through ggml, e.g. cudaMemGetInfo, right after the load and right after "
                   "the context) grew when llama.cpp created the context: the KV buffers plus the compute buffers ggml "
                   "allocates whole on the device, so llama.cpp's device compute buffers are subtracted before the "
-                  "comparison with the prediction; the device rounds each allocation up (CUDA on an H100: 2 MiB "
-                  "steps), so a few MiB remain (the host-side measured columns then hold no KV)")
+                  "comparison with the prediction; the device rounds each allocation up (CUDA in 2 MiB steps where "
+                  "measured), so a few MiB remain (the host-side measured columns then hold no KV)")
     intro += "."
     if any((r["kv_cache_lines_llamacpp"] or 0) > 1 for r in ok):
         intro += (" This model has several cache objects (e.g. full and sliding-window layers): llama.cpp prints one "
@@ -530,7 +412,7 @@ def build(records: Sequence[Record | dict[str, Any]], title: str | None = None, 
     names = sorted(models)
     if title is None:
         title = f"edgekv report: {', '.join(names)}" + (" (predicted only)" if predicted_only else "")
-    sections = [_env_section(recs)]
+    sections = [env_section(recs)]
     images: dict[str, bytes] = {}
     for name in names:
         idx = models[name]

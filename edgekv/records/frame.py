@@ -29,6 +29,8 @@ COLUMNS = (
     "file", "kind", "status", "reason", "model_name", "model_sha256", "arch", "machine", "device", "engine", "n_ctx",
     "type_k", "type_v", "flash_attn", "n_seq_max", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "n_prompt",
     "n_gen", "n_depth", "repetitions", "no_mmap", "repack", "n_parallel", "time_utc",
+    # the code that wrote the record (schema 4; None: unknown)
+    "edgekv_commit", "edgekv_dirty",
     # what llama.cpp used
     "flash_attn_llamacpp", "n_ctx_llamacpp", "ops_off_device_llamacpp",
     # KV cache (every cache: KV + recurrent + state): formula, llama.cpp's dry run, llama.cpp's log in the measured run
@@ -110,6 +112,16 @@ def device_label(rec: Record) -> str:
     return f"{name}: {s}" if name else s
 
 
+def code_label(rec: Record) -> str:
+    """The edgekv code that wrote a record, as reports and compare print it: ``3f32cba``, ``3f32cba-dirty``, or
+    ``unknown`` (written before records carried it, or edgekv could not tell)."""
+    env = rec.environment
+    commit = _v(env.edgekv_commit)
+    if not commit:
+        return "unknown"
+    return str(commit)[:7] + ("-dirty" if _v(env.edgekv_dirty) else "")
+
+
 def _identity(rec: Record, file: str | None) -> dict[str, Any]:
     s, m, eff = rec.settings, rec.model, _v(rec.effective)
     return {
@@ -121,6 +133,7 @@ def _identity(rec: Record, file: str | None) -> dict[str, Any]:
         "repetitions": s.repetitions, "no_mmap": bool(_v(s.no_mmap)), "repack": repack_of(s),
         "n_parallel": _v(s.n_parallel),
         "time_utc": _v(rec.time_utc),
+        "edgekv_commit": _v(rec.environment.edgekv_commit), "edgekv_dirty": _v(rec.environment.edgekv_dirty),
         "flash_attn_llamacpp": _v(eff.flash_attn) if eff is not None else None,
         # the context llama.cpp built: -c, or llama-bench's own (depth + its prompt test's tokens)
         "n_ctx_llamacpp": _v(eff.n_ctx) if eff is not None else None,
@@ -207,11 +220,7 @@ def _speed(rec: Record) -> dict[str, Any]:
     speed, out = _v(rec.speed), {}
     for test in ("pp", "tg"):
         t = _v(getattr(speed, test)) if speed is not None else None
-        ci = (t.ci95_ts if t is not None else None) or [None, None]
-        if t is not None and len(t.samples_ts) >= 2 and all(x > 0 for x in t.samples_ts):
-            from edgekv.core.stats import summarize  # records written before issue 19 hold a linear interval below 0
-
-            ci = summarize(t.samples_ts)["ci95"] or ci
+        ci = (t.ci95_ts if t is not None else None) or [None, None]     # an older record's: fixed on upgrade (v4)
         out.update({
             f"{test}_n_tokens": t.n_tokens if t is not None else None,
             f"{test}_tokens_per_s_mean": t.mean_ts if t is not None else None,

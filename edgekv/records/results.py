@@ -15,6 +15,11 @@ Schema history (``schema_version``):
   parts in seconds per token with their sources, the decode roofline, the calibration id; see
   :mod:`edgekv.core.speed`) and ``speed_residual`` (measured - predicted, % of predicted).  v2 records are
   upgraded with ``prediction.speed = None`` (never predicted).
+* 4 -- the code identity: ``environment.edgekv_commit`` and ``environment.edgekv_dirty`` (the edgekv commit that
+  wrote the record, and whether its files had local changes).  v3 records are upgraded without them (absent: the
+  commit is unknown, never guessed); their speed tests' ``ci95_ts`` is recomputed from their samples on the
+  logarithm, as edgekv computes it today (:func:`edgekv.core.stats.summarize`): records written before that rule
+  held a linear interval, which could reach below zero.
 
 Loading upgrades older records step by step (``UPGRADES``, on plain dicts), refuses records written
 by a newer edgekv, then decodes each record strictly into :class:`edgekv.records.schema.Record`
@@ -75,8 +80,31 @@ def _v2_to_v3(r: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
+SPEED_TESTS = ("pp", "tg", "pg", "tg_seq")
+
+
+def _v3_to_v4(r: dict[str, Any]) -> dict[str, Any]:
+    """v3 records carry no code identity (left absent: unknown); a speed test's 95 % interval is recomputed from its
+    samples where they are all positive (the interval on the logarithm; an older record may hold a linear one)."""
+    from edgekv.core.stats import summarize
+
+    r = dict(r)
+    speed = r.get("speed")
+    if isinstance(speed, dict):
+        speed = dict(speed)
+        for test in SPEED_TESTS:
+            t = speed.get(test)
+            xs = t.get("samples_ts") if isinstance(t, dict) else None
+            if (isinstance(xs, list) and len(xs) >= 2
+                    and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in xs)):
+                speed[test] = {**t, "ci95_ts": summarize(xs)["ci95"]}
+        r["speed"] = speed
+    r["schema_version"] = 4
+    return r
+
+
 # v -> function upgrading a v record to v+1, in order.
-UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 # The settings that identify a configuration: two records with equal values describe the same
 # measurement (resume skips it; compare pairs them).
@@ -134,7 +162,7 @@ def env_differences(a: Environment, b: Environment) -> list[str]:
 
 def _llama_bench_environment(r: dict[str, Any]) -> dict[str, Any]:
     """An imported llama-bench row written before the environment was typed kept llama-bench's strings: ``backends``
-    "Metal,BLAS" and ``devices`` "Apple M2" are the lists ["Metal", "BLAS"] and ["Apple M2"] now (same facts)."""
+    "Metal,BLAS" and ``devices`` "GPU name" are the lists ["Metal", "BLAS"] and ["GPU name"] now (same facts)."""
     env = r.get("environment")
     if r.get("kind") != "llama-bench" or not isinstance(env, dict):
         return r
