@@ -83,9 +83,10 @@ def parse_group(stdout: str, stderr: str, group: list[ProbeStep], where: str) ->
 
 
 def run_probe(exe: str, models: list[ProbeModel], progress: Callable[[str], None] | None = None,
-              timeout: float = LB_TIMEOUT_S) -> list[ProbeResult]:
-    """The calibration plan ``models`` (edgekv.orchestration.speedcal's) measured by llama-bench at ``exe``, every
-    llama-bench process within ``timeout`` seconds of the call (the calibration's deadline)."""
+              timeout: float = float("inf")) -> list[ProbeResult]:
+    """The calibration plan ``models`` (edgekv.orchestration.speedcal's) measured by llama-bench at ``exe``: each
+    llama-bench process within LB_TIMEOUT_S, and all of them within ``timeout`` seconds of the call (the
+    calibration's deadline)."""
     import time
 
     end = time.monotonic() + timeout
@@ -125,7 +126,7 @@ def _run(argv: list[str], where: str, end: float, env: dict[str, str] | None = N
 
     from edgekv.edges.process import run_child
 
-    left = end - time.monotonic()
+    left = min(LB_TIMEOUT_S, end - time.monotonic())
     if left <= 0:
         raise ProbeError(f"llama-bench timed out on {where}: the calibration's time ran out")
     child = run_child(argv, stdin_data=b"", timeout=left, capture_output=True, env=env)

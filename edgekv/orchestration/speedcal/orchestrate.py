@@ -257,8 +257,9 @@ def _keep_partial(e: PartlyMeasured, load: dict[str, Any], store: _Store, want: 
 def _keep_timeout(e: CalibrationTimeout, load: dict[str, Any], store: _Store, budget: float) -> CalibrationTimeout:
     """The error of a run that passed its deadline (``budget``: the seconds it had), what it measured and solved
     before cached as _keep_partial does."""
-    head = f"the speed calibration passed its {budget:.0f} s deadline " + \
-        (f"after measuring {e.measured}" if e.measured else "before it measured anything")
+    head = f"the speed calibration passed its {budget:.0f} s deadline" if budget >= 1 else \
+        "the speed calibration passed its deadline"
+    head += f" after measuring {e.measured}" if e.measured else " before it measured anything"
     tail = ""
     if e.cal is not None and e.measured:
         if load.get("busy"):

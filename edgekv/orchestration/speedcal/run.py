@@ -11,11 +11,13 @@ from edgekv.core.probe import ProbeModel, ProbeRequest, ProbeResult, reply_from,
 from edgekv.orchestration.speedcal.errors import CalibrationError
 
 RUN_TIMEOUT_S = 600.0       # one plan's child at most (a calibration's longest plan takes a few minutes)
+NO_DEADLINE = float("inf")
 Progress = Callable[[str], None]
 
 
 class Runner(Protocol):
-    """What measures a plan: (plan, progress, timeout in seconds) -> one result per timed step and depth.  Raises
+    """What measures a plan: (plan, progress, timeout) -> one result per timed step and depth; ``timeout``: the
+    seconds the calibration has left (inf without a deadline; a runner keeps its own limits within it).  Raises
     CalibrationError when the plan could not be measured (a child that died, timed out or refused a model)."""
 
     def __call__(self, plan: list[ProbeModel], progress: Progress | None, timeout: float) -> list[ProbeResult]: ...
@@ -32,7 +34,7 @@ def child_runner(plan: list[ProbeModel], progress: Progress | None, timeout: flo
             progress(str(ev.get("step")))
 
     payload = to_wire(ProbeRequest(models=list(plan)))
-    res = run_child(worker_argv("speed_probe"), payload, timeout=timeout, on_event=on_event)
+    res = run_child(worker_argv("speed_probe"), payload, timeout=min(timeout, RUN_TIMEOUT_S), on_event=on_event)
     try:
         reply = reply_from(res.result) if res.result is not None else None
     except msgspec.ValidationError as e:
@@ -47,7 +49,7 @@ def llama_bench_runner(llama_bench: str) -> Runner:
     """A runner that measures each plan through the user's llama-bench at ``llama_bench``."""
     from edgekv.orchestration.lbprobe import ProbeError, run_probe
 
-    def run(plan: list[ProbeModel], progress: Progress | None, timeout: float = RUN_TIMEOUT_S) -> list[ProbeResult]:
+    def run(plan: list[ProbeModel], progress: Progress | None, timeout: float = NO_DEADLINE) -> list[ProbeResult]:
         try:
             return run_probe(llama_bench, plan, progress, timeout)
         except ProbeError as e:
@@ -62,14 +64,14 @@ def runner_for(llama_bench: str | None) -> Runner:
 
 
 class Bounded:
-    """A runner held to an absolute deadline (``time.monotonic()``; None: none): each run's timeout is at most the
-    time left, and ``expired`` says whether the deadline has passed."""
+    """A runner held to an absolute deadline (``time.monotonic()``; None: none): each run's timeout is the time left
+    (inf without a deadline), and ``expired`` says whether the deadline has passed."""
 
     def __init__(self, run: Runner, deadline: float | None):
         self.run, self.deadline = run, deadline
 
     def left(self) -> float:
-        return RUN_TIMEOUT_S if self.deadline is None else min(RUN_TIMEOUT_S, self.deadline - time.monotonic())
+        return NO_DEADLINE if self.deadline is None else self.deadline - time.monotonic()
 
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
