@@ -50,10 +50,11 @@ from edgekv.orchestration.speedcal.plans import (
            weight_shape,
 )
 from edgekv.orchestration.speedcal.run import Runner, child_runner, llama_bench_runner
+from edgekv.orchestration.speedcal.solve import solve_attn, solve_bodies, solve_nodes, solve_vocab, solve_weights
 from edgekv.orchestration.speedcal.store import CAL_VERSION, DRIFT_LIMIT, DRIFT_RECHECK_S, cached, runtime_name
 
 __all__ = ["CAL_VERSION", "DRIFT_LIMIT", "DRIFT_RECHECK_S", "SPEED_CALIBRATE_ENV", "CalibrationError",
            "CalibrationTimeout", "Disturbed", "PartlyMeasured", "Runner", "SpeedCalibration", "attn_plan",
            "auto_measure", "base_plan", "body_plan", "cached", "calibrate", "child_runner", "context", "deep_plan",
-           "export_calibrations", "import_calibrations", "llama_bench_runner", "runtime_name", "step", "weight_plan",
-           "weight_shape"]
+           "export_calibrations", "import_calibrations", "llama_bench_runner", "runtime_name", "solve_attn",
+           "solve_bodies", "solve_nodes", "solve_vocab", "solve_weights", "step", "weight_plan", "weight_shape"]

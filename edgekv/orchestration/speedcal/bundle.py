@@ -19,7 +19,7 @@ from typing import Any, Literal
 import msgspec
 
 from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration
-from edgekv.orchestration.calibrate import fingerprint_key, store_path, write_json
+from edgekv.orchestration.calibrate import CALIBRATION_VERSION, fingerprint_key, store_path, write_json
 from edgekv.orchestration.speedcal.errors import CalibrationError
 from edgekv.orchestration.speedcal.store import CAL_VERSION, speed_name
 
@@ -50,6 +50,7 @@ class _Head(msgspec.Struct):
 
 class _Fingerprint(msgspec.Struct):
     runtime: str
+    calibration: int = 0
     binary: list[Any] | None = None
 
 
@@ -124,6 +125,9 @@ def entry_name(e: Entry) -> str:
     if _tag_of(fp) != e.runtime:
         raise ValueError("its runtime is not its fingerprint's")
     if e.kind == "baseline":
+        if fp.calibration != CALIBRATION_VERSION:
+            raise ValueError(f"it is a runtime baseline of version {fp.calibration}; this edgekv reads "
+                             f"{CALIBRATION_VERSION}: export it again with this edgekv")
         return e.runtime
     if (fp.speed, fp.model) != (CAL_VERSION, SPEED_MODEL_VERSION):
         raise ValueError(f"it is a speed calibration of version {fp.speed}/{fp.model}; this edgekv reads "
