@@ -925,6 +925,7 @@ def test_a_machine_that_changed_under_its_calibration_is_measured_again(monkeypa
     assert not kept.remeasured and kept.cal.id == new.cal.id
 
 
+@pytest.mark.slow     # a llama.cpp child
 def test_interleaved_attention_steps_run_in_turn_through_llama_cpp():
     """edgekv's own probe takes an attention difference's two depths as two sequences of one context (a KV stream
     each), their runs in turn: every run starts at exactly its depth (the child checks), and the deeper sequence's
@@ -986,6 +987,7 @@ def test_one_thread_times_half_the_tokens_a_decode_run_and_fills_on_every_core()
                    for m in plan + attn for c in m.contexts)
 
 
+@pytest.mark.slow     # a llama.cpp child
 def test_a_one_thread_calibration_fills_on_more_threads_and_times_on_one_through_llama_cpp():
     """Through llama.cpp: a -t 1 attention step's fill runs on the default thread count (llama.cpp holds it while
     filling) and its timed runs on one, and the difference of its two depths still measures a cost per cell."""
@@ -1003,6 +1005,7 @@ def test_a_one_thread_calibration_fills_on_more_threads_and_times_on_one_through
     assert tg > 0 and pp > 0
 
 
+@pytest.mark.slow     # a llama.cpp child
 def test_an_f16_cache_short_prompt_is_timed_through_llama_cpp_and_costs_more_per_cell():
     """An f16 cache's interleaved plan has a short prompt (PP_ROWS_N, under llama.cpp's 64-row tile) over the
     long prompt's depths; through llama.cpp its deeper runs take longer, and its cost per cell is above the long
