@@ -21,7 +21,7 @@ CHILD = r"""
 import ctypes, json, os, random, sys
 os.environ["LLAMA_KV_CACHE_DEBUG"] = "2"
 import llama_cpp as L
-from edgekv.child.workload import _Runner
+from edgekv.child.tokens import TokenRunner as _Runner
 from edgekv.core.predict import ContextParams
 from edgekv.edges.engine import LogCapture, context_params, model_params
 

@@ -15,9 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace as with_
 
 from edgekv.cli.main import main
 from edgekv.core.llamalog import parse_graph_line, parse_memory_log
+from edgekv.core.probe import ProbeResult, median_s
 from edgekv.core.speed import (
     FA_TILE_Q,
     Calibration,
@@ -31,7 +33,13 @@ from edgekv.core.speed import (
 )
 from edgekv.edges.home import edgekv_home
 from edgekv.edges.tinymodel import drop_plan_models, plan_headers
+from edgekv.orchestration import speedcal as S
 from edgekv.orchestration.api import load_model
+from edgekv.orchestration.calibrate import write_json
+from edgekv.orchestration.speedcal import orchestrate as O
+from edgekv.orchestration.speedcal import plans as P
+from edgekv.orchestration.speedcal import solve as V
+from edgekv.orchestration.speedcal import store as ST
 
 # -- llama.cpp's graph line (llama-context.cpp:754) -------------------------------------------------------------
 
@@ -42,13 +50,13 @@ def headers():
     plans = []
 
     def make(plan):
-        plan_headers(plan)
+        plan_headers([m.file_entry() for m in plan])
         plans.append(plan)
         return plan
 
     yield make
     for plan in plans:
-        drop_plan_models(plan)
+        drop_plan_models([m.file_entry() for m in plan])
 
 def test_graph_line_both_forms():
     one = "llama_context: graph: nodes = 967, splits = 1, input objects = 5, input tensors = 6"
@@ -172,63 +180,62 @@ def test_without_flash_attention_a_token_pays_the_whole_padded_view(smol):
 
 def test_the_attention_calibration_evicts_the_cpu_caches_between_tokens(monkeypatch, headers):
     from edgekv.edges import environment
-    from edgekv.orchestration import speedcal as S
 
     # a token reads EVICT_FACTOR x the last-level cache: the model's own Q8_0 matrices (34 bytes per 32 values),
     # then a head of n_embd columns for the rest
-    g = S.geometry_shape("h9kv3k64v64")
+    g = P.geometry_shape("h9kv3k64v64")
     own = 6 * (576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 256) * 34 / 32
-    assert S.stream_bytes({**g, "n_vocab": 0}) == pytest.approx(own)
-    nv = S.evict_vocab(g, 32 << 20)
-    assert S.stream_bytes({**g, "n_vocab": nv}) >= S.EVICT_FACTOR * (32 << 20) > S.stream_bytes({**g, "n_vocab": nv - 256})
-    assert S.stream_bytes({**g, "n_vocab": S.evict_vocab(g, None)}) >= S.EVICT_DEFAULT_BYTES
-    assert S.stream_bytes({**g, "n_vocab": S.evict_vocab(g, 1 << 40)}) < S.EVICT_MAX_BYTES + 256 * 576 * 34 / 32
+    assert P.stream_bytes({**g, "n_vocab": 0}) == pytest.approx(own)
+    nv = P.evict_vocab(g, 32 << 20)
+    assert P.stream_bytes({**g, "n_vocab": nv}) >= P.EVICT_FACTOR * (32 << 20) > P.stream_bytes({**g, "n_vocab": nv - 256})
+    assert P.stream_bytes({**g, "n_vocab": P.evict_vocab(g, None)}) >= P.EVICT_DEFAULT_BYTES
+    assert P.stream_bytes({**g, "n_vocab": P.evict_vocab(g, 1 << 40)}) < P.EVICT_MAX_BYTES + 256 * 576 * 34 / 32
     # Bonsai 8B's heads at its hidden size: its six layers alone read 287 MB a token, no head is added
-    assert S.evict_vocab(S.geometry_shape("h32kv8k128v128"), 32 << 20) == 256
-    assert S.evict_shape("h32kv8k128v128") is None
-    assert [m["key"] for m in S.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h32kv8k128v128")] == [
+    assert P.evict_vocab(P.geometry_shape("h32kv8k128v128"), 32 << 20) == 256
+    assert P.evict_shape("h32kv8k128v128") is None
+    assert [m.key for m in P.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h32kv8k128v128")] == [
         "attn_h32kv8k128v128"]
     monkeypatch.setattr(environment, "last_level_cache_bytes", lambda: 16 << 20)
-    shape = S.evict_shape("h9kv3k64v64")
-    assert shape["n_vocab"] == S.evict_vocab(g, 16 << 20) and shape["embd_type"] == "Q8_0"
-    assert {k: v for k, v in shape.items() if k not in ("n_vocab", "embd_type")} == S.geometry_shape("h9kv3k64v64")
+    shape = P.evict_shape("h9kv3k64v64")
+    assert shape["n_vocab"] == P.evict_vocab(g, 16 << 20) and shape["embd_type"] == "Q8_0"
+    assert {k: v for k, v in shape.items() if k not in ("n_vocab", "embd_type")} == P.geometry_shape("h9kv3k64v64")
     from edgekv.edges.gguf_header import read_header_file
 
     def head(m):
-        return next(t for t in read_header_file(m["model_path"]).tensors if t.name == "output.weight").n_bytes
+        return next(t for t in read_header_file(m.model_path).tensors if t.name == "output.weight").n_bytes
 
     # the decode steps run on the evicting model, the prompts on the geometry's own (a 256-row head)
-    plan = S.attn_plan([("f16", "f16", "auto")], 2, True, "h9kv3k64v64", interleave=True)
+    plan = P.attn_plan([("f16", "f16", "auto")], 2, True, "h9kv3k64v64", interleave=True)
     headers(plan)       # a plan writes nothing: the probe writes each model as it loads it
-    by = {m["key"]: m for m in plan}
-    assert head(by["attnv_h9kv3k64v64"]) + own >= S.EVICT_FACTOR * (16 << 20) > head(by["attn_h9kv3k64v64"]) + own
-    assert [(st["key"], st["n"]) for st in by["attnv_h9kv3k64v64"]["contexts"][0]["steps"]] == [("tg", S.EVICT_TG_N)]
-    assert [st["key"] for st in by["attn_h9kv3k64v64"]["contexts"][0]["steps"]] == ["pp", "ps", "pt"]
+    by = {m.key: m for m in plan}
+    assert head(by["attnv_h9kv3k64v64"]) + own >= P.EVICT_FACTOR * (16 << 20) > head(by["attn_h9kv3k64v64"]) + own
+    assert [(st.key, st.n) for st in by["attnv_h9kv3k64v64"].contexts[0].steps] == [("tg", P.EVICT_TG_N)]
+    assert [st.key for st in by["attn_h9kv3k64v64"].contexts[0].steps] == ["pp", "ps", "pt"]
     # a quantized pair (the per-row loop): decode steps from ROW_LOOP_TG_START, short prompts on the geometry's model
-    q8 = {m["key"]: m for m in S.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h9kv3k64v64", interleave=True)}
-    assert [(st["key"], st["depths"], st["n"]) for st in q8["attnv_h9kv3k64v64"]["contexts"][0]["steps"]] == [
-        ("tg", [S.ROW_LOOP_TG_START, S.ROW_LOOP_TG_START + 1024], S.EVICT_TG_N)]
-    assert [(st["key"], st["depths"], st["n"]) for st in q8["attn_h9kv3k64v64"]["contexts"][0]["steps"]] == [
-        ("pp", list(S.ATTN_PP_DEPTHS), S.ROW_LOOP_PP_N)]
+    q8 = {m.key: m for m in P.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h9kv3k64v64", interleave=True)}
+    assert [(st.key, st.depths, st.n) for st in q8["attnv_h9kv3k64v64"].contexts[0].steps] == [
+        ("tg", [P.ROW_LOOP_TG_START, P.ROW_LOOP_TG_START + 1024], P.EVICT_TG_N)]
+    assert [(st.key, st.depths, st.n) for st in q8["attn_h9kv3k64v64"].contexts[0].steps] == [
+        ("pp", list(P.ATTN_PP_DEPTHS), P.ROW_LOOP_PP_N)]
     # the solver reads the decode steps from the one model and the prompts from the other
     from edgekv.core.speed import attn_units_tg
 
-    shape_g = S.geometry_shape("h9kv3k64v64")
-    sh, units = S._attn_speed_shape(shape_g), S._attn_units(shape_g)
+    shape_g = P.geometry_shape("h9kv3k64v64")
+    sh, units = V.attn_speed_shape(shape_g), P.attn_units(shape_g)
     res = []
-    for m in S.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h9kv3k64v64"):
-        for st in m["contexts"][0]["steps"]:
-            d, n = st["depth"], st["n"]
-            t = (0.01 + n * attn_units_tg(sh, d + n / 2, 2, False) * 4e-10 if st["test"] == "tg"
+    for m in P.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h9kv3k64v64"):
+        for st in m.contexts[0].steps:
+            d, n = st.depth, st.n
+            t = (0.01 + n * attn_units_tg(sh, d + n / 2, 2, False) * 4e-10 if st.test == "tg"
                  else 0.2 + n * units * (d + n / 2) * 2e-10)
-            res.append({"model": m["key"], "context": m["contexts"][0]["key"], "step": st["key"], "n": n,
-                        "ns": [int(t * 1e9)] * 3})
-    assert S.solve_attn(res, kv_key("q8_0", "q8_0", "auto", "h9kv3k64v64"), 2) == (
+            res.append(ProbeResult(model=m.key, context=m.contexts[0].key, step=st.key, n=n,
+                        ns=[int(t * 1e9)] * 3))
+    assert V.solve_attn(res, kv_key("q8_0", "q8_0", "auto", "h9kv3k64v64"), 2) == (
         pytest.approx(4e-10, rel=1e-3), pytest.approx(2e-10, rel=1e-3))
     # a GPU, and the generic model whose few cells the node models read, keep one model of their own
-    assert [m["key"] for m in S.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h9kv3k64v64", "CUDA0")] == [
+    assert [m.key for m in P.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h9kv3k64v64", "CUDA0")] == [
         "attn_h9kv3k64v64"]
-    assert [m["key"] for m in S.attn_plan([("q8_0", "q8_0", "auto")], 2, True)] == ["attn"]
+    assert [m.key for m in P.attn_plan([("q8_0", "q8_0", "auto")], 2, True)] == ["attn"]
 
 
 def test_the_last_level_cache_is_the_os_s_figure(tmp_path, monkeypatch):
@@ -346,7 +353,7 @@ def test_a_prompt_ubatch_under_64_tokens_over_an_f16_cache_runs_the_per_row_loop
     query rows (ggml-cpu/ops.cpp:9546); a shorter ubatch runs the per-row loop, whose cost per cell the calibration
     measures apart.  A quantized cache runs that loop at every size (its one prompt coefficient); a GPU has no such
     split; a calibration without the short coefficient names the pair instead of guessing."""
-    from edgekv.core.speed import _attn_units, missing, tiled_prompt_path
+    from edgekv.core.speed import attn_units_at, missing, tiled_prompt_path
 
     _, sh = smol
     cal = _cal()
@@ -357,15 +364,15 @@ def test_a_prompt_ubatch_under_64_tokens_over_an_f16_cache_runs_the_per_row_loop
         return next(x for x in r.parts if x.name == "attention")
 
     assert FA_TILE_Q == 64
-    assert attn(32, 512).s_per_token == pytest.approx(_attn_units(sh, 1024 + 16, cal.attn_pp_rows_s, kv))
+    assert attn(32, 512).s_per_token == pytest.approx(attn_units_at(sh, 1024 + 16, cal.attn_pp_rows_s, kv))
     assert "1 ubatch(es) under 64 tokens" in attn(32, 512).source
-    assert attn(64, 512).s_per_token == pytest.approx(_attn_units(sh, 1024 + 32, cal.attn_pp_s, kv))
+    assert attn(64, 512).s_per_token == pytest.approx(attn_units_at(sh, 1024 + 32, cal.attn_pp_s, kv))
     assert "under 64" not in attn(64, 512).source
     # a 96-token prompt in ubatches of 64: one tiled ubatch, then 32 tokens through the per-row loop
-    both = (64 * _attn_units(sh, 1024 + 32, cal.attn_pp_s, kv) + 32 * _attn_units(sh, 1088 + 16, cal.attn_pp_rows_s, kv))
+    both = (64 * attn_units_at(sh, 1024 + 32, cal.attn_pp_s, kv) + 32 * attn_units_at(sh, 1088 + 16, cal.attn_pp_rows_s, kv))
     assert attn(96, 64).s_per_token == pytest.approx(both / 96)
     q8 = kv_key("q8_0", "q8_0", "auto")
-    assert attn(32, 512, "q8_0").s_per_token == pytest.approx(_attn_units(sh, 1024 + 16, cal.attn_pp_s, q8))
+    assert attn(32, 512, "q8_0").s_per_token == pytest.approx(attn_units_at(sh, 1024 + 16, cal.attn_pp_s, q8))
     assert tiled_prompt_path("f16", "f16", "auto") and tiled_prompt_path("f32", "f32", "on")
     assert not any([tiled_prompt_path("q8_0", "q8_0", "auto"), tiled_prompt_path("f16", "q8_0", "auto"),
                     tiled_prompt_path("f16", "f16", "off"), tiled_prompt_path("f16", "f16", "auto", "CUDA0")])
@@ -380,8 +387,7 @@ def test_short_query_tiles_cost_what_full_ones_do(smol):
     9160-9170) and runs every tile over all its 64 rows: SmolLM2's 9 heads at 128 tokens on two threads run 24 tiles
     for 18 full ones' rows.  The calibration's share of cost per tile scales each layer's rows accordingly; the
     solver recovers the share and the cost per row of full tiles from the plan's own steps (a forward model)."""
-    from edgekv.core.speed import FA_TILE_Q, _attn_units, fa_tiles, tile_factor
-    from edgekv.orchestration import speedcal as S
+    from edgekv.core.speed import FA_TILE_Q, attn_units_at, fa_tiles, tile_factor
 
     assert [fa_tiles(n, 9, 2) for n in (64, 96, 128, 256, 512)] == [16, 22, 24, 40, 72]
     assert [fa_tiles(n, 9, 1) for n in (64, 96, 128, 256, 512)] == [9, 18, 18, 36, 72]    # one chunk: per head
@@ -401,34 +407,34 @@ def test_short_query_tiles_cost_what_full_ones_do(smol):
     assert attn(tiled, 512).s_per_token == pytest.approx(attn(full, 512).s_per_token)      # full tiles: alike
     assert attn(tiled, 128).s_per_token == pytest.approx(attn(full, 128).s_per_token * (0.6 * 4 / 3 + 0.4))
     assert "cut short" in attn(tiled, 128).source and "cut short" not in attn(full, 128).source
-    assert _attn_units(sh, 1.0) > 0
+    assert attn_units_at(sh, 1.0) > 0
     # the solver: a geometry model whose tiles cost 0.6 of the kernel, the rest per row, 3e-11 a row-cell in full tiles
-    (m, *_) = [x for x in S.attn_plan([("f16", "f16", "auto")], 2, True, g) if x["key"] == f"attn_{g}"]
-    shape = S.geometry_shape(g)
-    units, h = S._attn_units(shape), shape["n_head"]
-    res = [{"model": m["key"], "context": kg, "step": st["key"],
-            "ns": [int((0.1 + st["n"] * units * (st["depth"] + st["n"] / 2) * 3e-11
-                        * tile_factor(0.6, st["n"], h, 2)) * 1e9)] * 3}
-           for st in m["contexts"][0]["steps"] if st["test"] == "pp"]
-    assert {r["step"] for r in res} >= {"pt0", "pt1024", "pp0", "pp1024"}
-    assert S.solve_tile_share(res, kg, 2) == pytest.approx(0.6, rel=1e-3)
+    (m, *_) = [x for x in P.attn_plan([("f16", "f16", "auto")], 2, True, g) if x.key == f"attn_{g}"]
+    shape = P.geometry_shape(g)
+    units, h = P.attn_units(shape), shape["n_head"]
+    res = [ProbeResult(model=m.key, context=kg, step=st.key,
+            ns=[int((0.1 + st.n * units * (st.depth + st.n / 2) * 3e-11
+                        * tile_factor(0.6, st.n, h, 2)) * 1e9)] * 3)
+           for st in m.contexts[0].steps if st.test == "pp"]
+    assert {r.step for r in res} >= {"pt0", "pt1024", "pp0", "pp1024"}
+    assert V.solve_tile_share(res, kg, 2) == pytest.approx(0.6, rel=1e-3)
     # deep in the cache its own share, from the deep model's PT_N-token prompts beside its DEEP_PP_N ones
-    d = S.deep_plan([("f16", "f16", "auto")], 2, True, g)
-    du = S._attn_units(S.deep_shape(g))
-    res += [{"model": d["key"], "context": kg, "step": st["key"],
-             "ns": [int((0.05 + st["n"] * du * (st["depth"] + st["n"] / 2) * 4e-11 * tile_factor(0.3, st["n"], h, 2))
-                        * 1e9)] * 3} for st in d["contexts"][0]["steps"]]
-    assert S.solve_tile_share(res, kg, 2, deep=True) == pytest.approx(0.3, rel=1e-3)
-    assert S.solve_tile_share(res, kg, 2) == pytest.approx(0.6, rel=1e-3)
+    d = P.deep_plan([("f16", "f16", "auto")], 2, True, g)
+    du = P.attn_units(P.deep_shape(g))
+    res += [ProbeResult(model=d.key, context=kg, step=st.key,
+             ns=[int((0.05 + st.n * du * (st.depth + st.n / 2) * 4e-11 * tile_factor(0.3, st.n, h, 2))
+                        * 1e9)] * 3) for st in d.contexts[0].steps]
+    assert V.solve_tile_share(res, kg, 2, deep=True) == pytest.approx(0.3, rel=1e-3)
+    assert V.solve_tile_share(res, kg, 2) == pytest.approx(0.6, rel=1e-3)
     # and the prediction prices the deep cells with the deep share: SmolLM2's 128-token prompt at depth 8192
     both = _cal(attn_pp_tile_share={kg: 0.6}, attn_pp_tile_share_deep={kg: 0.3})
     deep_only = attn(both, 128, 8192).s_per_token / attn(full, 128, 8192).s_per_token
     assert 0.3 / 3 + 1 < deep_only < 0.6 / 3 + 1     # mostly the deep share's factor, a little of the shallow one's
     # noise that makes short tiles cheaper per row than full ones gives no share (every row alike), never a negative
-    cheap = [{"model": m["key"], "context": kg, "step": st["key"],
-              "ns": [int((0.1 + st["n"] * units * st["depth"] * (2.5e-11 if st["key"].startswith("pt") else 3e-11))
-                         * 1e9)] * 3} for st in m["contexts"][0]["steps"] if st["test"] == "pp"]
-    assert S.solve_tile_share(cheap, kg, 2) == 0.0
+    cheap = [ProbeResult(model=m.key, context=kg, step=st.key,
+              ns=[int((0.1 + st.n * units * st.depth * (2.5e-11 if st.key.startswith("pt") else 3e-11))
+                         * 1e9)] * 3) for st in m.contexts[0].steps if st.test == "pp"]
+    assert V.solve_tile_share(cheap, kg, 2) == 0.0
     assert kv != kg
 
 
@@ -437,7 +443,7 @@ def test_the_tiled_kernel_prices_deep_cells_at_the_deep_coefficient(smol):
     and its deep one from TILED_DEEP_DEPTHS[0] on, linear between (bench/README.md: SmolLM2's heads 22 and 40 ps
     on a 2-vCPU EPYC); only a long prompt over an F16/F32 cache on the CPU takes it, and a calibration without
     the deep coefficient names the pair instead of guessing."""
-    from edgekv.core.speed import TILED_DEEP_DEPTHS, TILED_SHALLOW_END, _attn_units, missing, tiled_cells_cost
+    from edgekv.core.speed import TILED_DEEP_DEPTHS, TILED_SHALLOW_END, attn_units_at, missing, tiled_cells_cost
 
     a, b = TILED_SHALLOW_END, TILED_DEEP_DEPTHS[0]
     assert tiled_cells_cost(3000, 2.0, 2.0) == pytest.approx(6000)
@@ -456,8 +462,8 @@ def test_the_tiled_kernel_prices_deep_cells_at_the_deep_coefficient(smol):
 
     # shallow prompts: alike; deep ones: each layer's cells priced along the ramp (SmolLM2: 30 full-depth layers)
     assert attn(dear, 256).s_per_token == pytest.approx(attn(flat, 256).s_per_token)
-    assert attn(flat, 8192).s_per_token == pytest.approx(_attn_units(sh, 8192 + 256, flat.attn_pp_s, kv))
-    units = _attn_units(sh, 1.0)
+    assert attn(flat, 8192).s_per_token == pytest.approx(attn_units_at(sh, 8192 + 256, flat.attn_pp_s, kv))
+    units = attn_units_at(sh, 1.0)
     assert attn(dear, 8192).s_per_token == pytest.approx(units * tiled_cells_cost(8192 + 256, 5e-11, 2e-10))
     assert attn(dear, 8192).s_per_token > 3 * attn(flat, 8192).s_per_token
     assert "past 1024" in attn(dear, 8192).source and "past" not in attn(dear, 256).source
@@ -570,73 +576,71 @@ def test_a_few_columns_cost_their_rows_beside_their_bytes():
 # -- the solvers recover known coefficients (a forward model of what the child measures) -------------------------
 
 def test_solvers_recover_the_coefficients(monkeypatch, tmp_path):
-    from edgekv.orchestration import speedcal as S
 
     truth = {"node_tg": 3e-6, "node_pp": 9e-6, "attn_tg": 4e-10, "attn_pp": 2e-10, "token": 90e-6, "ubatch": 1.4e-3,
              "node_short": 2e-6}
     nodes = {"nodes_a": (60, 70), "nodes_b": (700, 760)}
-    units = S._attn_units(S.ATTN_SHAPE)
+    units = P.attn_units(P.ATTN_SHAPE)
     out = []
     for name, (ntg, npp) in nodes.items():
         g = {"nodes_pp": npp, "nodes_tg": ntg, "splits_pp": 1, "splits_tg": 1, "ops_pp": npp, "ops_tg": ntg}
         t_tok = ntg * truth["node_tg"] + truth["token"]          # every token: its nodes and the cost outside them
-        out.append({"model": name, "context": "f16", "step": "tg", "ns": [int(32 * t_tok * 1e9)] * 3, "graph": g})
-        out.append({"model": name, "context": "f16", "step": "pp",
-                    "ns": [int((npp * truth["node_pp"] + truth["ubatch"]) * 1e9)] * 3, "graph": g})
+        out.append(ProbeResult(model=name, context="f16", step="tg", ns=[int(32 * t_tok * 1e9)] * 3, graph=g))
+        out.append(ProbeResult(model=name, context="f16", step="pp",
+                    ns=[int((npp * truth["node_pp"] + truth["ubatch"]) * 1e9)] * 3, graph=g))
     # before CAL_VERSION 15 no short prompt: its node cost is not measured (0.0, every ubatch priced alike)
-    assert S.solve_nodes(out)[4] == 0.0
+    assert V.solve_nodes(out)[4] == 0.0
     for name, (ntg, npp) in nodes.items():
         g = {"nodes_pp": npp, "nodes_tg": ntg, "splits_pp": 1, "splits_tg": 1, "ops_pp": npp, "ops_tg": ntg}
-        out.append({"model": name, "context": "f16", "step": "ps",
-                    "ns": [int((npp * truth["node_short"] + truth["ubatch"]) * 1e9)] * 5, "graph": g})
-    node_tg, node_pp, token, ubatch, short = S.solve_nodes(out)
+        out.append(ProbeResult(model=name, context="f16", step="ps",
+                    ns=[int((npp * truth["node_short"] + truth["ubatch"]) * 1e9)] * 5, graph=g))
+    node_tg, node_pp, token, ubatch, short = V.solve_nodes(out)
     assert node_tg == pytest.approx(truth["node_tg"], rel=1e-3) and node_pp == pytest.approx(truth["node_pp"], rel=1e-3)
     assert token == pytest.approx(truth["token"], rel=1e-3) and ubatch == pytest.approx(truth["ubatch"], rel=1e-3)
     assert short == pytest.approx(truth["node_short"], rel=1e-3)
-    assert [st["key"] for st in S.base_plan(2, True)[0]["contexts"][0]["steps"]] == ["tg", "pp", "ps"]
-    assert S.base_plan(2, True)[0]["contexts"][0]["steps"][2]["n"] == S.PP_SHORT_N < S.PP_N
+    assert [st.key for st in P.base_plan(2, True)[0].contexts[0].steps] == ["tg", "pp", "ps"]
+    assert P.base_plan(2, True)[0].contexts[0].steps[2].n == P.PP_SHORT_N < P.PP_N
     key = kv_key("q5_0", "q5_0", "auto")
-    a, n = S.attn_steps(None, False, rows=True), S.ROW_LOOP_PP_N
+    a, n = P.attn_steps(None, False, rows=True), P.ROW_LOOP_PP_N
     res = []
     for d in a.tg_depths:
-        res.append({"model": "attn", "context": key, "step": f"tg{d}", "n": S.TG_N,
-                    "ns": [int((0.01 + S.TG_N * units * (d + S.TG_N / 2) * truth["attn_tg"]) * 1e9)] * 3, "graph": None})
+        res.append(ProbeResult(model="attn", context=key, step=f"tg{d}", n=P.TG_N,
+                    ns=[int((0.01 + P.TG_N * units * (d + P.TG_N / 2) * truth["attn_tg"]) * 1e9)] * 3, graph=None))
     for d in a.pp_depths:
-        res.append({"model": "attn", "context": key, "step": f"pp{d}", "n": n,
-                    "ns": [int((0.2 + n * units * (d + n / 2) * truth["attn_pp"]) * 1e9)] * 3, "graph": None})
-    tg, pp = S.solve_attn(res, key)
+        res.append(ProbeResult(model="attn", context=key, step=f"pp{d}", n=n,
+                    ns=[int((0.2 + n * units * (d + n / 2) * truth["attn_pp"]) * 1e9)] * 3, graph=None))
+    tg, pp = V.solve_attn(res, key)
     assert tg == pytest.approx(truth["attn_tg"], rel=1e-3) and pp == pytest.approx(truth["attn_pp"], rel=1e-3)
     # a deeper cache measured no slower (other work hid its cost): an error, never a zero coefficient
-    flat = [{**x, "ns": [10_000_000] * 3} if x["step"].startswith("tg") else x for x in res]
+    flat = [with_(x, ns=[10_000_000] * 3) if x.step.startswith("tg") else x for x in res]
     with pytest.raises(S.CalibrationError, match="no cost for a deeper cache"):
-        S.solve_attn(flat, key)
+        V.solve_attn(flat, key)
 
 
 def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row(headers):
     """A forward model of the wide and the narrow weight models' timings (their real headers, as the calibration
     writes them): the solver recovers the mat-vec's cost per byte and per row, the prompt's per FLOP and the
     few-column step's; rows that noise makes negative cost nothing (never a negative coefficient)."""
-    from edgekv.orchestration import speedcal as S
 
     truth = {"byte": 3e-11, "row": 15e-9, "flop": 1e-11, "mm_byte": 2e-11, "col": 6e-11, "stream": 5e-11, "dot": 4e-9,
              "srow": 20e-9, "col_row": 7e-9}
     cal = Calibration(id="t", n_threads=2, node_tg_s=6e-7, node_pp_s=4e-5, token_tg_s=9e-6, ubatch_pp_s=6e-4)
-    plan = S.weight_plan(["q4_1"], 2, False)
+    plan = P.weight_plan(["q4_1"], 2, False)
     # the narrow model before and after the wide one (one file), then the large wide and narrow ones
-    assert [m["key"] for m in plan] == ["wn_q4_1", "w_q4_1", "wnb_q4_1", "ws_q4_1", "wsn_q4_1", "wsb_q4_1"]
-    assert plan[0]["model_path"] == plan[2]["model_path"]
-    assert not any(Path(m["model_path"]).exists() for m in plan)       # a plan writes nothing
+    assert [m.key for m in plan] == ["wn_q4_1", "w_q4_1", "wnb_q4_1", "ws_q4_1", "wsn_q4_1", "wsb_q4_1"]
+    assert plan[0].model_path == plan[2].model_path
+    assert not any(Path(m.model_path).exists() for m in plan)       # a plan writes nothing
     headers(plan)
-    assert all(Path(m["model_path"]).stat().st_size < 1 << 20 for m in plan)      # their tensor tables alone
+    assert all(Path(m.model_path).stat().st_size < 1 << 20 for m in plan)      # their tensor tables alone
     g = {"nodes_pp": 150, "nodes_tg": 140, "splits_pp": 1, "splits_tg": 1, "ops_pp": 100, "ops_tg": 90}
-    shapes = {m["key"]: S._probe_shape(m["model_path"], g, [], False) for m in plan}
+    shapes = {m.key: V.probe_shape(m.model_path, g, [], False) for m in plan}
     rows = {k: sum(x.rows for x in sh.groups) for k, sh in shapes.items()}
     nbytes = {k: sum(x.bytes for x in sh.groups) for k, sh in shapes.items()}
     assert rows["wn_q4_1"] / nbytes["wn_q4_1"] > 1.8 * rows["w_q4_1"] / nbytes["w_q4_1"]     # rows half as long
     assert rows["wsn_q4_1"] / nbytes["wsn_q4_1"] > 1.7 * rows["ws_q4_1"] / nbytes["ws_q4_1"]
     # and a few large matrices (an 8B model's widths): a third of the rows per byte, a tenth of the matrices
     assert rows["wsb_q4_1"] / nbytes["wsb_q4_1"] < 0.4 * rows["ws_q4_1"] / nbytes["ws_q4_1"]
-    assert shapes["wsb_q4_1"].groups and plan[5]["shape"]["n_layer"] * 10 <= plan[3]["shape"]["n_layer"]
+    assert shapes["wsb_q4_1"].groups and plan[5].shape["n_layer"] * 10 <= plan[3].shape["n_layer"]
 
     def results(row: float, dot: float = truth["dot"]) -> list[dict]:
         out = []
@@ -644,8 +648,8 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row(headers):
             large = k.startswith("ws")
             t_tok = 90 * cal.node_tg_s + cal.token_tg_s + (nbytes[k] * truth["stream"] + rows[k] * truth["srow"] if large
                                                              else nbytes[k] * truth["byte"] + rows[k] * row)
-            n_tok = S.STREAM_N if large else S.TG_N
-            out.append({"model": k, "context": "f16", "step": "tg", "n": n_tok, "ns": [int(n_tok * t_tok * 1e9)] * 5, "graph": g})
+            n_tok = P.STREAM_N if large else P.TG_N
+            out.append(ProbeResult(model=k, context="f16", step="tg", n=n_tok, ns=[int(n_tok * t_tok * 1e9)] * 5, graph=g))
         for k in ("w_q4_1", "wn_q4_1"):      # the prompts: the wide model's and (the dot cost) the narrow one's
             # the last layer's feed-forward for the last token only: a mat-vec beside the output head's
             mats = [x.split()[0] for x in shapes[k].groups if not x.output]
@@ -653,26 +657,26 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row(headers):
             assert sum(x.params for x in tails) > 0
             o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in [*tails, *(g for g in shapes[k].groups if g.output)])
             wb, wp, wr = sum(x.bytes for x in mats), sum(x.params for x in mats), sum(x.rows for x in mats)
-            for n in S.MM_N:
+            for n in P.MM_N:
                 t = (100 * cal.node_pp_s + cal.ubatch_pp_s + o_mv + wb * truth["mm_byte"] + 2 * wp * n * truth["flop"]
                      + wr * n * dot)
-                out.append({"model": k, "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
+                out.append(ProbeResult(model=k, context="f16", step=f"pp{n}", ns=[int(t * 1e9)] * 3, graph=g))
         for k in ("w_q4_1", "wn_q4_1", "wnb_q4_1"):     # a few columns: bytes and rows (a dot product per row and column)
             mats = [x.split()[0] for x in shapes[k].groups if not x.output]
             tails = [x.split()[1] for x in shapes[k].groups if not x.output]
             o_mv = sum(x.bytes * truth["byte"] + x.rows * row for x in [*tails, *(g for g in shapes[k].groups if g.output)])
             wb, wr = sum(x.bytes for x in mats), sum(x.rows for x in mats)
-            for n in S.MM_COLS:
+            for n in P.MM_COLS:
                 t = 100 * cal.node_tg_s + cal.token_tg_s + o_mv + wb * truth["col"] * n + wr * truth["col_row"] * n
-                out.append({"model": k, "context": "f16", "step": f"pp{n}", "ns": [int(t * 1e9)] * 3, "graph": g})
+                out.append(ProbeResult(model=k, context="f16", step=f"pp{n}", ns=[int(t * 1e9)] * 3, graph=g))
         return out
 
     # the large models: STREAM_REPS runs of STREAM_N tokens, no warm-up run; the prompts MM_REPS runs after one
     for m in plan[3:]:
-        assert [(st["n"], st["reps"], st["warmup"]) for st in m["contexts"][0]["steps"]] == [(S.STREAM_N, S.STREAM_REPS, 0)]
-    assert [(st["n"], st["reps"], st["warmup"]) for st in plan[1]["contexts"][0]["steps"] if st["key"] == "pp256"] \
-        == [(256, S.MM_REPS, 1)]
-    S.solve_weights(results(truth["row"]), plan, cal, [], False)
+        assert [(st.n, st.reps, st.warmup) for st in m.contexts[0].steps] == [(P.STREAM_N, P.STREAM_REPS, 0)]
+    assert [(st.n, st.reps, st.warmup) for st in plan[1].contexts[0].steps if st.key == "pp256"] \
+        == [(256, P.MM_REPS, 1)]
+    V.solve_weights(results(truth["row"]), plan, cal, [], False)
     assert cal.matvec_s_per_byte["q4_1"] == pytest.approx(truth["byte"], rel=1e-3)
     assert cal.matvec_s_per_row["q4_1"] == pytest.approx(truth["row"], rel=1e-3)
     assert cal.matvec_stream_s_per_byte["q4_1"] == pytest.approx(truth["stream"], rel=1e-3)
@@ -687,26 +691,26 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row(headers):
     assert cal.matcols_s_per_row["q4_1"] == pytest.approx({n: int(n) * truth["col_row"] for n in ("2", "4")}, rel=1e-3)
     # timings of an earlier plan (large models' runs of 16 tokens, its cached raw timings): each decode is read per
     # its own step's tokens, so the same coefficients come back
-    older = [{**r, "n": 16, "ns": [x * 16 // r["n"] for x in r["ns"]]} if r["model"].startswith("ws") else r
+    older = [with_(r, n=16, ns=[x * 16 // r.n for x in r.ns]) if r.model.startswith("ws") else r
              for r in results(truth["row"])]
-    S.solve_weights(older, plan, cal, [], False)
+    V.solve_weights(older, plan, cal, [], False)
     assert cal.matvec_stream_s_per_byte["q4_1"] == pytest.approx(truth["stream"], rel=1e-3)
     assert cal.matvec_stream_s_per_row["q4_1"] == pytest.approx(truth["srow"], rel=1e-3)
     # both models are prompted with a few columns, the narrow one before and after the wide one
     for i in (0, 1, 2):
-        assert [st["key"] for st in plan[i]["contexts"][0]["steps"]][-2:] == [f"pp{n}" for n in S.MM_COLS]
+        assert [st.key for st in plan[i].contexts[0].steps][-2:] == [f"pp{n}" for n in P.MM_COLS]
     # a machine that drifts meanwhile: the narrow model's runs before and after the wide one's are averaged
-    drift = [{**r, "ns": [int(x * (1.1 if r["model"] == "wn_q4_1" else 0.9)) for x in r["ns"]]}
-             if r["model"] in ("wn_q4_1", "wnb_q4_1") and r["step"] in ("pp2", "pp4") else r
+    drift = [with_(r, ns=[int(x * (1.1 if r.model == "wn_q4_1" else 0.9)) for x in r.ns])
+             if r.model in ("wn_q4_1", "wnb_q4_1") and r.step in ("pp2", "pp4") else r
              for r in results(truth["row"])]
-    S.solve_weights(drift, plan, cal, [], False)
+    V.solve_weights(drift, plan, cal, [], False)
     assert cal.matcols_s_per_row["q4_1"] == pytest.approx({n: int(n) * truth["col_row"] for n in ("2", "4")}, rel=1e-3)
     # the narrow model measured faster per byte than the wide one (noise): no negative row cost, the wide model's
     # time over its bytes
     # (and the large matrices slower per byte than the small ones: rows that would cost less than nothing)
-    noisy = [{**r, "ns": [int(n * (1.3 if r["model"].startswith("wsb") else 0.7)) for n in r["ns"]]}
-             if r["model"].startswith(("wn", "wsn", "wsb")) else r for r in results(0.0, 0.0)]
-    S.solve_weights(noisy, plan, cal, [], False)
+    noisy = [with_(r, ns=[int(n * (1.3 if r.model.startswith("wsb") else 0.7)) for n in r.ns])
+             if r.model.startswith(("wn", "wsn", "wsb")) else r for r in results(0.0, 0.0)]
+    V.solve_weights(noisy, plan, cal, [], False)
     assert cal.matvec_s_per_row["q4_1"] == 0.0
     assert cal.matvec_s_per_byte["q4_1"] == pytest.approx(truth["byte"], rel=1e-3)
     assert cal.matmul_s_per_dot["q4_1"] == 0.0      # nor a negative dot cost: the wide model's FLOPs alone
@@ -717,24 +721,37 @@ def test_the_weight_solver_recovers_a_cost_per_byte_and_per_row(headers):
     assert cal.matvec_stream_s_per_byte["q4_1"] == pytest.approx(truth["stream"] + truth["srow"] * rows["ws_q4_1"]
                                                                  / nbytes["ws_q4_1"], rel=1e-3)
     # a GPU calibration measures no narrow model (its widths are the body probe's)
-    assert [m["key"] for m in S.weight_plan(["q4_1"], 2, False, "CUDA0")] == ["w_q4_1"]
+    assert [m.key for m in P.weight_plan(["q4_1"], 2, False, "CUDA0")] == ["w_q4_1"]
+
+
+def _own_home(monkeypatch, tmp_path) -> None:
+    """An EDGEKV_HOME of the test's own, calibration folder included: the suite's homes share theirs (the real
+    calibration is cached there once per suite), and a fake calibration must never land in it."""
+    monkeypatch.setenv("EDGEKV_HOME", str(tmp_path / "own-home"))
+
+
+def _quiet(monkeypatch, busy: bool = False) -> None:
+    """The LoadMonitor sees a quiet machine (or, ``busy``, other work on 60 % of the CPUs)."""
+    from edgekv.edges import load as L
+
+    monkeypatch.setattr(L.LoadMonitor, "start", lambda self: None)
+    monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": busy, "others_share_max": 0.6 if busy else 0.0})
 
 
 def test_two_processes_calibrating_keep_each_others_coefficients(monkeypatch, tmp_path):
-    from edgekv.orchestration import speedcal as S
-
-    monkeypatch.setattr(S, "_path", lambda t, r, lb=None, dev="": tmp_path / f"test-merge-t{t}-r{int(r)}.json")
-    key, fp = S._key(2, True)
-    path = S._path(2, True)
+    _own_home(monkeypatch, tmp_path)
+    key, fp = ST.calibration_key(2, True)
+    path = ST.calibration_path(2, True)
+    assert path.is_relative_to(tmp_path)
     theirs = _cal(attn_tg_s={"q5_0/q5_0/fa=auto": 5e-10}, attn_pp_s={"q5_0/q5_0/fa=auto": 6e-10},
                   notes=["busy: other work used 40 % of the CPUs"])
-    S.write_json(path, {"key": key, "fingerprint": fp, "calibration": theirs.to_dict()})
+    write_json(path, {"key": key, "fingerprint": fp, "calibration": theirs.to_dict()})
     mine = _cal(attn_tg_s={"q4_0/q4_0/fa=auto": 7e-10}, attn_pp_s={"q4_0/q4_0/fa=auto": 8e-10})
-    S._merge_cached(mine, path, key)
+    ST.merge_cached(mine, path, key)
     assert mine.attn_tg_s == {"q4_0/q4_0/fa=auto": 7e-10, "q5_0/q5_0/fa=auto": 5e-10}
     assert mine.notes == theirs.notes
     other = _cal(id="another-calibration")
-    S._merge_cached(other, path, key)       # a different calibration (re-measured meanwhile): nothing taken from it
+    ST.merge_cached(other, path, key)       # a different calibration (re-measured meanwhile): nothing taken from it
     assert "q5_0/q5_0/fa=auto" not in other.attn_tg_s
 
 
@@ -742,35 +759,35 @@ def _fake_results(models):
     """What the child would report for a plan: every step timed, longer at depth and on the deeper model."""
     out = []
     for m in models:
-        for c in m["contexts"]:
+        for c in m.contexts:
             # an interleaved step (sequences at several depths, runs in turn) reports each depth as its own step
-            steps = [{**st, "key": f"{st['key']}{d}", "depth": d} for st in c["steps"]
-                     for d in st.get("depths") or [None]] if any("depths" in st for st in c["steps"]) else c["steps"]
+            steps = [with_(st, key=f"{st.key}{d}", depth=d) if st.depths else st
+                     for st in c.steps for d in st.depths or [st.depth]]
             for st in steps:
                 g = {"nodes_pp": 100, "nodes_tg": 90, "splits_pp": 1, "splits_tg": 1, "ops_pp": 100, "ops_tg": 90}
-                if m["key"] == "nodes_b":
+                if m.key == "nodes_b":
                     g = {"nodes_pp": 1000, "nodes_tg": 900, "splits_pp": 1, "splits_tg": 1, "ops_pp": 1000, "ops_tg": 900}
-                ns = int(1e6 * (1 + st["depth"] / 100 + st["n"] / 10 + (10 if m["key"] == "nodes_b" else 0)))
-                out.append({"model": m["key"], "context": c["key"], "step": st["key"], "test": st["test"],
-                            "depth": st["depth"], "n": st["n"], "ns": [ns] * st["reps"], "graph": g})
+                ns = int(1e6 * (1 + st.depth / 100 + st.n / 10 + (10 if m.key == "nodes_b" else 0)))
+                out.append(ProbeResult(model=m.key, context=c.key, step=st.key, test=st.test,
+                                       depth=st.depth, n=st.n, ns=[ns] * st.reps, graph=g))
     return out
 
 
-def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
-    from edgekv.edges import load as L
-    from edgekv.orchestration import speedcal as S
+def _fake_runner(plan, progress, timeout):
+    return _fake_results(plan)
 
-    monkeypatch.setattr(L.LoadMonitor, "start", lambda self: None)
-    monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": True, "others_share_max": 0.6})
-    # its own file, not the shared calibration folder (kept between sessions: a calibration cached by an earlier
-    # run would be found and nothing measured)
-    monkeypatch.setattr(S, "_path", lambda t, r, lb=None, dev="": tmp_path / f"test-speed-t{t}-r{int(r)}.json")
-    monkeypatch.setattr(S, "_run", lambda models, progress, timeout=600.0: _fake_results(models))
+
+F16 = [("f16", "f16", "auto")]
+
+
+def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
+    _own_home(monkeypatch, tmp_path)
+    _quiet(monkeypatch, busy=True)
     with pytest.raises(S.CalibrationError, match="60 % of the CPUs: not cached"):
-        S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"])
+        S.calibrate(2, True, [], F16, ["avx2"], runner=_fake_runner)
     assert S.cached(2, True) is None
     # asked to keep it (the automatic path of predict and bench): cached, and marked
-    sc = S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"], allow_busy=True)
+    sc = S.calibrate(2, True, [], F16, ["avx2"], allow_busy=True, runner=_fake_runner)
     assert sc.remeasured and sc.cal.busy and "60 % of the CPUs: its predictions are marked" in sc.note
     assert S.cached(2, True).notes == sc.cal.notes
     # a prediction made with it says so in its record
@@ -780,135 +797,163 @@ def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
     blk = speed_block(SpeedShape((), (), None, None), sc.cal, SpeedInputs(2, 0, 0, 0, 2048, 512, "f16", "f16", "auto"))
     assert blk.calibration_busy is True
     # the next run on a machine that is quiet again measures anew instead of reusing the busy figures
-    monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": False})
-    named = S._named       # ids name the second a calibration began: this one begins "a second later"
-    monkeypatch.setattr(S, "_named", lambda cal, key, n, rt, dev="": named(cal, "later-" + key, n, rt)
-                        if cal is None else named(cal, key, n, rt))
-    again = S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"], allow_busy=True)
+    _quiet(monkeypatch)
+    again = S.calibrate(2, True, [], F16, ["avx2"], allow_busy=True, runner=_fake_runner)
     assert again.remeasured and not again.cal.busy and again.cal.id != sc.cal.id
     assert again.note.startswith("the cached calibration was taken while other work used the CPUs: re-measured")
     assert not S.cached(2, True).busy
     # with measuring off (EDGEKV_SPEED_CALIBRATE=cached), a busy cached calibration is used and named
-    S.write_json(S._path(2, True), {"key": S._key(2, True)[0], "fingerprint": {}, "calibration": sc.cal.to_dict()})
-    kept = S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"], measure=False)
+    write_json(ST.calibration_path(2, True), {"key": ST.calibration_key(2, True)[0], "fingerprint": {},
+                                              "calibration": sc.cal.to_dict()})
+    kept = S.calibrate(2, True, [], F16, ["avx2"], measure=False, runner=_fake_runner)
     assert kept.cal.busy and not kept.remeasured and "EDGEKV_SPEED_CALIBRATE=cached" in kept.note
 
 
-def test_a_disturbed_calibration_is_measured_once_more_before_it_is_refused(monkeypatch, tmp_path):
-    """A deeper cache that measured no slower (other work hid its cost) is measured again once; only a second
-    disturbance refuses the calibration, and nothing of either disturbed try is cached."""
-    from edgekv.edges import load as L
-    from edgekv.orchestration import speedcal as S
+def _hiding(hidden: int, calls: list):
+    """A runner whose first ``hidden`` runs time every attention step as fast at depth as without (its cost hidden,
+    as other work on the machine can)."""
 
-    monkeypatch.setattr(L.LoadMonitor, "start", lambda self: None)
-    monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": False})
-    file = ["once.json"]
-    monkeypatch.setattr(S, "_path", lambda t, r, lb=None, dev="": tmp_path / file[0])
-    calls, hidden = [], [1]
-
-    def run(models, progress, timeout=600.0):
-        out = _fake_results(models)
-        calls.append(sorted({m["key"] for m in models}))
-        if len(calls) <= hidden[0]:      # every attention step as fast at depth as without: its cost hidden
+    def run(plan, progress, timeout):
+        out = _fake_results(plan)
+        calls.append(sorted({m.key for m in plan}))
+        if len(calls) <= hidden:
             for r in out:
-                if r["model"].startswith("attn"):
-                    r["ns"] = [1_000_000] * len(r["ns"])
+                if r.model.startswith("attn"):
+                    r.ns = [1_000_000] * len(r.ns)
         return out
 
-    monkeypatch.setattr(S, "_run", run)
-    sc = S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"])
+    return run
+
+
+def test_a_disturbed_calibration_is_measured_once_more_only_on_a_quiet_machine(monkeypatch, tmp_path):
+    """A deeper cache that measured no slower (other work hid its cost) is measured again once when the machine was
+    quiet meanwhile; a second disturbance refuses the calibration.  When other work used the CPUs during the first
+    attempt, or busy results are allowed, there is no second attempt.  Nothing of a disturbed try is cached."""
+    _own_home(monkeypatch, tmp_path)
+    _quiet(monkeypatch)
+    calls: list = []
+    sc = S.calibrate(2, True, [], F16, ["avx2"], runner=_hiding(1, calls))
     assert len(calls) == 2 and calls[0] == calls[1]
     assert sc.remeasured and "the first try was disturbed" in sc.note and "no cost for a deeper cache" in sc.note
     assert S.cached(2, True).attn_tg_s["f16/f16/fa=auto"] > 0 and S.cached(2, True).node_tg_s > 0
-    file[0], hidden[0] = "twice.json", 2
-    calls.clear()
-    with pytest.raises(S.Disturbed, match="no cost for a deeper cache"):
-        S.calibrate(2, True, [], [("f16", "f16", "auto")], ["avx2"])
-    assert len(calls) == 2 and S.cached(2, True) is None
+    for busy, allow in ((False, False), (True, False), (True, True), (False, True)):
+        _own_home(monkeypatch, tmp_path / f"{busy}{allow}")
+        _quiet(monkeypatch, busy)
+        calls.clear()
+        with pytest.raises(S.Disturbed, match="no cost for a deeper cache"):
+            S.calibrate(2, True, [], F16, ["avx2"], allow_busy=allow, runner=_hiding(2, calls))
+        assert len(calls) == (2 if not busy and not allow else 1) and S.cached(2, True) is None
+
+
+def test_a_calibration_past_its_deadline_says_what_it_measured_and_keeps_it(monkeypatch, tmp_path):
+    """Each run gets at most the time left before the deadline; past it, CalibrationTimeout names what was measured
+    and solved, which is cached (not when other work used the CPUs), and the next run measures the rest."""
+    import time
+
+    _own_home(monkeypatch, tmp_path)
+    _quiet(monkeypatch)
+    timeouts, clock = [], [time.monotonic()]
+    deadline = clock[0] + 180
+
+    def run(plan, progress, timeout):
+        timeouts.append(timeout)
+        if any(m.key.startswith("w_") for m in plan):     # the weight models' run: the deadline passes meanwhile
+            monkeypatch.setattr(time, "monotonic", lambda: deadline + 1)
+            raise S.CalibrationError("the speed calibration failed: timed out")
+        return _fake_results(plan)
+
+    with pytest.raises(S.CalibrationTimeout) as e:
+        S.calibrate(2, True, ["q4_0"], F16, ["avx2"], runner=run, deadline=deadline)
+    monkeypatch.undo()
+    assert str(e.value).startswith("the speed calibration passed its 180 s deadline after measuring graph nodes, "
+                                   "bandwidth, f16/f16/fa=auto; no speed predictions (edgekv calibrate measures it on "
+                                   "a quiet machine); what it measured is cached"), str(e.value)
+    assert len(timeouts) == 2 and all(0 < t <= 180 for t in timeouts)
+    _own_home(monkeypatch, tmp_path)
+    kept = S.cached(2, True)
+    assert kept is not None and kept.node_tg_s > 0 and "q4_0" not in kept.matvec_s_per_byte
+    # a deadline already past measures nothing
+    with pytest.raises(S.CalibrationTimeout, match="deadline before it measured anything"):
+        S.calibrate(2, True, ["q4_0"], F16, ["avx2"], runner=run, deadline=time.monotonic() - 1)
 
 
 def test_a_machine_that_changed_under_its_calibration_is_measured_again(monkeypatch, tmp_path):
     """The drift sentinel: a cached calibration's own weight-model decode, timed again; more than DRIFT_LIMIT apart
     from the time it took then, the calibration is measured again and the note says why."""
-    from edgekv.edges import load as L
-    from edgekv.orchestration import speedcal as S
+    import time
 
-    monkeypatch.setattr(L.LoadMonitor, "start", lambda self: None)
-    monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": False})
-    monkeypatch.setattr(S, "_path", lambda t, r, lb=None, dev="": tmp_path / f"test-drift-t{t}-r{int(r)}.json")
-    monkeypatch.setattr(S, "_types_needed", lambda cal, types, feats, repack: [t for t in types
-                                                                               if t not in cal.matvec_s_per_byte])
-    monkeypatch.setattr(S, "solve_weights", lambda res, plan, cal, feats, repack: [
-        cal.matvec_s_per_byte.__setitem__(m["type"], 1e-10) for m in plan])
-    slow = [1.0]
+    _own_home(monkeypatch, tmp_path)
+    _quiet(monkeypatch)
+    key, fp = ST.calibration_key(2, True)
+    path = ST.calibration_path(2, True)
+    then = [ProbeResult(model="w_q8_0", context="f16", step="tg", n=32, ns=[10_000_000] * 5)]
+    ST.write_cache(path, key, fp, _cal(id="first"), then)
+    slow, timed = [1.0], []
 
-    def run(models, progress, timeout=600.0):
-        return [{**r, "ns": [int(n * slow[0]) for n in r["ns"]]} for r in _fake_results(models)]
+    def run(plan, progress, timeout):
+        out = _fake_results(plan)
+        for r in out:
+            if r.model == "w_q8_0":
+                timed.append(r.model)
+                r.ns = [int(10_000_000 * slow[0])] * len(r.ns)
+        return out
 
-    monkeypatch.setattr(S, "_run", run)
-    clock = [1.0e9]
-    monkeypatch.setattr(S, "_now", lambda: clock[0])
-    timed = []
-    check = S.check_drift
-    monkeypatch.setattr(S, "check_drift", lambda *a, **k: timed.append(a[1]) or check(*a, **k))
-    first = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"])
-    assert first.remeasured
-    # measured a moment ago: used as it is, the sentinel not timed
-    same = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0")
-    assert not same.remeasured and same.cal.id == first.cal.id and timed == []
-    clock[0] += S.DRIFT_RECHECK_S + 1               # later: timed again, found to hold, and that time recorded
-    same = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0")
-    assert not same.remeasured and same.cal.id == first.cal.id and timed == ["q8_0"]
-    assert json.loads(S._verified_path(S._path(2, True)).read_text()) == {"id": first.cal.id, "unix": clock[0]}
+    def later() -> None:        # the last check older than DRIFT_RECHECK_S
+        v = json.loads(ST.verified_path(path).read_text())
+        write_json(ST.verified_path(path), {**v, "unix": v["unix"] - S.DRIFT_RECHECK_S - 1})
+
+    def again():
+        return S.calibrate(2, True, [], F16, ["avx2"], sentinel="q8_0", runner=run)
+
+    # measured (or found to hold) a moment ago: used as it is, the sentinel not timed
+    assert not again().remeasured and timed == []
+    later()         # timed again, found to hold, and that time recorded
+    same = again()
+    assert not same.remeasured and same.cal.id == "first" and timed == ["w_q8_0"]
+    v = json.loads(ST.verified_path(path).read_text())
+    assert v["id"] == "first" and abs(v["unix"] - time.time()) < 60
     slow[0] = 1.5                                 # the same decode now takes 1.5x the time
-    clock[0] += S.DRIFT_RECHECK_S - 1              # within the window of the last check: not timed
-    assert S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0").cal.id == first.cal.id
-    assert timed == ["q8_0"]
-    clock[0] += 2
-    named = S._named
-    monkeypatch.setattr(S, "_named", lambda cal, key, n, rt, dev="": named(cal, "later-" + key, n, rt)
-                        if cal is None else named(cal, key, n, rt))
-    again = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0")
-    assert again.remeasured and again.cal.id != first.cal.id
-    assert again.note.startswith(f"this machine now takes 1.50x the time to decode the calibration's q8_0 weight model "
-                                 f"that it took when it was calibrated ({first.cal.id}; more than ±20 % apart): "
-                                 "re-measured"), again.note
+    assert again().cal.id == "first" and timed == ["w_q8_0"]       # within the window of the last check
+    later()
+    new = again()
+    assert new.remeasured and new.cal.id != "first"
+    assert new.note.startswith("this machine now takes 1.50x the time to decode the calibration's q8_0 weight model "
+                               "that it took when it was calibrated (first; more than ±20 % apart): re-measured"), new.note
     # measuring off (EDGEKV_SPEED_CALIBRATE=cached): nothing is timed, the cached calibration is used
     slow[0] = 3.0
-    kept = S.calibrate(2, True, ["q8_0"], [("f16", "f16", "auto")], ["avx2"], sentinel="q8_0", measure=False)
-    assert not kept.remeasured and kept.cal.id == again.cal.id
+    kept = S.calibrate(2, True, [], F16, ["avx2"], sentinel="q8_0", measure=False, runner=run)
+    assert not kept.remeasured and kept.cal.id == new.cal.id
 
 
-@pytest.mark.slow
+@pytest.mark.slow     # a llama.cpp child
 def test_interleaved_attention_steps_run_in_turn_through_llama_cpp():
     """edgekv's own probe takes an attention difference's two depths as two sequences of one context (a KV stream
     each), their runs in turn: every run starts at exactly its depth (the child checks), and the deeper sequence's
     runs take longer."""
-    from edgekv.orchestration import speedcal as S
 
     # the --repack that runs here: on a CPU whose AMX kernels crash, prompt batches die with them (amx.md)
-    (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, _repack(), interleave=True)
-    (c,) = m["contexts"]
-    a = S.attn_steps(None, False, rows=True)     # q8_0's prompts run the per-row loop: shorter, shallower steps
-    assert a == S.AttnSteps((S.ROW_LOOP_TG_START, S.ROW_LOOP_TG_START + S.ATTN_TG_DEPTHS[1] - S.ATTN_TG_DEPTHS[0]),
-                            S.ATTN_PP_DEPTHS, S.ROW_LOOP_PP_N)
-    assert c["params"]["n_seq_max"] == 2 and [st["depths"] for st in c["steps"]] == [list(a.tg_depths),
+    (m,) = P.attn_plan([("q8_0", "q8_0", "auto")], 2, _repack(), interleave=True)
+    (c,) = m.contexts
+    a = P.attn_steps(None, False, rows=True)     # q8_0's prompts run the per-row loop: shorter, shallower steps
+    assert a == P.AttnSteps((P.ROW_LOOP_TG_START, P.ROW_LOOP_TG_START + P.ATTN_TG_DEPTHS[1] - P.ATTN_TG_DEPTHS[0]),
+                            P.ATTN_PP_DEPTHS, P.ROW_LOOP_PP_N)
+    assert c.params.n_seq_max == 2 and [st.depths for st in c.steps] == [list(a.tg_depths),
                                                                                        list(a.pp_depths)]
-    assert [st["n"] for st in c["steps"]] == [S.GENERIC_TG_N, S.ROW_LOOP_PP_N]
-    for st in c["steps"]:
-        st["reps"] = 3
-    res = {r["step"]: r for r in S._run([m], None)}
+    assert [st.n for st in c.steps] == [P.GENERIC_TG_N, P.ROW_LOOP_PP_N]
+    for st in c.steps:
+        st.reps = 3
+    res = {r.step: r for r in S.child_runner([m], None)}
     d0, d1 = a.tg_depths
     p0, p1 = a.pp_depths
     assert set(res) == {f"tg{d0}", f"tg{d1}", f"pp{p0}", f"pp{p1}"}
-    assert all(len(r["ns"]) == 3 for r in res.values())
-    assert S._median_s(res[f"tg{d1}"]["ns"]) > S._median_s(res[f"tg{d0}"]["ns"])
-    assert S._median_s(res[f"pp{p1}"]["ns"]) > S._median_s(res[f"pp{p0}"]["ns"])
+    assert all(len(r.ns) == 3 for r in res.values())
+    assert median_s(res[f"tg{d1}"].ns) > median_s(res[f"tg{d0}"].ns)
+    assert median_s(res[f"pp{p1}"].ns) > median_s(res[f"pp{p0}"].ns)
     # taken in turn, and said so: the solver pairs each deep run with the shallow run just before it
-    assert all(r["in_turn"] for r in res.values())
-    paired = statistics.median(y - x for x, y in zip(res[f"tg{d0}"]["ns"], res[f"tg{d1}"]["ns"])) / 1e9
-    assert S._difference_s(res, f"tg{d1}", f"tg{d0}") == pytest.approx(paired)
-    tg, pp = S.solve_attn(list(res.values()), kv_key("q8_0", "q8_0", "auto"), 2)
+    assert all(r.in_turn for r in res.values())
+    paired = statistics.median(y - x for x, y in zip(res[f"tg{d0}"].ns, res[f"tg{d1}"].ns)) / 1e9
+    assert V.difference_s(res, f"tg{d1}", f"tg{d0}") == pytest.approx(paired)
+    tg, pp = V.solve_attn(list(res.values()), kv_key("q8_0", "q8_0", "auto"), 2)
     assert tg > 0 and pp > 0
 
 
@@ -918,96 +963,92 @@ def test_one_thread_times_half_the_tokens_a_decode_run_and_fills_on_every_core()
     the runs (one thread's spread less), its prompts unchanged, a GPU's unchanged; every context fills its caches on
     the cores llama.cpp uses by default."""
     from edgekv.edges.environment import default_threads
-    from edgekv.orchestration import speedcal as S
 
-    assert (S.run_tokens(S.TG_N, 2), S.run_tokens(S.TG_N, 1), S.run_tokens(S.TG_N, 1, "CUDA0")) == \
-        (S.TG_N, S.TG_N // 2, S.TG_N)
+    assert (P.run_tokens(P.TG_N, 2), P.run_tokens(P.TG_N, 1), P.run_tokens(P.TG_N, 1, "CUDA0")) == \
+        (P.TG_N, P.TG_N // 2, P.TG_N)
     # and an attention decode or deep prompt step about half the runs (at least a median's three)
-    assert [S.attn_reps(r, 1) for r in (9, 5, 3)] == [5, 3, 3] and S.attn_reps(9, 2) == S.attn_reps(9, 1, "CUDA0") == 9
+    assert [P.attn_reps(r, 1) for r in (9, 5, 3)] == [5, 3, 3] and P.attn_reps(9, 2) == P.attn_reps(9, 1, "CUDA0") == 9
     for threads in (1, 2):
-        plan = S.weight_plan(["q8_0"], threads, False)
-        tg = [st["n"] for m in plan for st in m["contexts"][0]["steps"] if st["test"] == "tg"]
-        assert tg == [S.run_tokens(S.TG_N, threads)] * 3 + [S.run_tokens(S.STREAM_N, threads)] * 3
-        assert all(st["n"] in S.MM_N + S.MM_COLS for m in plan for st in m["contexts"][0]["steps"]
-                   if st["test"] == "pp")
-        attn = S.attn_plan([("q4_0", "q4_0", "auto"), ("f16", "f16", "auto")], threads, False, "h9kv3k64v64",
+        plan = P.weight_plan(["q8_0"], threads, False)
+        tg = [st.n for m in plan for st in m.contexts[0].steps if st.test == "tg"]
+        assert tg == [P.run_tokens(P.TG_N, threads)] * 3 + [P.run_tokens(P.STREAM_N, threads)] * 3
+        assert all(st.n in P.MM_N + P.MM_COLS for m in plan for st in m.contexts[0].steps
+                   if st.test == "pp")
+        attn = P.attn_plan([("q4_0", "q4_0", "auto"), ("f16", "f16", "auto")], threads, False, "h9kv3k64v64",
                            interleave=True)
-        by = {m["key"]: m for m in attn}
-        assert {(st["n"], st["reps"]) for c in by["attnv_h9kv3k64v64"]["contexts"] for st in c["steps"]} == \
-            {(S.run_tokens(S.EVICT_TG_N, threads), S.attn_reps(S.EVICT_TG_REPS, threads))}
-        assert {st["reps"] for c in by["attnd_h9kv3k64v64"]["contexts"] for st in c["steps"]} == \
-            {S.attn_reps(S.DEEP_REPS, threads)}
+        by = {m.key: m for m in attn}
+        assert {(st.n, st.reps) for c in by["attnv_h9kv3k64v64"].contexts for st in c.steps} == \
+            {(P.run_tokens(P.EVICT_TG_N, threads), P.attn_reps(P.EVICT_TG_REPS, threads))}
+        assert {st.reps for c in by["attnd_h9kv3k64v64"].contexts for st in c.steps} == \
+            {P.attn_reps(P.DEEP_REPS, threads)}
         # the geometry's prompts keep their three runs at either count
-        assert {st["reps"] for c in by["attn_h9kv3k64v64"]["contexts"] for st in c["steps"]} == {3}
-        assert all(c["n_threads"] == threads and c["fill_threads"] == max(threads, default_threads())
-                   for m in plan + attn for c in m["contexts"])
+        assert {st.reps for c in by["attn_h9kv3k64v64"].contexts for st in c.steps} == {3}
+        assert all(c.n_threads == threads and c.fill_threads == max(threads, default_threads())
+                   for m in plan + attn for c in m.contexts)
 
 
-@pytest.mark.slow
+@pytest.mark.slow     # a llama.cpp child
 def test_a_one_thread_calibration_fills_on_more_threads_and_times_on_one_through_llama_cpp():
     """Through llama.cpp: a -t 1 attention step's fill runs on the default thread count (llama.cpp holds it while
     filling) and its timed runs on one, and the difference of its two depths still measures a cost per cell."""
     from edgekv.edges.environment import default_threads
-    from edgekv.orchestration import speedcal as S
 
-    (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 1, _repack(), interleave=True)
-    (c,) = m["contexts"]
-    for st in c["steps"]:
-        st["reps"] = 3
-    res = S._run([m], None)
-    assert {r["threads"] for r in res} == {1}
-    assert {r["fill_threads"] for r in res} == {default_threads() if default_threads() > 1 else None}
-    assert {r["n"] for r in res if r["test"] == "tg"} == {S.GENERIC_TG_N // 2}
-    tg, pp = S.solve_attn(res, kv_key("q8_0", "q8_0", "auto"), 1)
+    (m,) = P.attn_plan([("q8_0", "q8_0", "auto")], 1, _repack(), interleave=True)
+    (c,) = m.contexts
+    for st in c.steps:
+        st.reps = 3
+    res = S.child_runner([m], None)
+    assert {r.threads for r in res} == {1}
+    assert {r.fill_threads for r in res} == {default_threads() if default_threads() > 1 else None}
+    assert {r.n for r in res if r.test == "tg"} == {P.GENERIC_TG_N // 2}
+    tg, pp = V.solve_attn(res, kv_key("q8_0", "q8_0", "auto"), 1)
     assert tg > 0 and pp > 0
 
 
-@pytest.mark.slow
+@pytest.mark.slow     # a llama.cpp child
 def test_an_f16_cache_short_prompt_is_timed_through_llama_cpp_and_costs_more_per_cell():
     """An f16 cache's interleaved plan has a short prompt (PP_ROWS_N, under llama.cpp's 64-row tile) over the
     long prompt's depths; through llama.cpp its deeper runs take longer, and its cost per cell is above the long
     prompt's (the per-row loop against the tiled kernel, ggml-cpu/ops.cpp).  So is a prompt of PT_N tokens, whose
     heads' second query tiles are a half (the tiled kernel packs K/V and multiplies a whole tile whatever rows it
     holds): the share of its cost per tile comes out above zero."""
-    from edgekv.orchestration import speedcal as S
 
-    (m,) = S.attn_plan([("f16", "f16", "auto")], 2, _repack(), interleave=True)
-    (c,) = m["contexts"]
-    c["steps"] = [st for st in c["steps"] if st["test"] == "pp"]       # the decode steps are the other test's
-    assert [(st["key"], st["n"], st["depths"]) for st in c["steps"]] == [("pp", S.ATTN_PP_N, list(S.ATTN_PP_DEPTHS)),
-                                                                         ("ps", S.PP_ROWS_N, list(S.ATTN_PP_DEPTHS)),
-                                                                         ("pt", S.PT_N, list(S.ATTN_PP_DEPTHS))]
-    for st in c["steps"]:
-        st["reps"] = 3
-    res = {r["step"]: r for r in S._run([m], None)}
-    p0, p1 = S.ATTN_PP_DEPTHS
-    assert S._median_s(res[f"ps{p1}"]["ns"]) > S._median_s(res[f"ps{p0}"]["ns"])
+    (m,) = P.attn_plan([("f16", "f16", "auto")], 2, _repack(), interleave=True)
+    (c,) = m.contexts
+    c.steps = [st for st in c.steps if st.test == "pp"]       # the decode steps are the other test's
+    assert [(st.key, st.n, st.depths) for st in c.steps] == [("pp", P.ATTN_PP_N, list(P.ATTN_PP_DEPTHS)),
+                                                                         ("ps", P.PP_ROWS_N, list(P.ATTN_PP_DEPTHS)),
+                                                                         ("pt", P.PT_N, list(P.ATTN_PP_DEPTHS))]
+    for st in c.steps:
+        st.reps = 3
+    res = {r.step: r for r in S.child_runner([m], None)}
+    p0, p1 = P.ATTN_PP_DEPTHS
+    assert median_s(res[f"ps{p1}"].ns) > median_s(res[f"ps{p0}"].ns)
     key = kv_key("f16", "f16", "auto")
     r = res[f"pp{p1}"], res[f"pp{p0}"]
-    pp = (S._median_s(r[0]["ns"]) - S._median_s(r[1]["ns"])) / S.ATTN_PP_N / S._attn_units(S.ATTN_SHAPE) / (p1 - p0)
-    rows = S.solve_attn_rows(list(res.values()), key)
+    pp = (median_s(r[0].ns) - median_s(r[1].ns)) / P.ATTN_PP_N / P.attn_units(P.ATTN_SHAPE) / (p1 - p0)
+    rows = V.solve_attn_rows(list(res.values()), key)
     assert rows > pp > 0, (rows, pp)
     r = res[f"pt{p1}"], res[f"pt{p0}"]
-    short = (S._median_s(r[0]["ns"]) - S._median_s(r[1]["ns"])) / S.PT_N / S._attn_units(S.ATTN_SHAPE) / (p1 - p0)
-    assert 0 < S.solve_tile_share(list(res.values()), key, 2) <= 1, (short, pp)
+    short = (median_s(r[0].ns) - median_s(r[1].ns)) / P.PT_N / P.attn_units(P.ATTN_SHAPE) / (p1 - p0)
+    assert 0 < V.solve_tile_share(list(res.values()), key, 2) <= 1, (short, pp)
 
 
 def test_the_drift_sentinel_times_the_real_decode(real_cal, tmp_path):
     """check_drift runs the calibration's own weight model through llama.cpp again: against the real calibration's
     timing it gives a positive ratio; against a record of the same decode four times as fast it names the change."""
-    from edgekv.orchestration import speedcal as S
 
-    key, _fp = S._key(2, RP[1] == "1")
-    raw = S._read_cache(S._path(2, RP[1] == "1"), key, False)[2]
-    assert any(r["model"] == "w_q4_1" and r["step"] == "tg" for r in raw)
-    ratio = S.check_drift(raw, "q4_1", 2, RP[1] == "1", S._run)
+    key, _fp = ST.calibration_key(2, RP[1] == "1")
+    raw = ST.read_cache(ST.calibration_path(2, RP[1] == "1"), key, False)[2]
+    assert any(r.model == "w_q4_1" and r.step == "tg" for r in raw)
+    ratio = ST.check_drift(raw, "q4_1", 2, RP[1] == "1", S.child_runner)
     assert ratio is not None and ratio > 0
-    fast = [{**r, "ns": [n // 4 for n in r["ns"]]} if r["model"] == "w_q4_1" else r for r in raw]
-    S.write_json(tmp_path / "then.json", {"key": key, "calibration": real_cal.to_dict(), "raw": fast})
-    why = S._drifted(real_cal, S._read_cache(tmp_path / "then.json", key, False)[2], "q4_1", 2, RP[1] == "1", S._run, "")
+    fast = [with_(r, ns=[n // 4 for n in r.ns]) if r.model == "w_q4_1" else r for r in raw]
+    write_json(tmp_path / "then.json", {"key": key, "calibration": real_cal.to_dict(), "raw": fast})
+    why = ST.drifted(real_cal, ST.read_cache(tmp_path / "then.json", key, False)[2], "q4_1", 2, RP[1] == "1", S.child_runner, "")
     assert re.match(r"this machine now takes (\d+\.\d\d)x the time to decode the calibration's q4_1 weight model", why), why
     assert float(why.split("takes ")[1].split("x")[0]) > 1.2, why
-    assert S.check_drift(raw, "q5_1", 2, RP[1] == "1", S._run) is None       # no timing of that type then: no check
+    assert ST.check_drift(raw, "q5_1", 2, RP[1] == "1", S.child_runner) is None       # no timing of that type then: no check
 
 
 def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_work():
@@ -1015,35 +1056,34 @@ def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_wo
     (quantized caches from depth 128, f16 keeps split-KV's 512-cell view), its prompts half as long over half
     the depth, and the solver reads the plan's own steps back (a forward model of what the child measures)."""
     from edgekv.core.speed import attn_units_tg, split_kv_path
-    from edgekv.orchestration import speedcal as S
 
     g = "h32kv8k128v128"
-    shape = S.geometry_shape(g)
-    units, sh = S._attn_units(shape), S._attn_speed_shape(shape)
-    assert units == 4 * S._attn_units(S.ATTN_SHAPE)
-    assert S.attn_steps(g, False) == S.AttnSteps((128, 384), (0, 512), S.ATTN_PP_N // 2)
-    assert S.attn_steps(g, True).tg_depths == (640, 896)
-    assert S.attn_steps("h9kv3k64v64", False) == S.AttnSteps(S.ATTN_TG_DEPTHS, S.ATTN_PP_DEPTHS, S.ATTN_PP_N)
+    shape = P.geometry_shape(g)
+    units, sh = P.attn_units(shape), V.attn_speed_shape(shape)
+    assert units == 4 * P.attn_units(P.ATTN_SHAPE)
+    assert P.attn_steps(g, False) == P.AttnSteps((128, 384), (0, 512), P.ATTN_PP_N // 2)
+    assert P.attn_steps(g, True).tg_depths == (640, 896)
+    assert P.attn_steps("h9kv3k64v64", False) == P.AttnSteps(P.ATTN_TG_DEPTHS, P.ATTN_PP_DEPTHS, P.ATTN_PP_N)
     truth_tg, truth_pp, truth_rows = 5e-10, 3e-10, 9e-10
     for pair in (("q5_0", "q5_0", "auto"), ("f16", "f16", "auto")):
         # one model: the geometry's six layers at a hidden size of 4096 read enough a token to evict the caches
         # (a narrower geometry's decode steps run on a copy with a larger head, test_the_attention_calibration_...)
-        m, *deep = S.attn_plan([pair], 2, True, g)
-        assert m["key"] == f"attn_{g}" and not any(d["key"].startswith("attnv_") for d in deep)
+        m, *deep = P.attn_plan([pair], 2, True, g)
+        assert m.key == f"attn_{g}" and not any(d.key.startswith("attnv_") for d in deep)
         key, split = kv_key(*pair, g), split_kv_path(*pair)
         res = []
-        for st in m["contexts"][0]["steps"]:
-            d, n = st["depth"], st["n"]
-            t = (0.01 + n * attn_units_tg(sh, d + n / 2, 2, split) * truth_tg if st["test"] == "tg"
-                 else 0.2 + n * units * (d + n / 2) * (truth_rows if st["key"].startswith("ps") else truth_pp))
-            res.append({"model": f"attn_{g}", "context": key, "step": st["key"], "n": n, "ns": [int(t * 1e9)] * 3})
-        assert S.solve_attn(res, key, 2) == (pytest.approx(truth_tg, rel=1e-3), pytest.approx(truth_pp, rel=1e-3))
+        for st in m.contexts[0].steps:
+            d, n = st.depth, st.n
+            t = (0.01 + n * attn_units_tg(sh, d + n / 2, 2, split) * truth_tg if st.test == "tg"
+                 else 0.2 + n * units * (d + n / 2) * (truth_rows if st.key.startswith("ps") else truth_pp))
+            res.append(ProbeResult(model=f"attn_{g}", context=key, step=st.key, n=n, ns=[int(t * 1e9)] * 3))
+        assert V.solve_attn(res, key, 2) == (pytest.approx(truth_tg, rel=1e-3), pytest.approx(truth_pp, rel=1e-3))
         # the f16 cache's short prompts (under 64 tokens: the per-row loop) over the same depths, and only its
-        ps = [st for st in m["contexts"][0]["steps"] if st["key"].startswith("ps")]
-        assert [st["key"] for st in ps] == (["ps0", "ps512", "ps0b"] if split else [])
-        assert all(st["n"] == S.PP_ROWS_N < FA_TILE_Q and st["test"] == "pp" for st in ps)
+        ps = [st for st in m.contexts[0].steps if st.key.startswith("ps")]
+        assert [st.key for st in ps] == (["ps0", "ps512", "ps0b"] if split else [])
+        assert all(st.n == P.PP_ROWS_N < FA_TILE_Q and st.test == "pp" for st in ps)
         if split:
-            assert S.solve_attn_rows(res, key) == pytest.approx(truth_rows, rel=1e-3)
+            assert V.solve_attn_rows(res, key) == pytest.approx(truth_rows, rel=1e-3)
         # and the tiled kernel deep in the cache: DEEP_PP_N-token prompts at TILED_DEEP_DEPTHS (shallow, deep,
         # shallow) on a one-layer model of the geometry, priced along the model's own ramp
         assert len(deep) == (1 if split else 0)
@@ -1051,21 +1091,21 @@ def test_a_wide_geometry_is_calibrated_over_shallower_differences_of_the_same_wo
             from edgekv.core.speed import TILED_DEEP_DEPTHS, tiled_cells_cost
 
             (d,) = deep
-            (c,) = d["contexts"]
+            (c,) = d.contexts
             d0, d1 = TILED_DEEP_DEPTHS
-            assert d["key"] == f"attnd_{g}" and S.deep_shape(g)["n_layer"] == 1
-            assert [(st["key"], st["depth"], st["n"]) for st in c["steps"]] == [
-                (f"pd{d0}", d0, S.DEEP_PP_N), (f"td{d0}", d0, S.PT_N), (f"pd{d1}", d1, S.DEEP_PP_N),
-                (f"td{d1}", d1, S.PT_N), (f"pd{d0}b", d0, S.DEEP_PP_N), (f"td{d0}b", d0, S.PT_N)]
-            assert c["params"]["n_ctx"] >= d1 + S.DEEP_PP_N
-            du, truth_deep = S._attn_units(S.deep_shape(g)), 8e-10
-            res += [{"model": d["key"], "context": key, "step": st["key"],
-                     "ns": [int((0.05 + st["n"] * du * tiled_cells_cost(st["depth"] + st["n"] / 2, truth_pp, truth_deep))
-                                * 1e9)] * 3} for st in c["steps"]]
-            assert S.solve_attn_deep(res, key) == pytest.approx(truth_deep, rel=1e-3)
+            assert d.key == f"attnd_{g}" and P.deep_shape(g)["n_layer"] == 1
+            assert [(st.key, st.depth, st.n) for st in c.steps] == [
+                (f"pd{d0}", d0, P.DEEP_PP_N), (f"td{d0}", d0, P.PT_N), (f"pd{d1}", d1, P.DEEP_PP_N),
+                (f"td{d1}", d1, P.PT_N), (f"pd{d0}b", d0, P.DEEP_PP_N), (f"td{d0}b", d0, P.PT_N)]
+            assert c.params.n_ctx >= d1 + P.DEEP_PP_N
+            du, truth_deep = P.attn_units(P.deep_shape(g)), 8e-10
+            res += [ProbeResult(model=d.key, context=key, step=st.key,
+                     ns=[int((0.05 + st.n * du * tiled_cells_cost(st.depth + st.n / 2, truth_pp, truth_deep))
+                                * 1e9)] * 3) for st in c.steps]
+            assert V.solve_attn_deep(res, key) == pytest.approx(truth_deep, rel=1e-3)
     # the generic model (no geometry) and a GPU take no deep step
-    assert len(S.attn_plan([("f16", "f16", "auto")], 2, True)) == 1
-    assert len(S.attn_plan([("f16", "f16", "auto")], 2, True, g, "CUDA0")) == 1
+    assert len(P.attn_plan([("f16", "f16", "auto")], 2, True)) == 1
+    assert len(P.attn_plan([("f16", "f16", "auto")], 2, True, g, "CUDA0")) == 1
 
 
 def test_the_widest_heads_are_calibrated_on_fewer_layers_and_deep_runs_of_the_8b_work():
@@ -1074,120 +1114,186 @@ def test_the_widest_heads_are_calibrated_on_fewer_layers_and_deep_runs_of_the_8b
     two cores.  Its model is GEOMETRY_MAX_EMBD wide and three layers deep (4x: the steps of Qwen3 8B's geometry), and
     its deep prompts run 3 times, each of twice the 8B's work; the 8B's own plan is unchanged."""
     from edgekv.core.speed import GEOMETRY_MAX_EMBD
-    from edgekv.orchestration import speedcal as S
 
-    wide, eight = S.geometry_shape("h64kv8k128v128e4096"), S.geometry_shape("h32kv8k128v128")
+    wide, eight = P.geometry_shape("h64kv8k128v128e4096"), P.geometry_shape("h32kv8k128v128")
     assert (wide["n_embd"], wide["n_layer"]) == (GEOMETRY_MAX_EMBD, 3)
-    assert (eight["n_embd"], eight["n_layer"]) == (4096, S.GEOMETRY_LAYERS)
-    units = S.GEOMETRY_LAYERS * S.WIDE_LAYER_UNITS
-    assert S._attn_units(wide) == S._attn_units(eight) == units == 4 * S._attn_units(S.ATTN_SHAPE)
+    assert (eight["n_embd"], eight["n_layer"]) == (4096, P.GEOMETRY_LAYERS)
+    units = P.GEOMETRY_LAYERS * P.WIDE_LAYER_UNITS
+    assert P.attn_units(wide) == P.attn_units(eight) == units == 4 * P.attn_units(P.ATTN_SHAPE)
     for split in (False, True):
-        assert S.attn_steps("h64kv8k128v128e4096", split) == S.attn_steps("h32kv8k128v128", split)
+        assert P.attn_steps("h64kv8k128v128e4096", split) == P.attn_steps("h32kv8k128v128", split)
     # a geometry of more work a layer still gets a layer
-    assert S.geometry_shape("h128kv8k256v256e4096")["n_layer"] == 1
+    assert P.geometry_shape("h128kv8k256v256e4096")["n_layer"] == 1
 
     def reps(g: str) -> set[int]:
-        plan = S.deep_plan([("f16", "f16", "auto")], 2, True, g, interleave=True)
-        return {st["reps"] for c in plan["contexts"] for st in c["steps"]}
+        plan = P.deep_plan([("f16", "f16", "auto")], 2, True, g, interleave=True)
+        return {st.reps for c in plan.contexts for st in c.steps}
 
     assert reps("h64kv8k128v128e4096") == {3}
-    assert reps("h32kv8k128v128") == reps("h9kv3k64v64") == {S.DEEP_REPS}
+    assert reps("h32kv8k128v128") == reps("h9kv3k64v64") == {P.DEEP_REPS}
 
 
 def test_two_calibrations_begun_in_the_same_second_have_two_ids():
     """A calibration's id is its key's head, the second it began and four random hex digits: two edgekv processes
     that start one in the same second keep them apart (_merge_cached merges only the same id)."""
-    from edgekv.orchestration import speedcal as S
 
-    ids = [S._named(None, "0123456789abcdef", 2, "llama-cpp-python").id for _ in range(20)]
+    ids = [O.named(None, "0123456789abcdef", 2, "llama-cpp-python").id for _ in range(20)]
     assert all(re.fullmatch(r"0123456789ab-\d{14}-[0-9a-f]{4}", i) for i in ids), ids
     assert len(set(ids)) > 1, ids       # twenty draws of 4 hex digits all alike: 1 in 65,536 ** 19
 
 
 def test_attention_steps_run_in_order_of_depth_so_the_child_extends_one_fill():
-    from edgekv.orchestration import speedcal as S
 
-    (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, True)
-    a = S.attn_steps(None, False, rows=True)
-    steps = m["contexts"][0]["steps"]
-    depths = [st["depth"] for st in steps[:-2]]
+    (m,) = P.attn_plan([("q8_0", "q8_0", "auto")], 2, True)
+    a = P.attn_steps(None, False, rows=True)
+    steps = m.contexts[0].steps
+    depths = [st.depth for st in steps[:-2]]
     assert depths == sorted(depths) and set(depths) == set(a.tg_depths) | set(a.pp_depths)
     # then the shallow ones again (the child only drops cells): shallow, deep, shallow
-    assert [(st["key"], st["depth"]) for st in steps[-2:]] == [(f"tg{a.tg_depths[0]}b", a.tg_depths[0]),
+    assert [(st.key, st.depth) for st in steps[-2:]] == [(f"tg{a.tg_depths[0]}b", a.tg_depths[0]),
                                                                (f"pp{a.pp_depths[0]}b", a.pp_depths[0])]
     # a steady drift over the three steps cancels: the shallow time is the mean of before and after
-    r = {"tg640": {"ns": [10_000_000] * 3}, "tg640b": {"ns": [14_000_000] * 3}}
-    assert S._shallow(r, "tg640") == pytest.approx(0.012)
-    assert S._shallow({"tg640": {"ns": [10_000_000] * 3}}, "tg640") == pytest.approx(0.010)
+    r = {k: ProbeResult(step=k, ns=[ms * 1_000_000] * 3) for k, ms in (("tg640", 10), ("tg640b", 14))}
+    assert V.shallow_s(r, "tg640") == pytest.approx(0.012)
+    assert V.shallow_s({"tg640": r["tg640"]}, "tg640") == pytest.approx(0.010)
     # runs taken in sequence are not paired: the difference of the medians, the shallow one before and after
-    assert S._difference_s({**r, "tg1664": {"ns": [15_000_000] * 3}}, "tg1664", "tg640") == pytest.approx(0.003)
+    deep = ProbeResult(step="tg1664", ns=[15_000_000] * 3)
+    assert V.difference_s({**r, "tg1664": deep}, "tg1664", "tg640") == pytest.approx(0.003)
 
 
 def test_runs_taken_in_turn_are_paired_so_a_slow_stretch_falls_out():
     """The in-process probe takes a difference's shallow and deep runs in turn; a stretch in which the machine runs
     slower lengthens both runs of a pair.  Paired, the difference stays what it is; the difference of the medians
     takes the stretch in (here the shallow step's median lands on a fast run, the deep step's on a slow one)."""
-    from edgekv.orchestration import speedcal as S
 
     shallow = [10, 14, 10, 14, 10]     # ms: runs 2 and 4 of both depths in a stretch 4 ms slower
     deep = [12, 16, 12, 16, 16]        # and the deep step's last run slowed on its own
-    r = {"tg128": {"ns": [x * 1_000_000 for x in shallow], "in_turn": True},
-         "tg1152": {"ns": [x * 1_000_000 for x in deep], "in_turn": True}}
-    assert S._difference_s(r, "tg1152", "tg128") == pytest.approx(0.002)     # pairs: 2 2 2 2 6
+    r = {k: ProbeResult(step=k, ns=[x * 1_000_000 for x in runs], in_turn=True)
+         for k, runs in (("tg128", shallow), ("tg1152", deep))}
+    assert V.difference_s(r, "tg1152", "tg128") == pytest.approx(0.002)     # pairs: 2 2 2 2 6
     # the same runs without the mark (llama-bench's, in sequence): medians 16 and 10 ms
-    seq = {k: {"ns": v["ns"]} for k, v in r.items()}
-    assert S._difference_s(seq, "tg1152", "tg128") == pytest.approx(0.006)
+    seq = {k: ProbeResult(step=k, ns=v.ns) for k, v in r.items()}
+    assert V.difference_s(seq, "tg1152", "tg128") == pytest.approx(0.006)
     # a shallow step taken again after the deep one (llama-bench) is never paired, marked or not
-    again = {**r, "tg128b": {"ns": r["tg128"]["ns"], "in_turn": True}}
-    assert S._difference_s(again, "tg1152", "tg128") == pytest.approx(0.006)
+    again = {**r, "tg128b": ProbeResult(step="tg128b", ns=r["tg128"].ns, in_turn=True)}
+    assert V.difference_s(again, "tg1152", "tg128") == pytest.approx(0.006)
 
 
 def test_a_disturbed_calibration_never_yields_a_free_graph_or_free_weights():
     """Other work that hides a cost must not become a zero (or negative) coefficient: a graph whose nodes cost
     nothing predicted 8.6 t/s against 49 measured with a calibration taken on a busy machine."""
-    from edgekv.orchestration import speedcal as S
 
     g = {"nodes_pp": 100, "nodes_tg": 90, "splits_pp": 1, "splits_tg": 1, "ops_pp": 100, "ops_tg": 90}
     gb = {"nodes_pp": 1000, "nodes_tg": 900, "splits_pp": 1, "splits_tg": 1, "ops_pp": 1000, "ops_tg": 900}
-    res = [{"model": "nodes_a", "step": "tg", "ns": [5_000_000] * 3, "graph": g},
-           {"model": "nodes_a", "step": "pp", "ns": [9_000_000] * 3, "graph": g},
-           {"model": "nodes_b", "step": "tg", "ns": [9_000_000] * 3, "graph": gb},
-           {"model": "nodes_b", "step": "pp", "ns": [8_000_000] * 3, "graph": gb}]    # the deeper graph measured faster
+    res = [ProbeResult(model="nodes_a", step="tg", ns=[5_000_000] * 3, graph=g),
+           ProbeResult(model="nodes_a", step="pp", ns=[9_000_000] * 3, graph=g),
+           ProbeResult(model="nodes_b", step="tg", ns=[9_000_000] * 3, graph=gb),
+           ProbeResult(model="nodes_b", step="pp", ns=[8_000_000] * 3, graph=gb)]    # the deeper graph measured faster
     with pytest.raises(S.CalibrationError, match="no cost for a deeper graph"):
-        S.solve_nodes(res)
-    res[3]["ns"] = [20_000_000] * 3
-    res += [{"model": "nodes_a", "step": "ps", "ns": [2_000_000] * 5, "graph": g},
-            {"model": "nodes_b", "step": "ps", "ns": [1_900_000] * 5, "graph": gb}]     # so did its short prompt
+        V.solve_nodes(res)
+    res[3].ns = [20_000_000] * 3
+    res += [ProbeResult(model="nodes_a", step="ps", ns=[2_000_000] * 5, graph=g),
+            ProbeResult(model="nodes_b", step="ps", ns=[1_900_000] * 5, graph=gb)]     # so did its short prompt
     with pytest.raises(S.CalibrationError, match="under a short prompt"):
-        S.solve_nodes(res)
+        V.solve_nodes(res)
 
 
 def test_llama_bench_probe_runs_each_shallow_deep_shallow_group_as_one_process_and_checks_what_came_back():
     """The calibration plan through the user's llama-bench (edgekv.orchestration.lbprobe): a context's steps that
     share a test, token count and repetitions are one llama-bench run over their depths in the plan's order; its
     JSON lines must be the tests asked for, or the calibration stops with the reason (never a misread figure)."""
-    from edgekv.orchestration import speedcal as S
     from edgekv.orchestration.lbprobe import ProbeError, group_argv, parse_group, step_groups
 
-    (m,) = S.attn_plan([("q8_0", "q8_0", "auto")], 2, False)
-    ctx = m["contexts"][0]
-    groups = step_groups(ctx["steps"])
-    assert [[st["key"] for st in g] for g in groups] == [["pp0", "pp1024", "pp0b"], ["tg128", "tg1152", "tg128b"]]
+    (m,) = P.attn_plan([("q8_0", "q8_0", "auto")], 2, False)
+    ctx = m.contexts[0]
+    groups = step_groups(ctx.steps)
+    assert [[st.key for st in g] for g in groups] == [["pp0", "pp1024", "pp0b"], ["tg128", "tg1152", "tg128b"]]
     argv = group_argv("/x/llama-bench", "/m.gguf", ctx, groups[1], False)
-    assert argv[argv.index("-d") + 1] == "128,1152,128" and argv[argv.index("-n") + 1] == str(S.GENERIC_TG_N)
+    assert argv[argv.index("-d") + 1] == "128,1152,128" and argv[argv.index("-n") + 1] == str(P.GENERIC_TG_N)
     assert argv[argv.index("-p") + 1] == "0" and argv[argv.index("-ctk") + 1] == "q8_0" and argv[-2:] == ["--repack", "0"]
     assert argv[argv.index("-r") + 1] == "5" and argv[argv.index("-o") + 1] == "jsonl"
     line = '{{"n_depth": {d}, "n_gen": 32, "samples_ns": [1000, 1100, 1200, 1300, 1400]}}'
     out = "\n".join(line.format(d=d) for d in (128, 1152, 128))
     log = "sched_reserve: max_nodes = 1024\nsched_reserve: graph: nodes = 68, splits = 1, input objects = 4, input tensors = 6"
     res = parse_group(out, log, groups[1], "attn/q8_0")
-    assert [r["step"] for r in res] == ["tg128", "tg1152", "tg128b"] and res[1]["depth"] == 1152
-    assert res[0]["graph"] == {"nodes_pp": 68, "nodes_tg": 68, "splits_pp": 1, "splits_tg": 1}
-    assert res[0]["ns"] == [1000, 1100, 1200, 1300, 1400]
+    assert [r.step for r in res] == ["tg128", "tg1152", "tg128b"] and res[1].depth == 1152
+    assert res[0].graph == {"nodes_pp": 68, "nodes_tg": 68, "splits_pp": 1, "splits_tg": 1}
+    assert res[0].ns == [1000, 1100, 1200, 1300, 1400]
     with pytest.raises(ProbeError, match="printed 2 results for attn/q8_0, not 3"):
         parse_group("\n".join(out.splitlines()[:2]), log, groups[1], "attn/q8_0")
     with pytest.raises(ProbeError, match="not the test asked for"):
         parse_group(out.replace('"n_depth": 1152', '"n_depth": 1150'), log, groups[1], "attn/q8_0")
+
+
+def test_the_probe_protocol_is_typed_both_ways():
+    """A plan crosses to the child as JSON and comes back decoded into the same Structs; a payload that is not a
+    plan, or a reply that is not one, is refused rather than misread."""
+    import msgspec
+
+    from edgekv.core.probe import ProbeRequest, reply_from, request_from, results_of, to_wire
+
+    plan = P.attn_plan([("f16", "f16", "auto")], 2, True, "h9kv3k64v64", interleave=True) + P.weight_plan(["q8_0"], 2, True)
+    wire = json.loads(json.dumps(to_wire(ProbeRequest(models=plan))))
+    assert request_from(wire).models == plan
+    with pytest.raises(msgspec.ValidationError):
+        request_from({"models": [{**wire["models"][0], "contexts": "all"}]})
+    with pytest.raises(msgspec.ValidationError):
+        reply_from({"ok": True, "results": [{"step": "tg", "ns": ["fast"]}]})
+    assert results_of([{"model": "w", "step": "tg", "ns": [1, 2]}]) == [ProbeResult(model="w", step="tg", ns=[1, 2])]
+    # the llama-bench probe's lines are decoded as strictly
+    from edgekv.orchestration.lbprobe import ProbeError, parse_group
+
+    (m,) = P.attn_plan([("q8_0", "q8_0", "auto")], 2, False)
+    group = [st for st in m.contexts[0].steps if st.test == "tg"]
+    bad = "\n".join(f'{{"n_depth": {st.depth}, "samples_ns": "many"}}' for st in group)
+    with pytest.raises(ProbeError, match="not one"):
+        parse_group(bad, "", group, "attn/q8_0")
+
+
+def test_calibrations_export_to_one_bundle_and_import_under_names_edgekv_gives_them(monkeypatch, tmp_path):
+    """export_calibrations writes the store's speed calibrations, baselines and preflight verdicts into one JSON
+    bundle; import_calibrations checks every entry before writing any, derives each file's name itself (a bundle
+    never chooses a path), and refuses another version's bundle or speed calibration in one line."""
+    _own_home(monkeypatch, tmp_path / "a")
+    key, fp = ST.calibration_key(2, True)
+    ST.write_cache(ST.calibration_path(2, True), key, fp, _cal(id="exported"),
+                   [ProbeResult(model="w_q8_0", step="tg", ns=[5])])
+    from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path
+
+    base_fp = fingerprint("python")
+    write_json(store_path("python"), {"key": fingerprint_key(base_fp), "fingerprint": base_fp, "bytes": 123})
+    write_json(store_path("python-preflight"), {"runs": True, "detail": "", "fingerprint_key": "0123456789abcdef"})
+    write_json(store_path("stray"), {"x": 1})           # not a file edgekv writes: left out
+    bundle = tmp_path / "cal.json"
+    assert S.export_calibrations(bundle) == 3
+    _own_home(monkeypatch, tmp_path / "b")
+    assert S.cached(2, True) is None
+    assert S.import_calibrations(bundle) == 3
+    assert S.cached(2, True).id == "exported"
+    assert json.loads(store_path("python").read_text())["bytes"] == 123
+    assert json.loads(store_path("python-preflight").read_text())["runs"] is True
+    # untrusted input: a runtime that would name another path, a key that is not its fingerprint's, another version
+    data = json.loads(bundle.read_text())
+    speed = next(e for e in data["entries"] if e["kind"] == "speed")
+
+    def refused(entries, match, version=1):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({"edgekv_calibrations": version, "entries": entries}))
+        before = sorted(p.name for p in store_path("x").parent.iterdir())
+        with pytest.raises(S.CalibrationError, match=match):
+            S.import_calibrations(bad)
+        assert sorted(p.name for p in store_path("x").parent.iterdir()) == before      # nothing written
+
+    refused([{**speed, "runtime": "../../etc"}], "runtime '../../etc' is not one edgekv writes")
+    refused([{**speed, "content": {**speed["content"], "key": "0" * 16}}], "its key is not its fingerprint's")
+    old = {**speed["content"]["fingerprint"], "speed": 1}
+    refused([{**speed, "content": {**speed["content"], "fingerprint": old, "key": fingerprint_key(old)}}],
+            "entry 0 \\(speed\\) is refused: it is a speed calibration of version 1/")
+    refused([speed, {**speed, "kind": "model"}], "not an edgekv calibration bundle")
+    refused([speed], "a calibration bundle of version 9; this edgekv reads version 1", version=9)
+    (tmp_path / "text.json").write_text("not json")
+    with pytest.raises(S.CalibrationError, match="text.json: not an edgekv calibration bundle"):
+        S.import_calibrations(tmp_path / "text.json")
 
 
 # -- real llama.cpp: one calibration for the suite, then predict / bench / calibrate ----------------------------
@@ -1451,22 +1557,21 @@ def test_calibrate_command(real_cal, capsys):
 
 def test_a_gpu_calibration_is_its_own_with_every_layer_offloaded(monkeypatch):
     from edgekv.core.speed import split_kv_path
-    from edgekv.orchestration import speedcal as S
 
-    cpu, gpu = S._path(2, True), S._path(2, True, None, "CUDA0")
+    cpu, gpu = ST.calibration_path(2, True), ST.calibration_path(2, True, None, "CUDA0")
     assert cpu != gpu and gpu.name.endswith("-CUDA0-baseline.json")
-    odd = S._path(2, True, None, "../CU DA")             # a device name is llama.cpp's; anything else is hashed
+    odd = ST.calibration_path(2, True, None, "../CU DA")             # a device name is llama.cpp's; anything else is hashed
     assert "/" not in odd.name.replace("-baseline.json", "") and ".." not in odd.name and odd.parent == gpu.parent
-    assert S._key(2, True)[0] != S._key(2, True, None, "CUDA0")[0]
-    assert all(m["n_gpu_layers"] == 0 for m in S.base_plan(2, True)) and "nodes_v" not in {m["key"] for m in S.base_plan(2, True)}
-    dev = S.base_plan(2, True, "CUDA0")
-    assert all(m["n_gpu_layers"] == -1 for m in dev) and "nodes_v" in {m["key"] for m in dev}
-    (a,) = S.attn_plan([("q4_0", "q4_0", "auto")], 2, True, None, "CUDA0")
-    (ctx,) = a["contexts"]
-    assert {st["depth"] for st in ctx["steps"]} == {*S.DEVICE_ATTN_TG_DEPTHS, *S.DEVICE_ATTN_PP_DEPTHS}
-    assert ctx["params"]["n_ctx"] >= max(S.DEVICE_ATTN_TG_DEPTHS) + S.TG_N and a["n_gpu_layers"] == -1
-    assert S.attn_plan([("q4_0", "q4_0", "auto")], 2, True)[0]["contexts"][0]["params"]["n_ctx"] == 4096
-    assert S.weight_shape("q4_0", "CUDA0")["n_embd"] == 4096 and S.weight_shape("q4_0")["n_embd"] == 1024
+    assert ST.calibration_key(2, True)[0] != ST.calibration_key(2, True, None, "CUDA0")[0]
+    assert all(m.n_gpu_layers == 0 for m in P.base_plan(2, True)) and "nodes_v" not in {m.key for m in P.base_plan(2, True)}
+    dev = P.base_plan(2, True, "CUDA0")
+    assert all(m.n_gpu_layers == -1 for m in dev) and "nodes_v" in {m.key for m in dev}
+    (a,) = P.attn_plan([("q4_0", "q4_0", "auto")], 2, True, None, "CUDA0")
+    (ctx,) = a.contexts
+    assert {st.depth for st in ctx.steps} == {*P.DEVICE_ATTN_TG_DEPTHS, *P.DEVICE_ATTN_PP_DEPTHS}
+    assert ctx.params.n_ctx >= max(P.DEVICE_ATTN_TG_DEPTHS) + P.TG_N and a.n_gpu_layers == -1
+    assert P.attn_plan([("q4_0", "q4_0", "auto")], 2, True)[0].contexts[0].params.n_ctx == 4096
+    assert P.weight_shape("q4_0", "CUDA0")["n_embd"] == 4096 and P.weight_shape("q4_0")["n_embd"] == 1024
     assert split_kv_path("f16", "f16", "auto") and not split_kv_path("f16", "f16", "auto", "CUDA0")
 
 
@@ -1485,28 +1590,27 @@ def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_path, headers):
     """body_geometry names the widths; the solvers recover a forward model's node cost at those widths and the
     cost of a logit; a GPU prediction uses them and refuses a model whose widths it has not measured."""
     from edgekv.core.speed import Calibration, MissingCalibration, body_geometry, kv_key, predict_tg
-    from edgekv.orchestration import speedcal as S
     from edgekv.orchestration.api import load_model
 
     m, smol_sh = smol
     assert body_geometry(m.shape) == "e576f1536h9kv3d64l30"
     assert body_geometry(load_model(str(gemma3_path)).shape) == "e640f2048h4kv1d256l18"
-    assert S.body_shape("e576f1536h9kv3d64l30")["n_layer"] == 30
+    assert P.body_shape("e576f1536h9kv3d64l30")["n_layer"] == 30
     with pytest.raises(S.CalibrationError):
-        S.body_shape("../x")
+        P.body_shape("../x")
     f16 = kv_key("f16", "f16", "auto")
     cal = Calibration(id="t", n_threads=8, node_tg_s=0.8e-6, node_pp_s=3e-6, token_tg_s=70e-6, ubatch_pp_s=1.3e-3,
                       device="CUDA0", matvec_s_per_byte={"q8_0": 4e-13}, matmul_s_per_byte={"q8_0": 4e-13},
                       matmul_s_per_flop={"q8_0": 6e-15}, attn_tg_s={f16: 7e-13}, attn_pp_s={f16: 3e-14})
     truth = {"tg": 1.1e-6, "pp": 7e-6, "vocab": 0.3e-9}
-    plan = S.body_plan(["e576f1536h9kv3d64l4"], 8, True)
+    plan = P.body_plan(["e576f1536h9kv3d64l4"], 8, True)
     headers(plan)
     from edgekv.core.arch import shape_from_metadata
     from edgekv.core.speed import attn_units_tg, speed_shape
     from edgekv.edges.gguf_header import read_header_file
 
-    h = read_header_file(plan[0]["model_path"])
-    sh = speed_shape(shape_from_metadata(h.metadata, plan[0]["model_path"], h.value_types), list(h.tensors), [], False,
+    h = read_header_file(plan[0].model_path)
+    sh = speed_shape(shape_from_metadata(h.metadata, plan[0].model_path, h.value_types), list(h.tensors), [], False,
                      {"ops_tg": 130, "ops_pp": 130})
     w = sum(g.bytes for g in sh.groups)
     # the prompt's last-layer feed-forward is a mat-vec (its last token only), like the output head
@@ -1518,10 +1622,10 @@ def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_path, headers):
     t_tg = 70e-6 + 256 * truth["vocab"] + w * 4e-13 + attn_units_tg(sh, 16, 8, False) * 7e-13 + 130 * truth["tg"]
     t_pp = 1.3e-3 + (w - o) * 4e-13 + 2 * params * 512 * 6e-15 + o * 4e-13 + units * 512 * 256 * 3e-14 + 130 * truth["pp"]
     g = {"ops_tg": 130, "ops_pp": 130}
-    res = [{"model": plan[0]["key"], "context": "f16", "step": "tg", "ns": [int(t_tg * S.TG_N * 1e9)] * 5, "graph": g},
-           {"model": plan[0]["key"], "context": "f16", "step": "pp", "ns": [int(t_pp * 1e9)] * 9, "graph": g}]
+    res = [ProbeResult(model=plan[0].key, context="f16", step="tg", ns=[int(t_tg * P.TG_N * 1e9)] * 5, graph=g),
+           ProbeResult(model=plan[0].key, context="f16", step="pp", ns=[int(t_pp * 1e9)] * 9, graph=g)]
     cal.vocab_tg_s = truth["vocab"]
-    S.solve_bodies(res, plan, cal)
+    V.solve_bodies(res, plan, cal)
     assert cal.node_tg_body_s["e576f1536h9kv3d64l4"] == pytest.approx(truth["tg"], rel=1e-3)
     assert cal.node_pp_body_s["e576f1536h9kv3d64l4"] == pytest.approx(truth["pp"], rel=1e-3)
     # the logit: the wide-vocabulary model less nodes_a and its larger output matrix
@@ -1529,9 +1633,9 @@ def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_path, headers):
     out_bytes = 64 * (262144 - 256) * 34 / 32
     t_a = 150e-6
     t_v = t_a + out_bytes * 4e-13 + (262144 - 256) * truth["vocab"]
-    base = [{"model": "nodes_a", "context": "f16", "step": "tg", "ns": [int(t_a * 32 * 1e9)] * 5, "graph": ga},
-            {"model": "nodes_v", "context": "f16", "step": "tg", "ns": [int(t_v * 32 * 1e9)] * 5, "graph": gv}]
-    assert S.solve_vocab(base, cal) == pytest.approx(truth["vocab"], rel=1e-3)
+    base = [ProbeResult(model="nodes_a", context="f16", step="tg", ns=[int(t_a * 32 * 1e9)] * 5, graph=ga),
+            ProbeResult(model="nodes_v", context="f16", step="tg", ns=[int(t_v * 32 * 1e9)] * 5, graph=gv)]
+    assert V.solve_vocab(base, cal) == pytest.approx(truth["vocab"], rel=1e-3)
     # a GPU prediction: nodes at the model's widths, the logits, and the body it lacks named
     model = replace(smol_sh, body="e576f1536h9kv3d64l4", n_vocab=49152)
     gcal = _cal(device="CUDA0", token_tg_s=70e-6, vocab_tg_s=truth["vocab"], node_tg_body_s=dict(cal.node_tg_body_s),
@@ -1551,26 +1655,25 @@ def test_a_geometry_carries_the_hidden_size_its_calibration_model_is_built_with(
     (bench/attn_widths.py), so the calibration model has the model's own: named in the geometry where it is not
     n_head x head_k (Gemma 3 270M: 4 x 256 heads over 640), bounded, and validated before a file is named after it."""
     from edgekv.core.speed import GEOMETRY_MAX_EMBD, AttnLayer
-    from edgekv.orchestration import speedcal as S
 
     m = load_model(str(gemma3_path))
     sh = speed_shape(m.shape, m.header.tensors, ["avx2"])
     assert {a.geometry for a in sh.attn} == {"h4kv1k256v256e640"}
-    assert S.geometry_shape("h4kv1k256v256e640")["n_embd"] == 640
+    assert P.geometry_shape("h4kv1k256v256e640")["n_embd"] == 640
     assert AttnLayer(32, 128, 128, None, 8, 4096).geometry == "h32kv8k128v128"       # Qwen3 8B: 32 x 128 = 4096
-    assert S.geometry_shape("h32kv8k128v128")["n_embd"] == 4096                        # its own, no longer 1024
+    assert P.geometry_shape("h32kv8k128v128")["n_embd"] == 4096                        # its own, no longer 1024
     # bounded: a model wider than GEOMETRY_MAX_EMBD is calibrated at that width (the width does not move the cost per
     # cell), so a 32 x 128 model 12288 wide shares the 8B's geometry; Qwen2.5 72B's 64 x 128 heads over 8192 are
     # named for the width their calibration model has
     assert GEOMETRY_MAX_EMBD == 4096
     assert AttnLayer(32, 128, 128, None, 8, 12288).geometry == "h32kv8k128v128"
     assert AttnLayer(64, 128, 128, None, 8, 8192).geometry == "h64kv8k128v128e4096"
-    assert S.geometry_shape("h64kv8k128v128")["n_embd"] == GEOMETRY_MAX_EMBD
-    assert S.geometry_shape("h64kv8k128v128e4096") == S.geometry_shape("h64kv8k128v128")
+    assert P.geometry_shape("h64kv8k128v128")["n_embd"] == GEOMETRY_MAX_EMBD
+    assert P.geometry_shape("h64kv8k128v128e4096") == P.geometry_shape("h64kv8k128v128")
     assert AttnLayer(9, 64, 64, None, 3, 0).geometry == "h9kv3k64v64"                    # unknown: the heads' width
     for bad in ("h4kv1k256v256e650", "h4kv1k256v256e0", f"h4kv1k256v256e{2 * GEOMETRY_MAX_EMBD}", "h4kv1k256v256e../x"):
         with pytest.raises(S.CalibrationError):
-            S.geometry_shape(bad)
+            P.geometry_shape(bad)
 
 
 PARTIAL_CHILD = """

@@ -39,7 +39,7 @@ def _engine(_payload: dict, ev: EventWriter) -> None:
 
 
 def _bench(payload: dict, ev: EventWriter) -> None:
-    from edgekv.child.workload import bench
+    from edgekv.child.benchrun import bench
 
     bench(payload, ev)
 
@@ -69,7 +69,7 @@ def _extra_buffers(payload: dict, ev: EventWriter) -> None:
 
 
 def _speed_probe(payload: dict, ev: EventWriter) -> None:
-    from edgekv.child.workload import speed_probe
+    from edgekv.child.speedprobe import speed_probe
 
     speed_probe(payload, ev)
 
