@@ -24,7 +24,7 @@ from edgekv.core.tensortable import rebuild
 from edgekv.core.units import MIB
 from edgekv.errors import EdgekvError
 
-# the first llama.cpp build of 2025 (b4400, 2025-01-01); older logs use spellings edgekv does not read
+# the oldest llama.cpp build whose log spellings explain reads; older logs use others
 FIRST_BUILD = 4400
 MARKERS = ("llama_model_loader", "print_info", "llm_load_print_meta", "load_tensors", "llama_context",
            "llama_kv_cache", "llama_init_from_model", "llama_new_context_with_model", "ggml_")
@@ -39,14 +39,14 @@ def check_log(name: str, lines: list[str], cfg: LogConfig, mem: LlamaMemoryLog) 
         raise ExplainError(f"{name}: no llama.cpp lines in it (print_info, llama_model_loader, load_tensors, "
                            "llama_context, llama_kv_cache); pass the log llama.cpp printed while loading the model")
     if cfg.build_number is not None and cfg.build_number < FIRST_BUILD:
-        raise ExplainError(f"{name}: llama.cpp build {cfg.build} is older than {FIRST_BUILD} (2025); explain reads "
-                           "the log lines of builds from 2025 on: run a newer llama.cpp")
+        raise ExplainError(f"{name}: llama.cpp build {cfg.build} is older than b{FIRST_BUILD}; explain reads the log "
+                           f"lines of builds b{FIRST_BUILD} and later: run a newer llama.cpp")
     has_buffers = any((mem.model_buffers, mem.kv_buffers, mem.compute_buffers, mem.caches, mem.kv_self,
                        mem.rs_buffers))
     if not has_buffers:
         if any("llm_load_tensors" in x and "buffer size" in x for x in lines):
-            raise ExplainError(f"{name}: its buffer lines are in the spelling of builds before 2025 "
-                               "('llm_load_tensors: CPU buffer size'); explain reads builds from 2025 on")
+            raise ExplainError(f"{name}: its buffer lines are in the spelling of builds before b{FIRST_BUILD} "
+                               f"('llm_load_tensors: CPU buffer size'); explain reads builds b{FIRST_BUILD} and later")
         raise ExplainError(f"{name}: no buffer line (load_tensors: ... model buffer size, llama_kv_cache: size = ...): "
                            "the log ends before llama.cpp allocated memory (truncated?); pass the whole log")
 
@@ -192,7 +192,7 @@ def _check_recurrent(pred: KVPrediction, mem: LlamaMemoryLog) -> list[dict[str, 
 
 
 def _check_kv_self(cfg: LogConfig, mem: LlamaMemoryLog, pred: KVPrediction) -> list[dict[str, Any]]:
-    """Builds of early 2025 print one "KV self size" line: one cache over every layer, no SWA split."""
+    """The oldest builds read print one "KV self size" line: one cache over every layer, no SWA split."""
     out = []
     init = cfg.kv_init or {}
     for s in mem.kv_self:
@@ -225,7 +225,7 @@ def kv_check(cfg: LogConfig, mem: LlamaMemoryLog, meta: dict[str, Any]) -> dict[
     try:
         shape = shape_from_metadata(meta, "<log>")
         params = context_params(cfg, mem)
-        if mem.kv_self:          # builds of early 2025: no SWA cache of its own yet, every layer full size
+        if mem.kv_self:          # the oldest builds read: no SWA cache of its own yet, every layer full size
             params = replace(params, swa_full=True)
         pred = predict(shape, params)
     except (EdgekvError, ValueError, KeyError, TypeError) as e:

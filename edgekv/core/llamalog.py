@@ -14,7 +14,7 @@ from typing import Any
 
 # src/llama-kv-cache.cpp:301-304
 # "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB"
-# (builds of mid 2025 named the class llama_kv_cache_unified and printed "%2u seqs" without the stream count, or no
+# (older builds named the class llama_kv_cache_unified and printed "%2u seqs" without the stream count, or no
 # sequence count at all)
 RE_KV_SIZE = re.compile(
     r"llama_kv_cache(?:_unified)?: size = +(?P<mib>[\d.]+) MiB \( *(?P<cells>\d+) cells, +(?P<layers>\d+) layers"
@@ -48,7 +48,7 @@ RE_DSV4_STATE = re.compile(
 # src/llama-kv-cache-dsv4.cpp:992 "%s: %10s DSV4 %s state buffer size = %8.2f MiB"
 RE_STATE_BUFFER = re.compile(r"llama_dsv4_comp_state: +(?P<dev>\S+) DSV4 \w+ state buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-kv-cache.cpp:291 "%s: %10s KV buffer size = %8.2f MiB"
-# (llama_kv_cache_init / llama_kv_cache_unified / init in builds of 2025)
+# (llama_kv_cache_init / llama_kv_cache_unified / init in older builds)
 RE_KV_BUFFER = re.compile(r"(?:llama_kv_cache\w*|init): +(?P<dev>\S+) KV buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-memory-recurrent.cpp:124 "%s: %10s RS buffer size = %8.2f MiB"
 RE_RS_BUFFER = re.compile(r"llama_memory_recurrent: +(?P<dev>\S+) RS buffer size = +(?P<mib>[\d.]+) MiB")
@@ -73,7 +73,7 @@ RE_FA_FORCED = re.compile(r"enabling flash_attn since it is required for quantiz
 # any other "<func>: <dev> <what> buffer size = X MiB" line: a buffer of a kind this parser does not know (a cache
 # class newer than edgekv), so that its bytes are never silently dropped
 RE_OTHER_BUFFER = re.compile(r"(?P<fn>\w+): +(?P<dev>\S+) (?P<what>[\w -]+?) buffer size = +(?P<mib>[\d.]+) MiB")
-# builds of early 2025 (llama_kv_cache_init): "%s: KV self size  = %7.2f MiB, K (%s): %7.2f MiB, V (%s): %7.2f MiB"
+# the oldest builds read (llama_kv_cache_init): "%s: KV self size  = %7.2f MiB, K (%s): %7.2f MiB, V (%s): %7.2f MiB"
 RE_KV_SELF = re.compile(r"KV self size += +(?P<mib>[\d.]+) MiB, K \((?P<type_k>\w+)\): +(?P<k_mib>[\d.]+) MiB, "
                         r"V \((?P<type_v>\w+)\): +(?P<v_mib>[\d.]+) MiB")
 RE_GPU_OFFLOAD = re.compile(r"load_tensors: offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
@@ -119,7 +119,7 @@ class LlamaMemoryLog:
     fa_forced_for_quantized_v: bool = False
     gpu_layers: tuple[int, int] | None = None
     errors: list[str] = field(default_factory=list)
-    kv_self: list[dict[str, str]] = field(default_factory=list)   # the "KV self size" lines of builds of early 2025
+    kv_self: list[dict[str, str]] = field(default_factory=list)   # the "KV self size" lines of the oldest builds read
     graph: dict[str, int] | None = None   # llama.cpp's graph sizes (nodes, splits; parse_graph_line)
     placement: dict[str, Any] | None = None   # the scheduler's op placement (GGML_SCHED_DEBUG=2; parse_placement)
 

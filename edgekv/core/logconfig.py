@@ -7,7 +7,7 @@ lines into a :class:`LogConfig`: the build, the devices, the GGUF metadata llama
 (``llama_model_loader: - kv``), its ``print_info`` hyperparameters, the tensor type counts and the context
 settings.  The memory lines themselves are :mod:`edgekv.core.llamalog`'s.
 
-Formats covered (llama.cpp builds from 2025 on, and the 2024 ``llm_load_print_meta`` spelling of the same
+Formats covered (llama.cpp builds b4400 and later, and the older ``llm_load_print_meta`` spelling of the same
 lines): llama-cli, llama-server, llama-bench -v, llama-cpp-python ``verbose=True``, with or without the
 common logger's ``0.00.045.180 I`` prefix, ANSI colours, journald or container prefixes.
 """
@@ -94,8 +94,8 @@ RE_PRINT_INFO = re.compile(r"(?:print_info|llm_load_print_meta): (?P<key>[\w .]+
 RE_CTX = re.compile(r"(?:llama_context|llama_init_from_model|llama_new_context_with_model): "
                     r"(?P<key>n_seq_max|n_ctx|n_ctx_seq|n_ctx_per_seq|n_batch|n_ubatch|causal_attn|flash_attn|"
                     r"kv_unified|swa_full|offload_kqv) +=\s+(?P<val>\S+)")
-# early 2025: llama_kv_cache_init: kv_size = 512, offload = 1, type_k = 'f16', type_v = 'f16', n_layer = 12
-# mid 2025:   llama_kv_cache_unified: kv_size = 4096, type_k = 'f16', type_v = 'f16', n_layer = 36, ...
+# oldest:     llama_kv_cache_init: kv_size = 512, offload = 1, type_k = 'f16', type_v = 'f16', n_layer = 12
+# later:      llama_kv_cache_unified: kv_size = 4096, type_k = 'f16', type_v = 'f16', n_layer = 36, ...
 RE_KV_INIT = re.compile(r"kv_size = (?P<cells>\d+),(?: offload = \d+,)? type_k = '(?P<tk>\w+)', type_v = '(?P<tv>\w+)', "
                         r"n_layer = (?P<layers>\d+)")
 RE_USING_DEVICE = re.compile(r"using device (?P<dev>\S+) \((?P<name>[^)]*)\)(?: \([^)]*\))?(?: - (?P<free>\d+) MiB free)?")
