@@ -95,3 +95,22 @@ def test_bad_calibration_flags_are_one_line(tmp_path, smollm2_path):
         r = _cli(tmp_path, *args, timeout=120)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
         assert r.stderr.startswith("edgekv: error:"), r.stderr
+
+
+def test_a_ci_job_carries_its_calibrations_in_one_file(tmp_path):
+    a, b, bundle = tmp_path / "a", tmp_path / "b", tmp_path / "calibration.json"
+    assert _cli(a, "info", "--json").returncode == 0          # the runtime baseline and the preflight, cached in a
+    r = _cli(a, "calibrate", "--export", str(bundle), "--json")
+    assert r.returncode == 0, r.stderr
+    n = json.loads(r.stdout)["exported"]
+    assert n >= 2 and bundle.is_file()
+    r = _cli(b, "calibrate", "--import", str(bundle), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["imported"] == n, r.stderr
+    assert sorted(p.name for p in (b / "calibration").glob("*.json")) == \
+        sorted(p.name for p in (a / "calibration").glob("*.json") if not p.name.endswith("-verified.json"))
+    # a bundle that is not one is refused in one line, and nothing is written
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"entries": 3}')
+    r = _cli(tmp_path / "c", "calibrate", "--import", str(bad))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and str(bad) in r.stderr, r.stderr
+    assert not list((tmp_path / "c").glob("calibration/*.json"))
