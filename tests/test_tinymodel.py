@@ -69,6 +69,7 @@ def test_without_values_the_model_is_a_hole_of_zeros(tmp_path):
     assert v.stat().st_blocks * 512 >= size                                      # every byte written
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mat_type", ("Q4_1", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL"))
 def test_llama_cpp_computes_finite_logits_on_the_values(tmp_path, mat_type):
     """A real run: llama.cpp loads the model (repacked or not, as the preflight says) and every logit of a few
@@ -108,6 +109,7 @@ def test_mxfp4_blocks_get_a_sane_e8m0_exponent(tmp_path):
 # -- a calibration plan's models: written as a probe loads them, cut to their headers, deleted at the end ---------
 
 
+@pytest.mark.slow
 def test_a_plan_model_is_written_as_it_is_loaded_then_cut_to_its_header(tmp_path, monkeypatch):
     """plan_model names a file and writes nothing; plan_model_file writes the whole model (llama.cpp loads it and
     decodes), then cuts it to its header (the tensor table the solve reads back); a second use writes it whole
