@@ -109,3 +109,9 @@ def one_repack(repack: Optional[str]) -> bool | None:
     if rp is None or len(rp) != 1:
         raise UsageError("--repack: give one value, 0 or 1")
     return rp[0]
+
+
+DEVICE_OPT = typer.Option(None, "--device", show_default=False,
+                          help="Also answer for another device: metal (a Mac's unified memory; with --device-memory).")
+DEVICE_MEMORY_OPT = typer.Option(None, "--device-memory", metavar="SIZE", show_default=False,
+                                 help="With --device metal: the Mac's memory (16GiB).")

@@ -97,6 +97,8 @@ class PredictRequest:
     calibration_timeout_s: float = 180.0
     min_tg: float | None = None     # --budget with --min-tg: decode at full depth at least this fast
     llama_bench: str | None = None  # --llama-bench: speed calibrated through that binary, the process over its baseline
+    device: str | None = None       # --device metal: also answer for a Mac with device_memory bytes
+    device_memory: int | None = None
 
 
 @dataclass
@@ -107,6 +109,7 @@ class PredictOutcome:
     process_notes: list[str] = field(default_factory=list)
     extra_buffers: dict[str, Any] | None = None  # --engine: the AMX/CPU_REPACK copies, formula and llama.cpp
     budget: list[Any] | None = None          # budget.BudgetRow per cache pair (--budget)
+    device_fit: list[dict[str, Any]] | None = None   # --device metal: each configuration on a Mac (devicefit)
     # (n_ctx, bytes with llama.cpp's command-line defaults, bytes with llama-cpp-python's Llama() defaults)
     defaults_cost: tuple[int, int, int] | None = None
     layer_params: ContextParams | None = None
@@ -118,9 +121,14 @@ class PredictOutcome:
         "budget": [rows]}`` (a budget row answers a question about a cache pair, not one configuration, so it
         stays beside the records, never inside one)."""
         recs = [encode(r) for r in self.records]
-        if self.budget is None:
+        if self.budget is None and self.device_fit is None:
             return recs
-        return {"predictions": recs, "budget": [msgspec.to_builtins(b) for b in self.budget]}
+        out: dict[str, Any] = {"predictions": recs}
+        if self.budget is not None:
+            out["budget"] = [msgspec.to_builtins(b) for b in self.budget]
+        if self.device_fit is not None:
+            out["device_fit"] = self.device_fit
+        return out
 
 
 def _defaults_cost(m: LoadedModel, base: ContextParams, recs: list[Record]) -> tuple[int, int, int] | None:
@@ -413,6 +421,11 @@ def run_predict(m: LoadedModel, req: PredictRequest, repack: bool | None = True)
         out.budget = budget_table(m, req.base, req.pairs, req.budget_bytes, n_gpu_layers=req.n_gpu_layers, min_tg=floor,
                                   workload=p.workload, n_threads=p.n_threads, use_mmap=p.use_mmap,
                                   use_extra_bufts=p.use_extra_bufts)
+    if req.device == "metal" and req.device_memory:
+        from edgekv.orchestration.devicefit import metal_lines, metal_rows
+
+        out.device_fit = metal_rows(out.records, req.device_memory)
+        out.process_notes.extend(metal_lines(out.device_fit))
     out.defaults_cost = _defaults_cost(m, req.base, out.records)
     if req.layers:
         first = next((r.prediction.formula for r in out.records if r.prediction.formula.status == STATUS_OK), None)
