@@ -81,8 +81,6 @@ def run_llama_bench(exe, model_path, n_ctx, t, args) -> dict:
     return out
 
 
-BEGIN, END = "<!-- perf:begin -->", "<!-- perf:end -->"
-
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
@@ -108,7 +106,6 @@ def stats_row(lb: list[float], ek: list[float], lb_rounds: list[list[float]], ek
 def markdown(out: dict) -> str:
     st, sm = out["settings"], out["summary"]
     lines = [
-        BEGIN,
         "## Speed: `edgekv bench` against `llama-bench` (issue 3, target ≥ 0.97×)",
         "",
         "Command:",
@@ -150,7 +147,6 @@ def markdown(out: dict) -> str:
         "imports, result assembly: everything outside llama.cpp calls), "
         f"**{100 * sm['harness_share_of_sweep_wall']:.1f} %** of the sweep's wall time (adding the llama.cpp dry run "
         "that gives the engine's own figures).",
-        END,
     ]
     return "\n".join(lines) + "\n"
 

@@ -43,8 +43,6 @@ from tools.llama_tools import llama_cpp_python_version, run_batched_bench, tool
 NAME = "parallel_vs_batched_bench"
 KEY = ("model", "type", "npl", "c", "p", "n", "t")
 MIB = H.MIB
-BEGIN, END = "<!-- parallel:begin -->", "<!-- parallel:end -->"
-
 
 def run_edgekv(m, args, t: str, npl: int, env) -> dict:
     spec = SweepSpec(model=m, contexts=[args.c], pairs=[(t, t)], n_prompt=args.p, n_gen=args.n, repetitions=args.r,
@@ -104,7 +102,7 @@ def measure(args) -> tuple[list[dict], list[float]]:
 
 def markdown(out: dict) -> str:
     st = out["settings"]
-    lines = [BEGIN, "## Parallel sequences: `edgekv bench -npl` against `llama-batched-bench` (issue 28, target ≥ 0.97×)",
+    lines = ["## Parallel sequences: `edgekv bench -npl` against `llama-batched-bench` (issue 28, target ≥ 0.97×)",
              "", "Command:", "",
              f"    {out['command']}", "",
              f"- `-c {st['c']} -p {st['p']} -n {st['n']} -r {st['r']} -t {st['t']} -fa {st['fa']} -b {st['b']} "
@@ -132,7 +130,7 @@ def markdown(out: dict) -> str:
     sm = out["summary"]
     lines += ["", f"Geometric mean of the ratios: prefill **{sm['pp_geomean']:.3f}**, decode **{sm['tg_geomean']:.3f}**; "
               f"lowest: prefill {sm['pp_min']:.3f}, decode {sm['tg_min']:.3f}. KV bytes equal llama.cpp's in every "
-              f"run: {sm['kv_all_match']}.", END]
+              f"run: {sm['kv_all_match']}."]
     return "\n".join(lines) + "\n"
 
 

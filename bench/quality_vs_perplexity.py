@@ -54,7 +54,6 @@ from tools.llama_tools import llama_cpp_python_version, tool
 NAME = "quality_vs_perplexity"
 KEY = ("model", "corpus", "n_ctx", "chunks", "type", "threads")
 
-BEGIN, END = "<!-- quality:begin -->", "<!-- quality:end -->"
 PPL_TOL = 1e-4          # 0.01 %
 
 
@@ -247,7 +246,6 @@ def compare(rec: dict[str, Any]) -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     m = report["meta"]
     lines = [
-        BEGIN,
         "## Quality: `edgekv quality` against `llama-perplexity`",
         "",
         "Command:",
@@ -321,7 +319,6 @@ def markdown(report: dict[str, Any]) -> str:
         "- Speed: both sides evaluate the baseline and every type on the same tokens. The KLD workflow",
         "  is what llama-perplexity needs for these figures; plain PPL runs (no base file, no KLD) are the",
         "  strictest comparison. Each llama run also loads the model and tokenizes again.",
-        END,
     ]
     return "\n".join(lines) + "\n"
 

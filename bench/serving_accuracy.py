@@ -42,8 +42,6 @@ from tools.llama_tools import llama_cpp_python_version, tool
 NAME = "serving_accuracy"
 KEY = ("model", "np", "c", "p", "n", "t", "ctk")
 MIB = H.MIB
-BEGIN, END = "<!-- serving:begin -->", "<!-- serving:end -->"
-
 
 def one(m, args, npl: int, server: str | None, env) -> dict:
     spec = SweepSpec(model=m, contexts=[args.c], pairs=[(args.ctk, args.ctk)], n_prompt=args.p, n_gen=args.n,
@@ -94,7 +92,7 @@ def measure(args) -> tuple[list[dict], list[float]]:
 
 def markdown(out: dict) -> str:
     st = out["settings"]
-    lines = [BEGIN, "## Serving: the user's llama-server against the prediction and against `-npl` in-process "
+    lines = ["## Serving: the user's llama-server against the prediction and against `-npl` in-process "
              "(issue 28, targets ±3 % and ±8 MiB; decode within 10 %)", "",
              "Command:", "", f"    {out['command']}", "",
              f"- `-c {st['c']} -p {st['p']} -n {st['n']} -r {st['r']} -t {st['t']} -ctk {st['ctk']} -ctv {st['ctk']}`, "
@@ -116,7 +114,7 @@ def markdown(out: dict) -> str:
     lines += ["", f"Largest memory residual: **{sm['worst_residual_pct']:+.2f} %** ({sm['worst_residual_mib']:+.1f} MiB); "
               f"decode ratio server / in-process: geometric mean **{sm['tg_ratio_geomean']:.3f}**, range "
               f"{sm['tg_ratio_min']:.3f}–{sm['tg_ratio_max']:.3f}. KV bytes equal llama.cpp's in every run: "
-              f"{sm['kv_all_match']}.", END]
+              f"{sm['kv_all_match']}."]
     return "\n".join(lines) + "\n"
 
 

@@ -183,9 +183,8 @@ def test_speed_model_keeps_the_latest_row_of_each_configuration(tmp_path, monkey
     recs.mkdir()
     (recs / "smollm2-135m-base.jsonl").write_text(json.dumps(_rec("f16", "f16", 50.0, 52.0)) + "\n")
     (recs / "smollm2-135m-t1.jsonl").write_text(json.dumps(_rec("q8_0", "q8_0", 30.0, 30.0)) + "\n")
-    for argv in (["--table-only", "--out", str(recs), "--results", str(results)],):
-        monkeypatch.setattr(sys, "argv", ["speed_model", *argv])
-        assert S.main() == 0
+    monkeypatch.setattr(sys, "argv", ["speed_model", "--table-only", "--out", str(recs), "--results", str(results)])
+    assert S.main() == 0
     f = results / "speed_model" / "x86-avx512-epyc-2cpu.jsonl"
     first = [json.loads(x) for x in f.read_text().splitlines()]
     assert {(r["variant"], r["test"]) for r in first} == {("base", "tg"), ("base", "pp"), ("t1", "tg"), ("t1", "pp")}
