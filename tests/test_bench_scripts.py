@@ -225,8 +225,13 @@ def test_every_harness_answers_help(harness, monkeypatch, capsys):
 
 
 def test_bench_is_a_small_tool_set():
-    """At most 8 harness scripts beside their shared module, and bench/results at most 40 files and 3 MB."""
+    """At most 8 harness scripts beside their shared module, bench/results at most 40 files and 3 MB, and no script
+    in bench/ or tools/ over 600 lines (the package's own limit)."""
     scripts = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem not in ("__init__", "harness"))
     assert scripts == sorted(HARNESSES) and len(scripts) <= 8
     files = [p for p in (ROOT / "bench" / "results").rglob("*") if p.is_file()]
     assert len(files) <= 40 and sum(p.stat().st_size for p in files) <= 3 * 1024 * 1024
+    scripts = [p for d in ("bench", "tools") for p in sorted((ROOT / d).rglob("*.py"))
+               if not any(x.startswith(".") for x in p.relative_to(ROOT).parts)]       # not bench/.build's sources
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in scripts if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600]
+    assert not long, "split these:\n" + "\n".join(long)

@@ -312,7 +312,9 @@ def _script_problems(source: str, where: str) -> list[str]:
 
 
 def _scripts() -> list[Path]:
-    return sorted(p for d in SCRIPT_DIRS for p in (ROOT / d).rglob("*.py"))
+    """The scripts of bench/ and tools/ (not what their ignored build folders hold, such as bench/.build)."""
+    return sorted(p for d in SCRIPT_DIRS for p in (ROOT / d).rglob("*.py")
+                  if not any(x.startswith(".") for x in p.relative_to(ROOT).parts))
 
 
 def test_bench_and_tools_use_public_names_only():
