@@ -84,7 +84,7 @@ def _gpu(devices: Sequence[str] | None, backends: Sequence[str] | None) -> str |
         words = [w for w in re.split(r"[\s_]+", d.lower()) if w and w not in _GPU_WORDS]
         if not words or (backends and "CUDA" not in backends and "Vulkan" not in backends and "ROCm" not in backends):
             continue
-        if any(x in d.lower() for x in ("nvidia", "radeon", "geforce", "tesla")):
+        if any(x in d.lower() for x in ("nvidia", "radeon", "geforce", "tesla", "instinct")):
             name = ""
             for w in words:
                 name += re.sub(r"[^a-z0-9]", "", w)

@@ -159,7 +159,7 @@ def table(rs: list[dict]) -> str:
              "|---|---|---:|---|---:|---:|---:|---:|:-:|"]
     for r in rs:
         ok = abs(r["pct"]) <= PCT_TARGET and abs(r["diff"]) <= MIB_TARGET * MIB
-        sett = SETTINGS.get(r["variant"], r["variant"])
+        sett = _settings(r["variant"])
         lines.append(f"| {r['model']} | {sett} | {r['n_ctx']} | {r['type']} | {r['measured'] / MIB:.1f} | "
                      f"{r['predicted'] / MIB:.1f} | {r['diff'] / MIB:+.1f} MiB | {r['pct']:+.2f} % | {'✓' if ok else '✗'} |")
     if rs:
@@ -180,6 +180,13 @@ def save(rs: list[dict], results: Path = H.RESULTS, machine: str | None = None) 
     return [H.save(NAME, m, x, KEY, results) for m, x in sorted(by.items())]
 
 
+def _settings(variant: str) -> str:
+    """How the tables name a variant: ``ngl15`` (a partial offload read from a GPU run's records) is ``-ngl 15``."""
+    if variant.startswith("ngl") and variant[3:].isdigit():
+        return f"-ngl {variant[3:]}"
+    return SETTINGS.get(variant, variant)
+
+
 def _within(r: dict) -> bool:
     return abs(r["pct"]) <= PCT_TARGET and abs(r["diff"]) <= MIB_TARGET * MIB
 
@@ -193,7 +200,7 @@ def render(by_machine: dict[str, list[dict]]) -> str:
             sub = [r for r in rs if r["model"] == model]
             worst = max(sub, key=lambda r: abs(r["diff"]))
             med = statistics.median(abs(r["diff"]) / MIB for r in sub)
-            sett = SETTINGS.get(worst["variant"], worst["variant"])
+            sett = _settings(worst["variant"])
             out.append([f"`{m}`", model, f"{sum(map(_within, sub))} of {len(sub)}", f"{med:.1f} MiB",
                         f"{worst['diff'] / MIB:+.1f} MiB ({worst['pct']:+.2f} %; {sett}, {worst['n_ctx']}, {worst['type']})",
                         H.identity_note(sub)])
