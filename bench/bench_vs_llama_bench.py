@@ -7,14 +7,18 @@ reports, and the harness's own time is a small share of the sweep's wall time.
 For every configuration (context, cache type) the script runs, in alternating order over
 ``--rounds`` rounds, one ``edgekv bench`` case (a fresh child process, exactly what a user gets)
 and ``llama-bench`` built from the llama.cpp tree vendored in the installed llama-cpp-python
-(bench/llama_tools.py), with the same depth, -p, -n, -r, -t, -b, -ub and -fa.  All samples of all
+(tools/llama_tools.py), with the same depth, -p, -n, -r, -t, -b, -ub and -fa.  All samples of all
 rounds are pooled per side; the ratio is edgekv mean / llama-bench mean with a Welch test.
 By default llama-bench runs on llama-cpp-python's own libllama/libggml (``--libs python``), so both
 sides execute the same machine code and the ratio isolates the harness; ``--libs own`` uses the
 libraries built beside llama-bench (same source, possibly different compiler flags).
 
-    python bench/bench_vs_llama_bench.py                    # SmolLM2, 2048/4096, f16/q8_0/q4_0
-    python bench/bench_vs_llama_bench.py -c 4096 -ctk f16 --rounds 3 --out bench/results/x.json
+    python -m bench.bench_vs_llama_bench                    # SmolLM2, 2048/4096, f16/q8_0/q4_0
+    python -m bench.bench_vs_llama_bench -c 4096 -ctk f16 --rounds 3 --out /tmp/x.json
+
+One row per (context, cache type) goes to bench/results/bench_vs_llama_bench/<machine-class>.jsonl
+(bench/harness.py), from which tools/render_tables.py renders the docs' ``bench-vs-llama-bench`` table; ``--out``
+also keeps the whole run as one JSON document.
 
 Run it on a quiet machine: on 2 shared cores the noise is larger than the effect being measured.
 """
@@ -26,23 +30,24 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from bench import harness as H
+from edgekv.core.stats import summarize, welch
+from edgekv.edges.environment import cpu_model
+from edgekv.edges.process import run_child
+from edgekv.orchestration.api import load_model
+from edgekv.orchestration.preflight import preflight
+from edgekv.orchestration.sweep import SweepSpec, default_depth, run_sweep
+from edgekv.records.schema import encode
+from tools.llama_tools import llama_bench_env, llama_cpp_python_version, tool
 
-from llama_tools import llama_cpp_python_version, tool, tool_env, write_section  # noqa: E402
-
-from edgekv.core.stats import summarize, welch  # noqa: E402
-from edgekv.edges.environment import cpu_model  # noqa: E402
-from edgekv.edges.process import run_child  # noqa: E402
-from edgekv.orchestration.api import load_model  # noqa: E402
-from edgekv.orchestration.preflight import preflight  # noqa: E402
-from edgekv.orchestration.sweep import SweepSpec, default_depth, run_sweep  # noqa: E402
-from edgekv.records.schema import encode  # noqa: E402
+NAME = "bench_vs_llama_bench"
+KEY = ("model", "n_ctx", "type", "p", "n", "t")
 
 
 def run_edgekv(m, n_ctx, t, args, env) -> dict:
@@ -60,23 +65,6 @@ def run_edgekv(m, n_ctx, t, args, env) -> dict:
             "harness_s": rec["timing"]["harness_s"], "sweep_wall_s": sweep_wall}
 
 
-def python_libdir() -> str:
-    import llama_cpp
-
-    return os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-
-
-def llama_bench_env(exe, libs: str) -> dict:
-    """``--libs python``: llama-bench runs on the very libllama/libggml that edgekv loads (llama-cpp-python's
-    build of the same source), so the comparison measures the harness, not two builds' compiler flags.
-    ``--libs own``: the libraries built beside llama-bench."""
-    env = tool_env(exe)
-    if libs == "python":
-        key = "DYLD_LIBRARY_PATH" if sys.platform == "darwin" else "LD_LIBRARY_PATH"
-        env[key] = python_libdir() + os.pathsep + env[key]
-    return env
-
-
 def run_llama_bench(exe, model_path, n_ctx, t, args) -> dict:
     d = default_depth(n_ctx, args.p, args.n)
     argv = [str(exe), "-m", model_path, "-p", str(args.p), "-n", str(args.n), "-d", str(d), "-ctk", t, "-ctv", t,
@@ -92,8 +80,6 @@ def run_llama_bench(exe, model_path, n_ctx, t, args) -> dict:
         out["pp" if row["n_prompt"] > 0 else "tg"] = row["samples_ts"]
     return out
 
-
-BEGIN, END = "<!-- perf:begin -->", "<!-- perf:end -->"
 
 
 def _mean(xs: list[float]) -> float:
@@ -120,10 +106,9 @@ def stats_row(lb: list[float], ek: list[float], lb_rounds: list[list[float]], ek
 def markdown(out: dict) -> str:
     st, sm = out["settings"], out["summary"]
     lines = [
-        BEGIN,
         "## Speed: `edgekv bench` against `llama-bench` (issue 3, target ≥ 0.97×)",
         "",
-        "Written by `bench/bench_vs_llama_bench.py` (edit by rerunning it). Command:",
+        "Command:",
         "",
         f"    {out['command']}",
         "",
@@ -162,7 +147,6 @@ def markdown(out: dict) -> str:
         "imports, result assembly: everything outside llama.cpp calls), "
         f"**{100 * sm['harness_share_of_sweep_wall']:.1f} %** of the sweep's wall time (adding the llama.cpp dry run "
         "that gives the engine's own figures).",
-        END,
     ]
     return "\n".join(lines) + "\n"
 
@@ -180,8 +164,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--libs", choices=("python", "own"), default="python",
                     help="llama-bench on llama-cpp-python's own shared libraries (default) or on those built beside it")
-    ap.add_argument("--out", default=str(HERE / "results" / "bench_vs_llama_bench.json"))
-    ap.add_argument("--readme", help="write the Markdown section into this file (between perf markers)")
+    ap.add_argument("--out", help="also write the whole run as one JSON document here")
+    H.add_common(ap)
     args = ap.parse_args()
 
     from edgekv.edges.environment import collect
@@ -246,15 +230,31 @@ def main() -> None:
         "harness_share_of_sweep_wall": (harness + sweep_wall - case_wall) / sweep_wall,
     }
     out = {"machine": {"cpu": cpu_model(), "cores_logical": os.cpu_count(), "os": platform.platform()},
-           "command": " ".join(["python"] + [os.path.relpath(sys.argv[0])] + sys.argv[1:]), "settings": vars(args),
+           "command": H.command_line(), "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
            "llama_cpp_python": llama_cpp_python_version(), "load1": load1, "rows": rows, "summary": summary}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(summary, indent=1))
-    print(f"written: {args.out}")
-    if args.readme:
-        write_section(Path(args.readme), BEGIN, END, markdown(out))
-        print(f"written: {args.readme}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(markdown(out))
+    keyed = [{"model": args.model, "p": args.p, "n": args.n, "t": args.t, **r} for r in rows]
+    print(f"written: {H.save_run(NAME, args.machine or H.this_machine(), out, keyed, KEY, args.results)}")
+
+
+def render(by_machine: dict[str, list[dict]]) -> str:
+    """The docs' bench-vs-llama-bench table: edgekv's tokens/s over llama-bench's, per machine class, context,
+    cache type and test, with the per-round ratios' median."""
+    out = []
+    for m, rs in by_machine.items():
+        for r in rs:
+            for k in ("pp", "tg"):
+                x = r[k]
+                ci = f" [{x['ratio_ci95'][0]:.3f}, {x['ratio_ci95'][1]:.3f}]" if x.get("ratio_ci95") else ""
+                out.append([f"`{m}`", r["model"], r["n_ctx"], r["depth"], r["type"], f"{k}{r['p' if k == 'pp' else 'n']}",
+                            f"{x['edgekv_mean']:.1f}", f"{x['llama_bench_mean']:.1f}", f"{x['ratio']:.3f}{ci}",
+                            f"{statistics.median(x['round_ratios']):.3f}" if x.get("round_ratios") else "–",
+                            H.identity_note([r])])
+    return H.md_table(["machine class", "model", "ctx", "depth", "K/V", "test", "edgekv t/s", "llama-bench t/s",
+                       "ratio of means [95 % CI]", "median round ratio", "code"], out, "llrrllrrrrl")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,12 @@ after the first configuration).
 It runs the command as a user would (stdout piped, as in CI), times it, records the load average before and after
 and the busy-machine marks edgekv stored in each record, then reads the plan blocks of the records.
 
-    python bench/first_run.py --out bench/results/first_run_default.json --readme bench/README.md
-    python bench/first_run.py --full --out bench/results/first_run_full.json
-    python bench/first_run.py --results RUN.jsonl --wall 250     # analyse an earlier run instead
+    python -m bench.first_run
+    python -m bench.first_run --full
+    python -m bench.first_run --results-of RUN.jsonl --wall 250    # analyse an earlier run instead
+
+One row per command goes to bench/results/first_run/<machine-class>.jsonl (bench/harness.py); ``--out`` also keeps
+the whole run (with the command's output) as one JSON document.
 """
 
 from __future__ import annotations
@@ -16,19 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import harness as H
+from edgekv.edges.load import record_busy
+from edgekv.orchestration.plan import eta_accuracy, fmt_duration
+from edgekv.records import results as R
 
-from edgekv.edges.load import record_busy  # noqa: E402
-from edgekv.orchestration.plan import eta_accuracy, fmt_duration  # noqa: E402
-from edgekv.records import results as R  # noqa: E402
+NAME = "first_run"
+KEY = ("command", "busy")
 
 
 def _load() -> list[float]:
@@ -37,7 +40,7 @@ def _load() -> list[float]:
 
 def run(args) -> dict:
     out = Path(tempfile.mkdtemp(prefix="edgekv-first-run-")) / "run.jsonl"
-    cmd = [sys.executable, "-m", "edgekv.cli", "bench", "-o", str(out)] + (["--full"] if args.full else []) + args.extra
+    cmd = H.edgekv_argv() + ["bench", "-o", str(out)] + (["--full"] if args.full else []) + args.extra
     before = _load()
     t = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -87,29 +90,31 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def result_row(res: dict) -> dict:
+    """The row a run keeps: its command, wall time, load and the plan's accuracy (not the command's output)."""
+    a = res["analysis"]
+    return {"command": res.get("command", "edgekv bench"), "busy": bool(a["busy_configurations"]),
+            "wall_s": a["wall_s"], "loadavg_before": res.get("loadavg_before"), "loadavg_after": res.get("loadavg_after"),
+            "analysis": a}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="time `edgekv bench --full` instead of the default")
-    ap.add_argument("--results", help="analyse this results file instead of running")
-    ap.add_argument("--wall", type=float, help="with --results: the wall time the run took")
-    ap.add_argument("--out", help="write the figures as JSON here")
-    ap.add_argument("--readme", help="replace the first-run section of this Markdown file")
+    ap.add_argument("--results-file", "--results-of", dest="results_of", help="analyse this results file instead "
+                    "of running (an earlier run's -o)")
+    ap.add_argument("--wall", type=float, help="with --results-of: the wall time the run took")
+    ap.add_argument("--out", help="also write the whole run as one JSON document here")
     ap.add_argument("extra", nargs="*", help="more edgekv bench arguments (after --)")
+    H.add_common(ap)
     args = ap.parse_args()
-    res = {"command": "edgekv bench" + (" --full" if args.full else "")} if args.results else run(args)
-    res["analysis"] = analyse(args.results or res["results"], args.wall if args.results else res["wall_s"])
-    text = markdown(res)
-    print(text, end="")
+    res = {"command": "edgekv bench" + (" --full" if args.full else "")} if args.results_of else run(args)
+    res["analysis"] = analyse(args.results_of or res["results"], args.wall if args.results_of else res["wall_s"])
+    print(markdown(res), end="")
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
-    if args.readme:
-        p = Path(args.readme)
-        s = p.read_text()
-        tag = "full" if args.full else "default"
-        begin, end = f"<!-- first-run-{tag}:begin -->", f"<!-- first-run-{tag}:end -->"
-        block = f"{begin}\n{text}{end}"
-        s = re.sub(re.escape(begin) + ".*?" + re.escape(end), block, s, flags=re.S) if begin in s else s + "\n" + block + "\n"
-        p.write_text(s)
+    path = H.save(NAME, args.machine or H.this_machine(), [result_row(res)], KEY, args.results)
+    print(f"written: {path}")
 
 
 if __name__ == "__main__":

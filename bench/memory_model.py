@@ -6,13 +6,15 @@ at three contexts, and then variants at one context: ``-ub 256``, ``-t 1``, ``--
 ``-lm none``) and ``--llama-bench`` (llama.cpp's own llama-bench built from the vendored tree; its
 baseline is that binary's own).  Every
 record carries the prediction made *before* the run (``prediction.process``, workload ``bench``) and
-the residual (measured - predicted).  The table goes into bench/README.md between the
-``memmodel:begin/end`` markers; the raw records stay in bench/results/memory_model/.
+the residual (measured - predicted).  The raw records go to bench/.build/memory_model/<machine-class>/ (ignored by
+git); one row a configuration goes to bench/results/memory_model/<machine-class>.jsonl (bench/harness.py), from which
+tools/render_tables.py renders the docs' ``memory-model`` table.
 
 Target (issue 15): |measured - predicted| <= 3 % and <= 8 MiB on every configuration.
 
-    .venv/bin/python bench/memory_model.py               # measure what is missing (resumes), then write the table
-    .venv/bin/python bench/memory_model.py --table-only  # rewrite the table from the stored records
+    python -m bench.memory_model               # measure (one edgekv bench per model and variant), write the rows
+    python -m bench.memory_model --table-only  # no measuring: the rows from the records in --out
+    python -m bench.memory_model --table-only --out DIR   # rows from records made elsewhere (a lent GPU machine)
 
 Peak RSS does not depend on the timing, so the timed part is kept short (-p 512 -n 16 -r 1).
 """
@@ -21,14 +23,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "results" / "memory_model"
-README = ROOT / "bench" / "README.md"
-MIB = 1024 * 1024
+from bench import harness as H
+
+ROOT = H.ROOT
+NAME = "memory_model"
+OUT = H.BUILD / NAME
+KEY = ("model", "variant", "n_ctx", "type", "ub", "t", "mmap", "ngl")
+MIB = H.MIB
 TYPES = "f16,q8_0,q5_0,q4_0"
 MODELS = {"smollm2-135m": "1024,2048,4096", "gemma3-270m": "1024,2048,4096"}
 COMMON = ["-p", "512", "-n", "16", "-r", "1"]
@@ -40,7 +46,12 @@ VARIANTS = {
     "llamabench": ["--llama-bench"],      # the path of llama-bench built from the vendored tree is appended
     "large": [],                          # the trained context of SmolLM2 (8192), and Gemma at the same size
     "repack0": ["--repack", "0"],         # no extra buffer types (llama.cpp's -nr): Gemma's Q4_K matrices stay mapped
+    "faoff": ["-fa", "off"],              # attention over the whole padded view, its own compute buffer
 }
+# the variants as the tables name them (GPU runs: -ngl all / -ngl N, read from records made on a lent machine)
+SETTINGS = {"base": "defaults", "ub256": "-ub 256", "t1": "-t 1", "nommap": "--no-mmap (-lm none)",
+            "llamabench": "--llama-bench", "large": "defaults", "repack0": "--repack 0", "faoff": "-fa off",
+            "nglall": "-ngl all"}
 # Issue 27 point 6: zero-weight models (sparse files, edgekv.edges.tinymodel.write_sparse) of the two shapes the issue
 # names: a llama with Q4_0 matrices (re-laid by CPU_REPACK on AVX2) and a Q8_0 token embedding tied as the output,
 # and a qwen2 shape with Q8_0 weights and an untied output.  (arch, n_embd, n_ff, n_vocab, n_layer, n_head, n_head_kv,
@@ -57,7 +68,7 @@ PCT_TARGET, MIB_TARGET = 3.0, 8.0
 
 
 def edgekv() -> list[str]:
-    return [sys.executable, "-m", "edgekv.cli"]
+    return H.edgekv_argv()
 
 
 def synthetic(name: str) -> str:
@@ -68,7 +79,7 @@ def synthetic(name: str) -> str:
     from edgekv.edges.tinymodel import write_sparse
 
     arch, e, f, v, n_layer, h, kv, mat, emb, tied = SYNTHETIC[name]
-    path = ROOT / "bench" / ".build" / "synthetic" / f"{name}.gguf"
+    path = H.BUILD / "synthetic" / f"{name}.gguf"
     if path.exists():
         return str(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,8 +113,8 @@ def synthetic(name: str) -> str:
     return str(path)
 
 
-def run(model: str, variant: str) -> Path:
-    out = OUT / f"{model}-{variant}.jsonl"
+def run(model: str, variant: str, outdir: Path) -> Path:
+    out = outdir / f"{model}-{variant}.jsonl"
     if model in SYNTHETIC:
         ctx = SYNTHETIC_CTX
     else:
@@ -111,8 +122,7 @@ def run(model: str, variant: str) -> Path:
     types = TYPES if variant == "base" and model not in SYNTHETIC else VARIANT_TYPES
     extra = list(VARIANTS[variant])
     if variant == "llamabench":
-        sys.path.insert(0, str(ROOT / "bench"))
-        from llama_tools import tool
+        from tools.llama_tools import tool
 
         extra.append(str(tool("llama-bench")))
     target = synthetic(model) if model in SYNTHETIC else model
@@ -122,9 +132,9 @@ def run(model: str, variant: str) -> Path:
     return out
 
 
-def rows() -> list[dict]:
+def rows(outdir: Path) -> list[dict]:
     out = []
-    for f in sorted(OUT.glob("*.jsonl")):
+    for f in sorted(outdir.glob("*.jsonl")):
         model, variant = f.stem.rsplit("-", 1)
         for line in f.read_text().splitlines():
             r = json.loads(line)
@@ -134,8 +144,10 @@ def rows() -> list[dict]:
             if r.get("status") != "ok" or not meas or not pred:
                 continue
             s = r["settings"]
-            out.append({"model": model, "variant": variant, "n_ctx": s["n_ctx"], "type": s["type_k"],
+            out.append({"machine": H.machine_class(r.get("environment") or {}), "time_utc": r.get("time_utc"),
+                        "model": model, "variant": variant, "n_ctx": s["n_ctx"], "type": s["type_k"],
                         "ub": s["n_ubatch"], "t": s["n_threads"], "mmap": not s.get("no_mmap"),
+                        "ngl": s.get("n_gpu_layers"), "gpu_peak": (r.get("memory") or {}).get("peak_gpu_bytes"),
                         "measured": meas, "predicted": pred, "diff": meas - pred, "pct": 100.0 * (meas - pred) / pred,
                         "kernel": (r.get("memory") or {}).get("kernel_maxrss_bytes")})
     return out
@@ -147,8 +159,7 @@ def table(rs: list[dict]) -> str:
              "|---|---|---:|---|---:|---:|---:|---:|:-:|"]
     for r in rs:
         ok = abs(r["pct"]) <= PCT_TARGET and abs(r["diff"]) <= MIB_TARGET * MIB
-        sett = {"base": "defaults", "ub256": "-ub 256", "t1": "-t 1", "nommap": "--no-mmap (-lm none)",
-                "llamabench": "--llama-bench", "large": "defaults", "repack0": "--repack 0"}[r["variant"]]
+        sett = _settings(r["variant"])
         lines.append(f"| {r['model']} | {sett} | {r['n_ctx']} | {r['type']} | {r['measured'] / MIB:.1f} | "
                      f"{r['predicted'] / MIB:.1f} | {r['diff'] / MIB:+.1f} MiB | {r['pct']:+.2f} % | {'✓' if ok else '✗'} |")
     if rs:
@@ -161,66 +172,60 @@ def table(rs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_readme(text: str) -> None:
-    src = README.read_text()
-    begin, end = "<!-- memmodel:begin -->", "<!-- memmodel:end -->"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in src:
-        pre, rest = src.split(begin, 1)
-        src = pre + block + rest.split(end, 1)[1]
-    else:
-        src = src.rstrip("\n") + "\n\n" + block + "\n"
-    README.write_text(src)
+def save(rs: list[dict], results: Path = H.RESULTS, machine: str | None = None) -> list[Path]:
+    """The rows into bench/results/memory_model/<class>.jsonl, one file per machine class the records came from."""
+    by: dict[str, list[dict]] = {}
+    for r in rs:
+        by.setdefault(machine or r["machine"], []).append(r)
+    return [H.save(NAME, m, x, KEY, results) for m, x in sorted(by.items())]
+
+
+def _settings(variant: str) -> str:
+    """How the tables name a variant: ``ngl15`` (a partial offload read from a GPU run's records) is ``-ngl 15``."""
+    if variant.startswith("ngl") and variant[3:].isdigit():
+        return f"-ngl {variant[3:]}"
+    return SETTINGS.get(variant, variant)
+
+
+def _within(r: dict) -> bool:
+    return abs(r["pct"]) <= PCT_TARGET and abs(r["diff"]) <= MIB_TARGET * MIB
+
+
+def render(by_machine: dict[str, list[dict]]) -> str:
+    """The docs' memory-model table: per machine class and model, how many configurations are within the target,
+    the median and the worst residual of the peak RSS."""
+    out = []
+    for m, rs in by_machine.items():
+        for model in sorted({r["model"] for r in rs}):
+            sub = [r for r in rs if r["model"] == model]
+            worst = max(sub, key=lambda r: abs(r["diff"]))
+            med = statistics.median(abs(r["diff"]) / MIB for r in sub)
+            sett = _settings(worst["variant"])
+            out.append([f"`{m}`", model, f"{sum(map(_within, sub))} of {len(sub)}", f"{med:.1f} MiB",
+                        f"{worst['diff'] / MIB:+.1f} MiB ({worst['pct']:+.2f} %; {sett}, {worst['n_ctx']}, {worst['type']})",
+                        H.identity_note(sub)])
+    return H.md_table(["machine class", "model", f"within ±{PCT_TARGET:g} % and ±{MIB_TARGET:g} MiB",
+                       "median abs. residual", "worst residual", "code"], out, "llrrll")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--table-only", action="store_true", help="no measuring: the rows from the records in --out")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", type=Path, help="the records' folder (default bench/.build/memory_model/<class>)")
+    H.add_common(ap)
     a = ap.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
+    out = a.out or OUT / (a.machine or H.this_machine())
+    out.mkdir(parents=True, exist_ok=True)
     if not a.table_only:
         for model in a.models.split(","):
             for v in a.variants.split(","):
-                run(model, v)
-    rs = rows()
-    body = table(rs)
-    print(body)
-    header = ("## Whole-process memory: predicted vs measured peak RSS\n\n"
-              "`bench/memory_model.py` (records in `bench/results/memory_model/`): every configuration in a fresh "
-              "`edgekv bench` process (`-p 512 -n 16 -r 1`, depth = context − 512), the prediction "
-              "(`prediction.process`, workload `bench`) made before the run from the runtime calibration, llama.cpp's "
-              "dry run at `n_outputs_max` = 1 and the formula. Machine: 2-vCPU AMD EPYC VM, 24 GiB, no GPU. "
-              "Target: |measured − predicted| ≤ 3 % and ≤ 8 MiB.\n")
-    if rs:
-        lo, hi = min(r["diff"] for r in rs) / MIB, max(r["diff"] for r in rs) / MIB
-        over = [r for r in rs if r["diff"] < 0]
-        sign = ("the model slightly under-predicts every run" if not over else
-                f"the model slightly under-predicts every run but {len(over)} ("
-                + ", ".join(sorted({f"{r['model']} {r['variant']}" for r in over}) ) + ": there the prediction is "
-                "above the measured peak; for llama-bench on the sliding-window model the depth-state copy is counted "
-                "for every cell the window cache can hold, which may be more than llama.cpp saves — not yet checked)")
-        body += ("\n\n**What is left unexplained.** The residual lies between "
-                 f"{lo:+.1f} and {hi:+.1f} MiB: {sign}. In edgekv's own runs' phase "
-                 "readings (records: `memory.rss_*_bytes` at load, context, fill, end) the rest appears in three places. "
-                 "At context creation, +0.2…+1.3 MiB beyond the KV cache and the host structures the dry run measured, "
-                 "more with quantized caches: identified there but not yet parts are the attention-rotation Hadamard "
-                 "matrices llama.cpp keeps on the host for quantized K/V (src/llama-kv-cache.cpp:344-362; 64²+128²+256² "
-                 "floats = 0.34 MiB per cache object at head dim 256) and the cache's per-cell bookkeeping (about 48 B "
-                 "per cell, and set nodes per used cell). During warm-up and fill, +0.2…+2.7 MiB (about 0.7-1.0 MiB of "
-                 "it file-backed: code pages of the kernels the graphs run), growing with the context for reasons not "
-                 "yet attributed. In the timed tests, about +0.5 MiB. Runs recorded before the depth-state read buffer "
-                 "became a part (the Gemma base rows, whose sliding-window cache edgekv restores from a state file) "
-                 "carry that buffer (0.1-1.8 MiB) in their residual too. Nothing is added as a constant: the rest is "
-                 "shown as *unexplained* in the report.\n\n"
-                 "**GPU: recorded, not re-measured.** No GPU was lent to this work. Against the H100 run recorded in "
-                 "`tests/data/cuda-h100-smollm2.jsonl` (SmolLM2, `-ngl` all), the model's device weights (92.17 MiB: "
-                 "CUDA row padding, 128-byte alignment, the tied output's second `token_embd`) and host-mapped weights "
-                 "(28.69 MiB) equal llama.cpp's own `CUDA0`/`CPU_Mapped` buffer lines (`tests/test_memmodel.py`); the "
-                 "device memory the context added was the KV + llama.cpp's compute reservation + 2.9…4.2 MiB. The CUDA "
-                 "runtime (context, cuBLAS, ggml-cuda's pool: +76 MiB during the fill there) is not predicted.")
-    write_readme(header + "\n" + body)
+                run(model, v, out)
+    rs = rows(out)
+    print(table(rs))
+    for path in save(rs, a.results, a.machine):
+        print(f"written: {path}")
     return 0
 
 

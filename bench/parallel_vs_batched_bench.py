@@ -9,13 +9,15 @@ For every (model, cache type, N) the script runs, alternating the order over ``-
 ``edgekv bench -npl N`` case (a fresh child process through ``run_sweep``: what a user gets, memory sampled) and one
 ``llama-batched-bench -npl N,N,...`` run (``-r`` rows of the same N in one process: each row is one timed
 repetition, as each of edgekv's repetitions is) built from the llama.cpp tree vendored in the installed
-llama-cpp-python (bench/llama_tools.py).  By default llama-batched-bench runs on llama-cpp-python's own
+llama-cpp-python (tools/llama_tools.py).  By default llama-batched-bench runs on llama-cpp-python's own
 libllama/libggml (``--libs python``), so both sides execute the same machine code.  All samples are pooled per side;
 the ratio is edgekv mean / llama-batched-bench mean with Welch's 95 % interval.  The same records give the memory
 columns: the measured peak RSS of each edgekv case beside the whole-process prediction for that ``-np``.
 
-    python bench/parallel_vs_batched_bench.py                       # SmolLM2 and Gemma 3, -npl 1,2,4
-    python bench/parallel_vs_batched_bench.py --readme bench/README.md
+    python -m bench.parallel_vs_batched_bench                       # SmolLM2 and Gemma 3, -npl 1,2,4
+
+One row per (model, cache type, N) goes to bench/results/parallel_vs_batched_bench/<machine-class>.jsonl
+(bench/harness.py); ``--out`` also keeps the whole run as one JSON document.
 
 Run it on a quiet machine: on 2 shared cores the noise is larger than the effect being measured.
 """
@@ -27,49 +29,20 @@ import json
 import math
 import os
 import platform
-import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from bench import harness as H
+from edgekv.core.stats import summarize, welch
+from edgekv.edges.environment import cpu_model
+from edgekv.orchestration.api import load_model
+from edgekv.orchestration.sweep import SweepSpec, run_sweep
+from edgekv.records.schema import encode
+from tools.llama_tools import llama_cpp_python_version, run_batched_bench, tool
 
-from bench_vs_llama_bench import llama_bench_env  # noqa: E402
-from llama_tools import llama_cpp_python_version, tool, write_section  # noqa: E402
-
-from edgekv.core.stats import summarize, welch  # noqa: E402
-from edgekv.edges.environment import cpu_model  # noqa: E402
-from edgekv.edges.process import run_child  # noqa: E402
-from edgekv.orchestration.api import load_model  # noqa: E402
-from edgekv.orchestration.preflight import preflight  # noqa: E402
-from edgekv.orchestration.sweep import SweepSpec, run_sweep  # noqa: E402
-from edgekv.records.schema import encode  # noqa: E402
-
-MIB = 1024 * 1024
-BEGIN, END = "<!-- parallel:begin -->", "<!-- parallel:end -->"
-
-
-def batched_bench_argv(exe: Path, model_path: str, args, t: str, npl: int) -> list[str]:
-    argv = [str(exe), "-m", model_path, "-c", str(args.c), "-b", str(args.b), "-ub", str(args.ub),
-            "-npp", str(args.p), "-ntg", str(args.n), "-npl", ",".join([str(npl)] * args.r), "-ctk", t, "-ctv", t,
-            "-fa", args.fa, "-t", str(args.t), "--output-format", "jsonl"]
-    # the repacking edgekv's side runs with: llama.cpp's default, or off where its AMX kernels crash (issue 25)
-    return argv if preflight().repack else argv + ["--no-repack"]
-
-
-def parse_jsonl(stdout: str) -> list[dict]:
-    """llama-batched-bench's ``--output-format jsonl`` rows (one per -npl entry); other lines are skipped."""
-    return [json.loads(x) for x in stdout.splitlines() if x.startswith("{") and '"speed_tg"' in x]
-
-
-def run_batched_bench(exe: Path, model_path: str, args, t: str, npl: int) -> dict:
-    res = run_child(batched_bench_argv(exe, model_path, args, t, npl), stdin_data=b"", capture_output=True,
-                    env=llama_bench_env(exe, args.libs), timeout=3600)
-    rows = parse_jsonl(res.stdout or "")
-    if res.returncode != 0 or len(rows) != args.r:
-        raise SystemExit(f"llama-batched-bench failed: {res.failure_reason()}\n{res.stderr_tail}")
-    return {"pp": [r["speed_pp"] for r in rows], "tg": [r["speed_tg"] for r in rows]}
-
+NAME = "parallel_vs_batched_bench"
+KEY = ("model", "type", "npl", "c", "p", "n", "t")
+MIB = H.MIB
 
 def run_edgekv(m, args, t: str, npl: int, env) -> dict:
     spec = SweepSpec(model=m, contexts=[args.c], pairs=[(t, t)], n_prompt=args.p, n_gen=args.n, repetitions=args.r,
@@ -129,8 +102,8 @@ def measure(args) -> tuple[list[dict], list[float]]:
 
 def markdown(out: dict) -> str:
     st = out["settings"]
-    lines = [BEGIN, "## Parallel sequences: `edgekv bench -npl` against `llama-batched-bench` (issue 28, target ≥ 0.97×)",
-             "", "Written by `bench/parallel_vs_batched_bench.py` (edit by rerunning it). Command:", "",
+    lines = ["## Parallel sequences: `edgekv bench -npl` against `llama-batched-bench` (issue 28, target ≥ 0.97×)",
+             "", "Command:", "",
              f"    {out['command']}", "",
              f"- `-c {st['c']} -p {st['p']} -n {st['n']} -r {st['r']} -t {st['t']} -fa {st['fa']} -b {st['b']} "
              f"-ub {st['ub']}`, not unified (each sequence its own stream, llama.cpp's default); llama-batched-bench "
@@ -157,7 +130,7 @@ def markdown(out: dict) -> str:
     sm = out["summary"]
     lines += ["", f"Geometric mean of the ratios: prefill **{sm['pp_geomean']:.3f}**, decode **{sm['tg_geomean']:.3f}**; "
               f"lowest: prefill {sm['pp_min']:.3f}, decode {sm['tg_min']:.3f}. KV bytes equal llama.cpp's in every "
-              f"run: {sm['kv_all_match']}.", END]
+              f"run: {sm['kv_all_match']}."]
     return "\n".join(lines) + "\n"
 
 
@@ -176,8 +149,8 @@ def main() -> None:
     ap.add_argument("-fa", default="auto")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--libs", choices=("python", "own"), default="python")
-    ap.add_argument("--out", default=str(HERE / "results" / "parallel_vs_batched_bench.json"))
-    ap.add_argument("--readme", help="write the Markdown section into this file (between parallel markers)")
+    ap.add_argument("--out", help="also write the whole run as one JSON document here")
+    H.add_common(ap)
     args = ap.parse_args()
     rows, load1 = measure(args)
 
@@ -188,13 +161,14 @@ def main() -> None:
                "pp_min": min(r["pp"]["ratio"] for r in rows), "tg_min": min(r["tg"]["ratio"] for r in rows),
                "kv_all_match": all(r["kv_matches_formula"] for r in rows)}
     out = {"machine": {"cpu": cpu_model(), "cores_logical": os.cpu_count(), "os": platform.platform()},
-           "command": " ".join(["python", os.path.relpath(sys.argv[0])] + sys.argv[1:]), "settings": vars(args),
+           "command": H.command_line(), "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
            "llama_cpp_python": llama_cpp_python_version(), "load1": load1, "rows": rows, "summary": summary}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(markdown(out))
-    if args.readme:
-        write_section(Path(args.readme), BEGIN, END, markdown(out))
+    keyed = [{**r, "c": args.c, "p": args.p, "n": args.n, "t": args.t} for r in rows]
+    print(f"written: {H.save_run(NAME, args.machine or H.this_machine(), out, keyed, KEY, args.results)}")
 
 
 if __name__ == "__main__":

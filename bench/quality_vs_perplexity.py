@@ -19,9 +19,13 @@ llama's print rounding.
 
 llama-perplexity comes from ``--llama-perplexity PATH`` or ``$EDGEKV_LLAMA_PERPLEXITY``, a build
 directory (``--llama-build DIR`` or ``$EDGEKV_LLAMA_BUILD``), or is built once from the llama.cpp tree
-vendored in the installed llama-cpp-python's sdist (``bench/llama_tools.py``).
+vendored in the installed llama-cpp-python's sdist (``tools/llama_tools.py``).
 
-    python bench/quality_vs_perplexity.py -c 512,4096 --chunks 32,4 -t 2 --readme bench/README.md
+    python -m bench.quality_vs_perplexity -c 512,4096 --chunks 32,4 -t 2
+
+One row per (context, cache type) goes to bench/results/quality_vs_perplexity/<machine-class>.jsonl
+(bench/harness.py), from which tools/render_tables.py renders the docs' ``quality-vs-perplexity`` table; ``--out``
+also keeps the whole run (with llama-perplexity's figures and timings) as one JSON document.
 """
 
 from __future__ import annotations
@@ -39,20 +43,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import harness as H
+from edgekv.edges.corpus import resolve_corpus
+from edgekv.edges.sources import resolve_model
+from edgekv.orchestration.preflight import preflight
+from edgekv.orchestration.quality import measure, plan
+from edgekv.records.schema import encode_block
+from tools.llama_tools import llama_cpp_python_version, tool
 
-sys.path.insert(0, str(ROOT / "bench"))
+NAME = "quality_vs_perplexity"
+KEY = ("model", "corpus", "n_ctx", "chunks", "type", "threads")
 
-from llama_tools import llama_cpp_python_version, tool, write_section  # noqa: E402
-
-from edgekv.edges.corpus import resolve_corpus  # noqa: E402
-from edgekv.edges.sources import resolve_model  # noqa: E402
-from edgekv.orchestration.preflight import preflight  # noqa: E402
-from edgekv.orchestration.quality import measure, plan  # noqa: E402
-from edgekv.records.schema import encode_block  # noqa: E402
-
-BEGIN, END = "<!-- quality:begin -->", "<!-- quality:end -->"
 PPL_TOL = 1e-4          # 0.01 %
 
 
@@ -245,10 +246,9 @@ def compare(rec: dict[str, Any]) -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     m = report["meta"]
     lines = [
-        BEGIN,
         "## Quality: `edgekv quality` against `llama-perplexity`",
         "",
-        "Written by `bench/quality_vs_perplexity.py` (edit by rerunning it). Command:",
+        "Command:",
         "",
         f"    {m['command']}",
         "",
@@ -319,7 +319,6 @@ def markdown(report: dict[str, Any]) -> str:
         "- Speed: both sides evaluate the baseline and every type on the same tokens. The KLD workflow",
         "  is what llama-perplexity needs for these figures; plain PPL runs (no base file, no KLD) are the",
         "  strictest comparison. Each llama run also loads the model and tokenizes again.",
-        END,
     ]
     return "\n".join(lines) + "\n"
 
@@ -338,8 +337,8 @@ def main() -> int:
     ap.add_argument("--llama-build", help="a llama.cpp build directory (else $EDGEKV_LLAMA_BUILD)")
     ap.add_argument("--no-plain", action="store_true", help="skip the plain llama-perplexity PPL runs")
     ap.add_argument("--machine-note", default="", help="e.g. 'busy shared machine: indicative timings'")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "quality_vs_perplexity.json"))
-    ap.add_argument("--readme", help="write the Markdown section into this file (between quality markers)")
+    ap.add_argument("--out", help="also write the whole run as one JSON document here")
+    H.add_common(ap)
     args = ap.parse_args()
 
     ctxs = [int(x) for x in args.ctx_size.split(",")]
@@ -365,7 +364,7 @@ def main() -> int:
     import psutil
 
     meta = {
-        "command": "python bench/quality_vs_perplexity.py " + " ".join(sys.argv[1:]),
+        "command": H.command_line(),
         "model": model.path, "model_name": model.name, "corpus": corpus.to_dict(),
         "batch": args.batch, "ubatch": args.ubatch, "threads": args.threads,
         "llama_perplexity": str(exe), "llama_perplexity_version": ver_line,
@@ -378,15 +377,49 @@ def main() -> int:
         "plans": {n: plan(10**9, n, args.batch, k) for n, k in zip(ctxs, chunks)},
     }
     report = {"meta": meta, "contexts": contexts, "raw": raw, "ok": all(c["ok"] for c in contexts)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=str))
-    md = markdown(report)
-    print(md)
-    if args.readme:
-        write_section(Path(args.readme), BEGIN, END, md)
-    print(f"agreement: {'OK' if report['ok'] else 'FAILED'}; results in {out}", file=sys.stderr)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    print(markdown(report))
+    run = {"command": meta["command"], "llama_cpp_python": meta["llama_cpp_python"],
+           "settings": {k: meta[k] for k in ("batch", "ubatch", "threads", "llama_perplexity_version")}}
+    path = H.save_run(NAME, args.machine or H.this_machine(), run, result_rows(report), KEY, args.results)
+    print(f"agreement: {'OK' if report['ok'] else 'FAILED'}; rows in {path}", file=sys.stderr)
     return 0 if report["ok"] else 1
+
+
+def result_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (context, cache type) of a run's report: the agreement figures and the context's speed."""
+    m, out = report["meta"], []
+    for c in report["contexts"]:
+        raw = report["raw"][c["n_ctx"]] if c["n_ctx"] in report["raw"] else report["raw"][str(c["n_ctx"])]
+        for t, r in c["types"].items():
+            emu = max((abs(v["diff"]) / v["tol"] for v in r["emulated_vs_llama"].values()), default=None)
+            out.append({"model": m["model_name"], "corpus": m["corpus"]["name"], "n_ctx": c["n_ctx"],
+                        "chunks": c["chunks"], "type": t, "threads": m["threads"], "ok": r["ok"], "ppl": r["ppl"],
+                        "exact_vs_llama": r["exact_vs_llama"], "emulated_worst_of_tol": emu,
+                        "repeatable": r["repeatable"],
+                        "same_top": raw["edgekv"]["rows"][t]["quality"]["same_top_rate"],
+                        "same_top_llama": raw["llama_kld"][t]["same_top_rate"], "speed": c["speed"]})
+    return out
+
+
+def render(by_machine: dict[str, list[dict]]) -> str:
+    """The docs' quality-vs-perplexity table: edgekv's PPL and KLD against llama-perplexity's, per machine class,
+    context and cache type, with the bound the 16-bit base allows."""
+    out = []
+    for mc, rs in by_machine.items():
+        for r in rs:
+            p, ex = r["ppl"], r["exact_vs_llama"]
+            llp = p.get("llama_plain_run", p["llama_kld_run"])
+            rel = p.get("rel_diff_plain_run", p["rel_diff_kld_run"])
+            out.append([f"`{mc}`", r["model"], r["n_ctx"], r["chunks"], r["type"], f"{p['edgekv']:.4f}", f"{llp:.4f}",
+                        f"{rel:+.1e}", f"{ex['kld_mean']['edgekv']:.6f}", f"{ex['kld_mean']['llama']:.6f}",
+                        f"±{ex['kld_mean']['bound']:.1e}", f"{ex['kld_max']['edgekv']:.6f}", f"{ex['kld_max']['llama']:.6f}",
+                        f"±{ex['kld_max']['bound']:.1e}", "✓" if r["ok"] else "✗", H.identity_note([r])])
+    return H.md_table(["machine class", "model", "ctx", "chunks", "K/V", "PPL edgekv", "PPL llama", "rel. diff",
+                       "KLD mean edgekv", "KLD mean llama", "bound", "KLD max edgekv", "KLD max llama", "bound", "ok",
+                       "code"], out, "llrrlrrrrrrrrrcl")
 
 
 if __name__ == "__main__":

@@ -12,9 +12,12 @@ Targets (issue 28, point 3), per model and -np N (default 1 and 4), CPU:
 Each (model, N) runs ``--rounds`` rounds alternating which side goes first: one ``edgekv bench --llama-server``
 configuration (a fresh server) and one ``edgekv bench -npl N`` configuration (a fresh child process), both through
 ``run_sweep``, so both are exactly what a user gets.  The llama-server is the one built from the llama.cpp tree
-vendored in llama-cpp-python (bench/llama_tools.py), unless ``--llama-server`` names another.
+vendored in llama-cpp-python (tools/llama_tools.py), unless ``--llama-server`` names another.
 
-    python bench/serving_accuracy.py --readme bench/README.md
+    python -m bench.serving_accuracy
+
+One row per (model, N) goes to bench/results/serving_accuracy/<machine-class>.jsonl (bench/harness.py), from which
+tools/render_tables.py renders the docs' ``serving`` table; ``--out`` also keeps the whole run as one JSON document.
 
 Run it on a quiet machine: the speed comparison is noise-bound on 2 shared cores.
 """
@@ -26,23 +29,19 @@ import json
 import math
 import os
 import platform
-import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from bench import harness as H
+from edgekv.edges.environment import cpu_model
+from edgekv.orchestration.api import load_model
+from edgekv.orchestration.sweep import ENGINE_SERVER, SweepSpec, run_sweep
+from edgekv.records.schema import encode
+from tools.llama_tools import llama_cpp_python_version, tool
 
-from llama_tools import llama_cpp_python_version, tool, write_section  # noqa: E402
-
-from edgekv.edges.environment import cpu_model  # noqa: E402
-from edgekv.orchestration.api import load_model  # noqa: E402
-from edgekv.orchestration.sweep import ENGINE_SERVER, SweepSpec, run_sweep  # noqa: E402
-from edgekv.records.schema import encode  # noqa: E402
-
-MIB = 1024 * 1024
-BEGIN, END = "<!-- serving:begin -->", "<!-- serving:end -->"
-
+NAME = "serving_accuracy"
+KEY = ("model", "np", "c", "p", "n", "t", "ctk")
+MIB = H.MIB
 
 def one(m, args, npl: int, server: str | None, env) -> dict:
     spec = SweepSpec(model=m, contexts=[args.c], pairs=[(args.ctk, args.ctk)], n_prompt=args.p, n_gen=args.n,
@@ -93,9 +92,9 @@ def measure(args) -> tuple[list[dict], list[float]]:
 
 def markdown(out: dict) -> str:
     st = out["settings"]
-    lines = [BEGIN, "## Serving: the user's llama-server against the prediction and against `-npl` in-process "
+    lines = ["## Serving: the user's llama-server against the prediction and against `-npl` in-process "
              "(issue 28, targets ±3 % and ±8 MiB; decode within 10 %)", "",
-             "Written by `bench/serving_accuracy.py` (edit by rerunning it). Command:", "", f"    {out['command']}", "",
+             "Command:", "", f"    {out['command']}", "",
              f"- `-c {st['c']} -p {st['p']} -n {st['n']} -r {st['r']} -t {st['t']} -ctk {st['ctk']} -ctv {st['ctk']}`, "
              "-fa auto, -b 2048 -ub 512, not unified. llama-server: `edgekv bench --llama-server` (a fresh server "
              "with -np N, N concurrent streamed requests per repetition); in-process: `edgekv bench -npl N`.",
@@ -115,7 +114,7 @@ def markdown(out: dict) -> str:
     lines += ["", f"Largest memory residual: **{sm['worst_residual_pct']:+.2f} %** ({sm['worst_residual_mib']:+.1f} MiB); "
               f"decode ratio server / in-process: geometric mean **{sm['tg_ratio_geomean']:.3f}**, range "
               f"{sm['tg_ratio_min']:.3f}–{sm['tg_ratio_max']:.3f}. KV bytes equal llama.cpp's in every run: "
-              f"{sm['kv_all_match']}.", END]
+              f"{sm['kv_all_match']}."]
     return "\n".join(lines) + "\n"
 
 
@@ -131,8 +130,8 @@ def main() -> None:
     ap.add_argument("-t", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--llama-server", help="a llama-server binary (default: built from the vendored tree)")
-    ap.add_argument("--out", default=str(HERE / "results" / "serving_accuracy.json"))
-    ap.add_argument("--readme", help="write the Markdown section into this file (between serving markers)")
+    ap.add_argument("--out", help="also write the whole run as one JSON document here")
+    H.add_common(ap)
     args = ap.parse_args()
     rows, load1 = measure(args)
     worst = max(rows, key=lambda r: abs(r["residual_pct"] or 0))
@@ -141,13 +140,29 @@ def main() -> None:
                "tg_ratio_geomean": math.exp(sum(math.log(x) for x in ratios) / len(ratios)),
                "tg_ratio_min": min(ratios), "tg_ratio_max": max(ratios), "kv_all_match": all(r["kv_match"] for r in rows)}
     out = {"machine": {"cpu": cpu_model(), "cores_logical": os.cpu_count(), "os": platform.platform()},
-           "command": " ".join(["python", os.path.relpath(sys.argv[0])] + sys.argv[1:]), "settings": vars(args),
+           "command": H.command_line(), "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
            "llama_cpp_python": llama_cpp_python_version(), "load1": load1, "rows": rows, "summary": summary}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(markdown(out))
-    if args.readme:
-        write_section(Path(args.readme), BEGIN, END, markdown(out))
+    keyed = [{**r, "c": args.c, "p": args.p, "n": args.n, "t": args.t, "ctk": args.ctk} for r in rows]
+    print(f"written: {H.save_run(NAME, args.machine or H.this_machine(), out, keyed, KEY, args.results)}")
+
+
+def render(by_machine: dict[str, list[dict]]) -> str:
+    """The docs' serving table: llama-server's measured peak RSS against the prediction, and its decode against
+    ``edgekv bench -npl`` in-process, per machine class, model, threads and -np."""
+    out = []
+    for m, rs in by_machine.items():
+        for r in rs:
+            out.append([f"`{m}`", r["model"], r["t"], r["np"], f"{r['server_peak'] / MIB:.1f}",
+                        f"{r['server_predicted'] / MIB:.1f}", f"{r['residual_mib']:+.1f} MiB ({r['residual_pct']:+.2f} %)",
+                        f"{r['server_tg']:.1f}", f"{r['inproc_tg']:.1f}", f"{r['tg_ratio']:.3f}",
+                        f"{r['ttft_p50_s']:.3f} / {r['ttft_p95_s']:.3f}", H.identity_note([r])])
+    return H.md_table(["machine class", "model", "-t", "-np", "server peak RSS MiB", "predicted MiB", "residual",
+                       "server decode t/s", "in-process decode t/s", "ratio", "TTFT p50 / p95 s", "code"], out,
+                      "llrrrrrrrrrl")
 
 
 if __name__ == "__main__":

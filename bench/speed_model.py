@@ -4,22 +4,24 @@ Runs ``edgekv bench`` (one fresh process per configuration) on both real models 
 over f16/q8_0/q5_0/q4_0 at several depths, then variants (``-t 1``, ``-ub 256``, ``--llama-bench``, and f16 with
 ``-fa off``, whose attention runs over the whole padded view).  Every record
 carries the speed prediction made *before* the run (``prediction.speed``, with this machine's calibration) and the
-residual (``speed_residual``: measured - predicted, % of predicted).  The table goes into bench/README.md between the
-``speedmodel:begin/end`` markers; the raw records stay in bench/results/speed_model/.
+residual (``speed_residual``: measured - predicted, % of predicted).  The raw records go to
+bench/.build/speed_model/<machine-class>/ (resumed, ignored by git); one row a configuration goes to
+bench/results/speed_model/<machine-class>.jsonl (bench/harness.py), from which tools/render_tables.py renders the
+docs' ``speed-model`` table.
 
 Targets (issue 26): decode within ±10 %, prefill within ±15 %, on every configuration.
 
-    .venv/bin/python bench/speed_model.py                     # measure what is missing (resumes), write the table
-    .venv/bin/python bench/speed_model.py --depths 512,1920   # the depths to measure (default 512,2048,4096,8192)
-    .venv/bin/python bench/speed_model.py --table-only        # rewrite the table from the stored records
-    .venv/bin/python bench/speed_model.py --out DIR --previous bench/results/speed_model
-                                                # a second round into DIR, beside the first round's measurements
-    .venv/bin/python bench/speed_model.py --fresh-pages ...    # drop each model's pages first: every run reads it afresh
-    .venv/bin/python bench/speed_model.py --off-table          # settings outside the table: other cache types, a
+    python -m bench.speed_model                     # measure what is missing (resumes), write the results
+    python -m bench.speed_model --depths 512,1920   # the depths to measure (default 512,2048,4096,8192)
+    python -m bench.speed_model --table-only        # no measuring: the results from the stored records
+    python -m bench.speed_model --out DIR --previous DIR2
+                                                # a second round's records into DIR, beside an earlier round's
+    python -m bench.speed_model --fresh-pages ...    # drop each model's pages first: every run reads it afresh
+    python -m bench.speed_model --off-table          # settings outside the table: other cache types, a
                                                 # K/V pair of two types, -ub 128 (the second depth only)
-    .venv/bin/python bench/speed_model.py --marker speedxeon ...  # the table into its own README section (another machine)
-    .venv/bin/python bench/speed_model.py --rounds DIR,DIR,DIR  # no measuring: each configuration over several rounds
-                                                # of the same code (bias or noise), between speedrounds:begin/end
+    python -m bench.speed_model --rounds DIR,DIR,DIR  # no measuring: each configuration over several rounds'
+                                                # records of the same code (bias or noise), printed
+    python -m bench.speed_model --table-only --out DIR   # rows from records made elsewhere (a lent GPU machine)
 
 Run it on a quiet machine: the records say when other work used the CPUs (``load.busy``), and the table marks them.
 """
@@ -28,15 +30,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "results" / "speed_model"
-README = ROOT / "bench" / "README.md"
-sys.path.insert(0, str(ROOT / "bench"))      # the sibling scripts it calls on (llama_tools, weight_values)
+from bench import harness as H
+
+ROOT = H.ROOT
+NAME = "speed_model"
+OUT = H.BUILD / NAME
+KEY = ("model", "variant", "depth", "type", "test")
 TYPES = "f16,q8_0,q5_0,q4_0"
 MODELS = ("smollm2-135m", "gemma3-270m")
 COMMON = ["-p", "128", "-n", "32", "-r", "3"]
@@ -47,28 +52,30 @@ VARIANT_TYPES = "f16,q4_0"
 TYPES_OF = {"faoff": "f16"}
 TG_TARGET, PP_TARGET = 10.0, 15.0
 # settings outside the issue's table (--off-table), the second depth only: the other cache types llama.cpp takes,
-# a K/V pair of two types, a smaller ubatch (written between speedofftable:begin/end, records in OFF_OUT)
+# a K/V pair of two types, a smaller ubatch (records in OFF_OUT, rows in the same results file)
 OFF_TABLE = {"types": [], "mixed": ["-ctv", "q4_0"], "ub128": ["-ub", "128", "-p", "512"]}
 TYPES_OF.update({"types": "bf16,q4_1,q5_1,iq4_nl", "mixed": "q8_0", "ub128": "f16,q8_0"})
-OFF_OUT = ROOT / "bench" / "results" / "speed_offtable"
+OFF_OUT = H.BUILD / "speed_offtable"
 # the variants as the tables name them
 SETTINGS = {"base": "defaults", "t1": "-t 1", "ub256": "-ub 256 -p 512", "llamabench": "--llama-bench",
             "faoff": "-fa off", "types": "defaults", "mixed": "-ctv q4_0", "ub128": "-ub 128 -p 512"}
 
 
 def edgekv() -> list[str]:
-    return [sys.executable, "-m", "edgekv.cli"]
+    return H.edgekv_argv()
 
 
 def drop_pages(model: str) -> None:
     """Drop the model file's pages from the page cache (posix_fadvise DONTNEED), so the next edgekv bench reads it
     afresh: a file the page cache has held for hours decoded 8-10 % slower than a fresh copy of the same bytes on
-    the 2-vCPU VM, and as fast once dropped (bench/weight_values.py --aged, bench/README.md)."""
-    from weight_values import drop
-
+    the 2-vCPU VM, and as fast once dropped (docs/speed-experiments.md, the weights' values)."""
     from edgekv.edges.sources import resolve_model
 
-    drop(Path(resolve_model(model).path))
+    fd = os.open(os.path.realpath(resolve_model(model).path), os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def run(model: str, variant: str, depths: str, outdir: Path = OUT, fresh_pages: bool = False) -> Path:
@@ -77,7 +84,7 @@ def run(model: str, variant: str, depths: str, outdir: Path = OUT, fresh_pages: 
     ds = depths.split(",") if variant == "base" else [depths.split(",")[min(1, len(depths.split(",")) - 1)]]
     extra = list({**VARIANTS, **OFF_TABLE}[variant])
     if variant == "llamabench":
-        from llama_tools import tool
+        from tools.llama_tools import tool
 
         extra.append(str(tool("llama-bench")))
     for d in ds:      # bench sweeps -c x -d: one call per depth, each with a context just above it
@@ -105,7 +112,8 @@ def rows(outdir: Path = OUT) -> list[dict]:
                 if not m or not p:
                     continue
                 kv = s["type_k"] if s.get("type_v", s["type_k"]) == s["type_k"] else f"{s['type_k']}/{s['type_v']}"
-                out.append({"model": model, "variant": variant, "depth": s["n_depth"], "type": kv,
+                out.append({"machine": H.machine_class(r.get("environment") or {}), "time_utc": r.get("time_utc"),
+                            "model": model, "variant": variant, "depth": s["n_depth"], "type": kv,
                             "test": test, "t": s["n_threads"], "ub": s["n_ubatch"], "measured": m, "predicted": p,
                             "pct": 100.0 * (m - p) / p, "busy": bool((r.get("load") or {}).get("busy")),
                             "cal": str((pred.get(test) or {}).get("calibration_id") or "").split("-")[0],
@@ -218,55 +226,73 @@ def rounds_table(rounds: list[tuple[str, list[dict]]]) -> str:
     return "\n".join(lines)
 
 
-def write_readme(text: str, marker: str = "speedmodel") -> None:
-    body = README.read_text()
-    a, b = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
-    block = f"{a}\n{text}\n{b}"
-    if a in body and b in body:
-        body = body[:body.index(a)] + block + body[body.index(b) + len(b):]
-    else:
-        body = body.rstrip("\n") + "\n\n" + block + "\n"
-    README.write_text(body)
+def save(rs: list[dict], results: Path = H.RESULTS, machine: str | None = None) -> list[Path]:
+    """The rows into bench/results/speed_model/<class>.jsonl, one file per machine class the records came from."""
+    by: dict[str, list[dict]] = {}
+    for r in rs:
+        by.setdefault(machine or r["machine"], []).append({k: v for k, v in r.items() if k != "explain"})
+    return [H.save(NAME, m, x, KEY, results) for m, x in sorted(by.items())]
+
+
+def render(by_machine: dict[str, list[dict]]) -> str:
+    """The docs' speed-model table: per machine class and test, how many configurations are within the target, the
+    median and the worst residual."""
+    out = []
+    for m, rs in by_machine.items():
+        for test, target in (("tg", TG_TARGET), ("pp", PP_TARGET)):
+            sub = [r for r in rs if r["test"] == test]
+            if not sub:
+                continue
+            pcts = sorted(r["pct"] for r in sub)
+            worst = max(sub, key=lambda r: abs(r["pct"]))
+            n_ok = sum(1 for r in sub if abs(r["pct"]) <= target)
+            med = statistics.median(abs(x) for x in pcts)
+            out.append([f"`{m}`", f"{'decode' if test == 'tg' else 'prefill'} (±{target:g} %)", f"{n_ok} of {len(sub)}",
+                        f"{med:.1f} %", f"{worst['pct']:+.1f} % ({worst['model']}, "
+                        f"{SETTINGS.get(worst['variant'], worst['variant'])}, depth {worst['depth']}, {worst['type']})",
+                        H.identity_note(sub)])
+    return H.md_table(["machine class", "test (target)", "within target", "median abs. residual", "worst residual",
+                       "code"], out, "llrrll")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--table-only", action="store_true", help="no measuring: the rows from the records in --out")
     ap.add_argument("--depths", default="512,2048,4096,8192")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--out", type=Path, default=OUT, help="the records' folder (resumed; default %(default)s)")
+    ap.add_argument("--out", type=Path, help="the records' folder (resumed; default bench/.build/speed_model/<class>)")
     ap.add_argument("--previous", type=Path, help="an earlier round's records folder, shown beside this round's")
     ap.add_argument("--fresh-pages", action="store_true", help="drop the model file's pages from the page cache before "
                     "each edgekv bench, so every run reads it afresh (as the calibration's models are)")
     ap.add_argument("--off-table", action="store_true", help="the settings outside the issue's table instead ("
-                    f"{', '.join(SETTINGS[v] + (' ' + TYPES_OF[v]) for v in OFF_TABLE)}; records in --out, default "
-                    f"{OFF_OUT.relative_to(ROOT)}; between speedofftable:begin/end)")
-    ap.add_argument("--marker", help="write the table between <!-- MARKER:begin/end --> in bench/README.md (default "
-                    "speedmodel, speedofftable with --off-table): a round on another machine gets its own section")
+                    f"{', '.join(SETTINGS[v] + (' ' + TYPES_OF[v]) for v in OFF_TABLE)}; records in "
+                    "bench/.build/speed_offtable/<class> unless --out)")
     ap.add_argument("--rounds", help="comma-separated records folders of rounds of the same code: no measuring, "
-                    "each configuration's residual over them (written between speedrounds:begin/end)")
+                    "each configuration's residual over them, printed")
+    H.add_common(ap)
     a = ap.parse_args()
     if a.rounds:
         dirs = [Path(d) for d in a.rounds.split(",")]
         missing = [str(d) for d in dirs if not d.is_dir()]
         if missing or len(dirs) < 2:
             ap.error(f"--rounds needs two or more records folders ({', '.join(missing) or 'one given'})")
-        t = rounds_table([(d.name.replace("speed_model_", ""), rows(d)) for d in dirs])
-        print(t)
-        write_readme(t, "speedrounds")
+        print(rounds_table([(d.name.replace("speed_model_", ""), rows(d)) for d in dirs]))
         return 0
     variants = a.variants.split(",")
     if a.off_table:
-        variants, a.out = list(OFF_TABLE), (OFF_OUT if a.out == OUT else a.out)
+        variants = list(OFF_TABLE)
+    if a.out is None:
+        a.out = (OFF_OUT if a.off_table else OUT) / (a.machine or H.this_machine())
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.table_only:
         for model in a.models.split(","):
             for variant in variants:
                 run(model, variant, a.depths, a.out, a.fresh_pages)
-    t = table(rows(a.out), rows(a.previous) if a.previous else None)
-    print(t)
-    write_readme(t, a.marker or ("speedofftable" if a.off_table else "speedmodel"))
+    rs = rows(a.out)
+    print(table(rs, rows(a.previous) if a.previous else None))
+    for path in save(rs, a.results, a.machine):
+        print(f"written: {path}")
     return 0
 
 

@@ -36,7 +36,7 @@ def make_home(root: Path) -> Path:
 # Nothing of the developer's edgekv or huggingface-hub settings reaches a test (EDGEKV_DEBUG=1 would turn every
 # one-line error into a traceback, HF_TOKEN or HF_ENDPOINT would change what the hub tests see); tests set what
 # they need with monkeypatch, which restores this scrubbed environment after each.  Kept: where the developer's own
-# llama.cpp tools are (bench/llama_tools.py), a choice of binaries, not of behaviour; and the suite's own switch to
+# llama.cpp tools are (tools/llama_tools.py), a choice of binaries, not of behaviour; and the suite's own switch to
 # rewrite the golden files (tests/test_report.py, refused under CI), which edgekv itself never reads.
 _KEPT = ("EDGEKV_LLAMA_CPP_BIN", "EDGEKV_UPDATE_GOLDEN")
 for _name in [k for k in os.environ if k.startswith(("EDGEKV_", "HF_", "HUGGINGFACE_")) and k not in _KEPT]:
@@ -149,11 +149,8 @@ def gemma3_path() -> Path:
 @pytest.fixture(scope="session")
 def llama_bench_exe() -> Path:
     """llama.cpp's own llama-bench, built once from the tree vendored in the installed llama-cpp-python's sdist
-    (bench/llama_tools.py: pip download, cmake; about 4 minutes on 2 cores, reused afterwards)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from llama_tools import tool
+    (tools/llama_tools.py: pip download, cmake; about 4 minutes on 2 cores, reused afterwards)."""
+    from tools.llama_tools import tool
 
     return tool("llama-bench")
 
@@ -161,10 +158,7 @@ def llama_bench_exe() -> Path:
 @pytest.fixture(scope="session")
 def llama_server_exe() -> Path:
     """llama.cpp's own llama-server, built from the same vendored tree as llama_bench_exe (no web UI)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from llama_tools import tool
+    from tools.llama_tools import tool
 
     return tool("llama-server")
 
@@ -207,8 +201,8 @@ SPLIT_REPO = "edgekv-test/SmolLM2-split-GGUF"
 
 @pytest.fixture(scope="session")
 def hub(smollm2_path, gemma3_path, smollm2_split):
-    """The local hub + CDN + plain file server, serving the real models (see tests/hubserver.py)."""
-    from hubserver import FakeHub
+    """The local hub + CDN + plain file server, serving the real models (see tools/hubserver.py)."""
+    from tools.hubserver import FakeHub
 
     h = FakeHub().start()
     h.smol_commit = h.add_repo(SMOL_REPO, {SMOL_FILE: smollm2_path})

@@ -1,45 +1,54 @@
-"""The benchmark scripts in bench/ run end to end on tiny settings (pipeline checks: their figures are not
-asserted against targets here; bench/README.md holds the measured ones).  Both compare edgekv with llama.cpp's
-own tools built from the same vendored source."""
+"""The harnesses in bench/ run end to end on tiny settings (pipeline checks: their figures are not asserted against
+targets here; bench/results/ holds the measured ones, docs/ their tables).  They compare edgekv with llama.cpp's own
+tools built from the same vendored source (tools/llama_tools.py), and bench/ stays a small tool set."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bench import harness as H
+
 ROOT = Path(__file__).resolve().parents[1]
+
+
+HARNESSES = ("speed_model", "memory_model", "quality_vs_perplexity", "bench_vs_llama_bench", "parallel_vs_batched_bench",
+             "serving_accuracy", "first_run")
 
 
 @pytest.fixture(scope="module")
 def llama_bin(llama_bench_exe) -> Path:
-    sys.path.insert(0, str(ROOT / "bench"))
-    from llama_tools import tool
+    from tools.llama_tools import tool
 
     for name in ("llama-perplexity", "llama-batched-bench", "llama-server"):
         tool(name)                    # same build tree: only the missing targets are built
     return llama_bench_exe.parent
 
 
-def _run(script: str, args: list[str], bin_dir: Path) -> subprocess.CompletedProcess:
+def _run(harness: str, args: list[str], bin_dir: Path, results: Path) -> list[dict]:
+    """Run a harness as a maintainer does (``python -m bench.NAME``) into ``results``; the rows it wrote."""
     env = {**os.environ, "EDGEKV_LLAMA_CPP_BIN": str(bin_dir)}
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True, env=env,
-                       timeout=900, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-m", f"bench.{harness}", *args, "--results", str(results), "--machine",
+                        "test-class"], capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    return r
+    rows = [json.loads(x) for x in (results / harness / "test-class.jsonl").read_text().splitlines()]
+    assert all(x["machine"] == "test-class" and "commit" in x and "dirty" in x and x["time_utc"] for x in rows)
+    return rows
 
 
 def test_speed_script_against_llama_bench(llama_bin, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("# bench\n\nbefore\n\n<!-- perf:begin -->\nold\n<!-- perf:end -->\n\nafter\n")
     out = tmp_path / "speed.json"
-    _run("bench_vs_llama_bench.py", ["-c", "512", "-ctk", "f16,q4_0", "-p", "32", "-n", "8", "-r", "2", "-t", "2",
-                                     "--rounds", "2", "--out", str(out), "--readme", str(readme)], llama_bin)
+    rows = _run("bench_vs_llama_bench", ["-c", "512", "-ctk", "f16,q4_0", "-p", "32", "-n", "8", "-r", "2", "-t", "2",
+                                         "--rounds", "2", "--out", str(out)], llama_bin, tmp_path)
     res = json.loads(out.read_text())
+    assert [(r["model"], r["n_ctx"], r["type"], r["p"]) for r in rows] == [("smollm2-135m", 512, "f16", 32),
+                                                                          ("smollm2-135m", 512, "q4_0", 32)]
     assert [(r["n_ctx"], r["type"], r["depth"]) for r in res["rows"]] == [(512, "f16", 480), (512, "q4_0", 480)]
     for r in res["rows"]:
         assert r["llama_bench_commit"] == "0c1e570"
@@ -48,58 +57,59 @@ def test_speed_script_against_llama_bench(llama_bin, tmp_path):
             assert len(x["edgekv"]) == len(x["llama_bench"]) == 4 and len(x["round_ratios"]) == 2
             assert x["ratio"] == pytest.approx(x["edgekv_mean"] / x["llama_bench_mean"]) and x["ratio_ci95"]
     assert 0 < res["summary"]["harness_share_of_case_wall"] < 1 and len(res["load1"]) == 8
-    md = readme.read_text()
-    assert md.startswith("# bench\n\nbefore\n\n<!-- perf:begin -->") and md.endswith("<!-- perf:end -->\n\nafter\n")
-    assert "old" not in md and "| 512 | 480 | q4_0 | tg8 |" in md and "Harness share" in md
+    from bench.bench_vs_llama_bench import render
+
+    assert "| `test-class` | smollm2-135m | 512 | 480 | q4_0 | tg8 |" in render({"test-class": rows})
 
 
 def test_quality_script_against_llama_perplexity(llama_bin, tmp_path):
-    readme = tmp_path / "README.md"
     out = tmp_path / "quality.json"
-    _run("quality_vs_perplexity.py", ["-c", "256", "--chunks", "2", "-ctk", "f16,q4_0", "-t", "2", "--no-plain",
-                                      "--out", str(out), "--readme", str(readme)], llama_bin)
+    rows = _run("quality_vs_perplexity", ["-c", "256", "--chunks", "2", "-ctk", "f16,q4_0", "-t", "2", "--no-plain",
+                                          "--out", str(out)], llama_bin, tmp_path)
     res = json.loads(out.read_text())
     assert res["ok"], json.dumps(res["contexts"], indent=1)[-3000:]
     (ctx,) = res["contexts"]
     assert ctx["n_ctx"] == 256 and set(ctx["types"]) == {"f16", "q4_0"}
-    md = readme.read_text()
-    assert "<!-- quality:begin -->" in md and "### -c 256, 2 chunks" in md
-    assert "base-logits file" in md and "MiB RSS" in md
+    assert [(r["n_ctx"], r["chunks"], r["type"], r["ok"]) for r in rows] == [(256, 2, "f16", True), (256, 2, "q4_0", True)]
+    from bench.quality_vs_perplexity import render
+
+    assert "| `test-class` | smollm2-135m | 256 | 2 | q4_0 |" in render({"test-class": rows})
 
 
 def test_parallel_script_against_llama_batched_bench(llama_bin, tmp_path):
-    readme, out = tmp_path / "README.md", tmp_path / "parallel.json"
-    _run("parallel_vs_batched_bench.py", ["--models", "smollm2-135m", "-ctk", "f16", "-npl", "1,2", "-c", "512", "-p",
-                                          "32", "-n", "8", "-r", "2", "-t", "2", "--rounds", "1", "--out", str(out),
-                                          "--readme", str(readme)], llama_bin)
+    out = tmp_path / "parallel.json"
+    rows = _run("parallel_vs_batched_bench", ["--models", "smollm2-135m", "-ctk", "f16", "-npl", "1,2", "-c", "512", "-p",
+                                              "32", "-n", "8", "-r", "2", "-t", "2", "--rounds", "1", "--out", str(out)],
+                llama_bin, tmp_path)
     res = json.loads(out.read_text())
+    assert [(r["type"], r["npl"], r["c"]) for r in rows] == [("f16", 1, 512), ("f16", 2, 512)]
     assert [(r["type"], r["npl"]) for r in res["rows"]] == [("f16", 1), ("f16", 2)]
     for r in res["rows"]:
         for k in ("pp", "tg"):
             assert len(r[k]["edgekv"]) == len(r[k]["batched_bench"]) == 2
             assert r[k]["ratio"] == pytest.approx(r[k]["edgekv_mean"] / r[k]["batched_bench_mean"])
         assert r["kv_matches_formula"] and r["predicted_peak_rss_bytes"] > 0
-    md = readme.read_text()
-    assert "<!-- parallel:begin -->" in md and "| f16 | 2 |" in md and "Geometric mean of the ratios" in md
 
 
 def test_serving_script_against_the_prediction_and_in_process(llama_bin, tmp_path):
-    readme, out = tmp_path / "README.md", tmp_path / "serving.json"
-    _run("serving_accuracy.py", ["--models", "smollm2-135m", "--np", "1,2", "-c", "512", "-p", "32", "-n", "8", "-r",
-                                 "2", "-t", "2", "--rounds", "1", "--out", str(out), "--readme", str(readme)], llama_bin)
+    out = tmp_path / "serving.json"
+    rows = _run("serving_accuracy", ["--models", "smollm2-135m", "--np", "1,2", "-c", "512", "-p", "32", "-n", "8", "-r",
+                                     "2", "-t", "2", "--rounds", "1", "--out", str(out)], llama_bin, tmp_path)
     res = json.loads(out.read_text())
+    assert [(r["np"], r["c"], r["t"]) for r in rows] == [(1, 512, 2), (2, 512, 2)]
     assert [r["np"] for r in res["rows"]] == [1, 2]
     for r in res["rows"]:
         assert r["kv_match"] and r["server_predicted"] > 0 and r["server_tg"] > 0 and r["inproc_tg"] > 0
         assert r["tg_ratio"] == pytest.approx(r["server_tg"] / r["inproc_tg"]) and r["ttft_p50_s"] > 0
-    md = readme.read_text()
-    assert "<!-- serving:begin -->" in md and "Largest memory residual" in md
+    from bench.serving_accuracy import render
+
+    assert render({"test-class": rows}).count("| `test-class` |") == 2
 
 
 @pytest.mark.slow
 def test_fuzz_script_runs_and_finds_no_crash(tmp_path):
     out = tmp_path / "fuzz.json"
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz_headers.py"), "--inputs", "400", "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "tools.fuzz_headers", "--inputs", "400", "--out", str(out)],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     res = json.loads(out.read_text())
@@ -110,8 +120,7 @@ def test_fuzz_script_runs_and_finds_no_crash(tmp_path):
 def test_speed_rounds_table_tells_a_miss_of_the_model_from_noise():
     """bench/speed_model.py --rounds: a configuration outside its target at the median of the rounds is the model's
     miss; one outside in a single round only is noise; the spreads and each round's calibration keys are shown."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import speed_model as S
+    from bench import speed_model as S
 
     def row(test, depth, pct, measured, cal):
         return {"model": "smollm2-135m", "variant": "base", "depth": depth, "type": "f16", "test": test, "t": 2,
@@ -137,8 +146,7 @@ def test_speed_rounds_table_tells_a_miss_of_the_model_from_noise():
 def test_speed_off_table_rows_name_a_pair_of_two_types_and_their_settings(tmp_path):
     """bench/speed_model.py --off-table: a record of a K/V pair of two types reads back as "q8_0/q4_0" (not its K type
     alone, which would mix it with the q8_0 row of the table) under its variant's settings."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import speed_model as S
+    from bench import speed_model as S
 
     def rec(tk, tv):
         return {"status": "ok", "settings": {"n_depth": 2048, "type_k": tk, "type_v": tv, "n_threads": 2, "n_ubatch": 512},
@@ -154,3 +162,76 @@ def test_speed_off_table_rows_name_a_pair_of_two_types_and_their_settings(tmp_pa
     t = S.table(rs)
     assert "| smollm2-135m | -ctv q4_0 | 2048 | q8_0/q4_0 | tg | 50.0 | 52.0 | -3.8 % | ✓ |" in t
     assert set(S.OFF_TABLE) <= set(S.TYPES_OF) and not set(S.OFF_TABLE) & set(S.VARIANTS)
+
+
+def _rec(tk: str, tv: str, measured: float, predicted: float) -> dict:
+    return {"status": "ok", "time_utc": "2026-12-01T10:00:00Z",
+            "environment": {"arch": "x86_64", "cpu_model": "AMD EPYC", "cpu_count_logical": 2,
+                            "system_info": "CPU : AVX2 = 1 | AVX512 = 1 |", "backends": ["CPU"]},
+            "settings": {"n_depth": 2048, "type_k": tk, "type_v": tv, "n_threads": 2, "n_ubatch": 512},
+            "speed": {"tg": {"mean_ts": measured}, "pp": {"mean_ts": 70.0}},
+            "prediction": {"speed": {"tg": {"tokens_per_s": predicted, "calibration_id": "abc-1"},
+                                     "pp": {"tokens_per_s": 70.0, "calibration_id": "abc-1"}}}}
+
+
+def test_speed_model_keeps_the_latest_row_of_each_configuration(tmp_path, monkeypatch, capsys):
+    """``--table-only``: a records folder becomes one row a configuration in <results>/speed_model/<class>.jsonl, the
+    class read from the records; a later run replaces the rows of the configurations it measured, keeps the rest."""
+    from bench import speed_model as S
+
+    recs, results = tmp_path / "records", tmp_path / "results"
+    recs.mkdir()
+    (recs / "smollm2-135m-base.jsonl").write_text(json.dumps(_rec("f16", "f16", 50.0, 52.0)) + "\n")
+    (recs / "smollm2-135m-t1.jsonl").write_text(json.dumps(_rec("q8_0", "q8_0", 30.0, 30.0)) + "\n")
+    monkeypatch.setattr(sys, "argv", ["speed_model", "--table-only", "--out", str(recs), "--results", str(results)])
+    assert S.main() == 0
+    f = results / "speed_model" / "x86-avx512-epyc-2cpu.jsonl"
+    first = [json.loads(x) for x in f.read_text().splitlines()]
+    assert {(r["variant"], r["test"]) for r in first} == {("base", "tg"), ("base", "pp"), ("t1", "tg"), ("t1", "pp")}
+    (recs / "smollm2-135m-t1.jsonl").unlink()
+    (recs / "smollm2-135m-base.jsonl").write_text(json.dumps(_rec("f16", "f16", 40.0, 52.0)) + "\n")
+    assert S.main() == 0
+    rows = {(r["variant"], r["test"]): r for r in map(json.loads, f.read_text().splitlines())}
+    assert len(rows) == 4 and rows[("base", "tg")]["measured"] == 40.0 and rows[("t1", "tg")]["measured"] == 30.0
+    assert "| `x86-avx512-epyc-2cpu` | decode (±10 %) | 1 of 2 |" in S.render(H.load("speed_model", results))
+    assert "written:" in capsys.readouterr().out
+
+
+def test_memory_model_rows_from_recorded_runs(tmp_path, monkeypatch):
+    """``--table-only`` on recorded edgekv bench runs (the measured SmolLM2 runs in tests/data): one row a
+    configuration with the measured and the predicted peak RSS, and the docs' table from them."""
+    from bench import memory_model as M
+
+    recs = tmp_path / "records"
+    recs.mkdir()
+    shutil.copy(ROOT / "tests" / "data" / "memory_model-smollm2-135m-base.jsonl", recs / "smollm2-135m-base.jsonl")
+    monkeypatch.setattr(sys, "argv", ["memory_model", "--table-only", "--out", str(recs), "--results", str(tmp_path)])
+    assert M.main() == 0
+    (cls, rows), = H.load("memory_model", tmp_path).items()
+    assert cls.startswith("x86-") and len(rows) >= 3
+    assert all(r["measured"] > r["predicted"] * 0.9 and r["variant"] == "base" for r in rows)
+    assert "| smollm2-135m |" in M.render({cls: rows})
+
+
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_every_harness_answers_help(harness, monkeypatch, capsys):
+    import importlib
+
+    mod = importlib.import_module(f"bench.{harness}")
+    monkeypatch.setattr(sys, "argv", [harness, "--help"])
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    assert e.value.code == 0 and "--results" in capsys.readouterr().out
+
+
+def test_bench_is_a_small_tool_set():
+    """At most 8 harness scripts beside their shared module, bench/results at most 40 files and 3 MB, and no script
+    in bench/ or tools/ over 600 lines (the package's own limit)."""
+    scripts = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem not in ("__init__", "harness"))
+    assert scripts == sorted(HARNESSES) and len(scripts) <= 8
+    files = [p for p in (ROOT / "bench" / "results").rglob("*") if p.is_file()]
+    assert len(files) <= 40 and sum(p.stat().st_size for p in files) <= 3 * 1024 * 1024
+    scripts = [p for d in ("bench", "tools") for p in sorted((ROOT / d).rglob("*.py"))
+               if not any(x.startswith(".") for x in p.relative_to(ROOT).parts)]       # not bench/.build's sources
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in scripts if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600]
+    assert not long, "split these:\n" + "\n".join(long)

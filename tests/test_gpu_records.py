@@ -1,4 +1,4 @@
-"""Recorded CUDA runs (an H200, bench/results/cuda-h200/, bench/README.md's CUDA section): llama.cpp's op placement
+"""Recorded CUDA runs (an H200, tests/data/cuda-h200/, bench/README.md's CUDA section): llama.cpp's op placement
 parsed from its own scheduler output, and the records' fallback marks in the views.  Recorded output tests the
 parsers and views only; the claims rest on the runs themselves."""
 
@@ -18,7 +18,7 @@ from edgekv.records.results import load_records
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
-RUNS = ROOT / "bench" / "results" / "cuda-h200"
+RUNS = DATA / "cuda-h200"
 
 
 def _log(name: str) -> str:
@@ -91,12 +91,9 @@ def test_the_report_marks_the_fallback_speeds(pairs):
 
 
 def test_the_cuda_table_reads_the_recorded_runs():
-    import importlib.util
+    from tools.cuda_check import table
 
-    spec = importlib.util.spec_from_file_location("cuda_check", ROOT / "bench" / "cuda_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    text = mod.table(RUNS / "run1")
+    text = table(RUNS / "run1")
     row = next(x for x in text.splitlines() if x.startswith("| smollm2-135m-nglall | 1024 | f16 |"))
     assert "| 816.0 | 813.2 | +2.8 MiB (+0.34 %) |" in row        # NVML peak vs predicted device memory
 

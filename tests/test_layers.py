@@ -266,3 +266,87 @@ def test_no_function_over_60_lines_without_a_reason():
     assert len(marked) <= MAX_MARKED, (f"{len(marked)} functions over {MAX_LINES} lines carry '{LONG_MARKER}'; at most "
                                        f"{MAX_MARKED} may (split the others):\n" + "\n".join(marked))
     assert _markers() == len(marked), f"a '{LONG_MARKER}' marker above a function that is not long: remove it"
+
+
+# -- bench/ and tools/: the maintainers' scripts use edgekv as any user of the package would --------------------------
+
+SCRIPT_DIRS = ("bench", "tools")
+
+
+def _script_problems(source: str, where: str) -> list[str]:
+    """In one script: a private edgekv name (imported, or read off an imported edgekv module), an import of the test
+    suite (``tests.``), or a change of ``sys.path`` (they run as modules from the root: ``python -m bench.x``)."""
+    out, aliases = [], set()
+    tree = ast.parse(source, where)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "tests":
+                    out.append(f"{where}:{node.lineno}: imports {a.name} (the test suite)")
+                if a.name.split(".")[0] == "edgekv":
+                    aliases.add(a.asname or a.name.split(".")[0])
+                    out += [f"{where}:{node.lineno}: {a.name}: a private module" for p in a.name.split(".")
+                            if p.startswith("_") and not p.startswith("__")]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            top = node.module.split(".")[0]
+            if top == "tests":
+                out.append(f"{where}:{node.lineno}: imports from {node.module} (the test suite)")
+            if top == "edgekv":
+                out += [f"{where}:{node.lineno}: {node.module}: a private module" for p in node.module.split(".")
+                        if p.startswith("_") and not p.startswith("__")]
+                for a in node.names:
+                    if a.name.startswith("_") and not (a.name.startswith("__") and a.name.endswith("__")):
+                        out.append(f"{where}:{node.lineno}: {node.module}.{a.name}: a private name")
+                    aliases.add(a.asname or a.name)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and ast.unparse(node.func.value) == "sys.path"):
+            out.append(f"{where}:{node.lineno}: sys.path.{node.func.attr}(...)")
+        elif isinstance(node, (ast.Assign, ast.AugAssign)) and any(
+                ast.unparse(t) == "sys.path" for t in (node.targets if isinstance(node, ast.Assign) else [node.target])):
+            out.append(f"{where}:{node.lineno}: assigns sys.path")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            out.append(f"{where}:{node.lineno}: {node.value.id}.{node.attr}: a private name")
+    return out
+
+
+def _scripts() -> list[Path]:
+    """The scripts of bench/ and tools/ (not what their ignored build folders hold, such as bench/.build)."""
+    return sorted(p for d in SCRIPT_DIRS for p in (ROOT / d).rglob("*.py")
+                  if not any(x.startswith(".") for x in p.relative_to(ROOT).parts))
+
+
+def test_bench_and_tools_use_public_names_only():
+    """bench/ and tools/ import only public edgekv names, nothing of tests/, and leave sys.path alone."""
+    assert _scripts(), "no scripts found under bench/ or tools/"
+    bad = [x for p in _scripts() for x in _script_problems(p.read_text(encoding="utf-8"), str(p.relative_to(ROOT)))]
+    assert not bad, "bench/ and tools/ use edgekv as its users do (make a name public, or drop the use):\n" + "\n".join(bad)
+
+
+# the tests of bench/ itself: its harnesses' pure parts and the tables rendered from their results
+BENCH_TESTS = {"test_bench_scripts.py", "test_tables.py"}
+
+
+def test_tests_do_not_import_bench():
+    """The suite imports tools/ (llama.cpp's tools, the GGUF writer, the hub stand-in), never bench/: only the tests
+    of bench/ itself do."""
+    bad = []
+    for p in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"), str(p))):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{p.relative_to(ROOT)}:{node.lineno}: imports {m}" for m in mods if m.split(".")[0] == "bench"
+                    and p.name not in BENCH_TESTS]
+    assert not bad, "tests/ imports bench/ (move what it needs to tools/ or edgekv/):\n" + "\n".join(bad)
+
+
+def test_script_check_finds_each_kind_of_problem():
+    """The check above can fail: each kind of problem in a snippet is found."""
+    src = ("import sys\nfrom edgekv.orchestration import speedcal as sc\nfrom edgekv.orchestration.api import _checked_shape\n"
+           "from tests.tiny.writer import write_spec\nsys.path.insert(0, 'x')\nsc._ctx(1)\nsc.public(2)\n"
+           "from edgekv import __version__\n")
+    found = _script_problems(src, "s.py")
+    assert [x.split(": ", 1)[1] for x in found] == [
+        "edgekv.orchestration.api._checked_shape: a private name", "imports from tests.tiny.writer (the test suite)",
+        "sys.path.insert(...)", "sc._ctx: a private name"]

@@ -12,14 +12,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_ruff_is_clean():
-    r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "edgekv", "tests", "bench"],
+    r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "edgekv", "tests", "bench", "tools"],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 @pytest.mark.slow
 def test_no_dead_code(tmp_path):
-    """vulture finds no unused code in edgekv/ (its uses counted in edgekv, tests and bench); the names it
+    """vulture finds no unused code in edgekv/ (its uses counted in edgekv, tests, bench and tools); the names it
     cannot see used (typer commands, ctypes struct fields, serialised dataclass fields) are in
     tests/vulture_whitelist.py, each with where it is used."""
     # the results schema's fields are read by name (JSON, results_frame, JSON Schema): whitelist them from the types
@@ -31,7 +31,7 @@ def test_no_dead_code(tmp_path):
                      and t.__module__.startswith("edgekv.records.") for f in msgspec.structs.fields(t)})
     generated = tmp_path / "schema_fields_whitelist.py"
     generated.write_text("".join(f"_.{n}  # edgekv/records/schema.py field\n" for n in fields))
-    r = subprocess.run([sys.executable, "-m", "vulture", "edgekv", "tests", "bench", "tests/vulture_whitelist.py",
+    r = subprocess.run([sys.executable, "-m", "vulture", "edgekv", "tests", "bench", "tools", "tests/vulture_whitelist.py",
                         str(generated), "--min-confidence", "60"], cwd=ROOT, capture_output=True, text=True)
     found = [ln for ln in r.stdout.splitlines() if ln.startswith("edgekv/")]
     assert r.returncode in (0, 3) and not r.stderr.strip(), r.stdout + r.stderr

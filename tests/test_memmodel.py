@@ -345,7 +345,7 @@ def test_bench_no_mmap_is_anonymous(tmp_path, smollm2_path):
 # -- schema 2 --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["tests/data/smollm2-sweep.jsonl", "tests/data/cuda-h100-smollm2.jsonl",
-                                  "bench/results/cuda-h100/smollm2-135m.jsonl", "bench/results/cuda-h100/gemma3-270m.jsonl",
+                                  "tests/data/cuda-h100/smollm2-135m.jsonl", "tests/data/cuda-h100/gemma3-270m.jsonl",
                                   # the measured reports' sweeps as committed before the re-measure with schema 2
                                   "tests/data/v1/reports-smollm2-135m-sweep.jsonl",
                                   "tests/data/v1/reports-gemma3-270m-sweep.jsonl"])
@@ -436,7 +436,7 @@ def test_llama_bench_process_predicted(llama_bench_exe, smollm2_path, tmp_path, 
 @pytest.mark.slow
 def test_report_explains_memory(tmp_path):
     # presentation only: the records are bench/memory_model.py's measured runs (the capability is tested above)
-    src = ROOT / "bench" / "results" / "memory_model" / "smollm2-135m-base.jsonl"
+    src = ROOT / "tests" / "data" / "memory_model-smollm2-135m-base.jsonl"
     recs = R.load(src)
     assert main(["report", str(src), "-o", str(tmp_path)]) == 0
     md = (tmp_path / "README.md").read_text()

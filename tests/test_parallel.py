@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +16,6 @@ from edgekv.orchestration.sweep import SweepSpec, run_sweep
 from edgekv.records import results as R
 
 TINY = {"n_prompt": 32, "n_gen": 8, "repetitions": 2, "n_threads": 2}
-BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +101,8 @@ def test_flags_it_refuses(args, needle, tmp_path):
 def test_llama_batched_bench_runs_the_same_workload(npl_run, smollm2_path):
     """The comparison script's llama-batched-bench side on the same settings as the npl 3 record: its jsonl rows
     parse, one per repetition, with the same sequence count and tokens (bench/parallel_vs_batched_bench.py)."""
-    sys.path.insert(0, str(BENCH))
-    import parallel_vs_batched_bench as pvb
-    from llama_tools import tool
+    from tools import llama_tools as pvb
+    from tools.llama_tools import tool
 
     exe = tool("llama-batched-bench")
     args = type("A", (), {"c": 1024, "b": 2048, "ub": 512, "p": 32, "n": 8, "r": 2, "fa": "auto", "t": 2,

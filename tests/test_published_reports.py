@@ -18,7 +18,7 @@ REPORTS = ROOT / "reports"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "publish" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -51,7 +51,7 @@ def test_committed_predicted_reports(name, figures, regenerated):
     assert all(float(r["tg_ts_predicted"]) > 0 and r["speed_calibration_id"] for r in rows.values())
     # the committed files are exactly what the script makes today
     for f in ("README.md", "results.csv", "results.json"):
-        assert (regenerated / name / f).read_text() == (d / f).read_text(), f"{name}/{f}: rerun bench/predicted_reports.py"
+        assert (regenerated / name / f).read_text() == (d / f).read_text(), f"{name}/{f}: rerun tools.publish.predicted_reports"
     gguf_file = next(d.glob("*.gguf"))
     assert gguf_file.stat().st_size < 100_000                                         # a header, no tensor data
     assert (regenerated / name / gguf_file.name).read_bytes() == gguf_file.read_bytes()
@@ -77,8 +77,8 @@ def test_predict_engine_works_on_every_committed_header(header):
 
 @pytest.mark.slow
 def test_publish_script_quick(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "publish_reports.py"), "--quick", "--models", "smollm2-135m",
-                        "--contexts", "512", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "tools.publish.publish_reports", "--quick", "--models", "smollm2-135m",
+                        "--contexts", "512", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     d = tmp_path / "smollm2-135m"
     assert {"README.md", "results.csv", "results.json", "report.html", "sweep.jsonl", "memory_vs_context.png",
@@ -102,7 +102,7 @@ def test_committed_measured_reports_render_from_their_sweep(name, lines, tmp_pat
                         "--title", title, "--note", note], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     for f in ("README.md", "results.csv", "results.json"):
-        assert (tmp_path / f).read_text() == (d / f).read_text(), f"{name}/{f}: rerun bench/publish_reports.py"
+        assert (tmp_path / f).read_text() == (d / f).read_text(), f"{name}/{f}: rerun tools/publish/publish_reports.py"
     rows = json.loads((d / "results.json").read_text())["rows"]
     assert len(rows) == 12 and all(x["status"] == "ok" and x["kv_llama_matches_formula"] is True for x in rows)
     assert {x["kv_llama_cache_lines"] for x in rows} == {lines}
@@ -116,7 +116,7 @@ LONG = REPORTS / "long-context-1m-predicted"
 def test_long_context_report_is_consistent_and_agrees_with_llama_cpp():
     """reports/long-context-1m-predicted: every row agrees with llama.cpp's dry run, README.md and results.csv are
     what the script renders from predictions.json, and the formula on the committed headers still gives every
-    committed figure (regenerating the dry runs takes minutes: bench/long_context_report.py)."""
+    committed figure (regenerating the dry runs takes minutes: tools/publish/long_context_report.py)."""
     from edgekv.core.predict import ContextParams, predict
     from edgekv.orchestration.api import load_model
 
@@ -125,7 +125,7 @@ def test_long_context_report_is_consistent_and_agrees_with_llama_cpp():
     assert len(recs) == len(mod.MODELS) * len(mod.CONTEXTS) * len(mod.TYPES)
     assert all(r.kind == "predict" and r.status == "ok" and r.prediction.engine.ok and r.prediction.engine.match is True
                for r in recs)
-    assert (LONG / "README.md").read_text() == mod.readme(recs), "rerun bench/long_context_report.py --render-only"
+    assert (LONG / "README.md").read_text() == mod.readme(recs), "rerun tools/publish/long_context_report.py --render-only"
     assert (LONG / "results.csv").read_text() == mod.results_csv(recs)
     for model, (fname, *_rest) in mod.MODELS.items():
         shape = load_model(str(LONG / fname)).shape

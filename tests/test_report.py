@@ -420,7 +420,7 @@ def test_quality_json_output_loads_in_report_and_merge(tmp_path, smollm2_path):
 def test_h100_report_names_the_gpu(name):
     """The environment stores NVML's GPUs under nvidia.devices; the report read nvidia.gpus and showed only the
     driver (issue 30 point 5). The recorded H100 runs and their committed reports name the card and its memory."""
-    root = Path(__file__).parent.parent / "bench" / "results" / "cuda-h100"
+    root = DATA / "cuda-h100"
     recs = [json.loads(x) for x in (root / f"{name}.jsonl").read_text().splitlines()]
     assert all(r["environment"]["nvidia"]["devices"] for r in recs)
     typed = R.load_records(root / f"{name}.jsonl")          # the typed environment: nvidia.devices, never a dict key

@@ -1,7 +1,7 @@
 """Results files under faults: damaged lines, torn tails, newer schemas, CRLF, empty files, directories,
 unwritable paths, concurrent writers, and a resumed bench that must never drop a complete record.
 
-The parser cases load the recorded SmolLM2 results in bench/results (recorded output may test a
+The parser cases load the recorded SmolLM2 results in tests/data (recorded output may test a
 parser); the bench cases run real llama.cpp on SmolLM2-135M.
 """
 
@@ -19,7 +19,7 @@ from edgekv.errors import ResultsError
 from edgekv.records import results as R
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = ROOT / "bench" / "results" / "cuda-h100" / "smollm2-135m.jsonl"
+BASE = ROOT / "tests" / "data" / "cuda-h100" / "smollm2-135m.jsonl"
 
 
 def cli(*args: str, timeout: float = 300, **kw) -> tuple[int, str, str]:

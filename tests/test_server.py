@@ -39,8 +39,7 @@ N_PROMPT, N_GEN = 32, 8
 
 
 def _env(exe: Path) -> dict[str, str]:
-    sys.path.insert(0, str(ROOT / "bench"))
-    from llama_tools import tool_env
+    from tools.llama_tools import tool_env
 
     return tool_env(exe)
 
