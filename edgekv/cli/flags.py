@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from edgekv.cli.options import parse_repack_list
+from edgekv.cli.options import parse_repack_list, parse_size
 from edgekv.errors import UsageError
 
 MODEL_ARG = typer.Argument(None, metavar="[MODEL]", show_default=False,
@@ -115,3 +115,16 @@ DEVICE_OPT = typer.Option(None, "--device", show_default=False,
                           help="Also answer for another device: metal (a Mac's unified memory; with --device-memory).")
 DEVICE_MEMORY_OPT = typer.Option(None, "--device-memory", metavar="SIZE", show_default=False,
                                  help="With --device metal: the Mac's memory (16GiB).")
+
+
+def device_flags(device: Optional[str], memory: Optional[str], kv_only: bool) -> tuple[Optional[str], Optional[int]]:
+    """--device and --device-memory checked: both or neither, a device edgekv knows, and the process prediction."""
+    if device is None and memory is None:
+        return None, None
+    if device is None or device.strip().lower() != "metal":
+        raise UsageError(f"--device: {device or '(none)'} is not one edgekv answers for; use --device metal")
+    if memory is None:
+        raise UsageError("--device metal needs --device-memory SIZE (the Mac's memory, e.g. 16GiB)")
+    if kv_only:
+        raise UsageError("--device needs the whole-process prediction, which --kv-only skips")
+    return "metal", parse_size(memory, "--device-memory")

@@ -53,6 +53,7 @@ from edgekv.cli.flags import (
     UB_OPT,
     UNIFIED_OPT,
     WORKLOAD_OPT,
+    device_flags,
     llama_bench_path,
     one_repack,
 )
@@ -178,7 +179,7 @@ def predict(
     req.engine, req.kv_only, req.verbose = engine, kv_only, verbose
     req.measure_speed, req.calibration_timeout_s = speed, calibration_timeout
     (req.depth, req.min_tg), req.llama_bench = speed_flags, lb
-    req.device, req.device_memory = _device_flags(device, device_memory, kv_only)
+    req.device, req.device_memory = device_flags(device, device_memory, kv_only)
     req.layers, req.with_layers_json = layers and not as_json, layers and as_json
     _notes(m)
     out = run_predict(m, req, one_repack(repack))
@@ -218,19 +219,6 @@ def _speed_flags(depth: Optional[int], min_tg: Optional[float], budget: Optional
         if kv_only:
             raise UsageError("--min-tg needs the speed prediction, which --kv-only skips")
     return depth, min_tg
-
-
-def _device_flags(device: Optional[str], memory: Optional[str], kv_only: bool) -> tuple[Optional[str], Optional[int]]:
-    """--device and --device-memory checked: both or neither, a device edgekv knows, and the process prediction."""
-    if device is None and memory is None:
-        return None, None
-    if device is None or device.strip().lower() != "metal":
-        raise UsageError(f"--device: {device or '(none)'} is not one edgekv answers for; use --device metal")
-    if memory is None:
-        raise UsageError("--device metal needs --device-memory SIZE (the Mac's memory, e.g. 16GiB)")
-    if kv_only:
-        raise UsageError("--device needs the whole-process prediction, which --kv-only skips")
-    return "metal", parse_size(memory, "--device-memory")
 
 
 def _check_process_flags(workload: str, threads: int) -> None:
