@@ -59,6 +59,8 @@ SETTINGS = {"base": "defaults", "ub256": "-ub 256", "t1": "-t 1", "nommap": "--n
 SYNTHETIC = {
     "llama-q4_0-tied": ("llama", 1024, 2816, 49152, 40, 16, 8, "Q4_0", "Q8_0", True),
     "qwen2-q8_0-untied": ("qwen2", 896, 4864, 151936, 12, 14, 2, "Q8_0", "Q8_0", False),
+    # issue 65 point 5 (run it with --variants ub256): 24 heads of 64 over 6 KV heads, n_ff 4096
+    "llama-1536-q4_0-tied": ("llama", 1536, 4096, 49152, 20, 24, 6, "Q4_0", "Q8_0", True),
 }
 SYNTHETIC_CTX = "1024,2048"
 LARGE_CTX = "8192"

@@ -373,14 +373,62 @@ def test_v2_record_with_process_roundtrips(tmp_path):
     assert got == [want] and got[0]["speed"]["tg"]["samples_ts"] == rec["speed"]["tg"]["samples_ts"]
 
 
-def test_context_params_untouched():
+def _shape(tmp_path):
+    """The shape of a small llama header (no llama.cpp: the cache formula only)."""
+    from edgekv.edges.tinymodel import write_llama
+
+    path = tmp_path / "shape.gguf"
+    if not path.exists():
+        write_llama(path, n_embd=256, n_ff=512, n_layer=2, n_head=4, n_head_kv=2, mat_type="Q4_0")
+    return load_model(str(path)).shape
+
+
+def test_context_params_untouched(tmp_path):
     # the workload graph is a separate dry run: the configuration itself is what the user asked for
-    from edgekv.orchestration.procpredict import ProcessSettings, workload_graph
+    from edgekv.core.predict import predict
+    from edgekv.orchestration.procpredict import ProcessSettings, workload_graphs
 
     c = ContextParams(n_ctx=4096)
-    assert workload_graph(c, ProcessSettings()) == c
-    g = workload_graph(c, ProcessSettings(n_prompt=32, n_gen=8, n_depth=256))
-    assert (g.n_ctx, g.n_ubatch) == (512, 256)
+    pred = predict(_shape(tmp_path), c)
+    assert workload_graphs(c, ProcessSettings(), pred) == [c]
+    g = workload_graphs(c, ProcessSettings(n_prompt=32, n_gen=8, n_depth=256), pred)
+    # the fill's 256 tokens over 256 cells, then the 32-token prompt over 512: never 256 tokens over 512
+    assert [(x.n_ubatch, x.n_ctx) for x in g] == [(32, 512), (256, 256)]
+    assert c == ContextParams(n_ctx=4096)
+
+
+def test_workload_graphs_are_the_ubatches_the_run_computes(tmp_path):
+    """-ub 256 with a depth that is not a multiple of it (-c 1536 -p 64 -n 16: depth 1472): the fill's full ubatches
+    end at 1280 cells, its last ubatch (192 tokens) and the prompt (64) reach 1536, so llama.cpp never computes 256
+    tokens over 1536 cells (src/llama-kv-cache.cpp get_n_kv: the cells a ubatch attends over end at its last
+    position, padded to 256); at -ub 512 and depth 1536 the fill's last full ubatch does reach every cell."""
+    from edgekv.core.predict import predict
+    from edgekv.orchestration.procpredict import ProcessSettings, largest_compute, workload_graphs
+
+    st = ProcessSettings(n_prompt=64, n_gen=16, n_depth=1472)
+    c = ContextParams(n_ctx=1536, n_ubatch=256)
+    g = workload_graphs(c, st, predict(_shape(tmp_path), c))
+    assert [(x.n_ubatch, x.n_ctx) for x in g] == [(192, 1536), (256, 1280)]
+    assert all(x.type_k == c.type_k and x.n_batch >= x.n_ubatch for x in g)
+    c = ContextParams(n_ctx=2048, n_ubatch=512)
+    st = ProcessSettings(n_prompt=512, n_gen=16, n_depth=1536)
+    assert [(x.n_ubatch, x.n_ctx) for x in workload_graphs(c, st, predict(_shape(tmp_path), c))] == [(512, 2048)]
+    # the dry run whose CPU compute buffer is the largest stands for the workload; a failed one explains itself
+
+    @dataclass
+    class R:
+        ok: bool
+        log: object = None
+        error: str = ""
+
+    @dataclass
+    class Log:
+        compute_buffers: dict
+
+    a, b = R(True, Log({"CPU": 39.5})), R(True, Log({"CPU": 34.3, "CUDA0": 90.0}))
+    assert largest_compute([b, a]) is a
+    bad = R(False, None, "refused")
+    assert largest_compute([a, bad]) is bad and largest_compute([]) is None
 
 
 def test_llama_bench_depth_state_copy(smollm2_path, gemma3_path):

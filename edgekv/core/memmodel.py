@@ -136,6 +136,7 @@ class ProcessInputs:
     kv_device_bytes: int = 0                    # formula, layers on the device
     compute_workload: dict[str, int] | None = field(default_factory=dict)   # dry run at the workload's n_outputs_max
     compute_note: str = ""                      # why compute_workload is None
+    compute_graph: tuple[int, int] | None = None   # (tokens, cells) of the graph compute_workload was reserved for
     compute_reserved: dict[str, int] = field(default_factory=dict)   # dry run at the process's own n_outputs_max
     host_structures_bytes: int | None = None    # dry-run process growth: vocab, tensor metadata, code pages
     host_structures_note: str = ""
@@ -295,11 +296,13 @@ def _compute_parts(x: ProcessInputs, n_out_ubatch: int, notes: list[str]) -> lis
     parts: list[Part] = []
     if x.compute_workload is None:
         notes.append("compute buffer unknown (" + (x.compute_note or "no dry run") + "); peak_rss_bytes is not predicted")
+    tokens, cells = x.compute_graph or (x.n_ubatch, 0)
+    over = f" over {cells} cells" if cells else ""
     for buft, b in sorted((x.compute_workload or {}).items()):
         if _is_host_buffer(buft) and not buft.endswith("_Host"):
             parts.append(Part("compute buffer", b, SRC_LLAMA,
                               note=f"{buft}: graph reserved for {n_out_ubatch} output(s) per ubatch of "
-                                   f"{x.n_ubatch} (the pages a CPU graph touches)"))
+                                   f"{tokens}{over} (the pages a CPU graph touches)"))
     for buft, b in sorted(x.compute_reserved.items()):
         if buft.endswith("_Host"):     # pinned host memory: resident whole
             parts.append(Part("compute buffer", b, SRC_LLAMA, note=f"{buft}: pinned, allocated whole"))

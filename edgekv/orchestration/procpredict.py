@@ -2,7 +2,8 @@
 
 * the runtime baseline from :mod:`edgekv.orchestration.calibrate` (measured once per environment, cached);
 * llama.cpp's dry run (:class:`edgekv.edges.engine.EngineSession`): the compute buffers reserved for the
-  workload's graph (``n_outputs_max`` = the workload's outputs per ubatch) and for the process's own
+  workload's graphs (``n_outputs_max`` = the workload's outputs per ubatch; the largest of the (tokens, cells)
+  shapes its ubatches compute, :func:`workload_graphs`) and for the process's own
   default reservation (what a GPU allocates), and the host memory the dry-run process grew by while
   llama.cpp built the model and its first context;
 * the formula (:mod:`edgekv.core.predict`) for the caches, the GGUF tensor table for the weights.
@@ -128,18 +129,42 @@ def kq_work(shape, pred: KVPrediction, settings: ProcessSettings, n_layer: int, 
     return kq_work_bytes(cache_type(pred.params.type_v).ggml_id, caches, workload_spans(pred, settings)) if caches else 0
 
 
-def workload_graph(params: ContextParams, settings: ProcessSettings) -> ContextParams:
-    """The context parameters whose dry-run reservation is the largest graph the workload really runs."""
+def workload_graphs(params: ContextParams, settings: ProcessSettings, pred: KVPrediction) -> list[ContextParams]:
+    """The context parameters whose dry-run reservations are the largest graphs the workload really runs (the one
+    the workload touches most is the one with the largest compute buffer).
+
+    A ubatch of n tokens whose last position is p attends over n_kv = min(cells, max(256, pad(p, 256))) cells
+    (src/llama-kv-cache.cpp get_n_kv), and a dry run at n_ctx = n_kv and n_ubatch = n reserves exactly that graph
+    (llama_context::sched_reserve reserves n_ubatch tokens over the whole cache, src/llama-context.cpp:629-668).
+    A depth that is not a multiple of the ubatch ends its fill with a shorter ubatch: the full ubatches stop short
+    of the prompt's cells and the prompt is shorter, so no graph of the run has a full ubatch over every cell the
+    run reaches; every (tokens, cells) pair that no other pair covers is a candidate."""
+    from edgekv.core.memscratch import KQ_PAD
     from edgekv.core.predict import pad
 
     if settings.n_prompt is None or settings.n_depth is None:
-        return params
+        return [params]
     p, n, d = settings.n_prompt, settings.n_gen or 0, settings.n_depth
-    k = settings.n_parallel or 1
-    tokens = max(1, min(params.n_ubatch, max(k * p, d, 1)))
-    reach = pad(max(k * (p + n), 1)) if settings.n_parallel else pad(max(d + max(p, n), 1))
-    n_ctx = min(params.n_ctx, reach) if params.n_ctx else reach
-    return replace(params, n_ctx=n_ctx, n_ubatch=tokens, n_batch=max(tokens, min(params.n_batch, n_ctx)))
+    if settings.n_parallel:
+        k = settings.n_parallel
+        tokens = max(1, min(params.n_ubatch, k * p))
+        reach = pad(max(k * (p + n), 1))
+        n_ctx = min(params.n_ctx, reach) if params.n_ctx else reach
+        return [replace(params, n_ctx=n_ctx, n_ubatch=tokens, n_batch=max(tokens, min(params.n_batch, n_ctx)))]
+    cells = pred.n_ctx_padded or pad(max(d + max(p, n), 1))
+    pairs = {(u, min(cells, max(KQ_PAD, pad(start + u, KQ_PAD)))) for start, u in workload_spans(pred, settings)}
+    top = sorted(pr for pr in pairs if not any(o != pr and o[0] >= pr[0] and o[1] >= pr[1] for o in pairs))
+    return [replace(params, n_ctx=kv, n_ubatch=u, n_batch=max(u, min(params.n_batch, kv))) for u, kv in top]
+
+
+def largest_compute(results: list[Any]) -> Any:
+    """Of dry runs of the workload's candidate graphs, the one whose host (CPU) compute buffer is the largest; the
+    first failed one when any failed (its error explains the missing figure)."""
+    failed = [r for r in results if not r.ok]
+    if failed or not results:
+        return failed[0] if failed else None
+    return max(results, key=lambda r: sum(v for k, v in (r.log.compute_buffers or {}).items()
+                                          if k.upper().startswith("CPU")))
 
 
 def mapped_files(header) -> list[MappedFile]:
@@ -228,6 +253,7 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
         baseline_bytes=baseline.bytes if baseline is not None else None,
         baseline_note=baseline.note if baseline is not None else "not calibrated",
         kv_host_bytes=host_kv, kv_device_bytes=dev_kv, compute_workload=cw, compute_note=compute_note,
+        compute_graph=(eng_workload.params.n_ubatch, eng_workload.params.n_ctx) if cw is not None else None,
         compute_reserved=cr,
         host_structures_bytes=host_struct, host_structures_note=struct_note,
         gpu_runtime_device_bytes=rt.device_bytes if rt else None, gpu_runtime_host_bytes=rt.host_bytes if rt else None,
@@ -259,7 +285,8 @@ def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings
         load_info = dict(getattr(session, "model_info", {}) or {})
         for i, c in runnable:
             n_out, _ = workload_outputs(settings.workload, preds[i].n_batch, preds[i].n_ubatch, c.n_seq_max)
-            ew, ed = session.run([workload_graph(c, settings)], n_outputs_max=n_out)[0], session.run([c])[0]
+            ew = largest_compute(session.run(workload_graphs(c, settings, preds[i]), n_outputs_max=n_out))
+            ed = session.run([c])[0]
             x = build_inputs(m, c, preds[i], settings, baseline, ew, ed, load_info)
             out[i] = predict_process(x)
         return out
