@@ -276,8 +276,8 @@ def _measure(cal: Calibration, want: Wanted, job: Job, allow_busy: bool, store: 
              budget: float) -> tuple[Calibration, list[ProbeResult], str, dict[str, Any]]:
     """measure_missing under a LoadMonitor: (the calibration measured into, the raw timings, a note saying what
     disturbed a first attempt or "", the load).  A difference that came out as other work hides one (Disturbed) is
-    measured once more from ``cal`` as it was, only when the machine was quiet during the first attempt, busy runs
-    are not allowed, and the deadline has not passed: under load there is one attempt, never a loop."""
+    measured once more from ``cal`` as it was, only when the machine was quiet during the first attempt (a moment's
+    disturbance) and the deadline has not passed: under load there is one attempt, never a loop."""
     from edgekv.edges.load import LoadMonitor
 
     again = ""
@@ -290,7 +290,7 @@ def _measure(cal: Calibration, want: Wanted, job: Job, allow_busy: bool, store: 
             return cal, raw, again, mon.stop()
         except Disturbed as e:
             load = mon.stop()
-            if attempt == 2 or load.get("busy") or allow_busy or job.run.expired():
+            if attempt == 2 or load.get("busy") or job.run.expired():
                 raise
             cal, again = before, f" (the first try was disturbed: the speed calibration {e.what}; measured again)"
         except PartlyMeasured as e:
