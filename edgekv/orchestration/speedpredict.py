@@ -207,7 +207,11 @@ def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[st
                          sentinel=main_weight_type(sh), **kw)
 
     try:
-        if not measure or not auto_measure():
+        auto = auto_measure()           # the variable is checked even when predict measures nothing
+    except CalibrationError as e:
+        return None, str(e)
+    try:
+        if not measure or not auto:
             try:
                 sc = run(False)
             except CalibrationError as e:
