@@ -1040,12 +1040,15 @@ def test_the_drift_sentinel_times_the_real_decode(real_cal, tmp_path):
     timing it gives a positive ratio; against a record of the same decode four times as fast it names the change."""
 
     key, _fp = ST.calibration_key(2, RP[1] == "1")
-    raw = ST.read_cache(ST.calibration_path(2, RP[1] == "1"), key, False)[2]
-    assert any(r.model == "w_q4_1" and r.step == "tg" for r in raw)
+    from edgekv.core.probe import readable_results, to_wire
+
+    raw = ST.read_cache(ST.calibration_path(2, RP[1] == "1"), key, False)[2]      # as cached: the JSON rows
+    rows = readable_results(raw)
+    assert any(r.model == "w_q4_1" and r.step == "tg" for r in rows)
     ratio = ST.check_drift(raw, "q4_1", 2, RP[1] == "1", S.child_runner)
     assert ratio is not None and ratio > 0
-    fast = [with_(r, ns=[n // 4 for n in r.ns]) if r.model == "w_q4_1" else r for r in raw]
-    write_json(tmp_path / "then.json", {"key": key, "calibration": real_cal.to_dict(), "raw": fast})
+    fast = [with_(r, ns=[n // 4 for n in r.ns]) if r.model == "w_q4_1" else r for r in rows]
+    write_json(tmp_path / "then.json", {"key": key, "calibration": real_cal.to_dict(), "raw": to_wire(fast)})
     why = ST.drifted(real_cal, ST.read_cache(tmp_path / "then.json", key, False)[2], "q4_1", 2, RP[1] == "1", S.child_runner, "")
     assert re.match(r"this machine now takes (\d+\.\d\d)x the time to decode the calibration's q4_1 weight model", why), why
     assert float(why.split("takes ")[1].split("x")[0]) > 1.2, why
