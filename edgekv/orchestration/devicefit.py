@@ -17,7 +17,6 @@ from msgspec import UNSET
 from edgekv.core.devicemem import metal_fit
 from edgekv.core.fit import size
 
-DEVICES = ("metal",)
 ON_DEVICE = ("weights (mmap)", "weights (--no-mmap)", "KV cache")     # Metal_Mapped / Metal buffers
 NOT_PREDICTED = ("compute buffer", "thread work buffer")              # Metal's own compute buffer replaces these
 
