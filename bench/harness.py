@@ -7,9 +7,11 @@ Run a harness from the repository root as a module (``python -m bench.speed_mode
 line, one line a configuration, each carrying
 
 * ``machine``: the machine class (below);
-* ``commit`` and ``dirty``: the edgekv code identity that measured it (``edgekv.edges.codeid.code_identity()``;
-  ``dirty`` is None where unknown: rows converted from results committed before records carried a commit name the
-  commit that recorded them);
+* ``commit`` and ``dirty``: the edgekv code that measured it: the record's own ``environment.edgekv_commit`` /
+  ``edgekv_dirty`` where the row comes from an ``edgekv bench`` record, else the harness's
+  (``edgekv.edges.codeid.code_identity()``) when it measures.  None where unknown: a row converted from results
+  committed before rows carried the measuring code has ``commit`` None, ``stored_commit`` (the commit that stored
+  it: the code that measured it is no newer) and ``converted_from``;
 * ``time_utc``: when it was measured (its record's time), else when the row was written;
 * the harness's own fields (see its ``KEY``: the fields that name a configuration).
 
@@ -17,17 +19,20 @@ A run replaces the rows of the configurations it measured and keeps the others, 
 measurement of every configuration on that class of machine (git history keeps the earlier ones).  The raw
 ``edgekv bench`` records a harness reads its rows from stay under ``bench/.build/`` (ignored by git).
 
-**Machine class.**  ``<arch>-<isa>-<family>-<n>cpu[-<gpu>]``, lower case, for example:
+**Machine class.**  ``<arch>-<isa>-<family>-<n>cpu[-<backend>-<gpu>]``, lower case, for example:
 
-* ``x86-avx512-epyc-2cpu``: an AMD EPYC whose llama.cpp CPU backend runs AVX-512 kernels, 2 logical CPUs;
-* ``x86-avx2-xeon-16cpu-h100``: an Intel Xeon running AVX2 kernels, 16 logical CPUs, beside an NVIDIA H100;
+* ``x86-avx2-epyc-2cpu``: an AMD EPYC whose CPU has AVX2 but not AVX-512, 2 logical CPUs;
+* ``x86-amx-xeon-16cpu-cuda-h100``: an Intel Xeon with AMX, 16 logical CPUs, running llama.cpp on an NVIDIA H100
+  through CUDA;
 * ``arm64-neon-apple-10cpu-metal``: an Apple M-series machine with its GPU through Metal.
 
-``isa`` is the widest instruction set llama.cpp's CPU backend reports using (``llama_print_system_info``: amx,
-avx512, avx2, avx, sve, neon, else ``generic``), read from /proc/cpuinfo's flags when that report is missing;
-``family`` comes from the CPU's model name (epyc, ryzen, threadripper, xeon, core, apple, graviton, ampere, else
-``cpu``); ``gpu`` is the first GPU's short model name (``h100``, ``rtx4090``), or ``metal``.  Speed figures
-compare only within a class; the class leaves out what it cannot see (clock, memory channels, a VM's neighbours).
+``isa`` is the widest instruction set the CPU has (its flags in /proc/cpuinfo: amx, avx512, avx2, avx, sve, neon, else
+``generic``), never the llama.cpp build's: the same host gets the same class whichever build a harness runs.  Records
+made on another machine carry no CPU flags; file their rows with ``--machine``.  ``family`` comes from the CPU's model
+name (epyc, ryzen, threadripper, xeon, core, apple, graviton, ampere, else ``cpu``); the GPU part names the backend
+that ran the model (cuda, rocm, vulkan) and the first GPU's short model name (``h100``, ``rtx4090``), or ``metal``.
+Speed figures compare only within a class; the class leaves out what it cannot see (clock, memory channels, a VM's
+neighbours).  ``RENAMED`` maps the classes rows were filed under before the ISA came from the CPU.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import json
 import os
 import platform
 import re
+import socket
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -47,12 +53,24 @@ RESULTS = ROOT / "bench" / "results"
 BUILD = ROOT / "bench" / ".build"
 MIB = 1024 * 1024
 
-_ISA = (("amx", ("AMX_INT8", "AMX_BF16", "AMX")), ("avx512", ("AVX512",)), ("avx2", ("AVX2",)), ("avx", ("AVX",)),
-        ("sve", ("SVE",)), ("neon", ("NEON",)))
 _CPUINFO_ISA = (("amx", "amx_tile"), ("avx512", "avx512f"), ("avx2", "avx2"), ("avx", "avx"), ("sve", "sve"),
                 ("neon", "asimd"))
 _FAMILIES = ("epyc", "threadripper", "ryzen", "xeon", "core", "apple", "graviton", "ampere")
 _GPU_WORDS = {"nvidia", "geforce", "tesla", "amd", "radeon", "intel", "nvidia-smi"}
+_GPU_BACKENDS = {"CUDA": "cuda", "ROCm": "rocm", "HIP": "rocm", "Vulkan": "vulkan"}
+
+# The classes rows were filed under while the ISA came from the llama.cpp build (old rows keep their files): old
+# class -> (the class the same host gets now, or None where its CPU's flags were not recorded; why).
+RENAMED: dict[str, tuple[str | None, str]] = {
+    "x86-avx2-xeon-16cpu-h100": ("x86-amx-xeon-16cpu-cuda-h100", "ISA of the CUDA build made on another machine; "
+                                 "the same host as x86-amx-xeon-16cpu-h100"),
+    "x86-amx-xeon-16cpu-h100": ("x86-amx-xeon-16cpu-cuda-h100", "ISA of the host's own CPU build"),
+    "x86-avx2-xeon-16cpu-h200": (None, "ISA of the CUDA build made on another machine; the host's CPU flags were "
+                                 "not recorded"),
+    "x86-avx512-xeon-2cpu": (None, "ISA of the host's own CPU build (AVX-512, no AMX kernels); its CPU flags were "
+                             "not recorded"),
+    "x86-avx512-epyc-2cpu": ("x86-avx512-epyc-2cpu", "ISA of the host's own native CPU build, which the CPU had"),
+}
 
 
 def edgekv_argv() -> list[str]:
@@ -62,13 +80,8 @@ def edgekv_argv() -> list[str]:
 
 # -- machine class -------------------------------------------------------------------------------------------------
 
-def _isa(system_info: str | None, cpu_flags: str | None) -> str:
-    if system_info:
-        cpu_part = system_info.split("CPU :", 1)[-1]
-        on = {m.group(1) for m in re.finditer(r"([A-Z0-9_]+) = 1", cpu_part)}
-        for name, keys in _ISA:
-            if any(k in on for k in keys):
-                return name
+def _isa(cpu_flags: str | None) -> str:
+    """The widest instruction set in the CPU's flags (/proc/cpuinfo), else ``generic``."""
     flags = set((cpu_flags or "").split())
     return next((name for name, flag in _CPUINFO_ISA if flag in flags), "generic")
 
@@ -79,21 +92,24 @@ def _family(cpu_model: str | None) -> str:
 
 
 def _gpu(devices: Sequence[str] | None, backends: Sequence[str] | None) -> str | None:
-    """The first GPU's short name: ``NVIDIA H100 80GB HBM3`` -> h100, ``NVIDIA GeForce RTX 4090`` -> rtx4090."""
-    for d in devices or []:
-        words = [w for w in re.split(r"[\s_]+", d.lower()) if w and w not in _GPU_WORDS]
-        if not words or (backends and "CUDA" not in backends and "Vulkan" not in backends and "ROCm" not in backends):
-            continue
-        if any(x in d.lower() for x in ("nvidia", "radeon", "geforce", "tesla", "instinct")):
-            name = ""
-            for w in words:
-                name += re.sub(r"[^a-z0-9]", "", w)
-                if re.search(r"\d", w):
-                    break
-            return name or None
+    """The GPU part of a class, or None for a CPU run: ``cuda-h100`` (``NVIDIA H100 80GB HBM3`` through CUDA),
+    ``cuda-rtx4090``, ``metal``."""
+    backend = next((_GPU_BACKENDS[b] for b in backends or [] if b in _GPU_BACKENDS), None)
     if backends and any(b in ("Metal", "MTL") for b in backends):
         return "metal"
-    return None
+    if backend is None:
+        return None
+    for d in devices or []:
+        if not any(x in d.lower() for x in ("nvidia", "radeon", "geforce", "tesla", "instinct")):
+            continue
+        name = ""
+        for w in (w for w in re.split(r"[\s_]+", d.lower()) if w and w not in _GPU_WORDS):
+            name += re.sub(r"[^a-z0-9]", "", w)
+            if re.search(r"\d", w):
+                break
+        if name:
+            return f"{backend}-{name}"
+    return backend
 
 
 def _arch(machine: str | None) -> str:
@@ -102,20 +118,33 @@ def _arch(machine: str | None) -> str:
 
 
 def machine_class(env: dict[str, Any]) -> str:
-    """The machine class of an edgekv record's ``environment`` (or of ``edgekv.edges.environment.collect()``)."""
+    """The machine class of an edgekv record's ``environment`` (or of ``edgekv.edges.environment.collect()``).
+
+    The ISA comes from ``env["cpu_flags"]``; a record without them gets this machine's flags when it was made on
+    this host (its ``machine_id``), else the class cannot be named: SystemExit asking for ``--machine``."""
+    flags = env.get("cpu_flags")
+    if flags is None:
+        if env.get("machine_id") not in (None, _this_host()):
+            raise SystemExit(f"bench: records from {env.get('machine_id')} carry no CPU flags, so their machine "
+                             "class cannot be named here: pass --machine CLASS (bench/README.md, Results)")
+        flags = _cpuinfo_flags()
     arch = _arch(env.get("arch") or (env.get("platform") or "").rsplit("-with", 1)[0].rsplit("-", 1)[-1] or None)
     n = env.get("cpu_count_logical") or env.get("cores_logical") or os.cpu_count() or 0
-    name = f"{arch}-{_isa(env.get('system_info'), env.get('cpu_flags'))}-{_family(env.get('cpu_model'))}-{n}cpu"
+    name = f"{arch}-{_isa(flags)}-{_family(env.get('cpu_model'))}-{n}cpu"
     gpu = _gpu(env.get("devices"), env.get("backends"))
     return f"{name}-{gpu}" if gpu else name
 
 
+def _this_host() -> str:
+    return os.environ.get("EDGEKV_MACHINE_ID") or socket.gethostname()
+
+
 def this_machine() -> str:
-    """This machine's class (asks llama.cpp for its system info: imports llama_cpp)."""
+    """This machine's class (asks llama.cpp which backend and devices it runs on: imports llama_cpp)."""
     from edgekv.edges.environment import collect
 
     env = collect()
-    env.setdefault("cpu_flags", _cpuinfo_flags())
+    env["cpu_flags"] = _cpuinfo_flags() or ""
     return machine_class(env)
 
 
@@ -126,6 +155,13 @@ def _cpuinfo_flags() -> str | None:
         return None
     m = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", text, re.M)
     return m.group(1) if m else None
+
+
+def record_identity(record: dict[str, Any]) -> dict[str, Any]:
+    """The code that made an ``edgekv bench`` record: ``{"commit": ..., "dirty": ...}`` from its environment (None
+    where the record predates those fields)."""
+    env = record.get("environment") or {}
+    return {"commit": env.get("edgekv_commit"), "dirty": env.get("edgekv_dirty")}
 
 
 # -- results -------------------------------------------------------------------------------------------------------
@@ -162,13 +198,15 @@ def save(harness: str, machine: str, rows: Iterable[dict], key: Sequence[str], r
          stamp: dict[str, Any] | None = None) -> Path:
     """Write ``rows`` (of one machine class) into the harness's results file, replacing the rows of the same
     configurations (``key``: the fields that name one) and keeping the others.  Each new row is stamped with the
-    machine class, the code identity (``stamp`` overrides it: converted rows) and the time (a row's own
-    ``time_utc``, its record's, wins)."""
+    machine class, the code identity and the time; a row's own ``commit``/``dirty`` (its record's: the code that
+    measured it) and ``time_utc`` win over this process's, and ``stamp`` overrides the code identity."""
     path = results_file(harness, machine, root)
     old = load(harness, root).get(machine, []) if path.exists() else []
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     head = {"machine": machine, "time_utc": now, **(stamp if stamp is not None else identity())}
-    new = [{**head, **{k: v for k, v in r.items() if k not in head or (k == "time_utc" and v)}} for r in rows]
+    own = ("commit", "dirty") if stamp is None else ()
+    new = [{**head, **{k: v for k, v in r.items() if k not in head or k in own or (k == "time_utc" and v)}}
+           for r in rows]
     fresh = {tuple(json.dumps(r.get(k), sort_keys=True) for k in key): r for r in new}
     out = [r for r in old if tuple(json.dumps(r.get(k), sort_keys=True) for k in key) not in fresh] + new
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,12 +227,19 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str = 
     return "\n".join(lines)
 
 
+def code_label(row: dict) -> str:
+    """The code a row was measured with: ``3f32cba``, ``3f32cba-dirty``, ``≤ 3f32cba`` (a converted row: measured
+    with code no newer than the commit that stored it), ``unknown``."""
+    if row.get("commit"):
+        return row["commit"][:7] + ("-dirty" if row.get("dirty") else "")
+    if row.get("stored_commit"):
+        return "≤ " + row["stored_commit"][:7]
+    return "unknown"
+
+
 def identity_note(rows: Sequence[dict]) -> str:
-    """``commit 3f32cba`` / ``commits 3f32cba, 9e1d0aa (1 dirty)``: the code the rows were measured with."""
-    commits = sorted({(r.get("commit") or "unknown")[:7] for r in rows})
-    dirty = sum(1 for r in rows if r.get("dirty"))
-    return ("commit " if len(commits) == 1 else "commits ") + ", ".join(commits) + (f" ({dirty} rows dirty)"
-                                                                                     if dirty else "")
+    """``3f32cba`` / ``3f32cba, ≤ 9e1d0aa`` / ``3f32cba-dirty``: the code the rows were measured with."""
+    return ", ".join(sorted({code_label(r) for r in rows}))
 
 
 def block_markers(name: str) -> tuple[str, str]:

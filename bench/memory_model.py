@@ -134,7 +134,7 @@ def run(model: str, variant: str, outdir: Path) -> Path:
     return out
 
 
-def rows(outdir: Path) -> list[dict]:
+def rows(outdir: Path, machine: str | None = None) -> list[dict]:
     out = []
     for f in sorted(outdir.glob("*.jsonl")):
         model, variant = f.stem.rsplit("-", 1)
@@ -146,7 +146,8 @@ def rows(outdir: Path) -> list[dict]:
             if r.get("status") != "ok" or not meas or not pred:
                 continue
             s = r["settings"]
-            out.append({"machine": H.machine_class(r.get("environment") or {}), "time_utc": r.get("time_utc"),
+            out.append({"machine": machine or H.machine_class(r.get("environment") or {}), "time_utc": r.get("time_utc"),
+                        **H.record_identity(r),
                         "model": model, "variant": variant, "n_ctx": s["n_ctx"], "type": s["type_k"],
                         "ub": s["n_ubatch"], "t": s["n_threads"], "mmap": not s.get("no_mmap"),
                         "ngl": s.get("n_gpu_layers"), "gpu_peak": (r.get("memory") or {}).get("peak_gpu_bytes"),
@@ -224,7 +225,7 @@ def main() -> int:
         for model in a.models.split(","):
             for v in a.variants.split(","):
                 run(model, v, out)
-    rs = rows(out)
+    rs = rows(out, a.machine)
     print(table(rs))
     for path in save(rs, a.results, a.machine):
         print(f"written: {path}")

@@ -134,6 +134,25 @@ def markdown(out: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render(by_machine: dict[str, list[dict]]) -> str:
+    """The docs' parallel-sequences table: per machine class, model, cache type and N, edgekv's aggregate prefill and
+    decode over llama-batched-bench's (target at least 0.97×) and the peak RSS beside the prediction for ``-np N``."""
+    out = []
+    for mc, rs in by_machine.items():
+        for r in rs:
+            cells = []
+            for k in ("pp", "tg"):
+                x = r[k]
+                ci = f" [{x['ratio_ci95'][0]:.3f}, {x['ratio_ci95'][1]:.3f}]" if x.get("ratio_ci95") else ""
+                cells.append(f"{x['ratio']:.3f}{ci}" + ("" if x["ratio"] >= 0.97 else " ✗"))
+            pred = r.get("predicted_peak_rss_bytes")
+            mem = (f"{r['peak_rss_bytes'] / MIB:.1f} ({pred / MIB:.1f}, {100 * (r['peak_rss_bytes'] - pred) / pred:+.2f} %)"
+                   if pred else f"{r['peak_rss_bytes'] / MIB:.1f}")
+            out.append([f"`{mc}`", r["model"], r["type"], r["npl"], *cells, mem, H.identity_note([r])])
+    return H.md_table(["machine class", "model", "K/V", "N", "prefill ratio [95 % CI]", "decode ratio [95 % CI]",
+                       "peak RSS MiB (predicted)", "code"], out, "lllrrrrl")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2-135m,gemma3-270m")

@@ -422,5 +422,21 @@ def render(by_machine: dict[str, list[dict]]) -> str:
                        "code"], out, "llrrlrrrrrrrrrcl")
 
 
+def render_summary(by_machine: dict[str, list[dict]], n_ctx: int = 4096) -> str:
+    """README's quality table: at ``n_ctx``, each cache type's PPL beside llama-perplexity's, its change against the
+    f16 cache, the mean KLD against f16 and how often the top token stays the same."""
+    out = []
+    for mc, rs in by_machine.items():
+        base = {(r["model"], r["chunks"]): r["ppl"]["edgekv"] for r in rs if r["n_ctx"] == n_ctx and r["type"] == "f16"}
+        for r in (r for r in rs if r["n_ctx"] == n_ctx):
+            p, f16 = r["ppl"], base.get((r["model"], r["chunks"]))
+            out.append([f"`{mc}`", r["model"], r["n_ctx"], r["type"], f"{p['edgekv']:.4f}",
+                        f"{p.get('llama_plain_run', p['llama_kld_run']):.4f}",
+                        f"{100 * (p['edgekv'] / f16 - 1):+.2f} %" if f16 else "",
+                        f"{r['exact_vs_llama']['kld_mean']['edgekv']:.6f}", f"{100 * r['same_top']:.2f} %"])
+    return H.md_table(["machine class", "model", "n_ctx", "K/V", "PPL edgekv", "PPL llama-perplexity", "Δ PPL vs f16",
+                       "mean KLD vs f16", "same top token"], out, "llrlrrrrr")
+
+
 if __name__ == "__main__":
     sys.exit(main())

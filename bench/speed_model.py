@@ -97,7 +97,7 @@ def run(model: str, variant: str, depths: str, outdir: Path = OUT, fresh_pages: 
     return out
 
 
-def rows(outdir: Path = OUT) -> list[dict]:
+def rows(outdir: Path = OUT, machine: str | None = None) -> list[dict]:
     out = []
     for f in sorted(outdir.glob("*.jsonl")):
         model, variant = f.stem.rsplit("-", 1)
@@ -112,7 +112,8 @@ def rows(outdir: Path = OUT) -> list[dict]:
                 if not m or not p:
                     continue
                 kv = s["type_k"] if s.get("type_v", s["type_k"]) == s["type_k"] else f"{s['type_k']}/{s['type_v']}"
-                out.append({"machine": H.machine_class(r.get("environment") or {}), "time_utc": r.get("time_utc"),
+                out.append({"machine": machine or H.machine_class(r.get("environment") or {}), "time_utc": r.get("time_utc"),
+                            **H.record_identity(r),
                             "model": model, "variant": variant, "depth": s["n_depth"], "type": kv,
                             "test": test, "t": s["n_threads"], "ub": s["n_ubatch"], "measured": m, "predicted": p,
                             "pct": 100.0 * (m - p) / p, "busy": bool((r.get("load") or {}).get("busy")),
@@ -289,7 +290,7 @@ def main() -> int:
         for model in a.models.split(","):
             for variant in variants:
                 run(model, variant, a.depths, a.out, a.fresh_pages)
-    rs = rows(a.out)
+    rs = rows(a.out, a.machine)
     print(table(rs, rows(a.previous) if a.previous else None))
     for path in save(rs, a.results, a.machine):
         print(f"written: {path}")

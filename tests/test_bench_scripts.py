@@ -166,8 +166,9 @@ def test_speed_off_table_rows_name_a_pair_of_two_types_and_their_settings(tmp_pa
 
 def _rec(tk: str, tv: str, measured: float, predicted: float) -> dict:
     return {"status": "ok", "time_utc": "2026-12-01T10:00:00Z",
-            "environment": {"arch": "x86_64", "cpu_model": "AMD EPYC", "cpu_count_logical": 2,
-                            "system_info": "CPU : AVX2 = 1 | AVX512 = 1 |", "backends": ["CPU"]},
+            "environment": {"arch": "x86_64", "cpu_model": "AMD EPYC", "cpu_count_logical": 2, "machine_id": "epyc-vm",
+                            "cpu_flags": "fpu avx avx2 avx512f", "system_info": "CPU : AVX2 = 1 |", "backends": ["CPU"],
+                            "edgekv_commit": "c" * 40, "edgekv_dirty": False},
             "settings": {"n_depth": 2048, "type_k": tk, "type_v": tv, "n_threads": 2, "n_ubatch": 512},
             "speed": {"tg": {"mean_ts": measured}, "pp": {"mean_ts": 70.0}},
             "prediction": {"speed": {"tg": {"tokens_per_s": predicted, "calibration_id": "abc-1"},
@@ -193,6 +194,7 @@ def test_speed_model_keeps_the_latest_row_of_each_configuration(tmp_path, monkey
     assert S.main() == 0
     rows = {(r["variant"], r["test"]): r for r in map(json.loads, f.read_text().splitlines())}
     assert len(rows) == 4 and rows[("base", "tg")]["measured"] == 40.0 and rows[("t1", "tg")]["measured"] == 30.0
+    assert all((r["commit"], r["dirty"]) == ("c" * 40, False) for r in rows.values())   # the records' code, not ours
     assert "| `x86-avx512-epyc-2cpu` | decode (±10 %) | 1 of 2 |" in S.render(H.load("speed_model", results))
     assert "written:" in capsys.readouterr().out
 
@@ -205,10 +207,15 @@ def test_memory_model_rows_from_recorded_runs(tmp_path, monkeypatch):
     recs = tmp_path / "records"
     recs.mkdir()
     shutil.copy(ROOT / "tests" / "data" / "memory_model-smollm2-135m-base.jsonl", recs / "smollm2-135m-base.jsonl")
-    monkeypatch.setattr(sys, "argv", ["memory_model", "--table-only", "--out", str(recs), "--results", str(tmp_path)])
+    argv = ["memory_model", "--table-only", "--out", str(recs), "--results", str(tmp_path)]
+    monkeypatch.setenv("EDGEKV_MACHINE_ID", "not-the-recording-host")
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match="carry no CPU flags.*pass --machine"):    # made elsewhere: no class guessed
+        M.main()
+    monkeypatch.setattr(sys, "argv", [*argv, "--machine", "x86-avx512-epyc-2cpu"])
     assert M.main() == 0
     (cls, rows), = H.load("memory_model", tmp_path).items()
-    assert cls.startswith("x86-") and len(rows) >= 3
+    assert cls == "x86-avx512-epyc-2cpu" and len(rows) >= 3
     assert all(r["measured"] > r["predicted"] * 0.9 and r["variant"] == "base" for r in rows)
     assert "| smollm2-135m |" in M.render({cls: rows})
 
@@ -227,7 +234,7 @@ def test_every_harness_answers_help(harness, monkeypatch, capsys):
 def test_bench_is_a_small_tool_set():
     """At most 8 harness scripts beside their shared module, bench/results at most 40 files and 3 MB, and no script
     in bench/ or tools/ over 600 lines (the package's own limit)."""
-    scripts = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem not in ("__init__", "harness"))
+    scripts = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem not in ("__init__", "harness", "refresh"))
     assert scripts == sorted(HARNESSES) and len(scripts) <= 8
     files = [p for p in (ROOT / "bench" / "results").rglob("*") if p.is_file()]
     assert len(files) <= 40 and sum(p.stat().st_size for p in files) <= 3 * 1024 * 1024
@@ -235,3 +242,35 @@ def test_bench_is_a_small_tool_set():
                if not any(x.startswith(".") for x in p.relative_to(ROOT).parts)]       # not bench/.build's sources
     long = [f"{p.relative_to(ROOT)}: {n} lines" for p in scripts if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600]
     assert not long, "split these:\n" + "\n".join(long)
+
+
+def test_refresh_plans_every_harness_and_each_step_parses(monkeypatch, capsys):
+    """``python -m bench.refresh --list``: one step per harness in bench/, each a command its harness's own parser
+    takes, about 30 minutes in all; nothing is run."""
+    from bench import refresh
+    from tests.test_readme_commands import _harnesses, parse_python_module
+
+    harnesses = set(_harnesses()) - {"refresh"}
+    assert {s.harness for s in refresh.PLAN} == harnesses
+    assert 20 <= sum(s.minutes for s in refresh.PLAN) <= 35
+    monkeypatch.setattr(refresh.subprocess, "call", lambda *a, **k: pytest.fail("--list ran a harness"))
+    assert refresh.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for s in refresh.PLAN:
+        line = " ".join(["python", "-m", f"bench.{s.harness}", *s.args])
+        assert line in out, (line, out)
+        parse_python_module(f"bench.{s.harness}", [*s.args, "--machine", "x86-avx2-epyc-2cpu"], monkeypatch)
+
+
+def test_refresh_files_every_harness_under_one_class_and_reports_failures(monkeypatch, capsys):
+    from bench import refresh
+
+    calls = []
+    monkeypatch.setattr(refresh.subprocess, "call", lambda argv, cwd: calls.append(argv) or (3 if "bench.first_run" in argv else 0))
+    monkeypatch.setattr(refresh.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert refresh.main(["--machine", "x86-avx2-epyc-2cpu", "--only", "memory_model,first_run"]) == 1
+    assert [c[2] for c in calls] == ["bench.memory_model", "bench.first_run"]
+    assert all(c[-2:] == ["--machine", "x86-avx2-epyc-2cpu"] for c in calls)
+    assert "failed: first_run" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        refresh.main(["--only", "no_such_harness", "--list"])

@@ -1,14 +1,25 @@
 """README.md's command list (its "## Commands" table) and `edgekv --help` name the same commands, in the same
 order, and each listed command's --help runs; README's two commands at the top are the install-and-bench line and
-exactly the test line .ci/run runs."""
+exactly the test line .ci/run runs.  Every command README.md, docs/ and bench/README.md show in a code block parses
+with its program's own parser (edgekv's click commands, the harnesses' and tools' argparse), in-process; the slow tier
+runs each harness's --help as shown and the cheap commands for real."""
 
 from __future__ import annotations
 
+import inspect
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import typer
+
+try:                                    # typer 0.29+ carries its own click
+    from typer._click import exceptions as click_errors
+except ImportError:                     # pragma: no cover - older typer on click
+    from click import exceptions as click_errors
 
 from edgekv.cli.main import app, main
 
@@ -68,3 +79,173 @@ def test_each_listed_command_has_help(argv, capsys):
     assert main([*argv, "--help"]) == 0
     out = capsys.readouterr().out
     assert f"Usage: edgekv {' '.join(argv)} " in out
+
+
+# -- every command README.md, docs/ and bench/README.md show --------------------------------------------------------
+
+DOC_PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+_SEPARATORS = {"&&", "||", "|", ";"}
+_OURS = ("bench.", "tools.", "edgekv.cli")
+
+
+def _harnesses() -> list[str]:
+    skip = {"__init__", "harness"}
+    return sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem not in skip)
+
+
+def _lines(lang: str, body: str) -> list[str]:
+    """The command lines of one code block: a console block's ``$ `` lines, every line of a shell block."""
+    body = body.replace("\\\n", " ")
+    if lang == "console":
+        return [x[2:] for x in body.splitlines() if x.startswith("$ ")]
+    if lang in ("bash", "sh", "shell", ""):
+        return [x for x in body.splitlines() if x.strip() and not x.lstrip().startswith("#")]
+    return []
+
+
+def _commands(line: str) -> list[list[str]]:
+    """The edgekv / python -m bench|tools commands on one shell line (comments, pipes and && split off; a leading
+    VAR=value dropped; ``.venv/bin/`` stripped; ``<harness>`` expanded to every harness)."""
+    try:
+        words = shlex.split(line, comments=True)
+    except ValueError:
+        return []
+    out, cur = [], []
+    for w in [*words, ";"]:
+        if w in _SEPARATORS:
+            while cur and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", cur[0]):
+                cur.pop(0)
+            if cur:
+                cur[0] = cur[0].removeprefix(".venv/bin/")
+                out.append(cur)
+            cur = []
+        else:
+            cur.append(w)
+    keep = []
+    for c in out:
+        if c[0] == "edgekv" or (c[0] in ("python", "python3") and len(c) > 1 and
+                                (c[1] == "-m" and c[2].startswith(_OURS) or c[1].startswith(("bench/", "tools/")))):
+            if any("<harness>" in w for w in c):
+                keep += [[w.replace("<harness>", h) for w in c] for h in _harnesses()]
+            else:
+                keep.append(c)
+    return keep
+
+
+def shown_commands() -> list[tuple[str, list[str]]]:
+    """(page, argv) for every command the pages show in a code block."""
+    out = []
+    for page in DOC_PAGES:
+        for lang, body in _FENCE.findall(page.read_text(encoding="utf-8")):
+            for line in _lines(lang, body):
+                out += [(page.relative_to(ROOT).as_posix(), c) for c in _commands(line)]
+    return out
+
+
+class _Parsed(Exception):
+    pass
+
+
+def parse_python_module(module: str, args: list[str], monkeypatch) -> None:
+    """Parse ``python -m MODULE ARGS`` with the module's own argparse parser, in-process, without running it: an
+    unknown flag or a bad value exits 2 with argparse's message (raised here as SystemExit(2))."""
+    import argparse
+    import importlib
+
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_only(self, argv=None, namespace=None):
+        real(self, argv, namespace)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
+    monkeypatch.setattr(sys, "argv", [module, *args])
+    mod = importlib.import_module(module)
+    with pytest.raises((_Parsed, SystemExit)) as e:
+        mod.main(args) if "argv" in inspect.signature(mod.main).parameters else mod.main()
+    if e.type is SystemExit:
+        assert e.value.code in (0, None), f"python -m {module} {' '.join(args)}: exit {e.value.code}"
+
+
+def parse_edgekv(args: list[str]) -> None:
+    """Parse ``edgekv ARGS`` with click, without running the command: the command, every flag and every value of a
+    fixed set must be what edgekv takes (a placeholder such as MODEL or FILE is accepted as any argument is)."""
+    cmd = typer.main.get_command(app)
+    name, rest = "edgekv", list(args)
+    while True:
+        try:
+            ctx = cmd.make_context(name, rest)
+        except typer.Exit as e:                 # --help, --version: printed, exit 0
+            assert e.exit_code == 0
+            return
+        if not hasattr(cmd, "resolve_command"):     # a command, not a group
+            return
+        protected = vars(ctx).get("_protected_args") or vars(ctx).get("protected_args") or []   # click 8.1 / 8.2+
+        rest = [*protected, *ctx.args]
+        if not rest:
+            return
+        name, cmd, rest = cmd.resolve_command(ctx, rest)
+        assert cmd is not None, f"edgekv {' '.join(args)}: no command {name}"
+
+
+SHOWN = shown_commands()
+
+
+def test_the_pages_show_commands_of_every_kind():
+    kinds = {("edgekv" if c[0] == "edgekv" else c[2].split(".")[0] if c[1] == "-m" else "path") for _, c in SHOWN}
+    assert {"edgekv", "bench", "tools"} <= kinds, kinds
+    assert any(c[:3] == ["python", "-m", "bench.refresh"] for _, c in SHOWN)
+
+
+def test_a_command_that_cannot_run_fails_here(monkeypatch):
+    """The checks below can fail: development.md's old form (a harness run by its path), an unknown flag, an unknown
+    edgekv command."""
+    with pytest.raises(AssertionError, match="run them as modules"):
+        _check_form(["python", "bench/speed_model.py", "--help"])
+    with pytest.raises(AssertionError, match="--depthz 512: exit 2"):
+        parse_python_module("bench.speed_model", ["--depthz", "512"], monkeypatch)
+    with pytest.raises(click_errors.UsageError, match="No such option: --no-such-flag"):
+        parse_edgekv(["bench", "--no-such-flag"])
+    with pytest.raises(click_errors.UsageError, match="No such command"):
+        parse_edgekv(["benhc", "MODEL"])
+    with pytest.raises(click_errors.UsageError, match="No such command"):
+        parse_edgekv(["models", "pul", "qwen3-8b"])
+
+
+def _check_form(c: list[str]) -> None:
+    assert c[1] == "-m" or not c[1].startswith("bench/"), (
+        f"{' '.join(c)}: a harness run by its path cannot import bench (ModuleNotFoundError): run them as modules, "
+        "python -m bench.NAME")
+
+
+@pytest.mark.parametrize("page,argv", SHOWN, ids=[f"{p}: {' '.join(c)}"[:120] for p, c in SHOWN])
+def test_each_shown_command_parses(page, argv, monkeypatch, capsys):
+    """Every command a page shows is one its program takes: edgekv's parsed by click, a harness's or a tool's by its
+    own argparse parser (in-process; nothing measured)."""
+    if argv[0] == "edgekv":
+        parse_edgekv(argv[1:])
+        return
+    _check_form(argv)
+    if argv[1:3] == ["-m", "edgekv.cli"]:
+        parse_edgekv(argv[3:])
+    elif argv[1] == "-m":
+        parse_python_module(argv[2], argv[3:], monkeypatch)
+    else:
+        assert (ROOT / argv[1]).is_file(), f"{page}: {argv[1]} does not exist"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", [f"bench.{h}" for h in _harnesses()] + ["tools.render_tables"])
+def test_each_harness_help_runs_as_shown(module):
+    """``python -m bench.NAME --help`` from the repository root, as docs/development.md shows it (a subprocess)."""
+    p = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "usage:" in p.stdout, p.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_short_commands_run_for_real():
+    """The cheap ones run as shown: the refresh plan and the tables' check."""
+    for args in (["bench.refresh", "--list"], ["tools.render_tables", "--check"]):
+        p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, (args, p.stdout[-1000:], p.stderr[-2000:])

@@ -68,8 +68,8 @@ def calibrate(
     import_: Optional[Path] = IMPORT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Measure this machine's speed coefficients for the speed model (about a minute, several for a model with wide
-    attention heads; cached per environment, thread count and --repack; predict and bench use them)."""
+    """Measure this machine's speed coefficients for the speed model (how long it takes: docs/speed-model.md; cached
+    per environment, thread count and --repack; predict and bench use them)."""
     if export is not None or import_ is not None:
         return _move_calibrations(export, import_, as_json)
     from edgekv.edges.environment import default_threads

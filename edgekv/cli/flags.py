@@ -82,7 +82,7 @@ PREDICT_NO_MMAP_OPT = typer.Option(False, "--no-mmap", help="Predict for weights
 KV_ONLY_OPT = typer.Option(False, "--kv-only", help="Caches only: skip the whole-process prediction "
     "(which runs llama.cpp's dry run).")
 SPEED_OPT = typer.Option(False, "--speed", help="Measure this machine's speed calibration first when it is not "
-    "cached (about a minute, at most --calibration-timeout); "
+    "cached (at most --calibration-timeout; how long it takes: docs/speed-model.md); "
     "without it predict uses only what is cached.")
 NO_SPEED_MODEL_OPT = typer.Option(False, "--no-speed-model",
     help="No speed predictions: measure without calibrating this machine first.")

@@ -74,7 +74,7 @@ def table(recs: list[Record]) -> tuple[str, str, list[str], list[list[str]], lis
                      f"{x['measured'] / MIB:.1f}", f"{d / MIB:+.1f}", f"{100 * d / x['predicted']:+.2f}"])
     wl = next((x.get("workload") for x in rows if x.get("workload")), "bench")
     after = any(_process(r) is not None and _v(_process(r).predicted_after_measurement) for r in recs)
-    when = ("after the runs were measured (`bench/explain_reports.py`, same settings and model)" if after
+    when = ("after the runs were measured (`tools/publish/explain_reports.py`, same settings and model)" if after
             else "before the run")
     intro = (f"Peak RSS of each run explained part by part: *predicted* {when} by edgekv's process model "
              f"(workload `{wl}`: runtime baseline measured once per environment, llama.cpp's host structures and "

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 MODELS = ("smollm2-135m", "gemma3-270m")
 AFTER_NOTE = ("The whole-process prediction in the explained-memory section was made after these runs were measured "
-              "(`bench/explain_reports.py`, from the same settings, model and llama.cpp build), not before them.")
+              "(`tools/publish/explain_reports.py`, from the same settings, model and llama.cpp build), not before them.")
 
 
 def explain(name: str) -> int:
@@ -84,7 +84,7 @@ def explain(name: str) -> int:
             if proc is None:
                 continue
             speed.append((r, SpeedInputs.from_settings(r.settings)))
-            proc.notes.append("predicted after the measurement (bench/explain_reports.py)")
+            proc.notes.append("predicted after the measurement (tools/publish/explain_reports.py)")
             r.prediction.process = None
             attach_process(r, proc)
             r.prediction.process.predicted_after_measurement = stamp

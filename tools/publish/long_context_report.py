@@ -219,7 +219,7 @@ def readme(recs: list) -> str:
          "> **Predicted only.** Nothing here was measured: every figure comes from GGUF headers (edgekv's formula) "
          "and from llama.cpp's own dry run on them (`no_alloc`: nothing read, nothing allocated).", "",
          "Four shapes that long-context articles compare, each a metadata-only GGUF header in this folder written by "
-         "`bench/long_context_report.py` from the published configuration (see the script's docstring for every "
+         "`tools/publish/long_context_report.py` from the published configuration (see the script's docstring for every "
          "value), with the tensor table the vendored llama.cpp (llama-cpp-python 0.3.36) asks for. For each: "
          "`edgekv predict HEADER -c 131072,262144,1048576 -ctk f16,q8_0,q4_0 --engine --json` (llama.cpp's defaults: "
          "flash attention auto, one sequence, `-ub 512`). `predictions.json` holds every row, with every cache "

@@ -169,7 +169,8 @@ def speed_summary(recs: list) -> str:
             "models of values like a trained model's, then applied to this header's shapes and weight types): "
             "llama-bench's tg128 and pp512 at depth = context − 512. " + "; ".join(figs)
             + ". Nothing was run on the model itself. How far to trust it at this size, on this machine: an 8B-shaped "
-            "llama of values (Qwen3 8B's widths, Q4_K; `bench/large_model_decode.py`, 29 Nov 14:39–14:44 on the "
+            "llama of values (Qwen3 8B's widths, Q4_K; a one-off script kept in git history "
+            "(`git show 3170a23^:bench/large_model_decode.py`), 29 Nov 14:39–14:44 on the "
             "2-vCPU Xeon VM, `CAL_VERSION` 20) decoded at depth 992 within +4.3 % (f16 cache) and −0.0 % (q8_0) of the "
             "speed model's prediction and ran its 32-token prompt within −11.2 % and −4.1 % (on the 2-vCPU EPYC VM "
             "on 28 Nov, `CAL_VERSION` 17: −16 %, −5 %, −13 %, −7 %); the rounds of both real models on this machine "

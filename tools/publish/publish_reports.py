@@ -67,7 +67,7 @@ def publish(name: str, out_root: Path, quick: bool, with_quality: bool, contexts
     note = (f"Measured with `edgekv {' '.join(shown)} -o sweep.jsonl` (each configuration in a fresh process; the raw results "
             f"are `sweep.jsonl` in this folder, and `edgekv report sweep.jsonl -o .` with this title and note renders "
             f"this folder again). "
-            f"{quality_note} Produced by `bench/publish_reports.py`.")
+            f"{quality_note} Produced by `tools/publish/publish_reports.py`.")
     if quick:
         note = "**Quick settings (a pipeline check, not figures to publish).** " + note
     res = json.loads(edgekv("report", str(sweep), "-o", str(d), "--title", cfg["title"], "--note", note,
