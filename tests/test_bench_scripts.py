@@ -266,7 +266,8 @@ def test_refresh_files_every_harness_under_one_class_and_reports_failures(monkey
     from bench import refresh
 
     calls = []
-    monkeypatch.setattr(refresh.subprocess, "call", lambda argv, cwd: calls.append(argv) or (3 if "bench.first_run" in argv else 0))
+    monkeypatch.setattr(refresh.subprocess, "call",
+                        lambda argv, cwd: calls.append(argv) or (3 if "bench.first_run" in argv else 0))
     monkeypatch.setattr(refresh.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert refresh.main(["--machine", "x86-avx2-epyc-2cpu", "--only", "memory_model,first_run"]) == 1
     assert [c[2] for c in calls] == ["bench.memory_model", "bench.first_run"]

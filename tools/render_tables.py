@@ -72,7 +72,7 @@ def head() -> str:
     return sha
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def commits_after(commit: str, upto: str) -> int | None:
     """How many commits touching edgekv/ are in ``upto``'s history and not in ``commit``'s; None when git does not
     know either (a shallow clone, a commit that was never pushed)."""
