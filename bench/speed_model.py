@@ -278,7 +278,7 @@ def main() -> int:
         missing = [str(d) for d in dirs if not d.is_dir()]
         if missing or len(dirs) < 2:
             ap.error(f"--rounds needs two or more records folders ({', '.join(missing) or 'one given'})")
-        print(rounds_table([(d.name.replace("speed_model_", ""), rows(d)) for d in dirs]))
+        print(rounds_table([(d.name.replace("speed_model_", ""), rows(d, "unfiled")) for d in dirs]))  # not saved
         return 0
     variants = a.variants.split(",")
     if a.off_table:
@@ -291,7 +291,7 @@ def main() -> int:
             for variant in variants:
                 run(model, variant, a.depths, a.out, a.fresh_pages)
     rs = rows(a.out, a.machine)
-    print(table(rs, rows(a.previous) if a.previous else None))
+    print(table(rs, rows(a.previous, "unfiled") if a.previous else None))
     for path in save(rs, a.results, a.machine):
         print(f"written: {path}")
     return 0

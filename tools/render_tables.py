@@ -72,6 +72,11 @@ def head() -> str:
     return sha
 
 
+def history() -> bool:
+    """Whether this checkout has the history the commit counts need (a git checkout, not a shallow clone)."""
+    return _git("rev-parse", "--is-shallow-repository") == "false"
+
+
 @functools.cache
 def commits_after(commit: str, upto: str) -> int | None:
     """How many commits touching edgekv/ are in ``upto``'s history and not in ``commit``'s; None when git does not
@@ -207,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", type=Path, default=DOCS, help="the folder of Markdown pages (default docs/)")
     ap.add_argument("--results", type=Path, default=H.RESULTS, help="the results folder (default bench/results)")
     a = ap.parse_args(argv)
+    if a.check and not history():
+        print("render_tables: the tables count commits to edgekv/, which needs the repository's history: run it in a "
+              "full clone (git fetch --unshallow)", file=sys.stderr)
+        return 1
     stale = []
     for page in pages(a.docs):
         old = page.read_text(encoding="utf-8")
