@@ -53,3 +53,43 @@ def test_replacement_character_is_text_not_binary():
     assert b.binary_lines == 0
     b = read_bounded(io.BytesIO(b"print_info: x = \xff\xfe\n" + real))
     assert b.binary_lines == 1
+
+
+METAL_WHOLE_FILE = "metal-m5-gpt-oss-20b-q4km-breakdown-b8198.log"
+
+
+def test_metal_mapped_weights_counted_once():
+    """MTL0_Mapped (11073.83 MiB) spans the whole file (print_info: 10.81 GiB), so the CPU_Mapped token_embd buffer
+    beside it (379.71 MiB) is the same mapped pages: the weights are counted once, on the model check and in the
+    totals."""
+    r = explain_file(METAL_WHOLE_FILE)
+    m = r["model"]
+    assert m["compared_mib"] == 11073.83 and "counted once" in m["compared"] and "tied" not in m["compared"]
+    assert abs(m["residual_pct"]) < 0.5
+    host = next(g for g in r["buffers"] if g["device"] == "host")
+    mapped = next(b for b in host["buffers"] if b["buffer"] == "CPU_Mapped")
+    assert mapped["same_pages_as"] == "MTL0_Mapped"
+    assert host["total_mib"] == round(sum(b["mib"] for b in host["buffers"]) - 379.71, 2)
+    assert [d["name"] for d in r["config"]["devices"]] == ["MTL0"]           # listed once
+
+
+def test_metal_disjoint_mapped_spans_still_add_up():
+    """Phi-3 (untied, token_embd first in the file): Metal_Mapped 2021.82 + CPU_Mapped 52.84 MiB are two spans."""
+    r = explain_file("metal-m4-ollama-phi3-mini-128k.log")
+    assert "same pages" not in r["model"]["compared"]
+    host = next(g for g in r["buffers"] if g["device"] == "host")
+    assert not any("same_pages_as" in b for b in host["buffers"])
+
+
+def test_predict_device_metal_counts_the_mapping_once():
+    """predict --device metal: the weights are "weights (mmap)" once; this CPU's unmapping after load is not a Mac's."""
+    from types import SimpleNamespace as NS
+
+    from edgekv.orchestration.devicefit import metal_rows
+
+    parts = [NS(name="weights (mmap)", bytes=1000), NS(name="weights (mmap) unmapped after loading", bytes=-900),
+             NS(name="weights (CPU_REPACK copy)", bytes=900), NS(name="KV cache", bytes=100),
+             NS(name="runtime baseline", bytes=50)]
+    rec = NS(prediction=NS(process=NS(parts=parts), formula=NS(n_ctx=4096, type_k="f16", type_v="f16")))
+    (row,) = metal_rows([rec], ram_bytes=10_000)
+    assert row["device_bytes"] == 1100 and row["host_bytes"] == 50

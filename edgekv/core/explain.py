@@ -68,19 +68,32 @@ def device_of(buffer: str) -> str:
     return re.sub(r"_(Mapped|Private|Shared)$", "", buffer)
 
 
-def buffer_table(mem: LlamaMemoryLog) -> list[dict[str, Any]]:
+def buffer_table(mem: LlamaMemoryLog, overlap: list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The buffers grouped by the memory they live in.  A group's total counts each page once: a host mapped buffer
+    whose pages a device's mapped buffer already holds (``overlap``, :func:`mapped_overlap`) is listed, marked, and
+    left out of it.  Host memory is split into file-backed pages (``*_Mapped``: the model file, reclaimable) and
+    anonymous memory (repacked copies, KV, compute: what RAM must hold)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     kinds = (("model", mem.model_buffers), ("KV", mem.kv_buffers), ("recurrent state", mem.rs_buffers),
              ("compressor state", mem.state_buffers), ("output", mem.output_buffers),
              ("compute", mem.compute_buffers))
     for kind, bufs in kinds:
         for name, mib in bufs.items():
-            groups.setdefault(device_of(name), []).append({"buffer": name, "kind": kind, "mib": mib})
+            row = {"buffer": name, "kind": kind, "mib": mib}
+            if kind == "model" and name in overlap:
+                row["same_pages_as"] = " + ".join(k for k in mem.model_buffers if not is_host_buffer(k))
+            groups.setdefault(device_of(name), []).append(row)
     for key, mib in mem.other_buffers.items():
         fn, *what, name = key.split(" ")
         groups.setdefault(device_of(name), []).append({"buffer": name, "kind": " ".join(what) or fn, "mib": mib})
-    out = [{"device": dev, "buffers": rows, "total_mib": round(sum(r["mib"] for r in rows), 2)}
-           for dev, rows in groups.items()]
+    out = []
+    for dev, rows in groups.items():
+        counted = [r for r in rows if "same_pages_as" not in r]
+        g: dict[str, Any] = {"device": dev, "buffers": rows, "total_mib": round(sum(r["mib"] for r in counted), 2)}
+        if dev == "host":
+            fb = sum(r["mib"] for r in counted if r["buffer"].endswith("_Mapped"))
+            g.update({"file_backed_mib": round(fb, 2), "anonymous_mib": round(g["total_mib"] - fb, 2)})
+        out.append(g)
     out.sort(key=lambda g: (g["device"] == "host", -g["total_mib"]))
     return out
 
@@ -294,6 +307,24 @@ def _reference(cfg: LogConfig, weights_bytes: int | None, table: dict[str, Any] 
     return {"predicted_mib": t[0], "rounding_mib": t[1], "source": "print_info's file size (the tensors' bytes)"}
 
 
+def mapped_overlap(cfg: LogConfig, mem: LlamaMemoryLog) -> list[str]:
+    """The host mapped buffers whose pages a device's mapped buffer already holds.  With mmap, a backend that can
+    wrap host memory (Metal: ``buffer_from_host_ptr``) gets the file mapping itself, from the first to the last byte
+    of the tensors assigned to it (src/llama-model.cpp:1854-1868, ``get_mapping_range`` in llama-model-loader.cpp:
+    1449-1464; ggml-metal-device.m:2214, 2241 ``newBufferWithBytesNoCopy``: no copy).  When that span is the whole
+    file (token_embd lies between device tensors, or a tied output layer points at it), the ``CPU_Mapped``
+    token_embd buffer beside it is the same pages: [] otherwise (the spans are disjoint and add up)."""
+    dev = {k: v for k, v in mem.model_buffers.items() if not is_host_buffer(k)}
+    host = [k for k in mem.model_buffers if is_host_buffer(k) and k.endswith("_Mapped")]
+    t = _tensor_mib(cfg)
+    if not (dev and host and t) or not all(k.endswith("_Mapped") for k in dev):
+        return []
+    file_mib, rounding = t
+    spans_file = sum(dev.values()) >= file_mib * 0.995 - rounding
+    return host if spans_file and sum(dev.values()) + sum(mem.model_buffers[k] for k in host) > file_mib + rounding \
+        else []
+
+
 def _full_offload(mem: LlamaMemoryLog, dev: dict[str, float], ref: dict[str, Any] | None,
                   table: dict[str, Any] | None) -> tuple[float, str]:
     """The input layer (token_embd) stays in host memory (llama-model.cpp dev_input is the CPU): the device holds every
@@ -328,7 +359,11 @@ def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None, 
         out["status"] = ("every layer offloaded, yet most weights in host buffers: tensor overrides (-ot, --cpu-moe) "
                          "place tensor by tensor, which needs the header (--model)")
         return out
-    if dev and full:
+    if dev and full and mapped_overlap(cfg, mem):
+        compared = sum(dev.values())
+        which = (f"{' + '.join(dev)} (the file mapping wrapped as a device buffer: its span covers token_embd's pages, "
+                 f"so {' + '.join(mapped_overlap(cfg, mem))} is the same mapped pages, counted once)")
+    elif dev and full:
         compared, which = _full_offload(mem, dev, ref, table)
     elif not dev:
         mapped = {k: v for k, v in mem.model_buffers.items() if k.endswith("_Mapped")}
@@ -416,7 +451,7 @@ def explain_lines(name: str, lines: list[str], header_meta: dict[str, Any] | Non
     cfg = parse_config(lines)
     check_log(name, lines, cfg, mem)
     meta = header_meta if header_meta is not None else cfg.metadata
-    buffers = buffer_table(mem)
+    buffers = buffer_table(mem, mapped_overlap(cfg, mem))
     kv = kv_check(cfg, mem, meta)
     out = {"source": name, "build": cfg.build, "llama_cpp_python": cfg.python_version,
            "config": config_summary(cfg, mem, kv), "buffers": buffers,

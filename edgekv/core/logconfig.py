@@ -204,7 +204,8 @@ def _device_line(cfg: LogConfig, line: str) -> bool:
     m = RE_USING_DEVICE.search(line)
     if m:
         row = {"name": m["dev"], "description": m["name"].strip(), "free_mib": int(m["free"]) if m["free"] else None}
-        cfg.devices = [d for d in cfg.devices if d["name"] != row["name"]] + [row]     # a second load: listed once
+        same = ("Metal",) if row["name"].startswith("MTL") else ()      # the Metal GPU line named it already
+        cfg.devices = [d for d in cfg.devices if d["name"] not in (row["name"], *same)] + [row]   # listed once
         return True
     m = RE_CUDA_FOUND.search(line)
     if m:
@@ -219,8 +220,11 @@ def _device_line(cfg: LogConfig, line: str) -> bool:
     m = RE_METAL_NAME.search(line)
     if m:
         cfg.gpu_family = "Metal"
-        if not any(d["description"] == m["name"].strip() for d in cfg.devices):
-            cfg.devices.append({"name": "Metal", "description": m["name"].strip(), "free_mib": None})
+        name = m["name"].strip()
+        # "GPU name:   MTL0" (later builds name the device, and "using device MTL0 (Apple M5)" describes it)
+        dev = name if re.fullmatch(r"MTL\d+", name) else "Metal"
+        if not any(d["description"] == name or d["name"].startswith("MTL") for d in cfg.devices):
+            cfg.devices.append({"name": dev, "description": name, "free_mib": None})
         return True
     m = RE_WORKING_SET.search(line)
     if m:

@@ -53,8 +53,12 @@ def _buffer_table(r: dict[str, Any]) -> Table:
         t.add_column(c, justify="right" if c == "MiB" else "left")
     for g in r["buffers"]:
         for row in g["buffers"]:
-            t.add_row(g["device"], row["buffer"], row["kind"], f"{row['mib']:.2f}")
-        t.add_row(g["device"], "[b]total[/b]", "", f"[b]{g['total_mib']:.2f}[/b]")
+            kind = row["kind"] + (f" (the pages of {row['same_pages_as']}: counted once)" if row.get("same_pages_as")
+                                  else "")
+            t.add_row(g["device"], row["buffer"], kind, f"{row['mib']:.2f}")
+        split = (f"{g['file_backed_mib']:.2f} file-backed (the mapped model file), {g['anonymous_mib']:.2f} anonymous"
+                 if g.get("file_backed_mib") else "")
+        t.add_row(g["device"], "[b]total[/b]", split, f"[b]{g['total_mib']:.2f}[/b]")
     return t
 
 
