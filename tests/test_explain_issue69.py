@@ -93,3 +93,18 @@ def test_predict_device_metal_counts_the_mapping_once():
     rec = NS(prediction=NS(process=NS(parts=parts), formula=NS(n_ctx=4096, type_k="f16", type_v="f16")))
     (row,) = metal_rows([rec], ram_bytes=10_000)
     assert row["device_bytes"] == 1100 and row["host_bytes"] == 50
+
+
+def test_cann_plain_offload_is_not_called_tensor_overrides():
+    """CANN at -ngl 80, no override: CANN0 165.85 + CPU_Mapped 205.18 MiB is the file (371.02 MiB) to 0.01 MiB."""
+    m = explain_file("cann-ascend310b4-qwen1.5-0.5b-q4_0-b5307.log")["model"]
+    assert "override" not in m["status"] and "-ot" not in m.get("compared", "")
+    assert m["status"] == "predicted" and m["compared_mib"] == 371.03 and abs(m["residual_pct"]) < 0.01
+    assert "CANN" in m["compared"]
+
+
+def test_unknown_backend_placement_is_said_unknown():
+    """8 Ascend 910B4: the mxfp4 experts stay on the host (CANN lacks the type), and the host mapping spans the file:
+    no sum matches, and no override is guessed."""
+    m = explain_file("cann-8x-ascend910b4-gpt-oss-20b-b6115.log")["model"]
+    assert "override" not in m["status"] and "unknown placement" in m["status"] and "CANN" in m["status"]

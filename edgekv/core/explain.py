@@ -325,6 +325,33 @@ def mapped_overlap(cfg: LogConfig, mem: LlamaMemoryLog) -> list[str]:
         else []
 
 
+# the backends whose weight placement edgekv models: at full offload every tensor but token_embd on the device
+PLACED_LIKE_CUDA = {"CUDA", "ROCm", "MUSA", "Metal", "Vulkan"}
+
+
+def _unknown_backend(out: dict[str, Any], mem: LlamaMemoryLog, ref: dict[str, Any] | None,
+                     unknown: list[str]) -> dict[str, Any]:
+    """Every layer offloaded to a backend edgekv does not model (CANN, SYCL, OpenCL, RPC, ...), yet most weights in
+    host buffers: no -ot is claimed.  Such a backend keeps the tensors it lacks kernels or a buffer type for on the
+    host; every tensor is then in exactly one buffer, so the plain sum is compared when it is the tensors' bytes."""
+    total = sum(mem.model_buffers.values())
+    names = ", ".join(unknown)
+    if ref is not None:
+        slack = max(0.005 * ref["predicted_mib"], ref.get("rounding_mib", 0.0))
+        if abs(total - ref["predicted_mib"]) <= slack:
+            out.update({"compared": f"device + host model buffers ({names} keeps part of the offloaded weights in "
+                                    "host buffers; each tensor is in one buffer)", "compared_mib": round(total, 2),
+                        "predicted_mib": round(ref["predicted_mib"], 2), "status": "predicted",
+                        "residual_pct": round(100 * (total - ref["predicted_mib"]) / ref["predicted_mib"], 3),
+                        **{k: v for k, v in ref.items() if k != "predicted_mib"}})
+            return out
+    out["status"] = (f"every layer offloaded to {names}, yet most weights in host buffers: {names} keeps weights it "
+                     f"has no kernels or buffer type for on the host, and the buffers' sum ({total:.2f} MiB) is not the "
+                     "tensors' bytes (a host mapping spans the file between its first and last tensor): unknown "
+                     "placement, which needs the header (--model) to compare")
+    return out
+
+
 def _full_offload(mem: LlamaMemoryLog, dev: dict[str, float], ref: dict[str, Any] | None,
                   table: dict[str, Any] | None) -> tuple[float, str]:
     """The input layer (token_embd) stays in host memory (llama-model.cpp dev_input is the CPU): the device holds every
@@ -356,9 +383,12 @@ def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None, 
     full = cfg.offloaded is not None and cfg.offloaded[0] == cfg.offloaded[1]
     ref = _reference(cfg, weights_bytes, table)
     if dev and full and sum(v for k, v in mem.model_buffers.items() if is_host_buffer(k)) > sum(dev.values()):
-        out["status"] = ("every layer offloaded, yet most weights in host buffers: tensor overrides (-ot, --cpu-moe) "
-                         "place tensor by tensor, which needs the header (--model)")
-        return out
+        unknown = sorted({_backend(k) for k in dev} - PLACED_LIKE_CUDA)
+        if not unknown:
+            out["status"] = ("every layer offloaded, yet most weights in host buffers: tensor overrides (-ot, "
+                             "--cpu-moe) place tensor by tensor, which needs the header (--model)")
+            return out
+        return _unknown_backend(out, mem, ref, unknown)
     if dev and full and mapped_overlap(cfg, mem):
         compared = sum(dev.values())
         which = (f"{' + '.join(dev)} (the file mapping wrapped as a device buffer: its span covers token_embd's pages, "
