@@ -108,3 +108,14 @@ def test_unknown_backend_placement_is_said_unknown():
     no sum matches, and no override is guessed."""
     m = explain_file("cann-8x-ascend910b4-gpt-oss-20b-b6115.log")["model"]
     assert "override" not in m["status"] and "unknown placement" in m["status"] and "CANN" in m["status"]
+
+
+def test_print_backend_buffers_info_lines_are_model_buffers():
+    r = explain_file("cpu-android-xclipse920-qwen3-4b-backendbuffers-b7343.log")
+    host = next(g for g in r["buffers"] if g["device"] == "host")
+    kinds = {b["buffer"]: b["kind"] for b in host["buffers"]}
+    assert kinds["CPU_Mapped"] == "model" and kinds["CPU_REPACK"] == "model"
+    assert "no model buffer" not in r["model"]["status"] and "repacked" in r["model"]["status"]
+    assert r["config"]["offloaded"] == "0/37"
+    assert host["file_backed_mib"] == 2362.55 and host["anonymous_mib"] == round(1683.28 + 0.58 + 576 + 301.75, 2)
+    assert not r["why"].startswith("the print_backend_buffers_info")
