@@ -119,3 +119,16 @@ def test_print_backend_buffers_info_lines_are_model_buffers():
     assert r["config"]["offloaded"] == "0/37"
     assert host["file_backed_mib"] == 2362.55 and host["anonymous_mib"] == round(1683.28 + 0.58 + 576 + 301.75, 2)
     assert not r["why"].startswith("the print_backend_buffers_info")
+
+
+def test_kv_self_size_mismatch_says_why():
+    text = text_of("rocm-gfx1151-qwen3-0.6b-b5398.log")
+    line = next(x for x in text.splitlines() if "KV self size" in x)
+    edited = text.replace(line, line.replace("448.00 MiB, K", "449.00 MiB, K"))
+    (x,) = explain_lines("edited", edited.splitlines())["kv"]["lines"]
+    assert x["match"] is False and x["why"] and "mib" in x["why"]
+
+
+def test_kv_over_several_devices_names_them():
+    r = explain_file("cuda-rtx4090-rtx5090-qwen3moe-30b-a3b-b5622.log")
+    assert "every device" not in r["why"] and "over CUDA0, CUDA1" in r["why"]

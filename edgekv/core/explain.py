@@ -183,7 +183,10 @@ def _uniform(cfg: LogConfig, row: dict[str, Any]) -> dict[str, Any]:
         return {**row, "match": False, "why": "cache type or width not known"}
     row.update({"predicted_mib": llama_mib(kb + vb), "predicted_k_mib": llama_mib(kb), "predicted_v_mib": llama_mib(vb),
                 "bytes": kb + vb, "method": "print_info widths (this build's cache rules differ from edgekv's)"})
-    row["match"] = all(row[f"printed_{k}"] == row[f"predicted_{k}"] for k in ("mib", "k_mib", "v_mib"))
+    diffs = [k for k in ("mib", "k_mib", "v_mib") if row[f"printed_{k}"] != row[f"predicted_{k}"]]
+    row["match"] = not diffs
+    if diffs:
+        row["why"] = "differs in " + ", ".join(diffs) + " (recomputed from print_info's widths)"
     return row
 
 
@@ -226,7 +229,10 @@ def _check_kv_self(cfg: LogConfig, mem: LlamaMemoryLog, pred: KVPrediction) -> l
                "printed_mib": s["mib"], "printed_k_mib": s["k_mib"], "printed_v_mib": s["v_mib"],
                "predicted_mib": llama_mib(kb + vb), "predicted_k_mib": llama_mib(kb), "predicted_v_mib": llama_mib(vb),
                "bytes": kb + vb}
-        row["match"] = all(row[f"printed_{k}"] == row[f"predicted_{k}"] for k in ("mib", "k_mib", "v_mib"))
+        diffs = [k for k in ("mib", "k_mib", "v_mib") if row[f"printed_{k}"] != row[f"predicted_{k}"]]
+        row["match"] = not diffs
+        if diffs:
+            row["why"] = "differs in " + ", ".join(diffs) + " (one cache over every layer, as these builds allocate)"
         out.append(row)
     return out
 
@@ -438,7 +444,9 @@ def _kv_why(dev: dict[str, Any], top: dict[str, Any], kv: dict[str, Any]) -> str
     types = p.type_k if p.type_k == p.type_v else f"{p.type_k}/{p.type_v}"
     text = f"KV {types} at {p.n_ctx} is {_gib(top['mib'])} of the {_gib(dev['total_mib'])} on {where}"
     if abs(total - top["mib"]) > 0.5:
-        text += f" ({_gib(total)} over every device)"
+        holders = list(kv.get("kv_devices") or [])
+        text += (f" ({_gib(total)} over {', '.join(holders)})" if len(holders) > 1 else
+                 f" ({_gib(total)} in all its caches)")
     alts = []
     for t in ("q8_0", "q4_0"):
         if t not in (p.type_k, p.type_v):
@@ -483,6 +491,7 @@ def explain_lines(name: str, lines: list[str], header_meta: dict[str, Any] | Non
     meta = header_meta if header_meta is not None else cfg.metadata
     buffers = buffer_table(mem, mapped_overlap(cfg, mem))
     kv = kv_check(cfg, mem, meta)
+    kv["kv_devices"] = [d for d in mem.kv_buffers]
     out = {"source": name, "build": cfg.build, "llama_cpp_python": cfg.python_version,
            "config": config_summary(cfg, mem, kv), "buffers": buffers,
            "kv": {"status": kv["status"], "lines": kv["lines"], "params": kv.get("params")},
