@@ -132,3 +132,60 @@ def test_kv_self_size_mismatch_says_why():
 def test_kv_over_several_devices_names_them():
     r = explain_file("cuda-rtx4090-rtx5090-qwen3moe-30b-a3b-b5622.log")
     assert "every device" not in r["why"] and "over CUDA0, CUDA1" in r["why"]
+
+
+def test_a_model_loaded_twice_is_explained_once():
+    """ollama loads the vocabulary, then the model: the tensor counts were doubled (f32 282 for 141)."""
+    r = explain_file("cuda-rtx3060-ollama-qwen2.5-coder-7b-two-loads.log")
+    assert r["config"]["weight_types"] == {"f32": 141, "q4_K": 169, "q6_K": 29}
+    assert any("loaded this model 2 times" in n and "last load" in n for n in r["notes"])
+    assert [d["name"] for d in r["config"]["devices"]] == ["CUDA0"]
+    one = explain_file("cuda-rtx3060-ollama-qwen2.5-coder-7b.log")
+    assert r["kv"]["lines"] == one["kv"]["lines"] and r["model"] == one["model"]
+
+
+def _cut_inside_kv_size_line(name: str) -> list[str]:
+    lines = text_of(name).splitlines()
+    i = next(i for i, x in enumerate(lines) if "llama_kv_cache: size =" in x)
+    return lines[:i] + [lines[i][:lines[i].index("cells") + 5]]
+
+
+def test_a_log_cut_inside_its_kv_line_is_said_cut():
+    r = explain_lines("cut", _cut_inside_kv_size_line(SYCL_COMMA))
+    assert r["cut"].startswith("cut: the log ends inside a KV line")
+    # the KV buffer line that is there is checked; no fit verdict stands without the compute buffers
+    (row,) = r["kv_buffers"]["rows"]
+    assert row == {**row, "device": "SYCL0", "printed_mib": "224.00", "predicted_mib": "224.00", "match": True}
+    sycl = next(d for d in r["devices"] if d["device"] == "SYCL0")
+    assert sycl["fits"] is None and "compute" in sycl["fit_withheld"]
+    whole = explain_file(SYCL_COMMA)
+    assert "cut" not in whole and next(d for d in whole["devices"] if d["device"] == "SYCL0")["fits"] is True
+
+
+def test_a_log_without_compute_buffers_gives_no_fit_verdict():
+    """The Ascend 310B4 run asserts after its KV lines: no compute buffer was ever reserved."""
+    r = explain_file("cann-ascend310b4-qwen1.5-0.5b-q4_0-b5307.log")
+    assert "compute buffers" in r["cut"]
+    assert all(d.get("fits") is None for d in r["devices"])
+
+
+def test_per_device_kv_buffers_follow_the_layer_split():
+    # partial offload, one GPU: 93 of 94 layers on Vulkan0, 1 on the CPU (8 MiB a layer)
+    r = explain_file("vulkan-gfx1151-qwen3moe-235b-partial-b5398.log")
+    rows = {x["device"]: x for x in r["kv_buffers"]["rows"]}
+    assert (rows["Vulkan0"]["predicted_mib"], rows["CPU"]["predicted_mib"]) == ("744.00", "8.00")
+    assert all(x["match"] for x in rows.values())
+    # partial offload on Metal (24/28, deepseek2)
+    rows = {x["device"]: x for x in explain_file("metal-m2-deepseek2-lite-partial.log")["kv_buffers"]["rows"]}
+    assert (rows["Metal"]["predicted_mib"], rows["CPU"]["predicted_mib"]) == ("240.00", "30.00")
+    # two GPUs split by free memory (9862 vs 31518 MiB), and eight Ascend NPUs with two caches each
+    for name, n in (("cuda-rtx4090-rtx5090-qwen3moe-30b-a3b-b5622.log", 2), ("cann-8x-ascend910b4-gpt-oss-20b-b6115.log", 8)):
+        rows = explain_file(name)["kv_buffers"]["rows"]
+        assert len(rows) == n and all(x["match"] for x in rows), rows
+
+
+def test_a_per_device_kv_buffer_that_differs_is_marked():
+    text = text_of("vulkan-gfx1151-qwen3moe-235b-partial-b5398.log").replace(
+        "CPU KV buffer size =     8.00 MiB", "CPU KV buffer size =    16.00 MiB")
+    rows = {x["device"]: x for x in explain_lines("edited", text.splitlines())["kv_buffers"]["rows"]}
+    assert rows["CPU"]["match"] is False and "layer split" in rows["CPU"]["why"]

@@ -16,6 +16,7 @@ from typing import Any
 from edgekv.core.arch import shape_from_metadata
 from edgekv.core.cachetypes import cache_type
 from edgekv.core.devicemem import device_rows
+from edgekv.core.explaincheck import cut_status, kv_buffer_rows, last_load, withhold_unfinished_fits
 from edgekv.core.llamalog import LlamaMemoryLog, is_host_buffer, parse_memory_log
 from edgekv.core.logconfig import LogConfig, parse_config
 from edgekv.core.memmodel import device_alloc_bytes, tensor_on_gpu
@@ -239,7 +240,7 @@ def _check_kv_self(cfg: LogConfig, mem: LlamaMemoryLog, pred: KVPrediction) -> l
 
 def kv_check(cfg: LogConfig, mem: LlamaMemoryLog, meta: dict[str, Any]) -> dict[str, Any]:
     """Every KV size line of the log against edgekv's formula on the recovered configuration."""
-    if not mem.caches and not mem.kv_self:
+    if not mem.caches and not mem.kv_self and not mem.kv_buffers:
         return {"status": "no KV size line in the log", "lines": []}
     try:
         shape = shape_from_metadata(meta, "<log>")
@@ -251,6 +252,9 @@ def kv_check(cfg: LogConfig, mem: LlamaMemoryLog, meta: dict[str, Any]) -> dict[
         return {"status": f"not predicted: the configuration lines do not give {_missing(meta, e)}", "lines": []}
     if pred.status != STATUS_OK:
         return {"status": f"not predicted: {pred.reason}", "lines": []}
+    if not mem.caches and not mem.kv_self:        # KV buffer lines only: checked per device (explaincheck)
+        return {"status": "no KV size line in the log", "params": params.__dict__, "lines": [], "prediction": pred,
+                "shape": shape}
     if mem.caches:
         rows = [_check_line(line, c) for line, c in _pair(pred, mem)]
         rows = [r if "predicted_mib" in r else _uniform(cfg, r) for r in rows]
@@ -485,6 +489,7 @@ def why(buffers: list[dict[str, Any]], kv: dict[str, Any], cfg: LogConfig) -> st
 def explain_lines(name: str, lines: list[str], header_meta: dict[str, Any] | None = None,
                   weights_bytes: int | None = None, tensors: list[Any] | None = None) -> dict[str, Any]:
     """The whole explanation of one log, as a dict (``edgekv explain --json`` prints it)."""
+    lines, loads = last_load(lines)
     mem = parse_memory_log(lines)
     cfg = parse_config(lines)
     check_log(name, lines, cfg, mem)
@@ -500,8 +505,19 @@ def explain_lines(name: str, lines: list[str], header_meta: dict[str, Any] | Non
            "compute": compute_rows(mem),
            "devices": device_rows(cfg, buffers),
            "why": why(buffers, kv, cfg)}
+    out["kv_buffers"] = kv_buffer_rows(cfg, mem, kv)
+    cut = cut_status(lines, mem)
+    if cut:
+        out["cut"] = cut
+    withhold_unfinished_fits(out["devices"], cut)
+    notes = []
+    if loads > 1:
+        notes.append(f"the process loaded this model {loads} times (ollama reads the vocabulary first): explained "
+                     "is the last load")
     if cfg.truncated_arrays:
-        out["notes"] = [f"the loader cut these arrays short, print_info filled them: {', '.join(cfg.truncated_arrays[:8])}"]
+        notes.append(f"the loader cut these arrays short, print_info filled them: {', '.join(cfg.truncated_arrays[:8])}")
+    if notes:
+        out["notes"] = notes
     return out
 
 

@@ -113,6 +113,8 @@ RE_METAL_NAME = re.compile(r"ggml_metal_(?:device_)?init: GPU name: +(?:MTL\d+ \
 RE_WORKING_SET = re.compile(r"recommendedMaxWorkingSetSize += +(?P<mb>[\d.]+) MB")
 RE_VULKAN = re.compile(r"ggml_vulkan: (?P<i>\d+) = (?P<name>[^|]+?) \|")
 RE_OFFLOAD = re.compile(r"offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
+# "offloading 93 repeating layers to GPU": the last 93 of n_layer (the output layer is counted apart)
+RE_REPEATING = re.compile(r"offloading (?P<n>\d+) repeating layers to GPU")
 RE_SYSINFO = re.compile(r"system_info: .*")
 RE_MMAP = re.compile(r"load_tensors: loading model tensors, this can take a while\.\.\. \(mmap = (?P<v>\w+)")
 
@@ -148,6 +150,7 @@ class LogConfig:
     gpu_family: str | None = None       # CUDA | ROCm | MUSA | Metal | Vulkan
     working_set_mb: float | None = None
     offloaded: tuple[int, int] | None = None
+    repeating_offloaded: int | None = None
     system_info: str | None = None
     mmap: bool | None = None
 
@@ -291,6 +294,10 @@ def parse_config(lines: list[str]) -> LogConfig:
         m = RE_KV_INIT.search(line)
         if m and cfg.kv_init is None:
             cfg.kv_init = {"cells": int(m["cells"]), "type_k": m["tk"], "type_v": m["tv"], "layers": int(m["layers"])}
+            continue
+        m = RE_REPEATING.search(line)
+        if m and cfg.repeating_offloaded is None:
+            cfg.repeating_offloaded = int(m["n"])
             continue
         m = RE_OFFLOAD.search(line)
         if m and cfg.offloaded is None:
