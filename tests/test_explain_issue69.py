@@ -189,3 +189,67 @@ def test_a_per_device_kv_buffer_that_differs_is_marked():
         "CPU KV buffer size =     8.00 MiB", "CPU KV buffer size =    16.00 MiB")
     rows = {x["device"]: x for x in explain_lines("edited", text.splitlines())["kv_buffers"]["rows"]}
     assert rows["CPU"]["match"] is False and "layer split" in rows["CPU"]["why"]
+
+
+# -- explain --check ------------------------------------------------------------------------------------------------
+
+
+def test_check_passes_on_a_log_edgekv_reproduces(capsys):
+    from edgekv.cli.main import main
+
+    assert main(["explain", str(LOGS / SYCL_COMMA), "--check"]) == 0
+    assert "disagree" not in capsys.readouterr().err
+
+
+def test_check_fails_on_a_kv_line_that_differs(tmp_path, capsys):
+    from edgekv.cli.main import main
+
+    p = tmp_path / "edited.log"
+    p.write_text(text_of("cuda-rtx3060-ollama-qwen2.5-coder-7b.log").replace(
+        "size =  224.00 MiB (  4096 cells", "size =  225.00 MiB (  4096 cells"))
+    assert main(["explain", str(p)]) == 0                 # shown, not failed on, without --check
+    capsys.readouterr()
+    assert main(["explain", str(p), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "explain --check: " in err and "225.00" in err and err.count("\n") == 1
+
+
+def test_check_fails_on_a_cut_log_and_says_so_in_json(tmp_path, capsys):
+    import json
+
+    from edgekv.cli.main import main
+
+    p = tmp_path / "cut.log"
+    p.write_text("\n".join(_cut_inside_kv_size_line(SYCL_COMMA)) + "\n")
+    assert main(["explain", str(p), "--check", "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert d["check"]["ok"] is False and d["cut"].startswith("cut:") and d["schema_version"] >= 1
+
+
+# -- explain --json: the typed, versioned report -------------------------------------------------------------------
+
+
+def test_json_is_the_typed_report_on_every_log():
+    import msgspec
+
+    from edgekv.core.explainschema import SCHEMA_VERSION, ExplainReport
+    from edgekv.output.explainview import to_json
+
+    for p in sorted(LOGS.glob("*.log")):
+        d = to_json(explain_file(p.name))
+        assert d["schema_version"] == SCHEMA_VERSION
+        assert all(isinstance(x["match"], bool) for x in d["kv"]["lines"]), p.name
+        assert all(x.get("why") for x in d["kv"]["lines"] if not x["match"]), p.name
+        msgspec.convert(d, ExplainReport)                      # round-trips through the schema
+
+
+def test_json_refuses_a_field_of_the_wrong_type():
+    import msgspec
+    import pytest
+
+    from edgekv.output.explainview import to_json
+
+    r = explain_file(SYCL_COMMA)
+    r["kv"]["lines"][0]["match"] = "yes"
+    with pytest.raises(msgspec.ValidationError, match="match"):
+        to_json(r)

@@ -16,8 +16,13 @@ CONFIG_LABELS = (("arch", "architecture"), ("name", "model"), ("layers", "layers
 
 
 def to_json(result: dict[str, Any]) -> dict[str, Any]:
-    """The result as plain JSON (it already is; kept as the one place the shape of ``--json`` is decided)."""
-    return result
+    """The result as ``explain --json`` prints it: the typed, versioned report (edgekv.core.explainschema), so every
+    field has the type docs/explain.md states."""
+    import msgspec
+
+    from edgekv.core.explainschema import report
+
+    return msgspec.to_builtins(report(result))
 
 
 def _fmt(v: Any) -> str:
@@ -94,14 +99,27 @@ def render_explain(con: Any, r: dict[str, Any]) -> None:
             con.print(f"Compute buffer {c['buffer']}: {c['printed_mib']:.2f} MiB (llama.cpp); not predicted: edgekv "
                       "takes compute buffers from llama.cpp's own dry run (explain -m MODEL --engine, CPU logs)")
     for d in r["devices"]:
-        if "limit_mib" in d:
+        if "limit_mib" in d and d.get("fits") is not None:
             verdict = "fits" if d["fits"] else "does NOT fit"
             con.print(f"{d['device']}: {d['printed_mib']:.2f} MiB printed, {verdict} in {d['limit_mib']:.2f} MiB "
                       f"({d['limit']})")
         if d.get("note") and d["device"] != "host":
             con.print(f"  {d['note']}")
+    kb = r.get("kv_buffers") or {}
+    for x in kb.get("rows", []):
+        mark = "=" if x["match"] else f"≠ {x.get('why', '')}"
+        con.print(f"KV buffer {x['device']}: {x['printed_mib'] or '(none printed)'} MiB (llama.cpp), "
+                  f"{x['predicted_mib']} MiB (edgekv, {kb['status'].removeprefix('predicted: ')}) {mark}")
+    if r.get("cut"):
+        con.print(f"[b]{r['cut']}[/b]")
+    for d in r["devices"]:
+        if d.get("fit_withheld"):
+            con.print(f"{d['device']}: {d['printed_mib']:.2f} MiB printed; no fit verdict: {d['fit_withheld']}")
     for n in r.get("notes", []):
         con.print(f"note: {n}")
+    chk = r.get("check") or {}
+    for f in chk.get("disagreements", []) if chk.get("requested") else []:
+        con.print(f"[red]disagrees:[/red] {f}")
     rd = r.get("read") or {}
     if rd.get("stopped") or rd.get("long_lines") or rd.get("binary_lines"):
         con.print(f"note: read {rd['lines']} lines; {rd['long_lines']} over-long, {rd['binary_lines']} binary"
