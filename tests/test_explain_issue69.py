@@ -253,3 +253,12 @@ def test_json_refuses_a_field_of_the_wrong_type():
     r["kv"]["lines"][0]["match"] = "yes"
     with pytest.raises(msgspec.ValidationError, match="match"):
         to_json(r)
+
+
+def test_host_total_says_what_is_file_backed():
+    """CPU_Mapped (the file, 2362.55 MiB) beside CPU_REPACK (1683.28 MiB, an anonymous copy of most of it): the host
+    total is not two full weights of RAM, and the answer says which part is the mapped file."""
+    r = explain_file("cpu-android-xclipse920-qwen3-4b-backendbuffers-b7343.log")
+    host = next(g for g in r["buffers"] if g["device"] == "host")
+    assert host["file_backed_mib"] == 2362.55 and host["anonymous_mib"] < host["total_mib"] - 2000
+    assert "2.3 GiB file-backed: the mapped model file" in r["why"] and "2.5 GiB anonymous" in r["why"]

@@ -436,6 +436,17 @@ def _alt_kv(shape: Any, params: ContextParams, **change: Any) -> int | None:
     return p.total_bytes if p.status == STATUS_OK else None
 
 
+def _where(group: dict[str, Any]) -> str:
+    """A buffer group's memory in words; host memory says how much of it is the mapped file (file-backed pages the
+    kernel can drop and reread) and how much anonymous memory (repacked copies, KV, compute: what RAM must hold)."""
+    if group["device"] != "host":
+        return group["device"]
+    fb = group.get("file_backed_mib") or 0.0
+    if not fb:
+        return "host memory"
+    return f"host memory ({_gib(fb)} file-backed: the mapped model file; {_gib(group['anonymous_mib'])} anonymous)"
+
+
 def _gib(mib: float) -> str:
     return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
 
@@ -444,7 +455,7 @@ def _kv_why(dev: dict[str, Any], top: dict[str, Any], kv: dict[str, Any]) -> str
     """The KV cache is the largest part: its size, and what other cache types or half the context would make it."""
     pred, shape, p = kv["prediction"], kv["shape"], ContextParams(**kv["params"])
     total = pred.total_bytes / MIB
-    where = "host memory" if dev["device"] == "host" else dev["device"]
+    where = _where(dev)
     types = p.type_k if p.type_k == p.type_v else f"{p.type_k}/{p.type_v}"
     text = f"KV {types} at {p.n_ctx} is {_gib(top['mib'])} of the {_gib(dev['total_mib'])} on {where}"
     if abs(total - top["mib"]) > 0.5:
@@ -473,7 +484,7 @@ def why(buffers: list[dict[str, Any]], kv: dict[str, Any], cfg: LogConfig) -> st
         return None
     dev = buffers[0]
     top = max(dev["buffers"], key=lambda r: r["mib"])
-    where = "host memory" if dev["device"] == "host" else dev["device"]
+    where = _where(dev)
     head = f"the {top['kind']} buffer {top['buffer']} is {_gib(top['mib'])} of the {_gib(dev['total_mib'])} on {where}"
     if top["kind"] == "KV" and kv.get("prediction") is not None:
         return _kv_why(dev, top, kv)
