@@ -262,3 +262,19 @@ def test_host_total_says_what_is_file_backed():
     host = next(g for g in r["buffers"] if g["device"] == "host")
     assert host["file_backed_mib"] == 2362.55 and host["anonymous_mib"] < host["total_mib"] - 2000
     assert "2.3 GiB file-backed: the mapped model file" in r["why"] and "2.5 GiB anonymous" in r["why"]
+
+
+def test_metal_untied_model_is_not_counted_twice():
+    """Qwen2 14B (the rebuilt table says untied): Metal_Mapped 10013.43 MiB is the file (9.78 GiB), so adding the
+    CPU_Mapped token_embd (509.13 MiB) gave +5.07 %; counted once it is within the print's rounding."""
+    m = explain_file("metal-m1pro-qwen2-14b-c4096-b4840.log")["model"]
+    assert m["tensor_table"]["tied_output"] is False
+    assert m["compared_mib"] == 10013.43 and abs(m["residual_pct"]) < 0.1
+
+
+def test_metal_64k_context_does_not_fit_the_working_set():
+    r = explain_file("metal-m1pro-qwen2-14b-c64000-oom-b4840.log")
+    (metal,) = [d for d in r["devices"] if d["device"] == "Metal"]
+    assert metal["fits"] is False and metal["limit"] == "recommendedMaxWorkingSetSize"
+    assert next(d for d in explain_file("metal-m1pro-qwen2-14b-c4096-b4840.log")["devices"]
+                if d["device"] == "Metal")["fits"] is True
