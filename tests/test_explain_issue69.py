@@ -278,3 +278,26 @@ def test_metal_64k_context_does_not_fit_the_working_set():
     assert metal["fits"] is False and metal["limit"] == "recommendedMaxWorkingSetSize"
     assert next(d for d in explain_file("metal-m1pro-qwen2-14b-c4096-b4840.log")["devices"]
                 if d["device"] == "Metal")["fits"] is True
+
+
+def test_unused_tensors_are_read_and_taken_off_the_expectation():
+    """llama.cpp loads no buffer for a tensor it reports unused (an MTP layer without speculative decoding), but
+    print_info's file size counts it: the expectation is the file's tensors less those.  No public log found holds
+    both the unused-tensor block and the buffer lines; the rule is tested with the real block of an Ornith-1.5-9B run
+    (b10712) put in front of a real load."""
+    from edgekv.core.logconfig import parse_config
+
+    unused = (LOGS / "fragments" / "metal-ornith-9b-unused-mtp-b10712.log").read_text().splitlines()
+    cfg = parse_config(unused)
+    assert len(cfg.unused_tensors) == 15 and sum(cfg.unused_tensors.values()) == 150_980_608
+    base = "cuda-rtx3060-ollama-qwen2.5-coder-7b.log"          # Q4_K_M: the reference is print_info's 4.36 GiB
+    plain = explain_file(base)["model"]
+    lines = text_of(base).splitlines()
+    i = next(i for i, x in enumerate(lines) if "loading model tensors" in x)
+    both = explain_lines("spliced", lines[:i + 1] + unused + lines[i + 1:])["model"]
+    assert both["unused_mib"] == 143.99 and "unused tensors" in both["source"]
+    assert both["predicted_mib"] == round(4.36 * 1024 - 150_980_608 / 2**20, 2) != plain["predicted_mib"]
+    # without the sizes, no figure is claimed
+    nosize = [x.replace(" (size = ", " (").split(" (")[0] + " -- ignoring" for x in unused]
+    m = explain_lines("nosize", lines[:i + 1] + nosize + lines[i + 1:])["model"]
+    assert m["status"].startswith("the log ignores unused tensors without printing their sizes")

@@ -304,6 +304,25 @@ def _partial(out: dict[str, Any], dev: dict[str, float], cfg: LogConfig, tensors
 
 
 def _reference(cfg: LogConfig, weights_bytes: int | None, table: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The tensors' bytes to compare with, less the tensors llama.cpp ignores (:func:`_less_unused`)."""
+    ref = _reference_all(cfg, weights_bytes, table)
+    rebuilt = ref is not None and ref["source"].startswith("the ") and "rebuilt" in ref["source"]
+    return _less_unused(cfg, ref) if ref is not None and cfg.unused_tensors and not rebuilt else ref
+
+
+def _less_unused(cfg: LogConfig, ref: dict[str, Any]) -> dict[str, Any] | None:
+    """The file's tensors less those llama.cpp loads no buffer for ("model has unused tensor ... -- ignoring": a
+    NextN/MTP layer without speculative decoding).  print_info's file size and the header count them; the model
+    buffers do not.  None when the log does not print their sizes."""
+    sizes = list(cfg.unused_tensors.values())
+    if any(b is None for b in sizes):
+        return None
+    unused = sum(b for b in sizes if b is not None) / MIB
+    return {**ref, "predicted_mib": ref["predicted_mib"] - unused, "unused_mib": round(unused, 2),
+            "source": f"{ref['source']}, less the {len(sizes)} unused tensors llama.cpp ignores ({unused:.2f} MiB)"}
+
+
+def _reference_all(cfg: LogConfig, weights_bytes: int | None, table: dict[str, Any] | None) -> dict[str, Any] | None:
     """The tensors' bytes to compare with: the header's table, else the family table rebuilt from the log (exact
     when every matrix has one type), else print_info's rounded sum."""
     if weights_bytes is not None:
@@ -419,7 +438,9 @@ def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None, 
         return _partial(out, dev, cfg, tensors, n_layer)
     out.update({"compared": which, "compared_mib": round(compared, 2)})
     if ref is None:
-        out["status"] = "needs the header (--model): the log gives tensor type counts, not each tensor's type and shape"
+        out["status"] = ("the log ignores unused tensors without printing their sizes; comparing needs the header "
+                         "(--model)" if cfg.unused_tensors else
+                         "needs the header (--model): the log gives tensor type counts, not each tensor's type and shape")
         return out
     pred = ref["predicted_mib"]
     out.update({k: v for k, v in ref.items() if k != "predicted_mib"})

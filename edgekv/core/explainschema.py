@@ -84,6 +84,7 @@ class ModelCheck(Struct, omit_defaults=True):
     residual_pct: float | None = None
     source: str | None = None
     rounding_mib: float | None = None
+    unused_mib: float | None = None           # tensors llama.cpp ignores, taken off the file's bytes
     tensor_table: dict[str, Any] | None = None
 
 

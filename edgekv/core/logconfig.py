@@ -116,6 +116,10 @@ RE_OFFLOAD = re.compile(r"offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
 # "offloading 93 repeating layers to GPU": the last 93 of n_layer (the output layer is counted apart)
 RE_REPEATING = re.compile(r"offloading (?P<n>\d+) repeating layers to GPU")
 RE_SYSINFO = re.compile(r"system_info: .*")
+# src/llama-model.cpp (create_tensor): "model has unused tensor %s (size = %zu bytes) -- ignoring" for a tensor of the
+# file the graph never uses (a NextN/MTP layer without speculative decoding); it gets no buffer.  Some builds print
+# no size.
+RE_UNUSED = re.compile(r"model has unused tensor (?P<name>\S+)(?: \((?:size = )?(?P<bytes>\d+) bytes\))? -- ignoring")
 RE_MMAP = re.compile(r"load_tensors: loading model tensors, this can take a while\.\.\. \(mmap = (?P<v>\w+)")
 
 SCALAR_TYPES = {"u8", "i8", "u16", "i16", "u32", "i32", "u64", "i64"}
@@ -151,6 +155,7 @@ class LogConfig:
     working_set_mb: float | None = None
     offloaded: tuple[int, int] | None = None
     repeating_offloaded: int | None = None
+    unused_tensors: dict[str, int | None] = field(default_factory=dict)   # name -> bytes (None: not printed)
     system_info: str | None = None
     mmap: bool | None = None
 
@@ -294,6 +299,10 @@ def parse_config(lines: list[str]) -> LogConfig:
         m = RE_KV_INIT.search(line)
         if m and cfg.kv_init is None:
             cfg.kv_init = {"cells": int(m["cells"]), "type_k": m["tk"], "type_v": m["tv"], "layers": int(m["layers"])}
+            continue
+        m = RE_UNUSED.search(line)
+        if m:
+            cfg.unused_tensors[m["name"]] = int(m["bytes"]) if m["bytes"] else None
             continue
         m = RE_REPEATING.search(line)
         if m and cfg.repeating_offloaded is None:
