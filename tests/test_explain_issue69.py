@@ -301,3 +301,11 @@ def test_unused_tensors_are_read_and_taken_off_the_expectation():
     nosize = [x.replace(" (size = ", " (").split(" (")[0] + " -- ignoring" for x in unused]
     m = explain_lines("nosize", lines[:i + 1] + nosize + lines[i + 1:])["model"]
     assert m["status"].startswith("the log ignores unused tensors without printing their sizes")
+
+
+def test_json_schema_names_the_fields_ci_reads():
+    from edgekv.core.explainschema import json_schema
+
+    defs = json_schema()["$defs"]
+    assert {"match", "why", "printed_mib", "predicted_mib"} <= set(defs["KVLine"]["properties"])
+    assert {"schema_version", "kv", "kv_buffers", "check", "cut"} <= set(defs["ExplainReport"]["properties"])

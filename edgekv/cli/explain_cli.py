@@ -37,21 +37,10 @@ def explain(
     from edgekv.cli.options import make_console, print_json
     from edgekv.core.explain import explain_lines
     from edgekv.core.explaincheck import disagreements
-    from edgekv.core.logconfig import read_bounded
     from edgekv.errors import UsageError
     from edgekv.output.explainview import render_explain, to_json
 
-    if log == "-":
-        bounded, name = read_bounded(sys.stdin.buffer), "<stdin>"
-    else:
-        try:
-            with open(log, "rb") as f:
-                bounded = read_bounded(f)
-        except IsADirectoryError:
-            raise UsageError(f"{log}: is a directory; pass a llama.cpp log file (or - for stdin)") from None
-        except OSError as e:
-            raise UsageError(f"{log}: cannot read it ({e.strerror}); pass a llama.cpp log file (or - for stdin)") from None
-        name = log
+    bounded, name = _read(log)
     if engine and not model_opt:
         raise UsageError("--engine needs the model: pass -m MODEL (path, URL or hf://)")
     header_meta = weights = tensors = m = None
@@ -77,6 +66,22 @@ def explain(
               f"prediction: {failures[0]}" + (" (and more, listed above)" if len(failures) > 1 else ""),
               file=sys.stderr)
         raise typer.Exit(1)
+
+
+def _read(log: str):
+    """The log's relevant lines, read within bounds (a file, or - for stdin), and the name to report it by."""
+    from edgekv.core.logconfig import read_bounded
+    from edgekv.errors import UsageError
+
+    if log == "-":
+        return read_bounded(sys.stdin.buffer), "<stdin>"
+    try:
+        with open(log, "rb") as f:
+            return read_bounded(f), log
+    except IsADirectoryError:
+        raise UsageError(f"{log}: is a directory; pass a llama.cpp log file (or - for stdin)") from None
+    except OSError as e:
+        raise UsageError(f"{log}: cannot read it ({e.strerror}); pass a llama.cpp log file (or - for stdin)") from None
 
 
 def _engine_compute(m, result: dict) -> None:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from edgekv.core.llamalog import (RE_KV_BUFFER, RE_KV_SELF, RE_KV_SIZE, RE_RS_SIZE, LlamaMemoryLog,
-                                  is_host_buffer)
+from edgekv.core.llamalog import RE_KV_BUFFER, RE_KV_SELF, RE_KV_SIZE, RE_RS_SIZE, LlamaMemoryLog, is_host_buffer
 from edgekv.core.logconfig import LogConfig
 from edgekv.core.predict import llama_mib
 

@@ -229,7 +229,7 @@ def _device_line(cfg: LogConfig, line: str) -> bool:
     if m:
         cfg.gpu_family = "Metal"
         name = m["name"].strip()
-        # "GPU name:   MTL0" (later builds name the device, and "using device MTL0 (Apple M5)" describes it)
+        # "GPU name:   MTL0" (later builds name the device, and "using device MTL0 (<the GPU>)" describes it)
         dev = name if re.fullmatch(r"MTL\d+", name) else "Metal"
         if not any(d["description"] == name or d["name"].startswith("MTL") for d in cfg.devices):
             cfg.devices.append({"name": dev, "description": name, "free_mib": None})
