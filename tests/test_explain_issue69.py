@@ -309,3 +309,16 @@ def test_json_schema_names_the_fields_ci_reads():
     defs = json_schema()["$defs"]
     assert {"match", "why", "printed_mib", "predicted_mib"} <= set(defs["KVLine"]["properties"])
     assert {"schema_version", "kv", "kv_buffers", "check", "cut"} <= set(defs["ExplainReport"]["properties"])
+
+
+def test_check_fails_on_model_buffers_and_kv_buffers_that_differ(tmp_path, capsys):
+    from edgekv.cli.main import main
+
+    for old, new, what in (("SYCL0 model buffer size = 13486,77 MiB", "SYCL0 model buffer size = 13886,77 MiB",
+                            "model buffers"),
+                           ("SYCL0 KV buffer size =   224,00 MiB", "SYCL0 KV buffer size =   256,00 MiB",
+                            "KV buffer SYCL0")):
+        p = tmp_path / "edited.log"
+        p.write_text(text_of(SYCL_COMMA).replace(old, new))
+        assert main(["explain", str(p), "--check"]) == 1, what
+        assert what in capsys.readouterr().err

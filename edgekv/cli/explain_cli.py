@@ -37,6 +37,7 @@ def explain(
     from edgekv.cli.options import make_console, print_json
     from edgekv.core.explain import explain_lines
     from edgekv.core.explaincheck import disagreements
+    from edgekv.core.explainschema import report
     from edgekv.errors import UsageError
     from edgekv.output.explainview import render_explain, to_json
 
@@ -55,7 +56,7 @@ def explain(
     result["read"] = {"bytes": bounded.bytes_read, "lines": bounded.lines_seen, "kept": len(bounded.lines),
                       "long_lines": bounded.long_lines, "binary_lines": bounded.binary_lines,
                       "stopped": bounded.stopped}
-    failures = disagreements(result)
+    failures = disagreements(report(result))
     result["check"] = {"requested": check, "ok": not failures, "disagreements": failures}
     if as_json:
         print_json(to_json(result))

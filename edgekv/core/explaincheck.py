@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from edgekv.core.explainschema import ExplainReport
 from edgekv.core.llamalog import RE_KV_BUFFER, RE_KV_SELF, RE_KV_SIZE, RE_RS_SIZE, LlamaMemoryLog, is_host_buffer
 from edgekv.core.logconfig import LogConfig
 from edgekv.core.predict import llama_mib
@@ -134,28 +135,24 @@ def withhold_unfinished_fits(devices: list[dict[str, Any]], cut: str | None) -> 
             d["fit_withheld"] = "the log ends before the compute buffers: no verdict on part of the memory"
 
 
-def disagreements(result: dict[str, Any]) -> list[str]:
+def disagreements(r: ExplainReport) -> list[str]:
     """What ``explain --check`` fails on: each KV or recurrent-state line that differs from edgekv's prediction, each
     KV buffer that differs from the layer split, a model residual beyond 0.5 % (or the print's rounding), and a log
     cut short.  A line edgekv could not predict is a disagreement too: the check cannot vouch for it."""
-    out = []
-    if result.get("cut"):
-        out.append(result["cut"])
-    kv = result["kv"]
-    for x in kv["lines"]:
-        if not x.get("match"):
-            out.append(f"KV {x.get('role', 'kv')}: llama.cpp {x.get('printed_mib')} MiB, edgekv "
-                       f"{x.get('predicted_mib', 'no prediction')} ({x.get('why', 'not predicted')})")
-    if not kv["lines"] and kv["status"].startswith("not predicted"):
-        out.append(f"KV: {kv['status']}")
-    for x in (result.get("kv_buffers") or {}).get("rows", []):
-        if not x["match"]:
-            out.append(f"KV buffer {x['device']}: llama.cpp {x['printed_mib']} MiB, edgekv {x['predicted_mib']} MiB "
-                       f"({x['why']})")
-    m = result["model"]
-    if m.get("status") == "predicted" and m.get("residual_pct") is not None:
-        slack = max(0.5, 100 * m.get("rounding_mib", 0) / m["predicted_mib"]) if m["predicted_mib"] else 0.5
-        if abs(m["residual_pct"]) > slack:
-            out.append(f"model buffers: {m['compared_mib']:.2f} MiB vs {m['predicted_mib']:.2f} MiB of tensors "
-                       f"({m['residual_pct']:+.3f} %)")
+    out = [r.cut] if r.cut else []
+    for x in r.kv.lines:
+        if not x.match:
+            out.append(f"KV {x.role}: llama.cpp {x.printed_mib} MiB, edgekv {x.predicted_mib or 'no prediction'} "
+                       f"({x.why or 'not predicted'})")
+    if not r.kv.lines and r.kv.status.startswith("not predicted"):
+        out.append(f"KV: {r.kv.status}")
+    for b in r.kv_buffers.rows if r.kv_buffers else []:
+        if not b.match:
+            out.append(f"KV buffer {b.device}: llama.cpp {b.printed_mib} MiB, edgekv {b.predicted_mib} MiB ({b.why})")
+    m = r.model
+    if m.status == "predicted" and m.residual_pct is not None and m.predicted_mib:
+        slack = max(0.5, 100 * (m.rounding_mib or 0.0) / m.predicted_mib)
+        if abs(m.residual_pct) > slack:
+            out.append(f"model buffers: {m.compared_mib:.2f} MiB vs {m.predicted_mib:.2f} MiB of tensors "
+                       f"({m.residual_pct:+.3f} %)")
     return out
