@@ -23,26 +23,25 @@ def explain(
                                                  "prediction the full one."),
     engine: bool = typer.Option(False, "--engine", help="With -m and a CPU log: put the installed llama.cpp's own dry "
                                                          "run of the same context beside the compute buffers."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables (schema: docs/explain.md)."),
+    check: bool = typer.Option(False, "--check", help="Exit 1 when any KV or recurrent-state line, any per-device KV "
+                                                      "buffer or the model buffers disagree with edgekv's prediction, "
+                                                      "or the log is cut short (for CI: catch a llama.cpp upgrade "
+                                                      "that changes memory). Without it the exit is 0 whatever the "
+                                                      "comparison shows."),
 ) -> None:
-    """What a llama.cpp log's memory is made of, edgekv's prediction of each buffer beside it, and why so much."""
+    """What a llama.cpp log's memory is made of, edgekv's prediction of each buffer beside it, and why so much.
+
+    Exit 0 when the log was explained (disagreements are shown, not failed on, unless --check), 1 when it cannot
+    be explained or --check found a disagreement, 2 on a usage error."""
     from edgekv.cli.options import make_console, print_json
     from edgekv.core.explain import explain_lines
-    from edgekv.core.logconfig import read_bounded
+    from edgekv.core.explaincheck import disagreements
+    from edgekv.core.explainschema import report
     from edgekv.errors import UsageError
     from edgekv.output.explainview import render_explain, to_json
 
-    if log == "-":
-        bounded, name = read_bounded(sys.stdin.buffer), "<stdin>"
-    else:
-        try:
-            with open(log, "rb") as f:
-                bounded = read_bounded(f)
-        except IsADirectoryError:
-            raise UsageError(f"{log}: is a directory; pass a llama.cpp log file (or - for stdin)") from None
-        except OSError as e:
-            raise UsageError(f"{log}: cannot read it ({e.strerror}); pass a llama.cpp log file (or - for stdin)") from None
-        name = log
+    bounded, name = _read(log)
     if engine and not model_opt:
         raise UsageError("--engine needs the model: pass -m MODEL (path, URL or hf://)")
     header_meta = weights = tensors = m = None
@@ -57,10 +56,33 @@ def explain(
     result["read"] = {"bytes": bounded.bytes_read, "lines": bounded.lines_seen, "kept": len(bounded.lines),
                       "long_lines": bounded.long_lines, "binary_lines": bounded.binary_lines,
                       "stopped": bounded.stopped}
+    failures = disagreements(report(result))
+    result["check"] = {"requested": check, "ok": not failures, "disagreements": failures}
     if as_json:
         print_json(to_json(result))
     else:
         render_explain(make_console(), result)
+    if check and failures:
+        print(f"explain --check: {len(failures)} disagreement{'s' if len(failures) != 1 else ''} with edgekv's "
+              f"prediction: {failures[0]}" + (" (and more, listed above)" if len(failures) > 1 else ""),
+              file=sys.stderr)
+        raise typer.Exit(1)
+
+
+def _read(log: str):
+    """The log's relevant lines, read within bounds (a file, or - for stdin), and the name to report it by."""
+    from edgekv.core.logconfig import read_bounded
+    from edgekv.errors import UsageError
+
+    if log == "-":
+        return read_bounded(sys.stdin.buffer), "<stdin>"
+    try:
+        with open(log, "rb") as f:
+            return read_bounded(f), log
+    except IsADirectoryError:
+        raise UsageError(f"{log}: is a directory; pass a llama.cpp log file (or - for stdin)") from None
+    except OSError as e:
+        raise UsageError(f"{log}: cannot read it ({e.strerror}); pass a llama.cpp log file (or - for stdin)") from None
 
 
 def _engine_compute(m, result: dict) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from edgekv.core.arch import shape_from_metadata
 from edgekv.core.cachetypes import cache_type
 from edgekv.core.devicemem import device_rows
+from edgekv.core.explaincheck import cut_status, kv_buffer_rows, last_load, withhold_unfinished_fits
 from edgekv.core.llamalog import LlamaMemoryLog, is_host_buffer, parse_memory_log
 from edgekv.core.logconfig import LogConfig, parse_config
 from edgekv.core.memmodel import device_alloc_bytes, tensor_on_gpu
@@ -68,19 +69,32 @@ def device_of(buffer: str) -> str:
     return re.sub(r"_(Mapped|Private|Shared)$", "", buffer)
 
 
-def buffer_table(mem: LlamaMemoryLog) -> list[dict[str, Any]]:
+def buffer_table(mem: LlamaMemoryLog, overlap: list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The buffers grouped by the memory they live in.  A group's total counts each page once: a host mapped buffer
+    whose pages a device's mapped buffer already holds (``overlap``, :func:`mapped_overlap`) is listed, marked, and
+    left out of it.  Host memory is split into file-backed pages (``*_Mapped``: the model file, reclaimable) and
+    anonymous memory (repacked copies, KV, compute: what RAM must hold)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     kinds = (("model", mem.model_buffers), ("KV", mem.kv_buffers), ("recurrent state", mem.rs_buffers),
              ("compressor state", mem.state_buffers), ("output", mem.output_buffers),
              ("compute", mem.compute_buffers))
     for kind, bufs in kinds:
         for name, mib in bufs.items():
-            groups.setdefault(device_of(name), []).append({"buffer": name, "kind": kind, "mib": mib})
+            row = {"buffer": name, "kind": kind, "mib": mib}
+            if kind == "model" and name in overlap:
+                row["same_pages_as"] = " + ".join(k for k in mem.model_buffers if not is_host_buffer(k))
+            groups.setdefault(device_of(name), []).append(row)
     for key, mib in mem.other_buffers.items():
         fn, *what, name = key.split(" ")
         groups.setdefault(device_of(name), []).append({"buffer": name, "kind": " ".join(what) or fn, "mib": mib})
-    out = [{"device": dev, "buffers": rows, "total_mib": round(sum(r["mib"] for r in rows), 2)}
-           for dev, rows in groups.items()]
+    out = []
+    for dev, rows in groups.items():
+        counted = [r for r in rows if "same_pages_as" not in r]
+        g: dict[str, Any] = {"device": dev, "buffers": rows, "total_mib": round(sum(r["mib"] for r in counted), 2)}
+        if dev == "host":
+            fb = sum(r["mib"] for r in counted if r["buffer"].endswith("_Mapped"))
+            g.update({"file_backed_mib": round(fb, 2), "anonymous_mib": round(g["total_mib"] - fb, 2)})
+        out.append(g)
     out.sort(key=lambda g: (g["device"] == "host", -g["total_mib"]))
     return out
 
@@ -170,7 +184,10 @@ def _uniform(cfg: LogConfig, row: dict[str, Any]) -> dict[str, Any]:
         return {**row, "match": False, "why": "cache type or width not known"}
     row.update({"predicted_mib": llama_mib(kb + vb), "predicted_k_mib": llama_mib(kb), "predicted_v_mib": llama_mib(vb),
                 "bytes": kb + vb, "method": "print_info widths (this build's cache rules differ from edgekv's)"})
-    row["match"] = all(row[f"printed_{k}"] == row[f"predicted_{k}"] for k in ("mib", "k_mib", "v_mib"))
+    diffs = [k for k in ("mib", "k_mib", "v_mib") if row[f"printed_{k}"] != row[f"predicted_{k}"]]
+    row["match"] = not diffs
+    if diffs:
+        row["why"] = "differs in " + ", ".join(diffs) + " (recomputed from print_info's widths)"
     return row
 
 
@@ -213,14 +230,17 @@ def _check_kv_self(cfg: LogConfig, mem: LlamaMemoryLog, pred: KVPrediction) -> l
                "printed_mib": s["mib"], "printed_k_mib": s["k_mib"], "printed_v_mib": s["v_mib"],
                "predicted_mib": llama_mib(kb + vb), "predicted_k_mib": llama_mib(kb), "predicted_v_mib": llama_mib(vb),
                "bytes": kb + vb}
-        row["match"] = all(row[f"printed_{k}"] == row[f"predicted_{k}"] for k in ("mib", "k_mib", "v_mib"))
+        diffs = [k for k in ("mib", "k_mib", "v_mib") if row[f"printed_{k}"] != row[f"predicted_{k}"]]
+        row["match"] = not diffs
+        if diffs:
+            row["why"] = "differs in " + ", ".join(diffs) + " (one cache over every layer, as these builds allocate)"
         out.append(row)
     return out
 
 
 def kv_check(cfg: LogConfig, mem: LlamaMemoryLog, meta: dict[str, Any]) -> dict[str, Any]:
     """Every KV size line of the log against edgekv's formula on the recovered configuration."""
-    if not mem.caches and not mem.kv_self:
+    if not mem.caches and not mem.kv_self and not mem.kv_buffers:
         return {"status": "no KV size line in the log", "lines": []}
     try:
         shape = shape_from_metadata(meta, "<log>")
@@ -232,6 +252,9 @@ def kv_check(cfg: LogConfig, mem: LlamaMemoryLog, meta: dict[str, Any]) -> dict[
         return {"status": f"not predicted: the configuration lines do not give {_missing(meta, e)}", "lines": []}
     if pred.status != STATUS_OK:
         return {"status": f"not predicted: {pred.reason}", "lines": []}
+    if not mem.caches and not mem.kv_self:        # KV buffer lines only: checked per device (explaincheck)
+        return {"status": "no KV size line in the log", "params": params.__dict__, "lines": [], "prediction": pred,
+                "shape": shape}
     if mem.caches:
         rows = [_check_line(line, c) for line, c in _pair(pred, mem)]
         rows = [r if "predicted_mib" in r else _uniform(cfg, r) for r in rows]
@@ -281,6 +304,25 @@ def _partial(out: dict[str, Any], dev: dict[str, float], cfg: LogConfig, tensors
 
 
 def _reference(cfg: LogConfig, weights_bytes: int | None, table: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The tensors' bytes to compare with, less the tensors llama.cpp ignores (:func:`_less_unused`)."""
+    ref = _reference_all(cfg, weights_bytes, table)
+    rebuilt = ref is not None and ref["source"].startswith("the ") and "rebuilt" in ref["source"]
+    return _less_unused(cfg, ref) if ref is not None and cfg.unused_tensors and not rebuilt else ref
+
+
+def _less_unused(cfg: LogConfig, ref: dict[str, Any]) -> dict[str, Any] | None:
+    """The file's tensors less those llama.cpp loads no buffer for ("model has unused tensor ... -- ignoring": a
+    NextN/MTP layer without speculative decoding).  print_info's file size and the header count them; the model
+    buffers do not.  None when the log does not print their sizes."""
+    sizes = list(cfg.unused_tensors.values())
+    if any(b is None for b in sizes):
+        return None
+    unused = sum(b for b in sizes if b is not None) / MIB
+    return {**ref, "predicted_mib": ref["predicted_mib"] - unused, "unused_mib": round(unused, 2),
+            "source": f"{ref['source']}, less the {len(sizes)} unused tensors llama.cpp ignores ({unused:.2f} MiB)"}
+
+
+def _reference_all(cfg: LogConfig, weights_bytes: int | None, table: dict[str, Any] | None) -> dict[str, Any] | None:
     """The tensors' bytes to compare with: the header's table, else the family table rebuilt from the log (exact
     when every matrix has one type), else print_info's rounded sum."""
     if weights_bytes is not None:
@@ -292,6 +334,51 @@ def _reference(cfg: LogConfig, weights_bytes: int | None, table: dict[str, Any] 
     if t is None:
         return None
     return {"predicted_mib": t[0], "rounding_mib": t[1], "source": "print_info's file size (the tensors' bytes)"}
+
+
+def mapped_overlap(cfg: LogConfig, mem: LlamaMemoryLog) -> list[str]:
+    """The host mapped buffers whose pages a device's mapped buffer already holds.  With mmap, a backend that can
+    wrap host memory (Metal: ``buffer_from_host_ptr``) gets the file mapping itself, from the first to the last byte
+    of the tensors assigned to it (src/llama-model.cpp:1854-1868, ``get_mapping_range`` in llama-model-loader.cpp:
+    1449-1464; ggml-metal-device.m:2214, 2241 ``newBufferWithBytesNoCopy``: no copy).  When that span is the whole
+    file (token_embd lies between device tensors, or a tied output layer points at it), the ``CPU_Mapped``
+    token_embd buffer beside it is the same pages: [] otherwise (the spans are disjoint and add up)."""
+    dev = {k: v for k, v in mem.model_buffers.items() if not is_host_buffer(k)}
+    host = [k for k in mem.model_buffers if is_host_buffer(k) and k.endswith("_Mapped")]
+    t = _tensor_mib(cfg)
+    if not (dev and host and t) or not all(k.endswith("_Mapped") for k in dev):
+        return []
+    file_mib, rounding = t
+    spans_file = sum(dev.values()) >= file_mib * 0.995 - rounding
+    return host if spans_file and sum(dev.values()) + sum(mem.model_buffers[k] for k in host) > file_mib + rounding \
+        else []
+
+
+# the backends whose weight placement edgekv models: at full offload every tensor but token_embd on the device
+PLACED_LIKE_CUDA = {"CUDA", "ROCm", "MUSA", "Metal", "Vulkan"}
+
+
+def _unknown_backend(out: dict[str, Any], mem: LlamaMemoryLog, ref: dict[str, Any] | None,
+                     unknown: list[str]) -> dict[str, Any]:
+    """Every layer offloaded to a backend edgekv does not model (CANN, SYCL, OpenCL, RPC, ...), yet most weights in
+    host buffers: no -ot is claimed.  Such a backend keeps the tensors it lacks kernels or a buffer type for on the
+    host; every tensor is then in exactly one buffer, so the plain sum is compared when it is the tensors' bytes."""
+    total = sum(mem.model_buffers.values())
+    names = ", ".join(unknown)
+    if ref is not None:
+        slack = max(0.005 * ref["predicted_mib"], ref.get("rounding_mib", 0.0))
+        if abs(total - ref["predicted_mib"]) <= slack:
+            out.update({"compared": f"device + host model buffers ({names} keeps part of the offloaded weights in "
+                                    "host buffers; each tensor is in one buffer)", "compared_mib": round(total, 2),
+                        "predicted_mib": round(ref["predicted_mib"], 2), "status": "predicted",
+                        "residual_pct": round(100 * (total - ref["predicted_mib"]) / ref["predicted_mib"], 3),
+                        **{k: v for k, v in ref.items() if k != "predicted_mib"}})
+            return out
+    out["status"] = (f"every layer offloaded to {names}, yet most weights in host buffers: {names} keeps weights it "
+                     f"has no kernels or buffer type for on the host, and the buffers' sum ({total:.2f} MiB) is not the "
+                     "tensors' bytes (a host mapping spans the file between its first and last tensor): unknown "
+                     "placement, which needs the header (--model) to compare")
+    return out
 
 
 def _full_offload(mem: LlamaMemoryLog, dev: dict[str, float], ref: dict[str, Any] | None,
@@ -325,10 +412,17 @@ def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None, 
     full = cfg.offloaded is not None and cfg.offloaded[0] == cfg.offloaded[1]
     ref = _reference(cfg, weights_bytes, table)
     if dev and full and sum(v for k, v in mem.model_buffers.items() if is_host_buffer(k)) > sum(dev.values()):
-        out["status"] = ("every layer offloaded, yet most weights in host buffers: tensor overrides (-ot, --cpu-moe) "
-                         "place tensor by tensor, which needs the header (--model)")
-        return out
-    if dev and full:
+        unknown = sorted({_backend(k) for k in dev} - PLACED_LIKE_CUDA)
+        if not unknown:
+            out["status"] = ("every layer offloaded, yet most weights in host buffers: tensor overrides (-ot, "
+                             "--cpu-moe) place tensor by tensor, which needs the header (--model)")
+            return out
+        return _unknown_backend(out, mem, ref, unknown)
+    if dev and full and mapped_overlap(cfg, mem):
+        compared = sum(dev.values())
+        which = (f"{' + '.join(dev)} (the file mapping wrapped as a device buffer: its span covers token_embd's pages, "
+                 f"so {' + '.join(mapped_overlap(cfg, mem))} is the same mapped pages, counted once)")
+    elif dev and full:
         compared, which = _full_offload(mem, dev, ref, table)
     elif not dev:
         mapped = {k: v for k, v in mem.model_buffers.items() if k.endswith("_Mapped")}
@@ -344,7 +438,9 @@ def model_check(cfg: LogConfig, mem: LlamaMemoryLog, weights_bytes: int | None, 
         return _partial(out, dev, cfg, tensors, n_layer)
     out.update({"compared": which, "compared_mib": round(compared, 2)})
     if ref is None:
-        out["status"] = "needs the header (--model): the log gives tensor type counts, not each tensor's type and shape"
+        out["status"] = ("the log ignores unused tensors without printing their sizes; comparing needs the header "
+                         "(--model)" if cfg.unused_tensors else
+                         "needs the header (--model): the log gives tensor type counts, not each tensor's type and shape")
         return out
     pred = ref["predicted_mib"]
     out.update({k: v for k, v in ref.items() if k != "predicted_mib"})
@@ -361,6 +457,17 @@ def _alt_kv(shape: Any, params: ContextParams, **change: Any) -> int | None:
     return p.total_bytes if p.status == STATUS_OK else None
 
 
+def _where(group: dict[str, Any]) -> str:
+    """A buffer group's memory in words; host memory says how much of it is the mapped file (file-backed pages the
+    kernel can drop and reread) and how much anonymous memory (repacked copies, KV, compute: what RAM must hold)."""
+    if group["device"] != "host":
+        return group["device"]
+    fb = group.get("file_backed_mib") or 0.0
+    if not fb:
+        return "host memory"
+    return f"host memory ({_gib(fb)} file-backed: the mapped model file; {_gib(group['anonymous_mib'])} anonymous)"
+
+
 def _gib(mib: float) -> str:
     return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
 
@@ -369,11 +476,13 @@ def _kv_why(dev: dict[str, Any], top: dict[str, Any], kv: dict[str, Any]) -> str
     """The KV cache is the largest part: its size, and what other cache types or half the context would make it."""
     pred, shape, p = kv["prediction"], kv["shape"], ContextParams(**kv["params"])
     total = pred.total_bytes / MIB
-    where = "host memory" if dev["device"] == "host" else dev["device"]
+    where = _where(dev)
     types = p.type_k if p.type_k == p.type_v else f"{p.type_k}/{p.type_v}"
     text = f"KV {types} at {p.n_ctx} is {_gib(top['mib'])} of the {_gib(dev['total_mib'])} on {where}"
     if abs(total - top["mib"]) > 0.5:
-        text += f" ({_gib(total)} over every device)"
+        holders = list(kv.get("kv_devices") or [])
+        text += (f" ({_gib(total)} over {', '.join(holders)})" if len(holders) > 1 else
+                 f" ({_gib(total)} in all its caches)")
     alts = []
     for t in ("q8_0", "q4_0"):
         if t not in (p.type_k, p.type_v):
@@ -396,7 +505,7 @@ def why(buffers: list[dict[str, Any]], kv: dict[str, Any], cfg: LogConfig) -> st
         return None
     dev = buffers[0]
     top = max(dev["buffers"], key=lambda r: r["mib"])
-    where = "host memory" if dev["device"] == "host" else dev["device"]
+    where = _where(dev)
     head = f"the {top['kind']} buffer {top['buffer']} is {_gib(top['mib'])} of the {_gib(dev['total_mib'])} on {where}"
     if top["kind"] == "KV" and kv.get("prediction") is not None:
         return _kv_why(dev, top, kv)
@@ -412,12 +521,14 @@ def why(buffers: list[dict[str, Any]], kv: dict[str, Any], cfg: LogConfig) -> st
 def explain_lines(name: str, lines: list[str], header_meta: dict[str, Any] | None = None,
                   weights_bytes: int | None = None, tensors: list[Any] | None = None) -> dict[str, Any]:
     """The whole explanation of one log, as a dict (``edgekv explain --json`` prints it)."""
+    lines, loads = last_load(lines)
     mem = parse_memory_log(lines)
     cfg = parse_config(lines)
     check_log(name, lines, cfg, mem)
     meta = header_meta if header_meta is not None else cfg.metadata
-    buffers = buffer_table(mem)
+    buffers = buffer_table(mem, mapped_overlap(cfg, mem))
     kv = kv_check(cfg, mem, meta)
+    kv["kv_devices"] = [d for d in mem.kv_buffers]
     out = {"source": name, "build": cfg.build, "llama_cpp_python": cfg.python_version,
            "config": config_summary(cfg, mem, kv), "buffers": buffers,
            "kv": {"status": kv["status"], "lines": kv["lines"], "params": kv.get("params")},
@@ -426,8 +537,19 @@ def explain_lines(name: str, lines: list[str], header_meta: dict[str, Any] | Non
            "compute": compute_rows(mem),
            "devices": device_rows(cfg, buffers),
            "why": why(buffers, kv, cfg)}
+    out["kv_buffers"] = kv_buffer_rows(cfg, mem, kv)
+    cut = cut_status(lines, mem)
+    if cut:
+        out["cut"] = cut
+    withhold_unfinished_fits(out["devices"], cut)
+    notes = []
+    if loads > 1:
+        notes.append(f"the process loaded this model {loads} times (ollama reads the vocabulary first): explained "
+                     "is the last load")
     if cfg.truncated_arrays:
-        out["notes"] = [f"the loader cut these arrays short, print_info filled them: {', '.join(cfg.truncated_arrays[:8])}"]
+        notes.append(f"the loader cut these arrays short, print_info filled them: {', '.join(cfg.truncated_arrays[:8])}")
+    if notes:
+        out["notes"] = notes
     return out
 
 

@@ -60,7 +60,9 @@ RE_COMPUTE = re.compile(
 RE_OUTPUT = re.compile(r"(?:llama_context|llama_init_from_model|llama_new_context_with_model): +(?P<dev>\S+) +"
                        r"output buffer size = +(?P<mib>[\d.]+) MiB")
 # src/llama-model.cpp:1930 "%s: %12s model buffer size = %8.2f MiB"
-RE_MODEL_BUFFER = re.compile(r"(?:llm_)?load_tensors: +(?P<dev>\S+) model buffer size = +(?P<mib>[\d.]+) MiB")
+# (some builds print the same table from print_backend_buffers_info, a helper load_tensors calls)
+RE_MODEL_BUFFER = re.compile(r"(?:(?:llm_)?load_tensors|print_backend_buffers_info): +(?P<dev>\S+) model buffer size = "
+                             r"+(?P<mib>[\d.]+) MiB")
 # src/llama-context.cpp:306-318 "%s: n_ctx                 = %u"
 RE_CTX_PARAM = re.compile(
     r"llama_context: (?P<key>n_seq_max|n_ctx|n_ctx_seq|n_batch|n_ubatch|causal_attn|flash_attn|kv_unified|n_rs_seq)"
@@ -76,7 +78,16 @@ RE_OTHER_BUFFER = re.compile(r"(?P<fn>\w+): +(?P<dev>\S+) (?P<what>[\w -]+?) buf
 # the oldest builds read (llama_kv_cache_init): "%s: KV self size  = %7.2f MiB, K (%s): %7.2f MiB, V (%s): %7.2f MiB"
 RE_KV_SELF = re.compile(r"KV self size += +(?P<mib>[\d.]+) MiB, K \((?P<type_k>\w+)\): +(?P<k_mib>[\d.]+) MiB, "
                         r"V \((?P<type_v>\w+)\): +(?P<v_mib>[\d.]+) MiB")
-RE_GPU_OFFLOAD = re.compile(r"load_tensors: offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
+RE_GPU_OFFLOAD = re.compile(r"(?:load_tensors|print_backend_buffers_info): offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
+# a log printed under a locale whose decimal separator is a comma ("224,00 MiB", "14,19 GiB", "16,00 BPW"): printf's
+# %f follows LC_NUMERIC, and some front ends set it from the user's locale.  The comma between digits before a unit
+# is a decimal point; array items ("[8, 8]") and type names ("arr[i32,48]") are not followed by one.
+RE_DECIMAL_COMMA = re.compile(r"(?<=\d),(?=\d+ ?(?:MiB|GiB|MB|BPW|B)\b)")
+
+
+def decimal_points(line: str) -> str:
+    """The line with a decimal-comma locale's figures written with points."""
+    return RE_DECIMAL_COMMA.sub(".", line) if "," in line else line
 
 
 @dataclass
@@ -160,6 +171,7 @@ def _add(d: dict[str, float], dev: str, mib: str) -> None:
 def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
     """Parse llama.cpp log text (a string or a list of lines)."""
     lines = text.splitlines() if isinstance(text, str) else [x for chunk in text for x in chunk.splitlines()]
+    lines = [decimal_points(x) for x in lines]
     out = LlamaMemoryLog()
     pending_role: str | None = None
     for line in lines:

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from edgekv.core.llamalog import decimal_points
+
 MAX_LINE = 4096             # characters kept of one line; the rest of a longer line is skipped unread
 MAX_BYTES = 256 * 2**20     # bytes read from one log
 MAX_KEPT = 100_000          # relevant lines kept (a llama.cpp load prints a few thousand)
@@ -27,7 +29,7 @@ _CHUNK = 1 << 16
 KEEP = ("buffer size", "print_info", "llm_load_print_meta", "llama_model_loader", "llama_context", "kv_cache",
         "load_tensors", "build", "version", "device", "ggml_", "KV self size", "system_info", "init_from_model",
         "new_context_with_model", "sched_reserve", "llama_memory", "graph", "Flash Attention", "flash_attn",
-        "padding V", "SWA", "offloaded", "llama_cpp", "Device ", "kv_size")
+        "padding V", "SWA", "offloaded", "llama_cpp", "Device ", "kv_size", "unused tensor")
 RE_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -54,7 +56,8 @@ def read_bounded(stream: BinaryIO, max_bytes: int = MAX_BYTES, max_kept: int = M
         if not raw:
             break
         out.bytes_read += len(raw)
-        if len(raw) > max_line and not raw.endswith(b"\n"):
+        cut = len(raw) > max_line and not raw.endswith(b"\n")
+        if cut:
             out.long_lines += 1
             while out.bytes_read < max_bytes:          # skip the rest of that line in chunks
                 rest = stream.readline(_CHUNK)
@@ -63,12 +66,15 @@ def read_bounded(stream: BinaryIO, max_bytes: int = MAX_BYTES, max_kept: int = M
                     break
             raw = raw[:max_line]
         out.lines_seen += 1
-        if b"\x00" in raw:
-            out.binary_lines += 1
-            raw = raw.replace(b"\x00", b"")
-        text = raw.decode("utf-8", errors="replace")
-        if "\ufffd" in text:
-            out.binary_lines += 1
+        binary = b"\x00" in raw
+        raw = raw.replace(b"\x00", b"")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            # bytes that are not UTF-8 (a line that holds U+FFFD itself is text; so is a character cut at MAX_LINE)
+            binary = binary or not (cut and e.start >= len(raw) - 3)
+            text = raw.decode("utf-8", errors="replace")
+        out.binary_lines += binary
         text = RE_ANSI.sub("", text.rstrip("\r\n"))
         if "\r" in text:                                # progress bars: keep what the last redraw left
             text = text.rsplit("\r", 1)[-1]
@@ -98,14 +104,22 @@ RE_CTX = re.compile(r"(?:llama_context|llama_init_from_model|llama_new_context_w
 # later:      llama_kv_cache_unified: kv_size = 4096, type_k = 'f16', type_v = 'f16', n_layer = 36, ...
 RE_KV_INIT = re.compile(r"kv_size = (?P<cells>\d+),(?: offload = \d+,)? type_k = '(?P<tk>\w+)', type_v = '(?P<tv>\w+)', "
                         r"n_layer = (?P<layers>\d+)")
-RE_USING_DEVICE = re.compile(r"using device (?P<dev>\S+) \((?P<name>[^)]*)\)(?: \([^)]*\))?(?: - (?P<free>\d+) MiB free)?")
+# "using device SYCL0 (Intel(R) Arc(TM) A770 Graphics) (unknown id) - 15473 MiB free": the name may hold parentheses
+RE_USING_DEVICE = re.compile(r"using device (?P<dev>\S+) \((?P<name>(?:[^()]|\([^()]*\))*)\)(?: \([^()]*\))?"
+                             r"(?: - (?P<free>\d+) MiB free)?")
 RE_CUDA_DEVICE = re.compile(r"Device (?P<i>\d+): (?P<name>[^,]+), (?:compute capability|gfx)")
 RE_CUDA_FOUND = re.compile(r"ggml_cuda_init: found \d+ (?P<kind>CUDA|ROCm|MUSA) devices")
 RE_METAL_NAME = re.compile(r"ggml_metal_(?:device_)?init: GPU name: +(?:MTL\d+ \()?(?P<name>[^)\n]+?)\)?\s*$")
 RE_WORKING_SET = re.compile(r"recommendedMaxWorkingSetSize += +(?P<mb>[\d.]+) MB")
 RE_VULKAN = re.compile(r"ggml_vulkan: (?P<i>\d+) = (?P<name>[^|]+?) \|")
 RE_OFFLOAD = re.compile(r"offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
+# "offloading 93 repeating layers to GPU": the last 93 of n_layer (the output layer is counted apart)
+RE_REPEATING = re.compile(r"offloading (?P<n>\d+) repeating layers to GPU")
 RE_SYSINFO = re.compile(r"system_info: .*")
+# src/llama-model.cpp (create_tensor): "model has unused tensor %s (size = %zu bytes) -- ignoring" for a tensor of the
+# file the graph never uses (a NextN/MTP layer without speculative decoding); it gets no buffer.  Some builds print
+# no size.
+RE_UNUSED = re.compile(r"model has unused tensor (?P<name>\S+)(?: \((?:size = )?(?P<bytes>\d+) bytes\))? -- ignoring")
 RE_MMAP = re.compile(r"load_tensors: loading model tensors, this can take a while\.\.\. \(mmap = (?P<v>\w+)")
 
 SCALAR_TYPES = {"u8", "i8", "u16", "i16", "u32", "i32", "u64", "i64"}
@@ -140,6 +154,8 @@ class LogConfig:
     gpu_family: str | None = None       # CUDA | ROCm | MUSA | Metal | Vulkan
     working_set_mb: float | None = None
     offloaded: tuple[int, int] | None = None
+    repeating_offloaded: int | None = None
+    unused_tensors: dict[str, int | None] = field(default_factory=dict)   # name -> bytes (None: not printed)
     system_info: str | None = None
     mmap: bool | None = None
 
@@ -195,8 +211,9 @@ def _int_or_list(val: str) -> int | list[int] | None:
 def _device_line(cfg: LogConfig, line: str) -> bool:
     m = RE_USING_DEVICE.search(line)
     if m:
-        cfg.devices.append({"name": m["dev"], "description": m["name"].strip(),
-                            "free_mib": int(m["free"]) if m["free"] else None})
+        row = {"name": m["dev"], "description": m["name"].strip(), "free_mib": int(m["free"]) if m["free"] else None}
+        same = ("Metal",) if row["name"].startswith("MTL") else ()      # the Metal GPU line named it already
+        cfg.devices = [d for d in cfg.devices if d["name"] not in (row["name"], *same)] + [row]   # listed once
         return True
     m = RE_CUDA_FOUND.search(line)
     if m:
@@ -211,8 +228,11 @@ def _device_line(cfg: LogConfig, line: str) -> bool:
     m = RE_METAL_NAME.search(line)
     if m:
         cfg.gpu_family = "Metal"
-        if not any(d["description"] == m["name"].strip() for d in cfg.devices):
-            cfg.devices.append({"name": "Metal", "description": m["name"].strip(), "free_mib": None})
+        name = m["name"].strip()
+        # "GPU name:   MTL0" (later builds name the device, and "using device MTL0 (<the GPU>)" describes it)
+        dev = name if re.fullmatch(r"MTL\d+", name) else "Metal"
+        if not any(d["description"] == name or d["name"].startswith("MTL") for d in cfg.devices):
+            cfg.devices.append({"name": dev, "description": name, "free_mib": None})
         return True
     m = RE_WORKING_SET.search(line)
     if m:
@@ -234,7 +254,8 @@ def _meta_line(cfg: LogConfig, line: str) -> bool:
         key, typ, val = m["key"], m["type"], m["val"]
         v = _array(typ, val) if typ.startswith("arr") else _scalar(typ, val)
         if v is None and typ.startswith("arr"):
-            cfg.truncated_arrays.append(key)
+            if key not in cfg.truncated_arrays:
+                cfg.truncated_arrays.append(key)
         elif v is not None:
             cfg.metadata[key] = v
             cfg.from_dump.add(key)
@@ -253,7 +274,7 @@ def _meta_line(cfg: LogConfig, line: str) -> bool:
 def parse_config(lines: list[str]) -> LogConfig:
     """The configuration a llama.cpp log states (the first model load in it)."""
     cfg = LogConfig()
-    for line in lines:
+    for line in map(decimal_points, lines):
         if cfg.build is None:
             m = RE_BUILD.search(line)
             if m:
@@ -278,6 +299,14 @@ def parse_config(lines: list[str]) -> LogConfig:
         m = RE_KV_INIT.search(line)
         if m and cfg.kv_init is None:
             cfg.kv_init = {"cells": int(m["cells"]), "type_k": m["tk"], "type_v": m["tv"], "layers": int(m["layers"])}
+            continue
+        m = RE_UNUSED.search(line)
+        if m:
+            cfg.unused_tensors[m["name"]] = int(m["bytes"]) if m["bytes"] else None
+            continue
+        m = RE_REPEATING.search(line)
+        if m and cfg.repeating_offloaded is None:
+            cfg.repeating_offloaded = int(m["n"])
             continue
         m = RE_OFFLOAD.search(line)
         if m and cfg.offloaded is None:

@@ -19,6 +19,11 @@ from edgekv.core.fit import size
 
 ON_DEVICE = ("weights (mmap)", "weights (--no-mmap)", "KV cache")     # Metal_Mapped / Metal buffers
 NOT_PREDICTED = ("compute buffer", "thread work buffer")              # Metal's own compute buffer replaces these
+# this CPU's load phases of the mapping (pages unmapped after a CPU load, held until loaded): on a Mac every tensor
+# stays in the Metal mapping, so neither applies.  The weights are counted once, as "weights (mmap)": the Metal
+# buffer is the file mapping itself (src/llama-model.cpp:1854-1868, ggml-metal-device.m:2214), and the CPU_Mapped
+# token_embd buffer a Metal log prints beside it is pages of the same file, not more memory.
+CPU_PHASES = ("weights (mmap) unmapped after loading", "weights (mmap) until loaded")
 
 
 def metal_rows(records: list[Any], ram_bytes: int, working_set_bytes: int | None = None) -> list[dict[str, Any]]:
@@ -33,7 +38,7 @@ def metal_rows(records: list[Any], ram_bytes: int, working_set_bytes: int | None
         device = sum(b for n, b in parts.items() if n in ON_DEVICE)
         # CPU_REPACK / AMX copies are this CPU's: with every layer on Metal there is none
         host = sum(b for n, b in parts.items() if n not in ON_DEVICE and n not in NOT_PREDICTED
-                   and not n.endswith(" copy)"))
+                   and n not in CPU_PHASES and not n.endswith(" copy)"))
         f = r.prediction.formula
         rows.append({"n_ctx": f.n_ctx, "type_k": f.type_k, "type_v": f.type_v, **metal_fit(device, host, ram_bytes,
                                                                                              working_set_bytes),
