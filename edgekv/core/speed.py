@@ -91,6 +91,14 @@ class MissingCalibration(ValueError):
         super().__init__(f"no speed prediction for {what} {', '.join(keys)}: the calibration has not measured it")
 
 
+class DroppedTerm(MissingCalibration):
+    """A term the prediction needs was dropped as outside its physical bounds (edgekv.core.speedbounds)."""
+
+    def __init__(self, why: str):
+        ValueError.__init__(self, why)
+        self.what, self.keys = "a dropped term", []
+
+
 def missing(cal: Calibration, sh: SpeedShape, type_k: str, type_v: str, flash_attn: str) -> tuple[list[str], list[str]]:
     """(weight keys, K/V keys) the prediction needs and the calibration lacks."""
     w = sorted({g.key for g in sh.groups if g.key not in cal.matvec_s_per_byte or g.key not in cal.matmul_s_per_flop
@@ -137,8 +145,16 @@ class SpeedPrediction:
         return d
 
 
-def _require(sh: SpeedShape, cal: Calibration, type_k: str, type_v: str, flash_attn: str, nodes: int | None) -> None:
-    """MissingCalibration naming what a prediction needs and does not have (a type, a K/V pair, the graph size)."""
+def _require(sh: SpeedShape, cal: Calibration, type_k: str, type_v: str, flash_attn: str, nodes: int | None,
+             test: str = "tg") -> None:
+    """MissingCalibration naming what a prediction needs and does not have (a term dropped as outside its physical
+    bounds, edgekv.core.speedbounds; a type, a K/V pair, the graph size)."""
+    if cal.dropped:
+        from edgekv.core.speedbounds import dropped_reason, needed_terms
+
+        why = dropped_reason(cal, needed_terms(sh, type_k, type_v, flash_attn, test))
+        if why:
+            raise DroppedTerm(why)
     wk, ak = missing(cal, sh, type_k, type_v, flash_attn)
     if wk:
         raise MissingCalibration("weight type", wk)
@@ -187,7 +203,7 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
     sequence, and the rate is all sequences' tokens (llama-batched-bench's S_TG).  ``swa_cells``: the cells of
     a sliding-window cache (0: none, or not known), filled by a prompt of ``depth`` tokens in ``n_batch`` /
     ``n_ubatch`` pieces, whose ring decides what each thread reads (one sequence)."""
-    _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_tg)
+    _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_tg, "tg")
     n = max(1, n_seq)
     mean_depth = depth + max(1, n_gen) / 2
     c_node, c_src = node_cost(sh, cal, "tg")
@@ -237,7 +253,7 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
     """Prefill tokens/s of a prompt of ``n_prompt`` tokens processed at ``depth`` (llama-bench's pp at depth); with
     ``n_seq`` sequences (-npl) their prompts go in one batch (llama-batched-bench's S_PP over all of them), each
     token attending to its own sequence's cells, the last token of each sequence computing logits."""
-    _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_pp)
+    _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_pp, "pp")
     kv = kv_key(type_k, type_v, flash_attn)
     n_seq = max(1, n_seq)
     fixed = weights = attn = 0.0

@@ -243,6 +243,9 @@ class Calibration:
     # the ggml device every layer ran on ("CUDA0", "Metal", ...; "" = the CPU backend): a GPU calibration is its own,
     # taken with every layer offloaded, and predicts only configurations that offload every layer to that device
     device: str = ""
+    # terms outside their physical bounds twice (edgekv.core.speedbounds: term -> why): left out of the
+    # coefficients, and every prediction that needs one is withheld with the reason until a run measures it again
+    dropped: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,0 +1,102 @@
+"""Issue 68 point 1: every calibration term checked against physical bounds; one outside them measured once more, then
+dropped, the predictions that need it withheld with the reason; a calibration taken under load keeps what passed."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgekv.core import speedbounds as B
+from edgekv.core.speed import Calibration, DroppedTerm, SpeedShape
+from edgekv.orchestration import speedcal as S
+from edgekv.orchestration.speedcal import store as ST
+from tests.test_speed import F16, _fake_results, _own_home, _quiet
+
+KEY = "f16/f16/fa=auto"
+
+
+def _cal(**kw) -> Calibration:
+    base = dict(id="c", n_threads=2, node_tg_s=1e-6, node_pp_s=45e-6, node_pp_short_s=4e-6,
+                attn_tg_s={KEY: 65e-12}, attn_pp_s={KEY: 25e-12}, matvec_s_per_byte={"q8_0": 1 / 30e9},
+                matvec_stream_s_per_byte={"q8_0": 1 / 25e9}, bandwidth_bytes_s=25e9)
+    base.update(kw)
+    return Calibration(**base)
+
+
+def test_a_quiet_machines_terms_pass():
+    assert B.term_checks(_cal()) == {}
+
+
+@pytest.mark.parametrize("kw,term", [
+    ({"node_tg_s": 40e-6}, "node_tg_s"),                                      # a barrier-bound node under load
+    ({"attn_tg_s": {KEY: 900e-12}}, f"attn_tg_s:{KEY}"),                      # 14x its prompt's cost a cell
+    ({"matvec_s_per_byte": {"q8_0": 1 / 3e9}}, "matvec_s_per_byte:q8_0"),     # the cached model slower than memory
+    ({"matvec_stream_s_per_byte": {"q8_0": 1 / 1e9}}, "matvec_stream_s_per_byte:q8_0"),   # 1/25 of the bandwidth
+])
+def test_a_term_outside_its_bound_is_named(kw, term):
+    bad = B.term_checks(_cal(**kw))
+    assert list(bad) == [term] and bad[term]
+
+
+def test_a_gpu_calibration_is_not_held_to_the_cpus_bounds():
+    assert B.term_checks(_cal(device="CUDA0", attn_tg_s={KEY: 900e-12})) == {}
+
+
+def test_a_dropped_term_withholds_the_predictions_that_need_it():
+    from edgekv.core.speed import AttnLayer, predict_pp, predict_tg
+
+    lay = AttnLayer(n_head=8, head_k=64, head_v=64, window=None, n_head_kv=2)
+    sh = SpeedShape((), (lay,), 100, 100)
+    cal = _cal()
+    B.drop_terms(cal, {f"attn_tg_s:{KEY}@{lay.geometry}": "decode attention measured 14x its prompt's"})
+    with pytest.raises(DroppedTerm, match="withheld: .*14x its prompt's"):
+        predict_tg(sh, cal, 1024, 32, "f16", "f16", "auto")
+    with pytest.raises(DroppedTerm):
+        predict_pp(sh, cal, 1024, 512, 2048, 512, "f16", "f16", "auto")
+
+
+def test_a_decode_far_below_its_roofline_is_named():
+    assert B.roofline_miss(30.0, 150.0) is None          # a tiny model at a fifth of its roofline: ordinary
+    assert "54x below its roofline" in B.roofline_miss(2.4, 130.0)
+
+
+def _inflating(calls: list, times: int):
+    """A runner whose first ``times`` measurements of the generic attention model time every decode 30x longer
+    at depth (other work on the CPUs during those runs)."""
+
+    def run(plan, progress, timeout):
+        out = _fake_results(plan)
+        calls.append(sorted({m.key for m in plan}))
+        if sum("attn" in c for c in calls) <= times:
+            for r in out:
+                if r.model == "attn" and r.test == "tg":
+                    r.ns = [int(1e6 + (x - 1e6) * 30) for x in r.ns]
+        return out
+
+    return run
+
+
+def test_an_inflated_term_is_measured_once_more_and_kept_when_it_passes(monkeypatch, tmp_path):
+    _own_home(monkeypatch, tmp_path)
+    _quiet(monkeypatch, busy=True)
+    calls: list = []
+    sc = S.calibrate(2, True, [], F16, ["avx2"], allow_busy=True, runner=_inflating(calls, 1))
+    assert len(calls) == 2 and "attn" in calls[1]            # measured again once
+    assert not sc.cal.dropped and B.term_checks(sc.cal) == {}
+    assert f"attn_tg_s:{KEY}" in sc.note and "measured again (outside their physical bounds)" in sc.note
+
+
+def test_a_term_outside_its_bound_twice_is_dropped_and_the_next_run_measures_it_alone(monkeypatch, tmp_path):
+    _own_home(monkeypatch, tmp_path)
+    _quiet(monkeypatch, busy=True)
+    calls: list = []
+    sc = S.calibrate(2, True, [], F16, ["avx2"], allow_busy=True, runner=_inflating(calls, 2))
+    assert len(calls) == 2
+    assert f"attn_tg_s:{KEY}" in sc.cal.dropped and KEY not in sc.cal.attn_tg_s
+    assert "dropped" in sc.note and "withheld" in sc.note
+    kept = ST.cached(2, True)
+    assert kept is not None and f"attn_tg_s:{KEY}" in kept.dropped and KEY not in kept.attn_tg_s
+    assert kept.node_tg_s == sc.cal.node_tg_s                # what passed is kept, under load too
+    # the next run (busy still) measures the dropped term again, and keeps it once it passes
+    again = S.calibrate(2, True, [], F16, ["avx2"], allow_busy=True, runner=_inflating(calls, 2))
+    assert again.remeasured and not again.cal.dropped and KEY in again.cal.attn_tg_s
+    assert again.cal.id == sc.cal.id                         # the same calibration, its terms kept
