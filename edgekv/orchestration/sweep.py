@@ -315,6 +315,9 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
         from edgekv.orchestration.quality import for_sweep
 
         quality = for_sweep(spec, todo)
+    from edgekv.orchestration.speedadapt import SpeedAdapter
+
+    adapt = SpeedAdapter(speeds)        # a far miss on a quiet machine rescales the rest of the plan (issue 68)
     try:
         for i, case in enumerate(todo):
             tracker.case_started(case.settings)
@@ -326,6 +329,8 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
             if quality is not None and rec.status == "ok":
                 rec.quality = quality(case, emit)
             wall, elapsed, remaining = tracker.case_done(rec, i)      # the record's load and plan blocks
+            for adj in adapt.after(rec, case, todo[i + 1:]):
+                emit("note", {"message": f"speed model: {adj.note}"})
             emit("record", {"i": i, "case": case, "record": rec, "wall_s": wall, "elapsed_s": elapsed,
                             "remaining_s": remaining})
             writer.append(rec)
