@@ -439,19 +439,20 @@ def test_short_query_tiles_cost_what_full_ones_do(smol):
 
 
 def test_the_tiled_kernel_prices_deep_cells_at_the_deep_coefficient(smol):
-    """The tiled kernel's cost per cell is the calibration's shallow one over the first TILED_SHALLOW_END cells
-    and its deep one from TILED_DEEP_DEPTHS[0] on, linear between (bench/README.md: SmolLM2's heads 22 and 40 ps
-    on a 2-vCPU EPYC); only a long prompt over an F16/F32 cache on the CPU takes it, and a calibration without
-    the deep coefficient names the pair instead of guessing."""
+    """The tiled kernel's cost per cell is the calibration's shallow one for scans of up to TILED_SHALLOW_END cells
+    and its deep one for scans from TILED_DEEP_DEPTHS[0] on, linear between (bench/README.md: SmolLM2's heads 22
+    and 40 ps on a 2-vCPU EPYC), every cell of a scan at its scan's rate (issue 68: a long scan's first cells miss
+    the caches as its last ones do); only a long prompt over an F16/F32 cache on the CPU takes it, and a calibration
+    without the deep coefficient names the pair instead of guessing."""
     from edgekv.core.speed import TILED_DEEP_DEPTHS, TILED_SHALLOW_END, attn_units_at, missing, tiled_cells_cost
 
     a, b = TILED_SHALLOW_END, TILED_DEEP_DEPTHS[0]
     assert tiled_cells_cost(3000, 2.0, 2.0) == pytest.approx(6000)
     assert tiled_cells_cost(a, 1.0, 3.0) == pytest.approx(a)
-    assert tiled_cells_cost(b, 1.0, 3.0) == pytest.approx(a + (b - a) * 2.0)          # the ramp's mean cost
-    assert tiled_cells_cost(b + 1000, 1.0, 3.0) == pytest.approx(a + (b - a) * 2.0 + 3000)
-    mid = (a + b) / 2                         # half-way up the ramp a cell costs 2.0: the ramp so far 1.5 a cell
-    assert tiled_cells_cost(mid, 1.0, 3.0) == pytest.approx(a + (mid - a) * 1.5)
+    assert tiled_cells_cost(b, 1.0, 3.0) == pytest.approx(3.0 * b)                    # every cell at the deep rate
+    assert tiled_cells_cost(b + 1000, 1.0, 3.0) == pytest.approx(3.0 * (b + 1000))
+    mid = (a + b) / 2                         # half-way up the ramp every cell of the scan costs 2.0
+    assert tiled_cells_cost(mid, 1.0, 3.0) == pytest.approx(2.0 * mid)
     _, sh = smol
     kv = kv_key("f16", "f16", "auto")
     flat, dear = _cal(), _cal(attn_pp_deep_s={kv_key("f16", "f16", "auto", g): 2e-10 for g in GEOMETRIES})

@@ -296,8 +296,8 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
                                   if dense_view(flash_attn) else "")
                                + (f"; {short} ubatch(es) under {FA_TILE_Q} tokens run llama.cpp's per-row loop, "
                                   "not its tiled kernel" if short else "")
-                               + (f"; the tiled kernel's cells past {TILED_SHALLOW_END} priced toward its cost "
-                                  f"{TILED_DEEP_DEPTHS[0]}-{TILED_DEEP_DEPTHS[1]} deep" if deep else "")
+                               + (f"; the tiled kernel's scans past {TILED_SHALLOW_END} cells priced, every cell, "
+                                  f"toward its cost {TILED_DEEP_DEPTHS[0]}-{TILED_DEEP_DEPTHS[1]} deep" if deep else "")
                                + ("; query tiles cut short at llama.cpp's chunk and head ends priced as full ones "
                                   "(their per-tile share)" if short_tiles else "")))
     t = sum(x.s_per_token for x in parts)
