@@ -70,6 +70,7 @@ from edgekv.core.speedcost import (  # noqa: F401  (the speed model's names, in 
 from edgekv.core.speedshape import (  # noqa: F401
     BODY_PROBE_BYTES,
     GEOMETRY_MAX_EMBD,
+    NODE_PP_TOKENS,
     SPEED_MODEL_VERSION,
     AttnLayer,
     Calibration,
@@ -179,8 +180,6 @@ def node_cost(sh: SpeedShape, cal: Calibration, test: str) -> tuple[float, str]:
     return c, f"{c * 1e6:.2f} us"
 
 
-# the prompt sizes the calibration times graph nodes at (its two narrow models' prompts): node_pp_short_s, node_pp_s
-NODE_PP_TOKENS = (32, 512)
 
 
 def prompt_node_s(cal: Calibration, n: int) -> float:

@@ -9,7 +9,8 @@ against what it cannot exceed given the other things edgekv measured on the same
   barriers, so it cannot cost more than NODE_TG_OVER_SHORT times as much;
 * a decoded token's attention is one query row a head over the cells; a prompt token's is the same row, so (CPU) the
   decode coefficient of a K/V pair cannot be DECODE_OVER_PROMPT times its prompt coefficient (the decode steps read
-  the cache from memory, the prompt steps largely from the caches: up to about 3.6x on the EPYC machine, f16);
+  the cache from memory, the prompt steps largely from the caches: up to about 3.6x for f16 on the two-core AVX2
+  machine of docs/calibration-history.md);
 * a weight type's mat-vec on the 48 MB model (partly in the CPU's caches) cannot be MATVEC_OVER_STREAM times slower a
   byte than the same type streamed from memory (the 384 MB models);
 * a type streamed from memory cannot run below 1/STREAM_OVER_BANDWIDTH of the measured read bandwidth;
@@ -24,7 +25,7 @@ that needs a dropped term is withheld with the reason.  Terms are named ``field`
 
 from __future__ import annotations
 
-from edgekv.core.speedshape import Calibration, SpeedShape, kv_key
+from edgekv.core.speedshape import NODE_PP_TOKENS, Calibration, SpeedShape, kv_key
 
 NODE_TG_OVER_SHORT = 1.0
 DECODE_OVER_PROMPT = 6.0
@@ -39,8 +40,6 @@ def term_checks(cal: Calibration) -> dict[str, str]:
     out: dict[str, str] = {}
     if cal.device:          # a GPU's prompts and decodes run other kernels; its weights have no streaming models
         return out
-    from edgekv.core.speed import NODE_PP_TOKENS
-
     short = cal.node_pp_short_s
     if short and cal.node_tg_s > NODE_TG_OVER_SHORT * short:
         out[NODE_TERM] = (f"a one-token graph's node measured {cal.node_tg_s * 1e6:.1f} us, more than a "

@@ -77,7 +77,7 @@ def tiled_cells_cost(depth: float, shallow: float, deep: float) -> float:
     keeps none of it for the next tile, so the first cells of a long scan miss as the last ones do.  (Until issue
     68 the first TILED_SHALLOW_END cells of every scan were priced at the shallow rate and only the cells past them
     at the dearer one: a prompt at a depth between 1024 and 8192 cells was priced too fast, by up to 37 % of its
-    attention with SmolLM2's 22 and 40 ps on the EPYC machine.)  With shallow == deep it is shallow x depth."""
+    attention with SmolLM2's 22 and 40 ps on a two-core AVX2 machine.)  With shallow == deep it is shallow x depth."""
     return depth * tiled_cell_rate(depth, shallow, deep)
 
 

@@ -173,6 +173,10 @@ def run_nodes(graph: dict[str, int] | None) -> tuple[int | None, int | None]:
     return g.get("ops_tg"), g.get("ops_pp")
 
 
+# the prompt sizes the calibration times graph nodes at (its two narrow models' prompts): node_pp_short_s, node_pp_s
+NODE_PP_TOKENS = (32, 512)
+
+
 @dataclass
 class Calibration:
     """This machine's coefficients (seconds), measured by edgekv.orchestration.speedcal."""

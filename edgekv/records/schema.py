@@ -389,6 +389,6 @@ __all__ = [
     "Environment", "ENVIRONMENT_KEYS", "ExtraBuffersPreflight", "Failure", "Formula", "FormulaCache", "LlamaBench",
     "LlamaBenchContext", "LlamaLog", "Load", "LoadWindow", "Memory", "MemoryResidual", "Model", "Nvidia",
     "NvidiaDevice", "OptFloat", "OptInt", "OptStr", "Plan", "PredictedAfter", "Prediction", "Process", "ProcessPart",
-    "Quality", "QualityPass", "QualitySettings", "QualityStats", "Serving", "Settings", "Speed", "SpeedAdjustment", "SpeedPartBlock",
-    "SpeedPrediction", "SpeedResidual", "SpeedTest", "SpeedTestPrediction", "TestMemory", "Timing",
+    "Quality", "QualityPass", "QualitySettings", "QualityStats", "Serving", "Settings", "Speed", "SpeedAdjustment",
+    "SpeedPartBlock", "SpeedPrediction", "SpeedResidual", "SpeedTest", "SpeedTestPrediction", "TestMemory", "Timing",
 ]

@@ -307,6 +307,16 @@ def _measure(cal: Calibration, want: Wanted, job: Job, allow_busy: bool, store: 
     raise AssertionError("unreachable")
 
 
+def _forget(cal: Calibration, terms: dict[str, str]) -> bool:
+    """Take ``terms`` (dropped before, or blamed now) out of ``cal`` to be measured again; whether the base plan
+    must run again for them."""
+    if not terms:
+        return False
+    cal.dropped.clear()
+    drop_terms(cal, terms, keep_reason=False)
+    return any(base_term(t) for t in terms)
+
+
 def _check_terms(cal: Calibration, raw: list[ProbeResult], load: dict[str, Any],
                  remeasure: Callable[[Calibration, bool], tuple[Calibration, list[ProbeResult], str, dict[str, Any]]],
                  expired: Callable[[], bool]) -> tuple[Calibration, list[ProbeResult], str, dict[str, Any]]:
@@ -383,11 +393,7 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     def want_of(c: Calibration, fresh: bool) -> Wanted:
         return wanted(c, fresh, pairs, geometries, weight_types, bodies, feats, repack)
 
-    again = {**cal.dropped, **(forget or {})} if measure else {}
-    if again:       # dropped before, or blamed now: measured again
-        cal.dropped.clear()
-        drop_terms(cal, again, keep_reason=False)
-        new = new or any(base_term(t) for t in again)
+    new = _forget(cal, {**cal.dropped, **(forget or {})} if measure else {}) or new
     want = want_of(cal, new)
     if not new and want.nothing():
         return SpeedCalibration(cal, False, note)
