@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from edgekv.core import speedbounds as B
-from edgekv.core.speed import Calibration, DroppedTerm, SpeedShape
+from edgekv.core.speed import AttnLayer, Calibration, DroppedTerm, SpeedShape
 from edgekv.orchestration import speedcal as S
 from edgekv.orchestration.speedcal import store as ST
+from edgekv.orchestration.speedpredict import SpeedInputs, roofline_blame, speed_block
 from tests.test_speed import F16, _fake_results, _own_home, _quiet
 
 KEY = "f16/f16/fa=auto"
@@ -100,3 +101,51 @@ def test_a_term_outside_its_bound_twice_is_dropped_and_the_next_run_measures_it_
     again = S.calibrate(2, True, [], F16, ["avx2"], allow_busy=True, runner=_inflating(calls, 2))
     assert again.remeasured and not again.cal.dropped and KEY in again.cal.attn_tg_s
     assert again.cal.id == sc.cal.id                         # the same calibration, its terms kept
+
+
+def _roof_cal(node_tg_s: float) -> Calibration:
+    k = f"{KEY}@{LAY.geometry}"
+    return Calibration(id="roof", n_threads=2, node_tg_s=node_tg_s, node_pp_s=45e-6, node_pp_short_s=4e-6,
+                       attn_tg_s={k: 65e-12}, attn_pp_s={k: 25e-12}, attn_pp_rows_s={k: 80e-12},
+                       attn_pp_deep_s={k: 40e-12}, bandwidth_bytes_s=20e9)
+
+
+LAY = AttnLayer(9, 64, 64, None, 3)
+SHAPE = SpeedShape((), (LAY,) * 30, 900, 950)
+X = SpeedInputs(2, 512, 32, 1536, 2048, 512, "f16", "f16", "auto")
+
+
+def _calibration_for(monkeypatch, cals: list[Calibration]):
+    """speedpredict.calibration_for over a calibrate that hands out ``cals`` in turn (recording its ``forget``)."""
+    from edgekv.orchestration import speedcal
+    from edgekv.orchestration.speedpredict import calibration_for
+
+    asked: list = []
+
+    def calibrate(*a, forget=None, **k):
+        asked.append(forget)
+        return S.SpeedCalibration(cals[min(len(asked), len(cals)) - 1], True, "measured")
+
+    monkeypatch.setenv("EDGEKV_SPEED_CALIBRATE", "auto")
+    monkeypatch.setattr(speedcal, "calibrate", calibrate)
+    cal, note = calibration_for(SHAPE, [X], ["avx2"])
+    return cal, note, asked
+
+
+def test_a_decode_far_below_its_roofline_is_measured_again_then_its_term_dropped(monkeypatch):
+    """A graph node measured at 400 us (a 2.4-tokens/s decode of a model whose KV streams at 20 GB/s): the node term
+    is measured once more; still implausible, it is dropped and the decode withheld with the reason."""
+    assert roofline_blame(SHAPE, _roof_cal(1e-6), [X]) == {}
+    cal, note, asked = _calibration_for(monkeypatch, [_roof_cal(400e-6), _roof_cal(400e-6)])
+    assert asked[0] is None and list(asked[1]) == [B.NODE_TERM]        # measured again once, for that term
+    assert B.NODE_TERM in cal.dropped and "still: dropped" in note
+    blk = speed_block(SHAPE, cal, X)
+    assert not blk.tg and not blk.pp
+    assert blk.error.startswith("withheld: the calibration's node_tg_s term") and "below its roofline" in blk.error
+
+
+def test_a_decode_far_below_its_roofline_that_passes_when_measured_again_is_kept(monkeypatch):
+    cal, note, asked = _calibration_for(monkeypatch, [_roof_cal(400e-6), _roof_cal(1e-6)])
+    assert len(asked) == 2 and not cal.dropped and "still" not in note
+    blk = speed_block(SHAPE, cal, X)
+    assert blk.tg.tokens_per_s > 1.0 and not blk.error
