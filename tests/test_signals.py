@@ -98,7 +98,8 @@ def test_a_full_disk_is_one_line_and_leaves_no_torn_record(smollm2_path, tmp_pat
 def test_sigterm_during_the_calibration_exits_143_and_leaves_no_child(smollm2_path, tmp_path):
     """Issue 68 point 6: SIGTERM while bench calibrates (before its sweep's own Ctrl-C handler) is SIGTERM's 143,
     not Ctrl-C's 130, and the calibration's child is stopped with it."""
-    env = {**os.environ, "EDGEKV_HOME": str(tmp_path / "home")}      # nothing cached: bench calibrates first
+    # nothing cached, and measuring on (the suite runs with EDGEKV_SPEED_CALIBRATE=cached): bench calibrates first
+    env = {**os.environ, "EDGEKV_HOME": str(tmp_path / "home"), "EDGEKV_SPEED_CALIBRATE": "auto"}
     p = subprocess.Popen([sys.executable, "-m", "edgekv.cli", "bench", str(smollm2_path), "-c", "1024", "-ctk", "f16",
                           "-p", "64", "-n", "16", "-r", "1", "-t", "2", "-o", str(tmp_path / "r.jsonl")],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
