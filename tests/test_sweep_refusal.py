@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from edgekv.orchestration import sweep
 
 
@@ -41,3 +43,24 @@ def test_a_plan_refused_whole_calibrates_nothing(monkeypatch):
     asked, out, _ = _plan(monkeypatch, {"a", "b", "c"})
     assert asked == [[]]         # and speed_predictions returns {} for no configuration, before calibrating
     assert all(out[k].calibration_id is None for k in "abc")
+
+
+@pytest.mark.slow
+def test_a_real_bench_whose_only_configuration_cannot_fit_is_refused_without_calibrating(smollm2_path, tmp_path):
+    """The issue's own command, sized to twice this machine's memory in KV: refused in seconds, no speed calibration
+    measured (nothing cached, measuring on)."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    per_cell = 30 * 3 * 64 * 2 * 2            # SmolLM2's f16 K and V bytes a cell
+    ctx = -(-2 * psutil.virtual_memory().total // per_cell // 256) * 256
+    env = {**os.environ, "EDGEKV_HOME": str(tmp_path / "home"), "EDGEKV_SPEED_CALIBRATE": "auto"}
+    p = subprocess.run([sys.executable, "-m", "edgekv.cli", "bench", str(smollm2_path), "-c", str(ctx), "-ctk", "f16",
+                        "-o", str(tmp_path / "r.jsonl")], capture_output=True, text=True, env=env, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and "predicted not to fit" in out, out
+    assert "calibrating" not in out
+    assert not list((tmp_path / "home" / "calibration").glob("*speed*"))
