@@ -249,8 +249,8 @@ def _busy_kept(cal: Calibration, load: dict[str, Any]) -> None:
 
 def _keep_partial(e: PartlyMeasured, load: dict[str, Any], store: _Store, want: Wanted) -> CalibrationError:
     """The error of a run whose weight models failed, the graph nodes and attention it measured before that cached
-    (not when other work used the CPUs meanwhile, nor when the cache cannot be written): the next run measures only
-    the weight types."""
+    (those within their physical bounds, marked busy when other work used the CPUs meanwhile; not when the cache
+    cannot be written): the next run measures only the weight types."""
     kept = Wanted(want.new, want.attn).words(e.cal.device)
     _busy_kept(e.cal, load)
     try:
