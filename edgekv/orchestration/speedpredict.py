@@ -153,7 +153,7 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
                             x.n_batch, x.n_ubatch)
             from edgekv.core.speedbounds import roofline_miss
 
-            far = roofline_miss(tg.tokens_per_s, tg.roofline_tokens_per_s)
+            far = roofline_miss(sh, [(q.name, q.s_per_token) for q in tg.parts], cal.bandwidth_bytes_s)
             if far:
                 return SpeedPrediction(calibration_id=cal.id, error=f"withheld: {far}")
             out.tg = _test_block(tg)
@@ -177,9 +177,10 @@ def roofline_blame(sh: SpeedShape, cal: Calibration, xs: list[SpeedInputs]) -> d
                             x.flash_attn, max(1, x.n_parallel), x.swa_cells, x.n_batch, x.n_ubatch)
         except MissingCalibration:
             continue
-        why = roofline_miss(tg.tokens_per_s, tg.roofline_tokens_per_s)
+        parts = [(p.name, p.s_per_token) for p in tg.parts]
+        why = roofline_miss(sh, parts, cal.bandwidth_bytes_s)
         if why:
-            for t in blamed_terms([(p.name, p.s_per_token) for p in tg.parts], sh, x.type_k, x.type_v, x.flash_attn):
+            for t in blamed_terms(parts, sh):
                 out.setdefault(t, why)
     return out
 
