@@ -57,3 +57,13 @@ def test_a_withheld_prediction_says_so_with_its_reason(rec):
     assert BV.speed_marks_legend([held]) == [f"withheld: no prediction shown: {why}."]
     other = _with_speed(rec, tg=None, pp=None, error="not predicted (--no-speed-model)")
     assert BV.predicted_cell(other, "tg") == "" and BV.speed_marks_legend([other]) == []
+
+
+def test_the_line_each_configuration_prints_says_so_too(rec):
+    from edgekv.cli.benchrun import case_line
+
+    assert "~" not in case_line(0, 1, rec, 1.0, 1.0, None)
+    busy = case_line(0, 1, _with_speed(rec, calibration_busy=True), 1.0, 1.0, None)
+    assert "(predicted 33.3 ~, from a calibration taken under load)" in busy
+    held = _with_speed(rec, tg=None, pp=None, error="withheld: a dropped term")
+    assert "(prediction withheld)" in case_line(0, 1, held, 1.0, 1.0, None)
