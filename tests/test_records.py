@@ -271,7 +271,7 @@ def test_a_v3_record_upgrades_to_v4_with_its_commit_unknown_and_its_interval_on_
     xs = [31.0, 2.0, 60.0, 45.0, 17.0]
     r["speed"]["tg"] = {**r["speed"]["tg"], "samples_ts": xs, "ci95_ts": [-3.6, 65.6]}
     (rec,) = R.load_records(_write(r))
-    assert rec.schema_version == S.SCHEMA_VERSION == 4
+    assert rec.schema_version == S.SCHEMA_VERSION
     assert rec.environment.edgekv_commit is S.UNSET and code_label(rec) == "unknown"
     assert rec.speed.tg.ci95_ts == summarize(xs)["ci95"] and rec.speed.tg.ci95_ts[0] > 0
     assert rec.speed.pp.ci95_ts == summarize(rec.speed.pp.samples_ts)["ci95"]
@@ -283,6 +283,22 @@ def test_a_v3_record_upgrades_to_v4_with_its_commit_unknown_and_its_interval_on_
     (rec4,) = R.load_records(_write(v4))
     assert rec4.speed.tg.ci95_ts == [1.0, 2.0] and code_label(rec4) == "3f32cba-dirty"
     assert frame_rows([rec4])[0]["edgekv_commit"] == "3f32cba" + "0" * 33 and frame_rows([rec4])[0]["edgekv_dirty"]
+
+
+def test_a_v4_record_upgrades_to_v5_and_a_far_miss_block_round_trips():
+    """Schema 5 (issue 68) adds prediction.speed.far_miss and .adjusted: a v4 record loads without them, and a record
+    that carries them reads back as written (strictly: a typo in them is refused)."""
+    r = {**_real(), "schema_version": 4}
+    (rec,) = R.load_records(_write(r))
+    assert rec.schema_version == S.SCHEMA_VERSION == 5
+    adj = {"action": "scaled", "test": "tg", "factor": 7.24, "config_key": "k", "note": "tg measured ..."}
+    speed = {"calibration_id": "c", "far_miss": adj, "adjusted": [adj]}
+    v5 = {**_real(), "prediction": {**_real()["prediction"], "speed": speed}}
+    (rec5,) = R.load_records(_write(v5))
+    assert rec5.prediction.speed.far_miss.factor == 7.24 and rec5.prediction.speed.adjusted[0].action == "scaled"
+    bad = {**v5, "prediction": {**v5["prediction"], "speed": {**speed, "far_miss": {**adj, "facter": 1}}}}
+    with pytest.raises(ResultsError, match="facter"):
+        R.load_records(_write(bad))
 
 
 def test_the_collected_environment_carries_this_checkouts_commit():

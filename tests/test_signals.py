@@ -93,3 +93,40 @@ def test_a_full_disk_is_one_line_and_leaves_no_torn_record(smollm2_path, tmp_pat
     assert "1 records kept, the 2nd not written" in line and "Traceback" not in err
     assert out.read_bytes().endswith(b"\n")
     assert [r["status"] for r in R.load(out)] == ["ok"]        # strict load: no torn line stays behind
+
+
+def test_sigterm_during_the_calibration_exits_143_and_leaves_no_child(smollm2_path, tmp_path):
+    """Issue 68 point 6: SIGTERM while bench calibrates (before its sweep's own Ctrl-C handler) is SIGTERM's 143,
+    not Ctrl-C's 130, and the calibration's child is stopped with it."""
+    # nothing cached, and measuring on (the suite runs with EDGEKV_SPEED_CALIBRATE=cached): bench calibrates first
+    env = {**os.environ, "EDGEKV_HOME": str(tmp_path / "home"), "EDGEKV_SPEED_CALIBRATE": "auto"}
+    p = subprocess.Popen([sys.executable, "-m", "edgekv.cli", "bench", str(smollm2_path), "-c", "1024", "-ctk", "f16",
+                          "-p", "64", "-n", "16", "-r", "1", "-t", "2", "-o", str(tmp_path / "r.jsonl")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    try:
+        assert p.stdout is not None
+        seen = []
+        for line in p.stdout:
+            seen.append(line)
+            if "calibrating" in line:
+                break
+        assert any("calibrating" in x for x in seen), "".join(seen)
+        time.sleep(2)
+        kids = psutil.Process(p.pid).children(recursive=True)
+        p.send_signal(signal.SIGTERM)
+        rest = p.stdout.read()
+        p.wait(timeout=60)
+        assert p.returncode == 143, "".join(seen) + rest
+        assert "Traceback" not in rest and "SIGTERM" in rest
+        for k in kids:
+            try:
+                k.wait(timeout=10)
+            except psutil.TimeoutExpired:
+                raise AssertionError(f"the calibration's child {k.pid} outlived edgekv") from None
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()

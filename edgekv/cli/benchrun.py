@@ -49,7 +49,9 @@ def case_line(i: int, n: int, rec: Record, wall_s: float, elapsed_s: float, rema
         if r:
             p = getattr(psp, t) if psp else None
             p = p.tokens_per_s if p else None
-            parts.append(r + (f" (predicted {p:.1f})" if p else ""))
+            busy = " ~, from a calibration taken under load" if p and psp.calibration_busy else ""
+            held = " (prediction withheld)" if not p and psp and str(psp.error or "").startswith("withheld") else ""
+            parts.append(r + (f" (predicted {p:.1f}{busy})" if p else held))
     seq = sp.tg_seq.mean_ts if sp and sp.tg_seq else None
     if seq is not None:
         parts.append(f"{seq:.1f} t/s per sequence ({rec.settings.n_parallel} at once)")

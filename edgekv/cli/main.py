@@ -543,15 +543,17 @@ def main(argv: list[str] | None = None) -> int:
     if bad is not None:
         sys.stderr.write(f"edgekv: error: {bad}\n")
         return 2
-    from edgekv.cli.signals import handled, interrupted_by, interrupted_code
+    from edgekv.cli.signals import handled, interrupted_by, interrupted_code, signalled, signalled_code
 
     try:
         with handled():                 # SIGTERM / SIGHUP: like Ctrl-C (edgekv.cli.signals)
             rc = cmd.main(args=argv, prog_name="edgekv", standalone_mode=False)
-        return rc if isinstance(rc, int) else 0
+        return signalled_code(rc if isinstance(rc, int) else 0)
     except typer.Exit as e:
-        return e.exit_code
+        return signalled_code(e.exit_code)
     except typer.Abort:
+        if signalled():                 # click's form of it: KeyboardInterrupt -> Abort (signalled_code)
+            return signalled_code(130)
         sys.stderr.write("edgekv: aborted\n")
         return 130
     except KeyboardInterrupt:

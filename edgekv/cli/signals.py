@@ -32,6 +32,24 @@ def interrupted_code() -> int:
     return 128 + _received[-1] if _received else 130
 
 
+def signalled() -> bool:
+    """Whether SIGTERM or SIGHUP (not Ctrl-C) stopped the last :func:`handled` block."""
+    return bool(_received)
+
+
+def signalled_code(rc: int) -> int:
+    """A command's exit status, 130 turned into 128 + the signal when SIGTERM or SIGHUP stopped it: typer turns a
+    KeyboardInterrupt that reaches it (a :class:`Terminated` raised outside a command's own handler, during a
+    calibration for one) into Exit(130), Ctrl-C's status; ``timeout`` and a CI job's cancellation must not read
+    as a Ctrl-C.  The interrupted line is said here, as for Ctrl-C's own path."""
+    if rc != 130 or not _received:
+        return rc
+    import sys
+
+    sys.stderr.write(f"edgekv: interrupted ({interrupted_by()})\n")
+    return interrupted_code()
+
+
 def interrupted_by() -> str:
     return signal.Signals(_received[-1]).name if _received else "Ctrl-C"
 

@@ -70,6 +70,7 @@ from edgekv.core.speedcost import (  # noqa: F401  (the speed model's names, in 
 from edgekv.core.speedshape import (  # noqa: F401
     BODY_PROBE_BYTES,
     GEOMETRY_MAX_EMBD,
+    NODE_PP_TOKENS,
     SPEED_MODEL_VERSION,
     AttnLayer,
     Calibration,
@@ -89,6 +90,14 @@ class MissingCalibration(ValueError):
     def __init__(self, what: str, keys: list[str]):
         self.what, self.keys = what, keys
         super().__init__(f"no speed prediction for {what} {', '.join(keys)}: the calibration has not measured it")
+
+
+class DroppedTerm(MissingCalibration):
+    """A term the prediction needs was dropped as outside its physical bounds (edgekv.core.speedbounds)."""
+
+    def __init__(self, why: str):
+        ValueError.__init__(self, why)
+        self.what, self.keys = "a dropped term", []
 
 
 def missing(cal: Calibration, sh: SpeedShape, type_k: str, type_v: str, flash_attn: str) -> tuple[list[str], list[str]]:
@@ -137,8 +146,16 @@ class SpeedPrediction:
         return d
 
 
-def _require(sh: SpeedShape, cal: Calibration, type_k: str, type_v: str, flash_attn: str, nodes: int | None) -> None:
-    """MissingCalibration naming what a prediction needs and does not have (a type, a K/V pair, the graph size)."""
+def _require(sh: SpeedShape, cal: Calibration, type_k: str, type_v: str, flash_attn: str, nodes: int | None,
+             test: str = "tg") -> None:
+    """MissingCalibration naming what a prediction needs and does not have (a term dropped as outside its physical
+    bounds, edgekv.core.speedbounds; a type, a K/V pair, the graph size)."""
+    if cal.dropped:
+        from edgekv.core.speedbounds import dropped_reason, needed_terms
+
+        why = dropped_reason(cal, needed_terms(sh, type_k, type_v, flash_attn, test))
+        if why:
+            raise DroppedTerm(why)
     wk, ak = missing(cal, sh, type_k, type_v, flash_attn)
     if wk:
         raise MissingCalibration("weight type", wk)
@@ -163,8 +180,6 @@ def node_cost(sh: SpeedShape, cal: Calibration, test: str) -> tuple[float, str]:
     return c, f"{c * 1e6:.2f} us"
 
 
-# the prompt sizes the calibration times graph nodes at (its two narrow models' prompts): node_pp_short_s, node_pp_s
-NODE_PP_TOKENS = (32, 512)
 
 
 def prompt_node_s(cal: Calibration, n: int) -> float:
@@ -187,7 +202,7 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
     sequence, and the rate is all sequences' tokens (llama-batched-bench's S_TG).  ``swa_cells``: the cells of
     a sliding-window cache (0: none, or not known), filled by a prompt of ``depth`` tokens in ``n_batch`` /
     ``n_ubatch`` pieces, whose ring decides what each thread reads (one sequence)."""
-    _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_tg)
+    _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_tg, "tg")
     n = max(1, n_seq)
     mean_depth = depth + max(1, n_gen) / 2
     c_node, c_src = node_cost(sh, cal, "tg")
@@ -237,7 +252,7 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
     """Prefill tokens/s of a prompt of ``n_prompt`` tokens processed at ``depth`` (llama-bench's pp at depth); with
     ``n_seq`` sequences (-npl) their prompts go in one batch (llama-batched-bench's S_PP over all of them), each
     token attending to its own sequence's cells, the last token of each sequence computing logits."""
-    _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_pp)
+    _require(sh, cal, type_k, type_v, flash_attn, sh.nodes_pp, "pp")
     kv = kv_key(type_k, type_v, flash_attn)
     n_seq = max(1, n_seq)
     fixed = weights = attn = 0.0
@@ -280,8 +295,8 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
                                   if dense_view(flash_attn) else "")
                                + (f"; {short} ubatch(es) under {FA_TILE_Q} tokens run llama.cpp's per-row loop, "
                                   "not its tiled kernel" if short else "")
-                               + (f"; the tiled kernel's cells past {TILED_SHALLOW_END} priced toward its cost "
-                                  f"{TILED_DEEP_DEPTHS[0]}-{TILED_DEEP_DEPTHS[1]} deep" if deep else "")
+                               + (f"; the tiled kernel's scans past {TILED_SHALLOW_END} cells priced, every cell, "
+                                  f"toward its cost {TILED_DEEP_DEPTHS[0]}-{TILED_DEEP_DEPTHS[1]} deep" if deep else "")
                                + ("; query tiles cut short at llama.cpp's chunk and head ends priced as full ones "
                                   "(their per-tile share)" if short_tiles else "")))
     t = sum(x.s_per_token for x in parts)

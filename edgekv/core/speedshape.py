@@ -173,6 +173,10 @@ def run_nodes(graph: dict[str, int] | None) -> tuple[int | None, int | None]:
     return g.get("ops_tg"), g.get("ops_pp")
 
 
+# the prompt sizes the calibration times graph nodes at (its two narrow models' prompts): node_pp_short_s, node_pp_s
+NODE_PP_TOKENS = (32, 512)
+
+
 @dataclass
 class Calibration:
     """This machine's coefficients (seconds), measured by edgekv.orchestration.speedcal."""
@@ -243,6 +247,9 @@ class Calibration:
     # the ggml device every layer ran on ("CUDA0", "Metal", ...; "" = the CPU backend): a GPU calibration is its own,
     # taken with every layer offloaded, and predicts only configurations that offload every layer to that device
     device: str = ""
+    # terms outside their physical bounds twice (edgekv.core.speedbounds: term -> why): left out of the
+    # coefficients, and every prediction that needs one is withheld with the reason until a run measures it again
+    dropped: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -151,11 +151,38 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
         if x.n_gen > 0:
             tg = predict_tg(sh, cal, tg_depth, x.n_gen, x.type_k, x.type_v, x.flash_attn, n_seq, x.swa_cells,
                             x.n_batch, x.n_ubatch)
+            from edgekv.core.speedbounds import roofline_miss
+
+            far = roofline_miss(sh, [(q.name, q.s_per_token) for q in tg.parts], cal.bandwidth_bytes_s)
+            if far:
+                return SpeedPrediction(calibration_id=cal.id, error=f"withheld: {far}")
             out.tg = _test_block(tg)
             out.explain = explain(tg)
         return out
     except MissingCalibration as e:
         return SpeedPrediction(calibration_id=cal.id, error=str(e))
+
+
+def roofline_blame(sh: SpeedShape, cal: Calibration, xs: list[SpeedInputs]) -> dict[str, str]:
+    """The terms of the largest part of each decode prediction of ``xs`` that lies far below its roofline
+    (edgekv.core.speedbounds.roofline_miss), each with why; {} when every one is plausible or none is predicted."""
+    from edgekv.core.speedbounds import blamed_terms, roofline_miss
+
+    out: dict[str, str] = {}
+    for x in xs:
+        if x.n_gen <= 0 or (x.n_parallel > 1 and x.kv_unified):
+            continue
+        try:
+            tg = predict_tg(sh, cal, x.n_prompt if x.n_parallel else x.n_depth, x.n_gen, x.type_k, x.type_v,
+                            x.flash_attn, max(1, x.n_parallel), x.swa_cells, x.n_batch, x.n_ubatch)
+        except MissingCalibration:
+            continue
+        parts = [(p.name, p.s_per_token) for p in tg.parts]
+        why = roofline_miss(sh, parts, cal.bandwidth_bytes_s)
+        if why:
+            for t in blamed_terms(parts, sh):
+                out.setdefault(t, why)
+    return out
 
 
 def _test_block(p: Any) -> SpeedTestPrediction:
@@ -221,6 +248,17 @@ def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[st
         else:
             with measuring(SPEED_LOCK, deadline, on_wait):
                 sc = run(True, deadline=deadline)
+                blamed = roofline_blame(sh, sc.cal, xs)
+                if blamed:      # a decode far below its roofline: its largest part's terms measured once more
+                    sc = run(True, deadline=deadline, forget=blamed)
+                    still = roofline_blame(sh, sc.cal, xs)
+                    if still:   # and then dropped: the predictions that need them are withheld with the reason
+                        from edgekv.core.speedbounds import drop_terms
+
+                        drop_terms(sc.cal, still)
+                    sc.note = "; ".join(x for x in (sc.note, f"{', '.join(blamed)} measured again: a decode far "
+                                                    "below its roofline" + (", still: dropped" if still else ""))
+                                        if x)
     except LockTimeout as e:
         return None, f"{e}: no speed predictions"
     except CalibrationError as e:

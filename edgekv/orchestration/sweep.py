@@ -232,9 +232,13 @@ def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set
     # llama.cpp's dry runs and the whole-process predictions come first: the plan says what will not fit
     engine_results = dry_runs(spec, todo) if spec.engine != ENGINE_LLAMA_BENCH else {}
     processes = process_predictions(spec, todo)
-    speeds = (speed_predictions(spec, todo, engine_results, emit) if spec.predict_speed else
-              {c.key: SpeedPrediction(calibration_id=None, error="not predicted (--no-speed-model)") for c in todo})
     unfit = {c.key: why for c in todo if (why := fit_check(spec, c, processes.get(c.key)))}
+    # the speed model calibrates for what will run: a refusal never waits on a measurement (issue 68)
+    speeds = (speed_predictions(spec, [c for c in todo if c.key not in unfit], engine_results, emit)
+              if spec.predict_speed else
+              {c.key: SpeedPrediction(calibration_id=None, error="not predicted (--no-speed-model)") for c in todo})
+    speeds.update({k: SpeedPrediction(calibration_id=None, error="not predicted: predicted not to fit the memory "
+                                                                  "available") for k in unfit if k not in speeds})
     tracker = SweepTracker(spec.model, todo[0].params if todo else None, todo, speeds, output, edgekv_home() / "runs",
                            sha, env)
     emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),
@@ -311,6 +315,9 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
         from edgekv.orchestration.quality import for_sweep
 
         quality = for_sweep(spec, todo)
+    from edgekv.orchestration.speedadapt import SpeedAdapter
+
+    adapt = SpeedAdapter(speeds)        # a far miss on a quiet machine rescales the rest of the plan (issue 68)
     try:
         for i, case in enumerate(todo):
             tracker.case_started(case.settings)
@@ -322,6 +329,8 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
             if quality is not None and rec.status == "ok":
                 rec.quality = quality(case, emit)
             wall, elapsed, remaining = tracker.case_done(rec, i)      # the record's load and plan blocks
+            for adj in adapt.after(rec, case, todo[i + 1:]):
+                emit("note", {"message": f"speed model: {adj.note}"})
             emit("record", {"i": i, "case": case, "record": rec, "wall_s": wall, "elapsed_s": elapsed,
                             "remaining_s": remaining})
             writer.append(rec)

@@ -107,9 +107,9 @@ class Progress:
                 self._desc(phase)
 
 
-def _ts(speed: dict[str, S.SpeedTest | None], test: str, predicted: float | None = None) -> str:
+def _ts(speed: dict[str, S.SpeedTest | None], test: str, pred: str = "") -> str:
+    """A measured test's cell, ``pred`` (:func:`predicted_cell`) under it."""
     v = speed.get(test)
-    pred = f"\n[dim]{predicted:.1f}[/]" if predicted else ""
     if v is None or v.mean_ts is None:
         return "-" + pred
     ci = v.ci95_ts
@@ -124,6 +124,49 @@ def predicted_ts(r: S.Record, test: str) -> float | None:
     sp = unset_none(pred.speed) if pred is not None else None
     t = unset_none(getattr(sp, test)) if sp is not None else None
     return t.tokens_per_s if t is not None else None
+
+
+BUSY_MARK = "~"
+WITHHELD = "withheld"
+
+
+def predicted_cell(r: S.Record, test: str) -> str:
+    """The line under a measured tokens/s: the speed model's prediction, dimmed, with BUSY_MARK (not dimmed) when
+    its calibration was taken while other work used the CPUs; WITHHELD where edgekv withheld it (a term outside
+    its physical bounds); "" where nothing was predicted."""
+    sp = _speed_block(r)
+    if sp is None:
+        return ""
+    v = predicted_ts(r, test)
+    if v is not None:
+        return f"\n{'[yellow]' + BUSY_MARK + '[/]' if unset_none(sp.calibration_busy) else ''}[dim]{v:.1f}[/]"
+    return f"\n[yellow]{WITHHELD}[/]" if withheld_reason(r) else ""
+
+
+def _speed_block(r: S.Record) -> S.SpeedPrediction | None:
+    pred = unset_none(r.prediction)
+    return unset_none(pred.speed) if pred is not None else None
+
+
+def withheld_reason(r: S.Record) -> str | None:
+    """Why the speed model withheld a record's prediction (edgekv.core.speedbounds), None when it did not."""
+    sp = _speed_block(r)
+    err = unset_none(sp.error) if sp is not None else None
+    return err if isinstance(err, str) and err.startswith("withheld") else None
+
+
+def speed_marks_legend(records: list[S.Record]) -> list[str]:
+    """The legend lines of BUSY_MARK and WITHHELD, for the marks the records' rows show."""
+    out = []
+    if any(sp is not None and unset_none(sp.calibration_busy) for sp in map(_speed_block, records)):
+        out.append(f"{BUSY_MARK} before a prediction: its calibration was taken while other work used the CPUs; its "
+                   "terms passed their physical bounds, but the prediction may be slower than this machine's own "
+                   "('edgekv calibrate' on a quiet machine measures it anew).")
+    reasons = list(dict.fromkeys(w for r in records if (w := withheld_reason(r))))
+    if reasons:
+        out.append(f"{WITHHELD}: no prediction shown: {reasons[0]}"
+                   + (f" (and {len(reasons) - 1} more reasons: --json)" if len(reasons) > 1 else "") + ".")
+    return out
 
 
 def off_device(r: S.Record) -> str | None:
@@ -191,7 +234,7 @@ def _summary_row(r: S.Record, narrow: bool, with_gpu: bool, with_quality: bool) 
     if record_busy(r):
         status += f" [yellow]busy {100 * r.load.others_share_max:.0f}%[/]"
     sp = {t: speed_of(r, t) for t in ("pp", "tg")}
-    pp, tg = _ts(sp, "pp", predicted_ts(r, "pp")), _ts(sp, "tg", predicted_ts(r, "tg"))
+    pp, tg = _ts(sp, "pp", predicted_cell(r, "pp")), _ts(sp, "tg", predicted_cell(r, "tg"))
     npl = unset_none(s.n_parallel)
     seq = speed_of(r, "tg_seq")
     if npl and seq is not None and seq.mean_ts is not None:
@@ -241,6 +284,8 @@ def render_summary(con, records: list[S.Record | dict[str, Any]], output: str) -
     busy_rows = any(record_busy(r) for r in records)
     unstable = any(v is not None and v.unstable for r in records for v in (speed_of(r, "pp"), speed_of(r, "tg")))
     _summary_legend(con, narrow, with_gpu, with_quality, busy_rows, unstable)
+    for line in speed_marks_legend(records):
+        con.print(f"[yellow]{line}[/]", highlight=False)
     if any(unset_none(r.settings.n_parallel) for r in records):
         con.print("npl N: N sequences at once from an empty cache (-npl); pp and tg are tokens/s of all of them, /seq "
                   "what each one gets." + (" llama-server rows: the server process's memory sampled from outside; pp "

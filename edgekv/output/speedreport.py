@@ -75,7 +75,8 @@ def table(recs: list[Record]) -> tuple[str, str, list[str], list[list[str]], lis
         cells = [x["label"]]
         for t in ("tg", "pp"):
             m, p = x[f"{t}_measured"], x[f"{t}_predicted"]
-            cells += [f"{m:.1f}" if m else "–", f"{p:.1f}" if p else "–",
+            busy = "~" if p and _v(_v(_v(x["record"].prediction).speed).calibration_busy) else ""
+            cells += [f"{m:.1f}" if m else "–", f"{busy}{p:.1f}" if p else "–",
                       f"{100 * (m - p) / p:+.1f}" if m and p else "–"]
         roof = x["roofline"]
         cells.append(f"{100 * x['tg_measured'] / roof:.0f} %" if roof and x["tg_measured"] else "–")
@@ -93,7 +94,10 @@ def table(recs: list[Record]) -> tuple[str, str, list[str], list[list[str]], lis
     intro = (f"Tokens/s of each run beside edgekv's speed model (`edgekv/core/speed.py`), {when} "
              "from the GGUF header, llama.cpp's graph size and this machine's calibration (`edgekv calibrate`); "
              "Δ = (measured − predicted) / predicted. The roofline is the measured read bandwidth over the bytes a "
-             "decoded token reads (weights + KV cache at that depth).")
+             "decoded token reads (weights + KV cache at that depth)." + (
+                 " ~ before a prediction: its calibration was taken while other work used the CPUs (its terms "
+                 "passed their physical bounds; the prediction may be slower than this machine's own)."
+                 if any(_v(_v(_v(x["record"].prediction).speed).calibration_busy) for x in rs) else ""))
     return "Explained speed", intro, headers, body, ["l"] + ["r"] * (len(headers) - 1)
 
 

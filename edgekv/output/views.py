@@ -278,7 +278,7 @@ def render_predict(con, m: LoadedModel, base: ContextParams, out: PredictOutcome
         if proc is not None and _v(proc.fits) is False:
             note = (note + " " if note else "") + "[red]does not fit here[/]"
         warn_ctx |= beyond
-        speed = [_ts_cell(_speed_of(r, "tg")), _ts_cell(_speed_of(r, "pp"))] if with_speed else []
+        speed = [_ts_cell(_speed_of(r, "tg"), r), _ts_cell(_speed_of(r, "pp"), r)] if with_speed else []
         table_rows.append((cells + process_cells(r, proc_cols) + speed, note))
     has_notes = any(note for _, note in table_rows)
     if has_notes:
@@ -358,11 +358,16 @@ def _speed_of(rec: Record, test: str) -> Any:
     return _v(getattr(sp, test)) if sp is not None else None
 
 
-def _ts_cell(t: Any) -> str:
+def _ts_cell(t: Any, rec: Record | None = None) -> str:
+    """A predicted tokens/s; "~" before it when its calibration was taken under load, "withheld" where edgekv
+    withheld it (edgekv.output.benchview.speed_marks_legend)."""
+    sp = _v(rec.prediction.speed) if rec is not None else None
     if t is None:
-        return "-"
+        err = _v(sp.error) if sp is not None else None
+        return "withheld" if isinstance(err, str) and err.startswith("withheld") else "-"
     v = t.tokens_per_s
-    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+    mark = "~" if sp is not None and _v(sp.calibration_busy) else ""
+    return mark + (f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}")
 
 
 def speed_legend(con, recs: list[Record]) -> None:
@@ -380,6 +385,10 @@ def speed_legend(con, recs: list[Record]) -> None:
               f"{sp.calibration_id}{', taken while other work used the CPUs' if _v(sp.calibration_busy) else ''}; "
               "edgekv calibrate); not measured: 'edgekv bench' measures them.", highlight=False)
     last = max(rows, key=lambda x: x[0].prediction.formula.n_ctx)
+    from edgekv.output.benchview import speed_marks_legend
+
+    for line in speed_marks_legend(recs):
+        con.print(line, highlight=False)
     if last[1] is not None and _v(sp.explain):
         f = last[0].prediction.formula
         con.print(f"Decode at {f.n_ctx}/{f.type_k}: {_v(_v(last[0].prediction.speed).explain)}.", highlight=False)

@@ -225,6 +225,10 @@ class Process(Block, kw_only=True):
     parts: doc(Union[list[ProcessPart], UnsetType], "the parts summed") = UNSET
     notes: doc(Union[list[str], UnsetType], "caveats") = UNSET
     predicted_after_measurement: doc(Union[PredictedAfter, UnsetType], "added later by edgekv") = UNSET
+    far_miss: doc(Union[SpeedAdjustment, UnsetType], "this configuration measured far (2x) from its prediction on a "
+                                                     "quiet machine: what bench did about the rest of the plan") = UNSET
+    adjusted: doc(Union[list[SpeedAdjustment], UnsetType], "the scalings applied to this prediction after an earlier "
+                                                           "configuration's far miss (its tokens/s are scaled)") = UNSET
     error: doc(Union[str, None, UnsetType], "why the dry run behind it failed") = UNSET
     fits: doc(Union[bool, None, UnsetType], "edgekv predict: the peak plus the margin (edgekv.core.fit) within the "
                                            "memory available when it predicted") = UNSET
@@ -254,6 +258,16 @@ class SpeedTestPrediction(Block, kw_only=True):
     calibration_id: doc(str, "the calibration the coefficients come from")
 
 
+class SpeedAdjustment(Block, kw_only=True):
+    """What bench did after a configuration measured far from its prediction on a quiet machine (issue 68)."""
+
+    action: doc(str, "scaled: the rest of the plan's predictions of that test scaled by what was measured")
+    test: doc(str, "pp | tg")
+    factor: doc(float, "measured / predicted tokens/s of the configuration that missed")
+    config_key: doc(OptStr, "that configuration's key")
+    note: doc(str, "in words")
+
+
 class SpeedPrediction(Block, kw_only=True):
     """The speed model's prediction (issue 26; edgekv.core.speed, edgekv.orchestration.speedcal)."""
 
@@ -268,6 +282,10 @@ class SpeedPrediction(Block, kw_only=True):
     error: doc(Union[str, None, UnsetType], "why no speed was predicted (a type the calibration lacks, ...)") = UNSET
     explain: doc(Union[str, None, UnsetType], "the part that dominates, and the roofline share") = UNSET
     predicted_after_measurement: doc(Union[PredictedAfter, UnsetType], "added later by edgekv") = UNSET
+    far_miss: doc(Union[SpeedAdjustment, UnsetType], "this configuration measured far (2x) from its prediction on a "
+                                                     "quiet machine: what bench did about the rest of the plan") = UNSET
+    adjusted: doc(Union[list[SpeedAdjustment], UnsetType], "the scalings applied to this prediction after an earlier "
+                                                           "configuration's far miss (its tokens/s are scaled)") = UNSET
 
 
 class Prediction(Block, kw_only=True):

@@ -103,8 +103,15 @@ def _v3_to_v4(r: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
+def _v4_to_v5(r: dict[str, Any]) -> dict[str, Any]:
+    """v4 records never adjusted a speed prediction after a far miss (prediction.speed.far_miss and .adjusted,
+    issue 68): left absent."""
+    return {**r, "schema_version": 5}
+
+
 # v -> function upgrading a v record to v+1, in order.
-UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
+                                                                   4: _v4_to_v5}
 
 # The settings that identify a configuration: two records with equal values describe the same
 # measurement (resume skips it; compare pairs them).

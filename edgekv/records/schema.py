@@ -71,6 +71,7 @@ from edgekv.records.blocks import (
     ProcessPart,
     QualitySettings,
     Settings,
+    SpeedAdjustment,
     SpeedPartBlock,
     SpeedPrediction,
     SpeedTestPrediction,
@@ -102,7 +103,7 @@ from edgekv.records.measured import (
     Timing,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 KINDS = ("bench", "llama-bench", "predict", "quality")
 
@@ -388,6 +389,6 @@ __all__ = [
     "Environment", "ENVIRONMENT_KEYS", "ExtraBuffersPreflight", "Failure", "Formula", "FormulaCache", "LlamaBench",
     "LlamaBenchContext", "LlamaLog", "Load", "LoadWindow", "Memory", "MemoryResidual", "Model", "Nvidia",
     "NvidiaDevice", "OptFloat", "OptInt", "OptStr", "Plan", "PredictedAfter", "Prediction", "Process", "ProcessPart",
-    "Quality", "QualityPass", "QualitySettings", "QualityStats", "Serving", "Settings", "Speed", "SpeedPartBlock",
-    "SpeedPrediction", "SpeedResidual", "SpeedTest", "SpeedTestPrediction", "TestMemory", "Timing",
+    "Quality", "QualityPass", "QualitySettings", "QualityStats", "Serving", "Settings", "Speed", "SpeedAdjustment",
+    "SpeedPartBlock", "SpeedPrediction", "SpeedResidual", "SpeedTest", "SpeedTestPrediction", "TestMemory", "Timing",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 
 from edgekv.core.probe import ProbeModel, ProbeResult, results_of
 from edgekv.core.speed import Calibration, kv_key, tiled_prompt_path, weight_key
+from edgekv.core.speedbounds import base_term, drop_terms, term_checks
 from edgekv.orchestration.speedcal.errors import (
     CalibrationError,
     CalibrationTimeout,
@@ -234,16 +235,24 @@ def _check_load(cal: Calibration, load: dict[str, Any], allow_busy: bool) -> str
     if not load.get("busy"):
         return ""
     cal.notes.append(f"busy: other work used {share}")
-    return f" while other work used {share}: its predictions are marked, and the next run measures again"
+    return (f" while other work used {share}: its predictions are marked; its terms passed their physical bounds "
+            "and are kept")
+
+
+def _busy_kept(cal: Calibration, load: dict[str, Any]) -> None:
+    """What an unfinished run keeps of ``cal``: its terms within their physical bounds (the others dropped, measured
+    again next time), marked busy when other work used the CPUs meanwhile."""
+    drop_terms(cal, term_checks(cal))
+    if load.get("busy") and not cal.busy:
+        cal.notes.append(f"busy: other work used {100 * load.get('others_share_max', 0):.0f} % of the CPUs")
 
 
 def _keep_partial(e: PartlyMeasured, load: dict[str, Any], store: _Store, want: Wanted) -> CalibrationError:
     """The error of a run whose weight models failed, the graph nodes and attention it measured before that cached
-    (not when other work used the CPUs meanwhile, nor when the cache cannot be written): the next run measures only
-    the weight types."""
+    (those within their physical bounds, marked busy when other work used the CPUs meanwhile; not when the cache
+    cannot be written): the next run measures only the weight types."""
     kept = Wanted(want.new, want.attn).words(e.cal.device)
-    if load.get("busy"):
-        return CalibrationError(f"{e}; what it measured before ({kept}) is not cached: other work used the CPUs")
+    _busy_kept(e.cal, load)
     try:
         write_cache(store.path, store.key, store.fp, e.cal, e.raw)
     except OSError as w:
@@ -260,14 +269,12 @@ def _keep_timeout(e: CalibrationTimeout, load: dict[str, Any], store: _Store, bu
     head += f" after measuring {e.measured}" if e.measured else " before it measured anything"
     tail = ""
     if e.cal is not None and e.measured:
-        if load.get("busy"):
-            tail = "; what it measured is not cached: other work used the CPUs"
-        else:
-            try:
-                write_cache(store.path, store.key, store.fp, e.cal, e.raw)
-                tail = "; what it measured is cached: the next run measures the rest"
-            except OSError as w:
-                tail = f"; what it measured is not cached either ({w.strerror})"
+        _busy_kept(e.cal, load)
+        try:
+            write_cache(store.path, store.key, store.fp, e.cal, e.raw)
+            tail = "; what it measured is cached: the next run measures the rest"
+        except OSError as w:
+            tail = f"; what it measured is not cached either ({w.strerror})"
     return CalibrationTimeout(f"{head}; no speed predictions (edgekv calibrate measures it on a quiet machine){tail}",
                               e.measured)
 
@@ -300,6 +307,41 @@ def _measure(cal: Calibration, want: Wanted, job: Job, allow_busy: bool, store: 
     raise AssertionError("unreachable")
 
 
+def _forget(cal: Calibration, terms: dict[str, str]) -> bool:
+    """Take ``terms`` (dropped before, or blamed now) out of ``cal`` to be measured again; whether the base plan
+    must run again for them."""
+    if not terms:
+        return False
+    cal.dropped.clear()
+    drop_terms(cal, terms, keep_reason=False)
+    return any(base_term(t) for t in terms)
+
+
+def _check_terms(cal: Calibration, raw: list[ProbeResult], load: dict[str, Any],
+                 remeasure: Callable[[Calibration, bool], tuple[Calibration, list[ProbeResult], str, dict[str, Any]]],
+                 expired: Callable[[], bool]) -> tuple[Calibration, list[ProbeResult], str, dict[str, Any]]:
+    """Every term of ``cal`` checked against its physical bounds (edgekv.core.speedbounds.term_checks): those
+    outside them measured once more (``remeasure(cal, base)``: ``base`` when the base plan must run again, busy or
+    quiet), and any still outside dropped with the reason.  Returns (cal, raw, what the output adds, the load of
+    both measurements)."""
+    bad = term_checks(cal)
+    if not bad:
+        return cal, raw, "", load
+    if expired():
+        drop_terms(cal, bad)
+        return cal, raw, f"; dropped {', '.join(bad)} (outside their physical bounds; no time to measure them again)", load
+    drop_terms(cal, bad, keep_reason=False)
+    cal, raw2, _, load2 = remeasure(cal, any(base_term(t) for t in bad))
+    still = term_checks(cal)
+    drop_terms(cal, still)
+    load = {**load, "busy": bool(load.get("busy") or load2.get("busy")),
+            "others_share_max": max(load.get("others_share_max", 0), load2.get("others_share_max", 0))}
+    note = f"; {', '.join(bad)} measured again (outside their physical bounds)"
+    if still:
+        note += f", still outside: dropped ({'; '.join(still.values())}), its predictions withheld"
+    return cal, raw + raw2, note, load
+
+
 def wanted(cal: Calibration, new: bool, pairs: list[tuple[str, str, str]], geometries: Iterable[str],
            weight_types: Iterable[str], bodies: Iterable[str], feats: list[str], repack: bool) -> Wanted:
     """What a calibration run must measure for ``cal`` (``new``: nothing cached)."""
@@ -319,7 +361,7 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
               allow_busy: bool = False, geometries: Iterable[str] = (), measure: bool = True,
               llama_bench: str | None = None, device: str = "", bodies: Iterable[str] = (),
               sentinel: str | None = None, runner: Runner | None = None,
-              deadline: float | None = None) -> SpeedCalibration:
+              deadline: float | None = None, forget: dict[str, str] | None = None) -> SpeedCalibration:
     """The cached calibration for this environment, thread count and --repack, with every weight type and K/V pair
     (for each attention geometry in ``geometries``) asked for measured (only what is missing is measured;
     everything when absent, stale or ``refresh``).  ``measure`` False: only what is cached, and CalibrationError
@@ -331,7 +373,9 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     timed again to check that a cached calibration still describes the machine (DRIFT_LIMIT; only when measuring).
     ``runner``: what measures each plan (default: edgekv's own child, or ``llama_bench``'s).  ``deadline``: an
     absolute time.monotonic() time; each run's timeout is at most the time left, and past it CalibrationTimeout
-    says what was measured (that part cached, unless other work used the CPUs)."""
+    says what was measured (that part cached, unless other work used the CPUs).  ``forget``: terms
+    (edgekv.core.speedbounds) measured again whatever is cached (a prediction far below its roofline blames them);
+    every term is checked against its physical bounds, measured once more when outside them, then dropped."""
     run = Bounded(runner or runner_for(llama_bench), deadline)
     budget = max(0.0, deadline - time.monotonic()) if deadline is not None else 0.0
     key, fp = calibration_key(n_threads, repack, llama_bench, device)
@@ -344,8 +388,13 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     feats = list(cpu_features or [])
     new = cal is None
     cal = named(cal, key, n_threads, runtime_name(llama_bench), device)
-    want = wanted(cal, new, list(kv_pairs) or [(k, v, "auto") for k, v in DEFAULT_KV], geometries, weight_types,
-                  bodies, feats, repack)
+    pairs = list(kv_pairs) or [(k, v, "auto") for k, v in DEFAULT_KV]
+
+    def want_of(c: Calibration, fresh: bool) -> Wanted:
+        return wanted(c, fresh, pairs, geometries, weight_types, bodies, feats, repack)
+
+    new = _forget(cal, {**cal.dropped, **(forget or {})} if measure else {}) or new
+    want = want_of(cal, new)
     if not new and want.nothing():
         return SpeedCalibration(cal, False, note)
     if not measure:
@@ -354,8 +403,10 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
         raise _keep_timeout(CalibrationTimeout("", ""), {}, store, budget)
     t0 = time.monotonic()
     job = Job(n_threads, repack, feats, progress, run, interleave=llama_bench is None)
-    cal, raw, again, load = _measure(cal, want, job, allow_busy, store, budget)
-    measured = f"measured {want.words(device)} in {time.monotonic() - t0:.0f} s{again}"
+    cal, raw, disturbed, load = _measure(cal, want, job, allow_busy, store, budget)
+    cal, raw, bounds, load = _check_terms(cal, raw, load, lambda c, fresh: _measure(
+        c, want_of(c, fresh), job, allow_busy, store, budget), job.run.expired)
+    measured = f"measured {want.words(device)} in {time.monotonic() - t0:.0f} s{disturbed}{bounds}"
     measured += _check_load(cal, load, allow_busy)
     try:
         write_cache(store.path, key, fp, cal, raw)

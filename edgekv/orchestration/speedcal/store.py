@@ -119,7 +119,8 @@ def merge_cached(cal: Calibration, path: Path, key: str) -> list[Any]:
     for name in MERGED:
         mine = getattr(cal, name)
         for k, v in getattr(other, name).items():
-            mine.setdefault(k, v)
+            if f"{name}:{k}" not in cal.dropped:        # a term this run dropped stays out
+                mine.setdefault(k, v)
     cal.notes.extend(n for n in other.notes if n not in cal.notes)
     raw = c.get("raw")
     return raw if isinstance(raw, list) else []
@@ -209,14 +210,17 @@ def drifted(cal: Calibration, raw: list[Any], sentinel: str, n_threads: int, rep
 
 def still_holds(cal: Calibration, note: str, measure: bool, sentinel: str | None,
                 is_drifted: Callable[[str], str]) -> tuple[Calibration | None, str]:
-    """The cached ``cal`` when it may be used (None: measure again) and the note: a busy calibration is measured
-    again, or (measuring off) used and named; one whose ``sentinel`` weight type now decodes DRIFT_LIMIT faster or
-    slower (``is_drifted``) is measured again."""
+    """The cached ``cal`` when it may be used (None: measure again) and the note: one whose ``sentinel`` weight type
+    now decodes DRIFT_LIMIT faster or slower (``is_drifted``) is measured again.  A calibration taken while other
+    work used the CPUs is kept, its terms having passed their physical bounds (edgekv.core.speedbounds; those that
+    did not were dropped and are measured again), and its predictions stay marked: a busy machine, a shared CI
+    runner, does not pay for the whole calibration on every run.  Its sentinel, timed on a machine that is quiet
+    again, measures it anew when it moved; 'edgekv calibrate' re-measures it at once."""
     if cal.busy:
-        if measure:     # never reuse figures a busy machine gave: this run measures again
-            return None, "the cached calibration was taken while other work used the CPUs: re-measured"
-        return cal, (f"the cached calibration was taken while other work used the CPUs and {SPEED_CALIBRATE_ENV}=cached: "
-                     "its predictions are marked; 'edgekv calibrate' re-measures")
+        busy = ("the cached calibration was taken while other work used the CPUs: kept (its terms passed their "
+                     "physical bounds), its predictions marked" + (f" ({SPEED_CALIBRATE_ENV}=cached)" if not measure
+                                                                   else "; 'edgekv calibrate' re-measures it"))
+        note = "; ".join(x for x in (note, busy) if x)
     if measure and sentinel and sentinel in cal.matvec_s_per_byte:
         why = is_drifted(sentinel)
         if why:
