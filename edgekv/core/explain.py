@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from edgekv.core.arch import shape_from_metadata
+from edgekv.core.breakdown import check_table, last_exit_table
 from edgekv.core.cachetypes import cache_type
 from edgekv.core.devicemem import device_rows
 from edgekv.core.llamalog import LlamaMemoryLog, is_host_buffer, parse_memory_log
@@ -426,6 +427,9 @@ def explain_lines(name: str, lines: list[str], header_meta: dict[str, Any] | Non
            "compute": compute_rows(mem),
            "devices": device_rows(cfg, buffers),
            "why": why(buffers, kv, cfg)}
+    table = last_exit_table(lines)                      # llama.cpp's own breakdown at exit (edgekv.core.breakdown)
+    if table:
+        out["breakdown"] = check_table(table, buffers)
     if cfg.truncated_arrays:
         out["notes"] = [f"the loader cut these arrays short, print_info filled them: {', '.join(cfg.truncated_arrays[:8])}"]
     return out

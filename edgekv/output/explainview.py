@@ -6,6 +6,8 @@ from typing import Any
 
 from rich.table import Table
 
+from edgekv.output.breakdownview import render_breakdown
+
 CONFIG_LABELS = (("arch", "architecture"), ("name", "model"), ("layers", "layers"), ("heads", "heads"),
                  ("kv_heads", "KV heads"), ("head_dim_k", "head dim K"), ("head_dim_v", "head dim V"),
                  ("sliding_window", "sliding window"), ("file_type", "file type"), ("file_size", "file size"),
@@ -96,6 +98,7 @@ def render_explain(con: Any, r: dict[str, Any]) -> None:
                       f"({d['limit']})")
         if d.get("note") and d["device"] != "host":
             con.print(f"  {d['note']}")
+    render_breakdown(con, r)                            # llama.cpp's breakdown table at exit (breakdownview)
     for n in r.get("notes", []):
         con.print(f"note: {n}")
     rd = r.get("read") or {}
