@@ -38,6 +38,7 @@ TABLES: dict[str, str] = {
     "bench-vs-llama-bench": "bench_vs_llama_bench",
     "serving": "serving_accuracy",
     "quality-vs-perplexity": "quality_vs_perplexity",
+    "explain-corpus": "explain_corpus",
 }
 _BLOCK = re.compile(r"<!-- table:([a-z0-9-]+) -->")
 
