@@ -153,9 +153,9 @@ def test_device_overhead_the_tables_show():
     cuda = sorted(m for d, m in measured if d.startswith("CUDA"))
     assert all(m <= 1 for m in metal[:-1]) and len(metal) >= 7 and metal[-1] == 495     # 1: the floors of an old table
     assert len(cuda) >= 5 and min(cuda) == 1125 and max(cuda) == 3945
-    assert [m for d, m in measured if d.startswith("Vulkan")] == [1789]
+    assert sorted(m for d, m in measured if d.startswith("Vulkan")) == [1221, 1241, 1789]
     unusable = [r for r in rows if overhead(r).get("mib") is None]
-    assert len(unusable) >= 5           # four RTX 3090 rows and the SYCL row: free did not move
+    assert len(unusable) >= 6           # four RTX 3090 rows, the SYCL row, the RPC row: free did not move
 
 
 def test_check_table_on_rows_without_buffers():

@@ -2,7 +2,7 @@
 
 Pure.  Builds since late 2025 print, at exit (``llama_memory_breakdown_print``, llama-server on shutdown,
 llama-cli/llama-completion after the perf print) and during every ``-fit`` dry run
-(``common_memory_breakdown_print``), one row per device and one for the host, in whole MiB (floor)::
+(``common_memory_breakdown_print``, which recent builds also use at shutdown), one row per device and one for the host, in whole MiB (floor)::
 
     | memory breakdown [MiB] | total   free     self   model   context   compute    unaccounted |
     |   - CUDA0 (RTX 4090)   | 24077 =  945 + (19187 = 17904 +     384 +     898) +        3945 |
@@ -14,7 +14,7 @@ when the table is printed, so ``unaccounted`` is everything on the device that i
 driver context, cuBLAS workspaces, ggml's CUDA pool, *and other processes* (a desktop).  Two cases make it
 meaningless, and are marked so:
 
-* a fit dry run (``common_memory_breakdown_print``) allocates nothing, so free still holds the memory ``self``
+* a fit dry run (printed before the model's buffers exist) allocates nothing, so free still holds the memory ``self``
   projects: unaccounted comes out negative (printed as such by recent builds);
 * a backend whose free memory does not move with allocations (SYCL without sysman, some drivers) gives a negative
   unaccounted too, which older builds print as an unsigned wrap (``17592186030401`` = 2^44 - 14015 MiB).
@@ -55,6 +55,9 @@ def parse_row(line: str) -> dict[str, Any] | None:
         vals = {k: int(v) for k, v in d.groupdict().items() if v is not None}
         unacc = vals.pop("unacc", None)
         row.update(kind="device", device=name.split(" ", 1)[0], **vals)
+        if row["free"] >= WRAP // 2:                # an RPC server that reports no free memory: a negative wrapped
+            row["free"] -= WRAP
+            row["free_wrapped"] = True
         if unacc is not None:
             row["unaccounted"] = unacc - WRAP if unacc >= WRAP // 2 else unacc
             row["wrapped"] = unacc >= WRAP // 2
@@ -67,9 +70,14 @@ def parse_row(line: str) -> dict[str, Any] | None:
 
 
 def parse_tables(lines: list[str]) -> list[list[dict[str, Any]]]:
-    """Every breakdown table in the log, in order (a header line starts a new one)."""
+    """Every breakdown table in the log, in order (a header line starts a new one).  A table printed before the
+    model's buffers were allocated (the first ``model buffer size`` line) is a fit dry run whatever its function
+    name: recent builds print the shutdown table through ``common_memory_breakdown_print`` as well."""
     tables: list[list[dict[str, Any]]] = []
+    loaded = False
     for line in lines:
+        if not loaded and "model buffer size" in line:
+            loaded = True
         if "_memory_breakdown_print:" not in line:
             continue
         if _HEADER.search(line):
@@ -78,6 +86,7 @@ def parse_tables(lines: list[str]) -> list[list[dict[str, Any]]]:
         row = parse_row(line)
         if row is None:
             continue
+        row["source"] = "exit" if loaded or row["source"] == "exit" else "fit dry run"
         if not tables or (tables[-1] and tables[-1][-1]["source"] != row["source"]):
             tables.append([])
         tables[-1].append(row)
@@ -96,6 +105,8 @@ def overhead(row: dict[str, Any]) -> dict[str, Any]:
         return {"status": "host row: no device total"}
     if row["source"] != "exit":
         return {"status": "fit dry run: nothing was allocated, unaccounted is a projection"}
+    if row.get("free_wrapped"):
+        return {"status": "the backend reported no usable free memory (the free column wrapped)", "mib": None}
     if "unaccounted" not in row:
         return {"status": "no unaccounted column (an older table)", "mib": row["total"] - row["free"] - row["self"]}
     if row["unaccounted"] < 0:
