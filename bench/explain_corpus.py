@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-from collections import Counter
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,8 @@ def _device_kv(r: dict[str, Any]) -> tuple[int, int, int]:
     lines = [b for g in r.get("buffers", []) for b in g["buffers"] if b["kind"] == "KV"]
     devices = {g["device"] for g in r.get("buffers", []) if any(b["kind"] == "KV" for b in g["buffers"])}
     # several contexts in one log also print KV lines on several devices: a split shows more buffer lines than caches
-    printed = len(lines) if len(devices) > 1 and len(lines) > len((r.get("kv") or {}).get("lines", [])) else 0
+    caches = [x for x in (r.get("kv") or {}).get("lines", []) if x.get("role") != "recurrent"]
+    printed = len(lines) if len(devices) > 1 and len(lines) > len(caches) else 0
     pred = [x for x in (r.get("kv") or {}).get("device_lines", []) or [] if x.get("predicted_mib") is not None]
     return printed, len(pred), sum(1 for x in pred if x.get("match"))
 

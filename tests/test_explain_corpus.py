@@ -1,5 +1,5 @@
 """The corpus of public llama.cpp logs as a whole (tests/data/logs): its size and spread per backend, every KV and
-recurrent-state line exact, the bench harness that sums it per backend (bench/explain_corpus.py), and llama.cpp's
+recurrent-state line exact, and llama.cpp's
 own memory breakdown tables (edgekv.core.breakdown) reproduced from the buffer lines.
 
 A log that explain cannot read yet is listed in KNOWN with the issue-69 defect that stops it; the test of that log
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from bench import explain_corpus as EC
 from edgekv.core.breakdown import WRAP, check_table, last_exit_table, overhead, parse_row, parse_tables
 from edgekv.core.explain import ExplainError, explain_lines
 from edgekv.core.logconfig import read_bounded
@@ -28,6 +27,11 @@ BREAKDOWNS = sorted((DATA / "breakdowns").glob("*.log"))
 KNOWN = {k: v for k, v in json.loads((LOGS / "known-defects.json").read_text(encoding="utf-8")).items() if k != "_"}
 
 
+def backend_of(name: str) -> str:
+    return name.split("-", 1)[0].replace("metal", "Metal").replace("cuda", "CUDA").replace("rocm", "ROCm").replace(
+        "vulkan", "Vulkan").replace("sycl", "SYCL").replace("cann", "CANN").replace("cpu", "CPU")
+
+
 def explain_file(path: Path) -> dict:
     with open(path, "rb") as f:
         b = read_bounded(f)
@@ -35,7 +39,7 @@ def explain_file(path: Path) -> dict:
 
 
 def test_corpus_spread():
-    per = Counter(EC.backend_of(p.name) for p in CORPUS)
+    per = Counter(backend_of(p.name) for p in CORPUS)
     assert len(CORPUS) >= 40, per
     assert per["Metal"] >= 8 and per["CUDA"] >= 10 and per["ROCm"] >= 3 and per["Vulkan"] >= 3, per
     assert per["SYCL"] + per["CANN"] >= 2 and per["CPU"] >= 6, per
@@ -67,28 +71,6 @@ def test_every_kv_and_recurrent_line_is_exact(path):
 
 def test_known_list_names_real_logs():
     assert set(KNOWN) <= {p.name for p in CORPUS}
-
-
-# -- the harness ---------------------------------------------------------------------------------------------------
-
-
-def test_harness_row_and_table_from_a_real_log():
-    path = LOGS / "cuda-rtx4070-qwen35-27b-partial-oom-b8586.log"
-    row = EC.summarise(path.name, explain_file(path))
-    assert row["backend"] == "CUDA" and row["kv_lines"] == 1 and row["kv_exact"] == 1
-    assert row["rs_lines"] == 1 and row["rs_exact"] == 1
-    assert row["device_kv_lines"] == 2            # CPU 4608 + CUDA0 3584: one cache over two memories
-    refused = EC.summarise("sycl-x.log", None, "sycl-x.log: no buffer line")
-    table = EC.render({"m": [{**row, "time_utc": "t", "commit": "c"}, {**refused, "time_utc": "t", "commit": "c"}]})
-    assert "| `CUDA` | 1 |  | 1 / 1 | 1 / 1 |" in table and "| `SYCL` | 1 | 1 |" in table
-    assert "**`all`**" in table
-
-
-def test_harness_counts_a_wrong_kv_line():
-    text = (LOGS / "vulkan-gfx1151-qwen3-0.6b-b5398.log").read_text(encoding="utf-8")
-    r = explain_lines("edited", text.replace("KV self size  =  448.00", "KV self size  =  449.00").splitlines())
-    row = EC.summarise("vulkan-edited.log", r)
-    assert (row["kv_lines"], row["kv_exact"]) == (1, 0)
 
 
 # -- llama.cpp's memory breakdown ------------------------------------------------------------------------------------

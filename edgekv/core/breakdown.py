@@ -1,11 +1,12 @@
 """llama.cpp's own memory breakdown table, read back and put beside edgekv's figures.
 
-Pure.  Builds since late 2025 print, at exit (``llama_memory_breakdown_print``, llama-server on shutdown,
+Pure.  Recent builds print, at exit (``llama_memory_breakdown_print``, llama-server on shutdown,
 llama-cli/llama-completion after the perf print) and during every ``-fit`` dry run
-(``common_memory_breakdown_print``, which recent builds also use at shutdown), one row per device and one for the host, in whole MiB (floor)::
+(``common_memory_breakdown_print``, which recent builds also use at shutdown), one row per device and one for the
+host, in whole MiB (floor)::
 
     | memory breakdown [MiB] | total   free     self   model   context   compute    unaccounted |
-    |   - CUDA0 (RTX 4090)   | 24077 =  945 + (19187 = 17904 +     384 +     898) +        3945 |
+    |   - CUDA0 (<gpu name>) | 24077 =  945 + (19187 = 17904 +     384 +     898) +        3945 |
     |   - Host               |                 58271 = 58259 +       0 +      12                |
 
 ``total = free + (self = model + context + compute) + unaccounted`` (common/fit.cpp, the row templates; "context"
@@ -31,7 +32,6 @@ _DEVICE = re.compile(r"^(?P<total>\d+)\s*=\s*(?P<free>\d+)\s*\+\s*\(\s*(?P<self>
                      r"(?P<context>\d+)\s*\+\s*(?P<compute>\d+)\s*\)\s*(?:\+\s*(?P<unacc>-?\d+))?\s*$")
 _HOST = re.compile(r"^(?P<self>\d+)\s*=\s*(?P<model>\d+)\s*\+\s*(?P<context>\d+)\s*\+\s*(?P<compute>\d+)\s*$")
 _HEADER = re.compile(r"(llama|common)_memory_breakdown_print:\s*\|\s*[^|]*\[MiB\]")
-EXTRA_HOST = ("CPU_REPACK", "CPU_AARCH64", "CPU_KLEIDIAI", "AMX")
 
 
 def _strip(line: str) -> str:

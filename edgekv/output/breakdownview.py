@@ -14,7 +14,7 @@ def breakdown_table(rows: list[dict[str, Any]]) -> Table:
     for r in rows:
         mine = r.get("edgekv") or {}
 
-        def pair(k: str) -> str:
+        def pair(k: str, r: dict[str, Any] = r, mine: dict[str, Any] = mine) -> str:
             return f"{r[k]} / {mine[k]}" if k in mine else str(r[k])
 
         unacc = r.get("unaccounted")
