@@ -144,3 +144,12 @@ def test_check_table_on_rows_without_buffers():
     table = last_exit_table([M5])
     (row,) = check_table(table, [])
     assert row["match"] is None and "no buffer line" in row["why"]
+
+
+def test_cli_prints_the_breakdown_beside_edgekv(capsys):
+    from edgekv.cli.main import main
+
+    assert main(["explain", str(LOGS / "metal-m5-gpt-oss-20b-q4km-breakdown-b8198.log")]) == 0
+    out = capsys.readouterr().out
+    assert "memory breakdown at exit" in out and "11073 / 11073" in out and "3096 / 3096" in out
+    assert "MTL0 (Apple M5): 0 MiB in use beyond llama.cpp's buffers" in out
