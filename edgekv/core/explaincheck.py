@@ -33,6 +33,25 @@ def last_load(lines: list[str]) -> tuple[list[str], int]:
     return lines[:first] + between + lines[last:], len(starts)
 
 
+# the oldest llama.cpp build whose log spellings explain reads; older logs use others
+FIRST_BUILD = 4400
+# spellings only builds from b4400 on print (the src/llama.cpp split renamed llm_load_print_meta and llm_load_tensors)
+RE_CURRENT_SPELLING = re.compile(r"(?<!llm_)\b(?:print_info|load_tensors):")
+
+
+def build_counter_note(lines: list[str], cfg: LogConfig) -> str | None:
+    """When the build line gives a number below b4400 but the log is in the spelling of later builds, the number is
+    not llama.cpp's (AMD's prebuilt Windows ROCm build prints its own counter, ``build: 1239 (b8372ee)`` for b7146):
+    the build is taken as unknown and this note says so.  None when the number is plausible or the log is old."""
+    if cfg.build_number is None or cfg.build_number >= FIRST_BUILD:
+        return None
+    if not any(RE_CURRENT_SPELLING.search(x) for x in lines):
+        return None
+    return (f"the build line says {cfg.build}, but the log is in the spelling of b{FIRST_BUILD} and later "
+            "(print_info, load_tensors): the number is a packager's own counter, not llama.cpp's; the build is "
+            "taken as unknown")
+
+
 def cut_status(lines: list[str], mem: LlamaMemoryLog) -> str | None:
     """Why the log is cut short, or None.  A log whose last line is a KV line that stops mid-way, or that created a
     context (KV lines) yet printed no compute buffer, ends before llama.cpp finished allocating."""
