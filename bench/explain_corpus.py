@@ -140,7 +140,8 @@ def _per_backend(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _cells(name: str, b: dict[str, Any]) -> list[Any]:
     res = b["res"]
-    span = (f"{min(res):+.2f} % to {max(res):+.2f} %" if len(res) > 1 else f"{res[0]:+.2f} %") if res else "none"
+    lo, hi = (f"{min(res):+.2f} %", f"{max(res):+.2f} %") if res else ("none", "none")
+    span = lo if lo == hi else f"{lo} to {hi}"
     return [f"`{name}`", b["logs"], b["refused"] or "", f"{b['kv'][0]} / {b['kv'][1]}",
             f"{b['rs'][0]} / {b['rs'][1]}" if b["rs"][1] else "", f"{b['model_in']} / {b['model_n']} ({span})",
             b["model_not"] or "", f"{b['dev'][2]} / {b['dev'][1]} of {b['dev'][0]}" if b["dev"][0] else "",
