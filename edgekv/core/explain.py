@@ -17,8 +17,14 @@ from edgekv.core.arch import shape_from_metadata
 from edgekv.core.breakdown import check_table, last_exit_table
 from edgekv.core.cachetypes import cache_type
 from edgekv.core.devicemem import device_rows
-from edgekv.core.explaincheck import (FIRST_BUILD, build_counter_note, cut_status, kv_buffer_rows, last_load,
-                                      withhold_unfinished_fits)
+from edgekv.core.explaincheck import (
+    FIRST_BUILD,
+    build_counter_note,
+    cut_status,
+    kv_buffer_rows,
+    last_load,
+    withhold_unfinished_fits,
+)
 from edgekv.core.llamalog import LlamaMemoryLog, is_host_buffer, parse_memory_log
 from edgekv.core.logconfig import LogConfig, parse_config
 from edgekv.core.memmodel import device_alloc_bytes, tensor_on_gpu

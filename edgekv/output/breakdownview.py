@@ -9,20 +9,20 @@ from rich.table import Table
 from edgekv.core.explainschema import BreakdownRow
 
 
+def _pair(r: BreakdownRow, k: str) -> str:
+    """llama.cpp's column / edgekv's, or llama.cpp's alone where no buffer line belongs to the row."""
+    return f"{getattr(r, k)} / {getattr(r.edgekv, k)}" if r.edgekv is not None else str(getattr(r, k))
+
+
 def breakdown_table(rows: list[BreakdownRow]) -> Table:
     t = Table(title="llama.cpp's memory breakdown at exit [MiB] (printed / edgekv from the buffer lines)")
     for col in ("row", "total", "free", "model", "context", "compute", "unaccounted", "match"):
         t.add_column(col, justify="left" if col == "row" else "right")
     for r in rows:
-        mine = r.edgekv
-
-        def pair(k: str, r: BreakdownRow = r) -> str:
-            return f"{getattr(r, k)} / {getattr(mine, k)}" if mine is not None else str(getattr(r, k))
-
         usable = r.overhead is not None and r.overhead.mib is not None
         unacc = "" if r.unaccounted is None else str(r.unaccounted) if usable else f"{r.unaccounted} (not usable)"
         t.add_row(r.name, "" if r.total is None else str(r.total), "" if r.free is None else str(r.free),
-                  pair("model"), pair("context"), pair("compute"), unacc,
+                  *(_pair(r, k) for k in ("model", "context", "compute")), unacc,
                   {True: "=", False: "≠ " + (r.why or ""), None: r.why or ""}[r.match])
     return t
 
