@@ -290,6 +290,7 @@ def test_harness_row_and_table_from_a_real_log():
     assert row["backend"] == "CUDA" and row["kv_lines"] == 1 and row["kv_exact"] == 1
     assert row["rs_lines"] == 1 and row["rs_exact"] == 1
     assert row["device_kv_lines"] == 2            # CPU 4608 + CUDA0 3584: one cache over two memories
+    assert (row["device_kv_predicted"], row["device_kv_matching"]) == (2, 2)     # explain's kv_buffers.rows
     refused = EC.summarise("sycl-x.log", None, "sycl-x.log: no buffer line")
     table = EC.render({"m": [{**row, "time_utc": "t", "commit": "c"}, {**refused, "time_utc": "t", "commit": "c"}]})
     assert "| `CUDA` | 1 |  | 1 / 1 | 1 / 1 |" in table and "| `SYCL` | 1 | 1 |" in table
@@ -303,6 +304,17 @@ def test_harness_counts_a_wrong_kv_line():
     r = explain_lines("edited", text.replace("KV self size  =  448.00", "KV self size  =  449.00").splitlines())
     row = EC.summarise("vulkan-edited.log", r)
     assert (row["kv_lines"], row["kv_exact"]) == (1, 0)
+
+
+def test_harness_counts_a_wrong_device_kv_line():
+    """A per-device KV buffer line that differs from the layer split is predicted but not matching."""
+    from edgekv.core.explain import explain_lines
+
+    text = (EC_LOGS / "cuda-rtx4070-qwen35-27b-partial-oom-b8586.log").read_text(encoding="utf-8")
+    edited = text.replace("CUDA0 KV buffer size =  3584.00 MiB", "CUDA0 KV buffer size =  3616.00 MiB")
+    assert edited != text
+    row = EC.summarise("cuda-edited.log", explain_lines("edited", edited.splitlines()))
+    assert (row["device_kv_lines"], row["device_kv_predicted"], row["device_kv_matching"]) == (2, 2, 1)
 
 
 def _explain_log(path):

@@ -146,6 +146,28 @@ def test_check_table_on_rows_without_buffers():
     assert row["match"] is None and "no buffer line" in row["why"]
 
 
+def test_the_breakdown_is_in_the_typed_json_report(capsys):
+    """``explain --json`` carries the table as ExplainReport.breakdown (schema 1, an optional field), llama.cpp's
+    ``self`` column under its own name; a row of the wrong type does not validate."""
+    import msgspec
+
+    from edgekv.cli.main import main
+    from edgekv.core.explainschema import SCHEMA_VERSION, report
+
+    assert main(["explain", str(LOGS / "metal-m5-gpt-oss-20b-q4km-breakdown-b8198.log"), "--json"]) == 0
+    j = json.loads(capsys.readouterr().out)
+    assert j["schema_version"] == SCHEMA_VERSION == 1
+    mtl = j["breakdown"][0]
+    assert (mtl["name"], mtl["self"], mtl["model"], mtl["match"]) == ("MTL0 (Apple M5)", 14590, 11073, True)
+    assert mtl["edgekv"] == {"model": 11073, "context": 3096, "compute": 420}
+    assert mtl["overhead"] == {"status": "measured", "mib": 0}
+    typed = report({k: v for k, v in j.items() if k != "schema_version"})
+    assert typed.breakdown[0].self_mib == 14590 and typed.breakdown[1].kind == "host"
+    with pytest.raises(msgspec.ValidationError, match="breakdown"):
+        report({**j, "breakdown": [{**mtl, "model": "11073"}]})
+    assert "breakdown" not in json.loads(msgspec.json.encode(report({**j, "breakdown": []})))   # optional: omitted
+
+
 def test_cli_prints_the_breakdown_beside_edgekv(capsys):
     from edgekv.cli.main import main
 
