@@ -65,6 +65,7 @@ def summarise(name: str, result: dict[str, Any] | None, refused: str | None = No
     m = r.model
     printed, predicted, matched = _device_kv(r)
     bd = r.breakdown
+    kvb = [x for x in (r.kv_buffers.rows if r.kv_buffers else []) if x.printed_mib is not None]
     row.update(arch=r.config.get("arch"), build=r.build,
                kv_lines=len(kv), kv_exact=sum(1 for x in kv if x.match),
                rs_lines=len(rs), rs_exact=sum(1 for x in rs if x.match),
@@ -73,6 +74,8 @@ def summarise(name: str, result: dict[str, Any] | None, refused: str | None = No
                model_within=(abs(m.residual_pct) <= max(0.5, 100 * (m.rounding_mib or 0) / m.predicted_mib)
                              if m.residual_pct is not None and m.predicted_mib else None),
                device_kv_lines=printed, device_kv_predicted=predicted, device_kv_matching=matched,
+               kv_buffer_devices=len({g.device for g in r.buffers if any(b.kind == "KV" for b in g.buffers)}),
+               kv_buffer_predicted=len(kvb), kv_buffer_exact=sum(1 for x in kvb if x.match),
                breakdown_rows=len(bd), breakdown_matching=sum(1 for x in bd if x.match),
                breakdown_overhead=[{"row": x.name, "mib": x.overhead.mib if x.overhead else None,
                                     "status": x.overhead.status if x.overhead else None}
@@ -116,7 +119,8 @@ def _per_backend(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         b = out.setdefault(r["backend"], {"logs": 0, "refused": 0, "kv": [0, 0], "rs": [0, 0], "model_in": 0,
-                                          "model_n": 0, "res": [], "model_not": 0, "dev": [0, 0, 0], "bd": [0, 0]})
+                                          "model_n": 0, "res": [], "model_not": 0, "dev": [0, 0, 0], "bd": [0, 0],
+                                          "kvb": [0, 0, 0]})
         b["logs"] += 1
         if r.get("refused"):
             b["refused"] += 1
@@ -133,6 +137,8 @@ def _per_backend(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             b["model_not"] += 1
         for i, k in enumerate(("device_kv_lines", "device_kv_predicted", "device_kv_matching")):
             b["dev"][i] += r[k]
+        for i, k in enumerate(("kv_buffer_devices", "kv_buffer_predicted", "kv_buffer_exact")):
+            b["kvb"][i] += r.get(k, 0)
         b["bd"][0] += r["breakdown_matching"]
         b["bd"][1] += r["breakdown_rows"]
     return out
@@ -144,7 +150,8 @@ def _cells(name: str, b: dict[str, Any]) -> list[Any]:
     span = lo if lo == hi else f"{lo} to {hi}"
     return [f"`{name}`", b["logs"], b["refused"] or "", f"{b['kv'][0]} / {b['kv'][1]}",
             f"{b['rs'][0]} / {b['rs'][1]}" if b["rs"][1] else "", f"{b['model_in']} / {b['model_n']} ({span})",
-            b["model_not"] or "", f"{b['dev'][2]} / {b['dev'][1]} of {b['dev'][0]}" if b["dev"][0] else "",
+            b["model_not"] or "", f"{b['kvb'][2]} / {b['kvb'][1]} of {b['kvb'][0]}" if b["kvb"][0] else "",
+            f"{b['dev'][2]} / {b['dev'][1]} of {b['dev'][0]}" if b["dev"][0] else "",
             f"{b['bd'][0]} / {b['bd'][1]}" if b["bd"][1] else ""]
 
 
@@ -157,8 +164,9 @@ def render(by_machine: dict[str, list[dict]]) -> str:
     tot = _per_backend([{**r, "backend": "all"} for r in rows])["all"]
     body.append([f"**{c}**" if c != "" else "" for c in _cells("all", tot)])
     table = H.md_table(["backend", "logs", "refused", "KV lines exact", "recurrent exact",
-                        "model buffers within 0.5 % (residuals)", "model: no comparison", "per-device KV lines "
-                        "matching / predicted of printed", "breakdown rows reproduced"], body, "lrrrrlrrr")
+                        "model buffers within 0.5 % (residuals)", "model: no comparison", "KV buffer per device "
+                        "exact / predicted of printed", "of them, caches split over devices", "breakdown rows reproduced"], body,
+                       "lrrrrlrrrr")
     why = Counter(r["model_status"].split(":")[0] for r in rows if not r.get("refused")
                   and r["model_residual_pct"] is None)
     note = "; ".join(f"{k} ({n})" for k, n in why.most_common())

@@ -291,9 +291,11 @@ def test_harness_row_and_table_from_a_real_log():
     assert row["rs_lines"] == 1 and row["rs_exact"] == 1
     assert row["device_kv_lines"] == 2            # CPU 4608 + CUDA0 3584: one cache over two memories
     assert (row["device_kv_predicted"], row["device_kv_matching"]) == (2, 2)     # explain's kv_buffers.rows
+    assert (row["kv_buffer_devices"], row["kv_buffer_predicted"], row["kv_buffer_exact"]) == (2, 2, 2)
     refused = EC.summarise("sycl-x.log", None, "sycl-x.log: no buffer line")
     table = EC.render({"m": [{**row, "time_utc": "t", "commit": "c"}, {**refused, "time_utc": "t", "commit": "c"}]})
     assert "| `CUDA` | 1 |  | 1 / 1 | 1 / 1 |" in table and "| `SYCL` | 1 | 1 |" in table
+    assert "| 2 / 2 of 2 | 2 / 2 of 2 |" in table
     assert "**`all`**" in table
 
 
@@ -315,6 +317,7 @@ def test_harness_counts_a_wrong_device_kv_line():
     assert edited != text
     row = EC.summarise("cuda-edited.log", explain_lines("edited", edited.splitlines()))
     assert (row["device_kv_lines"], row["device_kv_predicted"], row["device_kv_matching"]) == (2, 2, 1)
+    assert (row["kv_buffer_predicted"], row["kv_buffer_exact"]) == (2, 1)
 
 
 def _explain_log(path):

@@ -200,3 +200,28 @@ def test_a_low_build_number_in_the_old_spelling_is_still_refused():
         explain_lines(AMD, lines)
     # a plausible build number is never second-guessed: no note
     assert not any("packager" in n for n in explain_file(LOGS / "rocm-rx7900xt-qwen3-8b-b5618.log").get("notes", []))
+
+
+# -- per-device KV buffers where the layer split does not apply -------------------------------------------------------
+
+@pytest.mark.parametrize("name, device", [("cpu-x86-amx-ggml-ci-bert-bge-small-f16-b4641.log", "CPU"),
+                                          ("metal-m4-ggml-ci-bert-bge-small-f16-b4658.log", "Metal")])
+def test_an_encoder_kv_buffer_on_one_device_is_its_size_line(name, device):
+    """BERT in early-2025 builds: edgekv's rules give no cache, the size line is recomputed from print_info's widths;
+    the one device's KV buffer is that line (it was predicted as 0.00 MiB, and explain --check failed)."""
+    text = (LOGS / name).read_text(encoding="utf-8")
+    rows = explain_lines(name, text.splitlines())["kv_buffers"]["rows"]
+    assert [(x["device"], x["printed_mib"], x["predicted_mib"], x["match"]) for x in rows] == [
+        (device, "9.00", "9.00", True)]
+    edited = text.replace(f"{device} KV buffer size =     9.00 MiB", f"{device} KV buffer size =    10.00 MiB")
+    assert edited != text
+    (row,) = explain_lines(name, edited.splitlines())["kv_buffers"]["rows"]
+    assert not row["match"] and "size line's bytes" in row["why"]
+
+
+def test_kv_buffers_of_several_contexts_are_not_attributed():
+    """Twelve contexts on worker threads, on SYCL0 and the host: the buffer lines do not name their context, so no
+    per-device prediction is made (it was one context's figure against the sum of all, and --check failed)."""
+    name = "sycl-arc-a770-stories-llama-12-contexts-interleaved.log"
+    kb = explain_file(LOGS / name)["kv_buffers"]
+    assert kb["rows"] == [] and kb["status"].startswith("not predicted: the log holds 11 contexts")
