@@ -37,6 +37,7 @@ PLAN: tuple[Step, ...] = (
     Step("serving_accuracy", ("--models", "smollm2-135m", "--rounds", "2"), 3),
     Step("quality_vs_perplexity", ("-c", "512", "--chunks", "8", "-ctk", "f16,q8_0,q4_0", "-t", "2"), 3),
     Step("first_run", (), 6),
+    Step("explain_corpus", (), 1),        # parses the logs of tests/data/logs: no model run
 )
 
 

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from bench import explain_corpus as EC
 from bench import harness as H
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 HARNESSES = ("speed_model", "memory_model", "quality_vs_perplexity", "bench_vs_llama_bench", "parallel_vs_batched_bench",
-             "serving_accuracy", "first_run")
+             "serving_accuracy", "first_run", "explain_corpus")
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +276,53 @@ def test_refresh_files_every_harness_under_one_class_and_reports_failures(monkey
     assert "failed: first_run" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         refresh.main(["--only", "no_such_harness", "--list"])
+
+
+# -- bench/explain_corpus.py: the corpus summed per backend --------------------------------------------------------
+
+
+EC_LOGS = Path(__file__).parent / "data" / "logs"
+
+
+def test_harness_row_and_table_from_a_real_log():
+    path = EC_LOGS / "cuda-rtx4070-qwen35-27b-partial-oom-b8586.log"
+    row = EC.summarise(path.name, _explain_log(path))
+    assert row["backend"] == "CUDA" and row["kv_lines"] == 1 and row["kv_exact"] == 1
+    assert row["rs_lines"] == 1 and row["rs_exact"] == 1
+    assert row["device_kv_lines"] == 2            # CPU 4608 + CUDA0 3584: one cache over two memories
+    assert (row["device_kv_predicted"], row["device_kv_matching"]) == (2, 2)     # explain's kv_buffers.rows
+    assert (row["kv_buffer_devices"], row["kv_buffer_predicted"], row["kv_buffer_exact"]) == (2, 2, 2)
+    refused = EC.summarise("sycl-x.log", None, "sycl-x.log: no buffer line")
+    table = EC.render({"m": [{**row, "time_utc": "t", "commit": "c"}, {**refused, "time_utc": "t", "commit": "c"}]})
+    assert "| `CUDA` | 1 |  | 1 / 1 | 1 / 1 |" in table and "| `SYCL` | 1 | 1 |" in table
+    assert "| 2 / 2 of 2 | 2 / 2 of 2 |" in table
+    assert "**`all`**" in table
+
+
+def test_harness_counts_a_wrong_kv_line():
+    from edgekv.core.explain import explain_lines
+
+    text = (EC_LOGS / "vulkan-gfx1151-qwen3-0.6b-b5398.log").read_text(encoding="utf-8")
+    r = explain_lines("edited", text.replace("KV self size  =  448.00", "KV self size  =  449.00").splitlines())
+    row = EC.summarise("vulkan-edited.log", r)
+    assert (row["kv_lines"], row["kv_exact"]) == (1, 0)
+
+
+def test_harness_counts_a_wrong_device_kv_line():
+    """A per-device KV buffer line that differs from the layer split is predicted but not matching."""
+    from edgekv.core.explain import explain_lines
+
+    text = (EC_LOGS / "cuda-rtx4070-qwen35-27b-partial-oom-b8586.log").read_text(encoding="utf-8")
+    edited = text.replace("CUDA0 KV buffer size =  3584.00 MiB", "CUDA0 KV buffer size =  3616.00 MiB")
+    assert edited != text
+    row = EC.summarise("cuda-edited.log", explain_lines("edited", edited.splitlines()))
+    assert (row["device_kv_lines"], row["device_kv_predicted"], row["device_kv_matching"]) == (2, 2, 1)
+    assert (row["kv_buffer_predicted"], row["kv_buffer_exact"]) == (2, 1)
+
+
+def _explain_log(path):
+    from edgekv.core.explain import explain_lines
+    from edgekv.core.logconfig import read_bounded
+
+    with open(path, "rb") as f:
+        return explain_lines(path.name, read_bounded(f).lines)

@@ -21,6 +21,13 @@ from edgekv.core.logconfig import parse_config, read_bounded
 LOGS = Path(__file__).parent / "data" / "logs"
 CORPUS = sorted(LOGS.glob("*.log"))
 GENERATED = sorted((LOGS / "generated").glob("*.log"))      # logs llama-cpp-python printed here, on top of the corpus
+KNOWN = json.loads((LOGS / "known-defects.json").read_text(encoding="utf-8"))   # log -> check -> issue-69 defect
+
+
+def _params(check: str) -> list:
+    """The corpus, a log that a known defect stops marked as a strict expected failure (known-defects.json)."""
+    return [pytest.param(p, id=p.stem, marks=pytest.mark.xfail(reason=KNOWN[p.name][check], strict=True))
+            if check in KNOWN.get(p.name, {}) else pytest.param(p, id=p.stem) for p in CORPUS + GENERATED]
 
 
 def explain_file(path: Path) -> dict:
@@ -36,7 +43,7 @@ def test_corpus_is_there():
         assert p.name in readme, f"{p.name} is not in tests/data/logs/README.md"
 
 
-@pytest.mark.parametrize("path", CORPUS + GENERATED, ids=[p.stem for p in CORPUS + GENERATED])
+@pytest.mark.parametrize("path", _params("kv"))
 def test_every_kv_line_reproduced(path):
     r = explain_file(path)
     lines = r["kv"]["lines"]
@@ -49,7 +56,7 @@ def test_every_kv_line_reproduced(path):
         assert x["printed_mib"] == x["predicted_mib"]
 
 
-@pytest.mark.parametrize("path", CORPUS + GENERATED, ids=[p.stem for p in CORPUS + GENERATED])
+@pytest.mark.parametrize("path", _params("model"))
 def test_model_buffers_within_half_a_percent(path):
     m = explain_file(path)["model"]
     if m["status"] != "predicted":

@@ -50,6 +50,7 @@ TABLES: dict[str, str] = {
     "parallel": "parallel_vs_batched_bench",
     "quality-vs-perplexity": "quality_vs_perplexity",
     "quality-summary": "quality_vs_perplexity:render_summary",
+    "explain-corpus": "explain_corpus",
 }
 _BLOCK = re.compile(r"<!-- table:([a-z0-9-]+) -->")
 _RENDERED_AT = re.compile(r"<!-- rendered-at: ([0-9a-f]{40}) -->")

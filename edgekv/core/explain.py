@@ -14,9 +14,17 @@ from dataclasses import replace
 from typing import Any
 
 from edgekv.core.arch import shape_from_metadata
+from edgekv.core.breakdown import check_table, last_exit_table
 from edgekv.core.cachetypes import cache_type
 from edgekv.core.devicemem import device_rows
-from edgekv.core.explaincheck import cut_status, kv_buffer_rows, last_load, withhold_unfinished_fits
+from edgekv.core.explaincheck import (
+    FIRST_BUILD,
+    build_counter_note,
+    cut_status,
+    kv_buffer_rows,
+    last_load,
+    withhold_unfinished_fits,
+)
 from edgekv.core.llamalog import LlamaMemoryLog, is_host_buffer, parse_memory_log
 from edgekv.core.logconfig import LogConfig, parse_config
 from edgekv.core.memmodel import device_alloc_bytes, tensor_on_gpu
@@ -25,8 +33,6 @@ from edgekv.core.tensortable import rebuild
 from edgekv.core.units import MIB
 from edgekv.errors import EdgekvError
 
-# the oldest llama.cpp build whose log spellings explain reads; older logs use others
-FIRST_BUILD = 4400
 MARKERS = ("llama_model_loader", "print_info", "llm_load_print_meta", "load_tensors", "llama_context",
            "llama_kv_cache", "llama_init_from_model", "llama_new_context_with_model", "ggml_")
 
@@ -39,7 +45,7 @@ def check_log(name: str, lines: list[str], cfg: LogConfig, mem: LlamaMemoryLog) 
     if not any(any(m in line for m in MARKERS) for line in lines):
         raise ExplainError(f"{name}: no llama.cpp lines in it (print_info, llama_model_loader, load_tensors, "
                            "llama_context, llama_kv_cache); pass the log llama.cpp printed while loading the model")
-    if cfg.build_number is not None and cfg.build_number < FIRST_BUILD:
+    if cfg.build_number is not None and cfg.build_number < FIRST_BUILD and not build_counter_note(lines, cfg):
         raise ExplainError(f"{name}: llama.cpp build {cfg.build} is older than b{FIRST_BUILD}; explain reads the log "
                            f"lines of builds b{FIRST_BUILD} and later: run a newer llama.cpp")
     has_buffers = any((mem.model_buffers, mem.kv_buffers, mem.compute_buffers, mem.caches, mem.kv_self,
@@ -542,10 +548,13 @@ def explain_lines(name: str, lines: list[str], header_meta: dict[str, Any] | Non
     if cut:
         out["cut"] = cut
     withhold_unfinished_fits(out["devices"], cut)
-    notes = []
+    notes = [n for n in [build_counter_note(lines, cfg)] if n]
     if loads > 1:
         notes.append(f"the process loaded this model {loads} times (ollama reads the vocabulary first): explained "
                      "is the last load")
+    table = last_exit_table(lines)                      # llama.cpp's own breakdown at exit (edgekv.core.breakdown)
+    if table:
+        out["breakdown"] = check_table(table, buffers)
     if cfg.truncated_arrays:
         notes.append(f"the loader cut these arrays short, print_info filled them: {', '.join(cfg.truncated_arrays[:8])}")
     if notes:

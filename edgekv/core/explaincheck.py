@@ -8,6 +8,7 @@ Pure: lines, the parsed log (:mod:`edgekv.core.llamalog`, :mod:`edgekv.core.logc
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 from edgekv.core.explainschema import ExplainReport
@@ -31,6 +32,25 @@ def last_load(lines: list[str]) -> tuple[list[str], int]:
     first, last = starts[0][0], starts[-1][0]
     between = [x for x in lines[first:last] if "using device" in x]
     return lines[:first] + between + lines[last:], len(starts)
+
+
+# the oldest llama.cpp build whose log spellings explain reads; older logs use others
+FIRST_BUILD = 4400
+# spellings only builds from b4400 on print (the src/llama.cpp split renamed llm_load_print_meta and llm_load_tensors)
+RE_CURRENT_SPELLING = re.compile(r"(?<!llm_)\b(?:print_info|load_tensors):")
+
+
+def build_counter_note(lines: list[str], cfg: LogConfig) -> str | None:
+    """When the build line gives a number below b4400 but the log is in the spelling of later builds, the number is
+    not llama.cpp's (AMD's prebuilt Windows ROCm build prints its own counter, ``build: 1239 (b8372ee)`` for b7146):
+    the build is taken as unknown and this note says so.  None when the number is plausible or the log is old."""
+    if cfg.build_number is None or cfg.build_number >= FIRST_BUILD:
+        return None
+    if not any(RE_CURRENT_SPELLING.search(x) for x in lines):
+        return None
+    return (f"the build line says {cfg.build}, but the log is in the spelling of b{FIRST_BUILD} and later "
+            "(print_info, load_tensors): the number is a packager's own counter, not llama.cpp's; the build is "
+            "taken as unknown")
 
 
 def cut_status(lines: list[str], mem: LlamaMemoryLog) -> str | None:
@@ -97,6 +117,12 @@ def kv_buffer_rows(cfg: LogConfig, mem: LlamaMemoryLog, kv: dict[str, Any]) -> d
         return {"status": "no KV buffer line in the log", "rows": []}
     if pred is None or kv.get("shape") is None:
         return {"status": "not predicted: " + kv["status"], "rows": []}
+    contexts = max([len(mem.kv_self), *Counter(c.role or "full" for c in mem.caches if c.kind == "kv").values()])
+    if contexts > 1:                    # one size line per cache per context: several contexts, e.g. worker threads
+        return {"status": f"not predicted: the log holds {contexts} contexts, and llama.cpp's KV buffer lines do not "
+                          "say which context they belong to", "rows": []}
+    if not any(c.kind in MAIN_KV_KINDS and c.per_layer for c in pred.caches):
+        return _from_size_lines(mem, kv)
     where = _layer_devices(cfg, mem, kv["shape"].n_layer_all)
     if where is None:
         return {"status": "not predicted: the log does not state the offload (offloaded N/M layers) or each "
@@ -123,6 +149,22 @@ def kv_buffer_rows(cfg: LogConfig, mem: LlamaMemoryLog, kv: dict[str, Any]) -> d
         rows.append({"device": name, "printed_mib": None, "predicted_mib": llama_mib(b), "bytes": b, "match": False,
                      "why": "predicted on this device, but the log prints no KV buffer for it"})
     return {"status": f"predicted: {how}", "rows": rows}
+
+
+def _from_size_lines(mem: LlamaMemoryLog, kv: dict[str, Any]) -> dict[str, Any]:
+    """Where edgekv's cache rules give no cache (the size line was recomputed from print_info's widths, e.g. an
+    encoder in an early-2025 build), one device's buffer is the size line itself; a split is not predicted."""
+    lines = [x for x in kv.get("lines", []) if x.get("role") != "recurrent"]
+    if len(mem.kv_buffers) != 1 or not lines or any(x.get("bytes") is None for x in lines):
+        return {"status": "not predicted: edgekv's cache rules give no per-layer cache for this build, and the split "
+                          "over devices needs them", "rows": []}
+    (name, printed), = mem.kv_buffers.items()
+    b = sum(x["bytes"] for x in lines)
+    row = {"device": name, "printed_mib": f"{printed:.2f}", "predicted_mib": llama_mib(b), "bytes": b}
+    row["match"] = row["printed_mib"] == row["predicted_mib"]
+    if not row["match"]:
+        row["why"] = f"the size line's bytes, all on {name}, give {row['predicted_mib']} MiB"
+    return {"status": "predicted: one device holds the KV, the size line's bytes (print_info widths)", "rows": [row]}
 
 
 def withhold_unfinished_fits(devices: list[dict[str, Any]], cut: str | None) -> None:

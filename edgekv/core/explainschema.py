@@ -107,6 +107,40 @@ class DeviceRow(Struct, omit_defaults=True):
     note: str | None = None
 
 
+class Overhead(Struct, omit_defaults=True):
+    status: str                               # "measured", or why the unaccounted column cannot be read as overhead
+    mib: int | None = None                    # device memory in use beyond llama.cpp's buffers (measured rows only)
+
+
+class BreakdownColumns(Struct):
+    model: int
+    context: int
+    compute: int
+
+
+class BreakdownRow(Struct, omit_defaults=True):
+    """A row of llama.cpp's memory breakdown table at exit (whole MiB, as printed), with the same columns summed
+    from the log's buffer lines (``edgekv``); ``match`` when each agrees within 1 MiB, None when no buffer line
+    belongs to the row."""
+    name: str
+    kind: str                                 # "device", "host", or "extra" (a host-side row such as CPU_REPACK)
+    source: str                               # "exit"
+    self_mib: int = msgspec.field(name="self")
+    model: int = 0
+    context: int = 0
+    compute: int = 0
+    overhead: Overhead | None = None
+    match: bool | None = None
+    why: str | None = None
+    edgekv: BreakdownColumns | None = None
+    device: str | None = None
+    total: int | None = None
+    free: int | None = None
+    unaccounted: int | None = None            # negative: the backend's free memory did not follow the allocations
+    wrapped: bool | None = None               # printed as an unsigned wrap (2^44 MiB less the deficit)
+    free_wrapped: bool | None = None
+
+
 class Check(Struct):
     requested: bool                           # explain --check
     ok: bool                                  # no disagreement (what --check exits on)
@@ -139,6 +173,7 @@ class ExplainReport(Struct, omit_defaults=True):
     notes: list[str] = []
     check: Check | None = None
     read: ReadStats | None = None
+    breakdown: list[BreakdownRow] = []       # added in schema 1 (optional): absent when the log prints no table
 
 
 def report(result: dict[str, Any]) -> ExplainReport:

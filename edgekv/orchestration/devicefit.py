@@ -54,7 +54,7 @@ def metal_lines(rows: list[dict[str, Any]]) -> list[str]:
     r0 = rows[0]
     out = [f"on a Mac with {size(r0['ram_bytes'])} (Metal, GPU working set {size(r0['working_set_bytes'])}: "
            f"{r0['basis']}); weights and KV on the GPU, the compute buffer not predicted for Metal, so each is a lower "
-           "bound:"]
+           f"bound; {r0['overhead']}:"]
     for r in rows:
         kv = r["type_k"] if r["type_k"] == r["type_v"] else f"{r['type_k']}/{r['type_v']}"
         verdict = ("fits" if r["fits_working_set"] and r["fits_ram"] else

@@ -8,6 +8,7 @@ import msgspec
 from rich.table import Table
 
 from edgekv.core.explainschema import ExplainReport, report
+from edgekv.output.breakdownview import render_breakdown
 
 CONFIG_LABELS = (("arch", "architecture"), ("name", "model"), ("layers", "layers"), ("heads", "heads"),
                  ("kv_heads", "KV heads"), ("head_dim_k", "head dim K"), ("head_dim_v", "head dim V"),
@@ -108,6 +109,7 @@ def _devices_and_notes(con: Any, r: ExplainReport) -> None:
             con.print(f"{d.device}: {d.printed_mib:.2f} MiB printed; no fit verdict: {d.fit_withheld}")
         if d.note and d.device != "host":
             con.print(f"  {d.note}")
+    render_breakdown(con, r.breakdown)                  # llama.cpp's breakdown table at exit (breakdownview)
     for n in r.notes:
         con.print(f"note: {n}")
     if r.check and r.check.requested:
