@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -184,6 +185,36 @@ def edgekv_home(tmp_path_factory, monkeypatch) -> Path:
     home = make_home(tmp_path_factory.mktemp("edgekv-home", numbered=True))
     monkeypatch.setenv("EDGEKV_HOME", str(home))
     return home
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """What one `edgekv ARGS` did: its exit code and what it printed (the fields of subprocess.CompletedProcess)."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def __iter__(self):             # rc, out, err = cli(...)
+        return iter((self.returncode, self.stdout, self.stderr))
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """`edgekv ARGS` in this process, through edgekv.cli.main.main (the console script's own function): returns a
+    CliRun.  `env` sets variables for that call only.  For what only a real process shows (signals, exit on a
+    crash, a llama.cpp child's own output) a test starts `python -m edgekv.cli` instead."""
+    from edgekv.cli.main import main
+
+    def run(*args: str | os.PathLike, env: dict[str, str] | None = None) -> CliRun:
+        capsys.readouterr()                     # what the test printed before is not this command's
+        with monkeypatch.context() as m:
+            for k, v in (env or {}).items():
+                m.setenv(k, v)
+            code = main([os.fspath(a) for a in args])
+        out, err = capsys.readouterr()
+        return CliRun(code, out, err)
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -285,10 +285,9 @@ def test_predict_json_and_llama_bench_inputs(tmp_path, smollm2_path):
     (lambda d: (d / "x.jsonl").write_text("hello\n") and d / "x.jsonl", 1, "neither edgekv results"),
     (lambda d: (d / "e.jsonl").write_text("") or d / "e.jsonl", 1, "empty"),
 ])
-def test_bad_inputs_are_one_line(tmp_path, make, code, words):
+def test_bad_inputs_are_one_line(tmp_path, make, code, words, cli):
     p = make(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "report", str(p), "-o", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=60)
+    r = cli("report", p, "-o", tmp_path / "o")
     assert r.returncode == code
     assert words in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
