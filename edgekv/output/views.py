@@ -42,7 +42,7 @@ def ranges(ids: list[int]) -> str:
     if not ids:
         return "-"
     out, start, prev = [], ids[0], ids[0]
-    for i in ids[1:] + [None]:  # type: ignore[list-item]
+    for i in [*ids[1:], None]:
         if i is not None and i == prev + 1:
             prev = i
             continue
