@@ -11,6 +11,13 @@ from typing import Optional
 
 import typer
 
+from edgekv.cli.options import make_console, print_json
+from edgekv.core.explain import add_engine_compute, explain_lines
+from edgekv.core.logconfig import read_bounded
+from edgekv.core.predict import ContextParams
+from edgekv.errors import UsageError
+from edgekv.orchestration.api import load_model
+
 LOG_ARG = typer.Argument(..., metavar="LOG", show_default=False,
                          help="A llama.cpp log (llama-cli, llama-server, llama-bench -v, llama-cpp-python verbose=True); "
                               "- reads stdin.")
@@ -26,10 +33,6 @@ def explain(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """What a llama.cpp log's memory is made of, edgekv's prediction of each buffer beside it, and why so much."""
-    from edgekv.cli.options import make_console, print_json
-    from edgekv.core.explain import explain_lines
-    from edgekv.core.logconfig import read_bounded
-    from edgekv.errors import UsageError
     from edgekv.output.explainview import render_explain, to_json
 
     if log == "-":
@@ -47,8 +50,6 @@ def explain(
         raise UsageError("--engine needs the model: pass -m MODEL (path, URL or hf://)")
     header_meta = weights = tensors = m = None
     if model_opt:
-        from edgekv.orchestration.api import load_model
-
         m = load_model(model_opt)
         header_meta, weights, tensors = dict(m.header.metadata), m.weights_bytes, list(m.header.tensors)
     result = explain_lines(name, bounded.lines, header_meta, weights, tensors)
@@ -65,10 +66,7 @@ def explain(
 
 def _engine_compute(m, result: dict) -> None:
     """llama.cpp's dry run of the log's context on the CPU backend, beside the compute buffers the log printed."""
-    from edgekv.core.explain import add_engine_compute
-    from edgekv.core.predict import ContextParams
     from edgekv.edges.engine import EngineSession
-    from edgekv.errors import UsageError
 
     params = result["kv"].get("params")
     if params is None:
