@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 # edgekv's home as the developer had it before pytest started (unset: edgekv's default, ~/.cache/edgekv): the
@@ -107,21 +113,70 @@ def _llama_child(args) -> str | None:
     return None
 
 
-@pytest.fixture(autouse=True)
-def fast_tier_guard(request, monkeypatch) -> None:
-    """An unmarked test (the fast tier) that starts a llama.cpp child fails, naming itself (tests/test_limits.py)."""
-    if request.node.get_closest_marker("slow") is not None:
-        return
-    import subprocess
+def _started_by_a_test() -> bool:
+    """Whether the Popen being built was asked for by a test (or its tools), not by edgekv, which a test may run in
+    its own process: edgekv chooses its children's groups and signals itself."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename in (subprocess.__file__, __file__):
+        frame = frame.f_back
+    name = frame.f_globals.get("__name__", "") if frame is not None else "edgekv"
+    return name.partition(".")[0] != "edgekv"
 
-    class Guarded(subprocess.Popen):
+
+def _default_int_and_quit() -> None:
+    """In the child, before exec: SIGINT and SIGQUIT as the OS defaults them.  A shell starts a background job with
+    both ignored (POSIX), and an ignored signal stays ignored across exec: a test that interrupts its child would
+    then wait on one that never hears it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Kill what the processes left running: each one's descendants still attached to it (llama-server runs in a
+    group of its own), then its whole process group when it leads one, then itself; and reap it."""
+    for p in procs:
+        victims = []
+        if p.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                victims = psutil.Process(p.pid).children(recursive=True)
+        for v in victims:
+            with contextlib.suppress(psutil.Error):
+                v.kill()
+        if getattr(p, "edgekv_group", False):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+        if p.poll() is None:
+            p.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=10)
+        psutil.wait_procs(victims, timeout=5)
+
+
+@pytest.fixture(autouse=True)
+def test_processes(request, monkeypatch):
+    """Every process a test starts is stopped when the test ends, passed or failed.  A test's own children start in
+    a session (and process group) of their own, with SIGINT and SIGQUIT at their defaults (unless the test passes
+    its own preexec_fn); at teardown their groups and descendants are killed (_stop).  And the fast tier's guard:
+    an unmarked test that starts a llama.cpp child fails, naming itself (tests/test_limits.py)."""
+    slow = request.node.get_closest_marker("slow") is not None
+    started: list[subprocess.Popen] = []
+
+    class Tracked(subprocess.Popen):
         def __init__(self, args, *a, **kw):
-            if (prog := _llama_child(args)) is not None:
+            if not slow and (prog := _llama_child(args)) is not None:
                 pytest.fail(f"{request.node.nodeid} starts a llama.cpp child ({prog}) but is not marked "
                             "@pytest.mark.slow", pytrace=False)
+            if _started_by_a_test() and not a:
+                kw.setdefault("preexec_fn", _default_int_and_quit)
+                if kw.get("process_group") is None:
+                    kw["start_new_session"] = True
             super().__init__(args, *a, **kw)
+            self.edgekv_group = bool(kw.get("start_new_session"))
+            started.append(self)
 
-    monkeypatch.setattr(subprocess, "Popen", Guarded)
+    monkeypatch.setattr(subprocess, "Popen", Tracked)
+    yield
+    _stop(started)
 
 
 @pytest.fixture(autouse=True)
@@ -130,6 +185,36 @@ def edgekv_home(tmp_path_factory, monkeypatch) -> Path:
     home = make_home(tmp_path_factory.mktemp("edgekv-home", numbered=True))
     monkeypatch.setenv("EDGEKV_HOME", str(home))
     return home
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """What one `edgekv ARGS` did: its exit code and what it printed (the fields of subprocess.CompletedProcess)."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def __iter__(self):             # rc, out, err = cli(...)
+        return iter((self.returncode, self.stdout, self.stderr))
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """`edgekv ARGS` in this process, through edgekv.cli.main.main (the console script's own function): returns a
+    CliRun.  `env` sets variables for that call only.  For what only a real process shows (signals, exit on a
+    crash, a llama.cpp child's own output) a test starts `python -m edgekv.cli` instead."""
+    from edgekv.cli.main import main
+
+    def run(*args: str | os.PathLike, env: dict[str, str] | None = None) -> CliRun:
+        capsys.readouterr()                     # what the test printed before is not this command's
+        with monkeypatch.context() as m:
+            for k, v in (env or {}).items():
+                m.setenv(k, v)
+            code = main([os.fspath(a) for a in args])
+        out, err = capsys.readouterr()
+        return CliRun(code, out, err)
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -139,9 +139,6 @@ def test_tables_render(capsys, gemma3_path):
     assert "Sliding window" in capsys.readouterr().out
 
 
-def _edgekv(*args, env=None):
-    e = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "edgekv.cli", *args], capture_output=True, text=True, env=e)
 
 
 @pytest.mark.parametrize("args, code, words", [
@@ -154,8 +151,8 @@ def _edgekv(*args, env=None):
     (["predict", "--no-such-flag"], 2, "--no-such-flag"),
     (["inspect", __file__], 1, "not a GGUF file"),
 ])
-def test_errors_are_one_line_with_exit_code(args, code, words):
-    r = _edgekv(*args)
+def test_errors_are_one_line_with_exit_code(args, code, words, cli):
+    r = cli(*args)
     assert r.returncode == code, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("edgekv: error:") and words in lines[0], r.stderr
@@ -163,7 +160,9 @@ def test_errors_are_one_line_with_exit_code(args, code, words):
 
 
 def test_debug_env_shows_traceback():
-    r = _edgekv("predict", "/no/such/model.gguf", env={"EDGEKV_DEBUG": "1"})
+    """A real process: what EDGEKV_DEBUG=1 prints when the exception leaves edgekv."""
+    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", "/no/such/model.gguf"], capture_output=True,
+                       text=True, env={**os.environ, "EDGEKV_DEBUG": "1"})
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import msgspec
@@ -193,12 +191,7 @@ def test_nothing_pairs_is_a_usage_error(records):
         compare_records([records[0]], [other], THR)
 
 
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "edgekv.cli", *args], capture_output=True, text=True, timeout=120)
-
-
-@pytest.mark.slow
-def test_cli_exit_codes_and_markdown(records, tmp_path):
+def test_cli_exit_codes_and_markdown(records, tmp_path, cli):
     rec = stable(records)[0]
     base, slow, same, env = (tmp_path / f"{n}.jsonl" for n in ("base", "slow", "same", "env"))
     R.write_all(base, records)
@@ -233,8 +226,7 @@ def lb_row(ts, commit="0c1e570"):
             "samples_ns": [1] * len(ts), "samples_ts": ts, "avg_ts": sum(ts) / len(ts)}
 
 
-@pytest.mark.slow
-def test_llama_bench_files_compare(tmp_path):
+def test_llama_bench_files_compare(tmp_path, cli):
     row = lb_row
     a, b = tmp_path / "a.json", tmp_path / "b.jsonl"
     a.write_text(json.dumps([row([80.1, 81.0, 79.5, 80.7, 80.2])]))                       # -o json
@@ -249,8 +241,7 @@ def test_llama_bench_files_compare(tmp_path):
 
 # -- merge ------------------------------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_merge_keeps_every_row_and_reports_a_device_column(records, tmp_path):
+def test_merge_keeps_every_row_and_reports_a_device_column(records, tmp_path, cli):
     linux = tmp_path / "linux.jsonl"
     mac = tmp_path / "mac.jsonl"
     R.write_all(linux, records)
@@ -327,8 +318,7 @@ def test_every_input_kind_loads_as_records(records, tmp_path):
     assert b.model.size_bytes == 96576768 and b.environment.llama_cpp_commit == "0c1e570"
 
 
-@pytest.mark.slow
-def test_old_predict_rows_and_llama_bench_rows_are_read_strictly(tmp_path):
+def test_old_predict_rows_and_llama_bench_rows_are_read_strictly(tmp_path, cli):
     """An unknown or mistyped key in an old predict row or a llama-bench row refuses the file in one line naming
     the file, the row and the key (nothing is dropped or guessed)."""
     rows = json.loads(OLD_PREDICT.read_text())
@@ -451,8 +441,7 @@ def test_dirty_records_of_a_commit_are_asked_for_by_name(records, tmp_path):
         compare(FIXTURE, None, baseline="3f32")
 
 
-@pytest.mark.slow
-def test_cli_compares_two_commits_of_one_file(two_commits):
+def test_cli_compares_two_commits_of_one_file(two_commits, cli):
     r = cli("compare", str(two_commits), "--baseline", "3f32cba", "--compare", "9e1c")
     assert r.returncode == 1, r.stderr
     assert "Code: BASE `3f32cba` → CAND `9e1c2d4`" in r.stdout and "🔴 **regression**" in r.stdout

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from edgekv.cli.main import main
 from edgekv.edges.gguf_header import MAX_KEPT_STRING_BYTES, read_header_file
 from edgekv.errors import GGUFFormatError
 from tests.tiny.writer import write_spec
@@ -50,16 +49,10 @@ def variant(path: Path, edits) -> Path:
     return path
 
 
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 @pytest.mark.slow
-def test_the_unedited_model_is_valid_for_both(tmp_path, capsys):
+def test_the_unedited_model_is_valid_for_both(tmp_path, cli):
     p = variant(tmp_path / "ok.gguf", [])
-    rc, out, err = run(capsys, "predict", str(p), "-c", "512", "-ctk", "f16", "--engine", "--json")
+    rc, out, err = cli("predict", str(p), "-c", "512", "-ctk", "f16", "--engine", "--json")
     assert rc == 0, err
     row = json.loads(out)[0]
     e, f = row["prediction"]["engine"], row["prediction"]["formula"]
@@ -68,9 +61,9 @@ def test_the_unedited_model_is_valid_for_both(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD))
-def test_a_shape_llama_cpp_refuses_is_invalid_never_a_number(tmp_path, capsys, case):
+def test_a_shape_llama_cpp_refuses_is_invalid_never_a_number(tmp_path, cli, case):
     p = variant(tmp_path / "bad.gguf", BAD[case])
-    rc, out, err = run(capsys, "predict", str(p), "-c", "512,4096", "-ctk", "f16,q8_0", "--json")
+    rc, out, err = cli("predict", str(p), "-c", "512,4096", "-ctk", "f16,q8_0", "--json")
     rows = [r["prediction"]["formula"] for r in json.loads(out)]
     assert rc == 1 and len(rows) == 4
     assert all(r["status"] == "invalid" and r["total_bytes"] is None and r["kv_bytes"] is None for r in rows)
@@ -78,7 +71,7 @@ def test_a_shape_llama_cpp_refuses_is_invalid_never_a_number(tmp_path, capsys, c
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("edgekv: error: ") and "no figure given" in lines[0]
     # llama.cpp itself: the same file does not load
-    rc, out, err = run(capsys, "predict", str(p), "-c", "512", "-ctk", "f16", "--engine")
+    rc, out, err = cli("predict", str(p), "-c", "512", "-ctk", "f16", "--engine")
     lines = err.strip().splitlines()
     assert rc == 1 and len(lines) == 1 and "llama.cpp refused to load it" in lines[0], err
 

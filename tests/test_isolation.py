@@ -4,15 +4,19 @@ Proved on a nested pytest run: a test that writes through edgekv (in process and
 EDGEKV_HOME pointing at a stand-in for the developer's home; with this suite's conftest the stand-in stays
 empty, without it the same test writes there (so the check can fail).  Besides, the suite runs with its own HOME
 (so edgekv's default home ~/.cache/edgekv is the session's, whatever else on the machine uses the developer's), and
-conftest's session guard fails the run if anything was written into that default home; a nested run shows it does."""
+conftest's session guard fails the run if anything was written into that default home; a nested run shows it does.
+And a failed test leaves nothing running, and a child hears the SIGINT its test sends, even under a shell that
+started pytest with SIGINT ignored (a background job); without the conftest, the same nested run shows both fail."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytestmark = pytest.mark.slow      # each test runs an inner pytest session in a subprocess
@@ -66,7 +70,7 @@ def test_sees_no_developer_settings():
 
 
 def _inner_run(tmp_path: Path, with_conftest: bool, inner: str = INNER,
-               extra_env: dict[str, str] | None = None) -> tuple[Path, subprocess.CompletedProcess]:
+               extra_env: dict[str, str] | None = None, preexec_fn=None) -> tuple[Path, subprocess.CompletedProcess]:
     dev_home = tmp_path / f"developer-home-{with_conftest}"
     dev_home.mkdir()
     d = tmp_path / f"inner-{with_conftest}"
@@ -77,7 +81,7 @@ def _inner_run(tmp_path: Path, with_conftest: bool, inner: str = INNER,
     plugin = ["-p", "tests.conftest"] if with_conftest else []
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "--rootdir", str(d),
                         "-c", os.devnull, str(d / "test_inner.py")], cwd=d, env=env, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=300, **({"preexec_fn": preexec_fn} if preexec_fn else {}))
     return dev_home, r
 
 
@@ -135,3 +139,44 @@ def test_state_does_not_leak_between_tests(n):
     assert not marker.exists()
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(str(n))
+
+
+# run with SIGINT ignored, as a background job of a non-interactive shell starts it: one test fails while its child
+# and that child's own-session grandchild (as edgekv starts llama-server) run; the other interrupts its child
+INNER_PROCS = '''
+import os, signal, subprocess, sys
+from pathlib import Path
+
+TREE = ("import subprocess, sys, time; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+        "start_new_session=True); print(g.pid, flush=True); time.sleep(120)")
+
+def test_fails_with_its_processes_running():
+    p = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
+    Path(os.environ["PIDS_FILE"]).write_text(f"{p.pid} {p.stdout.readline()}")
+    assert False, "failed with a child and a grandchild running"
+
+def test_ctrl_c_reaches_the_child():
+    p = subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(30)"],
+                         stdout=subprocess.PIPE, text=True)
+    p.stdout.readline()
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=15) != 0
+'''
+
+
+@pytest.mark.parametrize("with_conftest", [True, False])
+def test_a_failed_test_leaves_nothing_running_and_its_child_hears_sigint(tmp_path, with_conftest):
+    pids_file = tmp_path / f"pids-{with_conftest}"
+    _home, r = _inner_run(tmp_path, with_conftest, INNER_PROCS, {"PIDS_FILE": str(pids_file)},
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    out = r.stdout + r.stderr
+    procs = [psutil.Process(int(x)) for x in pids_file.read_text().split() if psutil.pid_exists(int(x))]
+    alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for p in alive:             # what the nested run left behind, without the conftest
+        p.kill()
+    if with_conftest:
+        assert "1 failed, 1 passed" in out, out
+        assert alive == [], [p.cmdline() for p in alive]
+    else:
+        assert "2 failed" in out, out
+        assert len(alive) == 2, out

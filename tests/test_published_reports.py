@@ -90,16 +90,14 @@ def test_publish_script_quick(tmp_path):
     assert all(x["peak_rss_bytes"] and x["tg_ts_mean"] and x["kv_llama_matches_formula"] for x in res["rows"])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name,lines", [("smollm2-135m", 1), ("gemma3-270m", 2)])
-def test_committed_measured_reports_render_from_their_sweep(name, lines, tmp_path):
+def test_committed_measured_reports_render_from_their_sweep(name, lines, tmp_path, cli):
     """Every figure in a committed measured report comes from its sweep.jsonl: rendering it again gives the same
     files, and llama.cpp's own KV lines agree with the formula in every configuration."""
     d = REPORTS / name
     md = (d / "README.md").read_text().split("\n")
     title, note = md[0].removeprefix("# "), md[2]
-    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "report", str(d / "sweep.jsonl"), "-o", str(tmp_path),
-                        "--title", title, "--note", note], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = cli("report", d / "sweep.jsonl", "-o", tmp_path, "--title", title, "--note", note)
     assert r.returncode == 0, r.stderr[-3000:]
     for f in ("README.md", "results.csv", "results.json"):
         assert (tmp_path / f).read_text() == (d / f).read_text(), f"{name}/{f}: rerun tools/publish/publish_reports.py"

@@ -1,8 +1,9 @@
 """README.md's command list (its "## Commands" table) and `edgekv --help` name the same commands, in the same
 order, and each listed command's --help runs; README's two commands at the top are the install-and-bench line and
-exactly the test line .ci/run runs.  Every command README.md, docs/ and bench/README.md show in a code block parses
-with its program's own parser (edgekv's click commands, the harnesses' and tools' argparse), in-process; the slow tier
-runs each harness's --help as shown and the cheap commands for real."""
+exactly the test line, which .ci/run runs in two stages (the fast tier first, then the slow one) that together are
+exactly it.  Every command README.md, docs/ and bench/README.md show in a code block parses with its program's own
+parser (edgekv's click commands, the harnesses' and tools' argparse), in-process; the slow tier runs each harness's
+--help as shown and the cheap commands for real."""
 
 from __future__ import annotations
 
@@ -27,6 +28,24 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 BENCH_LINE = "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/edgekv bench"
 TEST_LINE = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest -q"
+# .ci/run's stages: README's pytest command with one marker expression each; "not slow" then "slow" are complements,
+# so their union is every test README's line runs, and the fast tier stops at its first failure.
+STAGES = ('-m "not slow" -x', "-m slow")
+
+
+def ci_problem(test_line: str, ci_text: str) -> str | None:
+    """Why .ci/run's text does not run exactly `test_line` (None when it does): errexit on (a failed stage, or
+    pytest's exit 5 for nothing collected, fails the run), then the line's install, then its pytest command once per
+    stage in STAGES' order, as the script's last lines."""
+    install, sep, pytest_cmd = test_line.rpartition(" && ")
+    assert sep and "pytest" in pytest_cmd, test_line
+    lines = [x.strip() for x in ci_text.splitlines() if x.strip() and not x.lstrip().startswith("#")]
+    if "set -euo pipefail" not in lines:
+        return "no `set -euo pipefail`: a failed stage or pytest's exit 5 would pass"
+    want = [install, *(f"{pytest_cmd} {stage}" for stage in STAGES)]
+    if lines[-len(want):] != want:
+        return f"the last lines are {lines[-len(want):]}, not {want}"
+    return None
 
 
 def test_the_two_commands_open_the_readme_and_ci_runs_the_second():
@@ -35,8 +54,21 @@ def test_the_two_commands_open_the_readme_and_ci_runs_the_second():
     assert first, f"{README}: no bash block"
     assert first.group(1).splitlines() == [BENCH_LINE, TEST_LINE]
     assert text.index(first.group(0)) < text.index("\n## "), "the two commands come before the first section"
-    ci = [x for x in (ROOT / ".ci" / "run").read_text().splitlines() if x.strip()]
-    assert ci[-1] == TEST_LINE
+    assert ci_problem(TEST_LINE, (ROOT / ".ci" / "run").read_text()) is None
+
+
+@pytest.mark.parametrize("change", [
+    lambda t: t.replace('-m "not slow" -x', '-m "not slow and not gpu" -x'),   # a tier nobody runs
+    lambda t: t.replace("\n.venv/bin/python -m pytest -q -m slow", ""),          # the slow stage dropped
+    lambda t: t.replace(" -x\n", "\n"),                                           # the fast tier does not stop
+    lambda t: t.replace("set -euo pipefail", "set -uo pipefail"),                # a failed stage passes
+    lambda t: t.replace("pip install -q -e '.[test]'\n", "pip install -q -e .\n"),  # not README's install
+], ids=["other-marker", "no-slow-stage", "no-x", "no-errexit", "other-install"])
+def test_the_ci_check_fails_on_a_run_script_that_differs(change):
+    text = (ROOT / ".ci" / "run").read_text()
+    changed = change(text)
+    assert changed != text
+    assert ci_problem(TEST_LINE, changed) is not None
 
 
 def readme_commands() -> dict[str, list[str]]:

@@ -89,11 +89,10 @@ def test_missing_unknown_and_mistyped_keys_name_the_key(tmp_path):
     assert ":1: kind: invalid enum value 'benchmark'" in _one_line(tmp_path, r)
 
 
-def test_the_cli_says_it_in_one_line(tmp_path):
+def test_the_cli_says_it_in_one_line(tmp_path, cli):
     p = tmp_path / "bad.jsonl"
     p.write_text('{"schema_version": 1}\n')
-    out = subprocess.run([sys.executable, "-m", "edgekv.cli", "merge", str(p), "-o", str(tmp_path / "m.jsonl")],
-                         capture_output=True, text=True, timeout=120)
+    out = cli("merge", p, "-o", tmp_path / "m.jsonl")
     assert out.returncode == 1
     err = out.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"edgekv: error: {p}:1: ") and ": missing; " in err[0], out.stderr

@@ -257,13 +257,13 @@ def test_quality_table_and_plot_when_quality_blocks_exist(tmp_path):
     assert any(f.endswith("kld.png") for f in res["files"])
 
 
-def test_predict_json_and_llama_bench_inputs(tmp_path, smollm2_path):
+def test_predict_json_and_llama_bench_inputs(tmp_path, smollm2_path, cli):
     preds = tmp_path / "p.json"
-    with open(preds, "w") as f:
-        subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-c", "4096,16384", "--json"],
-                       stdout=f, check=True, timeout=120)
+    r = cli("predict", smollm2_path, "-c", "4096,16384", "--json")
+    assert r.returncode == 0, r.stderr
+    preds.write_text(r.stdout)
     out = tmp_path / "pred"
-    assert main(["report", str(preds), "-o", str(out), "--no-plots"]) == 0
+    assert cli("report", preds, "-o", out, "--no-plots").returncode == 0
     md = (out / "README.md").read_text()
     assert "**Predicted only.**" in md and "Nothing in this report was measured" in md
     assert "measured" not in md.split("## Model", 1)[1].split("## How to read", 1)[0].replace("Nothing", "")
@@ -275,7 +275,7 @@ def test_predict_json_and_llama_bench_inputs(tmp_path, smollm2_path):
            "n_gen": 16, "n_depth": 0, "samples_ns": [1, 2], "samples_ts": [50.0, 52.0]}
     lb.write_text(json.dumps(row) + "\n")
     out2 = tmp_path / "lb"
-    assert main(["report", str(lb), "-o", str(out2), "--no-plots"]) == 0
+    assert cli("report", lb, "-o", out2, "--no-plots").returncode == 0
     md = (out2 / "README.md").read_text()
     assert "decode t/s (tg16)" in md and "51.0 [" in md and "llama-bench measures no memory" in md
 
@@ -285,10 +285,9 @@ def test_predict_json_and_llama_bench_inputs(tmp_path, smollm2_path):
     (lambda d: (d / "x.jsonl").write_text("hello\n") and d / "x.jsonl", 1, "neither edgekv results"),
     (lambda d: (d / "e.jsonl").write_text("") or d / "e.jsonl", 1, "empty"),
 ])
-def test_bad_inputs_are_one_line(tmp_path, make, code, words):
+def test_bad_inputs_are_one_line(tmp_path, make, code, words, cli):
     p = make(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "report", str(p), "-o", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=60)
+    r = cli("report", p, "-o", tmp_path / "o")
     assert r.returncode == code
     assert words in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 

@@ -16,6 +16,7 @@ import pytest
 
 from edgekv.core.predict import MIB, ContextParams, predict
 from edgekv.orchestration.api import load_model
+from tests.procs import default_signals
 
 ARGS = ["-c", "1024", "-p", "32", "-n", "8", "-r", "2", "-t", "2", "-ctk", "f16"]
 
@@ -125,7 +126,7 @@ def test_ctrl_c_stops_the_server(llama_server_exe, smollm2_path, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "edgekv.cli", "bench", str(smollm2_path), "--llama-server",
                              str(llama_server_exe), "-npl", "1", "-c", "4096", "-p", "32", "-n", "3000", "-r", "3",
                              "-t", "2", "-ctk", "f16", "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=default_signals(signal.SIGINT))
     server = None
     deadline = time.monotonic() + 120
     while server is None and time.monotonic() < deadline:

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from edgekv.records import results as R
+from tests.procs import default_signals
 
 pytestmark = pytest.mark.slow      # signals to a running edgekv bench and its measuring child
 
@@ -21,8 +22,10 @@ ARGS = ["-c", "1024", "-d", "896", "-ctk", "f16,q8_0", "-p", "128", "-n", "32", 
 
 
 def _bench(out, *extra, args=ARGS):
+    """edgekv bench hearing every signal these tests send, whatever the shell that started pytest ignores."""
     return subprocess.Popen([sys.executable, "-m", "edgekv.cli", "bench", *args, "-o", str(out), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_signals(signal.SIGTERM, signal.SIGHUP))
 
 
 def _measuring_child(parent: psutil.Process, timeout: float = 300, busy_s: float = 0.5) -> psutil.Process:

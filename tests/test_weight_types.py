@@ -47,13 +47,6 @@ def _patch_type(path: Path, tensor: str, new_type: int) -> None:
         f.write(struct.pack("<I", new_type))
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("EDGEKV_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "edgekv.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT)
-
-
 def _llama_cpp_loads(path: Path) -> bool:
     """Does the vendored llama.cpp itself accept the file's tensor table (dry run, in a child process)?"""
     code = ("import sys; from edgekv.edges.engine import DryRunner; r = DryRunner().load(sys.argv[1]); "
@@ -103,13 +96,13 @@ def test_q2_0_is_read_although_gguf_does_not_know_it(tmp_path):
     (31, "ggml type 31 .q4_0_4_4. was removed"),
 ])
 @pytest.mark.slow
-def test_unknown_tensor_types_are_one_clear_line(type_id, words, tmp_path):
+def test_unknown_tensor_types_are_one_clear_line(type_id, words, tmp_path, cli):
     path = tmp_path / f"type{type_id}.gguf"
     write_spec(path, _spec_with("q1_0"))
     _patch_type(path, "blk.0.attn_q.weight", type_id)
     with pytest.raises(GGUFFormatError, match=words):
         load_model(str(path))
-    r = _cli("predict", str(path), "-c", "4096")
+    r = cli("predict", str(path), "-c", "4096")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "blk.0.attn_q.weight" in lines[0] and f"ggml type {type_id}" in lines[0], r.stderr
@@ -118,7 +111,7 @@ def test_unknown_tensor_types_are_one_clear_line(type_id, words, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_forks_block_size_is_named_not_misread(tmp_path):
+def test_a_forks_block_size_is_named_not_misread(tmp_path, cli):
     """A fork that writes type 42 with its own block layout: the tensor offsets stop adding up under ggml's Q2_0
     size, and the error names the type instead of reporting a wrong size."""
     path = tmp_path / "fork-q2_0.gguf"
@@ -126,7 +119,7 @@ def test_a_forks_block_size_is_named_not_misread(tmp_path):
     _patch_type(path, "blk.0.attn_q.weight", 42)        # written as 128-weight blocks, read as 64-weight ones
     with pytest.raises(GGUFFormatError, match=r"'blk.0.attn_q.weight' is ggml type 42, q2_0"):
         load_model(str(path))
-    r = _cli("inspect", str(path))
+    r = cli("inspect", str(path))
     assert r.returncode == 1 and "Traceback" not in r.stderr and "ggml type 42" in r.stderr
     assert not _llama_cpp_loads(path)
 
@@ -148,15 +141,15 @@ def test_q1_0_model_runs_a_real_bench(tmp_path):
 
 
 @pytest.mark.slow
-def test_engine_on_a_header_without_tensor_table_says_what_is_missing(tmp_path):
+def test_engine_on_a_header_without_tensor_table_says_what_is_missing(tmp_path, cli):
     """A metadata-only header with no tensor table: the formula works, and --engine says exactly why llama.cpp
     cannot dry-run it."""
     spec = json.loads(json.dumps(SPECS["llama-gqa"]))
     spec["tensors"] = []
     path = tmp_path / "no-tensors.gguf"
     write_spec(path, spec)
-    assert _cli("predict", str(path), "-c", "4096").returncode == 0
-    r = _cli("predict", str(path), "-c", "4096", "--engine")
+    assert cli("predict", str(path), "-c", "4096").returncode == 0
+    r = cli("predict", str(path), "-c", "4096", "--engine")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "no tensor table" in r.stderr and "tensor 'token_embd.weight' not found" in r.stderr, r.stderr
 

@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.slow      # runs the CI workflow's commands and linters in subprocesses
-
 WORKFLOW = Path(__file__).resolve().parent.parent / ".github" / "workflows" / "edgekv.yml"
 
 
@@ -33,6 +31,7 @@ def _tool(name: str) -> str:
     return exe
 
 
+@pytest.mark.slow                   # the linters run in subprocesses
 @pytest.mark.parametrize("argv", [["actionlint", "-no-color"], ["zizmor", "--offline", "--no-progress"]])
 def test_workflow_lints_clean(argv):
     exe = _tool(argv[0])
@@ -55,18 +54,16 @@ def test_workflow_shape():
         assert words in text, words
 
 
-def test_every_edgekv_command_in_the_workflow_exists():
+def test_every_edgekv_command_in_the_workflow_exists(cli):
     """Each `edgekv CMD --flags` line parses with today's CLI (its --help), so the workflow cannot drift."""
-    from edgekv.cli.main import main
-
     text = WORKFLOW.read_text().replace("$SWEEP_ARGS", re.search(r'SWEEP_ARGS: "([^"]+)"', WORKFLOW.read_text())[1])
     seen = set()
     for m in re.finditer(r"^\s*(?:run: )?(?:[\w-]+=\$\(\s*)?edgekv (\w+)([^\n|>&;]*)", text, re.M):
         cmd, rest = m[1], m[2]
         seen.add(cmd)
-        assert main([cmd, "--help"]) == 0, cmd
-        help_text = subprocess.run([sys.executable, "-m", "edgekv.cli", cmd, "--help"], capture_output=True, text=True,
-                                   timeout=60, env={**os.environ, "COLUMNS": "300"}).stdout
+        r = cli(cmd, "--help", env={"COLUMNS": "300"})
+        assert r.returncode == 0, cmd
+        help_text = r.stdout
         for tok in shlex.split(rest.replace("\\", " ")):
             if tok.startswith("-") and not tok.startswith("--title="):
                 assert tok in help_text, f"edgekv {cmd}: {tok} is not an option any more"

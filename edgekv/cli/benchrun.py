@@ -19,11 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from edgekv.cli.options import pair_types, parse_fa_list, parse_int_list, parse_repack_list, parse_type_list
+from edgekv.cli.signals import interrupted_by, interrupted_code
+from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES
+from edgekv.core.diagnose import exit_status
 from edgekv.core.units import MIB, kv_label
 from edgekv.edges.load import BUSY_SHARE, Window, busy_note
 from edgekv.errors import UsageError
-from edgekv.orchestration.plan import fmt_duration, plan_lines
-from edgekv.output.benchview import Progress, case_label
+from edgekv.orchestration.api import load_model, registry_sweep_defaults
+from edgekv.orchestration.plan import FULL, QUICK, fmt_duration, model_contexts, plan_lines, quick_contexts
+from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, ENGINE_SERVER, SweepSpec, run_sweep
+from edgekv.output.benchview import Progress, case_label, case_work
 from edgekv.output.inputs import compared_kv
 from edgekv.records.schema import Record, Settings, Speed, encode_block
 
@@ -120,8 +126,6 @@ class BenchMonitor:
         if kind in ("start", "case", "child", "done"):
             self.prog.on_event(kind, data)
             if kind == "start":
-                from edgekv.output.benchview import case_work
-
                 self.prog.on_event("plan", {"work": sum(case_work(c.settings) for c in data["todo_cases"]) or 1})
 
     def _start(self, data: dict[str, Any]) -> None:
@@ -198,11 +202,6 @@ class BenchArgs:
 def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     """The sweep the flags ask for (registry defaults, --full, checks), its contexts, and the hint naming the full
     sweep when the quick default runs."""
-    from edgekv.cli.options import pair_types, parse_fa_list, parse_int_list, parse_repack_list, parse_type_list
-    from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES
-    from edgekv.orchestration.api import load_model, registry_sweep_defaults
-    from edgekv.orchestration.plan import FULL, QUICK, model_contexts, quick_contexts
-    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, ENGINE_SERVER, SweepSpec
 
     reg_defaults = registry_sweep_defaults(a.model)
     cache_type_k = a.cache_type_k
@@ -268,8 +267,6 @@ def _check(a: BenchArgs, n_prompt: int, n_gen: int, repetitions: int) -> None:
             raise UsageError("--llama-server measures N concurrent requests from an empty cache (-npl): drop "
                              + ("--llama-bench" if a.llama_bench else "--quality" if a.quality else "-d"))
     if a.n_parallel is not None:
-        from edgekv.cli.options import parse_int_list
-
         if a.depths:
             raise UsageError("-d does not apply with -npl: like llama-batched-bench, each test starts from an empty cache")
         if a.llama_bench is not None:
@@ -283,7 +280,6 @@ def _check(a: BenchArgs, n_prompt: int, n_gen: int, repetitions: int) -> None:
 
 def run_bench(a: BenchArgs, as_json: bool, console: Callable[..., Any]) -> SweepResult:
     """Plan, run and record the sweep, saying what happens on ``console(stderr=...)``'s consoles."""
-    from edgekv.orchestration.sweep import run_sweep
 
     spec, ctxs, full_hint = bench_spec(a)
     err = console(stderr=True)
@@ -297,8 +293,6 @@ def finish(res: SweepResult, err) -> int:
     """bench's exit status, its closing line on ``err`` when not 0: 130 interrupted (resume by rerunning), else
     :func:`exit_line`'s (README: Exit status)."""
     if res.interrupted:
-        from edgekv.cli.signals import interrupted_code
-
         err.print(interrupted_line(res))
         return interrupted_code()
     code, line = exit_line(res)
@@ -309,7 +303,6 @@ def finish(res: SweepResult, err) -> int:
 
 def exit_line(res: SweepResult) -> tuple[int, str | None]:
     """bench's exit status (edgekv.core.diagnose.exit_status) and the one closing line saying why it is not 0."""
-    from edgekv.core.diagnose import exit_status
 
     new = res.records[len(res.records) - res.new:] if res.new else []
     code, why = exit_status([str(r.status) for r in new], sum(1 for r in res.records if r.status == "ok"))
@@ -321,8 +314,6 @@ def exit_line(res: SweepResult) -> tuple[int, str | None]:
 
 
 def interrupted_line(res: SweepResult) -> str:
-    from edgekv.cli.signals import interrupted_by
-
     return (f"Interrupted ({interrupted_by()}): {len(res.records) - res.skipped_existing} configurations saved to "
             f"{res.output}; "
             "run the same command again to resume.")

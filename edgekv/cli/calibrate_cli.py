@@ -12,6 +12,7 @@ import typer
 from edgekv.cli.flags import FA_OPT, JSON_OPT, PREDICT_REPACK_OPT, llama_bench_path, one_repack
 from edgekv.cli.options import make_console, parse_flash_attn, parse_type_list, print_json
 from edgekv.errors import UsageError
+from edgekv.orchestration.api import load_model
 
 CALIBRATE_TIMEOUT_OPT = typer.Option(600.0, "--calibration-timeout", metavar="SECONDS",
                                      help="Stop measuring after this long (nothing half-measured is cached).")
@@ -155,7 +156,6 @@ def _calibration_targets(model: str | None, feats: list[str], repack: bool, devi
     the generic attention model alone."""
     if not model:
         return [], [None], []
-    from edgekv.orchestration.api import load_model
     from edgekv.orchestration.speedpredict import model_speed_shape, weight_types
 
     sh = model_speed_shape(load_model(model), feats, repack, None, device)
@@ -168,7 +168,6 @@ def _calibration_device(model: str | None, n_gpu_layers: int) -> str:
     if n_gpu_layers == 0:
         return ""
     from edgekv.edges.tinymodel import probe_model_path
-    from edgekv.orchestration.api import load_model
     from edgekv.orchestration.speedpredict import dry_run_device, offload_device
 
     m = load_model(model or str(probe_model_path()))

@@ -11,6 +11,15 @@ from typing import Optional
 
 import typer
 
+from edgekv.cli.options import make_console, print_json
+from edgekv.core.explain import add_engine_compute, explain_lines
+from edgekv.core.explaincheck import disagreements
+from edgekv.core.explainschema import report
+from edgekv.core.logconfig import read_bounded
+from edgekv.core.predict import ContextParams
+from edgekv.errors import UsageError
+from edgekv.orchestration.api import load_model
+
 LOG_ARG = typer.Argument(..., metavar="LOG", show_default=False,
                          help="A llama.cpp log (llama-cli, llama-server, llama-bench -v, llama-cpp-python verbose=True); "
                               "- reads stdin.")
@@ -34,11 +43,6 @@ def explain(
 
     Exit 0 when the log was explained (disagreements are shown, not failed on, unless --check), 1 when it cannot
     be explained or --check found a disagreement, 2 on a usage error."""
-    from edgekv.cli.options import make_console, print_json
-    from edgekv.core.explain import explain_lines
-    from edgekv.core.explaincheck import disagreements
-    from edgekv.core.explainschema import report
-    from edgekv.errors import UsageError
     from edgekv.output.explainview import render_explain, to_json
 
     bounded, name = _read(log)
@@ -46,8 +50,6 @@ def explain(
         raise UsageError("--engine needs the model: pass -m MODEL (path, URL or hf://)")
     header_meta = weights = tensors = m = None
     if model_opt:
-        from edgekv.orchestration.api import load_model
-
         m = load_model(model_opt)
         header_meta, weights, tensors = dict(m.header.metadata), m.weights_bytes, list(m.header.tensors)
     result = explain_lines(name, bounded.lines, header_meta, weights, tensors)
@@ -87,10 +89,7 @@ def _read(log: str):
 
 def _engine_compute(m, result: dict) -> None:
     """llama.cpp's dry run of the log's context on the CPU backend, beside the compute buffers the log printed."""
-    from edgekv.core.explain import add_engine_compute
-    from edgekv.core.predict import ContextParams
     from edgekv.edges.engine import EngineSession
-    from edgekv.errors import UsageError
 
     params = result["kv"].get("params")
     if params is None:

@@ -7,8 +7,10 @@ Every command has ``--json``.  Errors edgekv raises on purpose become one line o
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -68,7 +70,16 @@ from edgekv.cli.options import (
     print_json,
 )
 from edgekv.cli.quality_cli import quality as _quality_command
-from edgekv.errors import EdgekvError, ResultsError, UsageError
+from edgekv.cli.signals import handled, interrupted_by, interrupted_code, signalled, signalled_code
+from edgekv.core.fit import size
+from edgekv.core.memmodel import WORKLOADS
+from edgekv.core.predict import ContextParams
+from edgekv.edges.sources import pull_model
+from edgekv.errors import EdgekvError, ModelNotFound, ResultsError, UsageError
+from edgekv.orchestration.api import load_model, registry_sweep_defaults
+from edgekv.records.frame import device_label
+from edgekv.records.results import latest
+from edgekv.records.schema import encode
 from edgekv.version import __version__
 
 app = typer.Typer(
@@ -119,7 +130,6 @@ def inspect(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Architecture, layers, heads, head dims, SWA/shared/MLA/recurrent layers, weights by type."""
-    from edgekv.orchestration.api import load_model
     from edgekv.output.views import inspect_dict, render_inspect
 
     m = load_model(pick_model(model, model_opt))
@@ -166,7 +176,6 @@ def predict(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Exact KV-cache bytes from the GGUF header, the whole llama.cpp process's peak memory, its speed here."""
-    from edgekv.orchestration.api import load_model
     from edgekv.orchestration.predictrows import run_predict
 
     speed_flags, lb = _speed_flags(depth, min_tg, budget, kv_only, calibration_timeout), llama_bench_path(llama_bench)
@@ -223,7 +232,6 @@ def _speed_flags(depth: Optional[int], min_tg: Optional[float], budget: Optional
 
 def _check_process_flags(workload: str, threads: int) -> None:
     """The flags that need no model, checked before one is fetched or read."""
-    from edgekv.core.memmodel import WORKLOADS
 
     if workload not in WORKLOADS:
         raise UsageError(f"--workload: unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")
@@ -236,7 +244,6 @@ def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[
                      budget: Optional[str], workload: str, threads: int, no_mmap: bool, n_gpu_layers: int,
                      repack: Optional[str] = None):
     """predict's flags checked (one line naming the flag when one is wrong) and turned into a PredictRequest."""
-    from edgekv.core.predict import ContextParams
     from edgekv.orchestration.predictrows import PredictRequest
     from edgekv.orchestration.procpredict import ProcessSettings
 
@@ -265,7 +272,6 @@ def _budget_bytes(budget: str) -> int:
     """--budget SIZE, or ``auto``: the memory available now (edgekv.edges.machine_memory; said on stderr)."""
     if budget.strip().lower() != "auto":
         return parse_size(budget, "--budget")
-    from edgekv.core.fit import size
     from edgekv.edges.machine_memory import available_memory
 
     avail = available_memory()
@@ -277,7 +283,6 @@ def _budget_bytes(budget: str) -> int:
 
 def _predict_contexts(ctx_size: Optional[str], spec_name: Optional[str], m) -> list[int]:
     """-c as given, else one rule from the model, shared with ``bench --full`` (issue 19)."""
-    from edgekv.orchestration.api import registry_sweep_defaults
     from edgekv.orchestration.plan import model_contexts
 
     if ctx_size:
@@ -337,8 +342,6 @@ def bench(
     flags = dict(locals())      # the flags above by name: BenchArgs has one field per flag
     from edgekv.cli.benchrun import BenchArgs, finish, run_bench
     from edgekv.output.benchview import render_summary
-    from edgekv.records.results import latest
-    from edgekv.records.schema import encode
 
     res = run_bench(BenchArgs.from_flags(flags, pick_model(model, model_opt)), as_json, make_console)
     if as_json:
@@ -376,8 +379,6 @@ def report(
 
     if note is not None and note.startswith("@"):
         try:
-            from pathlib import Path
-
             note = Path(note[1:]).read_text(encoding="utf-8")
         except OSError as e:
             raise UsageError(f"--note {note}: cannot read it ({e.strerror})") from None
@@ -440,7 +441,6 @@ def merge(
 ) -> None:
     """Several machines' results into one file: every row kept, each with its machine."""
     from edgekv.output.inputs import drain_notes, merge_files
-    from edgekv.records.frame import device_label
 
     recs = merge_files(inputs, output)
     _warn_lines(drain_notes())
@@ -480,7 +480,6 @@ def models_list(as_json: bool = JSON_OPT) -> None:
 def models_show(name: str = typer.Argument(..., help="A models.toml name."), as_json: bool = JSON_OPT) -> None:
     """One entry: Hugging Face coordinates, pinned revision and sha256, sources, sweep defaults."""
     from edgekv.edges.registry import load_registry
-    from edgekv.errors import ModelNotFound
     from edgekv.output.models_view import render_show, show_dict
 
     reg = load_registry()
@@ -504,7 +503,6 @@ def models_pull(
 
     Models packaged on PyPI resolve from the installed package without any network.
     """
-    from edgekv.edges.sources import pull_model
     from edgekv.output.models_view import render_pull
 
     r = pull_model(name, allow_unverified=allow_unverified)
@@ -524,7 +522,6 @@ app.command(name="explain")(_explain_command)
 
 def _misread_short_flag(argv: list[str]) -> str | None:
     """click reads ``-ctx 4096`` as ``-c tx``; say so instead of "'tx' is not a whole number" (issue 19)."""
-    import re
 
     for a in argv:
         if a == "--":
@@ -543,7 +540,6 @@ def main(argv: list[str] | None = None) -> int:
     if bad is not None:
         sys.stderr.write(f"edgekv: error: {bad}\n")
         return 2
-    from edgekv.cli.signals import handled, interrupted_by, interrupted_code, signalled, signalled_code
 
     try:
         with handled():                 # SIGTERM / SIGHUP: like Ctrl-C (edgekv.cli.signals)

@@ -11,6 +11,8 @@ import re
 import sys
 from typing import Any
 
+from rich.console import Console
+
 from edgekv.core.cachetypes import cache_type
 from edgekv.errors import UsageError
 
@@ -139,8 +141,6 @@ def parse_size(text: str, flag: str) -> int:
 
 
 def make_console(stderr: bool = False):
-    from rich.console import Console
-
     # messages on stderr never wrap (one line stays one line); tables on stdout get room when piped
     con = Console(stderr=stderr, highlight=False, soft_wrap=stderr)
     if not stderr and not con.is_terminal and "COLUMNS" not in os.environ:

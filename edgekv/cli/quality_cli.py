@@ -9,10 +9,16 @@ import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
 
 from edgekv.cli.flags import one_repack
-from edgekv.cli.options import pair_types, parse_fa_list, parse_int_list, parse_type_list
+from edgekv.cli.options import make_console, pair_types, parse_fa_list, parse_int_list, parse_type_list, pick_model, print_json
+from edgekv.core.diagnose import exit_status
 from edgekv.core.units import kv_label
+from edgekv.errors import UsageError
+from edgekv.records.schema import encode
 
 if TYPE_CHECKING:
     from edgekv.records.schema import Quality
@@ -52,10 +58,7 @@ def quality(
 
     llama-perplexity's method without its logits file: each chunk runs in the f16 and the candidate contexts side by side.
     """
-    from edgekv.cli.options import make_console, pick_model, print_json
-    from edgekv.errors import UsageError
     from edgekv.orchestration.quality import QualityConfig, measure, quality_records, resolve_repack
-    from edgekv.records.schema import encode
 
     ctxs = parse_int_list(ctx_size, "-c/--ctx-size", minimum=2)
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
@@ -86,9 +89,7 @@ def quality(
 def _exit(rows: list[Quality]) -> None:
     """quality's exit status, as bench's: 1 when a configuration failed or nothing was measured (invalid pairs,
     refused before running, fail the run only then); one closing line says why."""
-    import typer
 
-    from edgekv.core.diagnose import exit_status
 
     statuses = ["skipped" if r.status == "invalid" else str(r.status) for r in rows]
     code, why = exit_status(statuses, statuses.count("ok"))
@@ -126,9 +127,6 @@ class _Progress:
 
     def __enter__(self) -> _Progress:
         if self.enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                 TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
             self.bar.start()
@@ -165,8 +163,6 @@ def _pm(value: float | None, err: float | None, fmt: str, scale: float = 1.0) ->
 
 
 def render_quality(con, rows: list[Quality]) -> None:
-    from rich.table import Table
-
     ok = [r for r in rows if r.status == "ok"]
     if ok:
         q0, p0 = ok[0].quality, ok[0].pass_

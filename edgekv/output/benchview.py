@@ -5,6 +5,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+from rich.table import Table
+
 from edgekv.core.llamalog import off_device_text
 from edgekv.core.predict import llama_mib
 from edgekv.core.units import MIB, kv_label
@@ -37,14 +41,12 @@ class Progress:
     """rich progress on stderr; silent when stderr is not a terminal."""
 
     def __init__(self, console) -> None:
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
         self.enabled = console.is_terminal
-        self.p = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                          TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
-                          disable=not self.enabled, transient=False,
-                          # one redraw a second: each redraw is CPU taken from llama.cpp's threads while it is timed
-                          refresh_per_second=1)
+        self.p = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                              TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(), TextColumn("ETA"),
+                              TimeRemainingColumn(), console=console, disable=not self.enabled, transient=False,
+                              # one redraw a second: each redraw is CPU taken from llama.cpp's threads while it is timed
+                              refresh_per_second=1)
         self.task = None
         self.lock = threading.Lock()
         self.base = 0
@@ -260,7 +262,6 @@ def _gpu_seen(r: S.Record) -> bool:
 
 def render_summary(con, records: list[S.Record | dict[str, Any]], output: str) -> None:
     """The table after a bench: one row per record (Records, or the sweep's plain record dicts: decoded once here)."""
-    from rich.table import Table
 
     if not records:
         return

@@ -53,8 +53,10 @@ import msgspec
 
 from edgekv.core.stats import summarize, welch, z_test
 from edgekv.core.units import MIB, kv_label
+from edgekv.edges.load import record_busy
 from edgekv.errors import EnvironmentMismatch, UsageError
 from edgekv.output.commits import commits_in, newest_other, select
+from edgekv.output.export import sort_key
 from edgekv.output.inputs import load_any, speed_of
 from edgekv.records import results as R
 from edgekv.records import schema as S
@@ -334,7 +336,6 @@ SPEED_METRICS = frozenset({"pp", "tg"})
 
 def _busy_sides(bs: list[S.Record], cs: list[S.Record]) -> list[str]:
     """Which sides had a configuration measured while other work took a significant share of the CPUs."""
-    from edgekv.edges.load import record_busy
 
     return [side for side, rs in (("BASE", bs), ("CAND", cs)) if any(record_busy(r) for r in rs)]
 
@@ -353,7 +354,6 @@ def _busy_verdict(res: dict[str, Any], busy: list[str], force: bool) -> None:
 def _compared_pairs(pairs, varying: list[str], thr: dict[str, Threshold], alpha: float,
                     force: bool) -> list[dict[str, Any]]:
     """Every metric of every paired configuration, tested (in the report's sort order)."""
-    from edgekv.output.export import sort_key
 
     multi_device = len({device_label(bs[0]) for bs, _ in pairs}) > 1
     out_pairs = []
@@ -381,7 +381,6 @@ def compare_records(base_all: list[S.Record | dict[str, Any]], cand_all: list[S.
                     thr: dict[str, Threshold], force: bool = False, alpha: float = ALPHA, base_name: str = "BASE",
                     cand_name: str = "CAND") -> dict[str, Any]:
     """Compare two sets of records (Records, or plain record dicts: each decoded strictly once here)."""
-    from edgekv.output.export import sort_key
 
     base_all = [R.as_record(r, f"{base_name}: record {i}") for i, r in enumerate(base_all, 1)]
     cand_all = [R.as_record(r, f"{cand_name}: record {i}") for i, r in enumerate(cand_all, 1)]

@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from edgekv.errors import ResultsError
+from edgekv.orchestration.llamabench import load_llama_bench_file
 from edgekv.records import results as R
 from edgekv.records import schema as S
 from edgekv.records.frame import machine_label, unset_none
@@ -77,8 +78,6 @@ def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None, hi
         if items and all(isinstance(x, dict) and x.get("source") == "formula" for x in items):
             return predict_records(items, p)
         if items and all(isinstance(x, dict) and "samples_ts" in x for x in items):
-            from edgekv.orchestration.llamabench import load_llama_bench_file
-
             return load_llama_bench_file(p)
         if not items:
             raise ResultsError(f"{p}: an empty JSON list; no results in it")
@@ -88,8 +87,6 @@ def load_any(path: str | os.PathLike, skipped: list[R.Skipped] | None = None, hi
             recs = _load_results(p, skipped)
             return recs if history else R.latest(recs)
         if "samples_ts" in first:
-            from edgekv.orchestration.llamabench import load_llama_bench_file
-
             return load_llama_bench_file(p)
         preds = first.get("predictions")
         if isinstance(preds, list):     # `predict --budget --json`: records beside the budget; older: prediction rows

@@ -14,6 +14,7 @@ import msgspec
 
 from edgekv.core.memmodel import STACK_ORDER, stacked
 from edgekv.core.units import MIB, kv_label
+from edgekv.output.plots import new_figure, png_bytes
 from edgekv.records.frame import unset_none as _v
 from edgekv.records.schema import Process, Record
 
@@ -87,7 +88,6 @@ def plot(recs: list[Record]) -> bytes | None:
     rows = [x for x in explained(recs) if x["stack"] is not None]
     if not rows:
         return None
-    from edgekv.output.plots import new_figure, png_bytes
 
     plt, fig, axes = new_figure(1)
     ax = axes[0]

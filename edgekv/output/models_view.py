@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.table import Table
+
 from edgekv.edges.registry import ModelEntry, Registry
 from edgekv.edges.sources import PullResult, entry_status
 
@@ -19,8 +21,6 @@ def list_dicts(reg: Registry) -> list[dict[str, Any]]:
 
 
 def render_list(con, reg: Registry) -> None:
-    from rich.table import Table
-
     t = Table(title=f"Models in {reg.path}", title_justify="left")
     for col in ("name", "Hugging Face file", "size", "pinned", "sha256", "here"):
         t.add_column(col)
@@ -38,8 +38,6 @@ def show_dict(e: ModelEntry) -> dict[str, Any]:
 
 
 def render_show(con, e: ModelEntry) -> None:
-    from rich.table import Table
-
     st = entry_status(e)
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgekv.core.units import MIB, row_kv_label
+from edgekv.output.plots import kv_color, new_figure, png_bytes
 
 DASH = "–"
 
@@ -78,7 +79,6 @@ def plot(rows: list[dict[str, Any]]) -> bytes | None:
     ok = _rows(rows)
     if not ok or len({r["n_parallel"] for r in ok}) < 2:
         return None
-    from edgekv.output.plots import kv_color, new_figure, png_bytes
 
     server = any(r["ttft_p50_s_measured"] is not None for r in ok)
     plt, fig, axes = new_figure(3 if server else 2)

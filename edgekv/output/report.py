@@ -37,6 +37,9 @@ from typing import Any
 from edgekv.core import units
 from edgekv.core.units import MIB
 from edgekv.edges.safepath import atomic_write
+from edgekv.errors import ResultsError, UsageError
+from edgekv.output import memreport, parallelreport, speedreport
+from edgekv.output import plots as P
 from edgekv.output.envsection import env_section
 from edgekv.output.export import report_rows, sort_records, type_rank, typed
 from edgekv.output.inputs import KIND_BENCH, KIND_LLAMA_BENCH, KIND_PREDICT
@@ -400,8 +403,6 @@ def build(records: Sequence[Record | dict[str, Any]], title: str | None = None, 
     """The report of these records (Records, or dicts decoded once with as_record): every table, problem and plot
     reads the frame's rows (:func:`edgekv.output.export.report_rows`)."""
     if not records:
-        from edgekv.errors import ResultsError
-
         raise ResultsError("no records to report on")
     recs = sort_records(typed(records))
     rows = report_rows(recs)
@@ -423,8 +424,6 @@ def build(records: Sequence[Record | dict[str, Any]], title: str | None = None, 
         sec.tables += _explained_memory(mrecs) + _explained_speed(mrecs) + _predicted_speed(mrecs)
         sec.tables += _parallel(mrows)
         if plots:
-            from edgekv.output import plots as P
-
             slug = "" if len(names) == 1 else "-" + _slug(name)
             for fname, alt, png in P.all_plots(mrows, slug) + _explained_plot(mrecs, slug) + \
                     _explained_speed_plots(mrecs, slug) + _predicted_speed_plot(mrecs, slug) + \
@@ -440,61 +439,46 @@ def build(records: Sequence[Record | dict[str, Any]], title: str | None = None, 
 
 def _explained_memory(recs: list[Record]) -> list[Table]:
     """The explained-memory table (edgekv.output.memreport): measured peak vs the whole-process prediction's parts."""
-    from edgekv.output.memreport import table
-
-    t = table(recs)
+    t = memreport.table(recs)
     return [Table(*t)] if t is not None else []
 
 
 def _explained_plot(recs: list[Record], slug: str) -> list[tuple[str, str, bytes]]:
-    from edgekv.output.memreport import plot
-
-    png = plot(recs)
+    png = memreport.plot(recs)
     return [(f"explained_memory{slug}.png", "Explained memory: predicted parts and measured peak RSS", png)] if png else []
 
 
 def _explained_speed(recs: list[Record]) -> list[Table]:
     """The explained-speed table (edgekv.output.speedreport): measured tokens/s vs the speed model's prediction."""
-    from edgekv.output.speedreport import table
-
-    t = table(recs)
+    t = speedreport.table(recs)
     return [Table(*t)] if t is not None else []
 
 
 def _explained_speed_plots(recs: list[Record], slug: str) -> list[tuple[str, str, bytes]]:
-    from edgekv.output.speedreport import plots
-
-    return [(f"{stem}{slug}.png", alt, png) for stem, alt, png in plots(recs)]
+    return [(f"{stem}{slug}.png", alt, png) for stem, alt, png in speedreport.plots(recs)]
 
 
 def _predicted_speed(recs: list[Record]) -> list[Table]:
     """The speed model's tokens/s of records that were not run (edgekv.output.speedreport)."""
-    from edgekv.output.speedreport import predicted_table
 
-    t = predicted_table(recs)
+    t = speedreport.predicted_table(recs)
     return [Table(*t)] if t is not None else []
 
 
 def _predicted_speed_plot(recs: list[Record], slug: str) -> list[tuple[str, str, bytes]]:
-    from edgekv.output.speedreport import predicted_plot
-
-    png = predicted_plot(recs)
+    png = speedreport.predicted_plot(recs)
     return [(f"speed_predicted{slug}.png", "Decode and prefill speed vs context, predicted", png)] if png else []
 
 
 def _parallel(rows: list[dict[str, Any]]) -> list[Table]:
     """Sequences at once (-npl) and the user's llama-server: throughput, latency and memory against N
     (edgekv.output.parallelreport)."""
-    from edgekv.output.parallelreport import table
-
-    t = table(rows)
+    t = parallelreport.table(rows)
     return [Table(*t)] if t is not None else []
 
 
 def _parallel_plot(rows: list[dict[str, Any]], slug: str) -> list[tuple[str, str, bytes]]:
-    from edgekv.output.parallelreport import plot
-
-    png = plot(rows)
+    png = parallelreport.plot(rows)
     return [(f"parallel{slug}.png", "Throughput, time to first token and memory against sequences at once", png)] \
         if png else []
 
@@ -542,8 +526,6 @@ def write_report(records: Sequence[Record | dict[str, Any]], outdir: str | os.Pa
     """Render every file of a report into ``outdir``; returns what was written."""
     out = Path(outdir)
     if out.exists() and not out.is_dir():
-        from edgekv.errors import UsageError
-
         raise UsageError(f"-o {out}: exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     doc = build(records, title=title, plots=plots, note=note)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from edgekv.core.units import kv_label
+from edgekv.output.inputs import KIND_PREDICT, speed_of
+from edgekv.output.plots import new_figure, png_bytes
 from edgekv.records.frame import unset_none as _v
 from edgekv.records.schema import Record
 
@@ -40,8 +42,6 @@ def _pred(r: Record, test: str) -> Any:
 
 
 def _meas(r: Record, test: str) -> float | None:
-    from edgekv.output.inputs import speed_of
-
     t = speed_of(r, test)
     return t.mean_ts if t is not None else None
 
@@ -106,7 +106,6 @@ def plots(recs: list[Record]) -> list[tuple[str, str, bytes]]:
     rs = [x for x in rows(recs) if x["tg_parts"]]
     if not rs:
         return []
-    from edgekv.output.plots import new_figure, png_bytes
 
     out = []
     plt, fig, axes = new_figure(1)
@@ -152,7 +151,6 @@ def plots(recs: list[Record]) -> list[tuple[str, str, bytes]]:
 
 def predicted_rows(recs: list[Record]) -> list[dict[str, Any]]:
     """Predict records (no run) that hold a speed prediction: one row per configuration."""
-    from edgekv.output.inputs import KIND_PREDICT
 
     out = []
     for r in recs:
@@ -210,7 +208,6 @@ def predicted_plot(recs: list[Record]) -> bytes | None:
     rs = predicted_rows(recs)
     if len({x["n_ctx"] for x in rs}) < 2:
         return None
-    from edgekv.output.plots import new_figure, png_bytes
 
     plt, fig, axes = new_figure(2)
     for ax, test in zip(axes, ("tg", "pp")):

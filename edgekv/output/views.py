@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from msgspec import UNSET
+from rich.table import Table
 
 from edgekv.core.llamalog import off_device_text
 from edgekv.core.predict import STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KVPrediction, llama_mib
@@ -42,7 +43,7 @@ def ranges(ids: list[int]) -> str:
     if not ids:
         return "-"
     out, start, prev = [], ids[0], ids[0]
-    for i in ids[1:] + [None]:  # type: ignore[list-item]
+    for i in [*ids[1:], None]:
         if i is not None and i == prev + 1:
             prev = i
             continue
@@ -101,8 +102,6 @@ def render_info(con, info: dict[str, Any]) -> None:
 
 
 def render_inspect(con, m: LoadedModel) -> None:
-    from rich.table import Table
-
     h, s = m.header, m.shape
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
@@ -189,7 +188,6 @@ def _has_state(shape: ModelShape) -> bool:
 
 def _predict_table(con, title: str, has_rec: bool, engine: bool, proc_cols: list[str]):
     """The predict table's columns; returns (table, whether the reserved sum is shown)."""
-    from rich.table import Table
 
     t = Table(title=title, title_justify="left")
     # an 80-column terminal gets short headers (issue 19: "(formu…" was cut); the footnotes say what each is
@@ -406,8 +404,6 @@ def process_legend(con, recs: list[Record]) -> None:
 
 
 def render_layers(con, p: KVPrediction, params: ContextParams) -> None:
-    from rich.table import Table
-
     t = Table(title=f"Per layer at n_ctx {params.n_ctx}, {params.type_k}/{params.type_v}", title_justify="left")
     other = any(lp.other for lp in p.layers)
     cols = ["layer", "role", "cache", "cells", "K width", "V width", "K bytes", "V bytes", "R+S bytes"]
@@ -423,8 +419,6 @@ def render_layers(con, p: KVPrediction, params: ContextParams) -> None:
 
 
 def render_budget(con, m: LoadedModel, budget_bytes: int, rows: list[BudgetRow]) -> None:
-    from rich.table import Table
-
     wl = rows[0].workload if rows else "generate"
     speed = any(_v(r.predicted_tg_tokens_per_s) is not None for r in rows)
     t = Table(title=f"Largest context whose predicted peak RSS fits {fmt_mib(budget_bytes)} MiB "
@@ -453,7 +447,6 @@ def render_budget(con, m: LoadedModel, budget_bytes: int, rows: list[BudgetRow])
 
 def render_calibration(con, sc) -> None:
     """``edgekv calibrate``: the coefficients the speed model will use, in units a reader can check."""
-    from rich.table import Table
 
     cal = sc.cal
     con.print(f"Speed calibration {cal.id} (-t {cal.n_threads}, through {cal.runtime}): {sc.note or 'cached'}",

@@ -22,6 +22,7 @@ from msgspec import UNSET
 
 from edgekv.core.llamalog import device_mib, off_device_text
 from edgekv.core.units import MIB
+from edgekv.records.results import KEY_SETTINGS, load_records
 from edgekv.records.schema import Record, growth_minus_formula_bytes
 
 COLUMNS = (
@@ -282,7 +283,6 @@ def row(rec: Record, file: str | None = None) -> dict[str, Any]:
 
 def group_key(rec: Record) -> tuple:
     """Everything that must agree for an f16 record to be another record's baseline (all but the cache types)."""
-    from edgekv.records.results import KEY_SETTINGS
 
     s = rec.settings
     rest = tuple(str(_v(getattr(s, k))) for k in KEY_SETTINGS if k not in ("type_k", "type_v", "quality", "repetitions"))
@@ -312,7 +312,6 @@ def frame_rows(records: Sequence[Record], files: Sequence[str | None] | None = N
 
 def load_results(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Record]:
     """Every record of one or more edgekv results files (upgraded, strictly decoded)."""
-    from edgekv.records.results import load_records
 
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -323,7 +322,6 @@ def results_frame(paths: str | os.PathLike | Iterable[str | os.PathLike]):
     """One row per configuration (:data:`COLUMNS`), for notebooks: ``edgekv.results_frame("sweep.jsonl")``."""
     import pandas as pd
 
-    from edgekv.records.results import load_records
 
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]

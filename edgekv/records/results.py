@@ -54,6 +54,7 @@ from typing import Any
 
 from msgspec import UNSET
 
+from edgekv.core.stats import summarize
 from edgekv.edges.safepath import atomic_write
 from edgekv.errors import ResultsError
 from edgekv.records.schema import SCHEMA_VERSION, Environment, Record, decode, encode
@@ -86,7 +87,6 @@ SPEED_TESTS = ("pp", "tg", "pg", "tg_seq")
 def _v3_to_v4(r: dict[str, Any]) -> dict[str, Any]:
     """v3 records carry no code identity (left absent: unknown); a speed test's 95 % interval is recomputed from its
     samples where they are all positive (the interval on the logarithm; an older record may hold a linear one)."""
-    from edgekv.core.stats import summarize
 
     r = dict(r)
     speed = r.get("speed")

@@ -44,12 +44,17 @@ The keys of committed schema-2 files are kept as they are (``mean_ts`` etc.).
 
 from __future__ import annotations
 
+import inspect
+import json
+import os
 from pathlib import Path
 from typing import Any, Union
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
+from edgekv.core.stats import summarize
+from edgekv.errors import ResultsError
 from edgekv.records.blocks import (
     ENVIRONMENT_KEYS,
     BufMiB,
@@ -228,7 +233,6 @@ RECORD_KEYS = ("schema_version", "kind", *(k for k in Record.__struct_fields__ i
 def decode(obj: dict[str, Any], where: str) -> Record:
     """A plain (upgraded) dict -> the record type of its ``kind``, strictly; else one-line ResultsError naming
     ``where: key``."""
-    from edgekv.errors import ResultsError
 
     try:
         return msgspec.convert(obj, AnyRecord, strict=True)
@@ -280,7 +284,6 @@ def speed_test(n_tokens: int, samples_ns: list[int] | None, samples_ts: list[flo
                llama_bench_avg_ts: Any = UNSET) -> SpeedTest:
     """The one builder of a speed test block (sweep, llama-bench runs, imported llama-bench files): every sample
     kept, summarised by :func:`edgekv.core.stats.summarize`.  ``llama_bench_avg_ts``: llama-bench's own average."""
-    from edgekv.core.stats import summarize
 
     summ = summarize(samples_ts)
     return SpeedTest(
@@ -324,7 +327,6 @@ def predict_record(*, model_path: str, arch: str | None, weights_bytes: int | No
 
 def model_block(m: Any, sha: str | None) -> dict[str, Any]:
     """The one serialiser of the ``model`` block, from a loaded model (:class:`edgekv.orchestration.api.LoadedModel`)."""
-    import os
 
     sh = m.shape
     attn = [lay for lay in sh.layers if lay.attn_cache]
@@ -348,7 +350,6 @@ def json_schema() -> dict[str, Any]:
     """The JSON Schema of a record, generated from the types (committed as results.schema.json).  Every description
     is the type's docstring as :func:`inspect.cleandoc` cleans it: msgspec 0.23 cleans them itself, 0.22 and before
     kept their indentation, and the committed file must not depend on which one pip chose."""
-    import inspect
 
     def clean(node: Any) -> Any:
         if isinstance(node, dict):
@@ -366,7 +367,6 @@ SCHEMA_FILE = Path(__file__).with_name("results.schema.json")
 
 def schema_text() -> str:
     """The committed ``results.schema.json`` text (sorted keys, 2-space indent, final newline)."""
-    import json
 
     return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
 
