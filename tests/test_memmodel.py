@@ -355,7 +355,7 @@ def test_v1_files_upgrade(path):
     recs = R.load(ROOT / path)
     assert len(recs) == len(raw)
     for old, new in zip(raw, recs):
-        assert new["schema_version"] == R.SCHEMA_VERSION == 4
+        assert new["schema_version"] == R.SCHEMA_VERSION == 5
         assert new["prediction"]["process"] is None and new["prediction"]["speed"] is None and "memory_residual" not in new
         assert new["memory"] == old.get("memory") and new["config_key"] == old["config_key"]
 

@@ -73,9 +73,6 @@ def explain(
 
 def _read(log: str):
     """The log's relevant lines, read within bounds (a file, or - for stdin), and the name to report it by."""
-    from edgekv.core.logconfig import read_bounded
-    from edgekv.errors import UsageError
-
     if log == "-":
         return read_bounded(sys.stdin.buffer), "<stdin>"
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 from collections.abc import Iterator
 
 HANDLED = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
@@ -44,8 +45,6 @@ def signalled_code(rc: int) -> int:
     as a Ctrl-C.  The interrupted line is said here, as for Ctrl-C's own path."""
     if rc != 130 or not _received:
         return rc
-    import sys
-
     sys.stderr.write(f"edgekv: interrupted ({interrupted_by()})\n")
     return interrupted_code()
 

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from edgekv.core.shape import SWA_STANDARD
+from edgekv.core.speedbounds import dropped_reason, needed_terms
 from edgekv.core.speedcost import (  # noqa: F401  (the speed model's names, in one place)
     FA_TILE_Q,
     MATMUL_LINEAR_FROM,
@@ -151,8 +152,6 @@ def _require(sh: SpeedShape, cal: Calibration, type_k: str, type_v: str, flash_a
     """MissingCalibration naming what a prediction needs and does not have (a term dropped as outside its physical
     bounds, edgekv.core.speedbounds; a type, a K/V pair, the graph size)."""
     if cal.dropped:
-        from edgekv.core.speedbounds import dropped_reason, needed_terms
-
         why = dropped_reason(cal, needed_terms(sh, type_k, type_v, flash_attn, test))
         if why:
             raise DroppedTerm(why)

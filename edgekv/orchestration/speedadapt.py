@@ -15,6 +15,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgekv.edges.load import record_busy
 from edgekv.records.schema import SpeedAdjustment, SpeedPrediction, SpeedTestPrediction
 
 FAR_MISS = 2.0
@@ -53,8 +54,6 @@ class SpeedAdapter:
         """Act on ``rec`` (the record of ``case``, just measured): for each test it measured FAR_MISS away from its
         own unscaled prediction on a quiet machine, scale the ``later`` configurations' predictions of that test;
         returns the adjustments made (also on ``rec.prediction.speed.far_miss``)."""
-        from edgekv.edges.load import record_busy
-
         base = self.original.get(case.key)
         if rec.status != "ok" or base is None or record_busy(rec) or not later:
             return []

@@ -18,6 +18,7 @@ from edgekv.core.speed import (
     predict_tg,
     speed_shape,
 )
+from edgekv.core.speedbounds import blamed_terms, drop_terms, roofline_miss
 from edgekv.records.schema import Record, Settings, SpeedPrediction, SpeedResidual, SpeedTestPrediction
 
 UNIFIED_NOT_PREDICTED = ("no speed prediction for -npl with --kv-unified: every token's attention runs over all "
@@ -151,7 +152,6 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
         if x.n_gen > 0:
             tg = predict_tg(sh, cal, tg_depth, x.n_gen, x.type_k, x.type_v, x.flash_attn, n_seq, x.swa_cells,
                             x.n_batch, x.n_ubatch)
-            from edgekv.core.speedbounds import roofline_miss
 
             far = roofline_miss(sh, [(q.name, q.s_per_token) for q in tg.parts], cal.bandwidth_bytes_s)
             if far:
@@ -166,8 +166,6 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
 def roofline_blame(sh: SpeedShape, cal: Calibration, xs: list[SpeedInputs]) -> dict[str, str]:
     """The terms of the largest part of each decode prediction of ``xs`` that lies far below its roofline
     (edgekv.core.speedbounds.roofline_miss), each with why; {} when every one is plausible or none is predicted."""
-    from edgekv.core.speedbounds import blamed_terms, roofline_miss
-
     out: dict[str, str] = {}
     for x in xs:
         if x.n_gen <= 0 or (x.n_parallel > 1 and x.kv_unified):
@@ -253,7 +251,6 @@ def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[st
                     sc = run(True, deadline=deadline, forget=blamed)
                     still = roofline_blame(sh, sc.cal, xs)
                     if still:   # and then dropped: the predictions that need them are withheld with the reason
-                        from edgekv.core.speedbounds import drop_terms
 
                         drop_terms(sc.cal, still)
                     sc.note = "; ".join(x for x in (sc.note, f"{', '.join(blamed)} measured again: a decode far "

@@ -34,6 +34,7 @@ from edgekv.edges.home import edgekv_home, verified_sha256
 from edgekv.edges.machine_memory import memory_watchdog
 from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.plan import SweepTracker
+from edgekv.orchestration.speedadapt import SpeedAdapter
 from edgekv.orchestration.sweepplan import dry_runs, fit_check, process_predictions, speed_predictions
 from edgekv.orchestration.sweeprecord import attach_process, attach_speed, build_record, child_outcome
 from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_SERVER, Case, SweepSpec
@@ -315,7 +316,6 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
         from edgekv.orchestration.quality import for_sweep
 
         quality = for_sweep(spec, todo)
-    from edgekv.orchestration.speedadapt import SpeedAdapter
 
     adapt = SpeedAdapter(speeds)        # a far miss on a quiet machine rescales the rest of the plan (issue 68)
     try:

@@ -19,6 +19,7 @@ from edgekv.core.units import MIB, kv_label
 from edgekv.orchestration.api import LoadedModel
 from edgekv.orchestration.budget import BudgetRow
 from edgekv.orchestration.predictrows import PredictOutcome
+from edgekv.output.benchview import speed_marks_legend
 from edgekv.records.schema import Process, Record
 
 MEMORY_DESCRIPTION = {
@@ -383,8 +384,6 @@ def speed_legend(con, recs: list[Record]) -> None:
               f"{sp.calibration_id}{', taken while other work used the CPUs' if _v(sp.calibration_busy) else ''}; "
               "edgekv calibrate); not measured: 'edgekv bench' measures them.", highlight=False)
     last = max(rows, key=lambda x: x[0].prediction.formula.n_ctx)
-    from edgekv.output.benchview import speed_marks_legend
-
     for line in speed_marks_legend(recs):
         con.print(line, highlight=False)
     if last[1] is not None and _v(sp.explain):
