@@ -30,6 +30,7 @@ from edgekv.core.predict import predict
 from edgekv.edges.engine import EngineResult
 from edgekv.errors import ResultsError
 from edgekv.orchestration.crosscheck import compare, engine_lines
+from edgekv.orchestration.sweeprecord import failure_block
 from edgekv.records import results as R
 from edgekv.records import schema as S
 from edgekv.records.schema import speed_test
@@ -89,7 +90,7 @@ def _test_failure(child, test: str, s: S.Settings) -> tuple[str, S.Failure | Non
         return f"llama-bench {test}: {child.stopped_reason}", None
     if child.returncode != 0 or child.timed_out:
         d = _diagnose(child, test, s)
-        return f"llama-bench {test}: {d.line()}", S.Failure(**d.to_dict())
+        return f"llama-bench {test}: {d.line()}", failure_block(d)
     return None
 
 

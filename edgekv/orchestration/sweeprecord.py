@@ -11,6 +11,7 @@ import msgspec
 from msgspec import UNSET
 
 from edgekv.core.benchwire import REPLY_FAILED, REPLY_OK, BenchReply, BenchSamples, Checkpoint, Samples, reply_from
+from edgekv.core.diagnose import Diagnosis, diagnose
 from edgekv.core.llamacmd import llama_cpp_args
 from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, device_mib
 from edgekv.core.predict import STATUS_OK, KVPrediction
@@ -233,8 +234,6 @@ def child_outcome(child, case: Case, res: BenchReply | None) -> tuple[str, str |
     """(status, reason, failure block) of a measured child: ok; skipped when llama.cpp refused the context; else
     failed, with where and why (edgekv.core.diagnose): the phase, the signal, the last llama.cpp lines, and a
     known cause (llama.cpp's AMX crash, an OOM kill the kernel counted, the deadline)."""
-    from edgekv.core.diagnose import diagnose
-
     res = res or BenchReply(status="")
     n_prompt = case.settings.n_prompt
     if child.ok and res.status == REPLY_OK:
@@ -253,9 +252,10 @@ def child_outcome(child, case: Case, res: BenchReply | None) -> tuple[str, str |
     return "failed", d.line(), failure_block(d)
 
 
-def failure_block(d: Any) -> S.Failure:
-    """A :class:`~edgekv.core.diagnose.Diagnosis` as the record's ``failure`` block."""
-    return msgspec.convert(d.to_dict(), S.Failure, strict=True)
+def failure_block(d: Diagnosis) -> S.Failure:
+    """A :class:`~edgekv.core.diagnose.Diagnosis` as the record's ``failure`` block, field by field."""
+    return S.Failure(phase=d.phase, signal=d.signal, exit_code=d.exit_code, timed_out=d.timed_out, cause=d.cause,
+                     cause_text=d.cause_text, log_tail=list(d.log_tail), last_error=d.last_error)
 
 
 def attach_speed(rec: S.BenchRecord, block: S.SpeedPrediction | None) -> None:
