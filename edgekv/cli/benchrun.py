@@ -203,7 +203,7 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES
     from edgekv.orchestration.api import load_model, registry_sweep_defaults
     from edgekv.orchestration.plan import FULL, QUICK, model_contexts, quick_contexts
-    from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, ENGINE_SERVER, SweepSpec
+    from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, ENGINE_SERVER, QualityAsk, SweepSpec
 
     reg_defaults = registry_sweep_defaults(a.model)
     cache_type_k = a.cache_type_k
@@ -232,7 +232,7 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
                      timeout_s=a.timeout,
                      engine=ENGINE_LLAMA_BENCH if a.llama_bench else ENGINE_SERVER if a.llama_server else ENGINE_PYTHON,
                      llama_bench=a.llama_bench, llama_server=a.llama_server,
-                     quality={"enabled": True, "corpus": a.corpus, "chunks": a.chunks} if a.quality else None,
+                     quality=QualityAsk(corpus=a.corpus, chunks=a.chunks) if a.quality else None,
                      use_mmap=not a.no_mmap, repack=parse_repack_list(a.repack), retry_failed=not a.no_retry,
                      force_fit=a.force, kv_unified=a.kv_unified, predict_speed=not a.no_speed_model,
                      calibration_timeout_s=a.calibration_timeout,

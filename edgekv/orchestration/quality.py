@@ -348,15 +348,15 @@ class SweepQuality:
     The first configuration of a group that needs its figures runs one pass for every cache pair of
     that group still to do (the baseline is evaluated once, not once per pair); the others reuse the
     rows.  A pass that fails puts its one-line reason into each record of the group (``status``
-    ``error``) instead of stopping the sweep.  ``spec.quality`` may carry ``corpus`` and ``chunks``.
+    ``error``) instead of stopping the sweep.  ``spec.quality`` (a QualityAsk) names the corpus and the chunks.
     A case is read through its context parameters (``case.params``: n_ctx, type_k, type_v, flash_attn).
     """
 
     def __init__(self, spec, cases) -> None:
         self.spec = spec
-        q = spec.quality or {}
-        self.corpus = q.get("corpus")
-        self.chunks = int(q["chunks"]) if q.get("chunks") else SWEEP_CHUNKS
+        q = spec.quality
+        self.corpus = q.corpus if q is not None else None
+        self.chunks = (q.chunks if q is not None else None) or SWEEP_CHUNKS
         self.groups: dict[tuple[int, str], list[QualityConfig]] = {}
         for c in cases:
             p = c.params

@@ -37,7 +37,7 @@ from edgekv.orchestration.preflight import RepackChoice, repack_choice
 from edgekv.orchestration.runners import CaseContext, CaseRunner, runner_for
 from edgekv.orchestration.sweepplan import dry_runs, fit_check, process_predictions, speed_predictions
 from edgekv.orchestration.sweeprecord import attach_process, attach_speed, build_record
-from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, Case, SweepSpec
+from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, Case, QualityAsk, SweepSpec
 from edgekv.orchestration.sweepspec import ENGINE_PYTHON as ENGINE_PYTHON  # re-exported: callers build a SweepSpec from here
 from edgekv.orchestration.sweepspec import ENGINE_SERVER as ENGINE_SERVER  # re-exported, likewise
 from edgekv.records import results as R
@@ -103,12 +103,12 @@ def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
     return cases
 
 
-def _quality_key(q: dict[str, Any] | None) -> QualitySettings | None:
-    if not q:
+def _quality_key(q: QualityAsk | None) -> QualitySettings | None:
+    if q is None:
         return None
     from edgekv.orchestration.quality import SWEEP_CHUNKS
 
-    return QualitySettings(corpus=q.get("corpus") or "pydoc", chunks=int(q.get("chunks") or SWEEP_CHUNKS))
+    return QualitySettings(corpus=q.corpus or "pydoc", chunks=q.chunks or SWEEP_CHUNKS)
 
 
 def default_output(spec: SweepSpec, cases: list[Case]) -> Path:
@@ -266,7 +266,7 @@ def _run_locked(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsWriter, 
     records: list[Record] = []
     interrupted = False
     quality = None
-    if spec.quality:
+    if spec.quality is not None:
         from edgekv.orchestration.quality import for_sweep
 
         quality = for_sweep(spec, todo)

@@ -5,7 +5,6 @@ configuration of it (:class:`Case`), shared by the sweep loop (edgekv.orchestrat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from edgekv.core.predict import ContextParams, KVPrediction
 from edgekv.orchestration.api import LoadedModel
@@ -14,6 +13,15 @@ from edgekv.records.schema import Settings
 ENGINE_PYTHON = "llama-cpp-python"
 ENGINE_LLAMA_BENCH = "llama-bench"
 ENGINE_SERVER = "llama-server"
+
+
+@dataclass(frozen=True)
+class QualityAsk:
+    """``edgekv bench --quality``: the quality pass asked with the sweep, its corpus and chunks (None: the
+    defaults, edgekv.orchestration.quality)."""
+
+    corpus: str | None = None
+    chunks: int | None = None
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,7 @@ class SweepSpec:
     engine: str = ENGINE_PYTHON
     llama_bench: str | None = None
     llama_server: str | None = None          # --llama-server PATH: the user's server, one process per configuration
-    quality: dict[str, Any] | None = None
+    quality: QualityAsk | None = None
     use_mmap: bool = True
     # --repack 0,1: the CPU backend's extra buffer types (AMX, CPU_REPACK).  None: llama.cpp's default (1) unless
     # the extra-buffer preflight found that their kernels crash here (then 0, said before the plan;
