@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
+import textwrap
 
 from edgekv.cli import main as M
 from edgekv.cli.benchrun import BenchArgs
+from edgekv.orchestration.sweepspec import QualityAsk
 
 
 def test_bench_args_has_one_field_per_flag():
     params = set(inspect.signature(M.bench).parameters) - {"model_opt", "as_json"}
     assert {f.name for f in dataclasses.fields(BenchArgs)} == params
+
+
+def _flags_not_passed(src: str) -> set[str]:
+    """The flags of ``bench`` that its BenchArgs(...) call does not pass on as ``name=name``."""
+    tree = ast.parse(textwrap.dedent(src))
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "BenchArgs")
+    passed = {k.arg for k in call.keywords if isinstance(k.value, ast.Name) and k.value.id == k.arg}
+    return set(inspect.signature(M.bench).parameters) - {"model", "model_opt", "as_json"} - passed
+
+
+def test_the_bench_command_passes_every_flag_by_name():
+    """The typer function builds BenchArgs by name (no dict(locals())): a flag it forgets would take the field's
+    default silently, so every one is checked; a call that forgets one is caught."""
+    src = inspect.getsource(M.bench)
+    assert _flags_not_passed(src) == set()
+    assert _flags_not_passed(src.replace("no_retry=no_retry,", "")) == {"no_retry"}
 
 
 def test_model_given_twice_is_refused_before_anything_runs(capsys):
@@ -36,7 +55,7 @@ def test_bench_spec_passes_the_flags_on_exactly():
     assert spec.pairs == [("f16", "q8_0"), ("q8_0", "q4_0")]
     assert (spec.flash_attn, spec.n_prompt, spec.n_gen, spec.repetitions) == (["on", "off"], 16, 4, 5)
     assert (spec.n_threads, spec.n_batch, spec.n_ubatch, spec.warmup, spec.use_mmap) == (1, 2048, 512, True, False)
-    assert spec.quality == {"enabled": True, "corpus": None, "chunks": 2}
+    assert spec.quality == QualityAsk(corpus=None, chunks=2)
     assert spec.engine == "llama-cpp-python" and spec.llama_bench is None and hint is None
     spec, ctxs, hint = bench_spec(_args())        # the quick default names the full sweep
     assert (spec.n_prompt, spec.n_gen, spec.repetitions) == (128, 32, 5)

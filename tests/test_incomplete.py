@@ -61,3 +61,17 @@ def test_complete_files_and_remote_header_caches_say_nothing(smollm2_path, cut_s
     assert m.incomplete
     header_only = replace(m, ref=replace(m.ref, complete=False))      # a remote model's cached header
     assert header_only.incomplete is None
+
+
+def test_bench_refuses_a_cut_tiny_model_in_one_line(tmp_path, capsys):
+    """The refusal above without a real model: a tiny model cut in its tensor data, bench in-process (the fast tier
+    holds it; nothing is measured, no child starts)."""
+    from edgekv.cli.main import main
+    from tools.record_replies import write_tiny_model
+
+    whole = write_tiny_model(tmp_path / "tiny.gguf")
+    cut = tmp_path / "tiny-cut.gguf"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    assert main(["bench", str(cut), "-c", "256", "-ctk", "f16", "-p", "8", "-n", "4", "-r", "1"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "edgekv bench needs the whole file" in lines[0] and "present" in lines[0], lines

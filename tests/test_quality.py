@@ -240,7 +240,8 @@ def _pass_with(monkeypatch, rows: list[dict]):
     m = SimpleNamespace(ref=SimpleNamespace(path="/m/model.gguf", name="model"), shape=SimpleNamespace(name="SmolLM2"))
     corp = Corpus("pydoc-3.12", "/c/pydoc.txt", 5000, "ab" * 32, "builtin", "CPython's docs")
     cfgs = [Q.QualityConfig("q8_0", "q8_0"), Q.QualityConfig("q4_0", "q4_0"), Q.QualityConfig("q5_0", "q5_0")]
-    got, info, peak = Q._run_pass(m, corp, [64], cfgs, [0, 1], -1, True, {}, None, None)
+    opts = Q.QualityOptions(n_batch=2048, n_ubatch=512, n_threads=2, base_type_k="f16", base_type_v="f16")
+    got, info, peak = Q._run_pass(m, corp, [64], cfgs, [0, 1], -1, True, opts, None, None)
     return rows, Q._shape_rows([64], cfgs, {(64, 2): "refused"}, got, info, peak, corp, m, "f16", "f16", 2)
 
 
@@ -292,6 +293,8 @@ def test_sweep_provider_returns_typed_quality(monkeypatch):
     from edgekv.core.predict import ContextParams
     from edgekv.errors import RunFailed
     from edgekv.orchestration import quality as Q
+    from edgekv.orchestration.listener import QuietListener
+    from edgekv.orchestration.sweepspec import QualityAsk
     from edgekv.records import schema as S
 
     calls = []
@@ -303,12 +306,12 @@ def test_sweep_provider_returns_typed_quality(monkeypatch):
         return [Q._not_measured(n_ctx, c, "ok", None) for c in cfgs]
 
     monkeypatch.setattr(Q, "measure", fake_measure)
-    spec = SimpleNamespace(model=SimpleNamespace(ref=SimpleNamespace(path="m.gguf")), quality={"corpus": "wikitext-2"},
+    spec = SimpleNamespace(model=SimpleNamespace(ref=SimpleNamespace(path="m.gguf")), quality=QualityAsk(corpus="wikitext-2"),
                            n_batch=2048, n_ubatch=512, n_threads=0, n_gpu_layers=-1, repack=None, timeout_s=60.0)
     cases = [SimpleNamespace(params=ContextParams(n_ctx=n, type_k=t, type_v=t, flash_attn=fa))
              for n in (64, 128) for fa in ("auto", "off") for t in ("f16", "q8_0")]
     provider = Q.for_sweep(spec, cases)
-    got = [provider(c, lambda kind, data: None) for c in cases]
+    got = [provider(c, QuietListener()) for c in cases]
     assert all(type(q) is S.Quality for q in got)
     assert calls == [(64, "auto", ["f16", "q8_0"], Q.SWEEP_CHUNKS, "wikitext-2"), (64, "off", ["f16", "q8_0"], 2, "wikitext-2"),
                      (128, "auto", ["f16", "q8_0"], 2, "wikitext-2"), (128, "off", ["f16", "q8_0"], 2, "wikitext-2")]

@@ -24,9 +24,10 @@ def _plan(monkeypatch, unfit_keys: set[str]):
     monkeypatch.setattr(sweep, "speed_predictions", speeds)
     monkeypatch.setattr(sweep, "SweepTracker", lambda *a, **k: None)
     events: list[tuple[str, dict]] = []
-    spec = SimpleNamespace(engine="python", predict_speed=True, model=None)
+    spec = SimpleNamespace(engine="python", predict_speed=True, model=None, repack=None)
     todo = [SimpleNamespace(key=k, params=None) for k in ("a", "b", "c")]
-    _, _, out, _ = sweep._plan_sweep(spec, todo, todo, set(), None, None, lambda k, d: events.append((k, d)), None)
+    say = sweep.listener_of(None, lambda k, d: events.append((k, d)))
+    _, _, out, _ = sweep._plan_sweep(spec, todo, todo, set(), None, None, say, None)
     start = next(d for k, d in events if k == "start")
     return asked, out, start
 

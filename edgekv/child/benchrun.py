@@ -26,21 +26,37 @@ from typing import Any
 
 from edgekv.child.tokens import SeqBatch, TokenRunner
 from edgekv.child.workload import SEED, DeviceMemory, process_memory, self_memory
+from edgekv.core.benchwire import (
+    REPLY_FAILED,
+    REPLY_OK,
+    BenchReply,
+    BenchRequest,
+    BenchSamples,
+    BenchWorkload,
+    Checkpoint,
+    Checkpoints,
+    ChildTiming,
+    Effective,
+    ModelFacts,
+    Samples,
+    request_from,
+    to_wire,
+)
+from edgekv.core.llamalog import LlamaMemoryLog
 from edgekv.edges.childside import EventWriter
 
 
-def finish_ok(L, ctx, model, ev: EventWriter, devmem: DeviceMemory, t_begin: float, samples: dict[str, Any],
-               untimed: dict[str, Any], out: dict[str, Any]) -> None:
-    """A measured run's end: the last memory checkpoint, its total and timed seconds (``samples``; ``untimed``: views
-    of the same samples, not counted again), the result, then llama.cpp's context and model freed."""
-    cps, timing = out["checkpoints"], out["timing"]
-    cps["end"] = process_memory()
-    cps["end"]["gpu_used"] = devmem.used()
-    timing["child_total_s"] = time.perf_counter() - t_begin
-    timing["timed_s"] = sum(sum(v["samples_ns"]) for v in samples.values()) / 1e9
-    ev.result({**out, "status": "ok", "samples": {**samples, **untimed}})
-    L.llama_free(ctx)
-    L.llama_model_free(model)
+def finish_ok(run: _BenchRun, ctx, model, samples: BenchSamples, restore: str, snapshot_bytes: int | None,
+              runner: TokenRunner) -> None:
+    """A measured run's end: the last memory checkpoint, its total and timed seconds, the reply, then llama.cpp's
+    context and model freed."""
+    run.checkpoints.end = run.reading()
+    run.timing.child_total_s = time.perf_counter() - run.t_begin
+    run.timing.timed_s = samples.timed_ns() / 1e9
+    run.reply(REPLY_OK, None, samples=samples, restore=restore, snapshot_bytes=snapshot_bytes,
+              n_vocab=runner.n_vocab, add_bos=runner.add_bos)
+    run.L.llama_free(ctx)
+    run.L.llama_model_free(model)
 
 
 def _batched_prompt(L, ctx, rng: random.Random, n_vocab: int, n_seq: int, n_prompt: int, n_batch: int) -> list[SeqBatch]:
@@ -59,20 +75,37 @@ def _batched_prompt(L, ctx, rng: random.Random, n_vocab: int, n_seq: int, n_prom
 
 @dataclass
 class _BenchRun:
-    """What the phases of one measured run share: llama.cpp's module, the event writer, the settings, the log
+    """What the phases of one measured run share: llama.cpp's module, the event writer, the workload, the log
     capture, the run's start, its timings and memory checkpoints so far; then the accelerators' memory reader (set
-    by the load), llama.cpp's logs and the model's size (``base``) and the context's sizes (set by the context)."""
+    by the load), llama.cpp's logs, the model's size and the device notes, and the context's sizes (set by the
+    context)."""
 
     L: Any
     ev: EventWriter
-    s: dict[str, Any]
+    w: BenchWorkload
     cap: Any
     t_begin: float
-    timing: dict[str, float]
-    checkpoints: dict[str, Any]
+    timing: ChildTiming = field(default_factory=ChildTiming)
+    checkpoints: Checkpoints = field(default_factory=Checkpoints)
     devmem: DeviceMemory | None = None
-    base: dict[str, Any] = field(default_factory=dict)
-    effective: dict[str, int] = field(default_factory=dict)
+    load_log: LlamaMemoryLog | None = None
+    ctx_log: LlamaMemoryLog | None = None
+    model: ModelFacts | None = None
+    device_notes: list[str] = field(default_factory=list)
+    effective: Effective | None = None
+
+    def reading(self) -> Checkpoint:
+        """This process's memory now, with the accelerators' (once the load created the reader)."""
+        cp = process_memory()
+        cp.gpu_used = self.devmem.used() if self.devmem is not None else None
+        return cp
+
+    def reply(self, status: str, reason: str | None, **measured: Any) -> None:
+        """The reply to the parent: the status, why, and everything measured so far."""
+        self.ev.result(to_wire(BenchReply(
+            status=status, reason=reason, effective=self.effective, checkpoints=self.checkpoints, timing=self.timing,
+            load_log=self.load_log, ctx_log=self.ctx_log, model=self.model, device_notes=self.device_notes,
+            **measured)))
 
 
 def _batched_prompts_timed(L, ctx, prompt: list[SeqBatch]) -> int:
@@ -105,16 +138,17 @@ def _batched_run(run: _BenchRun, ctx, model, runner: TokenRunner) -> None:
     """``-npl N``: each repetition clears the cache, decodes N prompts of ``-p`` tokens in one go (timed: aggregate
     prefill = N·p / t) and then ``-n`` steps of one token for each sequence (timed: aggregate decode = N·n / t), as
     llama-batched-bench does with its default ``is_pp_shared = 0, is_tg_separate = 0``."""
-    L, ev, s, timing = run.L, run.ev, run.s, run.timing
-    n_seq, p, n, reps = int(s["n_parallel"]), s["n_prompt"], s["n_gen"], s["repetitions"]
+    L, ev, w, timing = run.L, run.ev, run.w, run.timing
+    n_seq, p, n, reps = int(w.n_parallel or 1), w.n_prompt, w.n_gen, w.repetitions
     mem = L.llama_get_memory(ctx)
-    rng, n_vocab, n_batch = runner.rng, runner.n_vocab, run.effective["n_batch"]
+    rng, n_vocab, n_batch = runner.rng, runner.n_vocab, run.effective.n_batch
     step = SeqBatch(L, ctx, n_seq, n_seq)
-    ns: dict[str, list[int]] = {"pp": [], "tg": []}
+    ns_pp: list[int] = []
+    ns_tg: list[int] = []
     try:
-        for r in range(reps + (1 if s["warmup"] else 0)):
-            warm = s["warmup"] and r == 0
-            rep = r if s["warmup"] else r + 1
+        for r in range(reps + (1 if w.warmup else 0)):
+            warm = w.warmup and r == 0
+            rep = r if w.warmup else r + 1
             if warm:
                 ev.emit("phase", phase="warmup")
             L.llama_memory_clear(mem, False)
@@ -128,103 +162,91 @@ def _batched_run(run: _BenchRun, ctx, model, runner: TokenRunner) -> None:
                 ev.emit("phase", phase="tg", rep=rep, reps=reps, timed=True)
             t_tg = _batched_steps_timed(L, ctx, step, toks, p)
             if warm:
-                timing["warmup_s"] = (t_pp + t_tg) / 1e9
+                timing.warmup_s = (t_pp + t_tg) / 1e9
                 continue
             ev.emit("mem", **self_memory())
-            ns["pp"].append(t_pp)
-            ns["tg"].append(t_tg)
+            ns_pp.append(t_pp)
+            ns_tg.append(t_tg)
     except RuntimeError as e:
-        ev.result({**run.base, "status": "failed", "reason": str(e), "checkpoints": run.checkpoints, "timing": timing,
-                   "effective": run.effective})
+        run.reply(REPLY_FAILED, str(e))
         return
     finally:
         step.free()
         runner.close()
-    _batched_finish(run, ctx, model, runner, ns)
+    _batched_finish(run, ctx, model, runner, ns_pp, ns_tg)
 
 
-def _batched_finish(run: _BenchRun, ctx, model, runner: TokenRunner, ns: dict[str, list[int]]) -> None:
+def _batched_finish(run: _BenchRun, ctx, model, runner: TokenRunner, ns_pp: list[int], ns_tg: list[int]) -> None:
     """The batched run's statistics and result: each test's aggregate rate over all sequences (timed), and what each
     sequence sees of the decode (the same samples, not counted again)."""
-    s, timing = run.s, run.timing
-    n_seq, p, n = int(s["n_parallel"]), s["n_prompt"], s["n_gen"]
-    samples = {}
-    for test, per_seq in (("pp", p), ("tg", n)):
-        if per_seq > 0:
-            total = n_seq * per_seq
-            timing[f"{test}_s"] = sum(ns[test]) / 1e9
-            samples[test] = {"n_tokens": total, "samples_ns": ns[test], "samples_ts": [total * 1e9 / x for x in ns[test]]}
-    timing["fill_s"] = 0.0
-    # what each sequence sees: its own decode rate while the others decode beside it (not timed again)
-    per_seq = {"tg_seq": {"n_tokens": n, "samples_ns": ns["tg"], "samples_ts": [n * 1e9 / x for x in ns["tg"]]}} \
-        if n > 0 else {}
-    finish_ok(run.L, ctx, model, run.ev, run.devmem, run.t_begin, samples, per_seq,
-               {**run.base, "effective": run.effective, "checkpoints": run.checkpoints, "timing": timing,
-                "restore": "clear", "snapshot_bytes": None, "n_vocab": runner.n_vocab, "add_bos": runner.add_bos})
+    w, timing = run.w, run.timing
+    n_seq, p, n = int(w.n_parallel or 1), w.n_prompt, w.n_gen
+    samples = BenchSamples()
+    if p > 0:
+        timing.pp_s = sum(ns_pp) / 1e9
+        samples.pp = Samples.of(n_seq * p, ns_pp)
+    if n > 0:
+        timing.tg_s = sum(ns_tg) / 1e9
+        samples.tg = Samples.of(n_seq * n, ns_tg)
+        # what each sequence sees: its own decode rate while the others decode beside it (not timed again)
+        samples.tg_seq = Samples.of(n, ns_tg)
+    timing.fill_s = 0.0
+    finish_ok(run, ctx, model, samples, "clear", None, runner)
 
 
-def _bench_load(run: _BenchRun, payload: dict) -> tuple[Any, list[tuple[int, str]], Any] | None:
+def _bench_load(run: _BenchRun, model_path: str) -> tuple[Any, list[tuple[int, str]]] | None:
     """The load phase: the model loaded as the settings say (timed), llama.cpp's log of the load parsed, the memory
-    checkpoint after it.  The model, the log lines and the parsed log; None after a failed result."""
+    checkpoint after it.  The model and the log lines; None after a failed result."""
     from edgekv.core.llamalog import parse_memory_log
     from edgekv.edges.engine import model_params
 
-    L, s, ev, timing, cap = run.L, run.s, run.ev, run.timing, run.cap
+    L, w, ev, cap = run.L, run.w, run.ev, run.cap
     ev.emit("phase", phase="load")
     t = time.perf_counter()
-    mparams = model_params(s["n_gpu_layers"], dry=False, use_extra_bufts=s.get("repack", True) is not False)
-    if s.get("no_mmap"):
+    mparams = model_params(w.n_gpu_layers, dry=False, use_extra_bufts=w.repack)
+    if w.no_mmap:
         mparams.load_mode = 0     # LLAMA_LOAD_MODE_NONE: llama.cpp's `-lm none` (older builds: --no-mmap)
-    model = L.llama_model_load_from_file(payload["model_path"].encode(), mparams)
-    timing["load_s"] = time.perf_counter() - t
+    model = L.llama_model_load_from_file(model_path.encode(), mparams)
+    run.timing.load_s = time.perf_counter() - t
     load_lines = cap.take()
     load_log = parse_memory_log([x for _, x in load_lines])
     if not model:
         errs = [x.strip() for lvl, x in load_lines if lvl == 4 and x.strip()]
-        ev.result({"status": "failed", "reason": f"llama.cpp could not load the model: {errs[-1] if errs else '?'}"})
+        # only the status and why: a reply of a failed load carries nothing measured
+        ev.result(to_wire(BenchReply(status=REPLY_FAILED,
+                                     reason=f"llama.cpp could not load the model: {errs[-1] if errs else '?'}")))
         return None
-    run.checkpoints["after_load"] = process_memory()
+    run.load_log = load_log
     run.devmem = DeviceMemory()          # after the load: reading a CUDA device's memory creates its context
-    run.checkpoints["after_load"]["gpu_used"] = run.devmem.used()
-    return model, load_lines, load_log
+    run.checkpoints.after_load = run.reading()
+    return model, load_lines
 
 
-def _bench_context(run: _BenchRun, model, load_lines: list[tuple[int, str]], load_log) -> Any:
-    """The context phase: the context created with the settings' sizes and cache types (timed), ``run.base`` (both
-    logs parsed, the model's size, the device notes), the memory checkpoint and ``run.effective`` (the sizes
-    llama.cpp chose).  The context; None after a failed result, the model freed."""
+def _bench_context(run: _BenchRun, model, load_lines: list[tuple[int, str]], params) -> Any:
+    """The context phase: the context created with the request's sizes and cache types (timed), the context's log
+    parsed, the model's size and the device notes, the memory checkpoint and ``run.effective`` (the sizes llama.cpp
+    chose).  The context; None after a failed result, the model freed."""
     from edgekv.core.llamalog import parse_memory_log
-    from edgekv.core.predict import ContextParams
     from edgekv.edges.engine import context_params
 
-    L, s, ev, timing, cap, checkpoints = run.L, run.s, run.ev, run.timing, run.cap, run.checkpoints
+    L, ev, cap = run.L, run.ev, run.cap
     ev.emit("phase", phase="context")
-    cp = ContextParams(n_ctx=s["n_ctx"], type_k=s["type_k"], type_v=s["type_v"], flash_attn=s["flash_attn"],
-                       swa_full=s["swa_full"], n_seq_max=s["n_seq_max"], kv_unified=s["kv_unified"],
-                       n_batch=s["n_batch"], n_ubatch=s["n_ubatch"])
     t = time.perf_counter()
-    ctx = L.llama_init_from_model(model, context_params(cp, n_threads=s["n_threads"]))
-    timing["context_s"] = time.perf_counter() - t
+    ctx = L.llama_init_from_model(model, context_params(params, n_threads=run.w.n_threads))
+    run.timing.context_s = time.perf_counter() - t
     ctx_lines = cap.take()
-    ctx_log = parse_memory_log([x for _, x in ctx_lines])
-    extra_lines = [x.strip() for _, x in load_lines + ctx_lines if "recommendedMaxWorkingSetSize" in x]
-    run.base = {
-        "load_log": load_log.to_dict(), "ctx_log": ctx_log.to_dict(),
-        "model": {"size_bytes": int(L.llama_model_size(model)), "n_params": int(L.llama_model_n_params(model))},
-        "device_notes": extra_lines,
-    }
+    run.ctx_log = parse_memory_log([x for _, x in ctx_lines])
+    run.device_notes = [x.strip() for _, x in load_lines + ctx_lines if "recommendedMaxWorkingSetSize" in x]
+    run.model = ModelFacts(size_bytes=int(L.llama_model_size(model)), n_params=int(L.llama_model_n_params(model)))
     if not ctx:
         errs = [x.strip() for lvl, x in ctx_lines if lvl == 4 and x.strip()]
-        ev.result({**run.base, "status": "failed", "reason": errs[-1] if errs else "llama_init_from_model returned NULL",
-                   "checkpoints": checkpoints, "timing": timing})
+        run.reply(REPLY_FAILED, errs[-1] if errs else "llama_init_from_model returned NULL")
         L.llama_model_free(model)
         return None
-    checkpoints["after_context"] = process_memory()
-    checkpoints["after_context"]["gpu_used"] = run.devmem.used()
-    run.effective = {"n_ctx": int(L.llama_n_ctx(ctx)), "n_batch": int(L.llama_n_batch(ctx)),
-                     "n_ubatch": int(L.llama_n_ubatch(ctx)), "n_seq_max": int(L.llama_n_seq_max(ctx))}
-    if hasattr(L, "llama_n_ctx_seq"):
-        run.effective["n_ctx_seq"] = int(L.llama_n_ctx_seq(ctx))
+    run.checkpoints.after_context = run.reading()
+    run.effective = Effective(n_ctx=int(L.llama_n_ctx(ctx)), n_batch=int(L.llama_n_batch(ctx)),
+                              n_ubatch=int(L.llama_n_ubatch(ctx)), n_seq_max=int(L.llama_n_seq_max(ctx)),
+                              n_ctx_seq=int(L.llama_n_ctx_seq(ctx)) if hasattr(L, "llama_n_ctx_seq") else None)
     return ctx
 
 
@@ -236,25 +258,25 @@ def _bench_runner(run: _BenchRun, model, ctx) -> TokenRunner:
     n_vocab = int(L.llama_vocab_n_tokens(vocab))
     add_bos = bool(L.llama_vocab_get_add_bos(vocab))
     bos = int(L.llama_vocab_bos(vocab))
-    return TokenRunner(L, ctx, run.effective["n_batch"], n_vocab, add_bos, bos, random.Random(SEED))
+    return TokenRunner(L, ctx, run.effective.n_batch, n_vocab, add_bos, bos, random.Random(SEED))
 
 
 def _bench_warmup(run: _BenchRun, runner: TokenRunner, mem) -> None:
     """llama-bench's warm-up, timed: a prompt of ``n_prompt`` tokens and one generated token."""
-    L, p, n, timing = run.L, run.s["n_prompt"], run.s["n_gen"], run.timing
+    L, p, n, timing = run.L, run.w.n_prompt, run.w.n_gen, run.timing
     run.ev.emit("phase", phase="warmup")
     t = time.perf_counter()
     if p > 0:
         runner.run_prompt(runner.prompt_chunks(p))
     if n > 0:
         runner.run_gen(runner.gen_tokens(1), int(L.llama_memory_seq_pos_max(mem, 0)) + 1)
-    timing["warmup_s"] = time.perf_counter() - t
+    timing.warmup_s = time.perf_counter() - t
 
 
 def _bench_fill(run: _BenchRun, runner: TokenRunner, d: int) -> None:
     """The depth fill, timed: ``d`` tokens in ``n_batch`` chunks with progress after each; then the memory
     checkpoint after it."""
-    ev, timing, checkpoints = run.ev, run.timing, run.checkpoints
+    ev, timing = run.ev, run.timing
     t = time.perf_counter()
     if d > 0:
         chunks = runner.prompt_chunks(d)
@@ -264,9 +286,8 @@ def _bench_fill(run: _BenchRun, runner: TokenRunner, d: int) -> None:
             runner.run_prompt([(arr, k)])
             done += k
             ev.emit("progress", phase="fill", done=done, total=d)
-    timing["fill_s"] = time.perf_counter() - t
-    checkpoints["after_fill"] = process_memory()
-    checkpoints["after_fill"]["gpu_used"] = run.devmem.used()
+    timing.fill_s = time.perf_counter() - t
+    run.checkpoints.after_fill = run.reading()
 
 
 def _save_depth_state(L, ctx, state_path: str) -> int:
@@ -293,10 +314,10 @@ def _back_to_depth(L, ctx, mem, d: int, state_path: str | None) -> None:
 
 
 def _bench_timed_test(run: _BenchRun, runner: TokenRunner, ctx, mem, test: str, count: int,
-                      state_path: str | None) -> dict[str, Any]:
+                      state_path: str | None) -> Samples:
     """One test's repetitions ("pp": a prompt of ``count`` tokens, "tg": ``count`` generated tokens), each from the
     cache back at depth and timed alone, this process's memory read after each; the test's samples."""
-    L, ev, timing, d, reps = run.L, run.ev, run.timing, run.s["n_depth"], run.s["repetitions"]
+    L, ev, d, reps = run.L, run.ev, run.w.n_depth, run.w.repetitions
     ns: list[int] = []
     t_test = time.perf_counter()
     for r in range(reps):
@@ -317,20 +338,23 @@ def _bench_timed_test(run: _BenchRun, runner: TokenRunner, ctx, mem, test: str, 
             runner.run_gen(toks, pos0)
         ns.append(time.perf_counter_ns() - t0)
         ev.emit("mem", **self_memory())
-    timing[f"{test}_s"] = time.perf_counter() - t_test
-    return {"n_tokens": count, "samples_ns": ns, "samples_ts": [count * 1e9 / x for x in ns]}
+    if test == "pp":
+        run.timing.pp_s = time.perf_counter() - t_test
+    else:
+        run.timing.tg_s = time.perf_counter() - t_test
+    return Samples.of(count, ns)
 
 
 def _bench_repetitions(run: _BenchRun, restore: str, model, ctx, runner: TokenRunner, mem) -> None:
     """llama-bench's workload from a cache of ``n_depth`` tokens: the warm-up, the depth fill, the state snapshot
     where the depth comes back from one, then each test's timed repetitions; the result, failed or ok."""
-    L, ev, s = run.L, run.ev, run.s
-    p, n, d = s["n_prompt"], s["n_gen"], s["n_depth"]
-    samples: dict[str, Any] = {}
+    L, ev, w = run.L, run.ev, run.w
+    p, n, d = w.n_prompt, w.n_gen, w.n_depth
+    samples = BenchSamples()
     snapshot_bytes = None
     state_path: str | None = None
     try:
-        if s["warmup"]:
+        if w.warmup:
             _bench_warmup(run, runner, mem)
         L.llama_memory_clear(mem, True)
         _bench_fill(run, runner, d)
@@ -341,30 +365,26 @@ def _bench_repetitions(run: _BenchRun, restore: str, model, ctx, runner: TokenRu
             ev.emit("phase", phase="snapshot")
             state_path = os.path.join(tempfile.mkdtemp(prefix="edgekv-state-"), "depth.state")
             snapshot_bytes = _save_depth_state(L, ctx, state_path)
-        for test, count in (("pp", p), ("tg", n)):
-            if count > 0:
-                samples[test] = _bench_timed_test(run, runner, ctx, mem, test, count, state_path)
+        if p > 0:
+            samples.pp = _bench_timed_test(run, runner, ctx, mem, "pp", p, state_path)
+        if n > 0:
+            samples.tg = _bench_timed_test(run, runner, ctx, mem, "tg", n, state_path)
     except RuntimeError as e:
-        ev.result({**run.base, "status": "failed", "reason": str(e), "checkpoints": run.checkpoints,
-                   "timing": run.timing, "effective": run.effective})
+        run.reply(REPLY_FAILED, str(e))
         return
     finally:
         runner.close()
         if state_path is not None:
             shutil.rmtree(os.path.dirname(state_path), ignore_errors=True)
-    finish_ok(L, ctx, model, ev, run.devmem, run.t_begin, samples, {},
-               {**run.base, "effective": run.effective, "checkpoints": run.checkpoints, "timing": run.timing,
-                "restore": restore if d > 0 else "clear", "snapshot_bytes": snapshot_bytes, "n_vocab": runner.n_vocab,
-                "add_bos": runner.add_bos})
+    finish_ok(run, ctx, model, samples, restore if d > 0 else "clear", snapshot_bytes, runner)
 
 
-def bench(payload: dict, ev: EventWriter) -> None:
+def bench(payload: Any, ev: EventWriter) -> None:
     """One measured run, phase by phase: import, load, context, then llama-bench's repetitions (or, with
-    ``n_parallel``, llama-batched-bench's loop); each phase announced to the parent before it starts."""
+    ``n_parallel``, llama-batched-bench's loop); each phase announced to the parent before it starts.  The payload is
+    a :class:`~edgekv.core.benchwire.BenchRequest` (msgspec.ValidationError when it is not one)."""
     t_begin = time.perf_counter()
-    s = payload["settings"]
-    timing: dict[str, float] = {}
-    checkpoints: dict[str, Any] = {}
+    req: BenchRequest = request_from(payload)
     ev.emit("phase", phase="import")
     import llama_cpp as L
 
@@ -375,18 +395,18 @@ def bench(payload: dict, ev: EventWriter) -> None:
     cap = LogCapture(tee=lambda line: ev.emit("log", line=line))     # survives a crash: the parent keeps the tail
     cap.install()
     L.llama_backend_init()
-    timing["import_s"] = time.perf_counter() - t_begin
-    checkpoints["start"] = process_memory()
-    run = _BenchRun(L, ev, s, cap, t_begin, timing, checkpoints)
-    loaded = _bench_load(run, payload)
+    run = _BenchRun(L, ev, req.workload, cap, t_begin)
+    run.timing.import_s = time.perf_counter() - t_begin
+    run.checkpoints.start = process_memory()
+    loaded = _bench_load(run, req.model_path)
     if loaded is None:
         return
-    model, load_lines, load_log = loaded
-    ctx = _bench_context(run, model, load_lines, load_log)
+    model, load_lines = loaded
+    ctx = _bench_context(run, model, load_lines, req.params)
     if ctx is None:
         return
     runner = _bench_runner(run, model, ctx)
     mem = L.llama_get_memory(ctx)
-    if s.get("n_parallel"):
+    if req.workload.n_parallel:
         return _batched_run(run, ctx, model, runner)
-    _bench_repetitions(run, payload.get("restore", "snapshot"), model, ctx, runner, mem)
+    _bench_repetitions(run, req.restore, model, ctx, runner, mem)

@@ -26,14 +26,23 @@ import ctypes
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
-from edgekv.core.klstats import Accumulator
-from edgekv.core.klstats import plan as sizes
+from edgekv.core.klstats import Accumulator, plan
 from edgekv.core.predict import ContextParams
+from edgekv.core.qualitywire import (
+    QualityCase,
+    QualityOptions,
+    QualityReply,
+    QualityRequest,
+    QualityRow,
+    request_from,
+    to_wire,
+)
 from edgekv.edges.childside import EventWriter
 from edgekv.edges.corpus import text_for_tokenizer
 from edgekv.edges.engine import LOG_LEVEL_ERROR, LogCapture, context_params, model_params
@@ -94,25 +103,64 @@ class _Batch:
         self.lc.llama_batch_free(self.b)
 
 
-def _context(lc, model, cap: LogCapture, p: ContextParams, n_threads: int) -> tuple[Any, dict[str, Any]]:
+@dataclass
+class _ContextInfo:
+    """What llama.cpp's log said of a context it created: the flash attention it resolved, the attention rotations,
+    and its last error where it created none."""
+
+    flash_attn_resolved: str | None = None
+    attn_rot_k: bool | None = None
+    attn_rot_v: bool | None = None
+    error: str | None = None
+
+    def into(self, row: QualityRow) -> None:
+        """This context's facts in a row of the reply (its error only where there is one)."""
+        row.flash_attn_resolved = self.flash_attn_resolved
+        row.attn_rot_k, row.attn_rot_v = self.attn_rot_k, self.attn_rot_v
+        if self.error is not None:
+            row.error = self.error
+
+
+def _context(lc, model, cap: LogCapture, p: ContextParams, n_threads: int) -> tuple[Any, _ContextInfo]:
     cap.take()
     ctx = lc.llama_init_from_model(model, context_params(p, n_threads))
     lines = cap.take()
-    info: dict[str, Any] = {}
+    info = _ContextInfo()
     for _, text in lines:
-        m = RE_FA_PARAM.search(text)
+        m = RE_FA_PARAM.search(text) or RE_FA.search(text)
         if m:
-            info["flash_attn_resolved"] = "on" if m[1] == "enabled" else "off"
-        m = RE_FA.search(text)
-        if m:
-            info["flash_attn_resolved"] = "on" if m[1] == "enabled" else "off"
+            info.flash_attn_resolved = "on" if m[1] == "enabled" else "off"
         m = RE_ROT.search(text)
-        if m:
-            info[f"attn_rot_{m[1]}"] = bool(int(m[2]))
+        if m and m[1] == "k":
+            info.attn_rot_k = bool(int(m[2]))
+        elif m:
+            info.attn_rot_v = bool(int(m[2]))
     if not ctx:
         errs = [t.strip() for lvl, t in lines if lvl == LOG_LEVEL_ERROR and t.strip()]
-        info["error"] = errs[-1] if errs else "llama_init_from_model returned NULL"
+        info.error = errs[-1] if errs else "llama_init_from_model returned NULL"
     return ctx, info
+
+
+@dataclass
+class _Member:
+    """A configuration's context in a group: its index among the pass's configs, its context, its decode seconds."""
+
+    i: int
+    ctx: Any
+    eval_s: float = 0.0
+
+
+@dataclass
+class _Group:
+    """A baseline context (one per flash-attention mode) and the configurations' contexts measured against it."""
+
+    ctx: Any
+    info: _ContextInfo
+    members: list[_Member] = field(default_factory=list)
+    eval_s: float = 0.0
+
+    def contexts(self) -> list[Any]:
+        return [self.ctx] + [m.ctx for m in self.members]
 
 
 @dataclass
@@ -135,37 +183,37 @@ class _Pass:
     n_vocab: int
 
 
-def _open_contexts(model, cap: LogCapture, ps: _Pass, configs: list[dict[str, Any]], opts: dict[str, Any],
-                   base_types: tuple[str, str], results: list[dict[str, Any]], contexts: list[Any]) -> list[dict[str, Any]]:
+def _open_contexts(model, cap: LogCapture, ps: _Pass, configs: list[QualityCase], opts: QualityOptions,
+                   rows: list[QualityRow], contexts: list[Any]) -> list[_Group]:
     """The pass's contexts: a baseline per flash-attention mode among the configs and, beside it, one per config of
     that mode.  Each context goes into ``contexts`` as soon as it exists (the caller frees them); a config whose
-    context fails gets ``status: error`` in ``results``.  The groups (baseline and members) that have members."""
+    context fails gets ``status: error`` in its row.  The groups (baseline and members) that have members."""
 
     def cparams(type_k: str, type_v: str, fa: str) -> ContextParams:
         return ContextParams(n_ctx=ps.n_ctx_total, type_k=type_k, type_v=type_v, flash_attn=fa, swa_full=False,
-                             n_seq_max=ps.n_seq, kv_unified=False, n_batch=ps.n_batch, n_ubatch=int(opts["n_ubatch"]))
+                             n_seq_max=ps.n_seq, kv_unified=False, n_batch=ps.n_batch, n_ubatch=opts.n_ubatch)
 
     # One baseline per flash-attention mode among the configs.
     lc, n_threads = ps.lc, ps.n_threads
-    base_type_k, base_type_v = base_types
-    groups: dict[str, dict[str, Any]] = {}
+    base_type_k, base_type_v = opts.base_type_k, opts.base_type_v
+    groups: dict[str, _Group] = {}
     for i, c in enumerate(configs):
-        fa = c["flash_attn"]
+        fa = c.flash_attn
         g = groups.get(fa)
         if g is None:
             ctx, info = _context(lc, model, cap, cparams(base_type_k, base_type_v, fa), n_threads)
             if not ctx:
-                raise PassError("context", f"baseline {base_type_k}/{base_type_v} (-fa {fa}) at -c {ps.n_ctx}: {info['error']}")
+                raise PassError("context", f"baseline {base_type_k}/{base_type_v} (-fa {fa}) at -c {ps.n_ctx}: {info.error}")
             contexts.append(ctx)
-            g = groups[fa] = {"ctx": ctx, "info": info, "members": [], "eval_s": 0.0}
-        ctx, info = _context(lc, model, cap, cparams(c["type_k"], c["type_v"], fa), n_threads)
-        results[i].update(info)
+            g = groups[fa] = _Group(ctx, info)
+        ctx, info = _context(lc, model, cap, cparams(c.type_k, c.type_v, fa), n_threads)
+        info.into(rows[i])
         if not ctx:
-            results[i]["status"] = "error"
+            rows[i].status = "error"
             continue
         contexts.append(ctx)
-        g["members"].append({"i": i, "ctx": ctx, "eval_s": 0.0})
-    return [g for g in groups.values() if g["members"]]
+        g.members.append(_Member(i, ctx))
+    return [g for g in groups.values() if g.members]
 
 
 def _fill_batch(ps: _Pass, batch: _Batch, i0: int, n_seq_batch: int, j: int) -> tuple[list[tuple[int, int, np.ndarray]], int]:
@@ -198,13 +246,13 @@ def _fill_batch(ps: _Pass, batch: _Batch, i0: int, n_seq_batch: int, j: int) -> 
     return spans, row
 
 
-def _decode_group(ps: _Pass, g: dict[str, Any], acc: Accumulator, batch: _Batch, spans: list[tuple[int, int, np.ndarray]],
+def _decode_group(ps: _Pass, g: _Group, acc: Accumulator, batch: _Batch, spans: list[tuple[int, int, np.ndarray]],
                   n_outputs: int, i0: int) -> float:
     """The batch decoded in a group's baseline context and in each member's (each decode timed into its ``eval_s``),
     then every sequence's scored rows read in place by the group's accumulator.  The seconds the statistics took."""
     lc, n_ctx, n_vocab = ps.lc, ps.n_ctx, ps.n_vocab
     views = []
-    for k, ctx in enumerate([g["ctx"]] + [m["ctx"] for m in g["members"]]):
+    for k, ctx in enumerate(g.contexts()):
         t0 = time.perf_counter()
         rc = lc.llama_decode(ctx, batch.b)
         if rc != 0:
@@ -212,9 +260,9 @@ def _decode_group(ps: _Pass, g: dict[str, Any], acc: Accumulator, batch: _Batch,
         ptr = lc.llama_get_logits(ctx) if n_outputs else None
         dt = time.perf_counter() - t0
         if k == 0:
-            g["eval_s"] += dt
+            g.eval_s += dt
         else:
-            g["members"][k - 1]["eval_s"] += dt
+            g.members[k - 1].eval_s += dt
         if n_outputs:
             views.append(np.ctypeslib.as_array(ptr, shape=(n_outputs, n_vocab)))
     if not n_outputs:
@@ -226,7 +274,7 @@ def _decode_group(ps: _Pass, g: dict[str, Any], acc: Accumulator, batch: _Batch,
     return time.perf_counter() - t0
 
 
-def _decode_chunks(ps: _Pass, active: list[dict[str, Any]], accs: dict[int, Accumulator], ev: EventWriter) -> tuple[float, float]:
+def _decode_chunks(ps: _Pass, active: list[_Group], accs: dict[int, Accumulator], ev: EventWriter) -> tuple[float, float]:
     """Every chunk through every context, ``n_seq`` chunks at a time from an empty cache, batch by batch; progress
     after each group of chunks.  The pass's wall seconds and the seconds spent in the statistics."""
     lc, n_ctx, n_seq, n_chunk = ps.lc, ps.n_ctx, ps.n_seq, ps.n_chunk
@@ -236,7 +284,7 @@ def _decode_chunks(ps: _Pass, active: list[dict[str, Any]], accs: dict[int, Accu
     for i0 in range(0, n_chunk, n_seq):
         n_seq_batch = min(n_seq, n_chunk - i0)
         for g in active:
-            for ctx in [g["ctx"]] + [m["ctx"] for m in g["members"]]:
+            for ctx in g.contexts():
                 lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
         for j in range(ps.num_batches):
             spans, n_outputs = _fill_batch(ps, batch, i0, n_seq_batch, j)
@@ -250,66 +298,63 @@ def _decode_chunks(ps: _Pass, active: list[dict[str, Any]], accs: dict[int, Accu
     return wall, stats_s
 
 
-def _member_results(active: list[dict[str, Any]], accs: dict[int, Accumulator], results: list[dict[str, Any]],
-                    n_eval: int) -> None:
-    """Each member's statistics against its baseline and its decode times into its result; the accumulators closed."""
+def _member_results(active: list[_Group], accs: dict[int, Accumulator], rows: list[QualityRow], n_eval: int) -> None:
+    """Each member's statistics against its baseline and its decode times into its row; the accumulators closed."""
     for g in active:
         acc = accs[id(g)]
-        for k, m in enumerate(g["members"]):
-            r = results[m["i"]]
-            r.update(acc.summary(k))
-            r.update({
-                "status": "ok",
-                "eval_s": m["eval_s"],
-                "eval_tokens_per_s": n_eval / m["eval_s"] if m["eval_s"] > 0 else None,
-                "base_eval_s": g["eval_s"],
-                "base_flash_attn_resolved": g["info"].get("flash_attn_resolved"),
-            })
+        for k, m in enumerate(g.members):
+            # the statistics' names are the row's (a name the row does not declare is a TypeError here)
+            r = rows[m.i] = msgspec.structs.replace(rows[m.i], **acc.summary(k))
+            r.status = "ok"
+            r.eval_s = m.eval_s
+            r.eval_tokens_per_s = n_eval / m.eval_s if m.eval_s > 0 else None
+            r.base_eval_s = g.eval_s
+            r.base_flash_attn_resolved = g.info.flash_attn_resolved
         acc.close()
 
 
-def evaluate(lc, model, vocab, cap: LogCapture, tokens: np.ndarray, n_ctx: int, configs: list[dict[str, Any]],
-             opts: dict[str, Any], ev: EventWriter) -> list[dict[str, Any]]:
-    """Baseline plus candidates at one context length; one result dict per candidate config.  llama-perplexity's
-    pass in its order: the contexts, every chunk through all of them, the statistics."""
-    plan = sizes(tokens.size, n_ctx, int(opts["n_batch"]), opts.get("chunks"))
-    ps = _Pass(lc=lc, tokens=tokens, n_ctx=n_ctx, n_seq=plan["n_seq"], n_batch=plan["n_batch"], first=plan["first"],
-               n_chunk=plan["n_chunk"], num_batches=plan["num_batches"], n_ctx_total=plan["n_ctx_total"],
-               n_threads=int(opts["n_threads"]), add_bos=bool(lc.llama_vocab_get_add_bos(vocab)),
+def evaluate(lc, model, vocab, cap: LogCapture, tokens: np.ndarray, n_ctx: int, configs: list[QualityCase],
+             opts: QualityOptions, ev: EventWriter) -> list[QualityRow]:
+    """Baseline plus candidates at one context length; one row per candidate config.  llama-perplexity's pass in its
+    order: the contexts, every chunk through all of them, the statistics."""
+    sz = plan(tokens.size, n_ctx, opts.n_batch, opts.chunks)
+    ps = _Pass(lc=lc, tokens=tokens, n_ctx=n_ctx, n_seq=sz.n_seq, n_batch=sz.n_batch, first=sz.first,
+               n_chunk=sz.n_chunk, num_batches=sz.num_batches, n_ctx_total=sz.n_ctx_total,
+               n_threads=opts.n_threads, add_bos=bool(lc.llama_vocab_get_add_bos(vocab)),
                bos=int(lc.llama_vocab_bos(vocab)), n_vocab=int(lc.llama_vocab_n_tokens(vocab)))
-    base_types = (opts["base_type_k"], opts["base_type_v"])
-    results: list[dict[str, Any]] = [dict() for _ in configs]
+    rows = [QualityRow(n_ctx=n_ctx, type_k=c.type_k, type_v=c.type_v, flash_attn=c.flash_attn) for c in configs]
     contexts: list[Any] = []
     try:
-        active = _open_contexts(model, cap, ps, configs, opts, base_types, results, contexts)
-        accs = {id(g): Accumulator(len(g["members"]), bool(opts.get("emulate_llama")), ps.n_threads) for g in active}
+        active = _open_contexts(model, cap, ps, configs, opts, rows, contexts)
+        accs = {id(g): Accumulator(len(g.members), opts.emulate_llama, ps.n_threads) for g in active}
         wall, stats_s = _decode_chunks(ps, active, accs, ev)
         n_eval = ps.n_chunk * n_ctx
-        _member_results(active, accs, results, n_eval)
-        n_contexts = sum(1 + len(g["members"]) for g in active)
-        for r in results:
-            r.update({"n_ctx": n_ctx, "n_chunks": ps.n_chunk, "n_seq": ps.n_seq, "n_batch": ps.n_batch,
-                      "n_ubatch": min(int(opts["n_ubatch"]), ps.n_batch), "n_ctx_total": ps.n_ctx_total,
-                      "eval_tokens": n_eval, "pass_wall_s": wall, "pass_stats_s": stats_s,
-                      "pass_contexts": n_contexts,
-                      "pass_tokens_per_s": n_eval * n_contexts / wall if wall > 0 else None})
-        return results
+        _member_results(active, accs, rows, n_eval)
+        n_contexts = sum(1 + len(g.members) for g in active)
+        for r in rows:
+            r.n_chunks, r.n_seq, r.n_batch, r.n_ctx_total = ps.n_chunk, ps.n_seq, ps.n_batch, ps.n_ctx_total
+            r.n_ubatch = min(opts.n_ubatch, ps.n_batch)
+            r.eval_tokens, r.pass_wall_s, r.pass_stats_s, r.pass_contexts = n_eval, wall, stats_s, n_contexts
+            r.pass_tokens_per_s = n_eval * n_contexts / wall if wall > 0 else None
+        return rows
     finally:
         for ctx in contexts:
             lc.llama_free(ctx)
         cap.take()
 
 
-def run(payload: dict[str, Any], ev: EventWriter) -> None:
+def run(payload: Any, ev: EventWriter) -> None:
+    """The quality pass of a :class:`~edgekv.core.qualitywire.QualityRequest` (msgspec.ValidationError when the
+    payload is not one); its :class:`~edgekv.core.qualitywire.QualityReply`, or an ``error`` event with a kind."""
     import llama_cpp as lc
 
+    req: QualityRequest = request_from(payload)
     cap = LogCapture(tee=lambda line: ev.emit("log", line=line))     # survives a crash: the parent keeps the tail
     cap.install()
     lc.llama_backend_init()
     t0 = time.perf_counter()
-    mparams = model_params(int(payload.get("n_gpu_layers", -1)), dry=False,
-                           use_extra_bufts=payload.get("repack", True) is not False)
-    model = lc.llama_model_load_from_file(payload["model_path"].encode(), mparams)
+    mparams = model_params(req.n_gpu_layers, dry=False, use_extra_bufts=req.repack)
+    model = lc.llama_model_load_from_file(req.model_path.encode(), mparams)
     lines = cap.take()
     if not model:
         errs = [t.strip() for lvl, t in lines if lvl == LOG_LEVEL_ERROR and t.strip()]
@@ -317,39 +362,25 @@ def run(payload: dict[str, Any], ev: EventWriter) -> None:
         return
     try:
         vocab = lc.llama_model_get_vocab(model)
-        with open(payload["corpus_path"], "rb") as f:
+        with open(req.corpus_path, "rb") as f:
             data = text_for_tokenizer(f.read())
         tokens = tokenize(lc, vocab, data)
-        n_ctxs = [int(n) for n in payload["n_ctx"]]
         ev.emit("tokens", n_tokens=int(tokens.size), add_bos=bool(lc.llama_vocab_get_add_bos(vocab)),
                 load_s=time.perf_counter() - t0, pid=os.getpid())
-        for n in n_ctxs:
+        for n in req.n_ctx:
             if tokens.size < 2 * n:
                 raise PassError("corpus_too_short",
                                 f"the corpus tokenizes to {tokens.size} tokens; -c {n} needs at least {2 * n} "
                                 "(two chunks, as llama-perplexity requires): use a smaller -c or a longer corpus")
-        opts = dict(payload["options"])
-        rows: list[dict[str, Any]] = []
-        for n in n_ctxs:
-            configs = [replace_cfg(c) for c in payload["configs"]]
-            for cfg, r in zip(configs, evaluate(lc, model, vocab, cap, tokens, n, configs, opts, ev)):
-                rows.append({**cfg, **r})
+        rows: list[QualityRow] = []
+        for n in req.n_ctx:
+            rows.extend(evaluate(lc, model, vocab, cap, tokens, n, req.configs, req.options, ev))
         sysinfo = lc.llama_print_system_info()
-        ev.result({
-            "rows": rows,
-            "n_tokens": int(tokens.size),
-            "add_bos": bool(lc.llama_vocab_get_add_bos(vocab)),
-            "n_vocab": int(lc.llama_vocab_n_tokens(vocab)),
-            "llama_cpp_python": getattr(lc, "__version__", None),
-            "system_info": sysinfo.decode() if isinstance(sysinfo, bytes) else str(sysinfo),
-            "pid": os.getpid(),
-        })
+        ev.result(to_wire(QualityReply(
+            rows=rows, n_tokens=int(tokens.size), add_bos=bool(lc.llama_vocab_get_add_bos(vocab)),
+            n_vocab=int(lc.llama_vocab_n_tokens(vocab)), llama_cpp_python=getattr(lc, "__version__", None),
+            system_info=sysinfo.decode() if isinstance(sysinfo, bytes) else str(sysinfo), pid=os.getpid())))
     except PassError as e:
         ev.emit("error", kind=e.kind, error=str(e))
     finally:
         lc.llama_model_free(model)
-
-
-def replace_cfg(c: dict[str, Any]) -> dict[str, Any]:
-    return {"type_k": c["type_k"], "type_v": c["type_v"], "flash_attn": c.get("flash_attn", "auto")}
-

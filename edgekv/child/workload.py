@@ -10,13 +10,15 @@ import os
 import sys
 from typing import Any
 
+from edgekv.core.benchwire import Checkpoint
 from edgekv.edges.childside import EventWriter
 
 SEED = 1234     # the random tokens' seed: every measured run and probe feeds the same tokens
 
 
-def process_memory() -> dict[str, int | None]:
-    """This process's resident and anonymous memory now (psutil, /proc/self/smaps_rollup)."""
+def process_memory() -> Checkpoint:
+    """This process's resident and anonymous memory now (psutil, /proc/self/smaps_rollup); the accelerators' memory
+    is the caller's to read (edgekv.child.benchrun)."""
     import psutil
 
     rss = psutil.Process().memory_info().rss
@@ -29,7 +31,7 @@ def process_memory() -> dict[str, int | None]:
                         anon = int(line.split()[1]) * 1024
         except OSError:
             pass
-    return {"rss": rss, "anon": anon}
+    return Checkpoint(rss=rss, anon=anon)
 
 
 def self_memory() -> dict[str, int | None]:
@@ -102,9 +104,8 @@ def ggml_devices() -> dict[str, Any]:
 
     libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
     cands = [p for pat in ("libggml.so", "libggml.dylib", "ggml.dll") for p in glob.glob(os.path.join(libdir, pat))]
-    out: dict[str, Any] = {"backends": None, "devices": None}
     if not cands:
-        return out
+        return {"backends": None, "devices": None}
     lib = ctypes.CDLL(cands[0])
     lib.ggml_backend_reg_count.restype = ctypes.c_size_t
     lib.ggml_backend_reg_get.restype = ctypes.c_void_p
@@ -123,8 +124,8 @@ def ggml_devices() -> dict[str, Any]:
     lib.ggml_backend_dev_memory.restype = None
     lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
     types = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
-    out["backends"] = [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode()
-                       for i in range(lib.ggml_backend_reg_count())]
+    backends = [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode()
+                for i in range(lib.ggml_backend_reg_count())]
     devs = []
     for i in range(lib.ggml_backend_dev_count()):
         d = lib.ggml_backend_dev_get(i)
@@ -133,8 +134,7 @@ def ggml_devices() -> dict[str, Any]:
         devs.append({"name": lib.ggml_backend_dev_name(d).decode(), "description": lib.ggml_backend_dev_description(d).decode(),
                      "type": types.get(lib.ggml_backend_dev_type(d), "?"), "memory_total": total.value,
                      "memory_free": free.value})
-    out["devices"] = devs
-    return out
+    return {"backends": backends, "devices": devs}
 
 
 def env_info(_payload: dict, ev: EventWriter) -> None:
@@ -157,7 +157,7 @@ def baseline(_payload: dict, ev: EventWriter) -> None:
     cap.install()
     L.llama_backend_init()
     m = process_memory()
-    ev.result({"rss": m["rss"], "anon": m["anon"],
+    ev.result({"rss": m.rss, "anon": m.anon,
                "system_info": L.llama_print_system_info().decode("utf-8", "replace").strip()})
 
 
@@ -234,7 +234,7 @@ def device_runtime(payload: dict, ev: EventWriter) -> None:
     readings: dict[str, Any] = {}
 
     def read(step: str) -> None:
-        readings[step] = {"device_used": dm.used(), "process_nvml": _nvml_self(), "rss": process_memory()["rss"]}
+        readings[step] = {"device_used": dm.used(), "process_nvml": _nvml_self(), "rss": process_memory().rss}
 
     read("init")
     model = L.llama_model_load_from_file(payload["model_path"].encode(), model_params(-1, dry=False))

@@ -29,12 +29,16 @@ from edgekv.errors import UsageError
 from edgekv.orchestration.api import load_model, registry_sweep_defaults
 from edgekv.orchestration.plan import FULL, QUICK, fmt_duration, model_contexts, plan_lines, quick_contexts
 from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, ENGINE_SERVER, SweepSpec, run_sweep
-from edgekv.output.benchview import Progress, case_label, case_work
+from edgekv.orchestration.sweepspec import QualityAsk
+from edgekv.output.benchview import Progress, case_label, case_work, render_summary
 from edgekv.output.inputs import compared_kv
-from edgekv.records.schema import Record, Settings, Speed, encode_block
+from edgekv.records.results import latest
+from edgekv.records.schema import Record, Settings, Speed, encode, encode_block
 
 if TYPE_CHECKING:
+    from edgekv.orchestration.listener import CaseDone, SweepPlan
     from edgekv.orchestration.sweep import SweepResult, SweepSpec
+    from edgekv.orchestration.sweepspec import Case
 
 
 def _rate(speed: Speed | None, test: str) -> str | None:
@@ -106,45 +110,52 @@ class BenchMonitor:
         else:
             self.out.print(line, highlight=False, markup=False, soft_wrap=True)
 
-    def on_event(self, kind: str, data: dict[str, Any]) -> None:
-        if kind == "note":      # one line each, e.g. the repair of a results file's last line
-            self.prog.p.console.print(f"edgekv: {data['message']}", markup=False, highlight=False)
-            return
-        if kind == "calibrate":     # what the speed calibration measures, and the time left: a line every 15 s
-            now = time.monotonic()
-            if now - self.calibration_said >= 15:
-                self.prog.p.console.print(f"edgekv: calibrating: {data['step']} ({data['left_s']:.0f} s left)",
-                                          markup=False, highlight=False)
-                self.calibration_said = now
-            return
-        if kind == "start":
-            self._start(data)
-        elif kind == "record":
-            rec = data["record"]
-            self._print(case_line(data["i"] + 1, len(self.todo), rec, data["wall_s"], data["elapsed_s"],
-                                  data["remaining_s"]))
-        if kind in ("start", "case", "child", "done"):
-            self.prog.on_event(kind, data)
-            if kind == "start":
-                self.prog.on_event("plan", {"work": sum(case_work(c.settings) for c in data["todo_cases"]) or 1})
+    # the sweep's listener (edgekv.orchestration.listener.SweepListener)
+    def on_note(self, message: str) -> None:
+        """One line each, e.g. the repair of a results file's last line."""
+        self.prog.p.console.print(f"edgekv: {message}", markup=False, highlight=False)
 
-    def _start(self, data: dict[str, Any]) -> None:
+    def on_calibrate(self, step: str, left_s: float) -> None:
+        """What the speed calibration measures, and the time left: a line every 15 s."""
+        now = time.monotonic()
+        if now - self.calibration_said >= 15:
+            self.prog.p.console.print(f"edgekv: calibrating: {step} ({left_s:.0f} s left)", markup=False,
+                                      highlight=False)
+            self.calibration_said = now
+
+    def on_plan(self, plan: SweepPlan) -> None:
+
+        self._start(plan)
+        self.prog.plan(sum(case_work(c.settings) for c in plan.todo) or 1)
+
+    def on_case(self, i: int, n: int, case: Case) -> None:
+        self.prog.case(i, n, case.settings)
+
+    def on_child(self, event: dict[str, Any]) -> None:
+        self.prog.child(event)
+
+    def on_record(self, done: CaseDone) -> None:
+        self._print(case_line(done.i + 1, len(self.todo), done.record, done.wall_s, done.elapsed_s, done.remaining_s))
+
+    def on_done(self, i: int, n: int, record: Record) -> None:
+        self.prog.done()
+
+    def _start(self, plan: SweepPlan) -> None:
         """The plan's lines: the sweep's tracker (edgekv.orchestration.plan.SweepTracker) holds the estimate."""
-        if data["existing"] or data.get("retry"):
-            again = (f"; {data['retry']} failed earlier, measured again (--no-retry keeps them)" if data.get("retry")
-                     else "")
-            self.prog.p.console.print(f"Resuming {data['output']}: {data['existing']} of {data['total']} "
+        if plan.existing or plan.retry:
+            again = f"; {plan.retry} failed earlier, measured again (--no-retry keeps them)" if plan.retry else ""
+            self.prog.p.console.print(f"Resuming {plan.output}: {plan.existing} of {plan.total} "
                                       f"configurations already done{again}.", highlight=False, markup=False)
-        planner = data["tracker"].planner
-        self.todo = data["tracker"].todo
+        planner = plan.tracker.planner
+        self.todo = plan.tracker.todo
         types = (list(dict.fromkeys(kv_label(s.type_k, s.type_v) for s in self.todo))
                  or [f"{k}" for k, _v in self.spec.pairs])
         s0 = self.todo[0] if self.todo else None
         tests = ((s0.n_prompt, s0.n_gen, s0.repetitions) if s0 is not None else
                  (self.spec.n_prompt, self.spec.n_gen, self.spec.repetitions))
-        for line in plan_lines(data["total"], self.contexts, types, tests, planner.initial_total_s or 0.0, planner.basis,
-                               data["output"], data["existing"], self.full_hint, repack=self.spec.repack,
-                               unfit=data.get("unfit"), depths=self.spec.depths, n_parallel=self.spec.n_parallel):
+        for line in plan_lines(plan.total, self.contexts, types, tests, planner.initial_total_s or 0.0, planner.basis,
+                               plan.output, plan.existing, self.full_hint, repack=plan.repack,
+                               unfit=plan.unfit, depths=self.spec.depths, n_parallel=self.spec.n_parallel):
             self._print(line)
         w = Window()
         time.sleep(0.3)
@@ -193,11 +204,6 @@ class BenchArgs:
     no_speed_model: bool = False
     calibration_timeout: float = 180.0
 
-    @classmethod
-    def from_flags(cls, flags: dict[str, Any], model: str | None) -> BenchArgs:
-        """From the command's parameters by name (MODEL and -m already reconciled into ``model``)."""
-        return cls(model=model, **{k: v for k, v in flags.items() if k not in ("model", "model_opt", "as_json")})
-
 
 def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     """The sweep the flags ask for (registry defaults, --full, checks), its contexts, and the hint naming the full
@@ -230,7 +236,7 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
                      timeout_s=a.timeout,
                      engine=ENGINE_LLAMA_BENCH if a.llama_bench else ENGINE_SERVER if a.llama_server else ENGINE_PYTHON,
                      llama_bench=a.llama_bench, llama_server=a.llama_server,
-                     quality={"enabled": True, "corpus": a.corpus, "chunks": a.chunks} if a.quality else None,
+                     quality=QualityAsk(corpus=a.corpus, chunks=a.chunks) if a.quality else None,
                      use_mmap=not a.no_mmap, repack=parse_repack_list(a.repack), retry_failed=not a.no_retry,
                      force_fit=a.force, kv_unified=a.kv_unified, predict_speed=not a.no_speed_model,
                      calibration_timeout_s=a.calibration_timeout,
@@ -286,7 +292,17 @@ def run_bench(a: BenchArgs, as_json: bool, console: Callable[..., Any]) -> Sweep
     # the plan and one line per configuration: on stdout when it is not a terminal (CI logs, | tee), else stderr
     out = err if as_json or sys.stdout.isatty() else console()
     with BenchMonitor(spec, out, err, ctxs, full_hint) as mon:
-        return run_sweep(spec, output=a.output, force=a.force, on_event=mon.on_event)
+        return run_sweep(spec, output=a.output, force=a.force, listener=mon)
+
+
+def bench_command(a: BenchArgs, as_json: bool, console: Callable[..., Any], print_json: Callable[[Any], None]) -> int:
+    """``edgekv bench``: the sweep run, its records shown (or printed as JSON) and its exit status."""
+    res = run_bench(a, as_json, console)
+    if as_json:
+        print_json([encode(r) for r in latest(res.records)])   # a configuration measured again: its newest record
+    else:
+        render_summary(console(), res.records, str(res.output))
+    return finish(res, console(stderr=True))      # 130 interrupted; 1 unless all started were measured
 
 
 def finish(res: SweepResult, err) -> int:

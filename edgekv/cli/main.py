@@ -78,8 +78,6 @@ from edgekv.edges.sources import pull_model
 from edgekv.errors import EdgekvError, ModelNotFound, ResultsError, UsageError
 from edgekv.orchestration.api import load_model, registry_sweep_defaults
 from edgekv.records.frame import device_label
-from edgekv.records.results import latest
-from edgekv.records.schema import encode
 from edgekv.version import __version__
 
 app = typer.Typer(
@@ -339,16 +337,17 @@ def bench(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
-    flags = dict(locals())      # the flags above by name: BenchArgs has one field per flag
-    from edgekv.cli.benchrun import BenchArgs, finish, run_bench
-    from edgekv.output.benchview import render_summary
+    from edgekv.cli.benchrun import BenchArgs, bench_command
 
-    res = run_bench(BenchArgs.from_flags(flags, pick_model(model, model_opt)), as_json, make_console)
-    if as_json:
-        print_json([encode(r) for r in latest(res.records)])   # a configuration measured again: its newest record
-    else:
-        render_summary(make_console(), res.records, str(res.output))
-    code = finish(res, make_console(stderr=True))      # 130 interrupted; 1 unless all started were measured
+    args = BenchArgs(  # one field per flag, by name
+        model=pick_model(model, model_opt), ctx_size=ctx_size, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+        flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, threads=threads, depths=depths, n_prompt=n_prompt,
+        n_gen=n_gen, repetitions=repetitions, full=full, batch_size=batch_size, ubatch_size=ubatch_size,
+        swa_full=swa_full, no_warmup=no_warmup, output=output, llama_bench=llama_bench, quality=quality, corpus=corpus,
+        chunks=chunks, timeout=timeout, force=force, no_mmap=no_mmap, repack=repack, no_retry=no_retry,
+        n_parallel=n_parallel, kv_unified=kv_unified, llama_server=llama_server, no_speed_model=no_speed_model,
+        calibration_timeout=calibration_timeout)
+    code = bench_command(args, as_json, make_console, print_json)
     if code:
         raise typer.Exit(code)
 

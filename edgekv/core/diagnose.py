@@ -51,11 +51,6 @@ class Diagnosis:
         last = next((x for x in reversed(self.log_tail) if x.strip()), None)
         return f"{out}; last llama.cpp line: {last.strip()[:200]}" if last else out
 
-    def to_dict(self) -> dict[str, object]:
-        return {"phase": self.phase, "signal": self.signal, "exit_code": self.exit_code, "timed_out": self.timed_out,
-                "cause": self.cause, "cause_text": self.cause_text, "log_tail": list(self.log_tail),
-                "last_error": self.last_error}
-
 
 def diagnose(phase: str | None, sig: str | None, exit_code: int | None, timed_out: bool, log_tail: list[str],
              n_prompt: int | None = None, oom_kills_rose: bool = False, load_log: list[str] | None = None,

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 F64 = np.float64
@@ -276,11 +277,22 @@ def _pct_name(p: float) -> str:
     return f"{p:g}".replace(".", "")     # 90 -> "90", 99.9 -> "999"
 
 
-def plan(n_tokens: int, n_ctx: int, n_batch: int, chunks: int | None) -> dict[str, int]:
+class PassSizes(msgspec.Struct, kw_only=True, frozen=True):
+    """llama-perplexity's sizes for one context length (tools/perplexity/perplexity.cpp)."""
+
+    n_seq: int
+    n_ctx_total: int
+    n_batch: int
+    n_chunk: int
+    num_batches: int
+    first: int
+
+
+def plan(n_tokens: int, n_ctx: int, n_batch: int, chunks: int | None) -> PassSizes:
     """llama-perplexity's sizes for one context length (tools/perplexity/perplexity.cpp)."""
     n_seq = max(1, n_batch // n_ctx)
     n_batch_eff = min(n_batch, n_seq * n_ctx)
     n_chunk_max = n_tokens // n_ctx
     n_chunk = n_chunk_max if chunks is None or chunks < 0 else min(chunks, n_chunk_max)
-    return {"n_seq": n_seq, "n_ctx_total": n_seq * n_ctx, "n_batch": n_batch_eff, "n_chunk": n_chunk,
-            "num_batches": math.ceil(n_ctx / n_batch_eff), "first": n_ctx // 2}
+    return PassSizes(n_seq=n_seq, n_ctx_total=n_seq * n_ctx, n_batch=n_batch_eff, n_chunk=n_chunk,
+                     num_batches=math.ceil(n_ctx / n_batch_eff), first=n_ctx // 2)

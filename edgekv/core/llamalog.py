@@ -9,7 +9,7 @@ each line do not matter.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 # src/llama-kv-cache.cpp:301-304
@@ -158,9 +158,6 @@ class LlamaMemoryLog:
     @property
     def output_mib_total(self) -> float:
         return sum(self.output_buffers.values())
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _add(d: dict[str, float], dev: str, mib: str) -> None:

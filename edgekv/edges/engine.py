@@ -182,7 +182,7 @@ class DryRunner:
         rss1 = _rss_now()
         lines = self.cap.take()
         log = parse_memory_log([t for _, t in lines])
-        r: dict[str, Any] = {"ok": bool(ctx), "log": log.to_dict(), "n_outputs_max": n_outputs_max}
+        r: dict[str, Any] = {"ok": bool(ctx), "log": asdict(log), "n_outputs_max": n_outputs_max}
         if ctx and "context" not in self.host_growth and rss0 is not None and rss1 is not None:
             # the first context's host structures (freed contexts leave their pages to malloc, so later
             # contexts would show less): recorded once per session

@@ -30,6 +30,7 @@ from edgekv.core.predict import predict
 from edgekv.edges.engine import EngineResult
 from edgekv.errors import ResultsError
 from edgekv.orchestration.crosscheck import compare, engine_lines
+from edgekv.orchestration.sweeprecord import failure_block
 from edgekv.records import results as R
 from edgekv.records import schema as S
 from edgekv.records.schema import speed_test
@@ -68,11 +69,11 @@ def split_contexts(stderr: str) -> list[str]:
     return parts[1:] if len(parts) > 1 else []
 
 
-def _run_test(spec, s: S.Settings, test: str, gpu_probe, emit):
+def _run_test(spec, s: S.Settings, test: str, gpu_probe, say):
     """One llama-bench process for ``test`` (pp or tg), memory sampled outside; the child and its wall time."""
     from edgekv.edges.process import run_child
 
-    emit("child", {"event": "phase", "phase": f"llama-bench {test}"})
+    say.on_child({"event": "phase", "phase": f"llama-bench {test}"})
     argv = argv_for(spec.llama_bench, os.path.abspath(spec.model.ref.path), s, test)
     t = time.perf_counter()
     from edgekv.edges.machine_memory import memory_watchdog
@@ -89,7 +90,7 @@ def _test_failure(child, test: str, s: S.Settings) -> tuple[str, S.Failure | Non
         return f"llama-bench {test}: {child.stopped_reason}", None
     if child.returncode != 0 or child.timed_out:
         d = _diagnose(child, test, s)
-        return f"llama-bench {test}: {d.line()}", S.Failure(**d.to_dict())
+        return f"llama-bench {test}: {d.line()}", failure_block(d)
     return None
 
 
@@ -151,7 +152,7 @@ def accepts(s: S.Settings) -> bool:
     return s.type_k in LLAMA_BENCH_TYPES and s.type_v in LLAMA_BENCH_TYPES
 
 
-def run_llama_bench_case(spec, case, env: S.Environment, base: S.BenchRecord, gpu_probe, emit) -> S.BenchRecord:
+def run_llama_bench_case(spec, case, env: S.Environment, base: S.BenchRecord, gpu_probe, say) -> S.BenchRecord:
     """One configuration through llama-bench: one process per test (pp, tg), memory sampled outside.
 
     ``base`` is the sweep's record for this case (status "ok", no engine or child yet); it is filled in and returned.
@@ -168,7 +169,7 @@ def run_llama_bench_case(spec, case, env: S.Environment, base: S.BenchRecord, gp
     for test in ("pp", "tg"):
         if (s.n_prompt if test == "pp" else s.n_gen) <= 0:
             continue
-        child, took = _run_test(spec, s, test, gpu_probe, emit)
+        child, took = _run_test(spec, s, test, gpu_probe, say)
         wall += took
         failed = _test_failure(child, test, s)
         if failed is not None:

@@ -216,26 +216,16 @@ def _waiting_line() -> None:
 
 
 def resolve_repack(req: PredictRequest, asked: bool | None) -> list[str]:
-    """Set ``req.process.use_extra_bufts``: ``asked`` (--repack) when given, else llama.cpp's default unless this
-    environment's extra-buffer preflight saw those kernels kill its probe (then 0, the setting that runs here).  The
-    preflight is probed once per environment (a few seconds, cached) when the choice needs it; --kv-only probes
-    nothing.  Returns the notes
-    that say what was chosen and why."""
-    from edgekv.orchestration.preflight import cached, preflight
+    """Set ``req.process.use_extra_bufts`` from the one repack choice (edgekv.orchestration.preflight.repack_choice):
+    ``asked`` (--repack) when given, else llama.cpp's default unless this environment's extra-buffer preflight saw
+    those kernels kill its probe.  The preflight is probed once per environment (a few seconds, cached) when the
+    choice needs it; --kv-only probes nothing.  Returns the notes that say what was chosen and why."""
+    from edgekv.orchestration.preflight import repack_choice
 
-    who = ("binary", req.llama_bench) if req.llama_bench else ("python", None)      # the build that would run
-    pf = cached(*who) if req.kv_only or asked is not None else preflight(*who)
-    crashes = pf is not None and pf.runs is False
-    req.process.use_extra_bufts = (not crashes) if asked is None else asked
-    if not crashes:
-        return []
-    if asked is None:
-        return [f"{pf.crash_cause}: predicting --repack 0, the setting that runs here ({pf.detail}); '--repack 1' "
-                "predicts llama.cpp's default, which dies on its first prompt batch here"]
-    if asked:
-        return [f"{pf.crash_cause}: llama.cpp with its default (--repack 1) dies on the first prompt batch here; "
-                "`--repack 0` (llama.cpp's -nr) predicts the setting that runs"]
-    return []
+    choice = repack_choice(None if asked is None else [asked], req.llama_bench,
+                           probe=not (req.kv_only or asked is not None))
+    req.process.use_extra_bufts = choice.values[0]
+    return choice.predict_notes()
 
 
 def speed_depth(n_ctx: int, req: PredictRequest) -> int:

@@ -159,3 +159,61 @@ def preflight(runtime: str = "python", binary: str | None = None, refresh: bool 
         except OSError:
             pass
     return pf
+
+
+@dataclass(frozen=True)
+class RepackChoice:
+    """The --repack values a run uses and why: the ones asked (``asked``), else llama.cpp's default (1) unless this
+    environment's preflight saw its extra-buffer kernels kill the probe (then 0, the setting that runs here).
+    ``preflight``: the verdict it read (None: none cached and none probed); the one choice bench, quality and
+    predict make, each saying it in its own words."""
+
+    values: list[bool]
+    asked: bool
+    preflight: Preflight | None
+
+    @property
+    def crashes(self) -> bool:
+        return self.preflight is not None and self.preflight.runs is False
+
+    @property
+    def fell_back(self) -> bool:
+        """Nothing asked, and the kernels crash here: the run uses --repack 0."""
+        return self.crashes and not self.asked
+
+    def measure_note(self) -> str | None:
+        """What a measured run (bench, quality) says before its plan, once its inputs were accepted."""
+        pf = self.preflight
+        if pf is None or not self.crashes:
+            return None
+        if not self.asked:
+            return pf.fallback_line
+        if True in self.values:
+            return (f"{pf.crash_cause}: --repack 1 runs as asked, and every configuration that runs a prompt batch is "
+                    f"expected to fail there ({pf.detail})")
+        return None
+
+    def predict_notes(self) -> list[str]:
+        """What ``edgekv predict`` says of the setting it predicts."""
+        pf = self.preflight
+        if pf is None or not self.crashes:
+            return []
+        if not self.asked:
+            return [f"{pf.crash_cause}: predicting --repack 0, the setting that runs here ({pf.detail}); '--repack 1' "
+                    "predicts llama.cpp's default, which dies on its first prompt batch here"]
+        if True in self.values:
+            return [f"{pf.crash_cause}: llama.cpp with its default (--repack 1) dies on the first prompt batch here; "
+                    "`--repack 0` (llama.cpp's -nr) predicts the setting that runs"]
+        return []
+
+
+def repack_choice(asked: list[bool] | None, binary: str | None = None, probe: bool = True) -> RepackChoice:
+    """The --repack values to run (or predict) with: ``asked`` when given, else the preflight's (llama.cpp's default
+    unless its kernels crash here).  ``binary``: the user's llama-bench, the build that would run (else
+    llama-cpp-python's).  ``probe``: probe when nothing is cached (a few seconds, once per environment); off, only
+    a cached verdict is read."""
+    who = ("binary", binary) if binary else ("python", None)
+    pf = preflight(*who) if probe else cached(*who)
+    if asked:
+        return RepackChoice(list(asked), True, pf)
+    return RepackChoice([pf is None or pf.runs is not False], False, pf)

@@ -7,7 +7,7 @@ both call it).  It resolves the model and the corpus, refuses configurations lla
 clean error.  The child loads the model once and evaluates every chunk in the baseline context and
 in each candidate context side by side; no logits file is written and no logits are kept.
 
-The child's result is decoded once, where it arrives (:class:`_ChildResult`, :class:`_ChildRow`); each returned
+The child's reply is decoded once, where it arrives (edgekv.core.qualitywire); each returned
 row is the results schema's typed block :class:`edgekv.records.schema.Quality`, one (context size, cache
 configuration)::
 
@@ -39,14 +39,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES, cache_type
-from edgekv.core.klstats import plan
+from edgekv.core.klstats import PassSizes, plan
 from edgekv.core.predict import STATUS_INVALID, ContextParams
+from edgekv.core.qualitywire import QualityCase, QualityOptions, QualityReply, QualityRequest, QualityRow, reply_from, to_wire
 from edgekv.edges.corpus import Corpus, resolve_corpus
 from edgekv.edges.environment import default_threads
 from edgekv.errors import CorpusError, EngineError, RunFailed, UsageError
@@ -73,79 +74,9 @@ class QualityConfig:
 
 # -- the child's result, typed where it arrives ------------------------------------------------------------
 
-class _ChildRow(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """One row of the quality child's result (:mod:`edgekv.child.quality_child`: a config joined with what
-    ``evaluate`` found for it): what its context reported, llama-perplexity's statistics (absent where the context
-    failed) and the shared pass's figures.  Every key the child sends is declared: a new one is an error here, not
-    a key that lands nowhere."""
-
-    n_ctx: int
-    type_k: str
-    type_v: str
-    flash_attn: str
-    status: str | None = None                # ok | error (its context failed)
-    error: str | None = None
-    flash_attn_resolved: str | None = None   # from llama.cpp's log
-    attn_rot_k: bool | None = None
-    attn_rot_v: bool | None = None
-    n_tokens_scored: int | None = None       # edgekv.core.klstats.summarize: the rest absent when nothing was scored
-    ppl: float | None = None
-    ppl_err: float | None = None
-    base_ppl: float | None = None
-    base_ppl_err: float | None = None
-    ln_ppl_ratio: float | None = None
-    ln_ppl_ratio_err: float | None = None
-    ppl_ratio: float | None = None
-    ppl_ratio_err: float | None = None
-    cor_ln_ppl: float | None = None
-    kld_mean: float | None = None
-    kld_mean_err: float | None = None
-    kld_median: float | None = None
-    kld_p90: float | None = None
-    kld_p95: float | None = None
-    kld_p99: float | None = None
-    kld_p999: float | None = None
-    kld_max: float | None = None
-    kld_min: float | None = None
-    same_top_rate: float | None = None
-    same_top_rate_err: float | None = None
-    delta_p_mean: float | None = None
-    delta_p_mean_err: float | None = None
-    delta_p_rms: float | None = None
-    delta_p_rms_err: float | None = None
-    delta_p_max_abs: float | None = None
-    llama_uint16: dict[str, Any] | None = None   # emulate_llama only
-    eval_s: float | None = None
-    eval_tokens_per_s: float | None = None
-    base_eval_s: float | None = None
-    base_flash_attn_resolved: str | None = None
-    n_chunks: int | None = None
-    n_seq: int | None = None
-    n_batch: int | None = None
-    n_ubatch: int | None = None
-    n_ctx_total: int | None = None
-    eval_tokens: int | None = None
-    pass_wall_s: float | None = None
-    pass_stats_s: float | None = None
-    pass_contexts: int | None = None
-    pass_tokens_per_s: float | None = None
-
-
-class _ChildResult(msgspec.Struct, kw_only=True):
-    """The quality child's result (:func:`edgekv.child.quality_child.run`): its rows, n_ctx-major, and the facts of
-    the model and the build it ran (other keys, its pid, are not read)."""
-
-    rows: list[_ChildRow] = []
-    n_tokens: int | None = None
-    add_bos: bool | None = None
-    n_vocab: int | None = None
-    llama_cpp_python: str | None = None
-    system_info: str | None = None
-
-
 # The statistics a row carries into its quality block as they are (the others: corpus, baseline, method, threads).
 _STAT_FIELDS = tuple(f for f in S.QualityStats.__struct_fields__ if f not in ("corpus", "baseline", "method", "n_threads"))
-assert set(_STAT_FIELDS) <= set(_ChildRow.__struct_fields__)
+assert set(_STAT_FIELDS) <= set(QualityRow.__struct_fields__)
 
 
 class EmulatedQualityStats(S.QualityStats, kw_only=True):
@@ -167,25 +98,24 @@ def _as_config(c: QualityConfig | tuple[str, str] | str | dict[str, Any], flash_
     return QualityConfig(k, v, flash_attn)
 
 
-def _invalid_reason(shape, c: QualityConfig, n_ctx: int, p: dict[str, int], n_ubatch: int) -> str | None:
+def _invalid_reason(shape, c: QualityConfig, n_ctx: int, p: PassSizes, n_ubatch: int) -> str | None:
     """What llama.cpp would say (refusal or abort) for this context, from the predictor."""
     from edgekv.core.predict import predict
 
-    pred = predict(shape, ContextParams(n_ctx=p["n_ctx_total"], type_k=c.type_k, type_v=c.type_v, flash_attn=c.flash_attn,
-                                        swa_full=False, n_seq_max=p["n_seq"], kv_unified=False, n_batch=p["n_batch"],
-                                        n_ubatch=min(n_ubatch, p["n_batch"])))
+    pred = predict(shape, ContextParams(n_ctx=p.n_ctx_total, type_k=c.type_k, type_v=c.type_v, flash_attn=c.flash_attn,
+                                        swa_full=False, n_seq_max=p.n_seq, kv_unified=False, n_batch=p.n_batch,
+                                        n_ubatch=min(n_ubatch, p.n_batch)))
     return pred.reason if pred.status == STATUS_INVALID else None
 
 
 def resolve_repack(repack: bool | None) -> tuple[bool, str | None]:
-    """The --repack the quality child runs with: as asked, else the preflight's; and the note that says it fell back
-    (said once the run is known to have read its inputs: a refused corpus stays one line)."""
-    if repack is not None:
-        return repack, None
-    from edgekv.orchestration.preflight import preflight
+    """The --repack the quality child runs with (edgekv.orchestration.preflight.repack_choice: as asked, else the
+    preflight's) and the note that says it fell back (said once the run is known to have read its inputs: a refused
+    corpus stays one line)."""
+    from edgekv.orchestration.preflight import repack_choice
 
-    pf = preflight()
-    return pf.repack, (None if pf.repack else pf.fallback_line)
+    choice = repack_choice(None if repack is None else [repack], probe=repack is None)
+    return choice.values[0], (choice.measure_note() if choice.fell_back else None)
 
 
 def _checked_inputs(n_ctx: int | Sequence[int], chunks: int | None, n_batch: int, n_ubatch: int,
@@ -251,30 +181,26 @@ def _raise_child_failure(res, m, corp: Corpus) -> None:
 
 
 def _run_pass(m, corp: Corpus, ctxs: list[int], cfgs: list[QualityConfig], run_cfgs: list[int], n_gpu_layers: int,
-              repack: bool | None, options: dict[str, Any], timeout: float | None,
+              repack: bool | None, options: QualityOptions, timeout: float | None,
               on_event: Callable[[dict[str, Any]], None] | None
-              ) -> tuple[dict[tuple[int, int], _ChildRow], _ChildResult, int | None]:
+              ) -> tuple[dict[tuple[int, int], QualityRow], QualityReply, int | None]:
     """Run phase: the configurations in ``run_cfgs`` (indexes into ``cfgs``) in one quality child, when there are
     any.  Returns the child's rows by (n_ctx, config index), its result (decoded here, once) and the peak RSS."""
     from edgekv.edges.process import run_child, worker_argv
 
     if not run_cfgs:
-        return {}, _ChildResult(), None
-    payload = {
-        "model_path": m.ref.path,
-        "corpus_path": corp.path,
-        "n_ctx": ctxs,
-        "configs": [asdict(cfgs[i]) for i in run_cfgs],
-        "n_gpu_layers": n_gpu_layers,
-        "options": options,
-    }
-    payload["repack"], fallback = resolve_repack(repack)
-    res = run_child(worker_argv("quality"), payload, timeout=timeout, sample_memory=True, on_event=on_event)
+        return {}, QualityReply(), None
+    use_repack, fallback = resolve_repack(repack)
+    req = QualityRequest(model_path=m.ref.path, corpus_path=corp.path, n_ctx=ctxs, n_gpu_layers=n_gpu_layers,
+                         configs=[QualityCase(type_k=cfgs[i].type_k, type_v=cfgs[i].type_v, flash_attn=cfgs[i].flash_attn)
+                                  for i in run_cfgs],
+                         options=options, repack=use_repack)
+    res = run_child(worker_argv("quality"), to_wire(req), timeout=timeout, sample_memory=True, on_event=on_event)
     _raise_child_failure(res, m, corp)
     if fallback and on_event is not None:
         on_event({"event": "note", "message": fallback})
     try:
-        info = msgspec.convert(res.result or {}, _ChildResult)
+        info = reply_from(res.result or {})
     except msgspec.ValidationError as e:
         raise RunFailed(f"quality pass on {m.ref.path}: its result does not read ({e})") from None
     peak_rss = res.peak_rss_bytes or res.kernel_maxrss_bytes
@@ -283,7 +209,7 @@ def _run_pass(m, corp: Corpus, ctxs: list[int], cfgs: list[QualityConfig], run_c
     return rows, info, peak_rss
 
 
-def _quality_block(r: _ChildRow, corpus: S.Corpus, base_k: str, base_v: str, threads: int) -> S.QualityStats:
+def _quality_block(r: QualityRow, corpus: S.Corpus, base_k: str, base_v: str, threads: int) -> S.QualityStats:
     """An ok row's ``quality`` block: the corpus, baseline and method, then the child's statistics."""
     common = {"corpus": corpus, "baseline": S.CacheTypes(type_k=base_k, type_v=base_v), "method": METHOD,
               "n_threads": threads, **{f: getattr(r, f) for f in _STAT_FIELDS}}
@@ -292,7 +218,7 @@ def _quality_block(r: _ChildRow, corpus: S.Corpus, base_k: str, base_v: str, thr
     return EmulatedQualityStats(**common, llama_uint16=r.llama_uint16)
 
 
-def _pass_block(r: _ChildRow, peak_rss: int | None, m, info: _ChildResult) -> S.QualityPass:
+def _pass_block(r: QualityRow, peak_rss: int | None, m, info: QualityReply) -> S.QualityPass:
     """An ok row's ``pass`` block: the shared pass's timings, memory, model and llama.cpp build."""
     return S.QualityPass(
         wall_s=r.pass_wall_s, stats_s=r.pass_stats_s, n_contexts=r.pass_contexts, tokens_per_s=r.pass_tokens_per_s,
@@ -309,7 +235,7 @@ def _not_measured(n_ctx: int, c: QualityConfig, status: str, error: str) -> S.Qu
 
 
 def _shape_rows(ctxs: list[int], cfgs: list[QualityConfig], invalid: dict[tuple[int, int], str],
-                rows: dict[tuple[int, int], _ChildRow], info: _ChildResult, peak_rss: int | None,
+                rows: dict[tuple[int, int], QualityRow], info: QualityReply, peak_rss: int | None,
                 corp: Corpus, m, base_k: str, base_v: str, threads: int) -> list[S.Quality]:
     """Shape phase: one row per (n_ctx, config), n_ctx-major, invalid, error or ok (see the module docstring)."""
     corpus = S.Corpus(name=corp.name, path=corp.path, n_bytes=corp.n_bytes, sha256=corp.sha256, source=corp.source,
@@ -369,8 +295,8 @@ def measure(
     m, corp = _load_inputs(model, corpus)
     invalid = _invalid_cases(m.shape, ctxs, cfgs, n_batch, n_ubatch, base_k, base_v)
     run_cfgs = sorted({i for i in range(len(cfgs)) if any((n, i) not in invalid for n in ctxs)})
-    options = {"n_batch": n_batch, "n_ubatch": n_ubatch, "n_threads": threads, "chunks": chunks,
-               "base_type_k": base_k, "base_type_v": base_v, "emulate_llama": emulate_llama}
+    options = QualityOptions(n_batch=n_batch, n_ubatch=n_ubatch, n_threads=threads, chunks=chunks,
+                             base_type_k=base_k, base_type_v=base_v, emulate_llama=bool(emulate_llama))
     rows, info, peak_rss = _run_pass(m, corp, ctxs, cfgs, run_cfgs, n_gpu_layers, repack, options, timeout, on_event)
     return _shape_rows(ctxs, cfgs, invalid, rows, info, peak_rss, corp, m, base_k, base_v, threads)
 
@@ -422,15 +348,15 @@ class SweepQuality:
     The first configuration of a group that needs its figures runs one pass for every cache pair of
     that group still to do (the baseline is evaluated once, not once per pair); the others reuse the
     rows.  A pass that fails puts its one-line reason into each record of the group (``status``
-    ``error``) instead of stopping the sweep.  ``spec.quality`` may carry ``corpus`` and ``chunks``.
+    ``error``) instead of stopping the sweep.  ``spec.quality`` (a QualityAsk) names the corpus and the chunks.
     A case is read through its context parameters (``case.params``: n_ctx, type_k, type_v, flash_attn).
     """
 
     def __init__(self, spec, cases) -> None:
         self.spec = spec
-        q = spec.quality or {}
-        self.corpus = q.get("corpus")
-        self.chunks = int(q["chunks"]) if q.get("chunks") else SWEEP_CHUNKS
+        q = spec.quality
+        self.corpus = q.corpus if q is not None else None
+        self.chunks = (q.chunks if q is not None else None) or SWEEP_CHUNKS
         self.groups: dict[tuple[int, str], list[QualityConfig]] = {}
         for c in cases:
             p = c.params
@@ -440,22 +366,24 @@ class SweepQuality:
                 g.append(cfg)
         self.rows: dict[tuple[int, str, str, str], S.Quality] = {}
 
-    def __call__(self, case, emit: Callable[[str, dict[str, Any]], None]) -> S.Quality:
+    def __call__(self, case, say: Any) -> S.Quality:
+        """The quality row of ``case`` (its group's pass run on the first case that needs it); ``say``: the sweep's
+        listener (edgekv.orchestration.listener), which hears the pass's child events."""
         p = case.params
         key = (p.n_ctx, p.flash_attn, p.type_k, p.type_v)
         if key not in self.rows:
-            self._run(p.n_ctx, p.flash_attn, emit)
+            self._run(p.n_ctx, p.flash_attn, say)
         return self.rows[key]
 
-    def _run(self, n_ctx: int, fa: str, emit) -> None:
+    def _run(self, n_ctx: int, fa: str, say: Any) -> None:
         cfgs = self.groups.get((n_ctx, fa), [])
-        emit("child", {"event": "phase", "phase": "quality"})
+        say.on_child({"event": "phase", "phase": "quality"})
         sp = self.spec
         try:
             rows = measure(sp.model.ref.path, cfgs, self.corpus, n_ctx, self.chunks, flash_attn=fa, n_batch=sp.n_batch,
                            n_ubatch=sp.n_ubatch, n_threads=sp.n_threads or None, n_gpu_layers=sp.n_gpu_layers,
                            repack=(sp.repack or [True])[0] if len(sp.repack or [True]) == 1 else None,
-                           timeout=sp.timeout_s, on_event=lambda ev: emit("child", {**ev, "phase": "quality"}))
+                           timeout=sp.timeout_s, on_event=lambda ev: say.on_child({**ev, "phase": "quality"}))
         except (CorpusError, EngineError, RunFailed, UsageError) as e:
             for c in cfgs:           # each c.flash_attn is fa: the group's
                 self.rows[(n_ctx, fa, c.type_k, c.type_v)] = _not_measured(n_ctx, c, "error", str(e))
@@ -466,5 +394,5 @@ class SweepQuality:
 
 def for_sweep(spec, cases) -> SweepQuality:
     """What :func:`edgekv.orchestration.sweep.run_sweep` calls with ``spec.quality`` set: a per-record quality provider,
-    ``quality(case, emit)`` -> the typed :class:`edgekv.records.schema.Quality` to set as the record's ``quality``."""
+    ``quality(case, listener)`` -> the typed :class:`edgekv.records.schema.Quality` to set as the record's ``quality``."""
     return SweepQuality(spec, cases)

@@ -36,13 +36,13 @@ def _percentile(xs: list[float], q: float) -> float | None:
     return ys[min(len(ys) - 1, max(0, int(round(q * (len(ys) - 1)))))]
 
 
-def _rounds(srv, s: S.Settings, n_vocab: int, timeout_s: float, emit) -> list[Any]:
+def _rounds(srv, s: S.Settings, n_vocab: int, timeout_s: float, say) -> list[Any]:
     from edgekv.edges.server import drive
 
     k, reps = int(s.n_parallel), int(s.repetitions)
     levels = []
     for r in range(reps):
-        emit("child", {"event": "phase", "phase": "tg", "rep": r + 1, "reps": reps})
+        say.on_child({"event": "phase", "phase": "tg", "rep": r + 1, "reps": reps})
         levels.append(drive(srv.base_url, k, k, int(s.n_prompt), int(s.n_gen), n_vocab, seed=SEED + r,
                             request_timeout_s=timeout_s, warmup=bool(s.warmup) and r == 0))
     return levels
@@ -124,7 +124,7 @@ def _log_blocks(case, text: str) -> tuple[S.LlamaLog, S.Effective, S.Differences
     return llama_log, effective, differences
 
 
-def run_server_case(spec, case, base: S.BenchRecord, gpu_probe, emit) -> S.BenchRecord:
+def run_server_case(spec, case, base: S.BenchRecord, gpu_probe, say) -> S.BenchRecord:
     """One configuration through the user's llama-server; ``base`` (the sweep's record, status ok, nothing measured)
     is filled in and returned: ``failed`` with one line when the server would not start, died, or answered no
     request."""
@@ -135,11 +135,11 @@ def run_server_case(spec, case, base: S.BenchRecord, gpu_probe, emit) -> S.Bench
     srv = ServerProcess(spec.llama_server, os.path.abspath(spec.model.ref.path), S.encode_block(s), gpu_probe=gpu_probe)
     levels: list[Any] = []
     try:
-        emit("child", {"event": "phase", "phase": "load"})
+        say.on_child({"event": "phase", "phase": "load"})
         with srv:
             try:
                 n_vocab = fetch_props(srv.base_url).n_vocab or spec.model.shape.n_vocab
-                levels = _rounds(srv, s, n_vocab, spec.timeout_s, emit)
+                levels = _rounds(srv, s, n_vocab, spec.timeout_s, say)
             except (EngineError, RunFailed):
                 if srv.alive():
                     raise

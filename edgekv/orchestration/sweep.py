@@ -15,8 +15,8 @@ each finished case's record edgekv.orchestration.sweeprecord.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,19 +26,21 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from edgekv.core.predict import STATUS_OK, ContextParams, predict
-from edgekv.core.shape import MEMORY_KV
+from edgekv.core.predict import STATUS_OK, predict
 from edgekv.edges.engine import EngineResult
 from edgekv.edges.environment import default_threads
 from edgekv.edges.home import edgekv_home, verified_sha256
-from edgekv.edges.machine_memory import memory_watchdog
 from edgekv.errors import ResultsError, UsageError
+from edgekv.orchestration.listener import CaseDone, SweepListener, SweepPlan, listener_of
 from edgekv.orchestration.plan import SweepTracker
+from edgekv.orchestration.preflight import RepackChoice, repack_choice
+from edgekv.orchestration.runners import CaseContext, CaseRunner, runner_for
 from edgekv.orchestration.speedadapt import SpeedAdapter
 from edgekv.orchestration.sweepplan import dry_runs, fit_check, process_predictions, speed_predictions
-from edgekv.orchestration.sweeprecord import attach_process, attach_speed, build_record, child_outcome
-from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_SERVER, Case, SweepSpec
+from edgekv.orchestration.sweeprecord import attach_process, attach_speed, build_record
+from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, Case, QualityAsk, SweepSpec
 from edgekv.orchestration.sweepspec import ENGINE_PYTHON as ENGINE_PYTHON  # re-exported: callers build a SweepSpec from here
+from edgekv.orchestration.sweepspec import ENGINE_SERVER as ENGINE_SERVER  # re-exported, likewise
 from edgekv.records import results as R
 from edgekv.records.schema import (
     BenchRecord,
@@ -88,9 +90,6 @@ def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
         for d in _depths(spec, n_ctx, npl):
             for fa, rp in ((fa, rp) for rp in (spec.repack or [True]) for fa in spec.flash_attn):
                 for tk, tv in spec.pairs:
-                    params = ContextParams(n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa, swa_full=spec.swa_full,
-                                           n_seq_max=n_seq, kv_unified=spec.kv_unified,
-                                           n_batch=spec.n_batch, n_ubatch=spec.n_ubatch)
                     settings = Settings(
                         engine=spec.engine, n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa,
                         swa_full=spec.swa_full, n_seq_max=n_seq, kv_unified=spec.kv_unified,
@@ -99,17 +98,18 @@ def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
                         n_depth=d, repetitions=spec.repetitions, warmup=spec.warmup,
                         quality=_quality_key(spec.quality), repack=rp,
                         n_parallel=npl if npl is not None else UNSET, no_mmap=True if not spec.use_mmap else UNSET)
+                    params = settings.context_params()
                     cases.append(Case(len(cases), settings, params, R.config_key(model_sha, encode_block(settings)),
                                       predict(spec.model.shape, params)))
     return cases
 
 
-def _quality_key(q: dict[str, Any] | None) -> QualitySettings | None:
-    if not q:
+def _quality_key(q: QualityAsk | None) -> QualitySettings | None:
+    if q is None:
         return None
     from edgekv.orchestration.quality import SWEEP_CHUNKS
 
-    return QualitySettings(corpus=q.get("corpus") or "pydoc", chunks=int(q.get("chunks") or SWEEP_CHUNKS))
+    return QualitySettings(corpus=q.corpus or "pydoc", chunks=q.chunks or SWEEP_CHUNKS)
 
 
 def default_output(spec: SweepSpec, cases: list[Case]) -> Path:
@@ -159,10 +159,13 @@ def check_resumable(existing: list[Record], env: Environment, model_sha: str | N
 
 
 def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] | Environment | None = None,
-              force: bool = False,
-              on_event: Callable[[str, dict[str, Any]], None] | None = None) -> SweepResult:
+              force: bool = False, on_event: Callable[[str, dict[str, Any]], None] | None = None, *,
+              listener: SweepListener | None = None, runner: CaseRunner | None = None) -> SweepResult:
+    """Measure every case of ``spec`` still to do in ``output`` (default: a file under edgekv's runs), each record
+    appended as soon as it is known.  ``listener`` hears the plan, each case and each record (``on_event``: the same
+    as ``(kind, data)`` events); ``runner``: what measures a case (default: the spec's engine's)."""
     t0 = time.perf_counter()
-    emit = on_event or (lambda kind, data: None)
+    say = listener_of(listener, on_event)
     m = spec.model
     if not m.ref.complete:
         raise UsageError(f"{m.ref.spec}: only the header is available; measured runs need the whole model "
@@ -170,12 +173,13 @@ def run_sweep(spec: SweepSpec, output: Path | None = None, env: dict[str, Any] |
     m.require_whole("edgekv bench")
     sha = verified_sha256(m.ref.path)
     expand(spec, sha)           # the grid's refusals (-d, -npl) first: a refusal of bad input needs no llama.cpp probe
-    resolve_repack(spec)
+    choice = repack_choice(spec.repack, spec.llama_bench if spec.engine == ENGINE_LLAMA_BENCH else None)
+    spec = dataclasses.replace(spec, repack=choice.values)      # the caller's spec stays as given
     cases = expand(spec, sha)
     output = Path(output) if output else default_output(spec, cases)
     writer = R.ResultsWriter(output)    # writable, locked for the whole sweep, tail repaired: before measuring
     try:
-        return _run_locked(spec, writer, cases, sha, env, force, emit, t0)
+        return _run_locked(spec, choice, writer, cases, sha, env, force, say, runner or runner_for(spec.engine), t0)
     finally:
         writer.close()
 
@@ -189,43 +193,27 @@ def resume_keys(existing: list[Record], retry_failed: bool = True) -> tuple[set[
     return (set(last) - failed if retry_failed else set(last)), failed
 
 
-def resolve_repack(spec: SweepSpec) -> None:
-    """``spec.repack`` when the user gave none: llama.cpp's default unless the extra-buffer preflight (cached per
-    environment) saw its kernels kill the probe here; what to say about it goes to ``spec.repack_note``, said with
-    the plan (after the refusals of the inputs, so that a refusal stays one line)."""
-    from edgekv.orchestration.preflight import preflight
-
-    pf = preflight("binary", spec.llama_bench) if spec.engine == ENGINE_LLAMA_BENCH else preflight()
-    spec.preflight = pf
-    if spec.repack is None:
-        spec.repack = [pf.repack]
-        if not pf.repack:
-            spec.repack_note = pf.fallback_line
-    elif True in spec.repack and not pf.repack:
-        spec.repack_note = (f"{pf.crash_cause}: --repack 1 runs as asked, and every configuration that runs a prompt "
-                            f"batch is expected to fail there ({pf.detail})")
-
-
-def _sweep_environment(spec: SweepSpec, writer: R.ResultsWriter, env: dict[str, Any] | Environment | None,
-                       sha: str | None, force: bool, emit: Callable[[str, dict[str, Any]], None]) -> Environment:
+def _sweep_environment(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsWriter,
+                       env: dict[str, Any] | Environment | None, sha: str | None, force: bool,
+                       say: SweepListener) -> Environment:
     """The environment phase: the writer's notes said, the environment collected (with the extra-buffer
     preflight's block) and the records already in the file checked as resumable against it."""
     from edgekv.edges.environment import collect
 
     for note in writer.notes:
-        emit("note", {"message": note})
+        say.on_note(note)
     env = env if isinstance(env, Environment) else environment(env or collect())
-    if spec.preflight is not None:
+    if choice.preflight is not None:
         env = msgspec.structs.replace(env, extra_buffers_preflight=msgspec.convert(
-            spec.preflight.environment_block(), ExtraBuffersPreflight, strict=True))
+            choice.preflight.environment_block(), ExtraBuffersPreflight, strict=True))
     check_resumable(writer.existing, env, sha, writer.path, force, model_name=spec.model.shape.name or spec.model.ref.name)
     return env
 
 
 def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set[str], env: Environment,
-                sha: str | None, emit: Callable[[str, dict[str, Any]], None],
+                sha: str | None, say: SweepListener,
                 output: Path) -> tuple[dict[str, EngineResult], dict[str, Any], dict[str, Any], SweepTracker]:
-    """The plan phase, said in the ``start`` event: llama.cpp's dry runs, the whole-process and speed predictions,
+    """The plan phase, said to the listener (``on_plan``): llama.cpp's dry runs, the whole-process and speed predictions,
     what will not fit, and the time plan.  Returns the dry runs, the process predictions and the speed predictions
     by case key, and the tracker that attaches ``load`` and ``plan`` to each record."""
     from edgekv.edges.home import edgekv_home
@@ -235,84 +223,55 @@ def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set
     processes = process_predictions(spec, todo)
     unfit = {c.key: why for c in todo if (why := fit_check(spec, c, processes.get(c.key)))}
     # the speed model calibrates for what will run: a refusal never waits on a measurement (issue 68)
-    speeds = (speed_predictions(spec, [c for c in todo if c.key not in unfit], engine_results, emit)
+    speeds = (speed_predictions(spec, [c for c in todo if c.key not in unfit], engine_results, say)
               if spec.predict_speed else
               {c.key: SpeedPrediction(calibration_id=None, error="not predicted (--no-speed-model)") for c in todo})
     speeds.update({k: SpeedPrediction(calibration_id=None, error="not predicted: predicted not to fit the memory "
                                                                   "available") for k in unfit if k not in speeds})
     tracker = SweepTracker(spec.model, todo[0].params if todo else None, todo, speeds, output, edgekv_home() / "runs",
                            sha, env)
-    emit("start", {"total": len(cases), "todo": len(todo), "todo_cases": todo, "output": str(output),
-                   "existing": len(cases) - len(todo), "env": env, "model_sha256": sha,
-                   "retry": sum(1 for c in todo if c.key in retry), "unfit": unfit, "speeds": speeds,
-                   "tracker": tracker})
+    say.on_plan(SweepPlan(total=len(cases), todo=todo, output=str(output), existing=len(cases) - len(todo), env=env,
+                          model_sha256=sha, retry=sum(1 for c in todo if c.key in retry), unfit=unfit, speeds=speeds,
+                          tracker=tracker, repack=list(spec.repack or [True])))
     return engine_results, processes, speeds, tracker
 
 
-def _run_python_case(spec: SweepSpec, case: Case, env: Environment, model: Model, eng: EngineResult | None,
-                     gpu_probe: Any, emit: Callable[[str, dict[str, Any]], None]) -> BenchRecord:
-    """One case through llama-cpp-python in a fresh bench child, its outcome as a record."""
-    from edgekv.edges.process import run_child, worker_argv
-
-    m = spec.model
-    payload = {"model_path": os.path.abspath(m.ref.path), "settings": encode_block(case.settings),
-               "restore": "truncate" if m.shape.memory == MEMORY_KV else "snapshot"}
-    t = time.perf_counter()
-    child = run_child(worker_argv("bench"), payload, timeout=spec.timeout_s, sample_memory=True,
-                      gpu_probe=gpu_probe, on_event=lambda ev: emit("child", ev),
-                      watchdog=memory_watchdog)
-    wall = time.perf_counter() - t
-    status, reason, failure = child_outcome(child, case)
-    rec = build_record(spec, case, env, model, eng, child, wall, status, reason)
-    if failure is not None:
-        rec.failure = failure
-    return rec
-
-
-def _case_record(spec: SweepSpec, case: Case, env: Environment, model: Model, eng: EngineResult | None,
-                 proc: Any, gpu_probe: Any, emit: Callable[[str, dict[str, Any]], None]) -> BenchRecord:
-    """One case's record: skipped (refused by the formula or llama.cpp, or not fitting now) or run by its engine."""
+def _case_record(cx: CaseContext, runner: CaseRunner, case: Case, eng: EngineResult | None, proc: Any) -> BenchRecord:
+    """One case's record: skipped (refused by the formula or llama.cpp, or not fitting now) or run by its engine's
+    runner."""
+    spec, env, model = cx.spec, cx.env, cx.model
     unfit_now = fit_check(spec, case, proc)
     if case.prediction.status != STATUS_OK or (eng is not None and not eng.ok):
         reason = case.prediction.reason if case.prediction.status != STATUS_OK else f"llama.cpp: {eng.error}"
         return build_record(spec, case, env, model, eng, None, 0.0, "skipped", reason)
     if unfit_now:             # read again right before it: other programs take memory meanwhile
         return build_record(spec, case, env, model, eng, None, 0.0, "skipped", unfit_now)
-    if spec.engine == ENGINE_LLAMA_BENCH:
-        from edgekv.orchestration.llamabench import run_llama_bench_case
-
-        base = build_record(spec, case, env, model, None, None, 0.0, "ok", None)
-        return run_llama_bench_case(spec, case, env, base, gpu_probe, emit)
-    if spec.engine == ENGINE_SERVER:
-        from edgekv.orchestration.serving import run_server_case
-
-        base = build_record(spec, case, env, model, eng, None, 0.0, "ok", None)
-        return run_server_case(spec, case, base, gpu_probe, emit)
-    return _run_python_case(spec, case, env, model, eng, gpu_probe, emit)
+    return runner.run(cx, case, eng)
 
 
-def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha: str | None,
-                env: dict[str, Any] | None, force: bool, emit: Callable[[str, dict[str, Any]], None],
+def _run_locked(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsWriter, cases: list[Case], sha: str | None,
+                env: dict[str, Any] | None, force: bool, say: SweepListener, runner: CaseRunner,
                 t0: float) -> SweepResult:
     """The sweep under the results lock: environment, plan, then each case still to do, its record appended as
     soon as it is known (a KeyboardInterrupt stops the loop; the records written so far stay)."""
     from edgekv.edges.environment import nvml_process_probe
 
     output = writer.path
-    env = _sweep_environment(spec, writer, env, sha, force, emit)
-    if spec.repack_note:        # the inputs were accepted: now the fallback (or the crash ahead) is worth a line
-        emit("note", {"message": spec.repack_note})
+    env = _sweep_environment(spec, choice, writer, env, sha, force, say)
+    note = choice.measure_note()
+    if note:        # the inputs were accepted: now the fallback (or the crash ahead) is worth a line
+        say.on_note(note)
     existing = writer.existing
     done_keys, retry = resume_keys(existing, spec.retry_failed)
     todo = [c for c in cases if c.key not in done_keys]
-    engine_results, processes, speeds, tracker = _plan_sweep(spec, cases, todo, retry, env, sha, emit, output)
+    engine_results, processes, speeds, tracker = _plan_sweep(spec, cases, todo, retry, env, sha, say, output)
 
     model = msgspec.convert(model_block(spec.model, sha), Model, strict=True)
-    gpu_probe = nvml_process_probe()
+    cx = CaseContext(spec, env, model, nvml_process_probe(), say)
     records: list[Record] = []
     interrupted = False
     quality = None
-    if spec.quality:
+    if spec.quality is not None:
         from edgekv.orchestration.quality import for_sweep
 
         quality = for_sweep(spec, todo)
@@ -321,21 +280,19 @@ def _run_locked(spec: SweepSpec, writer: R.ResultsWriter, cases: list[Case], sha
     try:
         for i, case in enumerate(todo):
             tracker.case_started(case.settings)
-            emit("case", {"i": i, "n": len(todo), "case": case})
-            rec = _case_record(spec, case, env, model, engine_results.get(case.key), processes.get(case.key), gpu_probe,
-                               emit)
+            say.on_case(i, len(todo), case)
+            rec = _case_record(cx, runner, case, engine_results.get(case.key), processes.get(case.key))
             attach_process(rec, processes.get(case.key) if rec.status != "skipped" else None)
             attach_speed(rec, speeds.get(case.key))
             if quality is not None and rec.status == "ok":
-                rec.quality = quality(case, emit)
+                rec.quality = quality(case, say)
             wall, elapsed, remaining = tracker.case_done(rec, i)      # the record's load and plan blocks
             for adj in adapt.after(rec, case, todo[i + 1:]):
-                emit("note", {"message": f"speed model: {adj.note}"})
-            emit("record", {"i": i, "case": case, "record": rec, "wall_s": wall, "elapsed_s": elapsed,
-                            "remaining_s": remaining})
+                say.on_note(f"speed model: {adj.note}")
+            say.on_record(CaseDone(i, len(todo), case, rec, wall, elapsed, remaining))
             writer.append(rec)
             records.append(rec)
-            emit("done", {"i": i, "n": len(todo), "record": rec})
+            say.on_done(i, len(todo), rec)
     except KeyboardInterrupt:
         interrupted = True
     finally:

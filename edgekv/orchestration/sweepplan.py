@@ -11,6 +11,7 @@ from typing import Any
 from edgekv.core.predict import STATUS_OK, ContextParams
 from edgekv.core.shape import MEMORY_KV
 from edgekv.edges.engine import EngineResult
+from edgekv.orchestration.listener import SweepListener
 from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_SERVER, Case, SweepSpec
 from edgekv.records.frame import unset_none
 from edgekv.records.schema import SpeedPrediction
@@ -135,7 +136,7 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
 
 
 def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[str, EngineResult],
-                      emit: Callable[[str, dict[str, Any]], None]) -> dict[str, SpeedPrediction]:
+                      say: SweepListener) -> dict[str, SpeedPrediction]:
     """``prediction.speed`` for every configuration to run (edgekv.core.speed), keyed by case key.  The
     calibration is this machine's (cached; what it lacks is measured now, and that is said before the plan);
     llama.cpp's graph size comes from the configuration's dry run (one is run when the sweep has none)."""
@@ -177,15 +178,14 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
         xs = [replace(SpeedInputs.from_settings(c.settings), device=device, swa_cells=swa_cells_of(c.prediction))
               for c in cases]
         # a --llama-bench sweep is predicted from a calibration measured through that binary (its build's kernels)
-        cal, note = calibration_for(sh, xs, feats, progress=_progress(spec, emit, deadline), allow_busy=True,
+        cal, note = calibration_for(sh, xs, feats, progress=_progress(spec, say, deadline), allow_busy=True,
                                     llama_bench=spec.llama_bench, deadline=deadline,
-                                    on_wait=lambda: emit("note", {"message": "another edgekv process is measuring "
-                                                                             "this machine's speed: waiting for its "
-                                                                             "result"}))
+                                    on_wait=lambda: say.on_note("another edgekv process is measuring this machine's "
+                                                                "speed: waiting for its result"))
         if note:
-            emit("note", {"message": f"speed calibration: {note}" if cal is not None else
-                          f"no speed predictions: {note}; measuring without them (--no-speed-model skips the "
-                          "calibration)"})
+            say.on_note(f"speed calibration: {note}" if cal is not None else
+                        f"no speed predictions: {note}; measuring without them (--no-speed-model skips the "
+                        "calibration)")
         for c, x in zip(cases, xs):
             # each configuration's own graph size (a quantized cache adds nodes: SmolLM2 936 with f16, 1296 with q8_0)
             sh_c = with_graph(sh, own[c.key].log.graph if _has_graph(own.get(c.key)) else None)
@@ -193,7 +193,7 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
     return out
 
 
-def _progress(spec: SweepSpec, emit: Callable[[str, dict[str, Any]], None], deadline: float) -> Callable[[str], None]:
+def _progress(spec: SweepSpec, say: SweepListener, deadline: float) -> Callable[[str], None]:
     """The calibration's progress as the sweep's events: why the plan waits (once), then each step measured with
     the time left before the calibration's deadline."""
     started: list[str] = []
@@ -203,12 +203,12 @@ def _progress(spec: SweepSpec, emit: Callable[[str, dict[str, Any]], None], dead
         if not started:       # the first measurement: say why the plan is a minute away
             via = f" through {spec.llama_bench}" if spec.llama_bench else ""
             again = "edgekv calibrate --llama-bench PATH" if spec.llama_bench else "edgekv calibrate"
-            emit("note", {"message": f"calibrating this machine's speed for the speed model{via} (once per "
-                                     "environment, thread count and --repack; about a minute, at most "
-                                     f"{spec.calibration_timeout_s:.0f} s (--calibration-timeout); '{again}' "
-                                     "re-measures, --no-speed-model skips it)"})
+            say.on_note(f"calibrating this machine's speed for the speed model{via} (once per "
+                        "environment, thread count and --repack; about a minute, at most "
+                        f"{spec.calibration_timeout_s:.0f} s (--calibration-timeout); '{again}' "
+                        "re-measures, --no-speed-model skips it)")
             started.append(step)
-        emit("calibrate", {"step": step, "left_s": left})
+        say.on_calibrate(step, left)
 
     return progress
 

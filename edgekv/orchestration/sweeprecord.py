@@ -10,6 +10,8 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
+from edgekv.core.benchwire import REPLY_FAILED, REPLY_OK, BenchReply, BenchSamples, Checkpoint, Samples, reply_from
+from edgekv.core.diagnose import Diagnosis, diagnose
 from edgekv.core.llamacmd import llama_cpp_args
 from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, device_mib
 from edgekv.core.predict import STATUS_OK, KVPrediction
@@ -23,41 +25,16 @@ from edgekv.records.frame import unset_none
 from edgekv.records.schema import growth_minus_formula_bytes, speed_test
 
 
-class Checkpoint(msgspec.Struct):
-    """One memory reading the bench child took at a point of its run (``after_load``, ``after_context``, ...)."""
-
-    rss: int | None = None
-    anon: int | None = None
-    gpu_used: int | None = None
-
-
-class Samples(msgspec.Struct):
-    """One test's timed repetitions as the child measured them."""
-
-    n_tokens: int
-    samples_ns: list[int]
-    samples_ts: list[float]
-
-
-class ChildBench(msgspec.Struct):
-    """The bench child's result (:mod:`edgekv.child.workload`), decoded once where it enters the sweep."""
-
-    status: str | None = None
-    reason: str | None = None
-    effective: dict[str, int] | None = None
-    checkpoints: dict[str, Checkpoint] = {}
-    timing: dict[str, float] = {}
-    samples: dict[str, Samples] = {}
-    restore: str | None = None
-    snapshot_bytes: int | None = None
-    load_log: LlamaMemoryLog | None = None
-    ctx_log: LlamaMemoryLog | None = None
-    device_notes: list[str] = []
-
-
-def child_result(child) -> ChildBench | None:
-    """The child's result as :class:`ChildBench` (None: it sent none)."""
-    return msgspec.convert(child.result, ChildBench) if child is not None and child.result else None
+def decode_reply(child) -> tuple[BenchReply | None, str | None]:
+    """The bench child's reply, decoded strictly where it enters the sweep (None: it sent none), and why not where
+    what it sent is not a :class:`~edgekv.core.benchwire.BenchReply` (one line, said as the case's reason)."""
+    if child is None or child.result is None:
+        return None, None
+    try:
+        return reply_from(child.result), None
+    except msgspec.ValidationError as e:
+        return None, (f"the bench child's reply is not one this edgekv reads ({e}): the child and the parent come from "
+                      "different edgekv installs; reinstall edgekv")
 
 
 def _prediction_block(pred: KVPrediction, eng: EngineResult | None) -> S.Prediction:
@@ -67,9 +44,12 @@ def _prediction_block(pred: KVPrediction, eng: EngineResult | None) -> S.Predict
     return S.Prediction(formula=formula, engine=msgspec.convert(engine_block(pred, eng), S.Engine, strict=True))
 
 
-def _speed_block(samples: dict[str, Samples]) -> S.Speed:
-    return S.Speed(**{test: speed_test(v.n_tokens, v.samples_ns, v.samples_ts)
-                      for test, v in samples.items()})
+def _speed_test(v: Samples | None) -> Any:
+    return UNSET if v is None else speed_test(v.n_tokens, v.samples_ns, v.samples_ts)
+
+
+def _speed_block(samples: BenchSamples) -> S.Speed:
+    return S.Speed(pp=_speed_test(samples.pp), tg=_speed_test(samples.tg), tg_seq=_speed_test(samples.tg_seq))
 
 
 def cache_lines(res: EngineResult) -> list[S.CacheLine]:
@@ -78,7 +58,9 @@ def cache_lines(res: EngineResult) -> list[S.CacheLine]:
 
 
 def build_record(spec: SweepSpec, case: Case, env: S.Environment, model: S.Model, eng: EngineResult | None,
-                 child, wall_s: float, status: str, reason: str | None) -> S.BenchRecord:
+                 child, wall_s: float, status: str, reason: str | None, res: BenchReply | None = None) -> S.BenchRecord:
+    """One case's record: what was asked and predicted, then (``child``: the parent's view of the measured child,
+    ``res``: the child's reply) what was measured."""
     from edgekv.version import __version__
 
     rec = S.BenchRecord(
@@ -86,7 +68,6 @@ def build_record(spec: SweepSpec, case: Case, env: S.Environment, model: S.Model
         time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), edgekv=__version__, model=model,
         settings=case.settings, prediction=_prediction_block(case.prediction, eng), environment=env,
         llama_cpp_args=llama_cpp_args(S.encode_block(case.settings), model.path))
-    res = child_result(child)
     if res is not None:
         _measured_blocks(rec, case, res, wall_s)
     if child is not None:
@@ -96,14 +77,32 @@ def build_record(spec: SweepSpec, case: Case, env: S.Environment, model: S.Model
     return rec
 
 
-def _measured_blocks(rec: S.BenchRecord, case: Case, res: ChildBench, wall_s: float) -> None:
-    """What the child measured and llama.cpp printed: ``effective``, ``llama_log``, ``speed``, ``timing``."""
-    effective = dict(res.effective or {})
-    ctx_log = res.ctx_log
+def _effective_block(case: Case, res: BenchReply) -> S.Effective:
+    """The sizes llama.cpp chose and, from its log, the flash attention it resolved."""
+    e, ctx_log = res.effective, res.ctx_log
+    out = S.Effective() if e is None else S.Effective(
+        n_ctx=e.n_ctx, n_batch=e.n_batch, n_ubatch=e.n_ubatch, n_seq_max=e.n_seq_max,
+        n_ctx_seq=UNSET if e.n_ctx_seq is None else e.n_ctx_seq)
     if ctx_log is not None:
         fa = case.prediction.flash_attn_effective
-        effective["flash_attn"] = ctx_log.fa_resolved or ("enabled" if fa == "on" else "disabled" if fa == "off" else None)
-        effective["flash_attn_forced_for_quantized_v"] = ctx_log.fa_forced_for_quantized_v
+        out.flash_attn = ctx_log.fa_resolved or ("enabled" if fa == "on" else "disabled" if fa == "off" else None)
+        out.flash_attn_forced_for_quantized_v = ctx_log.fa_forced_for_quantized_v
+    return out
+
+
+def _timing_block(res: BenchReply, wall_s: float) -> S.Timing:
+    t = res.timing
+    v = lambda x: UNSET if x is None else x       # noqa: E731 - a phase the run did not reach: absent
+    llama_s = t.llama_s()
+    return S.Timing(import_s=v(t.import_s), load_s=v(t.load_s), context_s=v(t.context_s), warmup_s=v(t.warmup_s),
+                    fill_s=v(t.fill_s), pp_s=v(t.pp_s), tg_s=v(t.tg_s), child_total_s=v(t.child_total_s),
+                    timed_s=v(t.timed_s), wall_s=wall_s, llama_s=llama_s, harness_s=max(0.0, wall_s - llama_s))
+
+
+def _measured_blocks(rec: S.BenchRecord, case: Case, res: BenchReply, wall_s: float) -> None:
+    """What the child measured and llama.cpp printed: ``effective``, ``llama_log``, ``speed``, ``timing``."""
+    ctx_log = res.ctx_log
+    if ctx_log is not None:
         load_log = res.load_log
         rec.llama_log = S.LlamaLog(
             kv=cache_lines(EngineResult(case.params, True, None, ctx_log)),
@@ -112,10 +111,9 @@ def _measured_blocks(rec: S.BenchRecord, case: Case, res: ChildBench, wall_s: fl
             output_mib=ctx_log.output_buffers, model_buffers_mib=load_log.model_buffers if load_log else None,
             gpu_layers=list(load_log.gpu_layers) if load_log and load_log.gpu_layers else None,
             device_notes=list(res.device_notes))
-    rec.effective = S.Effective(**effective)
+    rec.effective = _effective_block(case, res)
     rec.speed = _speed_block(res.samples)
-    llama_s = sum(res.timing.get(k, 0.0) for k in ("load_s", "context_s", "warmup_s", "fill_s", "pp_s", "tg_s"))
-    rec.timing = S.Timing(**res.timing, wall_s=wall_s, llama_s=llama_s, harness_s=max(0.0, wall_s - llama_s))
+    rec.timing = _timing_block(res, wall_s)
     rec.restore = res.restore
     if res.snapshot_bytes:
         rec.snapshot_bytes = res.snapshot_bytes
@@ -124,38 +122,47 @@ def _measured_blocks(rec: S.BenchRecord, case: Case, res: ChildBench, wall_s: fl
 HARNESS_PHASES = frozenset({"snapshot", "restore"})   # the harness's own state save/restore, not the model's
 
 
-def memory_block(child, res: ChildBench | None) -> S.Memory:
-    cps = res.checkpoints if res is not None else {}
+def _reading(c: Checkpoint | None) -> tuple[Any, Any, Any]:
+    """A checkpoint's (rss, anon, gpu_used) as the record holds them: absent where the run did not get there (and
+    the device memory absent where there is no accelerator)."""
+    if c is None:
+        return UNSET, UNSET, UNSET
+    return c.rss, c.anon, UNSET if c.gpu_used is None else c.gpu_used
+
+
+def memory_block(child, res: BenchReply | None) -> S.Memory:
     peaks = dict(child.phase_peaks)
     # The working set of a model in use at this context: every phase of the run (load, context, warm-up,
     # fill, the timed tests) except the moments the harness saves and restores its depth state (caches
     # that cannot be truncated back to depth), when llama.cpp passes one layer's rows through a buffer.
     work = [v for k, v in peaks.items() if k not in HARNESS_PHASES]
-    m: dict[str, Any] = {
-        "peak_rss_bytes": max(work) if work else child.peak_rss_bytes,
-        "peak_rss_all_phases_bytes": child.peak_rss_bytes,
-        "kernel_maxrss_bytes": child.kernel_maxrss_bytes,
-        "peak_footprint_bytes": child.peak_footprint_bytes,
-        "peak_gpu_bytes": child.peak_gpu_bytes,
-        "phase_peaks_bytes": peaks,
-        "gpu_phase_peaks_bytes": dict(getattr(child, "gpu_phase_peaks", None) or {}) or None,
-        "n_samples": child.n_samples,
-        "sample_interval_mean_s": child.wall_s / child.n_samples if child.n_samples else None,
-        "sample_interval_max_s": child.sample_interval_max_s,
+    m = S.Memory(
+        peak_rss_bytes=max(work) if work else child.peak_rss_bytes,
+        peak_rss_all_phases_bytes=child.peak_rss_bytes,
+        kernel_maxrss_bytes=child.kernel_maxrss_bytes,
+        peak_footprint_bytes=child.peak_footprint_bytes,
+        peak_gpu_bytes=child.peak_gpu_bytes,
+        phase_peaks_bytes=peaks,
+        gpu_phase_peaks_bytes=dict(getattr(child, "gpu_phase_peaks", None) or {}) or None,
+        n_samples=child.n_samples,
+        sample_interval_mean_s=child.wall_s / child.n_samples if child.n_samples else None,
+        sample_interval_max_s=child.sample_interval_max_s,
         # during the timed tests the parent does not sample (it would slow llama.cpp down); the child reads its
         # own RSS after each repetition instead
-        "timed_unsampled_s": getattr(child, "timed_unsampled_s", None),
-        "n_child_samples": getattr(child, "n_child_samples", None),
-    }
-    for name, cp in cps.items():         # the checkpoints' names make the keys (rss_after_load_bytes, ...)
-        m[f"rss_{name}_bytes"] = cp.rss
-        m[f"anon_{name}_bytes"] = cp.anon
-        if cp.gpu_used is not None:
-            m[f"gpu_used_{name}_bytes"] = cp.gpu_used
-    fill = cps.get("after_fill")
+        timed_unsampled_s=getattr(child, "timed_unsampled_s", None),
+        n_child_samples=getattr(child, "n_child_samples", None))
+    if res is None:
+        return m
+    cps = res.checkpoints
+    m.rss_start_bytes, m.anon_start_bytes, m.gpu_used_start_bytes = _reading(cps.start)
+    m.rss_after_load_bytes, m.anon_after_load_bytes, m.gpu_used_after_load_bytes = _reading(cps.after_load)
+    m.rss_after_context_bytes, m.anon_after_context_bytes, m.gpu_used_after_context_bytes = _reading(cps.after_context)
+    m.rss_after_fill_bytes, m.anon_after_fill_bytes, m.gpu_used_after_fill_bytes = _reading(cps.after_fill)
+    m.rss_end_bytes, m.anon_end_bytes, m.gpu_used_end_bytes = _reading(cps.end)
+    fill = cps.after_fill
     if fill is not None and fill.rss is not None and fill.anon is not None:
-        m["file_after_fill_bytes"] = fill.rss - fill.anon
-    return S.Memory(**m)
+        m.file_after_fill_bytes = fill.rss - fill.anon
+    return m
 
 
 def differences(case: Case, rec: S.BenchRecord) -> S.Differences:
@@ -184,7 +191,8 @@ def differences(case: Case, rec: S.BenchRecord) -> S.Differences:
     kv_buf = sum((_mapping(log.kv_buffers_mib)).values()) + sum((_mapping(log.rs_buffers_mib)).values())
     d.kv_buffer_mib = round(kv_buf, 2)
     d.kv_buffer_minus_formula_mib = round(kv_buf - pred.total_bytes / MIB, 2)
-    a_load, a_ctx, a_fill = (_int(mem, f"anon_{k}_bytes") for k in ("after_load", "after_context", "after_fill"))
+    a_load, a_ctx, a_fill = (unset_none(x) for x in (mem.anon_after_load_bytes, mem.anon_after_context_bytes,
+                                                     mem.anon_after_fill_bytes))
     if a_load is not None and a_ctx is not None:
         d.context_anon_growth_bytes = a_ctx - a_load
         d.context_anon_growth_minus_formula_bytes = growth_minus_formula_bytes(a_ctx - a_load, pred.total_bytes)
@@ -192,7 +200,7 @@ def differences(case: Case, rec: S.BenchRecord) -> S.Differences:
     # KV on a GPU (CUDA, Vulkan, ...): the device memory in use (read by the child itself right after the
     # load and right after the context) grows by the KV buffers and the compute buffers, which ggml
     # allocates whole on a device (no lazy pages there)
-    g_load, g_ctx = _int(mem, "gpu_used_after_load_bytes"), _int(mem, "gpu_used_after_context_bytes")
+    g_load, g_ctx = unset_none(mem.gpu_used_after_load_bytes), unset_none(mem.gpu_used_after_context_bytes)
     dev_kv = device_mib(_mapping(log.kv_buffers_mib)) + device_mib(_mapping(log.rs_buffers_mib))
     if dev_kv and g_load is not None and g_ctx is not None:
         dev_compute = device_mib(_mapping(log.compute_mib))
@@ -222,17 +230,15 @@ def _line(x: S.CacheLine) -> KVCacheLine:
                        v_mib=v("v_mib"), r_mib=v("r_mib"), s_mib=v("s_mib"))
 
 
-def child_outcome(child, case: Case) -> tuple[str, str | None, S.Failure | None]:
+def child_outcome(child, case: Case, res: BenchReply | None) -> tuple[str, str | None, S.Failure | None]:
     """(status, reason, failure block) of a measured child: ok; skipped when llama.cpp refused the context; else
     failed, with where and why (edgekv.core.diagnose): the phase, the signal, the last llama.cpp lines, and a
     known cause (llama.cpp's AMX crash, an OOM kill the kernel counted, the deadline)."""
-    from edgekv.core.diagnose import diagnose
-
-    res = child_result(child) or ChildBench()
+    res = res or BenchReply(status="")
     n_prompt = case.settings.n_prompt
-    if child.ok and res.status == "ok":
+    if child.ok and res.status == REPLY_OK:
         return "ok", None, None
-    if child.ok and res.status == "failed" and res.effective is None and res.ctx_log is not None:
+    if child.ok and res.status == REPLY_FAILED and res.effective is None and res.ctx_log is not None:
         return "skipped", f"llama.cpp refused the context: {res.reason}", None
     if child.stopped_reason:            # the watchdog stopped it: say where, keep what was measured before
         d = diagnose(child.last_phase, None, None, False, child.log_tail, n_prompt)
@@ -246,9 +252,10 @@ def child_outcome(child, case: Case) -> tuple[str, str | None, S.Failure | None]
     return "failed", d.line(), failure_block(d)
 
 
-def failure_block(d: Any) -> S.Failure:
-    """A :class:`~edgekv.core.diagnose.Diagnosis` as the record's ``failure`` block."""
-    return msgspec.convert(d.to_dict(), S.Failure, strict=True)
+def failure_block(d: Diagnosis) -> S.Failure:
+    """A :class:`~edgekv.core.diagnose.Diagnosis` as the record's ``failure`` block, field by field."""
+    return S.Failure(phase=d.phase, signal=d.signal, exit_code=d.exit_code, timed_out=d.timed_out, cause=d.cause,
+                     cause_text=d.cause_text, log_tail=list(d.log_tail), last_error=d.last_error)
 
 
 def attach_speed(rec: S.BenchRecord, block: S.SpeedPrediction | None) -> None:

@@ -5,7 +5,6 @@ configuration of it (:class:`Case`), shared by the sweep loop (edgekv.orchestrat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from edgekv.core.predict import ContextParams, KVPrediction
 from edgekv.orchestration.api import LoadedModel
@@ -16,8 +15,20 @@ ENGINE_LLAMA_BENCH = "llama-bench"
 ENGINE_SERVER = "llama-server"
 
 
-@dataclass
+@dataclass(frozen=True)
+class QualityAsk:
+    """``edgekv bench --quality``: the quality pass asked with the sweep, its corpus and chunks (None: the
+    defaults, edgekv.orchestration.quality)."""
+
+    corpus: str | None = None
+    chunks: int | None = None
+
+
+@dataclass(frozen=True)
 class SweepSpec:
+    """What ``edgekv bench`` was asked to measure (frozen: the sweep derives what it decides, such as the
+    --repack values, into a copy, never into the caller's spec)."""
+
     model: LoadedModel
     contexts: list[int]
     pairs: list[tuple[str, str]]
@@ -38,13 +49,12 @@ class SweepSpec:
     engine: str = ENGINE_PYTHON
     llama_bench: str | None = None
     llama_server: str | None = None          # --llama-server PATH: the user's server, one process per configuration
-    quality: dict[str, Any] | None = None
+    quality: QualityAsk | None = None
     use_mmap: bool = True
     # --repack 0,1: the CPU backend's extra buffer types (AMX, CPU_REPACK).  None: llama.cpp's default (1) unless
-    # the extra-buffer preflight found that their kernels crash here (then 0, said before the plan)
+    # the extra-buffer preflight found that their kernels crash here (then 0, said before the plan;
+    # edgekv.orchestration.preflight.repack_choice)
     repack: list[bool] | None = None
-    repack_note: str | None = None           # why the sweep runs with --repack 0 when the user did not ask
-    preflight: Any = None                    # the extra-buffer preflight's verdict (edgekv.orchestration.preflight)
     retry_failed: bool = True                # resume measures failed configurations again (--no-retry: off)
     force_fit: bool = False                  # --force: run configurations predicted not to fit the memory available
     predict_speed: bool = True               # the speed model's prediction in every record (calibrating when needed)

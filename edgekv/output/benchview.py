@@ -61,19 +61,28 @@ class Progress:
     def __exit__(self, *exc: Any) -> None:
         self.p.__exit__(*exc)
 
-    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+    def plan(self, work: int) -> None:
+        """The bar for the sweep's work (:func:`case_work` summed over the cases to do)."""
         with self.lock:
-            if kind == "plan":
-                self.task = self.p.add_task("starting", total=max(1, data["work"]))
-            elif kind == "case":
-                s = data["case"].settings
-                self.cur = s
-                self.i, self.n = data["i"] + 1, data["n"]
-                self.label = case_label(s)
-                self._desc("load")
-            elif kind == "child":
-                self._child(data)
-            elif kind == "done" and self.cur is not None and self.task is not None:
+            self.task = self.p.add_task("starting", total=max(1, work))
+
+    def case(self, i: int, n: int, s: S.Settings) -> None:
+        """Case ``i`` (0-based) of ``n`` starts."""
+        with self.lock:
+            self.cur = s
+            self.i, self.n = i + 1, n
+            self.label = case_label(s)
+            self._desc("load")
+
+    def child(self, ev: dict[str, Any]) -> None:
+        """An event of the process measuring the case."""
+        with self.lock:
+            self._child(ev)
+
+    def done(self) -> None:
+        """The case's record was written: its share of the bar done."""
+        with self.lock:
+            if self.cur is not None and self.task is not None:
                 self.base += case_work(self.cur)
                 self.p.update(self.task, completed=self.base)
 

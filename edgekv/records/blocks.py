@@ -14,6 +14,9 @@ from typing import Annotated, Any, Union
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from edgekv.core.benchwire import BenchWorkload
+from edgekv.core.predict import ContextParams
+
 
 def doc(t: Any, desc: str) -> Any:
     """A field's type with its description (the JSON Schema's ``description``)."""
@@ -70,6 +73,28 @@ class Settings(Block, kw_only=True):
     n_parallel: doc(Union[int, UnsetType], "sequences decoded at once (-npl, llama-batched-bench's pl): each with -p prompt "
                                           "and -n generated tokens from an empty cache; speed.pp/tg are then aggregate "
                                           "tokens/s of all of them; absent: one sequence at depth -d") = UNSET
+
+    def context_params(self) -> ContextParams:
+        """llama.cpp's context parameters these settings ask for (the formula's and the child's input); a field the
+        settings leave None takes llama.cpp's default."""
+        d = ContextParams()
+        return ContextParams(n_ctx=_or(self.n_ctx, d.n_ctx), type_k=_or(self.type_k, d.type_k),
+                             type_v=_or(self.type_v, d.type_v), flash_attn=_or(self.flash_attn, d.flash_attn),
+                             swa_full=_or(self.swa_full, d.swa_full), n_seq_max=_or(self.n_seq_max, d.n_seq_max),
+                             kv_unified=_or(self.kv_unified, d.kv_unified), n_batch=_or(self.n_batch, d.n_batch),
+                             n_ubatch=_or(self.n_ubatch, d.n_ubatch))
+
+    def workload(self) -> BenchWorkload:
+        """The bench child's workload these settings ask for (a measured case's settings set every field)."""
+        return BenchWorkload(n_threads=self.n_threads or 0, n_gpu_layers=_or(self.n_gpu_layers, -1),
+                             n_prompt=self.n_prompt or 0, n_gen=self.n_gen or 0, n_depth=self.n_depth or 0,
+                             repetitions=self.repetitions or 0, warmup=bool(self.warmup),
+                             repack=self.repack is not False, no_mmap=self.no_mmap is True,
+                             n_parallel=None if self.n_parallel is UNSET else self.n_parallel)
+
+
+def _or(x: Any, default: Any) -> Any:
+    return default if x is None else x
 
 
 class Model(Block, kw_only=True):

@@ -1,0 +1,166 @@
+"""The measured run's protocol: what edgekv asks a bench child to run and what the child replies.
+
+Shared by the sweep (edgekv.orchestration.sweep, which sends a :class:`BenchRequest` and builds a record from the
+:class:`BenchReply`), the child (edgekv.child.benchrun, which reads the request and builds the reply, never a
+dict) and the replay runner of the tests (edgekv.orchestration.runners, which reads recorded replies).  The
+request crosses to the child as JSON on its stdin and the reply comes back as JSON on its event pipe:
+:func:`to_wire` encodes, :func:`request_from` and :func:`reply_from` decode strictly (msgspec.ValidationError when
+a payload is not one), as edgekv.core.probe does for the speed calibration.
+
+A memory checkpoint is a named field of :class:`Checkpoints`, so that a record's ``memory.rss_after_load_bytes``
+is assigned from ``checkpoints.after_load.rss``: renaming one side is an error, not a field that goes missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from edgekv.core.llamalog import LlamaMemoryLog
+from edgekv.core.predict import ContextParams
+
+
+class BenchWorkload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """llama-bench's workload of one configuration (its record's ``settings`` names): threads, offload, the tests'
+    lengths, the depth, the repetitions; ``n_parallel``: llama-batched-bench's loop of that many sequences."""
+
+    n_threads: int
+    n_gpu_layers: int
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    repetitions: int
+    warmup: bool
+    repack: bool = True
+    no_mmap: bool = False
+    n_parallel: int | None = None
+
+
+class BenchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One measured run: the model file, llama.cpp's context parameters, the workload and how the cache goes back to
+    its depth between repetitions (``snapshot`` or ``truncate``)."""
+
+    model_path: str
+    params: ContextParams
+    workload: BenchWorkload
+    restore: str = "snapshot"
+
+
+class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One memory reading the bench child takes of itself: resident and anonymous bytes, and the accelerators'
+    memory in use (None: no accelerator, or not read)."""
+
+    rss: int | None = None
+    anon: int | None = None
+    gpu_used: int | None = None
+
+
+class Checkpoints(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """The child's readings at the points of its run; None where the run did not get there."""
+
+    start: Checkpoint | None = None
+    after_load: Checkpoint | None = None
+    after_context: Checkpoint | None = None
+    after_fill: Checkpoint | None = None
+    end: Checkpoint | None = None
+
+
+class ChildTiming(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """The child's phases in seconds (None: the run did not get there): importing llama.cpp, the load, the context,
+    the warm-up, the depth fill, each test's timed repetitions, the child's whole life and the timed tests' sum."""
+
+    import_s: float | None = None
+    load_s: float | None = None
+    context_s: float | None = None
+    warmup_s: float | None = None
+    fill_s: float | None = None
+    pp_s: float | None = None
+    tg_s: float | None = None
+    child_total_s: float | None = None
+    timed_s: float | None = None
+
+    def llama_s(self) -> float:
+        """The seconds llama.cpp worked (load to the last test)."""
+        parts = (self.load_s, self.context_s, self.warmup_s, self.fill_s, self.pp_s, self.tg_s)
+        return sum(x for x in parts if x is not None)
+
+
+class Samples(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One test's timed repetitions: its tokens, each repetition's nanoseconds and tokens per second."""
+
+    n_tokens: int
+    samples_ns: list[int]
+    samples_ts: list[float]
+
+    @classmethod
+    def of(cls, n_tokens: int, ns: list[int]) -> Samples:
+        return cls(n_tokens=n_tokens, samples_ns=ns, samples_ts=[n_tokens * 1e9 / x for x in ns])
+
+
+class BenchSamples(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """The tests' samples: the prompt, the generation and, with ``n_parallel``, what one sequence sees of the
+    generation (the same samples, not timed again)."""
+
+    pp: Samples | None = None
+    tg: Samples | None = None
+    tg_seq: Samples | None = None
+
+    def timed_ns(self) -> int:
+        return sum(sum(s.samples_ns) for s in (self.pp, self.tg) if s is not None)
+
+
+class Effective(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """The sizes llama.cpp chose for the context (``llama_n_ctx`` ...; ``n_ctx_seq`` where the build has it)."""
+
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_seq_max: int
+    n_ctx_seq: int | None = None
+
+
+class ModelFacts(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The loaded model's size as llama.cpp counts it."""
+
+    size_bytes: int
+    n_params: int
+
+
+class BenchReply(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """What the bench child reports: ``ok`` with everything it measured, or ``failed`` with why and what it had
+    measured before (the logs, the checkpoints and timings so far)."""
+
+    status: str                                  # REPLY_OK | REPLY_FAILED
+    reason: str | None = None
+    effective: Effective | None = None
+    checkpoints: Checkpoints = msgspec.field(default_factory=Checkpoints)
+    timing: ChildTiming = msgspec.field(default_factory=ChildTiming)
+    samples: BenchSamples = msgspec.field(default_factory=BenchSamples)
+    restore: str | None = None                   # snapshot | truncate | clear
+    snapshot_bytes: int | None = None
+    load_log: LlamaMemoryLog | None = None
+    ctx_log: LlamaMemoryLog | None = None
+    model: ModelFacts | None = None
+    device_notes: list[str] = []
+    n_vocab: int | None = None
+    add_bos: bool | None = None
+
+
+REPLY_OK = "ok"
+REPLY_FAILED = "failed"
+
+
+def to_wire(obj: Any) -> Any:
+    """A request or reply as plain JSON-ready values."""
+    return msgspec.to_builtins(obj)
+
+
+def request_from(payload: Any) -> BenchRequest:
+    """The bench child's request decoded from its JSON payload (msgspec.ValidationError when it is not one)."""
+    return msgspec.convert(payload, BenchRequest)
+
+
+def reply_from(data: Any) -> BenchReply:
+    """The bench child's reply decoded from its result event (msgspec.ValidationError when it is not one)."""
+    return msgspec.convert(data, BenchReply)
