@@ -34,3 +34,5 @@ _.write_schema_file     # regenerates results.schema.json; named by tests/test_r
 
 # edgekv/core/speed.py: SpeedPrediction fields serialised with dataclasses.asdict into prediction.speed
 _.bytes_per_token       # the bytes a decoded token reads (the roofline's denominator), in --json and records
+# wire fields of the bench child's typed reply (core/benchwire.py): set by the child, decoded strictly by the parent
+n_params                # ModelFacts.n_params: llama_model_n_params, reported beside size_bytes
