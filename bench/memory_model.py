@@ -37,7 +37,7 @@ KEY = ("model", "variant", "n_ctx", "type", "ub", "t", "mmap", "ngl")
 MIB = H.MIB
 TYPES = "f16,q8_0,q5_0,q4_0"
 MODELS = {"smollm2-135m": "1024,2048,4096", "gemma3-270m": "1024,2048,4096"}
-COMMON = ["-p", "512", "-n", "16", "-r", "1"]
+COMMON = ["-p", "512", "-n", "16", "-r", "1", "--no-speed-model"]   # bytes only: no speed calibration per variant
 VARIANTS = {
     "base": [],
     "ub256": ["-ub", "256"],
