@@ -30,7 +30,8 @@ class Step(NamedTuple):
 
 
 PLAN: tuple[Step, ...] = (
-    Step("memory_model", ("--variants", "base,ub256,t1,nommap,llamabench,repack0,faoff"), 10),   # not "large": 8192 q4_0 fills for 10 min
+    # memory_model without "large": SmolLM2 q4_0 at -c 8192 fills its context for 10 minutes
+    Step("memory_model", ("--variants", "base,ub256,t1,nommap,llamabench,repack0,faoff"), 10),
     Step("speed_model", ("--models", "smollm2-135m", "--depths", "512,4096"), 9),
     Step("bench_vs_llama_bench", ("-c", "2048", "-ctk", "f16,q4_0", "-r", "3", "--rounds", "2"), 4),
     Step("parallel_vs_batched_bench", ("--models", "smollm2-135m", "-ctk", "f16", "--rounds", "2"), 3),
