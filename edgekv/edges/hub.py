@@ -386,8 +386,6 @@ def hub_file(repo_id: str, filename: str, repo_type: str = "dataset", revision: 
         RepositoryNotFoundError,
     )
 
-    from edgekv.errors import SourceError
-
     endpoint = hf_endpoint()
     where = f"{repo_id}/{filename} ({repo_type}) from {endpoint}"
     check_repo_id(repo_id, where)

@@ -190,7 +190,6 @@ def _calibrating_line(llama_bench: str | None, deadline: float | None):
     """A progress callback for predict --speed: on stderr, what the calibration measures and the time left before
     its deadline (a line when the step changes, at most every 10 s)."""
     import sys
-    import time
 
     via, again = f" through {llama_bench}" if llama_bench else "", _remeasure_command(llama_bench)
     last = [0.0]

@@ -216,8 +216,6 @@ def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set
     """The plan phase, said to the listener (``on_plan``): llama.cpp's dry runs, the whole-process and speed predictions,
     what will not fit, and the time plan.  Returns the dry runs, the process predictions and the speed predictions
     by case key, and the tracker that attaches ``load`` and ``plan`` to each record."""
-    from edgekv.edges.home import edgekv_home
-
     # llama.cpp's dry runs and the whole-process predictions come first: the plan says what will not fit
     engine_results = dry_runs(spec, todo) if spec.engine != ENGINE_LLAMA_BENCH else {}
     processes = process_predictions(spec, todo)
