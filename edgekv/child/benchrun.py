@@ -42,7 +42,7 @@ from edgekv.core.benchwire import (
     request_from,
     to_wire,
 )
-from edgekv.core.llamalog import LlamaMemoryLog
+from edgekv.core.llamalog import LlamaMemoryLog, parse_memory_log
 from edgekv.edges.childside import EventWriter
 
 
@@ -197,7 +197,6 @@ def _batched_finish(run: _BenchRun, ctx, model, runner: TokenRunner, ns_pp: list
 def _bench_load(run: _BenchRun, model_path: str) -> tuple[Any, list[tuple[int, str]]] | None:
     """The load phase: the model loaded as the settings say (timed), llama.cpp's log of the load parsed, the memory
     checkpoint after it.  The model and the log lines; None after a failed result."""
-    from edgekv.core.llamalog import parse_memory_log
     from edgekv.edges.engine import model_params
 
     L, w, ev, cap = run.L, run.w, run.ev, run.cap
@@ -226,7 +225,6 @@ def _bench_context(run: _BenchRun, model, load_lines: list[tuple[int, str]], par
     """The context phase: the context created with the request's sizes and cache types (timed), the context's log
     parsed, the model's size and the device notes, the memory checkpoint and ``run.effective`` (the sizes llama.cpp
     chose).  The context; None after a failed result, the model freed."""
-    from edgekv.core.llamalog import parse_memory_log
     from edgekv.edges.engine import context_params
 
     L, ev, cap = run.L, run.ev, run.cap

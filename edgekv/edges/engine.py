@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from edgekv.core.cachetypes import cache_type
-from edgekv.core.llamalog import LlamaMemoryLog, parse_memory_log
+from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, parse_memory_log
 from edgekv.core.predict import ContextParams
 from edgekv.core.units import mib_to_bytes
 from edgekv.edges.gguf_header import GGUFHeader, read_header_file
@@ -278,8 +278,6 @@ def loadable_path(path: str, header: GGUFHeader | None = None) -> Iterator[tuple
 
 
 def _engine_result(c: ContextParams, r: dict[str, Any]) -> EngineResult:
-    from edgekv.core.llamalog import KVCacheLine
-
     raw = dict(r["log"])
     caches = [KVCacheLine(**x) for x in raw.pop("caches")]
     log = LlamaMemoryLog(**raw)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from dataclasses import replace as _replace
 from typing import Any
 
 from edgekv.core.arch import shape_from_metadata
@@ -11,7 +12,7 @@ from edgekv.core.predict import predict as _predict
 from edgekv.core.shape import ModelShape
 from edgekv.edges.gguf_header import GGUFHeader, merge_split_headers, read_header_file, split_count
 from edgekv.edges.home import ModelRef
-from edgekv.edges.sources import local_split_paths, resolve_model
+from edgekv.edges.sources import DEFAULT_MODEL, local_split_paths, registry_or_none, resolve_model
 
 
 @dataclass
@@ -68,8 +69,6 @@ def _size(n: int) -> str:
 
 def _checked_shape(shape: ModelShape, header) -> ModelShape:
     """The shape with ``invalid_reason`` set when llama.cpp would refuse the file (edgekv.core.shapecheck)."""
-    from dataclasses import replace as _replace
-
     from edgekv.core.shapecheck import validate_shape
 
     why = validate_shape(shape, {t.name: t.shape for t in header.tensors} if header is not None else None)
@@ -114,8 +113,6 @@ def predict(model: str | LoadedModel | ModelShape | None = None, n_ctx: int = 40
 
 def registry_sweep_defaults(spec: str | None):
     """The models.toml sweep defaults for a registry name (the default model included), else None."""
-    from edgekv.edges.sources import DEFAULT_MODEL, registry_or_none
-
     reg = registry_or_none()
     entry = reg.get(spec or DEFAULT_MODEL) if reg is not None else None
     return entry.sweep if entry is not None else None

@@ -13,7 +13,7 @@ from typing import Any
 
 from edgekv.core.predict import STATUS_OK, STATUS_UNSUPPORTED, KVPrediction, llama_mib
 from edgekv.core.units import MIB
-from edgekv.edges.engine import EngineResult
+from edgekv.edges.engine import EngineResult, loadable_path
 
 
 def _mib_double(n_bytes: int) -> str:
@@ -146,7 +146,6 @@ def extra_buffer_check(m, cpu_features: list[str], use_extra_bufts: bool = True,
     import psutil
 
     from edgekv.core.memmodel import extra_buffer_bytes
-    from edgekv.edges.engine import loadable_path
     from edgekv.edges.process import run_child, worker_argv
 
     formula = {k: round(b / MIB, 2) for k, (b, _n) in

@@ -20,9 +20,9 @@ from msgspec import UNSET
 
 from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, predict
 from edgekv.orchestration.api import LoadedModel, llama_python_defaults_cost
-from edgekv.orchestration.crosscheck import engine_block
+from edgekv.orchestration.crosscheck import engine_block, extra_buffer_check, extra_buffer_line
 from edgekv.records.results import KEY_SETTINGS
-from edgekv.records.schema import Record, encode, predict_record
+from edgekv.records.schema import Record, SpeedPrediction, encode, predict_record
 
 
 def _dry_runs(m: LoadedModel, configs: list[ContextParams], preds: list[KVPrediction], n_gpu_layers: int):
@@ -249,7 +249,6 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest,
         swa_cells_of,
         with_graph,
     )
-    from edgekv.records.schema import SpeedPrediction
 
     def none(why: str) -> None:
         for r in out.records:
@@ -398,7 +397,6 @@ def run_predict(m: LoadedModel, req: PredictRequest, repack: bool | None = True)
         _speeds(out, m, req, seen.get("graphs"))
     if req.engine and m.header.tensors:
         from edgekv.orchestration.calibrate import runtime_baseline
-        from edgekv.orchestration.crosscheck import extra_buffer_check, extra_buffer_line
 
         out.extra_buffers = extra_buffer_check(m, runtime_baseline().cpu_features, req.process.use_extra_bufts)
         out.process_notes.append(extra_buffer_line(out.extra_buffers))

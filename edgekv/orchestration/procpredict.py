@@ -16,15 +16,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from edgekv.core.memmodel import (
+    GLIBC_MMAP_THRESHOLD_MAX,
     WORKLOAD_BENCH,
     MappedFile,
     ProcessInputs,
     ProcessPrediction,
+    kq_work_bytes,
     predict_process,
     tensor_on_gpu,
     workload_outputs,
 )
-from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, predict
+from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, pad, predict
 from edgekv.core.units import MIB
 
 
@@ -57,8 +59,6 @@ def state_read_buffer_bytes(pred: KVPrediction, n_tokens: int) -> int:
     """The largest single read of llama_state_seq_load_file: one layer's K (or V) rows for the saved cells
     (recurrent: one layer's R or S state).  glibc keeps it after the restore when it is at most its largest
     mmap threshold; larger blocks are unmapped on free."""
-    from edgekv.core.memmodel import GLIBC_MMAP_THRESHOLD_MAX
-
     if pred.status != STATUS_OK or n_tokens <= 0:
         return 0
     best = 0
@@ -119,7 +119,6 @@ def kq_work(shape, pred: KVPrediction, settings: ProcessSettings, n_layer: int, 
     """The CPU work buffer's scores converted for V without flash attention (edgekv.core.memmodel.kq_work_bytes), over
     the layers whose attention runs on the CPU."""
     from edgekv.core.cachetypes import cache_type
-    from edgekv.core.memmodel import kq_work_bytes
 
     if pred.status != STATUS_OK or not pred.v_trans:
         return 0
@@ -140,7 +139,6 @@ def workload_graphs(params: ContextParams, settings: ProcessSettings, pred: KVPr
     of the prompt's cells and the prompt is shorter, so no graph of the run has a full ubatch over every cell the
     run reaches; every (tokens, cells) pair that no other pair covers is a candidate."""
     from edgekv.core.memscratch import KQ_PAD
-    from edgekv.core.predict import pad
 
     if settings.n_prompt is None or settings.n_depth is None:
         return [params]

@@ -46,11 +46,12 @@ import msgspec
 
 from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES, cache_type
 from edgekv.core.klstats import PassSizes, plan
-from edgekv.core.predict import STATUS_INVALID, ContextParams
+from edgekv.core.predict import STATUS_INVALID, ContextParams, predict
 from edgekv.core.qualitywire import QualityCase, QualityOptions, QualityReply, QualityRequest, QualityRow, reply_from, to_wire
 from edgekv.edges.corpus import Corpus, resolve_corpus
-from edgekv.edges.environment import default_threads
+from edgekv.edges.environment import collect, default_threads
 from edgekv.errors import CorpusError, EngineError, RunFailed, UsageError
+from edgekv.records import results as R
 from edgekv.records import schema as S
 
 BASE_TYPE = "f16"
@@ -100,8 +101,6 @@ def _as_config(c: QualityConfig | tuple[str, str] | str | dict[str, Any], flash_
 
 def _invalid_reason(shape, c: QualityConfig, n_ctx: int, p: PassSizes, n_ubatch: int) -> str | None:
     """What llama.cpp would say (refusal or abort) for this context, from the predictor."""
-    from edgekv.core.predict import predict
-
     pred = predict(shape, ContextParams(n_ctx=p.n_ctx_total, type_k=c.type_k, type_v=c.type_v, flash_attn=c.flash_attn,
                                         swa_full=False, n_seq_max=p.n_seq, kv_unified=False, n_batch=p.n_batch,
                                         n_ubatch=min(n_ubatch, p.n_batch)))
@@ -309,10 +308,8 @@ def quality_records(rows: list[S.Quality], model: str | os.PathLike | None, *, c
     :func:`edgekv.results_frame` load it like bench records.  ``schema.encode(rec)`` is the JSON printed."""
     import time
 
-    from edgekv.edges.environment import collect
     from edgekv.edges.sources import verified_sha256
     from edgekv.orchestration.api import load_model
-    from edgekv.records import results as R
     from edgekv.version import __version__
 
     m = load_model(None if model is None else str(model))

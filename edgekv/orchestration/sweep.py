@@ -28,7 +28,7 @@ from msgspec import UNSET
 
 from edgekv.core.predict import STATUS_OK, predict
 from edgekv.edges.engine import EngineResult
-from edgekv.edges.environment import default_threads
+from edgekv.edges.environment import collect, default_threads, nvml_process_probe
 from edgekv.edges.home import edgekv_home, verified_sha256
 from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.listener import CaseDone, SweepListener, SweepPlan, listener_of
@@ -51,6 +51,7 @@ from edgekv.records.schema import (
     Record,
     Settings,
     SpeedPrediction,
+    encode,
     encode_block,
     environment,
 )
@@ -135,8 +136,6 @@ class SweepResult:
     @property
     def lines(self) -> list[dict[str, Any]]:
         """The records as the results file holds them: one plain JSON object each (:func:`~edgekv.records.schema.encode`)."""
-        from edgekv.records.schema import encode
-
         return [encode(r) for r in self.records]
 
 
@@ -198,8 +197,6 @@ def _sweep_environment(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsW
                        say: SweepListener) -> Environment:
     """The environment phase: the writer's notes said, the environment collected (with the extra-buffer
     preflight's block) and the records already in the file checked as resumable against it."""
-    from edgekv.edges.environment import collect
-
     for note in writer.notes:
         say.on_note(note)
     env = env if isinstance(env, Environment) else environment(env or collect())
@@ -252,8 +249,6 @@ def _run_locked(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsWriter, 
                 t0: float) -> SweepResult:
     """The sweep under the results lock: environment, plan, then each case still to do, its record appended as
     soon as it is known (a KeyboardInterrupt stops the loop; the records written so far stay)."""
-    from edgekv.edges.environment import nvml_process_probe
-
     output = writer.path
     env = _sweep_environment(spec, choice, writer, env, sha, force, say)
     note = choice.measure_note()

@@ -10,7 +10,7 @@ from typing import Any
 
 from edgekv.core.predict import STATUS_OK, ContextParams
 from edgekv.core.shape import MEMORY_KV
-from edgekv.edges.engine import EngineResult
+from edgekv.edges.engine import EngineResult, EngineSession
 from edgekv.orchestration.listener import SweepListener
 from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_SERVER, Case, SweepSpec
 from edgekv.records.frame import unset_none
@@ -38,7 +38,6 @@ def fit_check(spec: SweepSpec, case: Case, proc: Any) -> str | None:
 
 def dry_runs(spec: SweepSpec, todo: list[Case]) -> dict[str, EngineResult]:
     """llama.cpp's own prediction for every configuration, from one dry-run session."""
-    from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
 
     run = [c for c in todo if not c.prediction.aborts]
@@ -58,7 +57,6 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
     The runtime baseline is this environment's calibration (the llama-bench binary alone with
     ``--llama-bench``); llama.cpp's dry run supplies the workload's compute buffers."""
     from edgekv.core.memmodel import WORKLOAD_BENCH
-    from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
     from edgekv.orchestration.calibrate import runtime_baseline
     from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
@@ -103,7 +101,6 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
     sequence) and keeps the depth state in memory: the prediction is the larger of the two processes, over
     the binary's own baseline."""
     from edgekv.core.memmodel import WORKLOAD_BENCH
-    from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
     from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
 
@@ -221,7 +218,6 @@ def _graph_runs(spec: SweepSpec, cases: list[Case]) -> dict[str, EngineResult]:
     """llama.cpp's dry run of the configurations that have none (a --llama-bench sweep), for their graph sizes and
     the devices of their buffers: one per distinct setting but the context size (a quantized cache adds nodes:
     SmolLM2 936 with f16, 1296 with q4_0), in one session; the cases it could not run are left out."""
-    from edgekv.edges.engine import EngineSession
     from edgekv.errors import EngineError
 
     setting = {c.key: replace(c.params, n_ctx=0) for c in cases}
