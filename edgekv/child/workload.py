@@ -10,8 +10,15 @@ import os
 import sys
 from typing import Any
 
+import psutil
+
 from edgekv.core.benchwire import Checkpoint
+from edgekv.core.llamalog import parse_memory_log
+from edgekv.core.predict import ContextParams
 from edgekv.edges.childside import EventWriter
+from edgekv.edges.engine import LogCapture, context_params, model_params
+from edgekv.edges.environment import nvml_process_probe
+from edgekv.edges.sampler import macos_footprint
 
 SEED = 1234     # the random tokens' seed: every measured run and probe feeds the same tokens
 
@@ -19,8 +26,6 @@ SEED = 1234     # the random tokens' seed: every measured run and probe feeds th
 def process_memory() -> Checkpoint:
     """This process's resident and anonymous memory now (psutil, /proc/self/smaps_rollup); the accelerators' memory
     is the caller's to read (edgekv.child.benchrun)."""
-    import psutil
-
     rss = psutil.Process().memory_info().rss
     anon = None
     if sys.platform.startswith("linux"):
@@ -44,13 +49,9 @@ def self_memory() -> dict[str, int | None]:
         except (OSError, IndexError, ValueError):
             rss = None
     if rss is None:
-        import psutil
-
         rss = psutil.Process().memory_info().rss
     footprint = None
     if sys.platform == "darwin":
-        from edgekv.edges.sampler import macos_footprint
-
         footprint = macos_footprint(os.getpid())
     return {"rss": rss, "footprint": footprint}
 
@@ -151,8 +152,6 @@ def baseline(_payload: dict, ev: EventWriter) -> None:
     """The runtime baseline: exactly what a bench child does before it loads the model, then its RSS."""
     import llama_cpp as L
 
-    from edgekv.edges.engine import LogCapture
-
     cap = LogCapture()
     cap.install()
     L.llama_backend_init()
@@ -167,9 +166,6 @@ def preflight(payload: dict, ev: EventWriter) -> None:
     (``phase`` events), so a parent that sees this process die knows which step killed it."""
     import llama_cpp as L
 
-    from edgekv.core.llamalog import parse_memory_log
-    from edgekv.edges.engine import LogCapture, context_params, model_params
-
     cap = LogCapture()
     cap.install()
     L.llama_backend_init()
@@ -182,7 +178,6 @@ def preflight(payload: dict, ev: EventWriter) -> None:
         ev.result({"ok": False, "step": "load", "reason": "llama.cpp could not load the probe model",
                    "buffers": buffers, "system_info": system_info})
         return
-    from edgekv.core.predict import ContextParams
 
     ev.emit("phase", phase="context")
     ctx = L.llama_init_from_model(model, context_params(ContextParams(n_ctx=64, n_batch=32, n_ubatch=32),
@@ -209,8 +204,6 @@ def preflight(payload: dict, ev: EventWriter) -> None:
 
 def _nvml_self() -> int | None:
     """GPU memory this process holds (NVML, every GPU), or None without NVML."""
-    from edgekv.edges.environment import nvml_process_probe
-
     probe = nvml_process_probe()
     return probe(os.getpid()) if probe else None
 
@@ -222,10 +215,6 @@ def device_runtime(payload: dict, ev: EventWriter) -> None:
     after the first single-token decode and after ``n_decode`` of them; with llama.cpp's buffer lines, so that the
     runtime's share is the reading less the buffers."""
     import llama_cpp as L
-
-    from edgekv.core.llamalog import parse_memory_log
-    from edgekv.core.predict import ContextParams
-    from edgekv.edges.engine import LogCapture, context_params, model_params
 
     cap = LogCapture()
     cap.install()
@@ -277,9 +266,6 @@ def extra_buffers(payload: dict, ev: EventWriter) -> None:
     dry run allocates no weights, so its model buffer lines say 0.00), its ``load_tensors: ... model buffer size``
     lines, and nothing else (no context)."""
     import llama_cpp as L
-
-    from edgekv.core.llamalog import parse_memory_log
-    from edgekv.edges.engine import LogCapture, model_params
 
     cap = LogCapture()
     cap.install()

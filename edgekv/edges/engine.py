@@ -22,11 +22,14 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import psutil
+
 from edgekv.core.cachetypes import cache_type
 from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, parse_memory_log
 from edgekv.core.predict import ContextParams
 from edgekv.core.units import mib_to_bytes
 from edgekv.edges.gguf_header import GGUFHeader, read_header_file
+from edgekv.edges.process import ChildDied, ChildSession, worker_argv
 from edgekv.errors import EngineError
 
 FLASH_ATTN_C = {"auto": -1, "off": 0, "on": 1}   # enum llama_flash_attn_type
@@ -119,8 +122,6 @@ def _rss_now() -> int | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, IndexError, ValueError, AttributeError):
         try:
-            import psutil
-
             return int(psutil.Process().memory_info().rss)
         except Exception:  # noqa: BLE001 - no reading is a None, never a zero
             return None
@@ -316,8 +317,6 @@ class EngineSession:
         self._child = None
 
     def __enter__(self) -> EngineSession:
-        from edgekv.edges.process import ChildDied, ChildSession, worker_argv
-
         try:
             path, self.sparse = self._stack.enter_context(loadable_path(self.model_path, self.header))
             self._child = self._stack.enter_context(ChildSession(worker_argv("engine")))
@@ -352,8 +351,6 @@ class EngineSession:
     def run(self, configs: list[ContextParams], keep_log: bool = False, n_outputs_max: int = 0) -> list[EngineResult]:
         """llama.cpp's figures per configuration; ``n_outputs_max`` > 0 reserves the graph for that many
         outputs per ubatch (a workload's graph) instead of llama.cpp's default n_batch."""
-        from edgekv.edges.process import ChildDied
-
         assert self._child is not None, "use EngineSession as a context manager"
         try:
             data = self._child.request({"op": "contexts", "configs": [asdict(c) for c in configs],

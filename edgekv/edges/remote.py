@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -84,8 +85,6 @@ class Deadline:
 
     def run(self, display: str, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` in a helper thread, waited on until the deadline."""
-        import threading
-
         self.check(display)
         box: dict[str, Any] = {}
 

@@ -25,6 +25,7 @@ import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 from edgekv.errors import EdgekvError
 
@@ -122,8 +123,6 @@ def safe_segment(name: str, fallback: str) -> str:
 
 def ref_name(revision: str) -> str:
     """The file name a revision's ref is stored under: its quoted form, or a hash when that is too long."""
-    from urllib.parse import quote
-
     q = quote(revision, safe="")
     if q in (".", "..") or len(q) > 200:
         return "sha256-" + hashlib.sha256(revision.encode("utf-8", "surrogatepass")).hexdigest()

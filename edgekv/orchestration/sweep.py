@@ -34,6 +34,7 @@ from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.listener import CaseDone, SweepListener, SweepPlan, listener_of
 from edgekv.orchestration.plan import SweepTracker
 from edgekv.orchestration.preflight import RepackChoice, repack_choice
+from edgekv.orchestration.quality import SWEEP_CHUNKS, for_sweep
 from edgekv.orchestration.runners import CaseContext, CaseRunner, runner_for
 from edgekv.orchestration.speedadapt import SpeedAdapter
 from edgekv.orchestration.sweepplan import dry_runs, fit_check, process_predictions, speed_predictions
@@ -108,7 +109,6 @@ def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
 def _quality_key(q: QualityAsk | None) -> QualitySettings | None:
     if q is None:
         return None
-    from edgekv.orchestration.quality import SWEEP_CHUNKS
 
     return QualitySettings(corpus=q.corpus or "pydoc", chunks=q.chunks or SWEEP_CHUNKS)
 
@@ -265,8 +265,6 @@ def _run_locked(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsWriter, 
     interrupted = False
     quality = None
     if spec.quality is not None:
-        from edgekv.orchestration.quality import for_sweep
-
         quality = for_sweep(spec, todo)
 
     adapt = SpeedAdapter(speeds)        # a far miss on a quiet machine rescales the rest of the plan (issue 68)
