@@ -2,7 +2,8 @@
 
 Layers, lowest first; a module may import its own layer and the layers its rule names, nothing above:
 
-    errors, version      the exceptions and the version string: import nothing from edgekv
+    errors, version,     the exceptions, the version string and the heavy third-party modules' accessors:
+    heavy                import nothing from edgekv
     core                 pure: stdlib, gguf constants, numpy; no I/O modules, no llama_cpp, no processes, no CLI
     edges                core, edges: each module owns one outside thing (file, network, llama.cpp, processes)
     child                core, edges, child: code run inside a measured child; never orchestration
@@ -29,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "edgekv"
 
-BASE = {"edgekv.errors", "edgekv.version"}
+BASE = {"edgekv.errors", "edgekv.version", "edgekv.heavy"}
 LAYERS = {
     "core": {"core"},
     "edges": {"core", "edges"},
@@ -356,11 +357,13 @@ def test_script_check_finds_each_kind_of_problem():
 #
 # A module's top says what it depends on: edgekv's own modules and the standard library are imported there.  A
 # function-level import is allowed only for
-# - a heavy third-party module (what every command would otherwise pay at start-up: tests/test_startup.py checks
-#   by name that `import edgekv.cli.main` loads none of them),
+# - a heavy third-party module, in its one accessor in edgekv/heavy.py (what every command would otherwise pay at
+#   start-up: tests/test_startup.py checks by name that `import edgekv.cli.main` loads none of them; numpy is not
+#   one: gguf, which reads every header, loads it anyway),
 # - a module only some platforms have,
 # - and the few imports LAZY_ALLOWED names, each with its reason (at most MAX_LAZY_ALLOWED of them).
-LAZY_HEAVY = {"llama_cpp", "numpy", "pandas", "scipy", "matplotlib", "huggingface_hub", "httpx2"}
+LAZY_HEAVY = {"llama_cpp", "pandas", "scipy", "matplotlib", "huggingface_hub", "httpx2"}
+HEAVY_ACCESSORS = "edgekv/heavy.py"
 LAZY_PLATFORM = {"fcntl", "msvcrt", "resource", "termios", "pynvml"}
 # (file, imported module) -> why it waits for its function
 LAZY_ALLOWED: dict[tuple[str, str], str] = {
@@ -381,7 +384,7 @@ LAZY_PENDING: dict[str, int] = {
     'edgekv/orchestration/speedcal/orchestrate.py': 5,
     'edgekv/orchestration/speedcal/plans.py': 7,
     'edgekv/orchestration/speedcal/run.py': 3,
-    'edgekv/orchestration/speedcal/solve.py': 11,
+    'edgekv/orchestration/speedcal/solve.py': 12,
     'edgekv/orchestration/speedcal/store.py': 2,
     'edgekv/orchestration/speedpredict.py': 7,
 }
@@ -400,7 +403,9 @@ def _lazy_imports(source: str, where: str, allowed: dict[tuple[str, str], str] =
                 names = ([a.name for a in ch.names] if isinstance(ch, ast.Import)
                          else [_base(ch, pkg) if ch.level else ch.module or ""])
                 for name in names:
-                    if name.split(".")[0] not in LAZY_HEAVY | LAZY_PLATFORM and (where, name) not in allowed:
+                    top = name.split(".")[0]
+                    heavy = top in LAZY_HEAVY and where == HEAVY_ACCESSORS
+                    if not heavy and top not in LAZY_PLATFORM and (where, name) not in allowed:
                         out.append((ch.lineno, name))
             walk(ch, in_function or isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
@@ -442,14 +447,30 @@ def test_every_allowed_lazy_import_is_there_and_says_why():
 
 
 def test_the_lazy_import_check_allows_only_the_named_kinds():
-    """The check can fail: an edgekv module, a sibling and a standard-library module imported in a function are
-    each found; a heavy module, a platform's module and an allowed import are not."""
-    src = ("import os\n\ndef f():\n    import json\n    import numpy as np\n    from edgekv.core import units\n"
+    """The check can fail: an edgekv module, a sibling, a standard-library module and a heavy module outside its
+    accessor, imported in a function, are each found; a platform's module and an allowed import are not."""
+    src = ("import os\n\ndef f():\n    import json\n    import pandas as pd\n    from edgekv.core import units\n"
            "    from . import sibling\n    import fcntl\n    from edgekv.orchestration.api import load_model\n"
            "    from pydoc_data.topics import topics\n")
-    assert _lazy_imports(src, "edgekv/output/x.py") == [(4, "json"), (6, "edgekv.core"), (7, "edgekv.output"),
-                                                        (9, "edgekv.orchestration.api"), (10, "pydoc_data.topics")]
+    assert _lazy_imports(src, "edgekv/output/x.py") == [(4, "json"), (5, "pandas"), (6, "edgekv.core"),
+                                                        (7, "edgekv.output"), (9, "edgekv.orchestration.api"),
+                                                        (10, "pydoc_data.topics")]
     # the reason is the file's own: the same import elsewhere is found
     assert (10, "pydoc_data.topics") not in _lazy_imports(src, "edgekv/edges/corpus.py")
-    # a CLI adapter is held to the same rule
-    assert _lazy_imports(src, "edgekv/cli/main.py")[:3] == [(4, "json"), (6, "edgekv.core"), (7, "edgekv.cli")]
+    # a heavy module waits in its accessor only; a CLI adapter is held to the same rule as any module
+    assert (5, "pandas") not in _lazy_imports(src, HEAVY_ACCESSORS)
+    assert _lazy_imports(src, "edgekv/cli/main.py")[:3] == [(4, "json"), (5, "pandas"), (6, "edgekv.core")]
+
+
+def test_each_heavy_module_has_one_accessor():
+    """edgekv/heavy.py: one function per heavy module, which imports it (and its submodules) and nothing else."""
+    tree = ast.parse((ROOT / HEAVY_ACCESSORS).read_text(encoding="utf-8"))
+    where: dict[str, set[str]] = {}
+    for fn in tree.body:
+        if isinstance(fn, ast.FunctionDef):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                    for m in mods:
+                        where.setdefault(m.split(".")[0], set()).add(fn.name)
+    assert {m: len(f) for m, f in where.items()} == dict.fromkeys(LAZY_HEAVY, 1), where

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgekv import heavy
 from edgekv.child.tokens import SeqBatch, TokenRunner
 from edgekv.child.workload import SEED, DeviceMemory, process_memory, self_memory
 from edgekv.core.benchwire import (
@@ -381,7 +382,7 @@ def bench(payload: Any, ev: EventWriter) -> None:
     t_begin = time.perf_counter()
     req: BenchRequest = request_from(payload)
     ev.emit("phase", phase="import")
-    import llama_cpp as L
+    L = heavy.llama_cpp()
 
     cap = LogCapture(tee=lambda line: ev.emit("log", line=line))     # survives a crash: the parent keeps the tail
     cap.install()

@@ -8,6 +8,7 @@ import os
 import random
 import time
 
+from edgekv import heavy
 from edgekv.child.tokens import TokenRunner, decode_timed, seq_tokens
 from edgekv.child.workload import SEED
 from edgekv.core.llamalog import parse_graph_line
@@ -42,7 +43,7 @@ def speed_probe(payload: dict, ev: EventWriter) -> None:
     deeper step adds only the cells between the two depths (half the prompt work of refilling from zero).
     Reports every timed run in nanoseconds and llama.cpp's own graph sizes (``graph: nodes = ...``) for each
     context."""
-    import llama_cpp as L
+    L = heavy.llama_cpp()
 
     request = request_from(payload)     # a payload that is not a plan: the worker reports the error
     cap = LogCapture()

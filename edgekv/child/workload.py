@@ -12,6 +12,7 @@ from typing import Any
 
 import psutil
 
+from edgekv import heavy
 from edgekv.core.benchwire import Checkpoint
 from edgekv.core.llamalog import parse_memory_log
 from edgekv.core.predict import ContextParams
@@ -66,7 +67,7 @@ class DeviceMemory:
     def __init__(self) -> None:
         self.lib, self.devs = None, []
         try:
-            import llama_cpp
+            llama_cpp = heavy.llama_cpp()
 
             libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
             cands = [p for pat in ("libggml.so", "libggml.dylib", "ggml.dll") for p in glob.glob(os.path.join(libdir, pat))]
@@ -101,7 +102,7 @@ class DeviceMemory:
 # -- ggml device registry (not bound by llama-cpp-python; a few functions through ctypes) ------------
 
 def ggml_devices() -> dict[str, Any]:
-    import llama_cpp
+    llama_cpp = heavy.llama_cpp()
 
     libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
     cands = [p for pat in ("libggml.so", "libggml.dylib", "ggml.dll") for p in glob.glob(os.path.join(libdir, pat))]
@@ -139,7 +140,7 @@ def ggml_devices() -> dict[str, Any]:
 
 
 def env_info(_payload: dict, ev: EventWriter) -> None:
-    import llama_cpp
+    llama_cpp = heavy.llama_cpp()
 
     llama_cpp.llama_backend_init()
     info = ggml_devices()
@@ -150,7 +151,7 @@ def env_info(_payload: dict, ev: EventWriter) -> None:
 
 def baseline(_payload: dict, ev: EventWriter) -> None:
     """The runtime baseline: exactly what a bench child does before it loads the model, then its RSS."""
-    import llama_cpp as L
+    L = heavy.llama_cpp()
 
     cap = LogCapture()
     cap.install()
@@ -164,7 +165,7 @@ def preflight(payload: dict, ev: EventWriter) -> None:
     """The extra-buffer preflight (edgekv.orchestration.preflight): load the probe model with the CPU backend's
     extra buffer types on, then decode a batch of 2 and a batch of 32 tokens.  Each step is announced first
     (``phase`` events), so a parent that sees this process die knows which step killed it."""
-    import llama_cpp as L
+    L = heavy.llama_cpp()
 
     cap = LogCapture()
     cap.install()
@@ -214,7 +215,7 @@ def device_runtime(payload: dict, ev: EventWriter) -> None:
     the model is loaded with every layer offloaded, after the context, after a prompt batch of ``n_ubatch`` tokens,
     after the first single-token decode and after ``n_decode`` of them; with llama.cpp's buffer lines, so that the
     runtime's share is the reading less the buffers."""
-    import llama_cpp as L
+    L = heavy.llama_cpp()
 
     cap = LogCapture()
     cap.install()
@@ -265,7 +266,7 @@ def extra_buffers(payload: dict, ev: EventWriter) -> None:
     """llama.cpp's own sizes of the CPU backend's extra buffers (AMX, CPU_REPACK) for a model: a real load (the
     dry run allocates no weights, so its model buffer lines say 0.00), its ``load_tensors: ... model buffer size``
     lines, and nothing else (no context)."""
-    import llama_cpp as L
+    L = heavy.llama_cpp()
 
     cap = LogCapture()
     cap.install()

@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from edgekv import heavy
 from edgekv.core.cachetypes import cache_type
 from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, parse_memory_log
 from edgekv.core.predict import ContextParams
@@ -55,7 +56,7 @@ class LogCapture:
         self._tee = tee
 
     def install(self) -> None:
-        import llama_cpp
+        llama_cpp = heavy.llama_cpp()
 
         def on_log(level: int, text: bytes, _ud: Any) -> None:
             s = text.decode("utf-8", "replace") if text else ""
@@ -80,7 +81,7 @@ class LogCapture:
 
 
 def model_params(n_gpu_layers: int, dry: bool, use_extra_bufts: bool = True):
-    import llama_cpp
+    llama_cpp = heavy.llama_cpp()
 
     mp = llama_cpp.llama_model_default_params()
     mp.n_gpu_layers = n_gpu_layers
@@ -93,7 +94,7 @@ def model_params(n_gpu_layers: int, dry: bool, use_extra_bufts: bool = True):
 
 
 def context_params(p: ContextParams, n_threads: int | None = None, n_outputs_max: int = 0):
-    import llama_cpp
+    llama_cpp = heavy.llama_cpp()
 
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx = p.n_ctx
@@ -135,7 +136,7 @@ class DryRunner:
     """Child side: one model loaded with no_alloc, contexts created on request."""
 
     def __init__(self) -> None:
-        import llama_cpp
+        llama_cpp = heavy.llama_cpp()
 
         self.llama_cpp = llama_cpp
         self.cap = LogCapture()

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
+from edgekv import heavy
 from edgekv.errors import EdgekvError
 
 MAX_SEGMENT_BYTES = 255       # NAME_MAX on Linux, macOS and Windows file systems
@@ -64,7 +65,7 @@ def check_commit(commit: object, what: str) -> str:
 
 def check_repo_id(repo: str, what: str) -> str:
     """owner/name, by huggingface-hub's own validator (no '..', '--', slashes beyond one, length)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    hf_utils = heavy.huggingface_hub().utils
 
     bad = _bad_char(repo)
     if bad:
@@ -72,8 +73,8 @@ def check_repo_id(repo: str, what: str) -> str:
     if repo.count("/") != 1:
         raise UnsafePath(f"{what}: repository id {_show(repo)} must be OWNER/NAME")
     try:
-        validate_repo_id(repo)
-    except HFValidationError as e:
+        hf_utils.validate_repo_id(repo)
+    except hf_utils.HFValidationError as e:
         reason = str(e).splitlines()[0].rstrip(".")
         raise UnsafePath(f"{what}: repository id {_show(repo)} is not valid ({reason})") from None
     return repo

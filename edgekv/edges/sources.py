@@ -27,7 +27,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgekv.edges.gguf_header import (
     parse_split_name,
@@ -48,13 +48,10 @@ from edgekv.edges.hub import (
 )
 from edgekv.edges.packaged import PACKAGED, pypi_available, pypi_installed, pypi_model_path
 from edgekv.edges.pypiwheel import cached_wheel_model
-from edgekv.edges.registry import load_registry
+from edgekv.edges.registry import ModelEntry, load_registry
 from edgekv.edges.remote import resolve_url
 from edgekv.edges.safepath import COMMIT_RE
 from edgekv.errors import ModelNotFound, RegistryError, SourceError, UsageError
-
-if TYPE_CHECKING:
-    from edgekv.edges.registry import ModelEntry
 
 DEFAULT_MODEL = "smollm2-135m"
 

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize
@@ -177,8 +178,6 @@ def _scale_fields(type_name: str, block_bytes: int) -> tuple[tuple[int, ...], fl
 def _pool(qt: Any, name: str, rng: Any, rms: float = WEIGHT_RMS_512) -> bytes:
     """A run of blocks of type ``qt`` whose values look like a trained model's (the module comment above): a norm's
     gains, or weights centred and of RMS ``rms``."""
-    import numpy as np
-
     Q = GGMLQuantizationType
     blck, size = GGML_QUANT_SIZES[qt]
     n = _POOL_BLOCKS
@@ -214,16 +213,12 @@ def _pool(qt: Any, name: str, rng: Any, rms: float = WEIGHT_RMS_512) -> bytes:
 
 
 def _set_fields(raw: Any, fields: tuple[int, ...], values: list[Any]) -> None:
-    import numpy as np
-
     for off, v in zip(fields, values):
         raw[:, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(-1, 2)
 
 
 def _rms_of(raw: Any, qt: Any) -> float | None:
     """The RMS of some blocks' weights (None where gguf-py cannot dequantize the type)."""
-    import numpy as np
-
     if qt.name == "Q1_0":                   # each weight is +-d (its fp16 scale first): not in gguf-py yet
         d = raw[:, :2].copy().view(np.float16).astype(np.float64)
         return float(np.sqrt(np.mean(d ** 2)))
@@ -239,8 +234,6 @@ def _rms_of(raw: Any, qt: Any) -> float | None:
 def _run_of(qt: Any, norm: bool, rms: float = WEIGHT_RMS_512, chunk: int = 16 << 20) -> memoryview:
     """About ``chunk`` bytes of ``_pool`` repeated, made once per type, norm or not and RMS per process: a model's
     hundreds of tensors of one type share it."""
-    import numpy as np
-
     rng = np.random.default_rng(zlib.crc32(f"{qt.name}/{norm}".encode()))
     pool = _pool(qt, "norm" if norm else "", rng, rms)
     return memoryview(pool * max(1, chunk // len(pool)))
