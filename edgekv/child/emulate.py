@@ -37,4 +37,4 @@ def install() -> None:
         return decode(ctx, batch)
 
     for mod in (C, llama_cpp):
-        mod.llama_model_load_from_file, mod.llama_decode = load_model, decode_batch
+        vars(mod).update(llama_model_load_from_file=load_model, llama_decode=decode_batch)

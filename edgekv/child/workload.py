@@ -69,7 +69,7 @@ class DeviceMemory:
         try:
             llama_cpp = heavy.llama_cpp()
 
-            libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+            libdir = os.path.join(os.path.dirname(llama_cpp.__file__ or ""), "lib")
             cands = [p for pat in ("libggml.so", "libggml.dylib", "ggml.dll") for p in glob.glob(os.path.join(libdir, pat))]
             if not cands:
                 return
@@ -104,7 +104,7 @@ class DeviceMemory:
 def ggml_devices() -> dict[str, Any]:
     llama_cpp = heavy.llama_cpp()
 
-    libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    libdir = os.path.join(os.path.dirname(llama_cpp.__file__ or ""), "lib")
     cands = [p for pat in ("libggml.so", "libggml.dylib", "ggml.dll") for p in glob.glob(os.path.join(libdir, pat))]
     if not cands:
         return {"backends": None, "devices": None}
