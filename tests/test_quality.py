@@ -229,14 +229,13 @@ def _pass_with(monkeypatch, rows: list[dict]):
     """measure's run and shape phases on a child that answers ``rows``: the typed rows."""
     from types import SimpleNamespace
 
-    import edgekv.edges.process as P
     from edgekv.edges.corpus import Corpus
     from edgekv.orchestration import quality as Q
 
     res = SimpleNamespace(events=[], ok=True, peak_rss_bytes=2**20, kernel_maxrss_bytes=None,
                           result={"rows": rows, "n_tokens": 5000, "add_bos": False, "n_vocab": 49152,
                                   "llama_cpp_python": "0.3.16", "system_info": "CPU : AVX2 = 1", "pid": 42})
-    monkeypatch.setattr(P, "run_child", lambda *a, **k: res)
+    monkeypatch.setattr(Q, "run_child", lambda *a, **k: res)
     m = SimpleNamespace(ref=SimpleNamespace(path="/m/model.gguf", name="model"), shape=SimpleNamespace(name="SmolLM2"))
     corp = Corpus("pydoc-3.12", "/c/pydoc.txt", 5000, "ab" * 32, "builtin", "CPython's docs")
     cfgs = [Q.QualityConfig("q8_0", "q8_0"), Q.QualityConfig("q4_0", "q4_0"), Q.QualityConfig("q5_0", "q5_0")]

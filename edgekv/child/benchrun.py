@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgekv import heavy
 from edgekv.child.tokens import SeqBatch, TokenRunner
 from edgekv.child.workload import SEED, DeviceMemory, process_memory, self_memory
 from edgekv.core.benchwire import (
@@ -42,8 +43,9 @@ from edgekv.core.benchwire import (
     request_from,
     to_wire,
 )
-from edgekv.core.llamalog import LlamaMemoryLog
+from edgekv.core.llamalog import LlamaMemoryLog, parse_memory_log
 from edgekv.edges.childside import EventWriter
+from edgekv.edges.engine import LogCapture, context_params, model_params
 
 
 def finish_ok(run: _BenchRun, ctx, model, samples: BenchSamples, restore: str, snapshot_bytes: int | None,
@@ -197,9 +199,6 @@ def _batched_finish(run: _BenchRun, ctx, model, runner: TokenRunner, ns_pp: list
 def _bench_load(run: _BenchRun, model_path: str) -> tuple[Any, list[tuple[int, str]]] | None:
     """The load phase: the model loaded as the settings say (timed), llama.cpp's log of the load parsed, the memory
     checkpoint after it.  The model and the log lines; None after a failed result."""
-    from edgekv.core.llamalog import parse_memory_log
-    from edgekv.edges.engine import model_params
-
     L, w, ev, cap = run.L, run.w, run.ev, run.cap
     ev.emit("phase", phase="load")
     t = time.perf_counter()
@@ -226,9 +225,6 @@ def _bench_context(run: _BenchRun, model, load_lines: list[tuple[int, str]], par
     """The context phase: the context created with the request's sizes and cache types (timed), the context's log
     parsed, the model's size and the device notes, the memory checkpoint and ``run.effective`` (the sizes llama.cpp
     chose).  The context; None after a failed result, the model freed."""
-    from edgekv.core.llamalog import parse_memory_log
-    from edgekv.edges.engine import context_params
-
     L, ev, cap = run.L, run.ev, run.cap
     ev.emit("phase", phase="context")
     t = time.perf_counter()
@@ -386,11 +382,7 @@ def bench(payload: Any, ev: EventWriter) -> None:
     t_begin = time.perf_counter()
     req: BenchRequest = request_from(payload)
     ev.emit("phase", phase="import")
-    import llama_cpp as L
-
-    # edgekv.edges.engine brings llama.cpp's log parser and ContextParams (edgekv.core) in with it: the load and
-    # context phases find them imported
-    from edgekv.edges.engine import LogCapture
+    L = heavy.llama_cpp()
 
     cap = LogCapture(tee=lambda line: ev.emit("log", line=line))     # survives a crash: the parent keeps the tail
     cap.install()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 
+from edgekv import heavy
 from edgekv.edges.childside import EMULATE_CRASH_ENV
 
 
@@ -20,8 +21,8 @@ def install() -> None:
     """Wrap llama.cpp's model load and decode in this process when the variable asks for it."""
     if os.environ.get(EMULATE_CRASH_ENV) != "1":
         return
-    import llama_cpp
-    from llama_cpp import llama_cpp as C
+    llama_cpp = heavy.llama_cpp()
+    C = llama_cpp.llama_cpp
 
     extra = [False]
     load, decode = C.llama_model_load_from_file, C.llama_decode
@@ -36,4 +37,4 @@ def install() -> None:
         return decode(ctx, batch)
 
     for mod in (C, llama_cpp):
-        mod.llama_model_load_from_file, mod.llama_decode = load_model, decode_batch
+        vars(mod).update(llama_model_load_from_file=load_model, llama_decode=decode_batch)

@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from edgekv import heavy
 from edgekv.core.klstats import Accumulator, plan
 from edgekv.core.predict import ContextParams
 from edgekv.core.qualitywire import (
@@ -346,7 +347,7 @@ def evaluate(lc, model, vocab, cap: LogCapture, tokens: np.ndarray, n_ctx: int, 
 def run(payload: Any, ev: EventWriter) -> None:
     """The quality pass of a :class:`~edgekv.core.qualitywire.QualityRequest` (msgspec.ValidationError when the
     payload is not one); its :class:`~edgekv.core.qualitywire.QualityReply`, or an ``error`` event with a kind."""
-    import llama_cpp as lc
+    lc = heavy.llama_cpp()
 
     req: QualityRequest = request_from(payload)
     cap = LogCapture(tee=lambda line: ev.emit("log", line=line))     # survives a crash: the parent keeps the tail

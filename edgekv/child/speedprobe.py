@@ -8,10 +8,15 @@ import os
 import random
 import time
 
+from edgekv import heavy
 from edgekv.child.tokens import TokenRunner, decode_timed, seq_tokens
 from edgekv.child.workload import SEED
+from edgekv.core.llamalog import parse_graph_line
+from edgekv.core.predict import ContextParams
 from edgekv.core.probe import ProbeModel, ProbeReply, ProbeResult, ProbeStep, request_from, to_wire
 from edgekv.edges.childside import EventWriter
+from edgekv.edges.engine import LogCapture, context_params, model_params
+from edgekv.edges.tinymodel import plan_model_file
 
 
 def _listed_graph(L, cap, model, params) -> dict[str, int] | None:
@@ -19,8 +24,6 @@ def _listed_graph(L, cap, model, params) -> dict[str, int] | None:
     created and freed at once with the scheduler's listing on (GGML_SCHED_DEBUG=2, read when the context creates its
     scheduler, ggml-backend.cpp:1878).  The timed context is another one, created without it: a scheduler that lists
     prints every graph it computes."""
-    from edgekv.core.llamalog import parse_graph_line
-
     cap.take()
     os.environ["GGML_SCHED_DEBUG"] = "2"
     try:
@@ -40,10 +43,7 @@ def speed_probe(payload: dict, ev: EventWriter) -> None:
     deeper step adds only the cells between the two depths (half the prompt work of refilling from zero).
     Reports every timed run in nanoseconds and llama.cpp's own graph sizes (``graph: nodes = ...``) for each
     context."""
-    import llama_cpp as L
-
-    from edgekv.edges.engine import LogCapture
-    from edgekv.edges.tinymodel import plan_model_file
+    L = heavy.llama_cpp()
 
     request = request_from(payload)     # a payload that is not a plan: the worker reports the error
     cap = LogCapture()
@@ -67,9 +67,6 @@ def _probe_model(L, cap, m: ProbeModel, path: str, rng: random.Random, out: list
                  ev: EventWriter) -> str:
     """Time every context and step of the plan entry ``m`` (its model at ``path``) into ``out``; why llama.cpp
     refused it, or ""."""
-    from edgekv.core.predict import ContextParams
-    from edgekv.edges.engine import context_params, model_params
-
     # a GPU calibration offloads every layer (n_gpu_layers -1), as the configurations it predicts do
     model = L.llama_model_load_from_file(path.encode(), model_params(m.n_gpu_layers, dry=False,
                                                                      use_extra_bufts=m.repack))

@@ -8,15 +8,20 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Callable
 
+from edgekv.child import quality_child
+from edgekv.child.benchrun import bench
+from edgekv.child.emulate import install
+from edgekv.child.speedprobe import speed_probe
+from edgekv.child.workload import baseline, device_runtime, env_info, extra_buffers, preflight
+from edgekv.core.predict import ContextParams
 from edgekv.edges.childside import EventWriter
+from edgekv.edges.engine import DryRunner
 
 
 def _engine(_payload: dict, ev: EventWriter) -> None:
     """A dry-run session: requests arrive one JSON object per line on stdin."""
-    from edgekv.core.predict import ContextParams
-    from edgekv.edges.engine import DryRunner
-
     runner = DryRunner()
     try:
         for raw in sys.stdin.buffer:
@@ -38,57 +43,9 @@ def _engine(_payload: dict, ev: EventWriter) -> None:
         runner.close()
 
 
-def _bench(payload: dict, ev: EventWriter) -> None:
-    from edgekv.child.benchrun import bench
-
-    bench(payload, ev)
-
-
-def _env(payload: dict, ev: EventWriter) -> None:
-    from edgekv.child.workload import env_info
-
-    env_info(payload, ev)
-
-
-def _baseline(payload: dict, ev: EventWriter) -> None:
-    from edgekv.child.workload import baseline
-
-    baseline(payload, ev)
-
-
-def _preflight(payload: dict, ev: EventWriter) -> None:
-    from edgekv.child.workload import preflight
-
-    preflight(payload, ev)
-
-
-def _extra_buffers(payload: dict, ev: EventWriter) -> None:
-    from edgekv.child.workload import extra_buffers
-
-    extra_buffers(payload, ev)
-
-
-def _speed_probe(payload: dict, ev: EventWriter) -> None:
-    from edgekv.child.speedprobe import speed_probe
-
-    speed_probe(payload, ev)
-
-
-def _device_runtime(payload: dict, ev: EventWriter) -> None:
-    from edgekv.child.workload import device_runtime
-
-    device_runtime(payload, ev)
-
-
-def _quality(payload: dict, ev: EventWriter) -> None:
-    from edgekv.child.quality_child import run
-
-    run(payload, ev)
-
-
-SUBCOMMANDS = {"engine": _engine, "bench": _bench, "env": _env, "quality": _quality, "baseline": _baseline,
-               "preflight": _preflight, "extra_buffers": _extra_buffers, "speed_probe": _speed_probe,
-               "device_runtime": _device_runtime}
+SUBCOMMANDS: dict[str, Callable[[dict, EventWriter], None]] = {
+    "engine": _engine, "bench": bench, "env": env_info, "quality": quality_child.run, "baseline": baseline,
+    "preflight": preflight, "extra_buffers": extra_buffers, "speed_probe": speed_probe, "device_runtime": device_runtime}
 STREAMING = {"engine"}   # these read requests from stdin themselves
 
 
@@ -97,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in SUBCOMMANDS:
         print(f"usage: python -m edgekv.child.worker {{{','.join(SUBCOMMANDS)}}}", file=sys.stderr)
         return 2
-    from edgekv.child.emulate import install
 
     install()       # a testing aid, off unless EDGEKV_EMULATE_EXTRA_BUFT_CRASH=1 (edgekv.child.emulate)
     ev = EventWriter()

@@ -10,8 +10,16 @@ import os
 import sys
 from typing import Any
 
+import psutil
+
+from edgekv import heavy
 from edgekv.core.benchwire import Checkpoint
+from edgekv.core.llamalog import parse_memory_log
+from edgekv.core.predict import ContextParams
 from edgekv.edges.childside import EventWriter
+from edgekv.edges.engine import LogCapture, context_params, model_params
+from edgekv.edges.environment import nvml_process_probe
+from edgekv.edges.sampler import macos_footprint
 
 SEED = 1234     # the random tokens' seed: every measured run and probe feeds the same tokens
 
@@ -19,8 +27,6 @@ SEED = 1234     # the random tokens' seed: every measured run and probe feeds th
 def process_memory() -> Checkpoint:
     """This process's resident and anonymous memory now (psutil, /proc/self/smaps_rollup); the accelerators' memory
     is the caller's to read (edgekv.child.benchrun)."""
-    import psutil
-
     rss = psutil.Process().memory_info().rss
     anon = None
     if sys.platform.startswith("linux"):
@@ -44,13 +50,9 @@ def self_memory() -> dict[str, int | None]:
         except (OSError, IndexError, ValueError):
             rss = None
     if rss is None:
-        import psutil
-
         rss = psutil.Process().memory_info().rss
     footprint = None
     if sys.platform == "darwin":
-        from edgekv.edges.sampler import macos_footprint
-
         footprint = macos_footprint(os.getpid())
     return {"rss": rss, "footprint": footprint}
 
@@ -65,9 +67,9 @@ class DeviceMemory:
     def __init__(self) -> None:
         self.lib, self.devs = None, []
         try:
-            import llama_cpp
+            llama_cpp = heavy.llama_cpp()
 
-            libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+            libdir = os.path.join(os.path.dirname(llama_cpp.__file__ or ""), "lib")
             cands = [p for pat in ("libggml.so", "libggml.dylib", "ggml.dll") for p in glob.glob(os.path.join(libdir, pat))]
             if not cands:
                 return
@@ -100,9 +102,9 @@ class DeviceMemory:
 # -- ggml device registry (not bound by llama-cpp-python; a few functions through ctypes) ------------
 
 def ggml_devices() -> dict[str, Any]:
-    import llama_cpp
+    llama_cpp = heavy.llama_cpp()
 
-    libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    libdir = os.path.join(os.path.dirname(llama_cpp.__file__ or ""), "lib")
     cands = [p for pat in ("libggml.so", "libggml.dylib", "ggml.dll") for p in glob.glob(os.path.join(libdir, pat))]
     if not cands:
         return {"backends": None, "devices": None}
@@ -138,7 +140,7 @@ def ggml_devices() -> dict[str, Any]:
 
 
 def env_info(_payload: dict, ev: EventWriter) -> None:
-    import llama_cpp
+    llama_cpp = heavy.llama_cpp()
 
     llama_cpp.llama_backend_init()
     info = ggml_devices()
@@ -149,9 +151,7 @@ def env_info(_payload: dict, ev: EventWriter) -> None:
 
 def baseline(_payload: dict, ev: EventWriter) -> None:
     """The runtime baseline: exactly what a bench child does before it loads the model, then its RSS."""
-    import llama_cpp as L
-
-    from edgekv.edges.engine import LogCapture
+    L = heavy.llama_cpp()
 
     cap = LogCapture()
     cap.install()
@@ -165,10 +165,7 @@ def preflight(payload: dict, ev: EventWriter) -> None:
     """The extra-buffer preflight (edgekv.orchestration.preflight): load the probe model with the CPU backend's
     extra buffer types on, then decode a batch of 2 and a batch of 32 tokens.  Each step is announced first
     (``phase`` events), so a parent that sees this process die knows which step killed it."""
-    import llama_cpp as L
-
-    from edgekv.core.llamalog import parse_memory_log
-    from edgekv.edges.engine import LogCapture, context_params, model_params
+    L = heavy.llama_cpp()
 
     cap = LogCapture()
     cap.install()
@@ -182,7 +179,6 @@ def preflight(payload: dict, ev: EventWriter) -> None:
         ev.result({"ok": False, "step": "load", "reason": "llama.cpp could not load the probe model",
                    "buffers": buffers, "system_info": system_info})
         return
-    from edgekv.core.predict import ContextParams
 
     ev.emit("phase", phase="context")
     ctx = L.llama_init_from_model(model, context_params(ContextParams(n_ctx=64, n_batch=32, n_ubatch=32),
@@ -209,8 +205,6 @@ def preflight(payload: dict, ev: EventWriter) -> None:
 
 def _nvml_self() -> int | None:
     """GPU memory this process holds (NVML, every GPU), or None without NVML."""
-    from edgekv.edges.environment import nvml_process_probe
-
     probe = nvml_process_probe()
     return probe(os.getpid()) if probe else None
 
@@ -221,11 +215,7 @@ def device_runtime(payload: dict, ev: EventWriter) -> None:
     the model is loaded with every layer offloaded, after the context, after a prompt batch of ``n_ubatch`` tokens,
     after the first single-token decode and after ``n_decode`` of them; with llama.cpp's buffer lines, so that the
     runtime's share is the reading less the buffers."""
-    import llama_cpp as L
-
-    from edgekv.core.llamalog import parse_memory_log
-    from edgekv.core.predict import ContextParams
-    from edgekv.edges.engine import LogCapture, context_params, model_params
+    L = heavy.llama_cpp()
 
     cap = LogCapture()
     cap.install()
@@ -276,10 +266,7 @@ def extra_buffers(payload: dict, ev: EventWriter) -> None:
     """llama.cpp's own sizes of the CPU backend's extra buffers (AMX, CPU_REPACK) for a model: a real load (the
     dry run allocates no weights, so its model buffer lines say 0.00), its ``load_tensors: ... model buffer size``
     lines, and nothing else (no context)."""
-    import llama_cpp as L
-
-    from edgekv.core.llamalog import parse_memory_log
-    from edgekv.edges.engine import LogCapture, model_params
+    L = heavy.llama_cpp()
 
     cap = LogCapture()
     cap.install()

@@ -7,6 +7,7 @@ The flags are llama-cli's and llama-server's (common/arg.cpp): ``-m``, ``-c``, `
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 
@@ -36,6 +37,4 @@ def llama_cpp_args(settings: dict[str, Any], model_path: str | None) -> list[str
 
 def shell_line(binary: str, args: list[str]) -> str:
     """One copyable line (arguments with spaces quoted)."""
-    import shlex
-
     return " ".join([binary, *(shlex.quote(a) for a in args)])

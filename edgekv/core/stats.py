@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from statistics import NormalDist
 from typing import Any
 
+from edgekv import heavy
+
 UNSTABLE_CV = 0.10   # pyperf warns when the standard deviation is at least 10 % of the mean
 
 
@@ -15,7 +17,7 @@ def summarize(samples: Sequence[float]) -> dict[str, Any]:
     """mean, sample standard deviation, 95 % confidence interval (Student t; for positive samples on their
     logarithm, so a rate's interval never goes below zero), and a stability flag.  Every sample is kept by the
     caller; this only summarises."""
-    from scipy import stats as st
+    st = heavy.scipy_stats()
 
     xs = [float(x) for x in samples]
     n = len(xs)
@@ -49,7 +51,7 @@ def summarize(samples: Sequence[float]) -> dict[str, Any]:
 def welch(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     """Welch's t-test of mean(b) vs mean(a) (scipy's ``ttest_ind(equal_var=False)``): relative change, its 95 %
     interval, and the p-value."""
-    from scipy import stats as st
+    st = heavy.scipy_stats()
 
     a = [float(x) for x in a]
     b = [float(x) for x in b]

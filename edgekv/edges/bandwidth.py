@@ -8,16 +8,14 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
+
 SIZE_BYTES = 256 * 1024 * 1024
 PASSES = 4
 
 
 def read_bandwidth(n_threads: int, size_bytes: int = SIZE_BYTES, passes: int = PASSES) -> float | None:
     """Bytes per second read by ``n_threads`` threads; None when it cannot be measured."""
-    try:
-        import numpy as np
-    except ImportError:
-        return None
     n = max(1, int(n_threads))
     a = np.ones(size_bytes // 8, dtype=np.int64)      # written once: every page is resident before timing
     parts = np.array_split(a, n)

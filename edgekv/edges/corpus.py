@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekv.edges.home import edgekv_home, sha256_bytes
+from edgekv.edges.hub import hub_file
 from edgekv.edges.safepath import atomic_write
 from edgekv.errors import CorpusError, SourceError
 
@@ -101,8 +102,6 @@ def _pydoc() -> Corpus:
 
 
 def _wikitext2() -> Corpus:
-    from edgekv.edges.hub import hub_file
-
     try:
         hf = hub_file(WIKITEXT2_REPO, WIKITEXT2_ARCHIVE, repo_type="dataset")
     except SourceError as e:

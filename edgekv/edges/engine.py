@@ -22,11 +22,15 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import psutil
+
+from edgekv import heavy
 from edgekv.core.cachetypes import cache_type
-from edgekv.core.llamalog import LlamaMemoryLog, parse_memory_log
+from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, parse_memory_log
 from edgekv.core.predict import ContextParams
 from edgekv.core.units import mib_to_bytes
 from edgekv.edges.gguf_header import GGUFHeader, read_header_file
+from edgekv.edges.process import ChildDied, ChildSession, worker_argv
 from edgekv.errors import EngineError
 
 FLASH_ATTN_C = {"auto": -1, "off": 0, "on": 1}   # enum llama_flash_attn_type
@@ -52,7 +56,7 @@ class LogCapture:
         self._tee = tee
 
     def install(self) -> None:
-        import llama_cpp
+        llama_cpp = heavy.llama_cpp()
 
         def on_log(level: int, text: bytes, _ud: Any) -> None:
             s = text.decode("utf-8", "replace") if text else ""
@@ -77,7 +81,7 @@ class LogCapture:
 
 
 def model_params(n_gpu_layers: int, dry: bool, use_extra_bufts: bool = True):
-    import llama_cpp
+    llama_cpp = heavy.llama_cpp()
 
     mp = llama_cpp.llama_model_default_params()
     mp.n_gpu_layers = n_gpu_layers
@@ -90,7 +94,7 @@ def model_params(n_gpu_layers: int, dry: bool, use_extra_bufts: bool = True):
 
 
 def context_params(p: ContextParams, n_threads: int | None = None, n_outputs_max: int = 0):
-    import llama_cpp
+    llama_cpp = heavy.llama_cpp()
 
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx = p.n_ctx
@@ -119,8 +123,6 @@ def _rss_now() -> int | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, IndexError, ValueError, AttributeError):
         try:
-            import psutil
-
             return int(psutil.Process().memory_info().rss)
         except Exception:  # noqa: BLE001 - no reading is a None, never a zero
             return None
@@ -134,7 +136,7 @@ class DryRunner:
     """Child side: one model loaded with no_alloc, contexts created on request."""
 
     def __init__(self) -> None:
-        import llama_cpp
+        llama_cpp = heavy.llama_cpp()
 
         self.llama_cpp = llama_cpp
         self.cap = LogCapture()
@@ -278,8 +280,6 @@ def loadable_path(path: str, header: GGUFHeader | None = None) -> Iterator[tuple
 
 
 def _engine_result(c: ContextParams, r: dict[str, Any]) -> EngineResult:
-    from edgekv.core.llamalog import KVCacheLine
-
     raw = dict(r["log"])
     caches = [KVCacheLine(**x) for x in raw.pop("caches")]
     log = LlamaMemoryLog(**raw)
@@ -318,8 +318,6 @@ class EngineSession:
         self._child = None
 
     def __enter__(self) -> EngineSession:
-        from edgekv.edges.process import ChildDied, ChildSession, worker_argv
-
         try:
             path, self.sparse = self._stack.enter_context(loadable_path(self.model_path, self.header))
             self._child = self._stack.enter_context(ChildSession(worker_argv("engine")))
@@ -354,8 +352,6 @@ class EngineSession:
     def run(self, configs: list[ContextParams], keep_log: bool = False, n_outputs_max: int = 0) -> list[EngineResult]:
         """llama.cpp's figures per configuration; ``n_outputs_max`` > 0 reserves the graph for that many
         outputs per ubatch (a workload's graph) instead of llama.cpp's default n_batch."""
-        from edgekv.edges.process import ChildDied
-
         assert self._child is not None, "use EngineSession as a context manager"
         try:
             data = self._child.request({"op": "contexts", "configs": [asdict(c) for c in configs],

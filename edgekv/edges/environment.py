@@ -19,7 +19,9 @@ from typing import Any
 
 import psutil
 
+from edgekv.edges import machine_memory  # read as machine_memory.available_memory: a test can stand in for it
 from edgekv.edges.codeid import code_identity
+from edgekv.edges.process import run_child, worker_argv
 from edgekv.version import __version__
 
 # The llama.cpp commit vendored in each llama-cpp-python release edgekv was tested with (from the
@@ -147,8 +149,6 @@ def host_side(argv: list[str] | None = None) -> dict[str, Any]:
 
 def llama_side(timeout: float = 120.0) -> dict[str, Any]:
     """Backends, devices and system info of the llama.cpp build in use (in a child process)."""
-    from edgekv.edges.process import run_child, worker_argv
-
     res = run_child(worker_argv("env"), {}, timeout=timeout)
     if not res.ok:
         return {"backends": None, "devices": None, "error": res.failure_reason()}
@@ -167,9 +167,8 @@ def collect(argv: list[str] | None = None, with_llama: bool = True) -> dict[str,
         if ls.get("error"):
             env["llama_error"] = ls["error"]
     env["nvidia"] = nvidia_info()
-    from edgekv.edges.machine_memory import available_memory
 
-    avail = available_memory()           # at the start of the run; bench reads it again before each configuration
+    avail = machine_memory.available_memory()           # at the start of the run; bench reads it again before each configuration
     env["memory_available_bytes"] = avail.bytes if avail else None
     env["memory_available_source"] = avail.source if avail else None
     return env

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 
 from gguf import GGUFValueType
 
-from edgekv.core.cachetypes import UnknownTensorType, ggml_type_info
+from edgekv.core.cachetypes import UnknownTensorType, ggml_type_info, ggml_type_name
 from edgekv.core.metadata import ArraySummary
 from edgekv.errors import GGUFFormatError, GGUFTruncatedError, ModelNotFound
 
@@ -69,8 +69,6 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        from edgekv.core.cachetypes import ggml_type_name
-
         return ggml_type_name(self.ggml_type)
 
     @property

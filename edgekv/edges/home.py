@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekv import heavy
 from edgekv.edges.safepath import (
     atomic_write,
 )
@@ -48,7 +49,7 @@ def offline() -> bool:
     if v is not None:
         return _truthy(v)
     try:
-        from huggingface_hub import constants
+        constants = heavy.huggingface_hub().constants
     except ImportError:  # pragma: no cover
         return False
     return bool(constants.HF_HUB_OFFLINE)
@@ -58,7 +59,7 @@ def hf_endpoint() -> str:
     env = os.environ.get("HF_ENDPOINT")
     if env:
         return env.rstrip("/")
-    from huggingface_hub import constants
+    constants = heavy.huggingface_hub().constants
 
     return constants.ENDPOINT.rstrip("/")
 
@@ -71,7 +72,7 @@ def hf_cache_dir() -> str:
     home = os.environ.get("HF_HOME")
     if home:
         return os.path.join(os.path.expanduser(home), "hub")
-    from huggingface_hub import constants
+    constants = heavy.huggingface_hub().constants
 
     return constants.HF_HUB_CACHE
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from edgekv import heavy
 from edgekv.edges.gguf_header import (
     GGUFHeader,
     parse_split_name,
@@ -90,10 +91,10 @@ def hf_file_from_url(url: str) -> HfFile | None:
 
 def hf_cached_file(f: HfFile, revision: str | None = None) -> str | None:
     """The complete file in the Hugging Face cache (no network), or None."""
-    from huggingface_hub import try_to_load_from_cache
+    hf = heavy.huggingface_hub()
 
     try:
-        p = try_to_load_from_cache(f.repo, f.filename, cache_dir=hf_cache_dir(), revision=revision or f.revision)
+        p = hf.try_to_load_from_cache(f.repo, f.filename, cache_dir=hf_cache_dir(), revision=revision or f.revision)
     except Exception:  # a malformed cache must not break resolution
         return None
     return p if isinstance(p, str) and os.path.isfile(p) else None
@@ -107,22 +108,17 @@ def _status(e: Exception) -> int:
 def _hub_error(e: Exception, f: HfFile, display: str) -> SourceError:
     """One error line for huggingface-hub's HTTP errors (gated, missing repository / revision / file, any other
     status), the same for the HEAD that checks a file and for the download."""
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        RemoteEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    hf = heavy.huggingface_hub()
 
-    if isinstance(e, GatedRepoError):
+    if isinstance(e, hf.errors.GatedRepoError):
         return SourceError(f"{display}: {f.repo} is gated; accept its terms on the website, then 'hf auth login' "
                            "or set HF_TOKEN")
-    if isinstance(e, RepositoryNotFoundError):
+    if isinstance(e, hf.errors.RepositoryNotFoundError):
         return SourceError(f"{display}: repository {f.repo} not found on {hf_endpoint()} (or it is private: log in "
                            "with 'hf auth login')")
-    if isinstance(e, RevisionNotFoundError):
+    if isinstance(e, hf.errors.RevisionNotFoundError):
         return SourceError(f"{display}: revision '{f.revision}' not found in {f.repo}")
-    if isinstance(e, RemoteEntryNotFoundError):
+    if isinstance(e, hf.errors.RemoteEntryNotFoundError):
         return SourceError(f"{display}: {f.filename} not found in {f.repo} at revision {f.revision}")
     return http_error(_status(e), "", display)
 
@@ -134,15 +130,13 @@ def _hf_head(f: HfFile, display: str, deadline: Deadline | None = None):
 
 def _hf_head_now(f: HfFile, display: str, dl: Deadline):
     """The hub's HEAD for a file: (commit, etag, size, location, headers for the range GETs)."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.errors import HfHubHTTPError
-    from huggingface_hub.utils import build_hf_headers
+    hf = heavy.huggingface_hub()
 
     ep = hf_endpoint()
-    url = hf_hub_url(f.repo, f.filename, revision=f.revision, endpoint=ep)
+    url = hf.hf_hub_url(f.repo, f.filename, revision=f.revision, endpoint=ep)
     try:
-        meta = get_hf_file_metadata(url, timeout=min(HTTP_TIMEOUT_S, max(dl.left(), 0.05)), endpoint=ep)
-    except HfHubHTTPError as e:
+        meta = hf.get_hf_file_metadata(url, timeout=min(HTTP_TIMEOUT_S, max(dl.left(), 0.05)), endpoint=ep)
+    except hf.errors.HfHubHTTPError as e:
         status = _status(e)
         if status >= 500:
             raise ServerUnavailable(f"HTTP {status}") from None
@@ -150,7 +144,7 @@ def _hf_head_now(f: HfFile, display: str, dl: Deadline):
     if not meta.commit_hash:
         raise SourceError(f"{display}: {ep} did not send X-Repo-Commit; is HF_ENDPOINT a Hugging Face hub?")
     check_commit(meta.commit_hash, f"{display}: X-Repo-Commit from {ep}")
-    headers = build_hf_headers()
+    headers = hf.utils.build_hf_headers()
     if urlsplit(meta.location).netloc != urlsplit(ep).netloc:
         headers.pop("authorization", None)   # never send the token to a CDN
     return meta.commit_hash, meta.etag, meta.size, meta.location, headers
@@ -338,8 +332,7 @@ def split_siblings(f: HfFile) -> list[HfFile]:
 
 
 def hf_download(f: HfFile, display: str) -> str:
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+    hf = heavy.huggingface_hub()
 
     if not offline() and not (COMMIT_RE.fullmatch(f.revision) and hf_cached_file(f)):
         try:    # the hub's X-Repo-Commit names a folder of the cache: check it before huggingface-hub uses it
@@ -347,13 +340,13 @@ def hf_download(f: HfFile, display: str) -> str:
         except network_errors():
             pass    # hf_hub_download reports it (or uses the cache)
     try:
-        return hf_hub_download(f.repo, f.filename, revision=f.revision, cache_dir=hf_cache_dir(),
-                               endpoint=hf_endpoint(), local_files_only=offline())
-    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
+        return hf.hf_hub_download(f.repo, f.filename, revision=f.revision, cache_dir=hf_cache_dir(),
+                                  endpoint=hf_endpoint(), local_files_only=offline())
+    except (hf.errors.LocalEntryNotFoundError, hf.errors.OfflineModeIsEnabled):
         why = "HF_HUB_OFFLINE is set" if offline() else f"{urlsplit(hf_endpoint()).netloc} cannot be reached"
         raise SourceError(f"{display}: {why} and {f.filename} is not in the Hugging Face cache "
                           f"({hf_cache_dir()}); connect and run 'edgekv models pull' again") from None
-    except HfHubHTTPError as e:
+    except hf.errors.HfHubHTTPError as e:
         raise _hub_error(e, f, display) from None
     except network_errors() as e:
         raise SourceError(f"{display}: download failed ({type(e).__name__}: {e}); run it again to resume") from None
@@ -378,15 +371,7 @@ def hub_file(repo_id: str, filename: str, repo_type: str = "dataset", revision: 
     ``HF_ENDPOINT`` is read at call time (not at import), so a mirror or a local test server can be
     chosen per call; ``HF_HUB_OFFLINE=1`` uses the cache only.
     """
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-    )
-
-    from edgekv.errors import SourceError
+    hf = heavy.huggingface_hub()
 
     endpoint = hf_endpoint()
     where = f"{repo_id}/{filename} ({repo_type}) from {endpoint}"
@@ -394,14 +379,14 @@ def hub_file(repo_id: str, filename: str, repo_type: str = "dataset", revision: 
     check_revision(revision, where)
     check_relpath(filename, where)
     try:
-        local = hf_hub_download(repo_id, filename, repo_type=repo_type, revision=revision, endpoint=endpoint,
-                                cache_dir=hf_cache_dir(), local_files_only=offline())
-    except LocalEntryNotFoundError:
+        local = hf.hf_hub_download(repo_id, filename, repo_type=repo_type, revision=revision, endpoint=endpoint,
+                                   cache_dir=hf_cache_dir(), local_files_only=offline())
+    except hf.errors.LocalEntryNotFoundError:
         raise SourceError(f"cannot download {where} and it is not in the huggingface-hub cache "
                           "(offline, or HF_HUB_OFFLINE=1?)") from None
-    except (RepositoryNotFoundError, EntryNotFoundError):
+    except (hf.errors.RepositoryNotFoundError, hf.errors.EntryNotFoundError):
         raise SourceError(f"{where}: no such repository or file on the hub") from None
-    except HfHubHTTPError as e:
+    except hf.errors.HfHubHTTPError as e:
         raise SourceError(f"cannot download {where}: {str(e).splitlines()[0]}") from None
     except OSError as e:  # connection and file-system errors huggingface-hub lets through
         raise SourceError(f"cannot download {where}: {e}") from None

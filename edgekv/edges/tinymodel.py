@@ -14,13 +14,26 @@ its tensor table implies.  The path is always edgekv's own (:func:`probe_model_p
 
 from __future__ import annotations
 
+import errno
 import functools
+import hashlib
+import json
 import os
+import re
+import tempfile
+import time
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import psutil
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize
+
+from edgekv.edges.gguf_header import read_header_file
 from edgekv.edges.home import edgekv_home
 from edgekv.edges.safepath import atomic_path
 
@@ -52,8 +65,6 @@ def _tensors() -> list[tuple[str, tuple[int, ...], str]]:
 
 def write_probe_model(path: str | os.PathLike) -> int:
     """Write the probe GGUF at ``path`` (header, then a hole to the full size); return the file size."""
-    from gguf import GGMLQuantizationType, GGUFWriter
-
     w = GGUFWriter(path, "llama", use_temp_file=False)
     w.add_name("edgekv extra-buffer probe")
     w.add_block_count(1)
@@ -75,8 +86,6 @@ def write_sparse(w, path: str | os.PathLike, tensors: Iterable[tuple[str, Sequen
     order, ``GGMLQuantizationType``), the header written, then the file extended to the size the table implies
     (a hole: no tensor data is written; ``values``: each tensor then filled by :func:`fill_values`, weights of RMS
     ``rms``).  Returns the file size."""
-    from gguf import GGML_QUANT_SIZES, GGUFWriter
-
     tensors = list(tensors)
     spans: list[tuple[str, Any, int, int]] = []      # (name, type, offset from the data start, bytes)
     total = 0
@@ -169,9 +178,6 @@ def _scale_fields(type_name: str, block_bytes: int) -> tuple[tuple[int, ...], fl
 def _pool(qt: Any, name: str, rng: Any, rms: float = WEIGHT_RMS_512) -> bytes:
     """A run of blocks of type ``qt`` whose values look like a trained model's (the module comment above): a norm's
     gains, or weights centred and of RMS ``rms``."""
-    import numpy as np
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
     Q = GGMLQuantizationType
     blck, size = GGML_QUANT_SIZES[qt]
     n = _POOL_BLOCKS
@@ -207,17 +213,12 @@ def _pool(qt: Any, name: str, rng: Any, rms: float = WEIGHT_RMS_512) -> bytes:
 
 
 def _set_fields(raw: Any, fields: tuple[int, ...], values: list[Any]) -> None:
-    import numpy as np
-
     for off, v in zip(fields, values):
         raw[:, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(-1, 2)
 
 
 def _rms_of(raw: Any, qt: Any) -> float | None:
     """The RMS of some blocks' weights (None where gguf-py cannot dequantize the type)."""
-    import numpy as np
-    from gguf.quants import dequantize
-
     if qt.name == "Q1_0":                   # each weight is +-d (its fp16 scale first): not in gguf-py yet
         d = raw[:, :2].copy().view(np.float16).astype(np.float64)
         return float(np.sqrt(np.mean(d ** 2)))
@@ -233,10 +234,6 @@ def _rms_of(raw: Any, qt: Any) -> float | None:
 def _run_of(qt: Any, norm: bool, rms: float = WEIGHT_RMS_512, chunk: int = 16 << 20) -> memoryview:
     """About ``chunk`` bytes of ``_pool`` repeated, made once per type, norm or not and RMS per process: a model's
     hundreds of tensors of one type share it."""
-    import zlib
-
-    import numpy as np
-
     rng = np.random.default_rng(zlib.crc32(f"{qt.name}/{norm}".encode()))
     pool = _pool(qt, "norm" if norm else "", rng, rms)
     return memoryview(pool * max(1, chunk // len(pool)))
@@ -277,8 +274,6 @@ def write_llama(path: str | os.PathLike, *, n_embd: int, n_ff: int, n_layer: int
     fill_values; the speed calibration's models): ``n_layer`` blocks whose seven matrices are ``mat_type``, F32
     norms, a token embedding (``embd_type``, default F32) and a separate output matrix (``out_type``, default
     ``mat_type``).  Returns the file size."""
-    from gguf import GGMLQuantizationType, GGUFWriter
-
     Q = GGMLQuantizationType
     hd = head_dim or n_embd // n_head
     w = GGUFWriter(path, "llama", use_temp_file=False)
@@ -315,10 +310,6 @@ def speed_model_file(name: str, owner: int | None = None, **shape: Any) -> Path:
     name's hash so a changed shape is another file): under ``EDGEKV_HOME/calibration/speed/``, or (``owner``, the
     process whose plan it belongs to) under its ``scratch/`` folder, named for that process (:func:`plan_model`).
     Nothing is written."""
-    import hashlib
-    import json
-    import re
-
     if not re.fullmatch(r"[a-z0-9_]+", name):
         raise ValueError(f"bad calibration model name {name!r}")
     tag = hashlib.sha256(json.dumps([SPEED_MODELS_VERSION, shape], sort_keys=True).encode()).hexdigest()[:10]
@@ -410,8 +401,6 @@ def _plan_path(m: dict[str, Any]) -> Path:
 
 def cut_to_header(p: Path) -> None:
     """Cut the model at ``p`` to its header (the tensor table the calibration's solve reads back)."""
-    from edgekv.edges.gguf_header import read_header_file
-
     try:
         os.truncate(p, read_header_file(p).data_offset)
     except (OSError, ValueError):
@@ -420,8 +409,6 @@ def cut_to_header(p: Path) -> None:
 
 def _complete(p: Path) -> bool:
     """Whether ``p`` holds a whole model (not one cut to its header)."""
-    from edgekv.edges.gguf_header import read_header_file
-
     try:
         return p.is_file() and p.stat().st_size >= read_header_file(p).file_size
     except (OSError, ValueError):
@@ -442,11 +429,6 @@ def sweep_speed_models() -> list[Path]:
     """Delete what calibrations left behind: scratch models of processes no longer running (a calibration killed
     before it dropped its plan's), and kept models nobody wrote or read for STALE_S (the models every calibration
     before this one kept).  Returns the paths deleted."""
-    import re
-    import time
-
-    import psutil
-
     folder = speed_folder()
     now = time.time()
     gone = []
@@ -469,8 +451,6 @@ def sweep_speed_models() -> list[Path]:
 def _write_speed_model(p: Path, name: str, shape: dict[str, Any]) -> None:
     """Write the calibration model ``name`` of ``shape`` at ``p`` (atomically, inside the speed folder); a full disk
     is one clear error naming the folder and the size."""
-    import errno
-
     folder = speed_folder()
     try:
         with atomic_path(p, root=folder, what="a speed calibration model") as tmp:
@@ -486,8 +466,6 @@ def _write_speed_model(p: Path, name: str, shape: dict[str, Any]) -> None:
 
 def _model_mib(shape: dict[str, Any]) -> int:
     """The size in MiB of the calibration model of ``shape`` (its header written to a sparse file, no values)."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as d:
         try:
             return -(-write_llama(Path(d) / "m.gguf", **shape) // (1 << 20))

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
+from dataclasses import replace as _replace
 from typing import Any
 
 from edgekv.core.arch import shape_from_metadata
 from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction
 from edgekv.core.predict import predict as _predict
 from edgekv.core.shape import ModelShape
+from edgekv.core.shapecheck import validate_shape
 from edgekv.edges.gguf_header import GGUFHeader, merge_split_headers, read_header_file, split_count
 from edgekv.edges.home import ModelRef
-from edgekv.edges.sources import local_split_paths, resolve_model
+from edgekv.edges.sources import DEFAULT_MODEL, local_split_paths, registry_or_none, resolve_model
+from edgekv.errors import UsageError
 
 
 @dataclass
@@ -29,8 +33,6 @@ class LoadedModel:
         """For a local file (or split) shorter than its header's tensor table needs (an interrupted download, a file
         cut after its header): one line with the bytes present and expected; None otherwise.  A remote model's
         header cache is header-only by design (``ref.complete`` False) and says nothing."""
-        import os
-
         if not self.ref.complete or not self.header.tensors:
             return None
         n = len(self.header.shards)
@@ -50,8 +52,6 @@ class LoadedModel:
 
     def require_whole(self, what: str) -> None:
         """Refuse, in one line, to run llama.cpp on a model whose tensor data is not all here."""
-        from edgekv.errors import UsageError
-
         if self.incomplete:
             raise UsageError(f"{self.incomplete.split(': the prediction')[0].split('; the prediction')[0]}; {what} "
                              "needs the whole file: "
@@ -68,10 +68,6 @@ def _size(n: int) -> str:
 
 def _checked_shape(shape: ModelShape, header) -> ModelShape:
     """The shape with ``invalid_reason`` set when llama.cpp would refuse the file (edgekv.core.shapecheck)."""
-    from dataclasses import replace as _replace
-
-    from edgekv.core.shapecheck import validate_shape
-
     why = validate_shape(shape, {t.name: t.shape for t in header.tensors} if header is not None else None)
     return _replace(shape, invalid_reason=why) if why else shape
 
@@ -114,8 +110,6 @@ def predict(model: str | LoadedModel | ModelShape | None = None, n_ctx: int = 40
 
 def registry_sweep_defaults(spec: str | None):
     """The models.toml sweep defaults for a registry name (the default model included), else None."""
-    from edgekv.edges.sources import DEFAULT_MODEL, registry_or_none
-
     reg = registry_or_none()
     entry = reg.get(spec or DEFAULT_MODEL) if reg is not None else None
     return entry.sweep if entry is not None else None

@@ -19,8 +19,11 @@ from msgspec import UNSET, Struct, UnsetType
 from edgekv.core.memmodel import WORKLOAD_HELP
 from edgekv.core.predict import KV_PAD, STATUS_OK, ContextParams, largest_fitting, max_context_for_budget, predict
 from edgekv.core.units import MIB
+from edgekv.edges.engine import EngineSession
 from edgekv.errors import EngineError
 from edgekv.orchestration.api import LoadedModel
+from edgekv.orchestration.calibrate import runtime_baseline
+from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
 from edgekv.records.schema import Process
 
 OptInt = Union[int, None, UnsetType]
@@ -101,8 +104,6 @@ def _lower_bound_rows(m: LoadedModel, base: ContextParams, pairs: list[tuple[str
 
 def _process_lookup(m: LoadedModel, params: ContextParams, settings, baseline, session):
     """n_ctx -> the whole-process prediction of ``params`` at that context (None where there is none), memoised."""
-    from edgekv.orchestration.procpredict import predict_processes
-
     seen: dict[int, Any] = {}
 
     def proc_at(n: int):
@@ -175,10 +176,6 @@ def budget_table(m: LoadedModel, base: ContextParams, pairs: list[tuple[str, str
     ``min_tg``: (type_k, type_v, n_ctx) -> predicted decode tokens/s at that context's full depth, or None when
     it is not predicted; with it, a context counts only when its peak fits **and** it decodes at least
     ``min_tg.floor`` tokens/s (--min-tg).  Decode slows as the context grows, so the search stays a bisection."""
-    from edgekv.edges.engine import EngineSession
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.procpredict import ProcessSettings
-
     trained = m.shape.n_ctx_train or 0
     cap = cap or trained or (1 << 20)
     cap = max(KV_PAD, cap // KV_PAD * KV_PAD)

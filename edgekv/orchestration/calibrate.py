@@ -16,6 +16,7 @@ baseline is measured again and the caller is told so.  A failed measurement is r
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -24,8 +25,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekv.core.llamalog import is_host_buffer
+from edgekv.core.units import mib_to_bytes
+from edgekv.edges.environment import cpu_model, nvidia_info, package_version
 from edgekv.edges.home import edgekv_home
+from edgekv.edges.process import rss_before_model, run_child, worker_argv
 from edgekv.edges.safepath import atomic_write
+from edgekv.edges.server import LOCALHOST, free_port
+from edgekv.edges.tinymodel import probe_model_path, speed_model_path
 from edgekv.version import __version__
 
 CALIBRATION_VERSION = 2   # 2: a binary's baseline read while it waits to open its model (not ru_maxrss)
@@ -53,8 +60,6 @@ def _lib_stamp(path: str) -> list[Any]:
 
 def fingerprint(runtime: str = "python", binary: str | None = None) -> dict[str, Any]:
     """What the baseline depends on; cheap to compute (no llama.cpp import)."""
-    from edgekv.edges.environment import cpu_model, package_version
-
     fp: dict[str, Any] = {
         "calibration": CALIBRATION_VERSION, "runtime": runtime, "edgekv": __version__,
         "os": f"{platform.system()} {platform.release()}", "arch": platform.machine(), "cpu": cpu_model(),
@@ -63,8 +68,6 @@ def fingerprint(runtime: str = "python", binary: str | None = None) -> dict[str,
         fp.update({"python": sys.version, "prefix": sys.prefix, "interpreter": os.path.realpath(sys.executable),
                    "llama_cpp_python": package_version("llama-cpp-python")})
         try:
-            import importlib.util
-
             spec = importlib.util.find_spec("llama_cpp")
             libdir = Path(spec.origin).parent / "lib" if spec and spec.origin else None
             fp["libs"] = sorted(_lib_stamp(str(p)) for p in libdir.iterdir()) if libdir and libdir.is_dir() else None
@@ -105,8 +108,6 @@ def cpu_features_from_system_info(system_info: str | None) -> list[str]:
 
 
 def measure_python() -> tuple[int | None, list[str], str]:
-    from edgekv.edges.process import run_child, worker_argv
-
     res = run_child(worker_argv("baseline"), {}, timeout=120.0)
     if not res.ok or not (res.result or {}).get("rss"):
         return None, [], f"calibration failed: {res.failure_reason() or 'no reading'}"
@@ -117,11 +118,7 @@ def measure_python() -> tuple[int | None, list[str], str]:
 def measure_binary(binary: str) -> tuple[int | None, list[str], str]:
     """The binary's resident memory when it opens its model file, before reading any of it (a FIFO holds it
     there: edgekv.edges.process.rss_before_model)."""
-    from edgekv.edges.process import rss_before_model
-
     if "server" in os.path.basename(binary):      # llama-server: its HTTP listener on 127.0.0.1 is part of it
-        from edgekv.edges.server import LOCALHOST, free_port
-
         port = str(free_port())
         rss, why = rss_before_model(lambda model: [binary, "-m", model, "--host", LOCALHOST, "--port", port])
     else:
@@ -214,9 +211,6 @@ class DeviceRuntime:
 
 
 def _mib_sum(d: dict[str, float] | None, device: bool) -> int:
-    from edgekv.core.llamalog import is_host_buffer
-    from edgekv.core.units import mib_to_bytes
-
     return mib_to_bytes(sum(v for k, v in (d or {}).items() if is_host_buffer(k) != device))
 
 
@@ -260,8 +254,6 @@ def device_runtime_from_probe(res: dict[str, Any], per_node: float | None = None
 def gpu_identity() -> dict[str, Any]:
     """The GPUs a device calibration depends on: their names and the driver (NVML), so a new card or driver
     re-measures it."""
-    from edgekv.edges.environment import nvidia_info
-
     nv = nvidia_info() or {}
     return {"gpus": [d.get("name") for d in nv.get("devices") or []], "driver": nv.get("driver")}
 
@@ -285,8 +277,6 @@ def device_runtime(gpu: str, flash_attn: bool = True, type_k: str = "f16", type_
                                  cached.get("readings") or {}, cached.get("graph_host_bytes_per_node"))
     except (OSError, ValueError, AttributeError):
         pass
-    from edgekv.edges.process import run_child, worker_argv
-    from edgekv.edges.tinymodel import probe_model_path, speed_model_path
 
     def probe(model: Path) -> Any:
         return run_child(worker_argv("device_runtime"), {"model_path": str(model), "n_ubatch": 512, "n_ctx": 1024,

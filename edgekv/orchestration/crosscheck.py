@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import psutil
+
+from edgekv.core.memmodel import extra_buffer_bytes
 from edgekv.core.predict import STATUS_OK, STATUS_UNSUPPORTED, KVPrediction, llama_mib
 from edgekv.core.units import MIB
-from edgekv.edges.engine import EngineResult
+from edgekv.edges.engine import EngineResult, loadable_path
+from edgekv.edges.process import run_child, worker_argv
 
 
 def _mib_double(n_bytes: int) -> str:
@@ -143,12 +147,6 @@ def extra_buffer_check(m, cpu_features: list[str], use_extra_bufts: bool = True,
     buffers comes from a real load in a child (of the header's sparse stand-in when only the header is here: the
     holes read as zeros), skipped with the reason when the mapped file and the copies would take more than a quarter
     of the memory available now."""
-    import psutil
-
-    from edgekv.core.memmodel import extra_buffer_bytes
-    from edgekv.edges.engine import loadable_path
-    from edgekv.edges.process import run_child, worker_argv
-
     formula = {k: round(b / MIB, 2) for k, (b, _n) in
                extra_buffer_bytes(m.header.tensors, cpu_features, use_extra_bufts).items()}
     out: dict[str, Any] = {"formula": formula, "llama": None, "same": None, "note": ""}

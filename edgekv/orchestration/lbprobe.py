@@ -13,11 +13,15 @@ carries llama.cpp's graph size (``graph nodes = ...``).  The results are the pro
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 import msgspec
 
+from edgekv.core.llamalog import parse_graph_line
 from edgekv.core.probe import ProbeContext, ProbeModel, ProbeResult, ProbeStep
+from edgekv.edges.process import run_child
+from edgekv.edges.tinymodel import plan_model_file
 
 LB_TIMEOUT_S = 600.0
 
@@ -59,8 +63,6 @@ def group_argv(exe: str, model_path: str, ctx: ProbeContext, group: list[ProbeSt
 
 def parse_group(stdout: str, stderr: str, group: list[ProbeStep], where: str) -> list[ProbeResult]:
     """One group's results: a JSON line per step, in order; the graph size from the log."""
-    from edgekv.core.llamalog import parse_graph_line
-
     rows = []
     for line in stdout.splitlines():
         if line.strip().startswith("{"):
@@ -87,10 +89,7 @@ def run_probe(exe: str, models: list[ProbeModel], progress: Callable[[str], None
     """The calibration plan ``models`` (edgekv.orchestration.speedcal's) measured by llama-bench at ``exe``: each
     llama-bench process within LB_TIMEOUT_S, and all of them within ``timeout`` seconds of the call (the
     calibration's deadline)."""
-    import time
-
     end = time.monotonic() + timeout
-    from edgekv.edges.tinymodel import plan_model_file
 
     out: list[ProbeResult] = []
     for m in models:
@@ -122,10 +121,6 @@ def _probe_model(exe: str, m: ProbeModel, model_path: str, progress: Callable[[s
 
 
 def _run(argv: list[str], where: str, end: float, env: dict[str, str] | None = None):
-    import time
-
-    from edgekv.edges.process import run_child
-
     left = min(LB_TIMEOUT_S, end - time.monotonic())
     if left <= 0:
         raise ProbeError(f"llama-bench timed out on {where}: the calibration's time ran out")
@@ -142,8 +137,6 @@ def _listed_graph(exe: str, model_path: str, ctx: ProbeContext, repack: bool, n_
     """The context's graph sizes with the nodes a backend runs, from one untimed single-token run of the same
     binary with the scheduler's listing on (GGML_SCHED_DEBUG=2): the timed runs go without it, since a scheduler
     that lists prints every graph it computes."""
-    from edgekv.core.llamalog import parse_graph_line
-
     one = [ProbeStep(key="ops", test="tg", n=1, reps=1, depth=0)]
     child = _run(group_argv(exe, model_path, ctx, one, repack, n_gpu_layers), where, end,
                  env={**os.environ, "GGML_SCHED_DEBUG": "2"})

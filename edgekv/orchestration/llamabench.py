@@ -25,9 +25,12 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
+from edgekv.core.diagnose import diagnose
 from edgekv.core.llamalog import parse_memory_log
 from edgekv.core.predict import predict
 from edgekv.edges.engine import EngineResult
+from edgekv.edges.machine_memory import memory_watchdog
+from edgekv.edges.process import run_child
 from edgekv.errors import ResultsError
 from edgekv.orchestration.crosscheck import compare, engine_lines
 from edgekv.orchestration.sweeprecord import failure_block
@@ -55,8 +58,6 @@ def argv_for(path: str, model_path: str, s: S.Settings, test: str) -> list[str]:
 
 def _diagnose(child, test: str, s: S.Settings):
     """Where and why llama-bench died: its stderr carries llama.cpp's log (the AMX buffer line among it)."""
-    from edgekv.core.diagnose import diagnose
-
     lines = [x for x in (child.stderr or "").splitlines() if x.strip()]
     return diagnose(f"llama-bench {test}", child.signal_name, None if child.signal is not None else child.returncode,
                     child.timed_out, lines[-8:], s.n_prompt, child.oom_kills_rose, load_log=lines,
@@ -71,12 +72,9 @@ def split_contexts(stderr: str) -> list[str]:
 
 def _run_test(spec, s: S.Settings, test: str, gpu_probe, say):
     """One llama-bench process for ``test`` (pp or tg), memory sampled outside; the child and its wall time."""
-    from edgekv.edges.process import run_child
-
     say.on_child({"event": "phase", "phase": f"llama-bench {test}"})
     argv = argv_for(spec.llama_bench, os.path.abspath(spec.model.ref.path), s, test)
     t = time.perf_counter()
-    from edgekv.edges.machine_memory import memory_watchdog
 
     child = run_child(argv, stdin_data=b"", timeout=spec.timeout_s, sample_memory=True, gpu_probe=gpu_probe,
                       capture_output=True, watchdog=memory_watchdog)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgekv.core.memmodel import extra_buffer_types
+from edgekv.edges.environment import package_version
+from edgekv.orchestration.calibrate import runtime_baseline
+from edgekv.orchestration.preflight import preflight
+
 
 def machine_info(llama_bench: str | None = None, refresh: bool = False) -> dict[str, Any]:
     """CPU features and extra buffer types of the llama.cpp build edgekv drives, the runtime baseline, and the
     extra-buffer preflight's verdict (also for a user's llama-bench when given)."""
-    from edgekv.core.memmodel import extra_buffer_types
-    from edgekv.edges.environment import package_version
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.preflight import preflight
-
     base = runtime_baseline(remeasure=refresh)
     pf = preflight(refresh=refresh)
     out: dict[str, Any] = {

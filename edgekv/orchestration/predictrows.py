@@ -11,6 +11,7 @@ the cost of llama-cpp-python's ``Llama()`` defaults and the per-layer prediction
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,17 +19,37 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
+from edgekv.core.fit import fits, size
+from edgekv.core.llamacmd import llama_cpp_args, shell_line
 from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, predict
+from edgekv.core.speed import MissingCalibration, predict_tg
+from edgekv.edges import machine_memory  # read as machine_memory.available_memory: a test can stand in for it
+from edgekv.edges.engine import EngineSession
+from edgekv.edges.environment import default_threads
+from edgekv.errors import EngineError
 from edgekv.orchestration.api import LoadedModel, llama_python_defaults_cost
-from edgekv.orchestration.crosscheck import engine_block
+from edgekv.orchestration.budget import budget_table
+from edgekv.orchestration.calibrate import runtime_baseline
+from edgekv.orchestration.crosscheck import engine_block, extra_buffer_check, extra_buffer_line
+from edgekv.orchestration.devicefit import metal_lines, metal_rows
+from edgekv.orchestration.preflight import repack_choice
+from edgekv.orchestration.procpredict import process_blocks
+from edgekv.orchestration.speedpredict import (
+    SpeedInputs,
+    calibration_for,
+    model_speed_shape,
+    offload_device,
+    speed_block,
+    swa_cells_of,
+    with_graph,
+)
+from edgekv.orchestration.sweepplan import binary_baseline
 from edgekv.records.results import KEY_SETTINGS
-from edgekv.records.schema import Record, encode, predict_record
+from edgekv.records.schema import Record, SpeedPrediction, encode, predict_record
 
 
 def _dry_runs(m: LoadedModel, configs: list[ContextParams], preds: list[KVPrediction], n_gpu_layers: int):
     """(llama.cpp's dry-run result per configuration, None where it would abort; llama.cpp's weights bytes)."""
-    from edgekv.edges.engine import EngineSession
-
     # settings llama.cpp aborts on would take the whole dry-run process down: never send them
     runnable = [c for c, p in zip(configs, preds) if not p.aborts]
     with EngineSession(m.ref.path, n_gpu_layers=n_gpu_layers, header=m.header) as eng:
@@ -143,8 +164,6 @@ def _defaults_cost(m: LoadedModel, base: ContextParams, recs: list[Record]) -> t
 def _command_lines(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> None:
     """Each record's llama.cpp arguments (``llama_cpp_args``): the context settings and the process settings the
     whole-process prediction assumed."""
-    from edgekv.core.llamacmd import llama_cpp_args, shell_line
-
     p = req.process
     for r in out.records:
         f = r.prediction.formula
@@ -160,10 +179,7 @@ def _command_lines(out: PredictOutcome, m: LoadedModel, req: PredictRequest) -> 
 def _fit_marks(out: PredictOutcome) -> None:
     """Each predicted process checked against the memory available now (edgekv.core.fit): ``fits`` and the figure
     used in its record, and one note naming those that do not fit."""
-    from edgekv.core.fit import fits, size
-    from edgekv.edges.machine_memory import available_memory
-
-    avail = available_memory()
+    avail = machine_memory.available_memory()
     if avail is None:
         return
     out_of: list[str] = []
@@ -189,9 +205,6 @@ def _remeasure_command(llama_bench: str | None) -> str:
 def _calibrating_line(llama_bench: str | None, deadline: float | None):
     """A progress callback for predict --speed: on stderr, what the calibration measures and the time left before
     its deadline (a line when the step changes, at most every 10 s)."""
-    import sys
-    import time
-
     via, again = f" through {llama_bench}" if llama_bench else "", _remeasure_command(llama_bench)
     last = [0.0]
 
@@ -210,8 +223,6 @@ def _calibrating_line(llama_bench: str | None, deadline: float | None):
 
 
 def _waiting_line() -> None:
-    import sys
-
     sys.stderr.write("edgekv: another edgekv process is measuring this machine's speed: waiting for its result\n")
 
 
@@ -220,8 +231,6 @@ def resolve_repack(req: PredictRequest, asked: bool | None) -> list[str]:
     ``asked`` (--repack) when given, else llama.cpp's default unless this environment's extra-buffer preflight saw
     those kernels kill its probe.  The preflight is probed once per environment (a few seconds, cached) when the
     choice needs it; --kv-only probes nothing.  Returns the notes that say what was chosen and why."""
-    from edgekv.orchestration.preflight import repack_choice
-
     choice = repack_choice(None if asked is None else [asked], req.llama_bench,
                            probe=not (req.kv_only or asked is not None))
     req.process.use_extra_bufts = choice.values[0]
@@ -241,17 +250,6 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest,
     """``prediction.speed`` in every record (edgekv.core.speed): pp and tg at the row's depth with this machine's
     calibration (measured now when absent: a progress line on stderr), or the reason there is none.  ``known``: the
     graph sizes per K/V pair the whole-process prediction's dry run already gave."""
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.speedpredict import (
-        SpeedInputs,
-        model_speed_shape,
-        offload_device,
-        speed_block,
-        swa_cells_of,
-        with_graph,
-    )
-    from edgekv.records.schema import SpeedPrediction
-
     def none(why: str) -> None:
         for r in out.records:
             r.prediction.speed = SpeedPrediction(calibration_id=None, error=why)
@@ -271,7 +269,6 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest,
     if not graphs:
         return none("llama.cpp's dry run did not give its graph size for this model")
     p = req.process
-    from edgekv.edges.environment import default_threads
 
     threads = p.n_threads or default_threads()
     xs = []
@@ -293,8 +290,6 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest,
 def _calibration(out: PredictOutcome, sh: Any, xs: list[Any], feats: list[str], req: PredictRequest) -> tuple[Any, str]:
     """This machine's calibration for ``xs``: what is cached, or with --speed measured now within its deadline; the
     notes say why there is none, or what the calibration did."""
-    from edgekv.orchestration.speedpredict import calibration_for
-
     deadline = time.monotonic() + req.calibration_timeout_s if req.measure_speed else None
     cal, note = calibration_for(sh, xs, feats, progress=_calibrating_line(req.llama_bench, deadline),
                                 allow_busy=True, llama_bench=req.llama_bench, measure=req.measure_speed,
@@ -316,9 +311,6 @@ class _MinTg:
         self.floor, self.model, self.req, self.shape = floor, speed_model, req, shape
 
     def __call__(self, type_k: str, type_v: str, n_ctx: int) -> float | None:
-        from edgekv.core.speed import MissingCalibration, predict_tg
-        from edgekv.orchestration.speedpredict import swa_cells_of
-
         if self.model is None:
             return None
         shapes, cal, _threads = self.model
@@ -350,9 +342,6 @@ def _graphs(m: LoadedModel, req: PredictRequest, pairs: list[tuple[str, str]],
     """llama.cpp's graph size (nodes of the prompt and one-token graphs) for this model per K/V type pair: a
     quantized cache adds nodes of its own (SmolLM2: 936 with f16, 1296 with q8_0, q5_0 or q4_0).  The pairs ``known``
     lacks (the whole-process prediction's dry run holds every pair it ran) from one dry-run session of their own."""
-    from edgekv.edges.engine import EngineSession
-    from edgekv.errors import EngineError
-
     got = {p: g for p, g in (known or {}).items() if p in pairs}
     todo = [p for p in pairs if p not in got]
     if not todo:
@@ -376,9 +365,6 @@ def run_predict(m: LoadedModel, req: PredictRequest, repack: bool | None = True)
     repack_notes = resolve_repack(req, repack)
     seen: dict[str, Any] = {}
     if not req.kv_only:
-        from edgekv.orchestration.procpredict import process_blocks
-        from edgekv.orchestration.sweepplan import binary_baseline
-
         # --llama-bench: the process of that binary's build (its own runtime baseline), like bench --llama-bench
         processes, notes = process_blocks(m, req.configs, req.process, seen=seen,
                                           baseline=binary_baseline(req.llama_bench) if req.llama_bench else None)
@@ -398,22 +384,15 @@ def run_predict(m: LoadedModel, req: PredictRequest, repack: bool | None = True)
     if req.speed:
         _speeds(out, m, req, seen.get("graphs"))
     if req.engine and m.header.tensors:
-        from edgekv.orchestration.calibrate import runtime_baseline
-        from edgekv.orchestration.crosscheck import extra_buffer_check, extra_buffer_line
-
         out.extra_buffers = extra_buffer_check(m, runtime_baseline().cpu_features, req.process.use_extra_bufts)
         out.process_notes.append(extra_buffer_line(out.extra_buffers))
     if req.budget_bytes is not None:
-        from edgekv.orchestration.budget import budget_table
-
         p = req.process
         floor = _MinTg(req.min_tg, out.speed_model, req, m.shape) if req.min_tg is not None else None
         out.budget = budget_table(m, req.base, req.pairs, req.budget_bytes, n_gpu_layers=req.n_gpu_layers, min_tg=floor,
                                   workload=p.workload, n_threads=p.n_threads, use_mmap=p.use_mmap,
                                   use_extra_bufts=p.use_extra_bufts)
     if req.device == "metal" and req.device_memory:
-        from edgekv.orchestration.devicefit import metal_lines, metal_rows
-
         out.device_fit = metal_rows(out.records, req.device_memory)
         out.process_notes.extend(metal_lines(out.device_fit))
     out.defaults_cost = _defaults_cost(m, req.base, out.records)

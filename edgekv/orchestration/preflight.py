@@ -15,11 +15,17 @@ For a user's llama-bench the probe is that binary itself: ``-p 2,32 -n 0 -r 1`` 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from edgekv.core.llamalog import parse_memory_log
+from edgekv.edges.childside import EMULATE_CRASH_ENV
+from edgekv.edges.process import run_child, worker_argv
+from edgekv.edges.tinymodel import probe_model_path
 from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
 
 PREFLIGHT_VERSION = 2     # 2: a probe that died names the buffers it loaded (its "buffers" event)
@@ -76,27 +82,17 @@ def verdict(ok: bool, signal_no: int | None, step: str | None, buffers: dict[str
 def _key(runtime: str, binary: str | None) -> str:
     """The verdict's cache key: the environment's fingerprint (and, under the crash emulation that the suite uses,
     that too: an emulated verdict never stands for the machine's own)."""
-    import os
-
-    from edgekv.edges.childside import EMULATE_CRASH_ENV
-
     extra = {"emulated_crash": True} if runtime == "python" and os.environ.get(EMULATE_CRASH_ENV) == "1" else {}
     return fingerprint_key({**fingerprint(runtime, binary), "preflight": PREFLIGHT_VERSION, **extra})
 
 
 def _cache_path(runtime: str, binary: str | None):
-    import hashlib
-    import os
-
     digest = hashlib.sha256(os.path.abspath(binary or "").encode()).hexdigest()[:10]
     name = "python" if runtime == "python" else "binary-" + digest
     return store_path(f"{name}-preflight")
 
 
 def _probe_python() -> Preflight:
-    from edgekv.edges.process import run_child, worker_argv
-    from edgekv.edges.tinymodel import probe_model_path
-
     res = run_child(worker_argv("preflight"), {"model_path": str(probe_model_path())}, timeout=120.0)
     r = res.result or {}
     step = next((e.get("phase") for e in reversed(res.events) if e.get("event") == "phase"), None)
@@ -109,8 +105,6 @@ def _probe_python() -> Preflight:
 def _buffers(res) -> dict[str, float]:
     """The model buffers of a probe that died before its result: its ``buffers`` event, else llama.cpp's own
     ``load_tensors: ... model buffer size`` lines among those it forwarded."""
-    from edgekv.core.llamalog import parse_memory_log
-
     said = next((e.get("buffers") for e in res.events if e.get("event") == "buffers"), None)
     if isinstance(said, dict) and said:
         return {str(k): float(v) for k, v in said.items() if isinstance(v, (int, float))}
@@ -118,10 +112,6 @@ def _buffers(res) -> dict[str, float]:
 
 
 def _probe_binary(binary: str) -> Preflight:
-    from edgekv.core.llamalog import parse_memory_log
-    from edgekv.edges.process import run_child
-    from edgekv.edges.tinymodel import probe_model_path
-
     argv = [binary, "-m", str(probe_model_path()), "-p", "2,32", "-n", "0", "-r", "1", "-o", "jsonl", "-v"]
     res = run_child(argv, None, stdin_data=b"", timeout=120.0, capture_output=True)
     buffers = parse_memory_log(res.stderr or "").model_buffers

@@ -15,17 +15,26 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from edgekv.core.cachetypes import cache_type
 from edgekv.core.memmodel import (
+    GLIBC_MMAP_THRESHOLD_MAX,
     WORKLOAD_BENCH,
     MappedFile,
     ProcessInputs,
     ProcessPrediction,
+    kq_work_bytes,
     predict_process,
     tensor_on_gpu,
     workload_outputs,
 )
-from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, predict
+from edgekv.core.memscratch import KQ_PAD
+from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, pad, predict
+from edgekv.core.speed import ubatches
 from edgekv.core.units import MIB
+from edgekv.edges.engine import EngineSession
+from edgekv.edges.environment import default_threads
+from edgekv.errors import EngineError
+from edgekv.orchestration.calibrate import device_runtime, host_structures, runtime_baseline
 
 
 @dataclass
@@ -57,8 +66,6 @@ def state_read_buffer_bytes(pred: KVPrediction, n_tokens: int) -> int:
     """The largest single read of llama_state_seq_load_file: one layer's K (or V) rows for the saved cells
     (recurrent: one layer's R or S state).  glibc keeps it after the restore when it is at most its largest
     mmap threshold; larger blocks are unmapped on free."""
-    from edgekv.core.memmodel import GLIBC_MMAP_THRESHOLD_MAX
-
     if pred.status != STATUS_OK or n_tokens <= 0:
         return 0
     best = 0
@@ -96,8 +103,6 @@ def workload_spans(pred: KVPrediction, settings: ProcessSettings) -> list[tuple[
     """(first position, tokens) of the ubatches the workload computes: a run of known size fills its depth (unless
     the cache is restored from a state file), then its prompt at that depth, then one token at a time (-npl: the
     sequences' prompts in one batch, then a token of each); a long session, a full ubatch at the end of the context."""
-    from edgekv.core.speed import ubatches
-
     def pieces(start: int, n: int) -> list[tuple[int, int]]:
         out = []
         for u in ubatches(n, pred.n_batch, pred.n_ubatch):
@@ -118,9 +123,6 @@ def workload_spans(pred: KVPrediction, settings: ProcessSettings) -> list[tuple[
 def kq_work(shape, pred: KVPrediction, settings: ProcessSettings, n_layer: int, n_gpu_layers_eff: int) -> int:
     """The CPU work buffer's scores converted for V without flash attention (edgekv.core.memmodel.kq_work_bytes), over
     the layers whose attention runs on the CPU."""
-    from edgekv.core.cachetypes import cache_type
-    from edgekv.core.memmodel import kq_work_bytes
-
     if pred.status != STATUS_OK or not pred.v_trans:
         return 0
     heads = {lay.index: lay.n_head for lay in shape.layers}
@@ -139,9 +141,6 @@ def workload_graphs(params: ContextParams, settings: ProcessSettings, pred: KVPr
     A depth that is not a multiple of the ubatch ends its fill with a shorter ubatch: the full ubatches stop short
     of the prompt's cells and the prompt is shorter, so no graph of the run has a full ubatch over every cell the
     run reaches; every (tokens, cells) pair that no other pair covers is a candidate."""
-    from edgekv.core.memscratch import KQ_PAD
-    from edgekv.core.predict import pad
-
     if settings.n_prompt is None or settings.n_depth is None:
         return [params]
     p, n, d = settings.n_prompt, settings.n_gen or 0, settings.n_depth
@@ -204,8 +203,6 @@ def kv_split(pred: KVPrediction, n_layer: int, n_gpu_layers_eff: int) -> tuple[i
 def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: ProcessSettings, baseline,
                  eng_workload=None, eng_default=None, load_info: dict[str, Any] | None = None) -> ProcessInputs:
     """ProcessInputs for one configuration from what the edges produced (any of them may be missing)."""
-    from edgekv.edges.environment import default_threads
-
     shape = m.shape
     load_info = load_info or {}
     gpu_layers = load_info.get("gpu_layers")
@@ -217,7 +214,6 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
     dev = gpu_device_of(cr, cw or {})
     n_gpu_eff = int(gpu_layers[0]) if gpu_layers and dev else 0
     host_kv, dev_kv = kv_split(pred, n_layer, n_gpu_eff)
-    from edgekv.orchestration.calibrate import host_structures
 
     host_struct, struct_note = None, ""
     src = eng_workload if eng_workload is not None else eng_default
@@ -233,8 +229,6 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
                        f"{g_ctx / MIB:.1f} MiB creating a context (less its output buffer)")
     rt = None
     if dev and n_gpu_eff > 0:
-        from edgekv.orchestration.calibrate import device_runtime
-
         # flash attention as llama.cpp resolved it in the dry run (auto: enabled where the device supports it)
         fa_log = getattr(getattr(eng_default, "log", None), "fa_resolved", None)
         rt = device_runtime(dev, flash_attn=params.flash_attn == "on" or (params.flash_attn == "auto"
@@ -269,9 +263,6 @@ def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings
 
     ``session`` is an open EngineSession (one is opened when None); ``baseline`` a calibrate.Baseline
     (measured or read from the cache when None)."""
-    from edgekv.edges.engine import EngineSession
-    from edgekv.orchestration.calibrate import runtime_baseline
-
     if baseline is None:
         baseline = runtime_baseline()
     preds = [predict(m.shape, c) for c in configs]
@@ -304,10 +295,6 @@ def process_blocks(m, configs: list[ContextParams], settings: ProcessSettings,
     configuration gets None and the reason is a note (never a partial sum).  ``seen`` receives llama.cpp's graph
     size from the same dry run (``seen["graph"]``: the speed model's node count; ``seen["graphs"]``: the default graph's
     per K/V type pair)."""
-    from edgekv.edges.engine import EngineSession
-    from edgekv.errors import EngineError
-    from edgekv.orchestration.calibrate import runtime_baseline
-
     notes: list[str] = []
     baseline = baseline if baseline is not None else runtime_baseline()
     if baseline.remeasured and baseline.note:

@@ -38,6 +38,7 @@ This module does not import ``llama_cpp``.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,12 +47,18 @@ import msgspec
 
 from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES, cache_type
 from edgekv.core.klstats import PassSizes, plan
-from edgekv.core.predict import STATUS_INVALID, ContextParams
+from edgekv.core.predict import STATUS_INVALID, ContextParams, predict
 from edgekv.core.qualitywire import QualityCase, QualityOptions, QualityReply, QualityRequest, QualityRow, reply_from, to_wire
 from edgekv.edges.corpus import Corpus, resolve_corpus
-from edgekv.edges.environment import default_threads
+from edgekv.edges.environment import collect, default_threads
+from edgekv.edges.process import run_child, worker_argv
+from edgekv.edges.sources import verified_sha256
 from edgekv.errors import CorpusError, EngineError, RunFailed, UsageError
+from edgekv.orchestration.api import load_model
+from edgekv.orchestration.preflight import repack_choice
+from edgekv.records import results as R
 from edgekv.records import schema as S
+from edgekv.version import __version__
 
 BASE_TYPE = "f16"
 METHOD = "llama-perplexity"
@@ -100,8 +107,6 @@ def _as_config(c: QualityConfig | tuple[str, str] | str | dict[str, Any], flash_
 
 def _invalid_reason(shape, c: QualityConfig, n_ctx: int, p: PassSizes, n_ubatch: int) -> str | None:
     """What llama.cpp would say (refusal or abort) for this context, from the predictor."""
-    from edgekv.core.predict import predict
-
     pred = predict(shape, ContextParams(n_ctx=p.n_ctx_total, type_k=c.type_k, type_v=c.type_v, flash_attn=c.flash_attn,
                                         swa_full=False, n_seq_max=p.n_seq, kv_unified=False, n_batch=p.n_batch,
                                         n_ubatch=min(n_ubatch, p.n_batch)))
@@ -112,8 +117,6 @@ def resolve_repack(repack: bool | None) -> tuple[bool, str | None]:
     """The --repack the quality child runs with (edgekv.orchestration.preflight.repack_choice: as asked, else the
     preflight's) and the note that says it fell back (said once the run is known to have read its inputs: a refused
     corpus stays one line)."""
-    from edgekv.orchestration.preflight import repack_choice
-
     choice = repack_choice(None if repack is None else [repack], probe=repack is None)
     return choice.values[0], (choice.measure_note() if choice.fell_back else None)
 
@@ -137,8 +140,6 @@ def _checked_inputs(n_ctx: int | Sequence[int], chunks: int | None, n_batch: int
 
 def _load_inputs(model: str | os.PathLike | None, corpus: str | os.PathLike | Corpus | None) -> tuple[Any, Corpus]:
     """The whole model file (a header alone is refused) and the resolved corpus."""
-    from edgekv.orchestration.api import load_model
-
     m = load_model(None if model is None else str(model))
     if not m.ref.complete:
         raise UsageError(f"{m.ref.spec}: the quality pass needs the whole model file, not only its header")
@@ -186,8 +187,6 @@ def _run_pass(m, corp: Corpus, ctxs: list[int], cfgs: list[QualityConfig], run_c
               ) -> tuple[dict[tuple[int, int], QualityRow], QualityReply, int | None]:
     """Run phase: the configurations in ``run_cfgs`` (indexes into ``cfgs``) in one quality child, when there are
     any.  Returns the child's rows by (n_ctx, config index), its result (decoded here, once) and the peak RSS."""
-    from edgekv.edges.process import run_child, worker_argv
-
     if not run_cfgs:
         return {}, QualityReply(), None
     use_repack, fallback = resolve_repack(repack)
@@ -307,14 +306,6 @@ def quality_records(rows: list[S.Quality], model: str | os.PathLike | None, *, c
     """``edgekv quality --json``: each :func:`measure` row as a typed record of kind ``quality`` (model, settings,
     environment; the row itself is the ``quality`` block, as in a bench record), so report, compare, merge and
     :func:`edgekv.results_frame` load it like bench records.  ``schema.encode(rec)`` is the JSON printed."""
-    import time
-
-    from edgekv.edges.environment import collect
-    from edgekv.edges.sources import verified_sha256
-    from edgekv.orchestration.api import load_model
-    from edgekv.records import results as R
-    from edgekv.version import __version__
-
     m = load_model(None if model is None else str(model))
     sha = verified_sha256(m.ref.path)
     environment = S.environment(env if env is not None else collect())

@@ -21,6 +21,7 @@ import msgspec
 
 from edgekv.core.llamalog import parse_memory_log
 from edgekv.edges.engine import EngineResult
+from edgekv.edges.server import ServerProcess, drive, fetch_props, log_reason
 from edgekv.errors import EngineError, RunFailed
 from edgekv.orchestration.crosscheck import compare, engine_lines
 from edgekv.records import schema as S
@@ -37,8 +38,6 @@ def _percentile(xs: list[float], q: float) -> float | None:
 
 
 def _rounds(srv, s: S.Settings, n_vocab: int, timeout_s: float, say) -> list[Any]:
-    from edgekv.edges.server import drive
-
     k, reps = int(s.n_parallel), int(s.repetitions)
     levels = []
     for r in range(reps):
@@ -128,8 +127,6 @@ def run_server_case(spec, case, base: S.BenchRecord, gpu_probe, say) -> S.BenchR
     """One configuration through the user's llama-server; ``base`` (the sweep's record, status ok, nothing measured)
     is filled in and returned: ``failed`` with one line when the server would not start, died, or answered no
     request."""
-    from edgekv.edges.server import ServerProcess, fetch_props, log_reason
-
     s = case.settings
     t0 = time.perf_counter()
     srv = ServerProcess(spec.llama_server, os.path.abspath(spec.model.ref.path), S.encode_block(s), gpu_probe=gpu_probe)

@@ -28,12 +28,13 @@ from msgspec import UNSET
 
 from edgekv.core.predict import STATUS_OK, predict
 from edgekv.edges.engine import EngineResult
-from edgekv.edges.environment import default_threads
+from edgekv.edges.environment import collect, default_threads, nvml_process_probe
 from edgekv.edges.home import edgekv_home, verified_sha256
 from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.listener import CaseDone, SweepListener, SweepPlan, listener_of
 from edgekv.orchestration.plan import SweepTracker
 from edgekv.orchestration.preflight import RepackChoice, repack_choice
+from edgekv.orchestration.quality import SWEEP_CHUNKS, for_sweep
 from edgekv.orchestration.runners import CaseContext, CaseRunner, runner_for
 from edgekv.orchestration.speedadapt import SpeedAdapter
 from edgekv.orchestration.sweepplan import dry_runs, fit_check, process_predictions, speed_predictions
@@ -51,6 +52,7 @@ from edgekv.records.schema import (
     Record,
     Settings,
     SpeedPrediction,
+    encode,
     encode_block,
     environment,
 )
@@ -107,7 +109,6 @@ def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
 def _quality_key(q: QualityAsk | None) -> QualitySettings | None:
     if q is None:
         return None
-    from edgekv.orchestration.quality import SWEEP_CHUNKS
 
     return QualitySettings(corpus=q.corpus or "pydoc", chunks=q.chunks or SWEEP_CHUNKS)
 
@@ -135,8 +136,6 @@ class SweepResult:
     @property
     def lines(self) -> list[dict[str, Any]]:
         """The records as the results file holds them: one plain JSON object each (:func:`~edgekv.records.schema.encode`)."""
-        from edgekv.records.schema import encode
-
         return [encode(r) for r in self.records]
 
 
@@ -198,8 +197,6 @@ def _sweep_environment(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsW
                        say: SweepListener) -> Environment:
     """The environment phase: the writer's notes said, the environment collected (with the extra-buffer
     preflight's block) and the records already in the file checked as resumable against it."""
-    from edgekv.edges.environment import collect
-
     for note in writer.notes:
         say.on_note(note)
     env = env if isinstance(env, Environment) else environment(env or collect())
@@ -216,8 +213,6 @@ def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set
     """The plan phase, said to the listener (``on_plan``): llama.cpp's dry runs, the whole-process and speed predictions,
     what will not fit, and the time plan.  Returns the dry runs, the process predictions and the speed predictions
     by case key, and the tracker that attaches ``load`` and ``plan`` to each record."""
-    from edgekv.edges.home import edgekv_home
-
     # llama.cpp's dry runs and the whole-process predictions come first: the plan says what will not fit
     engine_results = dry_runs(spec, todo) if spec.engine != ENGINE_LLAMA_BENCH else {}
     processes = process_predictions(spec, todo)
@@ -254,8 +249,6 @@ def _run_locked(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsWriter, 
                 t0: float) -> SweepResult:
     """The sweep under the results lock: environment, plan, then each case still to do, its record appended as
     soon as it is known (a KeyboardInterrupt stops the loop; the records written so far stay)."""
-    from edgekv.edges.environment import nvml_process_probe
-
     output = writer.path
     env = _sweep_environment(spec, choice, writer, env, sha, force, say)
     note = choice.measure_note()
@@ -272,8 +265,6 @@ def _run_locked(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsWriter, 
     interrupted = False
     quality = None
     if spec.quality is not None:
-        from edgekv.orchestration.quality import for_sweep
-
         quality = for_sweep(spec, todo)
 
     adapt = SpeedAdapter(speeds)        # a far miss on a quiet machine rescales the rest of the plan (issue 68)

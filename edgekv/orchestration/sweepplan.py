@@ -8,10 +8,26 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from edgekv.core.fit import fits, unfit_reason
+from edgekv.core.memmodel import WORKLOAD_BENCH
 from edgekv.core.predict import STATUS_OK, ContextParams
 from edgekv.core.shape import MEMORY_KV
-from edgekv.edges.engine import EngineResult
+from edgekv.edges import machine_memory  # read as machine_memory.available_memory: a test can stand in for it
+from edgekv.edges.engine import EngineResult, EngineSession
+from edgekv.errors import EngineError
+from edgekv.orchestration.calibrate import runtime_baseline
 from edgekv.orchestration.listener import SweepListener
+from edgekv.orchestration.llamabench import accepts
+from edgekv.orchestration.procpredict import ProcessSettings, gpu_device_of, predict_processes
+from edgekv.orchestration.speedpredict import (
+    SpeedInputs,
+    calibration_for,
+    model_speed_shape,
+    offload_device,
+    speed_block,
+    swa_cells_of,
+    with_graph,
+)
 from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, ENGINE_SERVER, Case, SweepSpec
 from edgekv.records.frame import unset_none
 from edgekv.records.schema import SpeedPrediction
@@ -21,16 +37,13 @@ def fit_check(spec: SweepSpec, case: Case, proc: Any) -> str | None:
     """Why a configuration is not started (its predicted peak plus the margin exceeds the memory available now,
     edgekv.core.fit), or None: it fits, nothing is known of the machine, or ``--force``.  Without a whole-process
     prediction the cache and the weights stand in for it, and the line says so."""
-    from edgekv.core.fit import fits, unfit_reason
-    from edgekv.edges.machine_memory import available_memory
-
     if spec.force_fit or case.prediction.status != STATUS_OK:
         return None
     peak = getattr(proc, "peak_rss_bytes", None)
     basis = "predicted peak"
     if not peak:
         peak, basis = case.prediction.total_bytes + spec.model.weights_bytes, "KV cache + weights (no whole-process prediction)"
-    avail = available_memory()
+    avail = machine_memory.available_memory()
     if avail is None or fits(peak, avail.bytes):
         return None
     return unfit_reason(peak, avail.bytes, avail.source, basis)
@@ -38,9 +51,6 @@ def fit_check(spec: SweepSpec, case: Case, proc: Any) -> str | None:
 
 def dry_runs(spec: SweepSpec, todo: list[Case]) -> dict[str, EngineResult]:
     """llama.cpp's own prediction for every configuration, from one dry-run session."""
-    from edgekv.edges.engine import EngineSession
-    from edgekv.errors import EngineError
-
     run = [c for c in todo if not c.prediction.aborts]
     if not run:
         return {}
@@ -57,12 +67,6 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
 
     The runtime baseline is this environment's calibration (the llama-bench binary alone with
     ``--llama-bench``); llama.cpp's dry run supplies the workload's compute buffers."""
-    from edgekv.core.memmodel import WORKLOAD_BENCH
-    from edgekv.edges.engine import EngineSession
-    from edgekv.errors import EngineError
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
-
     run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts]
     if not run:
         return {}
@@ -91,8 +95,6 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
 def binary_baseline(binary: str):
     """A llama.cpp binary's own runtime baseline; the CPU features (which weights the CPU backend repacks) are
     the machine's, and the Python runtime reports them where the binary does not."""
-    from edgekv.orchestration.calibrate import runtime_baseline
-
     baseline = runtime_baseline("binary", binary)
     baseline.cpu_features = baseline.cpu_features or runtime_baseline().cpu_features
     return baseline
@@ -102,11 +104,6 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
     """llama-bench runs one process per test with a context of depth + test tokens (swa_full off, one
     sequence) and keeps the depth state in memory: the prediction is the larger of the two processes, over
     the binary's own baseline."""
-    from edgekv.core.memmodel import WORKLOAD_BENCH
-    from edgekv.edges.engine import EngineSession
-    from edgekv.errors import EngineError
-    from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
-
     baseline = binary_baseline(spec.llama_bench)
     out: dict[str, Any] = {}
     try:
@@ -140,19 +137,6 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
     """``prediction.speed`` for every configuration to run (edgekv.core.speed), keyed by case key.  The
     calibration is this machine's (cached; what it lacks is measured now, and that is said before the plan);
     llama.cpp's graph size comes from the configuration's dry run (one is run when the sweep has none)."""
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.llamabench import accepts
-    from edgekv.orchestration.procpredict import gpu_device_of
-    from edgekv.orchestration.speedpredict import (
-        SpeedInputs,
-        calibration_for,
-        model_speed_shape,
-        offload_device,
-        speed_block,
-        swa_cells_of,
-        with_graph,
-    )
-
     # what will run: llama-bench skips the cache types it refuses, so they are neither calibrated nor predicted
     run = [c for c in todo if c.prediction.status == STATUS_OK and not c.prediction.aborts
            and (spec.llama_bench is None or accepts(c.settings))]
@@ -221,9 +205,6 @@ def _graph_runs(spec: SweepSpec, cases: list[Case]) -> dict[str, EngineResult]:
     """llama.cpp's dry run of the configurations that have none (a --llama-bench sweep), for their graph sizes and
     the devices of their buffers: one per distinct setting but the context size (a quantized cache adds nodes:
     SmolLM2 936 with f16, 1296 with q4_0), in one session; the cases it could not run are left out."""
-    from edgekv.edges.engine import EngineSession
-    from edgekv.errors import EngineError
-
     setting = {c.key: replace(c.params, n_ctx=0) for c in cases}
     firsts: dict[ContextParams, Case] = {}
     for c in cases:

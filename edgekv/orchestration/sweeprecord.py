@@ -18,11 +18,13 @@ from edgekv.core.predict import STATUS_OK, KVPrediction
 from edgekv.core.units import MIB
 from edgekv.edges.engine import EngineResult
 from edgekv.orchestration.crosscheck import compare, engine_block, engine_lines
+from edgekv.orchestration.speedpredict import residual
 from edgekv.orchestration.sweepspec import Case, SweepSpec
 from edgekv.records import results as R
 from edgekv.records import schema as S
 from edgekv.records.frame import unset_none
 from edgekv.records.schema import growth_minus_formula_bytes, speed_test
+from edgekv.version import __version__
 
 
 def decode_reply(child) -> tuple[BenchReply | None, str | None]:
@@ -61,8 +63,6 @@ def build_record(spec: SweepSpec, case: Case, env: S.Environment, model: S.Model
                  child, wall_s: float, status: str, reason: str | None, res: BenchReply | None = None) -> S.BenchRecord:
     """One case's record: what was asked and predicted, then (``child``: the parent's view of the measured child,
     ``res``: the child's reply) what was measured."""
-    from edgekv.version import __version__
-
     rec = S.BenchRecord(
         schema_version=R.SCHEMA_VERSION, config_key=case.key, status=status, reason=reason,
         time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), edgekv=__version__, model=model,
@@ -260,8 +260,6 @@ def failure_block(d: Diagnosis) -> S.Failure:
 
 def attach_speed(rec: S.BenchRecord, block: S.SpeedPrediction | None) -> None:
     """``prediction.speed`` and the residual (measured - predicted, %) in a record."""
-    from edgekv.orchestration.speedpredict import residual
-
     if block is None or rec.status == "skipped":
         if rec.prediction.speed is UNSET:
             rec.prediction.speed = None

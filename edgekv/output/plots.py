@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from edgekv import heavy
 from edgekv.core.cachetypes import CACHE_TYPES
 from edgekv.core.units import MIB, row_kv_label
 
@@ -37,12 +38,8 @@ def _order(kvs) -> list[str]:
 
 
 def new_figure(ncols: int):
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update(matplotlib.rcParamsDefault)
+    plt = heavy.pyplot()
+    plt.rcParams.update(plt.rcParamsDefault)
     plt.rcParams.update({"font.size": 9, "axes.grid": True, "grid.alpha": 0.3, "svg.hashsalt": "edgekv",
                          "path.simplify": False})
     fig, axes = plt.subplots(1, ncols, figsize=(5.2 * ncols, 3.8), dpi=100, squeeze=False)
@@ -59,12 +56,10 @@ def png_bytes(plt, fig) -> bytes:
 
 def _ctx_axis(ax, ctxs: list[int]) -> None:
     """Contexts on a log2 axis, labelled with their values (4096, 16384, ...)."""
-    from matplotlib.ticker import NullLocator
-
     ax.set_xscale("log", base=2)
     ax.set_xticks(ctxs)
     ax.set_xticklabels([f"{c // 1024}K" if c % 1024 == 0 and c >= 1024 else str(c) for c in ctxs])
-    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_locator(heavy.pyplot().NullLocator())
     ax.set_xlabel("context (n_ctx, tokens)")
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from msgspec import UNSET
 
+from edgekv import heavy
 from edgekv.core.llamalog import device_mib, off_device_text
 from edgekv.core.units import MIB
 from edgekv.records.results import KEY_SETTINGS, load_records
@@ -320,7 +321,7 @@ def load_results(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list
 
 def results_frame(paths: str | os.PathLike | Iterable[str | os.PathLike]):
     """One row per configuration (:data:`COLUMNS`), for notebooks: ``edgekv.results_frame("sweep.jsonl")``."""
-    import pandas as pd
+    pd = heavy.pandas()
 
 
     if isinstance(paths, (str, os.PathLike)):
