@@ -9,18 +9,16 @@ Each block is a strict ``msgspec.Struct`` (:class:`Block`: unknown keys refused)
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Any, Union
 
 import msgspec
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import UNSET, Struct, UnsetType
 
 from edgekv.core.benchwire import BenchWorkload
 from edgekv.core.predict import ContextParams
-
-
-def doc(t: Any, desc: str) -> Any:
-    """A field's type with its description (the JSON Schema's ``description``)."""
-    return Annotated[t, Meta(description=desc)]
+from edgekv.core.speed import SpeedPart as SpeedPart
+from edgekv.core.speed import SpeedTestPrediction
+from edgekv.core.wire import doc
 
 
 class Block(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -259,28 +257,6 @@ class Process(Block, kw_only=True):
                                            "memory available when it predicted") = UNSET
     available_bytes: doc(Union[int, None, UnsetType], "edgekv predict: the memory available then") = UNSET
     available_source: doc(Union[str, None, UnsetType], "which figure: MemAvailable | cgroup limit | ...") = UNSET
-
-
-class SpeedPartBlock(Block, kw_only=True):
-    """One part of a predicted token's time (edgekv.core.speed)."""
-
-    name: doc(str, "fixed | weights | output head | attention")
-    s_per_token: doc(float, "seconds per token")
-    source: doc(str, "how it was obtained (the calibrated coefficient and the model's figure)")
-
-
-class SpeedTestPrediction(Block, kw_only=True):
-    """Predicted speed of one test (pp or tg) at a depth."""
-
-    test: doc(str, "pp | tg")
-    tokens_per_s: doc(float, "predicted tokens/s")
-    depth: doc(int, "cells in the cache when the test starts")
-    n_tokens: doc(int, "prompt or generated tokens")
-    s_per_token: doc(float, "sum of the parts")
-    parts: doc(list[SpeedPartBlock], "the parts, seconds per token")
-    roofline_tokens_per_s: doc(Union[float, None], "decode bound: measured read bandwidth / bytes read per token")
-    bytes_per_token: doc(Union[float, None], "bytes a decoded token reads (weights + KV at the mean depth)")
-    calibration_id: doc(str, "the calibration the coefficients come from")
 
 
 class SpeedAdjustment(Block, kw_only=True):

@@ -77,7 +77,7 @@ from edgekv.records.blocks import (
     QualitySettings,
     Settings,
     SpeedAdjustment,
-    SpeedPartBlock,
+    SpeedPart,
     SpeedPrediction,
     SpeedTestPrediction,
     doc,
@@ -390,5 +390,5 @@ __all__ = [
     "LlamaBenchContext", "LlamaLog", "Load", "LoadWindow", "Memory", "MemoryResidual", "Model", "Nvidia",
     "NvidiaDevice", "OptFloat", "OptInt", "OptStr", "Plan", "PredictedAfter", "Prediction", "Process", "ProcessPart",
     "Quality", "QualityPass", "QualitySettings", "QualityStats", "Serving", "Settings", "Speed", "SpeedAdjustment",
-    "SpeedPartBlock", "SpeedPrediction", "SpeedResidual", "SpeedTest", "SpeedTestPrediction", "TestMemory", "Timing",
+    "SpeedPart", "SpeedPrediction", "SpeedResidual", "SpeedTest", "SpeedTestPrediction", "TestMemory", "Timing",
 ]
