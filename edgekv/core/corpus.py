@@ -4,23 +4,26 @@ types only."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
-from edgekv.core.wire import doc
+from edgekv.core.wire import desc
 
 
 class CorpusFile(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """A text file to score: its name, where it is, its bytes and their sha256, and where it came from."""
+    """A text file to score: its name (pydoc-3.11.7, wikitext-2 or the file's), the file whose bytes are tokenized,
+    its length and sha256, and where it came from (builtin | hub | file, and in words)."""
 
-    name: doc(str, "corpus name")                          # pydoc-3.11.7 | wikitext-2 | the file's name
-    path: doc(str, "file read")                            # the file whose bytes are tokenized
-    n_bytes: doc(int, "bytes")
-    sha256: doc(str, "sha256 of the file")
-    source: doc(str, "where it came from")                 # builtin | hub | file
-    detail: doc(str, "how it was obtained")                # where it came from, in words
+    name: Annotated[str, desc("corpus name")]
+    path: Annotated[str, desc("file read")]
+    n_bytes: Annotated[int, desc("bytes")]
+    sha256: Annotated[str, desc("sha256 of the file")]
+    source: Annotated[str, desc("where it came from")]
+    detail: Annotated[str, desc("how it was obtained")]
 
 
 class Corpus(CorpusFile, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """The text scored."""
 
-    n_tokens: doc(int, "tokens after tokenisation")
+    n_tokens: Annotated[int, desc("tokens after tokenisation")]

@@ -35,7 +35,7 @@ that reads another's cache those cells again), with the bandwidth measured, not 
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Annotated, Union
 
 import msgspec
 
@@ -84,7 +84,7 @@ from edgekv.core.speedshape import (  # noqa: F401
     speed_shape,
     weight_key,
 )
-from edgekv.core.wire import doc
+from edgekv.core.wire import desc
 
 
 class MissingCalibration(ValueError):
@@ -124,23 +124,23 @@ def attn_keys(sh: SpeedShape, type_k: str, type_v: str, flash_attn: str) -> list
 class SpeedPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One part of a predicted token's time (edgekv.core.speed)."""
 
-    name: doc(str, "fixed | weights | output head | attention")
-    s_per_token: doc(float, "seconds per token")
-    source: doc(str, "how it was obtained (the calibrated coefficient and the model's figure)")
+    name: Annotated[str, desc("fixed | weights | output head | attention")]
+    s_per_token: Annotated[float, desc("seconds per token")]
+    source: Annotated[str, desc("how it was obtained (the calibrated coefficient and the model's figure)")]
 
 
 class SpeedTestPrediction(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Predicted speed of one test (pp or tg) at a depth."""
 
-    test: doc(str, "pp | tg")
-    tokens_per_s: doc(float, "predicted tokens/s")
-    depth: doc(int, "cells in the cache when the test starts")
-    n_tokens: doc(int, "prompt or generated tokens")
-    s_per_token: doc(float, "sum of the parts")
-    parts: doc(list[SpeedPart], "the parts, seconds per token")
-    roofline_tokens_per_s: doc(Union[float, None], "decode bound: measured read bandwidth / bytes read per token")
-    bytes_per_token: doc(Union[float, None], "bytes a decoded token reads (weights + KV at the mean depth)")
-    calibration_id: doc(str, "the calibration the coefficients come from")
+    test: Annotated[str, desc("pp | tg")]
+    tokens_per_s: Annotated[float, desc("predicted tokens/s")]
+    depth: Annotated[int, desc("cells in the cache when the test starts")]
+    n_tokens: Annotated[int, desc("prompt or generated tokens")]
+    s_per_token: Annotated[float, desc("sum of the parts")]
+    parts: Annotated[list[SpeedPart], desc("the parts, seconds per token")]
+    roofline_tokens_per_s: Annotated[Union[float, None], desc("decode bound: measured read bandwidth / bytes read per token")]
+    bytes_per_token: Annotated[Union[float, None], desc("bytes a decoded token reads (weights + KV at the mean depth)")]
+    calibration_id: Annotated[str, desc("the calibration the coefficients come from")]
 
 
 def _require(sh: SpeedShape, cal: Calibration, type_k: str, type_v: str, flash_attn: str, nodes: int | None,

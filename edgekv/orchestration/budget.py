@@ -21,7 +21,7 @@ from edgekv.core.predict import KV_PAD, STATUS_OK, ContextParams, largest_fittin
 from edgekv.core.units import MIB
 from edgekv.errors import EngineError
 from edgekv.orchestration.api import LoadedModel
-from edgekv.records.schema import Process
+from edgekv.records.schema import Process, process_block
 
 OptInt = Union[int, None, UnsetType]
 
@@ -147,7 +147,7 @@ def _process_row(m: LoadedModel, params: ContextParams, tk: str, tv: str, proc_a
                     "cache_bytes": kv.total_bytes,
                     "compute_bytes": sum(q.bytes for q in p.host_parts() if q.name == "compute buffer"),
                     "weights_bytes": sum(v for k, v in parts.items() if k.startswith("weights")),
-                    "total_bytes": p.peak_rss_bytes, "process": p.to_dict(),
+                    "total_bytes": p.peak_rss_bytes, "process": process_block(p),
                     "source": "whole-process prediction (memmodel)"})
         if best == cap:
             notes.append(f"capped at the trained context ({cap}): the search stops there, larger contexts "

@@ -26,6 +26,7 @@ from edgekv.core.memmodel import (
 )
 from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, predict
 from edgekv.core.units import MIB
+from edgekv.records.schema import Process, process_block
 
 
 @dataclass
@@ -296,7 +297,7 @@ def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings
 
 
 def process_blocks(m, configs: list[ContextParams], settings: ProcessSettings,
-                   baseline=None, seen: dict[str, Any] | None = None) -> tuple[list[dict[str, Any] | None], list[str]]:
+                   baseline=None, seen: dict[str, Any] | None = None) -> tuple[list[Process | None], list[str]]:
     """``prediction.process`` (the whole-process prediction) of each ``edgekv predict`` configuration, and the
     notes to print.
 
@@ -327,4 +328,4 @@ def process_blocks(m, configs: list[ContextParams], settings: ProcessSettings,
         notes.append(f"peak RSS not predicted: {baseline.note}")
     if not m.header.tensors:
         notes.append("metadata-only header (no tensor table): the weights are unknown and counted as 0 MiB")
-    return [p.to_dict() if p is not None else None for p in procs], notes
+    return [process_block(p) if p is not None else None for p in procs], notes

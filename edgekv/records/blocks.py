@@ -15,6 +15,9 @@ import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
 from edgekv.core.benchwire import BenchWorkload
+from edgekv.core.formula import Formula as Formula
+from edgekv.core.formula import FormulaCache as FormulaCache
+from edgekv.core.mempart import ProcessPart
 from edgekv.core.predict import ContextParams
 from edgekv.core.speed import SpeedPart as SpeedPart
 from edgekv.core.speed import SpeedTestPrediction
@@ -124,59 +127,6 @@ class Model(Block, kw_only=True):
 
 # -- prediction ---------------------------------------------------------------------------------------
 
-class FormulaCache(Block, kw_only=True):
-    """One KV cache of the formula (provenance: formula; :meth:`edgekv.core.predict.CachePrediction.to_dict`)."""
-
-    kind: doc(Union[str, UnsetType], "cache kind: kv | swa | recurrent | dsv4_state | ...") = UNSET
-    cells: doc(Union[int, UnsetType], "cells (tokens) per stream (absent for state caches: see state_rows)") = UNSET
-    n_stream: doc(Union[int, UnsetType], "streams (sequences with their own cells)") = UNSET
-    layers: doc(Union[int, UnsetType], "layers in this cache") = UNSET
-    layer_ids: doc(Union[list[int], UnsetType], "layer indices") = UNSET
-    type_k: doc(Union[str, UnsetType], "K cache type") = UNSET
-    type_v: doc(Union[str, UnsetType], "V cache type") = UNSET
-    k_bytes: doc(Union[int, UnsetType], "K bytes") = UNSET
-    v_bytes: doc(Union[int, UnsetType], "V bytes") = UNSET
-    bytes: doc(Union[int, UnsetType], "all bytes of this cache") = UNSET
-    r_bytes: doc(Union[int, UnsetType], "recurrent R state bytes") = UNSET
-    s_bytes: doc(Union[int, UnsetType], "recurrent S state bytes") = UNSET
-    name: doc(Union[str, UnsetType], "state cache name") = UNSET
-    state_rows: doc(Union[int, UnsetType], "state rows") = UNSET
-    width: doc(Union[int, UnsetType], "state row width") = UNSET
-    rs_seq: doc(Union[int, UnsetType], "state sequences") = UNSET
-    state_bytes: doc(Union[int, UnsetType], "state bytes") = UNSET
-
-
-class Formula(Block, kw_only=True):
-    """The KV prediction from the GGUF header (provenance: formula; :mod:`edgekv.core.predict`)."""
-
-    n_ctx: doc(int, "context size asked")
-    n_ctx_padded: doc(int, "context size after llama.cpp's padding")
-    n_ctx_seq: doc(int, "cells per sequence")
-    type_k: doc(str, "K cache type")
-    type_v: doc(str, "V cache type")
-    flash_attn: doc(str, "flash attention asked")
-    flash_attn_effective: doc(str, "flash attention llama.cpp would use (on/off/auto)")
-    swa_full: doc(bool, "full-size SWA cache")
-    n_seq_max: doc(int, "parallel sequences")
-    kv_unified: doc(bool, "unified KV buffer")
-    n_batch: doc(int, "logical batch")
-    n_ubatch: doc(int, "physical batch")
-    status: doc(str, "ok | invalid | unsupported")
-    reason: doc(OptStr, "why not ok")
-    aborts: doc(bool, "llama.cpp would abort at context creation")
-    memory: doc(str, "cache family")
-    kv_bytes: doc(OptInt, "attention KV bytes (None unless status is ok)")
-    k_bytes: doc(OptInt, "K bytes")
-    v_bytes: doc(OptInt, "V bytes")
-    recurrent_bytes: doc(OptInt, "recurrent state bytes")
-    state_bytes: doc(Union[int, None, UnsetType], "other state bytes (DeepSeek-V4 style caches)") = UNSET
-    total_bytes: doc(OptInt, "KV + recurrent + state bytes: what llama.cpp allocates for the caches")
-    caches: doc(list[FormulaCache], "one entry per cache (empty unless status is ok)")
-    notes: doc(Union[list[str], UnsetType], "caveats of the prediction") = UNSET
-    layers: doc(Union[list[dict[str, Any]], UnsetType], "per-layer breakdown (predict --layers)") = UNSET
-    saving_vs_f16: doc(Union[float, None, UnsetType], "f16 cache bytes / these cache bytes (predict)") = UNSET
-
-
 class CacheLine(Block, kw_only=True):
     """One cache as llama.cpp's log prints it (provenance: llama.cpp; :func:`edgekv.orchestration.crosscheck.engine_lines`)."""
 
@@ -219,17 +169,6 @@ class Engine(Block, kw_only=True):
                    "ops the scheduler put on another backend than their offloaded layer's device (op, backend, device, "
                    "layers; from GGML_SCHED_DEBUG=2): on a GPU, the ops that silently run on the CPU") = UNSET
     weights_bytes: doc(Union[int, None, UnsetType], "llama_model_size(): llama.cpp's own weights figure") = UNSET
-
-
-class ProcessPart(Block, kw_only=True):
-    """One part of the whole-process prediction; ``source`` is its provenance."""
-
-    name: doc(str, "what it is")
-    bytes: doc(int, "bytes")
-    source: doc(str, "formula | llama.cpp dry run | measured (runtime calibration) | ...")
-    where: doc(str, "host or a ggml device name")
-    kind: doc(str, "anonymous | file | device")
-    note: doc(str, "how it was obtained")
 
 
 class PredictedAfter(Block, kw_only=True):
