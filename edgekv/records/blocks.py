@@ -2,7 +2,10 @@
 ``prediction`` (formula, llama.cpp's dry run, the whole process, the speed) and ``environment``.
 
 Each block is a strict ``msgspec.Struct`` (:class:`Block`: unknown keys refused) whose fields carry their description
-(:func:`doc`), from which the committed JSON Schema is generated.  The measured blocks are in
+(:func:`doc`), from which the committed JSON Schema is generated.  What the core's models return is embedded as it
+is, never restated: the formula (:class:`~edgekv.core.formula.Formula`), the process's parts
+(:class:`~edgekv.core.mempart.ProcessPart`) and each predicted speed test
+(:class:`~edgekv.core.speed.SpeedTestPrediction`), strict frozen Structs of the core.  The measured blocks are in
 :mod:`edgekv.records.measured`; the record that holds them all, and the public namespace of every block, is
 :mod:`edgekv.records.schema`.
 """
