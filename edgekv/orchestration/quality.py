@@ -319,7 +319,7 @@ def quality_records(rows: list[S.Quality], model: str | os.PathLike | None, *, c
     m = load_model(None if model is None else str(model))
     sha = verified_sha256(m.ref.path)
     environment = S.environment(env if env is not None else collect())
-    model_block = msgspec.convert(S.model_block(m, sha), S.Model, strict=True)
+    model_block = S.model_block(m, sha)
     out = []
     for r in rows:
         q = r.quality

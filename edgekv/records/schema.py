@@ -335,19 +335,19 @@ def process_block(p: ProcessPrediction) -> Process:
                    parts=list(p.parts), notes=list(p.notes))
 
 
-def model_block(m: Any, sha: str | None) -> dict[str, Any]:
-    """The one serialiser of the ``model`` block, from a loaded model (:class:`edgekv.orchestration.api.LoadedModel`)."""
+def model_block(m: Any, sha: str | None) -> Model:
+    """The one builder of the ``model`` block, from a loaded model (:class:`edgekv.orchestration.api.LoadedModel`)."""
 
     sh = m.shape
     attn = [lay for lay in sh.layers if lay.attn_cache]
-    return encode_block(Model(
+    return Model(
         path=os.path.abspath(m.ref.path), name=sh.name or m.ref.name, spec=m.ref.spec, source=m.ref.source,
         sha256=sha, arch=sh.arch, memory=sh.memory, size_bytes=m.header.weights_bytes, file_bytes=m.header.file_size,
         n_layer=sh.n_layer_all, n_ctx_train=sh.n_ctx_train,
         n_head_kv=sorted({lay.n_head_kv for lay in attn}) or None, head_dim_k=sorted({lay.head_k for lay in attn}) or None,
         n_swa=sh.n_swa or None, swa_layers=len([lay for lay in sh.layers if lay.is_swa and lay.attn_cache]),
         shared_kv_layers=len([lay for lay in sh.layers if not lay.has_kv]),
-        recurrent_layers=len([lay for lay in sh.layers if lay.recr_state]), mla=sh.is_mla))
+        recurrent_layers=len([lay for lay in sh.layers if lay.recr_state]), mla=sh.is_mla)
 
 
 def growth_minus_formula_bytes(growth_bytes: int | None, formula_bytes: int | None) -> int | None:
