@@ -64,7 +64,6 @@ def _env(name: str, value: str | None) -> Iterator[None]:
 
 
 def record(model_path: Path, folder: Path) -> list[str]:
-
     """Every recorded case run for real with its run written to ``folder``; the records' statuses."""
     from edgekv.edges.childside import EMULATE_CRASH_ENV
     from edgekv.edges.environment import collect
