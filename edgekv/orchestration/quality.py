@@ -239,15 +239,16 @@ def _shape_rows(ctxs: list[int], cfgs: list[QualityConfig], invalid: dict[tuple[
                 rows: dict[tuple[int, int], QualityRow], info: QualityReply, peak_rss: int | None,
                 corp: CorpusFile, m, base_k: str, base_v: str, threads: int) -> list[S.Quality]:
     """Shape phase: one row per (n_ctx, config), n_ctx-major, invalid, error or ok (see the module docstring)."""
-    corpus = S.Corpus(name=corp.name, path=corp.path, n_bytes=corp.n_bytes, sha256=corp.sha256, source=corp.source,
-                      detail=corp.detail, n_tokens=info.n_tokens)
+    # the text as scored: the file and its tokens (a reply without them scored nothing: its rows are not evaluated)
+    corpus = (S.Corpus(name=corp.name, path=corp.path, n_bytes=corp.n_bytes, sha256=corp.sha256, source=corp.source,
+                       detail=corp.detail, n_tokens=info.n_tokens) if info.n_tokens is not None else None)
     out: list[S.Quality] = []
     for n in ctxs:
         for i, c in enumerate(cfgs):
             r = rows.get((n, i))
             if (n, i) in invalid:
                 out.append(_not_measured(n, c, "invalid", invalid[(n, i)]))
-            elif r is None or r.status != "ok":
+            elif r is None or r.status != "ok" or corpus is None:
                 out.append(_not_measured(n, c, "error", "not evaluated" if r is None or r.error is None else r.error))
             else:
                 out.append(S.Quality(n_ctx=n, type_k=c.type_k, type_v=c.type_v, flash_attn=c.flash_attn, status="ok",
