@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness as H
+from edgekv.core.wire import to_wire
 from edgekv.edges.corpus import resolve_corpus
 from edgekv.edges.sources import resolve_model
 from edgekv.orchestration.preflight import preflight
@@ -365,7 +366,7 @@ def main() -> int:
 
     meta = {
         "command": H.command_line(),
-        "model": model.path, "model_name": model.name, "corpus": corpus.to_dict(),
+        "model": model.path, "model_name": model.name, "corpus": to_wire(corpus),
         "batch": args.batch, "ubatch": args.ubatch, "threads": args.threads,
         "llama_perplexity": str(exe), "llama_perplexity_version": ver_line,
         "llama_cpp_python": llama_cpp_python_version(),

@@ -2,11 +2,12 @@
 
 >>> import edgekv
 >>> p = edgekv.predict("model.gguf", n_ctx=32768, type_k="q4_0")   # doctest: +SKIP
->>> p.kv_bytes, p.to_dict()["caches"]                               # doctest: +SKIP
+>>> p.kv_bytes, edgekv.formula_block(p).caches                      # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+from edgekv.core.formula import formula_block  # noqa: E402
 from edgekv.core.predict import ContextParams, KVPrediction  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.orchestration.api import LoadedModel, load_model  # noqa: E402
@@ -18,5 +19,5 @@ from edgekv.version import __version__  # noqa: E402
 # ``from edgekv.core.predict import ...`` (it is in sys.modules).
 predict = _predict_model
 
-__all__ = ["ContextParams", "EdgekvError", "KVPrediction", "LoadedModel", "load_model", "load_results", "predict",
-           "results_frame", "__version__"]
+__all__ = ["ContextParams", "EdgekvError", "KVPrediction", "LoadedModel", "formula_block", "load_model", "load_results",
+           "predict", "results_frame", "__version__"]

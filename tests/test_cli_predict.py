@@ -170,5 +170,5 @@ def test_python_api_matches_cli(smollm2_path):
     import edgekv
 
     p = edgekv.predict(str(smollm2_path), n_ctx=32768, type_k="q8_0")
-    d = p.to_dict()
-    assert d["type_v"] == "q8_0" and d["kv_bytes"] == 30 * 2 * (192 // 32 * 34) * 32768
+    d = edgekv.formula_block(p)
+    assert d.type_v == "q8_0" and d.kv_bytes == 30 * 2 * (192 // 32 * 34) * 32768

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from edgekv.core.formula import formula_block
 from edgekv.core.predict import STATUS_OK, ContextParams, predict
 from edgekv.edges.engine import EngineSession
 from edgekv.errors import EngineError, MetadataError
@@ -140,7 +141,7 @@ def test_unsupported_family(name, family_dir):
     for c in (ContextParams(n_ctx=4096), ContextParams(n_ctx=262144, type_k="q4_0", type_v="q4_0", n_seq_max=2)):
         p = predict(m.shape, c)
         assert p.status == "unsupported" and p.reason and not p.caches
-        assert p.to_dict()["kv_bytes"] is None
+        assert formula_block(p).kv_bytes is None
     with EngineSession(str(path), header=m.header) as eng:
         r = eng.run([ContextParams(n_ctx=4096)], keep_log=True)[0]
     log = "\n".join(r.raw_log or [])

@@ -229,7 +229,7 @@ def _pass_with(monkeypatch, rows: list[dict]):
     """measure's run and shape phases on a child that answers ``rows``: the typed rows."""
     from types import SimpleNamespace
 
-    from edgekv.edges.corpus import Corpus
+    from edgekv.core.corpus import CorpusFile
     from edgekv.orchestration import quality as Q
 
     res = SimpleNamespace(events=[], ok=True, peak_rss_bytes=2**20, kernel_maxrss_bytes=None,
@@ -237,7 +237,8 @@ def _pass_with(monkeypatch, rows: list[dict]):
                                   "llama_cpp_python": "0.3.16", "system_info": "CPU : AVX2 = 1", "pid": 42})
     monkeypatch.setattr(Q, "run_child", lambda *a, **k: res)
     m = SimpleNamespace(ref=SimpleNamespace(path="/m/model.gguf", name="model"), shape=SimpleNamespace(name="SmolLM2"))
-    corp = Corpus("pydoc-3.12", "/c/pydoc.txt", 5000, "ab" * 32, "builtin", "CPython's docs")
+    corp = CorpusFile(name="pydoc-3.12", path="/c/pydoc.txt", n_bytes=5000, sha256="ab" * 32, source="builtin",
+                      detail="CPython's docs")
     cfgs = [Q.QualityConfig("q8_0", "q8_0"), Q.QualityConfig("q4_0", "q4_0"), Q.QualityConfig("q5_0", "q5_0")]
     opts = Q.QualityOptions(n_batch=2048, n_ubatch=512, n_threads=2, base_type_k="f16", base_type_v="f16")
     got, info, peak = Q._run_pass(m, corp, [64], cfgs, [0, 1], -1, True, opts, None, None)

@@ -43,7 +43,7 @@ def _cases(tiny_model: Path):
 def _replayed(tiny_model: Path, env: S.Environment, folder: Path = DEFAULT_FOLDER) -> list[S.BenchRecord]:
     out = []
     for spec, case in _cases(tiny_model):
-        cx = CaseContext(spec, env, msgspec.convert(model_block(spec.model, None), S.Model, strict=True), None,
+        cx = CaseContext(spec, env, model_block(spec.model, None), None,
                          QuietListener())
         out.append(ReplayRunner(folder).run(cx, case, None))
     return out

@@ -31,6 +31,7 @@ from edgekv.core.speed import (
     speed_shape,
     ubatches,
 )
+from edgekv.core.wire import to_wire
 from edgekv.edges.home import edgekv_home
 from edgekv.edges.tinymodel import drop_plan_models, plan_headers
 from edgekv.orchestration import speedcal as S
@@ -747,7 +748,7 @@ def test_two_processes_calibrating_keep_each_others_coefficients(monkeypatch, tm
     assert path.is_relative_to(tmp_path)
     theirs = _cal(attn_tg_s={"q5_0/q5_0/fa=auto": 5e-10}, attn_pp_s={"q5_0/q5_0/fa=auto": 6e-10},
                   notes=["busy: other work used 40 % of the CPUs"])
-    write_json(path, {"key": key, "fingerprint": fp, "calibration": theirs.to_dict()})
+    write_json(path, {"key": key, "fingerprint": fp, "calibration": to_wire(theirs)})
     mine = _cal(attn_tg_s={"q4_0/q4_0/fa=auto": 7e-10}, attn_pp_s={"q4_0/q4_0/fa=auto": 8e-10})
     ST.merge_cached(mine, path, key)
     assert mine.attn_tg_s == {"q4_0/q4_0/fa=auto": 7e-10, "q5_0/q5_0/fa=auto": 5e-10}
@@ -810,7 +811,7 @@ def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
     assert fresh.remeasured and not fresh.cal.busy and not S.cached(2, True).busy
     # with measuring off (EDGEKV_SPEED_CALIBRATE=cached), a busy cached calibration is used and named
     write_json(ST.calibration_path(2, True), {"key": ST.calibration_key(2, True)[0], "fingerprint": {},
-                                              "calibration": sc.cal.to_dict()})
+                                              "calibration": to_wire(sc.cal)})
     kept = S.calibrate(2, True, [], F16, ["avx2"], measure=False, runner=_fake_runner)
     assert kept.cal.busy and not kept.remeasured and "EDGEKV_SPEED_CALIBRATE=cached" in kept.note
 
@@ -1054,7 +1055,7 @@ def test_the_drift_sentinel_times_the_real_decode(real_cal, tmp_path):
     ratio = ST.check_drift(raw, "q4_1", 2, RP[1] == "1", S.child_runner)
     assert ratio is not None and ratio > 0
     fast = [with_(r, ns=[n // 4 for n in r.ns]) if r.model == "w_q4_1" else r for r in rows]
-    write_json(tmp_path / "then.json", {"key": key, "calibration": real_cal.to_dict(), "raw": to_wire(fast)})
+    write_json(tmp_path / "then.json", {"key": key, "calibration": to_wire(real_cal), "raw": to_wire(fast)})
     why = ST.drifted(real_cal, ST.read_cache(tmp_path / "then.json", key, False)[2], "q4_1", 2, RP[1] == "1", S.child_runner, "")
     assert re.match(r"this machine now takes (\d+\.\d\d)x the time to decode the calibration's q4_1 weight model", why), why
     assert float(why.split("takes ")[1].split("x")[0]) > 1.2, why
@@ -1697,7 +1698,7 @@ try:
 except CalibrationError as e:
     out["error"] = str(e)
 c = cached(2, repack)
-out["cached"] = c.to_dict() if c else None
+out["cached"] = __import__("msgspec").to_builtins(c) if c else None
 try:
     calibrate(2, repack, ["q4_1"], [("f16", "f16", "auto")], [], allow_busy=True, measure=False)
 except CalibrationError as e:

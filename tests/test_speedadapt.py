@@ -6,12 +6,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from edgekv.orchestration.speedadapt import SpeedAdapter
-from edgekv.records.schema import SpeedPartBlock, SpeedPrediction, SpeedTestPrediction
+from edgekv.records.schema import SpeedPart, SpeedPrediction, SpeedTestPrediction
 
 
 def _t(test: str, ts: float) -> SpeedTestPrediction:
     return SpeedTestPrediction(test=test, tokens_per_s=ts, depth=512, n_tokens=32, s_per_token=1 / ts,
-                               parts=[SpeedPartBlock(name="attention", s_per_token=1 / ts, source="x")],
+                               parts=[SpeedPart(name="attention", s_per_token=1 / ts, source="x")],
                                roofline_tokens_per_s=None, bytes_per_token=None, calibration_id="c")
 
 

@@ -32,7 +32,7 @@ _.KINDS                 # the record kinds, documented beside Record.kind
 _.PROVENANCE            # which source each block's numbers come from (formula / llama.cpp / measured)
 _.write_schema_file     # regenerates results.schema.json; named by tests/test_records.py's failure message
 
-# edgekv/core/speed.py: SpeedPrediction fields serialised with dataclasses.asdict into prediction.speed
+# edgekv/core/speed.py: SpeedTestPrediction fields, written into prediction.speed by msgspec
 _.bytes_per_token       # the bytes a decoded token reads (the roofline's denominator), in --json and records
 # wire fields of the bench child's typed reply (core/benchwire.py): set by the child, decoded strictly by the parent
 n_params                # ModelFacts.n_params: llama_model_n_params, reported beside size_bytes

@@ -64,21 +64,19 @@ def _env(name: str, value: str | None) -> Iterator[None]:
 
 
 def record(model_path: Path, folder: Path) -> list[str]:
-    import msgspec
-
     """Every recorded case run for real with its run written to ``folder``; the records' statuses."""
     from edgekv.edges.childside import EMULATE_CRASH_ENV
     from edgekv.edges.environment import collect
     from edgekv.orchestration.listener import QuietListener
     from edgekv.orchestration.runners import RECORD_ENV, CaseContext, PythonRunner
     from edgekv.orchestration.sweep import expand, model_block
-    from edgekv.records.schema import Model, environment
+    from edgekv.records.schema import environment
 
     env = environment(collect())
     statuses = []
     for spec, crash in tiny_specs(model_path):
         sha = None      # the replay files are named by the settings alone (edgekv.orchestration.runners.replay_key)
-        cx = CaseContext(spec, env, msgspec.convert(model_block(spec.model, sha), Model, strict=True), None,
+        cx = CaseContext(spec, env, model_block(spec.model, sha), None,
                          QuietListener())
         with _env(RECORD_ENV, str(folder)), _env(EMULATE_CRASH_ENV, "1" if crash else None):
             for case in expand(spec, sha):

@@ -11,6 +11,7 @@ import typer
 
 from edgekv.cli.flags import FA_OPT, JSON_OPT, PREDICT_REPACK_OPT, llama_bench_path, one_repack
 from edgekv.cli.options import make_console, parse_flash_attn, parse_type_list, print_json
+from edgekv.core.wire import to_wire
 from edgekv.errors import UsageError
 from edgekv.orchestration.api import load_model
 
@@ -109,7 +110,7 @@ def calibrate(
     except (CalibrationError, LockTimeout) as e:
         raise UsageError(str(e)) from None
     if as_json:
-        print_json(sc.cal.to_dict())
+        print_json(to_wire(sc.cal))
         return
     from edgekv.output.views import render_calibration
 

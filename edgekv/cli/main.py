@@ -502,11 +502,11 @@ def models_pull(
 
     Models packaged on PyPI resolve from the installed package without any network.
     """
-    from edgekv.output.models_view import render_pull
+    from edgekv.output.models_view import pull_dict, render_pull
 
     r = pull_model(name, allow_unverified=allow_unverified)
     if as_json:
-        print_json(r.to_dict())
+        print_json(pull_dict(r))
     else:
         render_pull(make_console(), r)
 

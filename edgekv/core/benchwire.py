@@ -13,12 +13,12 @@ is assigned from ``checkpoints.after_load.rss``: renaming one side is an error, 
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from edgekv.core.llamalog import LlamaMemoryLog
 from edgekv.core.predict import ContextParams
+from edgekv.core.wire import decoder
+from edgekv.core.wire import to_wire as to_wire
 
 
 class BenchWorkload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -151,16 +151,5 @@ REPLY_OK = "ok"
 REPLY_FAILED = "failed"
 
 
-def to_wire(obj: Any) -> Any:
-    """A request or reply as plain JSON-ready values."""
-    return msgspec.to_builtins(obj)
-
-
-def request_from(payload: Any) -> BenchRequest:
-    """The bench child's request decoded from its JSON payload (msgspec.ValidationError when it is not one)."""
-    return msgspec.convert(payload, BenchRequest)
-
-
-def reply_from(data: Any) -> BenchReply:
-    """The bench child's reply decoded from its result event (msgspec.ValidationError when it is not one)."""
-    return msgspec.convert(data, BenchReply)
+request_from = decoder(BenchRequest)
+reply_from = decoder(BenchReply)

@@ -42,13 +42,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 # the rules the parts are built from live in their own modules; their names stay importable from here
 from edgekv.core.mempart import HOST as HOST
 from edgekv.core.mempart import SRC_CALIBRATION as SRC_CALIBRATION
 from edgekv.core.mempart import SRC_FORMULA as SRC_FORMULA
 from edgekv.core.mempart import SRC_LLAMA as SRC_LLAMA
 from edgekv.core.mempart import SRC_LLAMA_MEASURED as SRC_LLAMA_MEASURED
-from edgekv.core.mempart import Part as Part
+from edgekv.core.mempart import ProcessPart as ProcessPart
 from edgekv.core.memscratch import CACHE_LINE_SIZE as CACHE_LINE_SIZE
 from edgekv.core.memscratch import KQ_PAD as KQ_PAD
 from edgekv.core.memscratch import kq_work_bytes as kq_work_bytes
@@ -154,20 +156,17 @@ class ProcessInputs:
     page_size: int = 4096                       # the OS page (0: llama.cpp unmaps nothing, as on Windows)
 
 
-@dataclass
-class ProcessPrediction:
+class ProcessPrediction(msgspec.Struct, frozen=True):
+    """The whole process's predicted peak resident bytes (None: not predicted), bytes per device and the parts
+    summed; the record's ``prediction.process`` is built from it (:func:`edgekv.records.blocks.process_block`)."""
+
     workload: str
     peak_rss_bytes: int | None
     device_bytes: dict[str, int]
-    parts: list[Part]
-    notes: list[str] = field(default_factory=list)
+    parts: list[ProcessPart]
+    notes: list[str] = []
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"workload": self.workload, "peak_rss_bytes": self.peak_rss_bytes,
-                "device_bytes": dict(self.device_bytes), "parts": [p.to_dict() for p in self.parts],
-                "notes": list(self.notes)}
-
-    def host_parts(self) -> list[Part]:
+    def host_parts(self) -> list[ProcessPart]:
         return [p for p in self.parts if p.where == HOST]
 
 
@@ -182,38 +181,38 @@ EXTRA_NOTES = {
 }
 
 
-def _measured_parts(x: ProcessInputs, notes: list[str]) -> list[Part]:
+def _measured_parts(x: ProcessInputs, notes: list[str]) -> list[ProcessPart]:
     """The parts measured rather than derived: the runtime baseline and llama.cpp's host structures."""
-    parts: list[Part] = []
+    parts: list[ProcessPart] = []
     if x.baseline_bytes is None:
         notes.append("no runtime baseline: " + (x.baseline_note or "calibration failed") +
                      "; peak_rss_bytes is not predicted")
     else:
-        parts.append(Part("runtime baseline", x.baseline_bytes, SRC_CALIBRATION, note=x.baseline_note))
+        parts.append(ProcessPart("runtime baseline", x.baseline_bytes, SRC_CALIBRATION, note=x.baseline_note))
     if x.host_structures_bytes is not None:
-        parts.append(Part("llama.cpp host structures", x.host_structures_bytes, SRC_LLAMA_MEASURED,
+        parts.append(ProcessPart("llama.cpp host structures", x.host_structures_bytes, SRC_LLAMA_MEASURED,
                           note=x.host_structures_note or "vocabulary, tensor and graph metadata, code pages "
                                                          "touched while loading"))
     return parts
 
 
-def _host_weight_parts(x: ProcessInputs, host: list[Tensor]) -> list[Part]:
+def _host_weight_parts(x: ProcessInputs, host: list[Tensor]) -> list[ProcessPart]:
     """The weights on the host: the file mapping (or the anonymous CPU buffer) and the extra buffer types' copies."""
-    parts: list[Part] = []
+    parts: list[ProcessPart] = []
     extra = extra_buffer_types(x.cpu_features, x.use_extra_bufts)
     in_extra = sum(t.n_bytes for t in host if extra_buffer_of(t, extra, x.cpu_features) is not None)
     if x.use_mmap:
         # every tensor's pages are read: the CPU ones by the graph, the repacked and offloaded ones while
         # loading (copied out of the mapping); llama.cpp unmaps only the ranges outside the CPU tensors
         mapped = sum(t.n_bytes for t in host)
-        parts.append(Part("weights (mmap)", mapped, SRC_FORMULA, kind="file",
+        parts.append(ProcessPart("weights (mmap)", mapped, SRC_FORMULA, kind="file",
                           note=f"{len(host)} tensors read through the file mapping"))
     else:
-        parts.append(Part("weights (--no-mmap)", sum(t.n_bytes for t in host) - in_extra, SRC_FORMULA,
+        parts.append(ProcessPart("weights (--no-mmap)", sum(t.n_bytes for t in host) - in_extra, SRC_FORMULA,
                           note="CPU model buffer: tensors read into anonymous memory"))
     tied_host = not (x.gpu_device and tensor_on_gpu("output.weight", x.n_layer, x.n_gpu_layers))
     for buft, (b, n) in extra_buffer_bytes(host, x.cpu_features, x.use_extra_bufts, tied_host).items():
-        parts.append(Part(f"weights ({buft} copy)", b, SRC_FORMULA, note=EXTRA_NOTES[buft].format(n=n)))
+        parts.append(ProcessPart(f"weights ({buft} copy)", b, SRC_FORMULA, note=EXTRA_NOTES[buft].format(n=n)))
     return parts
 
 
@@ -250,7 +249,7 @@ def unmapped_after_load(x: ProcessInputs, host: Sequence[Tensor]) -> tuple[int, 
     return total, names
 
 
-def _phase_parts(x: ProcessInputs, parts: list[Part], host: list[Tensor], load_parts: int) -> list[Part]:
+def _phase_parts(x: ProcessInputs, parts: list[ProcessPart], host: list[Tensor], load_parts: int) -> list[ProcessPart]:
     """The mapping's pages llama.cpp unmaps after loading, as a negative part; and, when the process peaks while
     loading (the whole mapping and the repacked copies resident, the context not yet created), what of them the
     peak still holds."""
@@ -258,17 +257,17 @@ def _phase_parts(x: ProcessInputs, parts: list[Part], host: list[Tensor], load_p
     if not gone:
         return []
     what = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    out = [Part("weights (mmap) unmapped after loading", -gone, SRC_FORMULA, kind="file",
+    out = [ProcessPart("weights (mmap) unmapped after loading", -gone, SRC_FORMULA, kind="file",
                 note=f"{what}: read while loading, then unmapped (outside the tensors left in the mapping)")]
     context = sum(p.bytes for p in parts[load_parts:] if p.where == HOST)
     if gone > context:
-        out.append(Part("weights (mmap) until loaded", gone - context, SRC_FORMULA, kind="file",
+        out.append(ProcessPart("weights (mmap) until loaded", gone - context, SRC_FORMULA, kind="file",
                         note=f"the process peaks while loading: these pages were still mapped and the context's "
                              f"{context / MIB:.1f} MiB not yet allocated"))
     return out
 
 
-def _device_weight_parts(x: ProcessInputs, on_gpu: list[Tensor]) -> list[Part]:
+def _device_weight_parts(x: ProcessInputs, on_gpu: list[Tensor]) -> list[ProcessPart]:
     """The offloaded layers' weights on the GPU device (none when nothing is offloaded)."""
     if not (on_gpu and x.gpu_device):
         return []
@@ -280,64 +279,64 @@ def _device_weight_parts(x: ProcessInputs, on_gpu: list[Tensor]) -> list[Part]:
         emb = [t for t in x.tensors if t.name == "token_embd.weight"]
         dev_w += sum(device_alloc_bytes(t, x.gpu_device) for t in emb)
         note += "; token_embd duplicated there as the (tied) output layer"
-    return [Part("weights", dev_w, SRC_FORMULA, where=x.gpu_device, kind="device", note=note)]
+    return [ProcessPart("weights", dev_w, SRC_FORMULA, where=x.gpu_device, kind="device", note=note)]
 
 
-def _kv_parts(x: ProcessInputs) -> list[Part]:
+def _kv_parts(x: ProcessInputs) -> list[ProcessPart]:
     """The KV cache on the host and, when some of it is offloaded, on the device."""
-    parts = [Part("KV cache", x.kv_host_bytes, SRC_FORMULA, note="cleared at creation: all resident")]
+    parts = [ProcessPart("KV cache", x.kv_host_bytes, SRC_FORMULA, note="cleared at creation: all resident")]
     if x.kv_device_bytes and x.gpu_device:
-        parts.append(Part("KV cache", x.kv_device_bytes, SRC_FORMULA, where=x.gpu_device, kind="device"))
+        parts.append(ProcessPart("KV cache", x.kv_device_bytes, SRC_FORMULA, where=x.gpu_device, kind="device"))
     return parts
 
 
-def _compute_parts(x: ProcessInputs, n_out_ubatch: int, notes: list[str]) -> list[Part]:
+def _compute_parts(x: ProcessInputs, n_out_ubatch: int, notes: list[str]) -> list[ProcessPart]:
     """The compute buffers: on the host the pages the workload's graph touches, pinned and device buffers whole."""
-    parts: list[Part] = []
+    parts: list[ProcessPart] = []
     if x.compute_workload is None:
         notes.append("compute buffer unknown (" + (x.compute_note or "no dry run") + "); peak_rss_bytes is not predicted")
     tokens, cells = x.compute_graph or (x.n_ubatch, 0)
     over = f" over {cells} cells" if cells else ""
     for buft, b in sorted((x.compute_workload or {}).items()):
         if _is_host_buffer(buft) and not buft.endswith("_Host"):
-            parts.append(Part("compute buffer", b, SRC_LLAMA,
+            parts.append(ProcessPart("compute buffer", b, SRC_LLAMA,
                               note=f"{buft}: graph reserved for {n_out_ubatch} output(s) per ubatch of "
                                    f"{tokens}{over} (the pages a CPU graph touches)"))
     for buft, b in sorted(x.compute_reserved.items()):
         if buft.endswith("_Host"):     # pinned host memory: resident whole
-            parts.append(Part("compute buffer", b, SRC_LLAMA, note=f"{buft}: pinned, allocated whole"))
+            parts.append(ProcessPart("compute buffer", b, SRC_LLAMA, note=f"{buft}: pinned, allocated whole"))
         elif not _is_host_buffer(buft):
-            parts.append(Part("compute buffer", b, SRC_LLAMA, where=buft, kind="device",
+            parts.append(ProcessPart("compute buffer", b, SRC_LLAMA, where=buft, kind="device",
                               note="a device allocates the whole reservation"))
     return parts
 
 
-def _host_buffer_parts(x: ProcessInputs, host: list[Tensor], n_out_ubatch: int, out_rows: int) -> list[Part]:
+def _host_buffer_parts(x: ProcessInputs, host: list[Tensor], n_out_ubatch: int, out_rows: int) -> list[ProcessPart]:
     """The smaller host buffers: the threads' work buffer, the state buffers of a restored depth, the logits and
     llama-server's own allocations."""
-    parts: list[Part] = []
+    parts: list[ProcessPart] = []
     host_tokens_on_cpu = x.n_gpu_layers < x.n_layer + 1 or not x.gpu_device
     if host_tokens_on_cpu:
         work = work_buffer_bytes(host if x.gpu_device else x.tensors, x.n_ubatch, n_out_ubatch, x.n_threads)
         kq = work_scratch_bytes(x.kq_work_bytes, x.n_threads)
         if kq > work:
-            parts.append(Part("thread work buffer", kq, SRC_FORMULA,
+            parts.append(ProcessPart("thread work buffer", kq, SRC_FORMULA,
                               note=f"attention scores converted for V without flash attention (the largest ubatch x "
                                    f"cells of the run), {x.n_threads} threads"))
         elif work:
-            parts.append(Part("thread work buffer", work, SRC_FORMULA,
+            parts.append(ProcessPart("thread work buffer", work, SRC_FORMULA,
                               note=f"largest activation conversion for {x.n_ubatch} tokens, {x.n_threads} threads"))
     if x.restore_buffer_bytes:
-        parts.append(Part("depth-state read buffer", x.restore_buffer_bytes, SRC_FORMULA,
+        parts.append(ProcessPart("depth-state read buffer", x.restore_buffer_bytes, SRC_FORMULA,
                           note="edgekv bench restores sliding-window/recurrent caches from a state file: "
                                "llama_state_seq_load_file reads one layer's rows at a time into a buffer "
                                "(src/llama-context.cpp llama_io_read_file::read_to_tensor) that glibc's malloc keeps "
                                "once its mmap threshold has risen to that size (at most 32 MiB)"))
     if x.state_copy_bytes:
-        parts.append(Part("depth state copy", x.state_copy_bytes, SRC_FORMULA,
+        parts.append(ProcessPart("depth state copy", x.state_copy_bytes, SRC_FORMULA,
                           note="llama-bench keeps llama_state_seq_get_data of the filled cache in memory "
                                "(tools/llama-bench/llama-bench.cpp cstate.buf)"))
-    parts.append(Part("output buffer", x.n_vocab * 4 * out_rows, SRC_FORMULA,
+    parts.append(ProcessPart("output buffer", x.n_vocab * 4 * out_rows, SRC_FORMULA,
                       note=f"logits for {out_rows} row(s) of {x.n_vocab} tokens"))
     if x.server_slots:
         parts += server_parts(x.server_slots, x.n_vocab, len(x.tensors), x.arch, x.n_ubatch)
@@ -345,7 +344,7 @@ def _host_buffer_parts(x: ProcessInputs, host: list[Tensor], n_out_ubatch: int, 
 
 
 def predict_process(x: ProcessInputs) -> ProcessPrediction:
-    """Peak resident memory of the process (and memory per device) for one configuration: one Part per
+    """Peak resident memory of the process (and memory per device) for one configuration: one ProcessPart per
     allocation of the process, in llama.cpp's allocation order."""
     n_out_ubatch, out_rows = workload_outputs(x.workload, x.n_batch, x.n_ubatch, x.n_seq_max)
     notes: list[str] = []
@@ -377,7 +376,7 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
     return ProcessPrediction(x.workload, peak, device, parts, notes)
 
 
-def gpu_runtime_parts(x: ProcessInputs) -> list[Part]:
+def gpu_runtime_parts(x: ProcessInputs) -> list[ProcessPart]:
     """The GPU backend's own memory beside llama.cpp's buffers (edgekv.orchestration.calibrate.device_runtime,
     measured once per environment on the probe model): on the device the CUDA context, cuBLAS's workspace,
     ggml-cuda's pool (ggml/src/ggml-cuda/ggml-cuda.cu ggml_cuda_pool_vmm: grown in steps, never returned), loaded
@@ -385,13 +384,13 @@ def gpu_runtime_parts(x: ProcessInputs) -> list[Part]:
     name = "CUDA runtime" if (x.gpu_device or "").upper().startswith("CUDA") else "GPU runtime"
     out = []
     if x.gpu_runtime_device_bytes is not None:
-        out.append(Part(name, x.gpu_runtime_device_bytes, SRC_CALIBRATION, where=x.gpu_device or HOST, kind="device",
+        out.append(ProcessPart(name, x.gpu_runtime_device_bytes, SRC_CALIBRATION, where=x.gpu_device or HOST, kind="device",
                         note="context, cuBLAS workspace, memory pool, kernels, graphs: " + x.gpu_runtime_note))
     if x.gpu_runtime_host_bytes is not None:
-        out.append(Part(f"{name} (host side)", max(0, x.gpu_runtime_host_bytes), SRC_CALIBRATION,
+        out.append(ProcessPart(f"{name} (host side)", max(0, x.gpu_runtime_host_bytes), SRC_CALIBRATION,
                         note="driver and libraries once a batch has run on the device: " + x.gpu_runtime_note))
     if x.gpu_graph_host_bytes_per_node is not None and x.graph_nodes_tg:
-        out.append(Part("CUDA graphs (host side)", int(x.gpu_graph_host_bytes_per_node * x.graph_nodes_tg),
+        out.append(ProcessPart("CUDA graphs (host side)", int(x.gpu_graph_host_bytes_per_node * x.graph_nodes_tg),
                         SRC_CALIBRATION, note=f"single-token decodes captured as CUDA graphs: {x.graph_nodes_tg} nodes "
                                               f"x {x.gpu_graph_host_bytes_per_node:.0f} B per node (two probes)"))
     return out

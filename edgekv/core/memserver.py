@@ -3,7 +3,7 @@ model, :mod:`edgekv.core.memmodel`), and the size of ggml's graph metadata.  Pur
 
 from __future__ import annotations
 
-from edgekv.core.mempart import SRC_FORMULA, Part
+from edgekv.core.mempart import SRC_FORMULA, ProcessPart
 
 # What a llama-server process (vendored llama.cpp 0c1e570) holds at its peak beyond what the runtime baseline (the
 # binary at the moment it opens its model) and llama.cpp's dry run (model and first context, no decode) account
@@ -81,10 +81,10 @@ def graph_max_nodes(arch: str, n_tensors: int, n_tokens: int) -> int:
     return max(1024, 8 * n_tensors)
 
 
-def server_parts(n_slots: int, n_vocab: int, n_tensors: int = 0, arch: str = "", n_ubatch: int = 512) -> list[Part]:
+def server_parts(n_slots: int, n_vocab: int, n_tensors: int = 0, arch: str = "", n_ubatch: int = 512) -> list[ProcessPart]:
     """What a llama-server holds beyond the runtime baseline and llama.cpp's dry run once its ``n_slots`` slots have
     served a request (the bench's warmup request, then rounds of ``n_slots`` concurrent ones)."""
-    parts = [Part("llama-server samplers", n_slots * n_vocab * TOKEN_DATA_BYTES, SRC_FORMULA,
+    parts = [ProcessPart("llama-server samplers", n_slots * n_vocab * TOKEN_DATA_BYTES, SRC_FORMULA,
                   note=f"{n_slots} slot(s), each with its sampler's {n_vocab} candidates: common/sampling.cpp:155 "
                        "set_logits cur.resize(n_vocab) of 12-byte llama_token_data, made anew for every request "
                        "(tools/server/server-context.cpp:1764 common_sampler_init; the old one is freed) and sampled "
@@ -93,18 +93,18 @@ def server_parts(n_slots: int, n_vocab: int, n_tensors: int = 0, arch: str = "",
                        "mmap threshold has risen past it while the model loaded")]
     if n_tensors:
         nodes = graph_max_nodes(arch, n_tensors, n_ubatch)
-        parts.append(Part("graph of the last decode", ggml_graph_meta_bytes(nodes), SRC_FORMULA,
+        parts.append(ProcessPart("graph of the last decode", ggml_graph_meta_bytes(nodes), SRC_FORMULA,
                           note=f"src/llama-context.cpp:2458 get_gf_res_prev: a second llm_graph_result beside the "
                                f"reserved one, made by the first llama_decode (the server's warmup, "
                                f"common/common.cpp:1416): its metadata buffer for {nodes} nodes is zero-filled "
                                "(src/llama-graph.cpp:1348; ggml_tensor_overhead() x nodes + the graph's hash set); "
                                "a ubatch without outputs (a prompt longer than -ub) adds one more, gf_res_prev[0]"))
-    parts.append(Part("llama-server code pages", SERVER_CODE_PAGES_BYTES, SRC_SERVER_MEASURED, kind="file",
+    parts.append(ProcessPart("llama-server code pages", SERVER_CODE_PAGES_BYTES, SRC_SERVER_MEASURED, kind="file",
                       note="text pages run while serving that neither the baseline (taken as the model file opens) "
                            "nor the dry run touched: libllama-common, libllama-server-impl, libc and the CPU "
                            "kernels (smaps, this build; see SERVER_CODE_PAGES_BYTES)"))
     n_threads = n_slots + SERVER_HTTP_EXTRA_THREADS
-    parts.append(Part("llama-server HTTP threads", n_threads * (SERVER_THREAD_ARENA_BYTES + SERVER_THREAD_STACK_BYTES),
+    parts.append(ProcessPart("llama-server HTTP threads", n_threads * (SERVER_THREAD_ARENA_BYTES + SERVER_THREAD_STACK_BYTES),
                       SRC_FORMULA,
                       note=f"{n_threads} HTTP pool threads (-np + 4, tools/server/server-http.cpp:152) that have "
                            "served a connection: glibc's per-thread malloc arena (48 KiB touched) and stack pages "

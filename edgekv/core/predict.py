@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgekv.core.cachetypes import CacheType, cache_type
@@ -132,21 +132,6 @@ class CachePrediction:
     def bytes(self) -> int:
         return self.k_bytes + self.v_bytes + self.r_bytes + self.s_bytes + self.state_bytes
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "kind": self.kind, "cells": self.cells, "n_stream": self.n_stream, "layers": len(self.layers),
-            "layer_ids": list(self.layers), "type_k": self.type_k, "type_v": self.type_v,
-            "k_bytes": self.k_bytes, "v_bytes": self.v_bytes, "bytes": self.bytes,
-        }
-        if self.kind == "recurrent":
-            d["r_bytes"] = self.r_bytes
-            d["s_bytes"] = self.s_bytes
-        if self.kind == "dsv4_state":
-            d.update(name=self.name, state_rows=self.cells, width=self.width, rs_seq=self.rs_seq,
-                     state_bytes=self.state_bytes, type_k="f32", type_v="f32")
-            d.pop("cells")
-        return d
-
 
 @dataclass
 class LayerPrediction:
@@ -208,39 +193,6 @@ class KVPrediction:
     @property
     def total_bytes(self) -> int:
         return self.kv_bytes + self.recurrent_bytes + self.state_bytes
-
-    def to_dict(self, with_layers: bool = False) -> dict[str, Any]:
-        p = self.params
-        d: dict[str, Any] = {
-            "n_ctx": p.n_ctx,
-            "n_ctx_padded": self.n_ctx_padded,
-            "n_ctx_seq": self.n_ctx_seq,
-            "type_k": p.type_k,
-            "type_v": p.type_v,
-            "flash_attn": p.flash_attn,
-            "flash_attn_effective": self.flash_attn_effective,
-            "swa_full": p.swa_full,
-            "n_seq_max": p.n_seq_max,
-            "kv_unified": p.kv_unified,
-            "n_batch": self.n_batch,
-            "n_ubatch": self.n_ubatch,
-            "status": self.status,
-            "reason": self.reason,
-            "aborts": self.aborts,
-            "memory": self.memory,
-            "kv_bytes": self.kv_bytes if self.status == STATUS_OK else None,
-            "k_bytes": self.k_bytes if self.status == STATUS_OK else None,
-            "v_bytes": self.v_bytes if self.status == STATUS_OK else None,
-            "recurrent_bytes": self.recurrent_bytes if self.status == STATUS_OK else None,
-            "state_bytes": self.state_bytes if self.status == STATUS_OK else None,
-            "total_bytes": self.total_bytes if self.status == STATUS_OK else None,
-            "caches": [c.to_dict() for c in self.caches] if self.status == STATUS_OK else [],
-        }
-        if self.notes:
-            d["notes"] = list(self.notes)
-        if with_layers:
-            d["layers"] = [asdict(x) for x in self.layers]
-        return d
 
 
 def resolve_context(shape: ModelShape, p: ContextParams) -> tuple[int, int, int, int, int]:

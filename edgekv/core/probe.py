@@ -19,6 +19,9 @@ from typing import Any
 
 import msgspec
 
+from edgekv.core.wire import decoder
+from edgekv.core.wire import to_wire as to_wire
+
 
 class ProbeStep(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One timed step: ``reps`` runs (after ``warmup`` untimed ones) of a ``test`` of ``n`` tokens from a cache of
@@ -110,19 +113,8 @@ Plan = list[ProbeModel]
 Results = list[ProbeResult]
 
 
-def to_wire(obj: Any) -> Any:
-    """A Struct (or a list of them) as plain JSON-ready values."""
-    return msgspec.to_builtins(obj)
-
-
-def request_from(payload: Any) -> ProbeRequest:
-    """The probe's request decoded from its JSON payload (msgspec.ValidationError when it is not one)."""
-    return msgspec.convert(payload, ProbeRequest)
-
-
-def reply_from(data: Any) -> ProbeReply:
-    """The probe's reply decoded from its result event (msgspec.ValidationError when it is not one)."""
-    return msgspec.convert(data, ProbeReply)
+request_from = decoder(ProbeRequest)
+reply_from = decoder(ProbeReply)
 
 
 def results_of(rows: Iterable[Any]) -> Results:

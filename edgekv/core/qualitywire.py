@@ -9,6 +9,9 @@ from typing import Any
 
 import msgspec
 
+from edgekv.core.wire import decoder
+from edgekv.core.wire import to_wire as to_wire
+
 
 class QualityCase(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One cache configuration to compare with the baseline."""
@@ -114,16 +117,5 @@ class QualityReply(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pid: int | None = None
 
 
-def to_wire(obj: Any) -> Any:
-    """A request or reply as plain JSON-ready values."""
-    return msgspec.to_builtins(obj)
-
-
-def request_from(payload: Any) -> QualityRequest:
-    """The quality child's request decoded from its JSON payload (msgspec.ValidationError when it is not one)."""
-    return msgspec.convert(payload, QualityRequest)
-
-
-def reply_from(data: Any) -> QualityReply:
-    """The quality child's reply decoded from its result event (msgspec.ValidationError when it is not one)."""
-    return msgspec.convert(data, QualityReply)
+request_from = decoder(QualityRequest)
+reply_from = decoder(QualityReply)

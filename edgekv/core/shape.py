@@ -5,8 +5,7 @@ Built from GGUF metadata by :mod:`edgekv.core.arch`; consumed by :mod:`edgekv.co
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 # How llama.cpp's create_memory() builds the model's memory (src/llama-model.cpp).
 MEMORY_KV = "kv"                    # one llama_kv_cache
@@ -117,9 +116,3 @@ class ModelShape:
     def layers_where(self, role: str) -> list[int]:
         return [lay.index for lay in self.layers if lay.role == role]
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["layers"] = [dict(asdict(lay), role=lay.role, k_width=lay.k_width, v_width=lay.v_width) for lay in self.layers]
-        d["n_layer"] = self.n_layer
-        d["notes"] = list(self.notes)
-        return d

@@ -35,8 +35,9 @@ that reads another's cache those cells again), with the bandwidth measured, not 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Annotated, Union
+
+import msgspec
 
 from edgekv.core.shape import SWA_STANDARD
 from edgekv.core.speedbounds import dropped_reason, needed_terms
@@ -83,6 +84,7 @@ from edgekv.core.speedshape import (  # noqa: F401
     speed_shape,
     weight_key,
 )
+from edgekv.core.wire import desc
 
 
 class MissingCalibration(ValueError):
@@ -119,32 +121,26 @@ def attn_keys(sh: SpeedShape, type_k: str, type_v: str, flash_attn: str) -> list
     return list(dict.fromkeys(kv_key(type_k, type_v, flash_attn, lay.geometry) for lay in sh.attn))
 
 
-@dataclass
-class SpeedPart:
-    name: str
-    s_per_token: float
-    source: str
+class SpeedPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One part of a predicted token's time (edgekv.core.speed)."""
+
+    name: Annotated[str, desc("fixed | weights | output head | attention")]
+    s_per_token: Annotated[float, desc("seconds per token")]
+    source: Annotated[str, desc("how it was obtained (the calibrated coefficient and the model's figure)")]
 
 
-@dataclass
-class SpeedPrediction:
-    test: str                       # "tg" or "pp"
-    tokens_per_s: float
-    depth: int
-    n_tokens: int
-    parts: list[SpeedPart]
-    roofline_tokens_per_s: float | None = None
-    bytes_per_token: float | None = None
-    calibration_id: str = ""
+class SpeedTestPrediction(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Predicted speed of one test (pp or tg) at a depth."""
 
-    @property
-    def s_per_token(self) -> float:
-        return sum(p.s_per_token for p in self.parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["s_per_token"] = self.s_per_token
-        return d
+    test: Annotated[str, desc("pp | tg")]
+    tokens_per_s: Annotated[float, desc("predicted tokens/s")]
+    depth: Annotated[int, desc("cells in the cache when the test starts")]
+    n_tokens: Annotated[int, desc("prompt or generated tokens")]
+    s_per_token: Annotated[float, desc("sum of the parts")]
+    parts: Annotated[list[SpeedPart], desc("the parts, seconds per token")]
+    roofline_tokens_per_s: Annotated[Union[float, None], desc("decode bound: measured read bandwidth / bytes read per token")]
+    bytes_per_token: Annotated[Union[float, None], desc("bytes a decoded token reads (weights + KV at the mean depth)")]
+    calibration_id: Annotated[str, desc("the calibration the coefficients come from")]
 
 
 def _require(sh: SpeedShape, cal: Calibration, type_k: str, type_v: str, flash_attn: str, nodes: int | None,
@@ -195,7 +191,7 @@ def prompt_node_s(cal: Calibration, n: int) -> float:
 
 def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k: str, type_v: str,
                flash_attn: str, n_seq: int = 1, swa_cells: int = 0, n_batch: int = 2048,
-               n_ubatch: int = 512) -> SpeedPrediction:
+               n_ubatch: int = 512) -> SpeedTestPrediction:
     """Decode tokens/s of ``n_gen`` tokens generated from ``depth`` cells (llama-bench's tg at depth); with
     ``n_seq`` sequences decoding together (-npl, each its own KV stream), each step one ubatch of a token per
     sequence, and the rate is all sequences' tokens (llama-batched-bench's S_TG).  ``swa_cells``: the cells of
@@ -230,7 +226,8 @@ def predict_tg(sh: SpeedShape, cal: Calibration, depth: int, n_gen: int, type_k:
     t = sum(p.s_per_token for p in parts)
     read = sum(g.bytes for g in sh.groups) / n + kv_read_bytes(sh, type_k, type_v, mean_depth)
     roof = cal.bandwidth_bytes_s / read if cal.bandwidth_bytes_s and read else None
-    return SpeedPrediction("tg", 1.0 / t, depth, n_gen, parts, roof, read, cal.id)
+    return SpeedTestPrediction(test="tg", tokens_per_s=1.0 / t, depth=depth, n_tokens=n_gen, s_per_token=t, parts=parts,
+                               roofline_tokens_per_s=roof, bytes_per_token=read, calibration_id=cal.id)
 
 
 def _matvec_source(g: WeightGroup, cal: Calibration) -> str:
@@ -247,7 +244,7 @@ def _matvec_source(g: WeightGroup, cal: Calibration) -> str:
 
 
 def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_batch: int, n_ubatch: int,
-               type_k: str, type_v: str, flash_attn: str, n_seq: int = 1) -> SpeedPrediction:
+               type_k: str, type_v: str, flash_attn: str, n_seq: int = 1) -> SpeedTestPrediction:
     """Prefill tokens/s of a prompt of ``n_prompt`` tokens processed at ``depth`` (llama-bench's pp at depth); with
     ``n_seq`` sequences (-npl) their prompts go in one batch (llama-batched-bench's S_PP over all of them), each
     token attending to its own sequence's cells, the last token of each sequence computing logits."""
@@ -299,10 +296,11 @@ def predict_pp(sh: SpeedShape, cal: Calibration, depth: int, n_prompt: int, n_ba
                                + ("; query tiles cut short at llama.cpp's chunk and head ends priced as full ones "
                                   "(their per-tile share)" if short_tiles else "")))
     t = sum(x.s_per_token for x in parts)
-    return SpeedPrediction("pp", 1.0 / t, depth, n_prompt * n_seq, parts, None, None, cal.id)
+    return SpeedTestPrediction(test="pp", tokens_per_s=1.0 / t, depth=depth, n_tokens=n_prompt * n_seq, s_per_token=t,
+                               parts=parts, roofline_tokens_per_s=None, bytes_per_token=None, calibration_id=cal.id)
 
 
-def explain(pred: SpeedPrediction, measured_ts: float | None = None) -> str:
+def explain(pred: SpeedTestPrediction, measured_ts: float | None = None) -> str:
     """One line naming the part that dominates a token's time (and how far a measured decode is from the
     roofline)."""
     if not pred.parts:

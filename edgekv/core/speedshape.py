@@ -4,7 +4,7 @@ layers, its graph's nodes) and this machine's calibration coefficients (:class:`
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from edgekv.core.cachetypes import ggml_type_name
@@ -250,9 +250,6 @@ class Calibration:
     # terms outside their physical bounds twice (edgekv.core.speedbounds: term -> why): left out of the
     # coefficients, and every prediction that needs one is withheld with the reason until a run measures it again
     dropped: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     @property
     def busy(self) -> bool:

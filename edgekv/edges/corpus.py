@@ -27,10 +27,9 @@ from __future__ import annotations
 import os
 import platform
 import zipfile
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
+from edgekv.core.corpus import CorpusFile
 from edgekv.edges.home import edgekv_home, sha256_bytes
 from edgekv.edges.hub import hub_file
 from edgekv.edges.safepath import atomic_write
@@ -43,18 +42,6 @@ WIKITEXT2_ARCHIVE = "wikitext-2-raw-v1.zip"
 WIKITEXT2_MEMBER = "wikitext-2-raw/wiki.test.raw"
 CORPUS_NAMES = (DEFAULT_CORPUS, WIKITEXT2)
 
-
-@dataclass(frozen=True)
-class Corpus:
-    name: str               # pydoc-3.11.7 | wikitext-2 | the file's name
-    path: str               # the file whose bytes are tokenized
-    n_bytes: int            # its length
-    sha256: str             # its sha256
-    source: str             # builtin | hub | file
-    detail: str = ""        # where it came from, in words
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def pydoc_text() -> str:
@@ -90,18 +77,19 @@ def text_for_tokenizer(data: bytes) -> bytes:
     return data[:-1] if data.endswith(b"\n") else data
 
 
-def _pydoc() -> Corpus:
+def _pydoc() -> CorpusFile:
     data = pydoc_text().encode("utf-8")
     name = f"pydoc-{platform.python_version()}"
     digest = sha256_bytes(data)
     path = _cache_dir() / f"{name}-{digest[:12]}.txt"
     if not path.is_file() or path.stat().st_size != len(data):
         atomic_write(path, data)
-    return Corpus(name=name, path=str(path), n_bytes=len(data), sha256=digest, source="builtin",
+    return CorpusFile(name=name, path=str(path), n_bytes=len(data), sha256=digest, source="builtin",
                   detail=f"pydoc_data.topics of Python {platform.python_version()}, sorted keys joined by blank lines")
 
 
-def _wikitext2() -> Corpus:
+def _wikitext2() -> CorpusFile:
+
     try:
         hf = hub_file(WIKITEXT2_REPO, WIKITEXT2_ARCHIVE, repo_type="dataset")
     except SourceError as e:
@@ -117,11 +105,11 @@ def _wikitext2() -> Corpus:
         atomic_write(path, data)
     data = path.read_bytes()
     check_text(data, "wikitext-2")
-    return Corpus(name=WIKITEXT2, path=str(path), n_bytes=len(data), sha256=sha256_bytes(data), source="hub",
+    return CorpusFile(name=WIKITEXT2, path=str(path), n_bytes=len(data), sha256=sha256_bytes(data), source="hub",
                   detail=f"{hf.endpoint}/datasets/{WIKITEXT2_REPO} {WIKITEXT2_ARCHIVE}@{hf.revision}:{WIKITEXT2_MEMBER}")
 
 
-def _file(spec: str) -> Corpus:
+def _file(spec: str) -> CorpusFile:
     p = Path(spec).expanduser()
     if p.is_dir():
         raise CorpusError(f"--corpus {spec}: is a directory; pass a text file")
@@ -130,11 +118,11 @@ def _file(spec: str) -> Corpus:
     except OSError as e:
         raise CorpusError(f"--corpus {spec}: {e.strerror or e}") from None
     check_text(data, f"--corpus {spec}")
-    return Corpus(name=p.name, path=str(p.resolve()), n_bytes=len(data), sha256=sha256_bytes(data), source="file",
+    return CorpusFile(name=p.name, path=str(p.resolve()), n_bytes=len(data), sha256=sha256_bytes(data), source="file",
                   detail=str(p.resolve()))
 
 
-def resolve_corpus(spec: str | os.PathLike | None = None) -> Corpus:
+def resolve_corpus(spec: str | os.PathLike | None = None) -> CorpusFile:
     """``None``/``"pydoc"``: the built-in default; ``"wikitext-2"``; else a path to a text file."""
     if spec is None or str(spec) in ("", DEFAULT_CORPUS):
         return _pydoc()

@@ -242,11 +242,6 @@ class EngineResult:
     def output_mib(self) -> float:
         return self.log.output_mib_total
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["params"] = asdict(self.params)
-        return d
-
 
 @contextlib.contextmanager
 def loadable_path(path: str, header: GGUFHeader | None = None) -> Iterator[tuple[str, bool]]:

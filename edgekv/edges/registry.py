@@ -108,22 +108,6 @@ class ModelEntry:
     def unverified(self) -> list[str]:
         return [k for k, ok in (("revision", self.pinned), ("sha256", self.sha256_known)) if not ok]
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "name": self.name, "hf_repo": self.hf_repo, "file": self.file, "revision": self.revision,
-            "sha256": self.sha256, "size_bytes": self.size_bytes, "description": self.description,
-            "license": self.license, "provenance": self.provenance, "notes": self.notes,
-            "hf_spec": self.hf_spec, "unverified": self.unverified,
-            "sweep": {"contexts": list(self.sweep.contexts), "cache_types": list(self.sweep.cache_types)},
-            "pypi": None,
-        }
-        if self.pypi:
-            d["pypi"] = {"package": self.pypi.package, "resource": self.pypi.resource,
-                         "module": self.pypi.module, "assemble": self.pypi.assemble}
-            if self.pypi.fetchable:
-                d["pypi"].update(version=self.pypi.version, wheel_sha256=self.pypi.wheel_sha256)
-        return d
-
 
 @dataclass(frozen=True)
 class Registry:

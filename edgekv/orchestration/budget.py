@@ -24,7 +24,7 @@ from edgekv.errors import EngineError
 from edgekv.orchestration.api import LoadedModel
 from edgekv.orchestration.calibrate import runtime_baseline
 from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
-from edgekv.records.schema import Process
+from edgekv.records.schema import Process, process_block
 
 OptInt = Union[int, None, UnsetType]
 
@@ -148,7 +148,7 @@ def _process_row(m: LoadedModel, params: ContextParams, tk: str, tv: str, proc_a
                     "cache_bytes": kv.total_bytes,
                     "compute_bytes": sum(q.bytes for q in p.host_parts() if q.name == "compute buffer"),
                     "weights_bytes": sum(v for k, v in parts.items() if k.startswith("weights")),
-                    "total_bytes": p.peak_rss_bytes, "process": p.to_dict(),
+                    "total_bytes": p.peak_rss_bytes, "process": process_block(p),
                     "source": "whole-process prediction (memmodel)"})
         if best == cap:
             notes.append(f"capped at the trained context ({cap}): the search stops there, larger contexts "

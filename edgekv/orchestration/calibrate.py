@@ -46,9 +46,6 @@ class Baseline:
     cpu_features: list[str]
     remeasured: bool = False        # measured in this call (first time, or the environment changed)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def _lib_stamp(path: str) -> list[Any]:
     try:

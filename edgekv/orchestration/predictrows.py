@@ -20,6 +20,7 @@ import msgspec
 from msgspec import UNSET
 
 from edgekv.core.fit import fits, size
+from edgekv.core.formula import formula_block
 from edgekv.core.llamacmd import llama_cpp_args, shell_line
 from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, predict
 from edgekv.core.speed import MissingCalibration, predict_tg
@@ -45,7 +46,7 @@ from edgekv.orchestration.speedpredict import (
 )
 from edgekv.orchestration.sweepplan import binary_baseline
 from edgekv.records.results import KEY_SETTINGS
-from edgekv.records.schema import Record, SpeedPrediction, encode, predict_record
+from edgekv.records.schema import Process, Record, SpeedPrediction, encode, predict_record
 
 
 def _dry_runs(m: LoadedModel, configs: list[ContextParams], preds: list[KVPrediction], n_gpu_layers: int):
@@ -80,7 +81,7 @@ def _saving_vs_f16(shape: Any, c: ContextParams, p: KVPrediction, f16: dict[int,
 
 
 def predict_records(m: LoadedModel, configs: list[ContextParams], engine: bool = False, n_gpu_layers: int = -1,
-                    with_layers: bool = False, processes: list[dict[str, Any] | None] | None = None) -> list[Record]:
+                    with_layers: bool = False, processes: list[Process | None] | None = None) -> list[Record]:
     """One ``edgekv predict --json`` record (kind ``predict``) per configuration: the formula and its saving
     against f16; with ``engine`` llama.cpp's dry run beside it; with ``processes`` (one per configuration,
     None where not predicted) the whole-process prediction."""
@@ -89,7 +90,7 @@ def predict_records(m: LoadedModel, configs: list[ContextParams], engine: bool =
     engines = _engine_blocks(m, configs, preds, n_gpu_layers) if engine else None
     f16: dict[int, KVPrediction] = {}
     return [predict_record(model_path=m.ref.path, arch=shape.arch, weights_bytes=m.weights_bytes,
-                           formula=p.to_dict(with_layers=with_layers), saving_vs_f16=_saving_vs_f16(shape, c, p, f16),
+                           formula=formula_block(p, with_layers, _saving_vs_f16(shape, c, p, f16)),
                            engine=engines[i] if engines is not None else UNSET,
                            process=processes[i] if processes is not None else UNSET, key_settings=KEY_SETTINGS)
             for i, (c, p) in enumerate(zip(configs, preds))]

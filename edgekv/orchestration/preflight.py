@@ -58,9 +58,6 @@ class Preflight:
         return CRASH_TEXT if "AMX" in self.extra_buffers else (
             f"llama.cpp's {'/'.join(self.extra_buffers) or 'extra buffer'} kernels crash on this CPU")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def environment_block(self) -> dict[str, Any]:
         """What a record's environment says of it (``extra_buffers_preflight``)."""
         return {"runs": self.runs, "detail": self.detail, "extra_buffers_mib": dict(self.extra_buffers)}
@@ -145,7 +142,7 @@ def preflight(runtime: str = "python", binary: str | None = None, refresh: bool 
     pf.fingerprint_key, pf.remeasured = key, True
     if pf.runs is not None:       # an unknown verdict is said, never cached
         try:
-            write_json(path, {**pf.to_dict(), "remeasured": False})
+            write_json(path, {**asdict(pf), "remeasured": False})
         except OSError:
             pass
     return pf

@@ -35,6 +35,7 @@ from edgekv.edges.engine import EngineSession
 from edgekv.edges.environment import default_threads
 from edgekv.errors import EngineError
 from edgekv.orchestration.calibrate import device_runtime, host_structures, runtime_baseline
+from edgekv.records.schema import Process, process_block
 
 
 @dataclass
@@ -287,7 +288,7 @@ def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings
 
 
 def process_blocks(m, configs: list[ContextParams], settings: ProcessSettings,
-                   baseline=None, seen: dict[str, Any] | None = None) -> tuple[list[dict[str, Any] | None], list[str]]:
+                   baseline=None, seen: dict[str, Any] | None = None) -> tuple[list[Process | None], list[str]]:
     """``prediction.process`` (the whole-process prediction) of each ``edgekv predict`` configuration, and the
     notes to print.
 
@@ -314,4 +315,4 @@ def process_blocks(m, configs: list[ContextParams], settings: ProcessSettings,
         notes.append(f"peak RSS not predicted: {baseline.note}")
     if not m.header.tensors:
         notes.append("metadata-only header (no tensor table): the weights are unknown and counted as 0 MiB")
-    return [p.to_dict() if p is not None else None for p in procs], notes
+    return [process_block(p) if p is not None else None for p in procs], notes

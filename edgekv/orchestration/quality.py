@@ -46,10 +46,11 @@ from typing import Any
 import msgspec
 
 from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES, cache_type
+from edgekv.core.corpus import CorpusFile
 from edgekv.core.klstats import PassSizes, plan
 from edgekv.core.predict import STATUS_INVALID, ContextParams, predict
 from edgekv.core.qualitywire import QualityCase, QualityOptions, QualityReply, QualityRequest, QualityRow, reply_from, to_wire
-from edgekv.edges.corpus import Corpus, resolve_corpus
+from edgekv.edges.corpus import resolve_corpus
 from edgekv.edges.environment import collect, default_threads
 from edgekv.edges.process import run_child, worker_argv
 from edgekv.edges.sources import verified_sha256
@@ -138,13 +139,13 @@ def _checked_inputs(n_ctx: int | Sequence[int], chunks: int | None, n_batch: int
     return ctxs, cfgs
 
 
-def _load_inputs(model: str | os.PathLike | None, corpus: str | os.PathLike | Corpus | None) -> tuple[Any, Corpus]:
+def _load_inputs(model: str | os.PathLike | None, corpus: str | os.PathLike | CorpusFile | None) -> tuple[Any, CorpusFile]:
     """The whole model file (a header alone is refused) and the resolved corpus."""
     m = load_model(None if model is None else str(model))
     if not m.ref.complete:
         raise UsageError(f"{m.ref.spec}: the quality pass needs the whole model file, not only its header")
     m.require_whole("edgekv quality")
-    corp = corpus if isinstance(corpus, Corpus) else resolve_corpus(corpus)
+    corp = corpus if isinstance(corpus, CorpusFile) else resolve_corpus(corpus)
     return m, corp
 
 
@@ -166,7 +167,7 @@ def _invalid_cases(shape, ctxs: list[int], cfgs: list[QualityConfig], n_batch: i
     return invalid
 
 
-def _raise_child_failure(res, m, corp: Corpus) -> None:
+def _raise_child_failure(res, m, corp: CorpusFile) -> None:
     """The quality child's last error event (or its death) as CorpusError, EngineError or RunFailed."""
     errors = [e for e in res.events if e.get("event") == "error"]
     if errors:
@@ -181,7 +182,7 @@ def _raise_child_failure(res, m, corp: Corpus) -> None:
         raise RunFailed(f"quality pass on {m.ref.path}: {res.failure_reason()}")
 
 
-def _run_pass(m, corp: Corpus, ctxs: list[int], cfgs: list[QualityConfig], run_cfgs: list[int], n_gpu_layers: int,
+def _run_pass(m, corp: CorpusFile, ctxs: list[int], cfgs: list[QualityConfig], run_cfgs: list[int], n_gpu_layers: int,
               repack: bool | None, options: QualityOptions, timeout: float | None,
               on_event: Callable[[dict[str, Any]], None] | None
               ) -> tuple[dict[tuple[int, int], QualityRow], QualityReply, int | None]:
@@ -235,17 +236,18 @@ def _not_measured(n_ctx: int, c: QualityConfig, status: str, error: str) -> S.Qu
 
 def _shape_rows(ctxs: list[int], cfgs: list[QualityConfig], invalid: dict[tuple[int, int], str],
                 rows: dict[tuple[int, int], QualityRow], info: QualityReply, peak_rss: int | None,
-                corp: Corpus, m, base_k: str, base_v: str, threads: int) -> list[S.Quality]:
+                corp: CorpusFile, m, base_k: str, base_v: str, threads: int) -> list[S.Quality]:
     """Shape phase: one row per (n_ctx, config), n_ctx-major, invalid, error or ok (see the module docstring)."""
-    corpus = S.Corpus(name=corp.name, path=corp.path, n_bytes=corp.n_bytes, sha256=corp.sha256, source=corp.source,
-                      detail=corp.detail, n_tokens=info.n_tokens)
+    # the text as scored: the file and its tokens (a reply without them scored nothing: its rows are not evaluated)
+    corpus = (S.Corpus(name=corp.name, path=corp.path, n_bytes=corp.n_bytes, sha256=corp.sha256, source=corp.source,
+                       detail=corp.detail, n_tokens=info.n_tokens) if info.n_tokens is not None else None)
     out: list[S.Quality] = []
     for n in ctxs:
         for i, c in enumerate(cfgs):
             r = rows.get((n, i))
             if (n, i) in invalid:
                 out.append(_not_measured(n, c, "invalid", invalid[(n, i)]))
-            elif r is None or r.status != "ok":
+            elif r is None or r.status != "ok" or corpus is None:
                 out.append(_not_measured(n, c, "error", "not evaluated" if r is None or r.error is None else r.error))
             else:
                 out.append(S.Quality(n_ctx=n, type_k=c.type_k, type_v=c.type_v, flash_attn=c.flash_attn, status="ok",
@@ -257,7 +259,7 @@ def _shape_rows(ctxs: list[int], cfgs: list[QualityConfig], invalid: dict[tuple[
 def measure(
     model: str | os.PathLike | None,
     configs: Sequence[QualityConfig | tuple[str, str] | str | dict[str, Any]] = DEFAULT_SWEEP_TYPES,
-    corpus: str | os.PathLike | Corpus | None = None,
+    corpus: str | os.PathLike | CorpusFile | None = None,
     n_ctx: int | Sequence[int] = 512,
     chunks: int | None = None,
     *,
@@ -276,7 +278,7 @@ def measure(
     """Perplexity and KL divergence of each cache configuration against the f16/f16 baseline.
 
     ``configs``: cache types (``"q8_0"``), (type_k, type_v) pairs, dicts or :class:`QualityConfig`.
-    ``corpus``: ``None``/``"pydoc"`` (built in), ``"wikitext-2"``, a text file, or a :class:`Corpus`.
+    ``corpus``: ``None``/``"pydoc"`` (built in), ``"wikitext-2"``, a text file, or a :class:`CorpusFile`.
     ``chunks``: at most this many chunks per context size (llama-perplexity's ``--chunks``).
     ``emulate_llama``: also report the statistics llama-perplexity's 16-bit base file would give
     (``row.quality.llama_uint16``, :class:`EmulatedQualityStats`), for the agreement check in ``bench/``.
@@ -309,7 +311,7 @@ def quality_records(rows: list[S.Quality], model: str | os.PathLike | None, *, c
     m = load_model(None if model is None else str(model))
     sha = verified_sha256(m.ref.path)
     environment = S.environment(env if env is not None else collect())
-    model_block = msgspec.convert(S.model_block(m, sha), S.Model, strict=True)
+    model_block = S.model_block(m, sha)
     out = []
     for r in rows:
         q = r.quality

@@ -15,6 +15,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from edgekv.edges.load import record_busy
 from edgekv.records.schema import SpeedAdjustment, SpeedPrediction, SpeedTestPrediction
 
@@ -29,12 +31,9 @@ def _pair(case: Any) -> tuple[str, str, str]:
 
 def scaled(t: SpeedTestPrediction, factor: float) -> SpeedTestPrediction:
     """A predicted test with its tokens/s multiplied by ``factor`` (its parts' seconds divided by it)."""
-    out = copy.deepcopy(t)
-    out.tokens_per_s = t.tokens_per_s * factor
-    out.s_per_token = t.s_per_token / factor
-    for p in out.parts:
-        p.s_per_token /= factor
-    return out
+    return msgspec.structs.replace(t, tokens_per_s=t.tokens_per_s * factor, s_per_token=t.s_per_token / factor,
+                                   parts=[msgspec.structs.replace(p, s_per_token=p.s_per_token / factor)
+                                          for p in t.parts])
 
 
 @dataclass

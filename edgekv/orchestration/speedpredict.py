@@ -7,8 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-import msgspec
-
 from edgekv.core.speed import (
     Calibration,
     MissingCalibration,
@@ -19,7 +17,7 @@ from edgekv.core.speed import (
     speed_shape,
 )
 from edgekv.core.speedbounds import blamed_terms, drop_terms, roofline_miss
-from edgekv.records.schema import Record, Settings, SpeedPrediction, SpeedResidual, SpeedTestPrediction
+from edgekv.records.schema import Record, Settings, SpeedPrediction, SpeedResidual
 
 UNIFIED_NOT_PREDICTED = ("no speed prediction for -npl with --kv-unified: every token's attention runs over all "
                          "sequences' cells of the shared buffer, which the speed model does not describe yet")
@@ -147,8 +145,8 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
         if cal.busy:
             out.calibration_busy = True
         if x.n_prompt > 0:
-            out.pp = _test_block(predict_pp(sh, cal, pp_depth, x.n_prompt, x.n_batch, x.n_ubatch, x.type_k, x.type_v,
-                                            x.flash_attn, n_seq))
+            out.pp = predict_pp(sh, cal, pp_depth, x.n_prompt, x.n_batch, x.n_ubatch, x.type_k, x.type_v,
+                                x.flash_attn, n_seq)
         if x.n_gen > 0:
             tg = predict_tg(sh, cal, tg_depth, x.n_gen, x.type_k, x.type_v, x.flash_attn, n_seq, x.swa_cells,
                             x.n_batch, x.n_ubatch)
@@ -156,7 +154,7 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
             far = roofline_miss(sh, [(q.name, q.s_per_token) for q in tg.parts], cal.bandwidth_bytes_s)
             if far:
                 return SpeedPrediction(calibration_id=cal.id, error=f"withheld: {far}")
-            out.tg = _test_block(tg)
+            out.tg = tg
             out.explain = explain(tg)
         return out
     except MissingCalibration as e:
@@ -181,11 +179,6 @@ def roofline_blame(sh: SpeedShape, cal: Calibration, xs: list[SpeedInputs]) -> d
             for t in blamed_terms(parts, sh):
                 out.setdefault(t, why)
     return out
-
-
-def _test_block(p: Any) -> SpeedTestPrediction:
-    """One predicted test (:class:`edgekv.core.speed.SpeedTest...`) as the schema's block."""
-    return msgspec.convert(p.to_dict(), SpeedTestPrediction, strict=True)
 
 
 def residual(rec: Record) -> SpeedResidual | None:

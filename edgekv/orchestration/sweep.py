@@ -47,7 +47,6 @@ from edgekv.records.schema import (
     BenchRecord,
     Environment,
     ExtraBuffersPreflight,
-    Model,
     QualitySettings,
     Record,
     Settings,
@@ -259,7 +258,7 @@ def _run_locked(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsWriter, 
     todo = [c for c in cases if c.key not in done_keys]
     engine_results, processes, speeds, tracker = _plan_sweep(spec, cases, todo, retry, env, sha, say, output)
 
-    model = msgspec.convert(model_block(spec.model, sha), Model, strict=True)
+    model = model_block(spec.model, sha)
     cx = CaseContext(spec, env, model, nvml_process_probe(), say)
     records: list[Record] = []
     interrupted = False

@@ -12,6 +12,7 @@ from msgspec import UNSET
 
 from edgekv.core.benchwire import REPLY_FAILED, REPLY_OK, BenchReply, BenchSamples, Checkpoint, Samples, reply_from
 from edgekv.core.diagnose import Diagnosis, diagnose
+from edgekv.core.formula import formula_block
 from edgekv.core.llamacmd import llama_cpp_args
 from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, device_mib
 from edgekv.core.predict import STATUS_OK, KVPrediction
@@ -40,7 +41,7 @@ def decode_reply(child) -> tuple[BenchReply | None, str | None]:
 
 
 def _prediction_block(pred: KVPrediction, eng: EngineResult | None) -> S.Prediction:
-    formula = msgspec.convert(pred.to_dict(), S.Formula, strict=True)
+    formula = formula_block(pred)
     if eng is None:
         return S.Prediction(formula=formula)
     return S.Prediction(formula=formula, engine=msgspec.convert(engine_block(pred, eng), S.Engine, strict=True))
@@ -279,7 +280,7 @@ def attach_process(rec: S.BenchRecord, proc: Any) -> None:
     if isinstance(proc, dict):          # the dry run failed: say so, predict nothing
         rec.prediction.process = S.Process(peak_rss_bytes=None, error=proc.get("error"))
         return
-    p = rec.prediction.process = msgspec.convert(proc.to_dict(), S.Process, strict=True)
+    p = rec.prediction.process = S.process_block(proc)
     measured = rec.memory.peak_rss_bytes if isinstance(rec.memory, S.Memory) else None
     if measured and p.peak_rss_bytes:
         diff = measured - p.peak_rss_bytes

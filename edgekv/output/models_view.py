@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from rich.table import Table
@@ -16,8 +17,31 @@ def _size(n: int | None) -> str:
     return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.0f} MiB"
 
 
+def entry_dict(e: ModelEntry) -> dict[str, Any]:
+    """A registry entry as ``models list|show --json`` print it."""
+    d: dict[str, Any] = {
+        "name": e.name, "hf_repo": e.hf_repo, "file": e.file, "revision": e.revision,
+        "sha256": e.sha256, "size_bytes": e.size_bytes, "description": e.description,
+        "license": e.license, "provenance": e.provenance, "notes": e.notes,
+        "hf_spec": e.hf_spec, "unverified": e.unverified,
+        "sweep": {"contexts": list(e.sweep.contexts), "cache_types": list(e.sweep.cache_types)},
+        "pypi": None,
+    }
+    if e.pypi:
+        d["pypi"] = {"package": e.pypi.package, "resource": e.pypi.resource,
+                     "module": e.pypi.module, "assemble": e.pypi.assemble}
+        if e.pypi.fetchable:
+            d["pypi"].update(version=e.pypi.version, wheel_sha256=e.pypi.wheel_sha256)
+    return d
+
+
+def pull_dict(r: PullResult) -> dict[str, Any]:
+    """``models pull --json``: every field of the pull, in order."""
+    return asdict(r)
+
+
 def list_dicts(reg: Registry) -> list[dict[str, Any]]:
-    return [{**e.to_dict(), "status": entry_status(e)} for e in reg.entries.values()]
+    return [{**entry_dict(e), "status": entry_status(e)} for e in reg.entries.values()]
 
 
 def render_list(con, reg: Registry) -> None:
@@ -34,7 +58,7 @@ def render_list(con, reg: Registry) -> None:
 
 
 def show_dict(e: ModelEntry) -> dict[str, Any]:
-    return {**e.to_dict(), "status": entry_status(e)}
+    return {**entry_dict(e), "status": entry_status(e)}
 
 
 def render_show(con, e: ModelEntry) -> None:

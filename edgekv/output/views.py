@@ -6,6 +6,7 @@ Measures and computes nothing: ``predict``'s rows, dry runs and notes come from
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from msgspec import UNSET
@@ -78,9 +79,18 @@ def inspect_dict(m: LoadedModel) -> dict[str, Any]:
         },
         "weights_bytes": h.weights_bytes,
         "weights_by_type": h.weights_by_type(),
-        "shape": s.to_dict(),
+        "shape": shape_dict(s),
         "layer_roles": {role: s.layers_where(role) for role in sorted({x.role for x in s.layers})},
     }
+
+
+def shape_dict(s: ModelShape) -> dict[str, Any]:
+    """``edgekv info --json``'s shape: every field, each layer with its role and widths, and the trunk's n_layer."""
+    d = asdict(s)
+    d["layers"] = [dict(asdict(lay), role=lay.role, k_width=lay.k_width, v_width=lay.v_width) for lay in s.layers]
+    d["n_layer"] = s.n_layer
+    d["notes"] = list(s.notes)
+    return d
 
 
 def render_info(con, info: dict[str, Any]) -> None:

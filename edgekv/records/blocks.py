@@ -2,25 +2,29 @@
 ``prediction`` (formula, llama.cpp's dry run, the whole process, the speed) and ``environment``.
 
 Each block is a strict ``msgspec.Struct`` (:class:`Block`: unknown keys refused) whose fields carry their description
-(:func:`doc`), from which the committed JSON Schema is generated.  The measured blocks are in
+(:func:`doc`), from which the committed JSON Schema is generated.  What the core's models return is embedded as it
+is, never restated: the formula (:class:`~edgekv.core.formula.Formula`), the process's parts
+(:class:`~edgekv.core.mempart.ProcessPart`) and each predicted speed test
+(:class:`~edgekv.core.speed.SpeedTestPrediction`), strict frozen Structs of the core.  The measured blocks are in
 :mod:`edgekv.records.measured`; the record that holds them all, and the public namespace of every block, is
 :mod:`edgekv.records.schema`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Any, Union
 
 import msgspec
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import UNSET, Struct, UnsetType
 
 from edgekv.core.benchwire import BenchWorkload
+from edgekv.core.formula import Formula as Formula
+from edgekv.core.formula import FormulaCache as FormulaCache
+from edgekv.core.mempart import ProcessPart
 from edgekv.core.predict import ContextParams
-
-
-def doc(t: Any, desc: str) -> Any:
-    """A field's type with its description (the JSON Schema's ``description``)."""
-    return Annotated[t, Meta(description=desc)]
+from edgekv.core.speed import SpeedPart as SpeedPart
+from edgekv.core.speed import SpeedTestPrediction
+from edgekv.core.wire import doc
 
 
 class Block(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -126,59 +130,6 @@ class Model(Block, kw_only=True):
 
 # -- prediction ---------------------------------------------------------------------------------------
 
-class FormulaCache(Block, kw_only=True):
-    """One KV cache of the formula (provenance: formula; :meth:`edgekv.core.predict.CachePrediction.to_dict`)."""
-
-    kind: doc(Union[str, UnsetType], "cache kind: kv | swa | recurrent | dsv4_state | ...") = UNSET
-    cells: doc(Union[int, UnsetType], "cells (tokens) per stream (absent for state caches: see state_rows)") = UNSET
-    n_stream: doc(Union[int, UnsetType], "streams (sequences with their own cells)") = UNSET
-    layers: doc(Union[int, UnsetType], "layers in this cache") = UNSET
-    layer_ids: doc(Union[list[int], UnsetType], "layer indices") = UNSET
-    type_k: doc(Union[str, UnsetType], "K cache type") = UNSET
-    type_v: doc(Union[str, UnsetType], "V cache type") = UNSET
-    k_bytes: doc(Union[int, UnsetType], "K bytes") = UNSET
-    v_bytes: doc(Union[int, UnsetType], "V bytes") = UNSET
-    bytes: doc(Union[int, UnsetType], "all bytes of this cache") = UNSET
-    r_bytes: doc(Union[int, UnsetType], "recurrent R state bytes") = UNSET
-    s_bytes: doc(Union[int, UnsetType], "recurrent S state bytes") = UNSET
-    name: doc(Union[str, UnsetType], "state cache name") = UNSET
-    state_rows: doc(Union[int, UnsetType], "state rows") = UNSET
-    width: doc(Union[int, UnsetType], "state row width") = UNSET
-    rs_seq: doc(Union[int, UnsetType], "state sequences") = UNSET
-    state_bytes: doc(Union[int, UnsetType], "state bytes") = UNSET
-
-
-class Formula(Block, kw_only=True):
-    """The KV prediction from the GGUF header (provenance: formula; :mod:`edgekv.core.predict`)."""
-
-    n_ctx: doc(int, "context size asked")
-    n_ctx_padded: doc(int, "context size after llama.cpp's padding")
-    n_ctx_seq: doc(int, "cells per sequence")
-    type_k: doc(str, "K cache type")
-    type_v: doc(str, "V cache type")
-    flash_attn: doc(str, "flash attention asked")
-    flash_attn_effective: doc(str, "flash attention llama.cpp would use (on/off/auto)")
-    swa_full: doc(bool, "full-size SWA cache")
-    n_seq_max: doc(int, "parallel sequences")
-    kv_unified: doc(bool, "unified KV buffer")
-    n_batch: doc(int, "logical batch")
-    n_ubatch: doc(int, "physical batch")
-    status: doc(str, "ok | invalid | unsupported")
-    reason: doc(OptStr, "why not ok")
-    aborts: doc(bool, "llama.cpp would abort at context creation")
-    memory: doc(str, "cache family")
-    kv_bytes: doc(OptInt, "attention KV bytes (None unless status is ok)")
-    k_bytes: doc(OptInt, "K bytes")
-    v_bytes: doc(OptInt, "V bytes")
-    recurrent_bytes: doc(OptInt, "recurrent state bytes")
-    state_bytes: doc(Union[int, None, UnsetType], "other state bytes (DeepSeek-V4 style caches)") = UNSET
-    total_bytes: doc(OptInt, "KV + recurrent + state bytes: what llama.cpp allocates for the caches")
-    caches: doc(list[FormulaCache], "one entry per cache (empty unless status is ok)")
-    notes: doc(Union[list[str], UnsetType], "caveats of the prediction") = UNSET
-    layers: doc(Union[list[dict[str, Any]], UnsetType], "per-layer breakdown (predict --layers)") = UNSET
-    saving_vs_f16: doc(Union[float, None, UnsetType], "f16 cache bytes / these cache bytes (predict)") = UNSET
-
-
 class CacheLine(Block, kw_only=True):
     """One cache as llama.cpp's log prints it (provenance: llama.cpp; :func:`edgekv.orchestration.crosscheck.engine_lines`)."""
 
@@ -223,17 +174,6 @@ class Engine(Block, kw_only=True):
     weights_bytes: doc(Union[int, None, UnsetType], "llama_model_size(): llama.cpp's own weights figure") = UNSET
 
 
-class ProcessPart(Block, kw_only=True):
-    """One part of the whole-process prediction; ``source`` is its provenance."""
-
-    name: doc(str, "what it is")
-    bytes: doc(int, "bytes")
-    source: doc(str, "formula | llama.cpp dry run | measured (runtime calibration) | ...")
-    where: doc(str, "host or a ggml device name")
-    kind: doc(str, "anonymous | file | device")
-    note: doc(str, "how it was obtained")
-
-
 class PredictedAfter(Block, kw_only=True):
     """Set when the prediction was added to a record after its measurement."""
 
@@ -259,28 +199,6 @@ class Process(Block, kw_only=True):
                                            "memory available when it predicted") = UNSET
     available_bytes: doc(Union[int, None, UnsetType], "edgekv predict: the memory available then") = UNSET
     available_source: doc(Union[str, None, UnsetType], "which figure: MemAvailable | cgroup limit | ...") = UNSET
-
-
-class SpeedPartBlock(Block, kw_only=True):
-    """One part of a predicted token's time (edgekv.core.speed)."""
-
-    name: doc(str, "fixed | weights | output head | attention")
-    s_per_token: doc(float, "seconds per token")
-    source: doc(str, "how it was obtained (the calibrated coefficient and the model's figure)")
-
-
-class SpeedTestPrediction(Block, kw_only=True):
-    """Predicted speed of one test (pp or tg) at a depth."""
-
-    test: doc(str, "pp | tg")
-    tokens_per_s: doc(float, "predicted tokens/s")
-    depth: doc(int, "cells in the cache when the test starts")
-    n_tokens: doc(int, "prompt or generated tokens")
-    s_per_token: doc(float, "sum of the parts")
-    parts: doc(list[SpeedPartBlock], "the parts, seconds per token")
-    roofline_tokens_per_s: doc(Union[float, None], "decode bound: measured read bandwidth / bytes read per token")
-    bytes_per_token: doc(Union[float, None], "bytes a decoded token reads (weights + KV at the mean depth)")
-    calibration_id: doc(str, "the calibration the coefficients come from")
 
 
 class SpeedAdjustment(Block, kw_only=True):

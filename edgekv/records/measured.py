@@ -11,6 +11,7 @@ from typing import Any, Union
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from edgekv.core.corpus import Corpus
 from edgekv.records.blocks import Block, BufMiB, CacheLine, OptFloat, OptInt, OptStr, doc
 
 # -- what llama.cpp did and reported -------------------------------------------------------------------
@@ -219,18 +220,6 @@ class Plan(Block, kw_only=True):
 
 
 # -- quality ------------------------------------------------------------------------------------------
-
-class Corpus(Block, kw_only=True):
-    """The text scored."""
-
-    name: doc(str, "corpus name")
-    path: doc(str, "file read")
-    n_bytes: doc(int, "bytes")
-    sha256: doc(str, "sha256 of the file")
-    source: doc(str, "where it came from")
-    detail: doc(str, "how it was obtained")
-    n_tokens: doc(int, "tokens after tokenisation")
-
 
 class CacheTypes(Block, kw_only=True):
     type_k: doc(str, "K cache type")

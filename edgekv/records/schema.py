@@ -53,6 +53,7 @@ from typing import Any, Union
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
+from edgekv.core.memmodel import ProcessPrediction
 from edgekv.core.stats import summarize
 from edgekv.errors import ResultsError
 from edgekv.records.blocks import (
@@ -77,7 +78,7 @@ from edgekv.records.blocks import (
     QualitySettings,
     Settings,
     SpeedAdjustment,
-    SpeedPartBlock,
+    SpeedPart,
     SpeedPrediction,
     SpeedTestPrediction,
     doc,
@@ -291,31 +292,34 @@ def speed_test(n_tokens: int, samples_ns: list[int] | None, samples_ts: list[flo
         ci95_ts=summ["ci95"], cv=summ["cv"], unstable=summ["unstable"], llama_bench_avg_ts=llama_bench_avg_ts)
 
 
-def predict_record(*, model_path: str, arch: str | None, weights_bytes: int | None, formula: dict[str, Any],
-                   engine: Any = UNSET, process: Any = UNSET, saving_vs_f16: Any = UNSET,
-                   settings: dict[str, Any] | None = None, source_file: str | None = None,
-                   key_settings: tuple[str, ...] = (), environment: dict[str, Any] | None = None) -> PredictRecord:
+def predict_record(*, model_path: str, arch: str | None, weights_bytes: int | None, formula: Formula | dict[str, Any],
+                   engine: Any = UNSET, process: Any = UNSET, settings: dict[str, Any] | None = None,
+                   source_file: str | None = None, key_settings: tuple[str, ...] = (),
+                   environment: dict[str, Any] | None = None) -> PredictRecord:
     """A record of kind ``predict`` (``edgekv predict --json``): the formula, and llama.cpp's dry run and the
     whole-process prediction when they were made; nothing measured.
 
-    ``formula`` is :meth:`KVPrediction.to_dict`; ``saving_vs_f16`` goes into it (None: no saving to give);
+    ``formula`` is :func:`edgekv.core.formula.formula_block`'s (with its ``saving_vs_f16`` for predict), or an
+    older ``predict --json`` row's formula keys (a dict, checked here);
     ``engine`` and ``process`` are left out when ``UNSET`` (not asked) and kept as None when asked but not
     predicted.  ``settings`` are the asked values (every key setting present, None where a prediction has none:
     pass ``key_settings`` to name them all).  The model is named after its file (the reports' model column).
     ``environment``: what the caller collected (e.g. the edgekv version and code identity); empty by default.
     Decoded strictly: a block of the wrong shape is an error here, not a dash later.  Encode with :func:`encode`."""
+    def get(k: str) -> Any:
+        return getattr(formula, k) if isinstance(formula, Formula) else formula.get(k)
+
     st: dict[str, Any] = {k: None for k in key_settings}
-    st.update(settings or {k: formula.get(k) for k in ("n_ctx", "type_k", "type_v", "flash_attn", "swa_full",
-                                                       "n_seq_max", "kv_unified", "n_batch", "n_ubatch")})
-    prediction: dict[str, Any] = {"formula": formula if saving_vs_f16 is UNSET else
-                                  {**formula, "saving_vs_f16": saving_vs_f16}}
+    st.update(settings or {k: get(k) for k in ("n_ctx", "type_k", "type_v", "flash_attn", "swa_full", "n_seq_max",
+                                               "kv_unified", "n_batch", "n_ubatch")})
+    prediction: dict[str, Any] = {"formula": formula}
     if engine is not UNSET:
         prediction["engine"] = engine
     if process is not UNSET:
         prediction["process"] = process
     obj: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "kind": "predict", "config_key": None,
-        "status": "ok" if formula.get("status") == "ok" else "skipped", "reason": formula.get("reason"),
+        "status": "ok" if get("status") == "ok" else "skipped", "reason": get("reason"),
         "model": {"path": model_path, "name": Path(model_path).stem if model_path else None, "arch": arch,
                   "sha256": None, "size_bytes": weights_bytes},
         "settings": st, "prediction": prediction, "environment": dict(environment or {}),
@@ -325,19 +329,25 @@ def predict_record(*, model_path: str, arch: str | None, weights_bytes: int | No
     return msgspec.convert(obj, PredictRecord, strict=True)
 
 
-def model_block(m: Any, sha: str | None) -> dict[str, Any]:
-    """The one serialiser of the ``model`` block, from a loaded model (:class:`edgekv.orchestration.api.LoadedModel`)."""
+def process_block(p: ProcessPrediction) -> Process:
+    """``prediction.process`` from the whole-process model's prediction: its parts embedded as they are."""
+    return Process(workload=p.workload, peak_rss_bytes=p.peak_rss_bytes, device_bytes=dict(p.device_bytes),
+                   parts=list(p.parts), notes=list(p.notes))
+
+
+def model_block(m: Any, sha: str | None) -> Model:
+    """The one builder of the ``model`` block, from a loaded model (:class:`edgekv.orchestration.api.LoadedModel`)."""
 
     sh = m.shape
     attn = [lay for lay in sh.layers if lay.attn_cache]
-    return encode_block(Model(
+    return Model(
         path=os.path.abspath(m.ref.path), name=sh.name or m.ref.name, spec=m.ref.spec, source=m.ref.source,
         sha256=sha, arch=sh.arch, memory=sh.memory, size_bytes=m.header.weights_bytes, file_bytes=m.header.file_size,
         n_layer=sh.n_layer_all, n_ctx_train=sh.n_ctx_train,
         n_head_kv=sorted({lay.n_head_kv for lay in attn}) or None, head_dim_k=sorted({lay.head_k for lay in attn}) or None,
         n_swa=sh.n_swa or None, swa_layers=len([lay for lay in sh.layers if lay.is_swa and lay.attn_cache]),
         shared_kv_layers=len([lay for lay in sh.layers if not lay.has_kv]),
-        recurrent_layers=len([lay for lay in sh.layers if lay.recr_state]), mla=sh.is_mla))
+        recurrent_layers=len([lay for lay in sh.layers if lay.recr_state]), mla=sh.is_mla)
 
 
 def growth_minus_formula_bytes(growth_bytes: int | None, formula_bytes: int | None) -> int | None:
@@ -382,7 +392,7 @@ def write_schema_file() -> Path:
 __all__ = [
     "SCHEMA_VERSION", "KINDS", "PROVENANCE", "UNSET", "Record", "BenchRecord", "LlamaBenchRecord", "PredictRecord",
     "QualityRecord", "AnyRecord", "KIND_TYPES", "RECORD_KEYS", "decode", "encode", "encode_block", "speed_test",
-    "predict_record", "model_block", "growth_minus_formula_bytes", "json_schema", "SCHEMA_FILE", "schema_text",
+    "predict_record", "process_block", "model_block", "growth_minus_formula_bytes", "json_schema", "SCHEMA_FILE", "schema_text",
     "write_schema_file",
     # the blocks (edgekv.records.blocks, edgekv.records.measured)
     "BufMiB", "CacheLine", "CacheTypes", "Corpus", "Differences", "Effective", "Engine", "environment",
@@ -390,5 +400,5 @@ __all__ = [
     "LlamaBenchContext", "LlamaLog", "Load", "LoadWindow", "Memory", "MemoryResidual", "Model", "Nvidia",
     "NvidiaDevice", "OptFloat", "OptInt", "OptStr", "Plan", "PredictedAfter", "Prediction", "Process", "ProcessPart",
     "Quality", "QualityPass", "QualitySettings", "QualityStats", "Serving", "Settings", "Speed", "SpeedAdjustment",
-    "SpeedPartBlock", "SpeedPrediction", "SpeedResidual", "SpeedTest", "SpeedTestPrediction", "TestMemory", "Timing",
+    "SpeedPart", "SpeedPrediction", "SpeedResidual", "SpeedTest", "SpeedTestPrediction", "TestMemory", "Timing",
 ]

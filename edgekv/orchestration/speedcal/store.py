@@ -101,7 +101,7 @@ def write_cache(path: Path, key: str, fp: dict[str, Any], cal: Calibration, raw:
     """Write ``cal`` and its timings ``raw`` to the cache at ``path``, with what another process cached meanwhile
     (merge_cached); OSError when it cannot be written."""
     raw = merge_cached(cal, path, key) + to_wire(list(raw))
-    write_json(path, {"key": key, "fingerprint": fp, "calibration": cal.to_dict(), "raw": raw})
+    write_json(path, {"key": key, "fingerprint": fp, "calibration": to_wire(cal), "raw": raw})
     mark_verified(path, cal.id)        # just measured: the drift sentinel need not time it for DRIFT_RECHECK_S
 
 
