@@ -405,7 +405,7 @@ LAZY_IMPORTS: dict[str, int] = {
     'edgekv/orchestration/speedcal/solve.py': 11,
     'edgekv/orchestration/speedcal/store.py': 2,
     'edgekv/orchestration/speedpredict.py': 7,
-    'edgekv/orchestration/sweep.py': 6,
+    'edgekv/orchestration/sweep.py': 5,
     'edgekv/orchestration/sweepplan.py': 20,
     'edgekv/orchestration/sweeprecord.py': 2,
 }

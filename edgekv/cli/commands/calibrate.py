@@ -11,6 +11,7 @@ import typer
 
 from edgekv.cli.flags import FA_OPT, JSON_OPT, PREDICT_REPACK_OPT, llama_bench_path, one_repack
 from edgekv.cli.options import make_console, parse_flash_attn, parse_type_list, print_json
+from edgekv.edges.tinymodel import probe_model_path
 from edgekv.errors import UsageError
 from edgekv.orchestration.api import load_model
 
@@ -167,7 +168,6 @@ def _calibration_device(model: str | None, n_gpu_layers: int) -> str:
     or of edgekv's probe model); a usage error for a partial offload or a build with no GPU."""
     if n_gpu_layers == 0:
         return ""
-    from edgekv.edges.tinymodel import probe_model_path
     from edgekv.orchestration.speedpredict import dry_run_device, offload_device
 
     m = load_model(model or str(probe_model_path()))

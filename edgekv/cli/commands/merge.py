@@ -22,11 +22,12 @@ def merge(
     devices: dict[str, int] = {}
     for r in recs:
         devices[device_label(r)] = devices.get(device_label(r), 0) + 1
-    res = {"output": output, "inputs": list(inputs), "records": len(recs), "devices": dict(sorted(devices.items()))}
+    by_device = dict(sorted(devices.items()))
+    res = {"output": output, "inputs": list(inputs), "records": len(recs), "devices": by_device}
     if as_json:
         print_json(res)
     else:
         con = make_console()
         con.print(f"{len(recs)} records from {len(inputs)} files -> {output}")
-        for d, n in res["devices"].items():
+        for d, n in by_device.items():
             con.print(f"  {n:4d}  {d}")

