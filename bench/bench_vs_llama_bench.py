@@ -42,7 +42,8 @@ from edgekv.edges.environment import cpu_model
 from edgekv.edges.process import run_child
 from edgekv.orchestration.api import load_model
 from edgekv.orchestration.preflight import preflight
-from edgekv.orchestration.sweep import SweepSpec, default_depth, run_sweep
+from edgekv.orchestration.sweep import default_depth, run_sweep
+from edgekv.orchestration.sweepspec import sweep_spec
 from edgekv.records.schema import encode
 from tools.llama_tools import llama_bench_env, llama_cpp_python_version, tool
 
@@ -51,8 +52,8 @@ KEY = ("model", "n_ctx", "type", "p", "n", "t")
 
 
 def run_edgekv(m, n_ctx, t, args, env) -> dict:
-    spec = SweepSpec(model=m, contexts=[n_ctx], pairs=[(t, t)], n_prompt=args.p, n_gen=args.n, repetitions=args.r,
-                     n_threads=args.t, flash_attn=[args.fa])
+    spec = sweep_spec(model=m, contexts=[n_ctx], pairs=[(t, t)], n_prompt=args.p, n_gen=args.n, repetitions=args.r,
+                      n_threads=args.t, flash_attn=[args.fa])
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         res = run_sweep(spec, output=Path(d) / "r.jsonl", env=env)

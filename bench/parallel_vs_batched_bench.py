@@ -36,7 +36,8 @@ from bench import harness as H
 from edgekv.core.stats import summarize, welch
 from edgekv.edges.environment import cpu_model
 from edgekv.orchestration.api import load_model
-from edgekv.orchestration.sweep import SweepSpec, run_sweep
+from edgekv.orchestration.sweep import run_sweep
+from edgekv.orchestration.sweepspec import sweep_spec
 from edgekv.records.schema import encode
 from tools.llama_tools import llama_cpp_python_version, run_batched_bench, tool
 
@@ -45,9 +46,9 @@ KEY = ("model", "type", "npl", "c", "p", "n", "t")
 MIB = H.MIB
 
 def run_edgekv(m, args, t: str, npl: int, env) -> dict:
-    spec = SweepSpec(model=m, contexts=[args.c], pairs=[(t, t)], n_prompt=args.p, n_gen=args.n, repetitions=args.r,
-                     n_threads=args.t, flash_attn=[args.fa], n_batch=args.b, n_ubatch=args.ub, n_parallel=[npl],
-                     predict_speed=False)
+    spec = sweep_spec(model=m, contexts=[args.c], pairs=[(t, t)], n_prompt=args.p, n_gen=args.n, repetitions=args.r,
+                      n_threads=args.t, flash_attn=[args.fa], n_batch=args.b, n_ubatch=args.ub, n_parallel=[npl],
+                      predict_speed=False)
     with tempfile.TemporaryDirectory() as d:
         rec = encode(run_sweep(spec, output=Path(d) / "r.jsonl", env=env).records[-1])
     if rec["status"] != "ok":

@@ -35,7 +35,8 @@ from pathlib import Path
 from bench import harness as H
 from edgekv.edges.environment import cpu_model
 from edgekv.orchestration.api import load_model
-from edgekv.orchestration.sweep import ENGINE_SERVER, SweepSpec, run_sweep
+from edgekv.orchestration.sweep import ENGINE_SERVER, run_sweep
+from edgekv.orchestration.sweepspec import sweep_spec
 from edgekv.records.schema import encode
 from tools.llama_tools import llama_cpp_python_version, tool
 
@@ -44,9 +45,9 @@ KEY = ("model", "np", "c", "p", "n", "t", "ctk")
 MIB = H.MIB
 
 def one(m, args, npl: int, server: str | None, env) -> dict:
-    spec = SweepSpec(model=m, contexts=[args.c], pairs=[(args.ctk, args.ctk)], n_prompt=args.p, n_gen=args.n,
-                     repetitions=args.r, n_threads=args.t, n_parallel=[npl], predict_speed=False,
-                     engine=ENGINE_SERVER if server else "llama-cpp-python", llama_server=server)
+    spec = sweep_spec(model=m, contexts=[args.c], pairs=[(args.ctk, args.ctk)], n_prompt=args.p, n_gen=args.n,
+                      repetitions=args.r, n_threads=args.t, n_parallel=[npl], predict_speed=False,
+                      engine=ENGINE_SERVER if server else "llama-cpp-python", llama_server=server)
     with tempfile.TemporaryDirectory() as d:
         rec = encode(run_sweep(spec, output=Path(d) / "r.jsonl", env=env).records[-1])
     if rec["status"] != "ok":

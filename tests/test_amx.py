@@ -291,11 +291,12 @@ def test_repack_sweeps_like_flash_attn_and_is_a_key_setting(smollm2_path, tmp_pa
     from edgekv.orchestration.api import load_model
     from edgekv.orchestration.llamabench import argv_for
     from edgekv.orchestration.preflight import preflight
-    from edgekv.orchestration.sweep import SweepSpec, run_sweep
+    from edgekv.orchestration.sweep import run_sweep
+    from edgekv.orchestration.sweepspec import sweep_spec
     from edgekv.records import results as R
 
     m = load_model(str(smollm2_path))
-    spec = SweepSpec(model=m, contexts=[512], pairs=[("q4_0", "q4_0")], depths=[64], repack=[True, False], **TINY)
+    spec = sweep_spec(model=m, contexts=[512], pairs=[("q4_0", "q4_0")], depths=[64], repack=[True, False], **TINY)
     res = run_sweep(spec, output=tmp_path / "r.jsonl")
     assert [r["settings"]["repack"] for r in res.lines] == [True, False]
     if preflight().runs is False:     # --repack 1 runs as asked and dies where its kernels crash (AMX: amx.md)

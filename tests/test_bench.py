@@ -14,7 +14,8 @@ import pytest
 
 from edgekv.core.predict import MIB
 from edgekv.orchestration.api import load_model
-from edgekv.orchestration.sweep import SweepSpec, run_sweep
+from edgekv.orchestration.sweep import run_sweep
+from edgekv.orchestration.sweepspec import sweep_spec
 from edgekv.records import results as R
 from edgekv.records.frame import frame_rows
 
@@ -28,8 +29,8 @@ def by(records, *keys):
 @pytest.fixture(scope="module")
 def smol_records(smollm2_path, tmp_path_factory):
     m = load_model(str(smollm2_path))
-    spec = SweepSpec(model=m, contexts=[512, 2048], pairs=[("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "f16")],
-                     depths=[256], **TINY)
+    spec = sweep_spec(model=m, contexts=[512, 2048], pairs=[("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "f16")],
+                      depths=[256], **TINY)
     out = tmp_path_factory.mktemp("smol") / "r.jsonl"
     res = run_sweep(spec, output=out)
     assert not res.interrupted
@@ -84,7 +85,7 @@ def test_memory_follows_the_predicted_kv(smol_records):
 
 def test_sliding_window_model(gemma3_path, tmp_path):
     m = load_model(str(gemma3_path))
-    spec = SweepSpec(model=m, contexts=[1024, 4096], pairs=[("f16", "f16"), ("q8_0", "q8_0")], depths=[900], **TINY)
+    spec = sweep_spec(model=m, contexts=[1024, 4096], pairs=[("f16", "f16"), ("q8_0", "q8_0")], depths=[900], **TINY)
     res = run_sweep(spec, output=tmp_path / "g.jsonl")
     recs = by(res.lines, "n_ctx", "type_k")
     for r in res.lines:
@@ -194,7 +195,7 @@ def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
 
 def test_default_depth_and_invalid_combination(smollm2_path, tmp_path):
     m = load_model(str(smollm2_path))
-    spec = SweepSpec(model=m, contexts=[512], pairs=[("q4_0", "q4_0"), ("f16", "f16")], flash_attn=["off"], **TINY)
+    spec = sweep_spec(model=m, contexts=[512], pairs=[("q4_0", "q4_0"), ("f16", "f16")], flash_attn=["off"], **TINY)
     res = run_sweep(spec, output=tmp_path / "x.jsonl")
     recs = by(res.lines, "type_k")
     assert recs[("q4_0",)]["status"] == "skipped"
@@ -208,8 +209,8 @@ def test_default_depth_and_invalid_combination(smollm2_path, tmp_path):
 
 def test_killed_child_is_a_recorded_failure_and_the_sweep_goes_on(smollm2_path, tmp_path):
     m = load_model(str(smollm2_path))
-    spec = SweepSpec(model=m, contexts=[512], pairs=[("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")], depths=[64],
-                     **TINY)
+    spec = sweep_spec(model=m, contexts=[512], pairs=[("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")], depths=[64],
+                      **TINY)
     state = {"case": -1, "pid": None}
 
     def on_event(kind, data):
@@ -235,8 +236,8 @@ def test_killed_child_is_a_recorded_failure_and_the_sweep_goes_on(smollm2_path, 
 
 def test_interrupted_sweep_resumes_without_repeating(smollm2_path, tmp_path):
     m = load_model(str(smollm2_path))
-    spec = SweepSpec(model=m, contexts=[512], pairs=[("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")], depths=[64],
-                     **TINY)
+    spec = sweep_spec(model=m, contexts=[512], pairs=[("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")], depths=[64],
+                      **TINY)
     out = tmp_path / "i.jsonl"
 
     def stop_after_first(kind, data):

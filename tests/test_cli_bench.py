@@ -1,62 +1,86 @@
-"""`edgekv bench` is a thin adapter: its flags land in cli.benchrun.BenchArgs by name, one field per flag."""
+"""`edgekv bench` is a thin adapter: its flags become, by name, the Settings every configuration shares
+(orchestration.sweepspec.bench_settings) and cli.benchrun.BenchArgs (the grid's lists and how to run)."""
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
 import textwrap
 
-from edgekv.cli import main as M
-from edgekv.cli.benchrun import BenchArgs
-from edgekv.orchestration.sweepspec import QualityAsk
+import pytest
+from msgspec import UNSET
 
+from edgekv.cli import benchrun
+from edgekv.cli.commands.bench import bench
+from edgekv.cli.main import main
+from edgekv.orchestration.sweepspec import SweepSpec, quality_settings, sweep_spec
 
-def test_bench_args_has_one_field_per_flag():
-    params = set(inspect.signature(M.bench).parameters) - {"model_opt", "as_json"}
-    assert {f.name for f in dataclasses.fields(BenchArgs)} == params
+FLAGS = set(inspect.signature(bench).parameters) - {"model", "model_opt", "as_json"}
 
 
 def _flags_not_passed(src: str) -> set[str]:
-    """The flags of ``bench`` that its BenchArgs(...) call does not pass on as ``name=name``."""
+    """The flags of ``bench`` that no keyword of its BenchArgs(...) and bench_settings(...) calls reads."""
     tree = ast.parse(textwrap.dedent(src))
-    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "BenchArgs")
-    passed = {k.arg for k in call.keywords if isinstance(k.value, ast.Name) and k.value.id == k.arg}
-    return set(inspect.signature(M.bench).parameters) - {"model", "model_opt", "as_json"} - passed
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") in
+             ("BenchArgs", "bench_settings")]
+    read = {x.id for c in calls for k in c.keywords for x in ast.walk(k.value) if isinstance(x, ast.Name)}
+    return FLAGS - read
 
 
 def test_the_bench_command_passes_every_flag_by_name():
-    """The typer function builds BenchArgs by name (no dict(locals())): a flag it forgets would take the field's
-    default silently, so every one is checked; a call that forgets one is caught."""
-    src = inspect.getsource(M.bench)
+    """The typer function builds the settings and BenchArgs by name (no dict(locals())): a flag it forgets would take
+    a default silently, so every one is checked; a call that forgets one is caught."""
+    src = inspect.getsource(bench)
     assert _flags_not_passed(src) == set()
     assert _flags_not_passed(src.replace("no_retry=no_retry,", "")) == {"no_retry"}
+    assert _flags_not_passed(src.replace("n_gen=n_gen,", "")) == {"n_gen"}
 
 
 def test_model_given_twice_is_refused_before_anything_runs(capsys):
-    assert M.main(["bench", "smollm2-135m", "-m", "gemma3-270m"]) == 2
+    assert main(["bench", "smollm2-135m", "-m", "gemma3-270m"]) == 2
     assert "two models given ('smollm2-135m' and -m 'gemma3-270m'); pass one" in capsys.readouterr().err
 
 
-def _args(**kw) -> BenchArgs:
-    """BenchArgs as typer fills them when only ``kw`` is given (the other values are the command's defaults)."""
-    defaults = {name: p.default.default for name, p in inspect.signature(M.bench).parameters.items()
-                if name not in ("model", "model_opt", "as_json")}
-    return BenchArgs(model=None, **{**defaults, **kw})
+def _args(monkeypatch, *argv: str) -> benchrun.BenchArgs:
+    """The BenchArgs ``edgekv bench ARGV`` hands to cli.benchrun (nothing measured)."""
+    got = []
+    monkeypatch.setattr(benchrun, "bench_command", lambda a, *rest: got.append(a) or 0)
+    assert main(["bench", *argv]) == 0
+    return got[0]
 
 
-def test_bench_spec_passes_the_flags_on_exactly():
-    from edgekv.cli.benchrun import bench_spec
-
-    spec, ctxs, hint = bench_spec(_args(ctx_size="512,1k", cache_type_k="f16,q8_0", cache_type_v="q8_0,q4_0",
-                                        flash_attn="on,off", n_prompt=16, n_gen=4, threads=1, no_mmap=True,
-                                        quality=True, chunks=2))
+def test_bench_spec_passes_the_flags_on_exactly(monkeypatch):
+    spec, ctxs, hint = benchrun.bench_spec(_args(monkeypatch, "-c", "512,1k", "-ctk", "f16,q8_0", "-ctv", "q8_0,q4_0",
+                                                 "-fa", "on,off", "-p", "16", "-n", "4", "-t", "1", "--no-mmap",
+                                                 "--quality", "--chunks", "2"))
+    st = spec.settings
     assert ctxs == spec.contexts == [512, 1024]
     assert spec.pairs == [("f16", "q8_0"), ("q8_0", "q4_0")]
-    assert (spec.flash_attn, spec.n_prompt, spec.n_gen, spec.repetitions) == (["on", "off"], 16, 4, 5)
-    assert (spec.n_threads, spec.n_batch, spec.n_ubatch, spec.warmup, spec.use_mmap) == (1, 2048, 512, True, False)
-    assert spec.quality == QualityAsk(corpus=None, chunks=2)
+    assert (spec.flash_attn, st.n_prompt, st.n_gen, st.repetitions) == (["on", "off"], 16, 4, 5)
+    assert (st.n_threads, st.n_batch, st.n_ubatch, st.warmup, spec.use_mmap) == (1, 2048, 512, True, False)
+    assert st.quality == quality_settings("pydoc", 2)
     assert spec.engine == "llama-cpp-python" and spec.llama_bench is None and hint is None
-    spec, ctxs, hint = bench_spec(_args())        # the quick default names the full sweep
-    assert (spec.n_prompt, spec.n_gen, spec.repetitions) == (128, 32, 5)
+    spec, ctxs, hint = benchrun.bench_spec(_args(monkeypatch))        # the quick default names the full sweep
+    assert (spec.settings.n_prompt, spec.settings.n_gen, spec.settings.repetitions) == (128, 32, 5)
+    assert spec.settings.no_mmap is UNSET and spec.settings.quality is None
     assert hint == "The full sweep (2048, 4096, 8192; -p 512 -n 128 -r 5) is 'edgekv bench --full'."
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--corpus", "pydoc"], "--corpus and --chunks choose the quality pass: add --quality"),
+    (["--quality", "--chunks", "0"], "--chunks must be at least 1"),
+])
+def test_quality_flags_are_checked_before_they_take_defaults(capsys, argv, line):
+    assert main(["bench", *argv]) == 2
+    assert line in capsys.readouterr().err
+
+
+def test_a_spec_holds_settings_and_restates_none():
+    """SweepSpec's own fields are the model, the grid and how to run; every setting of a case is its Settings'."""
+    from edgekv.records.schema import Settings
+
+    own = set(SweepSpec.__dataclass_fields__) - {"settings", "model", "contexts", "pairs"}
+    grid = {"flash_attn", "depths", "repack", "n_parallel"}          # lists: each case takes one value
+    assert not (own - grid) & set(Settings.__struct_fields__)
+    spec = sweep_spec(model=None, contexts=[512], pairs=[("f16", "f16")], n_prompt=16, depths=[64], timeout_s=9.0)
+    assert (spec.settings.n_prompt, spec.depths, spec.timeout_s, spec.settings.n_gen) == (16, [64], 9.0, 128)

@@ -13,7 +13,8 @@ import pytest
 
 from edgekv.core.diagnose import diagnose, exit_status
 from edgekv.orchestration.api import load_model
-from edgekv.orchestration.sweep import SweepSpec, run_sweep
+from edgekv.orchestration.sweep import run_sweep
+from edgekv.orchestration.sweepspec import sweep_spec
 
 TINY = {"n_prompt": 32, "n_gen": 8, "repetitions": 1, "n_threads": 2}
 AMX_LOG = Path(__file__).parent / "data" / "amx" / "amx-load-SmolLM2-135M-Instruct.Q4_1-amx-on.log"
@@ -22,7 +23,7 @@ AMX_LOG = Path(__file__).parent / "data" / "amx" / "amx-load-SmolLM2-135M-Instru
 def _sweep_killing(smollm2_path, tmp_path, sig: int, phase: str, depth: int = 448):
     """A real sweep of two configurations whose first child gets ``sig`` when it announces ``phase``."""
     m = load_model(str(smollm2_path))
-    spec = SweepSpec(model=m, contexts=[512], pairs=[("f16", "f16"), ("q8_0", "q8_0")], depths=[depth], **TINY)
+    spec = sweep_spec(model=m, contexts=[512], pairs=[("f16", "f16"), ("q8_0", "q8_0")], depths=[depth], **TINY)
     state = {"case": -1, "pid": None}
 
     def on_event(kind, data):
@@ -140,11 +141,11 @@ def test_resume_measures_failed_configurations_again(smollm2_path, tmp_path):
     m = load_model(str(smollm2_path))
     base = {"model": m, "contexts": [512], "pairs": [("f16", "f16"), ("q8_0", "q8_0")], "depths": [448], **TINY}
     seen: list = []
-    kept = run_sweep(SweepSpec(**base, retry_failed=False), output=out,
+    kept = run_sweep(sweep_spec(**base, retry_failed=False), output=out,
                      on_event=lambda k, d: seen.append(d) if k == "start" else None)
     assert kept.new == 0 and seen[0]["retry"] == 0 and seen[0]["existing"] == 2
     seen.clear()
-    again = run_sweep(SweepSpec(**base), output=out, on_event=lambda k, d: seen.append(d) if k == "start" else None)
+    again = run_sweep(sweep_spec(**base), output=out, on_event=lambda k, d: seen.append(d) if k == "start" else None)
     assert again.new == 1 and seen[0]["retry"] == 1 and seen[0]["existing"] == 1
     assert [r["status"] for r in R.load(out)] == ["failed", "ok", "ok"]          # history kept in the file
     latest = load_any(out)

@@ -83,7 +83,8 @@ def test_the_watchdog_stops_a_configuration_when_memory_runs_out_and_the_sweep_g
     this test must not endanger the machine): the child is stopped, the record says why, the next one runs."""
     import edgekv.edges.machine_memory as MM
     from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.sweep import SweepSpec, run_sweep
+    from edgekv.orchestration.sweep import run_sweep
+    from edgekv.orchestration.sweepspec import sweep_spec
 
     real = MM.available_memory
     state = {"case": -1, "fill": False, "fired": False}
@@ -102,8 +103,8 @@ def test_the_watchdog_stops_a_configuration_when_memory_runs_out_and_the_sweep_g
 
     monkeypatch.setattr(MM, "available_memory", reading)
     m = load_model(str(smollm2_path))
-    spec = SweepSpec(model=m, contexts=[1024], pairs=[("f16", "f16"), ("q8_0", "q8_0")], depths=[896], n_prompt=128,
-                     n_gen=32, repetitions=3, n_threads=2)
+    spec = sweep_spec(model=m, contexts=[1024], pairs=[("f16", "f16"), ("q8_0", "q8_0")], depths=[896], n_prompt=128,
+                      n_gen=32, repetitions=3, n_threads=2)
     recs = run_sweep(spec, output=tmp_path / "w.jsonl", on_event=on_event).lines
     assert state["fired"]
     assert [r["status"] for r in recs] == ["failed", "ok"]

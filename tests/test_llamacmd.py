@@ -35,11 +35,12 @@ def test_predict_prints_it_with_v_and_carries_it_in_json(smollm2_path):
 
 def test_every_bench_record_carries_it(smollm2_path, tmp_path):
     from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.sweep import SweepSpec, run_sweep
+    from edgekv.orchestration.sweep import run_sweep
+    from edgekv.orchestration.sweepspec import sweep_spec
 
     m = load_model(str(smollm2_path))
-    spec = SweepSpec(model=m, contexts=[512], pairs=[("q4_0", "q4_0")], depths=[64], n_prompt=16, n_gen=4,
-                     repetitions=1, n_threads=2, flash_attn=["on"])
+    spec = sweep_spec(model=m, contexts=[512], pairs=[("q4_0", "q4_0")], depths=[64], n_prompt=16, n_gen=4,
+                      repetitions=1, n_threads=2, flash_attn=["on"])
     rec = run_sweep(spec, output=tmp_path / "c.jsonl").lines[0]
     args = rec["llama_cpp_args"]
     assert args[args.index("-c") + 1] == "512" and args[args.index("-fa") + 1] == "on"

@@ -293,11 +293,12 @@ def test_unknown_workload_is_one_line(capsys):
 # -- measured: a real run against its prediction ---------------------------------------------------------
 
 def test_bench_record_carries_prediction_and_residual(tmp_path, smollm2_path):
-    from edgekv.orchestration.sweep import SweepSpec, run_sweep
+    from edgekv.orchestration.sweep import run_sweep
+    from edgekv.orchestration.sweepspec import sweep_spec
 
     m = load_model(str(smollm2_path))
-    spec = SweepSpec(model=m, contexts=[1024], pairs=[("q8_0", "q8_0")], n_prompt=512, n_gen=8, repetitions=1,
-                     n_threads=2)
+    spec = sweep_spec(model=m, contexts=[1024], pairs=[("q8_0", "q8_0")], n_prompt=512, n_gen=8, repetitions=1,
+                      n_threads=2)
     res = run_sweep(spec, output=tmp_path / "r.jsonl")
     (rec,) = res.lines
     assert rec["status"] == "ok" and rec["schema_version"] == R.SCHEMA_VERSION
@@ -313,11 +314,12 @@ def test_bench_without_flash_attention_counts_the_scores_work_buffer(tmp_path, s
     """-fa off over 1536 cells of depth filled in ubatches of 512: the work buffer grows to the scores converted for
     V (1536 x 512 x 9 heads in f16, 13.5 MiB; the weights' activations need 0.9), measured within 3 % and 8 MiB as
     the flash-attention runs are (it was 15.6 MiB under at depth 2048 before it was modelled)."""
-    from edgekv.orchestration.sweep import SweepSpec, run_sweep
+    from edgekv.orchestration.sweep import run_sweep
+    from edgekv.orchestration.sweepspec import sweep_spec
 
     m = load_model(str(smollm2_path))
-    spec = SweepSpec(model=m, contexts=[2048], pairs=[("f16", "f16")], n_prompt=64, n_gen=4, repetitions=1,
-                     n_threads=2, flash_attn=["off"], depths=[1536])
+    spec = sweep_spec(model=m, contexts=[2048], pairs=[("f16", "f16")], n_prompt=64, n_gen=4, repetitions=1,
+                      n_threads=2, flash_attn=["off"], depths=[1536])
     (rec,) = run_sweep(spec, output=tmp_path / "r.jsonl").lines
     assert rec["status"] == "ok", rec.get("reason")
     work = {p["name"]: p for p in rec["prediction"]["process"]["parts"]}["thread work buffer"]
@@ -327,11 +329,12 @@ def test_bench_without_flash_attention_counts_the_scores_work_buffer(tmp_path, s
 
 
 def test_bench_no_mmap_is_anonymous(tmp_path, smollm2_path):
-    from edgekv.orchestration.sweep import SweepSpec, run_sweep
+    from edgekv.orchestration.sweep import run_sweep
+    from edgekv.orchestration.sweepspec import sweep_spec
 
     m = load_model(str(smollm2_path))
-    spec = SweepSpec(model=m, contexts=[1024], pairs=[("f16", "f16")], n_prompt=512, n_gen=8, repetitions=1,
-                     n_threads=2, use_mmap=False)
+    spec = sweep_spec(model=m, contexts=[1024], pairs=[("f16", "f16")], n_prompt=512, n_gen=8, repetitions=1,
+                      n_threads=2, no_mmap=True)
     (rec,) = run_sweep(spec, output=tmp_path / "r.jsonl").lines
     assert rec["status"] == "ok" and rec["settings"]["no_mmap"] is True
     names = [p["name"] for p in rec["prediction"]["process"]["parts"]]
@@ -464,12 +467,13 @@ def test_device_weights_match_llama_cpp_cuda_buffer(smollm2_path):
 def test_llama_bench_process_predicted(llama_bench_exe, smollm2_path, tmp_path, monkeypatch):
     """--llama-bench: the prediction is made over the binary's own baseline (measured once, cached) and counts the
     depth state llama-bench keeps in memory; the measured peak of its two processes lands within the target."""
-    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, SweepSpec, run_sweep
+    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, run_sweep
+    from edgekv.orchestration.sweepspec import sweep_spec
 
     monkeypatch.setenv("EDGEKV_HOME", str(tmp_path / "home"))
     m = load_model(str(smollm2_path))
-    spec = SweepSpec(model=m, contexts=[2048], pairs=[("f16", "f16")], n_prompt=512, n_gen=8, repetitions=1,
-                     n_threads=2, engine=ENGINE_LLAMA_BENCH, llama_bench=str(llama_bench_exe))
+    spec = sweep_spec(model=m, contexts=[2048], pairs=[("f16", "f16")], n_prompt=512, n_gen=8, repetitions=1,
+                      n_threads=2, engine=ENGINE_LLAMA_BENCH, llama_bench=str(llama_bench_exe))
     (rec,) = run_sweep(spec, output=tmp_path / "lb.jsonl").lines
     assert rec["status"] == "ok", rec.get("reason")
     proc = rec["prediction"]["process"]
@@ -538,7 +542,8 @@ def test_a_repacked_tail_is_unmapped_before_the_context(engine, request, tmp_pat
     after that (a context larger than those pages) and lands within the target where counting the pages misses."""
     from edgekv.edges.tinymodel import write_llama
     from edgekv.orchestration.preflight import preflight
-    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, SweepSpec, run_sweep
+    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, run_sweep
+    from edgekv.orchestration.sweepspec import sweep_spec
 
     if "avx2" not in calibrate.runtime_baseline().cpu_features or not preflight().repack:
         pytest.skip("needs llama.cpp's CPU_REPACK of Q4_K (an AVX2 build whose extra buffers run here)")
@@ -548,8 +553,8 @@ def test_a_repacked_tail_is_unmapped_before_the_context(engine, request, tmp_pat
     m = load_model(str(path))
     extra = {"engine": ENGINE_LLAMA_BENCH, "llama_bench": str(request.getfixturevalue("llama_bench_exe"))} \
         if engine == "llama-bench" else {}
-    spec = SweepSpec(model=m, contexts=[4096], pairs=[("f16", "f16")], n_prompt=256, n_gen=8, repetitions=1,
-                     n_threads=2, **extra)
+    spec = sweep_spec(model=m, contexts=[4096], pairs=[("f16", "f16")], n_prompt=256, n_gen=8, repetitions=1,
+                      n_threads=2, **extra)
     (rec,) = run_sweep(spec, output=tmp_path / "r.jsonl").lines
     assert rec["status"] == "ok", rec.get("reason")
     proc = rec["prediction"]["process"]

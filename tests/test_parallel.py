@@ -12,7 +12,8 @@ import pytest
 
 from edgekv.core.predict import MIB, ContextParams, predict
 from edgekv.orchestration.api import load_model
-from edgekv.orchestration.sweep import SweepSpec, run_sweep
+from edgekv.orchestration.sweep import run_sweep
+from edgekv.orchestration.sweepspec import sweep_spec
 from edgekv.records import results as R
 
 TINY = {"n_prompt": 32, "n_gen": 8, "repetitions": 2, "n_threads": 2}
@@ -22,8 +23,8 @@ TINY = {"n_prompt": 32, "n_gen": 8, "repetitions": 2, "n_threads": 2}
 def npl_run(smollm2_path, tmp_path_factory):
     m = load_model(str(smollm2_path))
     out = tmp_path_factory.mktemp("npl") / "r.jsonl"
-    a = run_sweep(SweepSpec(model=m, contexts=[1024], pairs=[("f16", "f16")], n_parallel=[1, 3], **TINY), output=out)
-    b = run_sweep(SweepSpec(model=m, contexts=[1024], pairs=[("f16", "f16")], n_parallel=[2], kv_unified=True, **TINY),
+    a = run_sweep(sweep_spec(model=m, contexts=[1024], pairs=[("f16", "f16")], n_parallel=[1, 3], **TINY), output=out)
+    b = run_sweep(sweep_spec(model=m, contexts=[1024], pairs=[("f16", "f16")], n_parallel=[2], kv_unified=True, **TINY),
                   output=out)
     assert not a.interrupted and not b.interrupted
     return m, out, b.lines

@@ -294,7 +294,7 @@ def test_sweep_provider_returns_typed_quality(monkeypatch):
     from edgekv.errors import RunFailed
     from edgekv.orchestration import quality as Q
     from edgekv.orchestration.listener import QuietListener
-    from edgekv.orchestration.sweepspec import QualityAsk
+    from edgekv.orchestration.sweepspec import bench_settings, quality_settings
     from edgekv.records import schema as S
 
     calls = []
@@ -306,8 +306,8 @@ def test_sweep_provider_returns_typed_quality(monkeypatch):
         return [Q._not_measured(n_ctx, c, "ok", None) for c in cfgs]
 
     monkeypatch.setattr(Q, "measure", fake_measure)
-    spec = SimpleNamespace(model=SimpleNamespace(ref=SimpleNamespace(path="m.gguf")), quality=QualityAsk(corpus="wikitext-2"),
-                           n_batch=2048, n_ubatch=512, n_threads=0, n_gpu_layers=-1, repack=None, timeout_s=60.0)
+    spec = SimpleNamespace(model=SimpleNamespace(ref=SimpleNamespace(path="m.gguf")), repack=None, timeout_s=60.0,
+                           settings=bench_settings(quality=quality_settings("wikitext-2", None)))
     cases = [SimpleNamespace(params=ContextParams(n_ctx=n, type_k=t, type_v=t, flash_attn=fa))
              for n in (64, 128) for fa in ("auto", "off") for t in ("f16", "q8_0")]
     provider = Q.for_sweep(spec, cases)

@@ -6,9 +6,6 @@ Read by vulture only (as Python source); never imported."""
 
 # typer commands and the app callback: registered by decorators, called by typer
 _root
-inspect
-compare_cmd
-merge
 models_list
 models_show
 models_pull

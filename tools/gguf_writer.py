@@ -21,7 +21,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+from edgekv.edges.tinymodel import tensor_nbytes as _tensor_nbytes
+from edgekv.edges.tinymodel import write_sparse, write_table
 
 SCALAR_TYPES = {
     "uint8": GGUFValueType.UINT8, "int8": GGUFValueType.INT8,
@@ -36,14 +39,7 @@ TENSOR_TYPES = {t.name.lower(): t for t in GGMLQuantizationType}
 
 
 def tensor_nbytes(ne: Sequence[int], type_name: str) -> int:
-    qt = TENSOR_TYPES[type_name]
-    blck, tsize = GGML_QUANT_SIZES[qt]
-    n = 1
-    for x in ne:
-        n *= int(x)
-    if ne[0] % blck:
-        raise ValueError(f"ne0={ne[0]} is not a multiple of the {type_name} block size {blck}")
-    return n // blck * tsize
+    return _tensor_nbytes(type_name, ne, TENSOR_TYPES[type_name])
 
 
 def add_kv(w: GGUFWriter, key: str, type_name: str, value: Any) -> None:
@@ -61,18 +57,24 @@ def add_kv(w: GGUFWriter, key: str, type_name: str, value: Any) -> None:
     w.add_key_value(key, value, vt)
 
 
-def write_gguf(path: str | os.PathLike, arch: str, metadata: Iterable[Sequence[Any]],
-               tensors: Iterable[Sequence[Any]]) -> int:
-    """Write the GGUF; return the file size (the implied full size, mostly a hole)."""
-    path = Path(path)
-    w = GGUFWriter(path, arch, use_temp_file=False)
+def add_metadata(w: GGUFWriter, metadata: Iterable[Sequence[Any]]) -> None:
     for k, t, v in metadata:
         if k == "general.architecture":
             continue            # GGUFWriter adds it itself, first
         add_kv(w, k, t, v)
-    from edgekv.edges.tinymodel import write_sparse
 
-    return write_sparse(w, path, [(name, ne, TENSOR_TYPES[type_name]) for name, ne, type_name in tensors])
+
+def write_gguf(path: str | os.PathLike, arch: str, metadata: Iterable[Sequence[Any]],
+               tensors: Iterable[Sequence[Any]], header_only: bool = False) -> int:
+    """Write the GGUF; return the file size (the implied full size, mostly a hole; ``header_only``: the header's,
+    the file holding the metadata and tensor table alone)."""
+    path = Path(path)
+    w = GGUFWriter(path, arch, use_temp_file=False)
+    add_metadata(w, metadata)
+    table = [(name, ne, TENSOR_TYPES[type_name]) for name, ne, type_name in tensors]
+    if header_only:
+        return write_table(w, table)[0]
+    return write_sparse(w, path, table)
 
 
 def write_spec(path: str | os.PathLike, spec: dict[str, Any]) -> int:

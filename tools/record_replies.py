@@ -40,11 +40,11 @@ def write_tiny_model(path: Path) -> Path:
 def tiny_specs(model_path: Path) -> Iterator[tuple[object, bool]]:
     """The recorded sweeps' specs, each with whether it runs on the emulated crashing CPU."""
     from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.sweepspec import SweepSpec
+    from edgekv.orchestration.sweepspec import sweep_spec
 
     m = load_model(str(model_path))
     for contexts, pairs, crash in CASES:
-        yield SweepSpec(model=m, contexts=contexts, pairs=pairs, repack=[True], **WORKLOAD), crash
+        yield sweep_spec(model=m, contexts=contexts, pairs=pairs, repack=[True], **WORKLOAD), crash
 
 
 @contextmanager

@@ -79,21 +79,9 @@ def retype(spec: dict[str, Any], pick: Callable[[str, list[int]], str | None]) -
 
 def write_header(path: Path, spec: dict[str, Any]) -> None:
     """Write the header only (metadata + tensor table; no data): a few hundred KB for any model size."""
-    import gguf
+    from tools.gguf_writer import write_gguf
 
-    from tools.gguf_writer import TENSOR_TYPES, add_kv, tensor_nbytes
-
-    w = gguf.GGUFWriter(str(path), spec["arch"], use_temp_file=False)
-    for k, t, v in spec["metadata"]:
-        if k != "general.architecture":
-            add_kv(w, k, t, v)
-    for name, ne, type_name in spec["tensors"]:
-        w.add_tensor_info(name, list(reversed([int(x) for x in ne])), None, tensor_nbytes(ne, type_name),
-                          raw_dtype=TENSOR_TYPES[type_name])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
+    write_gguf(path, spec["arch"], spec["metadata"], spec["tensors"], header_only=True)
 
 
 def kv(arch: str, values: dict[str, Any]) -> list[list[Any]]:

@@ -34,6 +34,7 @@ import numpy as np
 
 from edgekv import heavy
 from edgekv.core.klstats import Accumulator, plan
+from edgekv.core.llamalog import RE_CTX_PARAM, RE_FA_RESOLVED
 from edgekv.core.predict import ContextParams
 from edgekv.core.qualitywire import (
     QualityCase,
@@ -48,8 +49,6 @@ from edgekv.edges.childside import EventWriter
 from edgekv.edges.corpus import text_for_tokenizer
 from edgekv.edges.engine import LOG_LEVEL_ERROR, LogCapture, context_params, model_params
 
-RE_FA = re.compile(r"resolve_fused_ops: Flash Attention (enabled|not supported, set to disabled)")
-RE_FA_PARAM = re.compile(r"llama_context: flash_attn += (enabled|disabled)")
 RE_ROT = re.compile(r"attn_rot_([kv]) = (\d)")
 
 
@@ -122,15 +121,25 @@ class _ContextInfo:
             row.error = self.error
 
 
+def _flash_attn(line: str) -> str | None:
+    """'on' or 'off' from a context's log line: its ``flash_attn = enabled|disabled``, or the line that resolves
+    ``auto`` (edgekv.core.llamalog's readings of both)."""
+    m = RE_CTX_PARAM.search(line)
+    if m and m["key"] == "flash_attn" and m["val"] in ("enabled", "disabled"):
+        return "on" if m["val"] == "enabled" else "off"
+    m = RE_FA_RESOLVED.search(line)
+    return None if m is None else "on" if m["state"] == "enabled" else "off"
+
+
 def _context(lc, model, cap: LogCapture, p: ContextParams, n_threads: int) -> tuple[Any, _ContextInfo]:
     cap.take()
     ctx = lc.llama_init_from_model(model, context_params(p, n_threads))
     lines = cap.take()
     info = _ContextInfo()
     for _, text in lines:
-        m = RE_FA_PARAM.search(text) or RE_FA.search(text)
-        if m:
-            info.flash_attn_resolved = "on" if m[1] == "enabled" else "off"
+        fa = _flash_attn(text)
+        if fa is not None:
+            info.flash_attn_resolved = fa
         m = RE_ROT.search(text)
         if m and m[1] == "k":
             info.attn_rot_k = bool(int(m[2]))

@@ -5,7 +5,7 @@ It listens to :func:`edgekv.orchestration.sweep.run_sweep`'s events and prints; 
 record's ``load`` (other processes' CPU share before and during the configuration, edgekv.edges.load) and ``plan``
 (the estimate made for this configuration, the remaining-time estimate after it, the sweep's elapsed time) blocks
 (edgekv.orchestration.plan.SweepTracker), so the ETA's accuracy can be checked afterwards from the results file
-alone (bench/eta_accuracy.py), whoever ran the sweep.
+alone (bench/first_run.py), whoever ran the sweep.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import psutil
 
 from edgekv.cli.options import pair_types, parse_fa_list, parse_int_list, parse_repack_list, parse_type_list
@@ -28,8 +29,8 @@ from edgekv.edges.load import BUSY_SHARE, Window, busy_note
 from edgekv.errors import UsageError
 from edgekv.orchestration.api import load_model, registry_sweep_defaults
 from edgekv.orchestration.plan import FULL, QUICK, fmt_duration, model_contexts, plan_lines, quick_contexts
-from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, ENGINE_SERVER, SweepSpec, run_sweep
-from edgekv.orchestration.sweepspec import QualityAsk
+from edgekv.orchestration.sweep import run_sweep
+from edgekv.orchestration.sweepspec import SweepSpec
 from edgekv.output.benchview import Progress, case_label, case_work, render_summary
 from edgekv.output.inputs import compared_kv
 from edgekv.records.results import latest
@@ -37,7 +38,7 @@ from edgekv.records.schema import Record, Settings, Speed, encode, encode_block
 
 if TYPE_CHECKING:
     from edgekv.orchestration.listener import CaseDone, SweepPlan
-    from edgekv.orchestration.sweep import SweepResult, SweepSpec
+    from edgekv.orchestration.sweep import SweepResult
     from edgekv.orchestration.sweepspec import Case
 
 
@@ -150,9 +151,8 @@ class BenchMonitor:
         self.todo = plan.tracker.todo
         types = (list(dict.fromkeys(kv_label(s.type_k, s.type_v) for s in self.todo))
                  or [f"{k}" for k, _v in self.spec.pairs])
-        s0 = self.todo[0] if self.todo else None
-        tests = ((s0.n_prompt, s0.n_gen, s0.repetitions) if s0 is not None else
-                 (self.spec.n_prompt, self.spec.n_gen, self.spec.repetitions))
+        s0 = self.todo[0] if self.todo else self.spec.settings
+        tests = (s0.n_prompt, s0.n_gen, s0.repetitions)
         for line in plan_lines(plan.total, self.contexts, types, tests, planner.initial_total_s or 0.0, planner.basis,
                                plan.output, plan.existing, self.full_hint, repack=plan.repack,
                                unfit=plan.unfit, depths=self.spec.depths, n_parallel=self.spec.n_parallel):
@@ -170,39 +170,36 @@ class BenchMonitor:
 
 @dataclass
 class BenchArgs:
-    """``edgekv bench``'s flags as typer parsed them (None: not given); see ``edgekv bench --help``."""
+    """``edgekv bench``'s flags as typer parsed them: the settings every configuration shares (``n_prompt``,
+    ``n_gen`` and ``repetitions`` None when not given: the quick or ``--full`` defaults), the grid's lists as given
+    (None: not given), and how to run; see ``edgekv bench --help``."""
 
     model: str | None
+    settings: Settings
     ctx_size: str | None
     cache_type_k: str | None
     cache_type_v: str | None
     flash_attn: str
-    n_gpu_layers: int
-    threads: int
     depths: str | None
-    n_prompt: int | None
-    n_gen: int | None
-    repetitions: int | None
+    n_parallel: str | None
+    repack: str | None
     full: bool
-    batch_size: int
-    ubatch_size: int
-    swa_full: bool
-    no_warmup: bool
     output: str | None
     llama_bench: str | None
-    quality: bool
-    corpus: str | None
-    chunks: int | None
+    llama_server: str | None
     timeout: float
     force: bool
-    no_mmap: bool
-    repack: str | None = None
-    no_retry: bool = False
-    n_parallel: str | None = None
-    kv_unified: bool = False
-    llama_server: str | None = None
-    no_speed_model: bool = False
-    calibration_timeout: float = 180.0
+    no_retry: bool
+    no_speed_model: bool
+    calibration_timeout: float
+
+
+def check_quality_flags(quality: bool, corpus: str | None, chunks: int | None) -> None:
+    """--corpus and --chunks, refused without --quality or below 1 (before the settings take their defaults)."""
+    if (corpus is not None or chunks is not None) and not quality:
+        raise UsageError("--corpus and --chunks choose the quality pass: add --quality")
+    if chunks is not None and chunks < 1:
+        raise UsageError("--chunks must be at least 1")
 
 
 def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
@@ -217,10 +214,8 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
                        parse_type_list(a.cache_type_v, "-ctv") if a.cache_type_v else None)
     fas = parse_fa_list(a.flash_attn)
     defaults = FULL if a.full else QUICK
-    n_prompt = defaults["n_prompt"] if a.n_prompt is None else a.n_prompt
-    n_gen = defaults["n_gen"] if a.n_gen is None else a.n_gen
-    repetitions = defaults["repetitions"] if a.repetitions is None else a.repetitions
-    _check(a, n_prompt, n_gen, repetitions)
+    st = msgspec.structs.replace(a.settings, **{k: v for k, v in defaults.items() if getattr(a.settings, k) is None})
+    _check(a, st)
     m = load_model(a.model)
     full_ctxs = model_contexts(m.shape.n_ctx_train, reg_defaults.contexts if reg_defaults else None)
     if a.ctx_size:
@@ -230,55 +225,47 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     else:
         ctxs = quick_contexts(m.shape.n_ctx_train)
     deps = parse_int_list(a.depths, "-d/--n-depth", minimum=0) if a.depths else None
-    spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, flash_attn=fas, depths=deps, n_prompt=n_prompt,
-                     n_gen=n_gen, repetitions=repetitions, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers,
-                     n_batch=a.batch_size, n_ubatch=a.ubatch_size, swa_full=a.swa_full, warmup=not a.no_warmup,
-                     timeout_s=a.timeout,
-                     engine=ENGINE_LLAMA_BENCH if a.llama_bench else ENGINE_SERVER if a.llama_server else ENGINE_PYTHON,
-                     llama_bench=a.llama_bench, llama_server=a.llama_server,
-                     quality=QualityAsk(corpus=a.corpus, chunks=a.chunks) if a.quality else None,
-                     use_mmap=not a.no_mmap, repack=parse_repack_list(a.repack), retry_failed=not a.no_retry,
-                     force_fit=a.force, kv_unified=a.kv_unified, predict_speed=not a.no_speed_model,
-                     calibration_timeout_s=a.calibration_timeout,
-                     n_parallel=parse_int_list(a.n_parallel, "-npl") if a.n_parallel else [1] if a.llama_server else None)
+    spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, settings=st, flash_attn=fas, depths=deps,
+                     repack=parse_repack_list(a.repack),
+                     n_parallel=parse_int_list(a.n_parallel, "-npl") if a.n_parallel else [1] if a.llama_server else None,
+                     timeout_s=a.timeout, llama_bench=a.llama_bench, llama_server=a.llama_server,
+                     retry_failed=not a.no_retry, force_fit=a.force, predict_speed=not a.no_speed_model,
+                     calibration_timeout_s=a.calibration_timeout)
     full_hint = None
-    if not a.full and not a.ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
+    if not a.full and not a.ctx_size and st.n_prompt == QUICK["n_prompt"] and st.n_gen == QUICK["n_gen"]:
         full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "
                      f"-r {FULL['repetitions']}) is 'edgekv bench --full'.")
     return spec, ctxs, full_hint
 
 
-def _check(a: BenchArgs, n_prompt: int, n_gen: int, repetitions: int) -> None:
+def _check(a: BenchArgs, st: Settings) -> None:
     """The flags' values and combinations edgekv refuses, one line each (before the model is loaded)."""
-    for name, v, lo in (("-p", n_prompt, 0), ("-n", n_gen, 0), ("-r", repetitions, 1), ("-t", a.threads, 0),
-                        ("-b", a.batch_size, 1), ("-ub", a.ubatch_size, 1)):
+    for name, v, lo in (("-p", st.n_prompt, 0), ("-n", st.n_gen, 0), ("-r", st.repetitions, 1), ("-t", st.n_threads, 0),
+                        ("-b", st.n_batch, 1), ("-ub", st.n_ubatch, 1)):
         if v < lo:
             raise UsageError(f"{name} must be at least {lo}")
-    if n_prompt == 0 and n_gen == 0:
+    if st.n_prompt == 0 and st.n_gen == 0:
         raise UsageError("-p and -n cannot both be 0: there would be nothing to measure")
     if not a.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds (got {a.timeout:g})")
     if not a.calibration_timeout > 0:
         raise UsageError(f"--calibration-timeout must be a positive number of seconds (got {a.calibration_timeout:g})")
-    if (a.corpus is not None or a.chunks is not None) and not a.quality:
-        raise UsageError("--corpus and --chunks choose the quality pass: add --quality")
-    if a.chunks is not None and a.chunks < 1:
-        raise UsageError("--chunks must be at least 1")
+    quality = st.quality is not None
     if a.llama_bench is not None and not (os.path.isfile(a.llama_bench) and os.access(a.llama_bench, os.X_OK)):
         raise UsageError(f"--llama-bench: {a.llama_bench} is not an executable file")
     if a.llama_server is not None:
         if not (os.path.isfile(a.llama_server) and os.access(a.llama_server, os.X_OK)):
             raise UsageError(f"--llama-server: {a.llama_server} is not an executable file")
-        if a.llama_bench is not None or a.quality or a.depths:
+        if a.llama_bench is not None or quality or a.depths:
             raise UsageError("--llama-server measures N concurrent requests from an empty cache (-npl): drop "
-                             + ("--llama-bench" if a.llama_bench else "--quality" if a.quality else "-d"))
+                             + ("--llama-bench" if a.llama_bench else "--quality" if quality else "-d"))
     if a.n_parallel is not None:
         if a.depths:
             raise UsageError("-d does not apply with -npl: like llama-batched-bench, each test starts from an empty cache")
         if a.llama_bench is not None:
             raise UsageError("-npl runs through llama-cpp-python (llama-bench has no parallel sequences); "
                              "drop --llama-bench, or -npl")
-        if a.quality:
+        if quality:
             raise UsageError("--quality scores one sequence: drop it with -npl")
         if max(parse_int_list(a.n_parallel, "-npl")) > 256:
             raise UsageError("-npl: at most 256 sequences (llama.cpp's LLAMA_MAX_SEQ)")

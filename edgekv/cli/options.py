@@ -1,6 +1,7 @@
-"""Parsing of llama.cpp-style command-line values: comma lists, ranges, sizes, flash-attn modes.
+"""Parsing of llama.cpp-style command-line values: comma lists, ranges, sizes, flash-attn modes; and the consoles,
+JSON and stderr lines every command writes.
 
-Pure functions raising :class:`UsageError` with a message that names the flag.
+The parsers are pure functions raising :class:`UsageError` with a message that names the flag.
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ import json
 import os
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from edgekv.core.cachetypes import cache_type
 from edgekv.errors import UsageError
+
+if TYPE_CHECKING:
+    from edgekv.orchestration.api import LoadedModel
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -156,3 +160,17 @@ def pick_model(arg: str | None, opt: str | None) -> str | None:
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def model_notes(m: LoadedModel) -> None:
+    """Where the model's bytes came from (remote header fetched or cached), on stderr."""
+    for n in m.ref.notes:
+        sys.stderr.write(f"edgekv: {n}\n")
+
+
+def warn_lines(lines: list[str], most: int = 10) -> None:
+    """One line each on stderr (at most ``most``, then a count)."""
+    for x in lines[:most]:
+        sys.stderr.write(f"edgekv: warning: {x}\n")
+    if len(lines) > most:
+        sys.stderr.write(f"edgekv: warning: and {len(lines) - most} more such lines\n")

@@ -5,7 +5,7 @@ generic part, src/llama-model.cpp:1320-1470), each architecture's ``load_arch_hp
 (src/models/*.cpp) and ``llama_model::create_memory`` (src/llama-model.cpp:2352), as vendored in
 llama-cpp-python 0.3.36.  The references in comments point into that tree.  Where llama.cpp reads a
 key, this reads the same key with the same default; where llama.cpp ignores a key for an
-architecture, so does this.  ``../shared/reference/llamacpp-memory.md`` §1 has the rules.
+architecture, so does this.  docs/predict.md (The KV cache) states the rules.
 
 This module is the shape builder: the generic ``load_hparams`` and ``create_memory``.  The key names and
 architecture sets are in :mod:`edgekv.core.archtables`, the ``llama_hparams`` mirror in :mod:`edgekv.core.hparams`

@@ -78,7 +78,9 @@ RE_OTHER_BUFFER = re.compile(r"(?P<fn>\w+): +(?P<dev>\S+) (?P<what>[\w -]+?) buf
 # the oldest builds read (llama_kv_cache_init): "%s: KV self size  = %7.2f MiB, K (%s): %7.2f MiB, V (%s): %7.2f MiB"
 RE_KV_SELF = re.compile(r"KV self size += +(?P<mib>[\d.]+) MiB, K \((?P<type_k>\w+)\): +(?P<k_mib>[\d.]+) MiB, "
                         r"V \((?P<type_v>\w+)\): +(?P<v_mib>[\d.]+) MiB")
-RE_GPU_OFFLOAD = re.compile(r"(?:load_tensors|print_backend_buffers_info): offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
+# src/llama-model.cpp (load_tensors, or print_backend_buffers_info): "%s: offloaded %d/%d layers to GPU"; the one
+# reading of it (edgekv.core.logconfig reads it too), whatever the function name before it
+RE_GPU_OFFLOAD = re.compile(r"offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
 # a log printed under a locale whose decimal separator is a comma ("224,00 MiB", "14,19 GiB", "16,00 BPW"): printf's
 # %f follows LC_NUMERIC, and some front ends set it from the user's locale.  The comma between digits before a unit
 # is a decimal point; array items ("[8, 8]") and type names ("arr[i32,48]") are not followed by one.

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from edgekv.core.llamalog import decimal_points
+from edgekv.core.llamalog import RE_GPU_OFFLOAD, decimal_points
 
 MAX_LINE = 4096             # characters kept of one line; the rest of a longer line is skipped unread
 MAX_BYTES = 256 * 2**20     # bytes read from one log
@@ -112,7 +112,6 @@ RE_CUDA_FOUND = re.compile(r"ggml_cuda_init: found \d+ (?P<kind>CUDA|ROCm|MUSA) 
 RE_METAL_NAME = re.compile(r"ggml_metal_(?:device_)?init: GPU name: +(?:MTL\d+ \()?(?P<name>[^)\n]+?)\)?\s*$")
 RE_WORKING_SET = re.compile(r"recommendedMaxWorkingSetSize += +(?P<mb>[\d.]+) MB")
 RE_VULKAN = re.compile(r"ggml_vulkan: (?P<i>\d+) = (?P<name>[^|]+?) \|")
-RE_OFFLOAD = re.compile(r"offloaded (?P<n>\d+)/(?P<total>\d+) layers to GPU")
 # "offloading 93 repeating layers to GPU": the last 93 of n_layer (the output layer is counted apart)
 RE_REPEATING = re.compile(r"offloading (?P<n>\d+) repeating layers to GPU")
 RE_SYSINFO = re.compile(r"system_info: .*")
@@ -308,7 +307,7 @@ def parse_config(lines: list[str]) -> LogConfig:
         if m and cfg.repeating_offloaded is None:
             cfg.repeating_offloaded = int(m["n"])
             continue
-        m = RE_OFFLOAD.search(line)
+        m = RE_GPU_OFFLOAD.search(line)
         if m and cfg.offloaded is None:
             cfg.offloaded = (int(m["n"]), int(m["total"]))
             continue

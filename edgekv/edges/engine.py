@@ -334,7 +334,7 @@ class EngineSession:
                 # (llama-model-loader.cpp create_tensor): a header with metadata only cannot pass
                 hint = ("; the file has no tensor table (metadata only), and llama.cpp needs every tensor the "
                         "architecture declares even for a dry run: write the header with its tensor table "
-                        "(bench/shape_headers.py does) or use the real file's header")
+                        "(tools/shape_headers.py does) or use the real file's header")
             if "tokenizer merges" in str(info.get("error")):
                 hint += ("; a BPE tokenizer model ('gpt2') needs its token list and merges, so a header without a "
                          "vocabulary should say tokenizer.ggml.model = 'none' (llama.cpp then sizes the embeddings from "

@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
@@ -36,6 +36,11 @@ from gguf.quants import dequantize
 from edgekv.edges.gguf_header import read_header_file
 from edgekv.edges.home import edgekv_home
 from edgekv.edges.safepath import atomic_path
+
+if TYPE_CHECKING:
+    # one tensor of a table: (name, ne in ggml order, type); where it lies: (name, type, offset from the data, bytes)
+    TensorInfo = tuple[str, Sequence[int], GGMLQuantizationType]
+    Span = tuple[str, GGMLQuantizationType, int, int]
 
 N_EMBD, N_HEAD, N_FF, N_VOCAB, N_CTX_TRAIN = 256, 4, 512, 512, 256
 PROBE_VERSION = 1
@@ -80,34 +85,50 @@ def write_probe_model(path: str | os.PathLike) -> int:
     return write_sparse(w, path, [(name, ne, GGMLQuantizationType[t]) for name, ne, t in _tensors()])
 
 
-def write_sparse(w, path: str | os.PathLike, tensors: Iterable[tuple[str, Sequence[int], Any]],
-                 values: bool = False, rms: float = WEIGHT_RMS_512) -> int:
-    """Finish a ``GGUFWriter`` whose metadata is added: the tensor-info table of ``tensors`` (name, ne in ggml
-    order, ``GGMLQuantizationType``), the header written, then the file extended to the size the table implies
-    (a hole: no tensor data is written; ``values``: each tensor then filled by :func:`fill_values`, weights of RMS
-    ``rms``).  Returns the file size."""
-    tensors = list(tensors)
-    spans: list[tuple[str, Any, int, int]] = []      # (name, type, offset from the data start, bytes)
+def tensor_nbytes(name: str, ne: Sequence[int], qt: GGMLQuantizationType) -> int:
+    """Bytes of the tensor ``name`` of shape ``ne`` (ggml order) and type ``qt`` (a ``GGMLQuantizationType``); its
+    first dimension must hold whole blocks of the type."""
+    blck, tsize = GGML_QUANT_SIZES[qt]
+    n = 1
+    for x in ne:
+        n *= int(x)
+    if int(ne[0]) % blck:
+        raise ValueError(f"{name}: ne0={ne[0]} is not a multiple of the {qt.name} block size {blck}")
+    return n // blck * tsize
+
+
+def write_table(w, tensors: Iterable[TensorInfo]) -> tuple[int, list[Span], int]:
+    """Finish and close a ``GGUFWriter`` whose metadata is added: the tensor-info table of ``tensors`` (name, ne in
+    ggml order, ``GGMLQuantizationType``) and the header, no tensor data.  Returns where the data starts, each
+    tensor's (name, type, offset from the data start, bytes) and the data's size."""
+    spans: list[Span] = []
     total = 0
     for name, ne, qt in tensors:
-        blck, tsize = GGML_QUANT_SIZES[qt]
-        n = 1
-        for x in ne:
-            n *= int(x)
-        if int(ne[0]) % blck:
-            raise ValueError(f"{name}: ne0={ne[0]} is not a multiple of the {qt.name} block size {blck}")
-        nbytes = n // blck * tsize
+        nbytes = tensor_nbytes(name, ne, qt)
         # GGUFWriter takes numpy order (ne reversed) and writes ggml order back
         w.add_tensor_info(name, list(reversed([int(x) for x in ne])), None, nbytes, raw_dtype=qt)
         spans.append((name, qt, total, nbytes))
-        total += GGUFWriter.ggml_pad(nbytes, w.data_alignment)
+        total += _pad(nbytes, w.data_alignment)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     assert w.fout is not None
     header_end = w.fout[0].tell()
     w.close()
-    start = GGUFWriter.ggml_pad(header_end, w.data_alignment)
+    return _pad(header_end, w.data_alignment), spans, total
+
+
+def _pad(n: int, align: int) -> int:
+    """``n`` rounded up to a multiple of ``align`` (gguf-py's ``GGUFWriter.ggml_pad``)."""
+    return -(-n // align) * align
+
+
+def write_sparse(w, path: str | os.PathLike, tensors: Iterable[TensorInfo],
+                 values: bool = False, rms: float = WEIGHT_RMS_512) -> int:
+    """Finish a ``GGUFWriter`` whose metadata is added (:func:`write_table`), then extend the file to the size the
+    table implies (a hole: no tensor data is written; ``values``: each tensor then filled by :func:`fill_values`,
+    weights of RMS ``rms``).  Returns the file size."""
+    start, spans, total = write_table(w, tensors)
     size = start + total
     with open(path, "r+b") as f:
         f.truncate(size)

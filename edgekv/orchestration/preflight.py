@@ -50,7 +50,7 @@ class Preflight:
 
     @property
     def fallback_line(self) -> str:
-        """What bench/quality print before their plan when they fall back to --repack 0."""
+        """What bench and quality print before their plan when they fall back to --repack 0."""
         return f"{self.crash_cause}: measuring with --repack 0, the setting that runs here ({self.detail})"
 
     @property

@@ -57,6 +57,7 @@ from edgekv.edges.sources import verified_sha256
 from edgekv.errors import CorpusError, EngineError, RunFailed, UsageError
 from edgekv.orchestration.api import load_model
 from edgekv.orchestration.preflight import repack_choice
+from edgekv.orchestration.sweepspec import SWEEP_CHUNKS
 from edgekv.records import results as R
 from edgekv.records import schema as S
 from edgekv.version import __version__
@@ -332,22 +333,19 @@ def quality_records(rows: list[S.Quality], model: str | os.PathLike | None, *, c
 
 # -- edgekv bench --quality -------------------------------------------------------------------------------
 
-SWEEP_CHUNKS = 2   # default chunks per context in a sweep: enough scored tokens for the KLD, minutes not hours
-
-
 class SweepQuality:
     """The quality block of each sweep record, measured once per (context, -fa) group.
 
     The first configuration of a group that needs its figures runs one pass for every cache pair of
     that group still to do (the baseline is evaluated once, not once per pair); the others reuse the
     rows.  A pass that fails puts its one-line reason into each record of the group (``status``
-    ``error``) instead of stopping the sweep.  ``spec.quality`` (a QualityAsk) names the corpus and the chunks.
+    ``error``) instead of stopping the sweep.  ``spec.settings.quality`` names the corpus and the chunks.
     A case is read through its context parameters (``case.params``: n_ctx, type_k, type_v, flash_attn).
     """
 
     def __init__(self, spec, cases) -> None:
         self.spec = spec
-        q = spec.quality
+        q = spec.settings.quality
         self.corpus = q.corpus if q is not None else None
         self.chunks = (q.chunks if q is not None else None) or SWEEP_CHUNKS
         self.groups: dict[tuple[int, str], list[QualityConfig]] = {}
@@ -371,10 +369,10 @@ class SweepQuality:
     def _run(self, n_ctx: int, fa: str, say: Any) -> None:
         cfgs = self.groups.get((n_ctx, fa), [])
         say.on_child({"event": "phase", "phase": "quality"})
-        sp = self.spec
+        sp, st = self.spec, self.spec.settings
         try:
-            rows = measure(sp.model.ref.path, cfgs, self.corpus, n_ctx, self.chunks, flash_attn=fa, n_batch=sp.n_batch,
-                           n_ubatch=sp.n_ubatch, n_threads=sp.n_threads or None, n_gpu_layers=sp.n_gpu_layers,
+            rows = measure(sp.model.ref.path, cfgs, self.corpus, n_ctx, self.chunks, flash_attn=fa, n_batch=st.n_batch,
+                           n_ubatch=st.n_ubatch, n_threads=st.n_threads or None, n_gpu_layers=st.n_gpu_layers,
                            repack=(sp.repack or [True])[0] if len(sp.repack or [True]) == 1 else None,
                            timeout=sp.timeout_s, on_event=lambda ev: say.on_child({**ev, "phase": "quality"}))
         except (CorpusError, EngineError, RunFailed, UsageError) as e:
@@ -386,6 +384,6 @@ class SweepQuality:
 
 
 def for_sweep(spec, cases) -> SweepQuality:
-    """What :func:`edgekv.orchestration.sweep.run_sweep` calls with ``spec.quality`` set: a per-record quality provider,
+    """What :func:`edgekv.orchestration.sweep.run_sweep` calls with ``spec.settings.quality`` set: a per-record quality provider,
     ``quality(case, listener)`` -> the typed :class:`edgekv.records.schema.Quality` to set as the record's ``quality``."""
     return SweepQuality(spec, cases)

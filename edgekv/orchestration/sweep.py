@@ -1,7 +1,7 @@
 """Measured sweeps: model x cache types x contexts (x depths), one fresh child process per case.
 
-For each configuration the parent records three sources side by side (see
-../shared/design/architecture.md): the **formula** prediction, **llama.cpp's** own figures (a dry
+For each configuration the parent records three sources side by side (docs/bench.md): the
+**formula** prediction, **llama.cpp's** own figures (a dry
 run before the sweep, and the log of the measured run itself), and what the **OS measured** (peak
 RSS sampled every 5 ms (during the timed tests the child reads its own after each repetition, so that
 sampling never slows them), the kernel's own maximum from ``os.wait4``, anonymous vs file-backed pages,
@@ -34,12 +34,12 @@ from edgekv.errors import ResultsError, UsageError
 from edgekv.orchestration.listener import CaseDone, SweepListener, SweepPlan, listener_of
 from edgekv.orchestration.plan import SweepTracker
 from edgekv.orchestration.preflight import RepackChoice, repack_choice
-from edgekv.orchestration.quality import SWEEP_CHUNKS, for_sweep
+from edgekv.orchestration.quality import for_sweep
 from edgekv.orchestration.runners import CaseContext, CaseRunner, runner_for
 from edgekv.orchestration.speedadapt import SpeedAdapter
 from edgekv.orchestration.sweepplan import dry_runs, fit_check, process_predictions, speed_predictions
 from edgekv.orchestration.sweeprecord import attach_process, attach_speed, build_record
-from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, Case, QualityAsk, SweepSpec
+from edgekv.orchestration.sweepspec import ENGINE_LLAMA_BENCH, Case, SweepSpec
 from edgekv.orchestration.sweepspec import ENGINE_PYTHON as ENGINE_PYTHON  # re-exported: callers build a SweepSpec from here
 from edgekv.orchestration.sweepspec import ENGINE_SERVER as ENGINE_SERVER  # re-exported, likewise
 from edgekv.records import results as R
@@ -47,9 +47,7 @@ from edgekv.records.schema import (
     BenchRecord,
     Environment,
     ExtraBuffersPreflight,
-    QualitySettings,
     Record,
-    Settings,
     SpeedPrediction,
     encode,
     encode_block,
@@ -65,51 +63,42 @@ def default_depth(n_ctx: int, n_prompt: int, n_gen: int) -> int:
 
 def _depths(spec: SweepSpec, n_ctx: int, npl: int | None) -> list[int]:
     """The depths one context is measured at, checked against it (one line naming the flags when they do not fit)."""
+    n_prompt, n_gen = spec.settings.n_prompt or 0, spec.settings.n_gen or 0
     if npl is not None:            # llama-batched-bench: every test starts from an empty cache, N sequences in -c cells
-        need = npl * (spec.n_prompt + spec.n_gen)
+        need = npl * (n_prompt + n_gen)
         if need > n_ctx:
-            raise UsageError(f"-npl {npl} with -p {spec.n_prompt} -n {spec.n_gen} needs {need} cells, more than -c {n_ctx}: "
+            raise UsageError(f"-npl {npl} with -p {n_prompt} -n {n_gen} needs {need} cells, more than -c {n_ctx}: "
                              "raise -c or lower -npl, -p or -n")
         return [0]
-    depths = spec.depths if spec.depths is not None else [default_depth(n_ctx, spec.n_prompt, spec.n_gen)]
+    depths = spec.depths if spec.depths is not None else [default_depth(n_ctx, n_prompt, n_gen)]
     for d in depths:
-        if d + max(spec.n_prompt, spec.n_gen) > n_ctx:
+        if d + max(n_prompt, n_gen) > n_ctx:
             raise UsageError(
-                f"-d {d} with -p {spec.n_prompt} -n {spec.n_gen} does not fit in -c {n_ctx}: "
+                f"-d {d} with -p {n_prompt} -n {n_gen} does not fit in -c {n_ctx}: "
                 "depth + tokens per test must not exceed the context")
     return depths
 
 
 def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
+    """The spec's cases: its shared settings with each value of the grid (contexts, depths, -fa, --repack, pairs)."""
     cases = []
-    threads = spec.n_threads or default_threads()
+    threads = spec.settings.n_threads or default_threads()
     if spec.n_parallel is not None and spec.depths:
         raise UsageError("-d does not apply with -npl: like llama-batched-bench, each test starts from an empty cache")
     grid = [(n_ctx, npl) for n_ctx in spec.contexts for npl in (spec.n_parallel or [None])]
     for n_ctx, npl in grid:
-        n_seq = spec.n_seq_max if npl is None else npl
+        n_seq = spec.settings.n_seq_max if npl is None else npl
         for d in _depths(spec, n_ctx, npl):
             for fa, rp in ((fa, rp) for rp in (spec.repack or [True]) for fa in spec.flash_attn):
                 for tk, tv in spec.pairs:
-                    settings = Settings(
-                        engine=spec.engine, n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa,
-                        swa_full=spec.swa_full, n_seq_max=n_seq, kv_unified=spec.kv_unified,
-                        n_batch=spec.n_batch, n_ubatch=spec.n_ubatch, n_threads=threads,
-                        n_gpu_layers=spec.n_gpu_layers, n_prompt=spec.n_prompt, n_gen=spec.n_gen,
-                        n_depth=d, repetitions=spec.repetitions, warmup=spec.warmup,
-                        quality=_quality_key(spec.quality), repack=rp,
-                        n_parallel=npl if npl is not None else UNSET, no_mmap=True if not spec.use_mmap else UNSET)
+                    settings = msgspec.structs.replace(
+                        spec.settings, engine=spec.engine, n_ctx=n_ctx, type_k=tk, type_v=tv, flash_attn=fa,
+                        n_seq_max=n_seq, n_threads=threads, n_depth=d, repack=rp,
+                        n_parallel=npl if npl is not None else UNSET)
                     params = settings.context_params()
                     cases.append(Case(len(cases), settings, params, R.config_key(model_sha, encode_block(settings)),
                                       predict(spec.model.shape, params)))
     return cases
-
-
-def _quality_key(q: QualityAsk | None) -> QualitySettings | None:
-    if q is None:
-        return None
-
-    return QualitySettings(corpus=q.corpus or "pydoc", chunks=q.chunks or SWEEP_CHUNKS)
 
 
 def default_output(spec: SweepSpec, cases: list[Case]) -> Path:
@@ -263,7 +252,7 @@ def _run_locked(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsWriter, 
     records: list[Record] = []
     interrupted = False
     quality = None
-    if spec.quality is not None:
+    if spec.settings.quality is not None:
         quality = for_sweep(spec, todo)
 
     adapt = SpeedAdapter(speeds)        # a far miss on a quiet machine rescales the rest of the plan (issue 68)

@@ -55,7 +55,7 @@ def dry_runs(spec: SweepSpec, todo: list[Case]) -> dict[str, EngineResult]:
     if not run:
         return {}
     try:
-        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.settings.n_gpu_layers, header=spec.model.header) as eng:
             res = eng.run([c.params for c in run])
     except EngineError:
         return {}
@@ -76,12 +76,12 @@ def process_predictions(spec: SweepSpec, todo: list[Case]) -> dict[str, Any]:
     baseline = binary_baseline(spec.llama_server) if spec.engine == ENGINE_SERVER else runtime_baseline()
     out: dict[str, Any] = {}
     try:
-        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.settings.n_gpu_layers, header=spec.model.header) as eng:
             for c in run:
                 st = c.settings
                 settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st.n_threads, use_mmap=spec.use_mmap,
                                            use_extra_bufts=st.repack is not False,
-                                           n_gpu_layers=spec.n_gpu_layers, n_prompt=st.n_prompt, n_gen=st.n_gen,
+                                           n_gpu_layers=spec.settings.n_gpu_layers, n_prompt=st.n_prompt, n_gen=st.n_gen,
                                            n_depth=st.n_depth, n_parallel=unset_none(st.n_parallel),
                                            server_slots=st.n_seq_max if spec.engine == ENGINE_SERVER else 0,
                                            # the worker restores these caches from a state file (run_sweep's restore)
@@ -107,7 +107,7 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
     baseline = binary_baseline(spec.llama_bench)
     out: dict[str, Any] = {}
     try:
-        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.settings.n_gpu_layers, header=spec.model.header) as eng:
             for c in run:
                 st = c.settings
                 best = None
@@ -118,7 +118,7 @@ def _llama_bench_processes(spec: SweepSpec, run: list[Case]) -> dict[str, Any]:
                                      kv_unified=False)
                     settings = ProcessSettings(workload=WORKLOAD_BENCH, n_threads=st.n_threads, use_mmap=spec.use_mmap,
                                                use_extra_bufts=st.repack is not False,
-                                               n_gpu_layers=spec.n_gpu_layers,
+                                               n_gpu_layers=spec.settings.n_gpu_layers,
                                                n_prompt=count if test == "pp" else 0, n_gen=count if test == "tg" else 0,
                                                n_depth=st.n_depth, keeps_depth_state=st.n_depth > 0)
                     p = predict_processes(spec.model, [params], settings, baseline, eng)[0]
@@ -147,7 +147,7 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
     dry = next((r for r in own.values() if r.ok and r.log.graph), None)
     graph = dry.log.graph if dry is not None else None
     # the GPU llama.cpp put the dry run's buffers on: every layer there is the GPU form, a split is not predicted
-    device, why = offload_device(spec.n_gpu_layers, spec.model.shape.n_layer,
+    device, why = offload_device(spec.settings.n_gpu_layers, spec.model.shape.n_layer,
                                  gpu_device_of(dry.log.compute_buffers) if dry is not None else None)
     if why:
         return {c.key: SpeedPrediction(calibration_id=None, error=why) for c in run}
@@ -212,7 +212,7 @@ def _graph_runs(spec: SweepSpec, cases: list[Case]) -> dict[str, EngineResult]:
     if not firsts:
         return {}
     try:
-        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.n_gpu_layers, header=spec.model.header) as eng:
+        with EngineSession(spec.model.ref.path, n_gpu_layers=spec.settings.n_gpu_layers, header=spec.model.header) as eng:
             res = dict(zip(firsts, eng.run([c.params for c in firsts.values()])))
     except EngineError:
         return {}

@@ -324,7 +324,7 @@ def repack_note(records: list[S.Record]) -> str | None:
             return (f"--repack 0: llama.cpp's {bufs} kernels crash on this CPU" +
                     (" (llama.cpp #20824)" if "AMX" in bufs else "") + f" ({pf.detail}); measured without "
                     "those weight copies, the setting that runs here: decode is slower than llama.cpp's AMX path "
-                    "where it works (about 2x on the machines in ../shared/reference/amx.md)")
+                    "where it works (docs/hardware.md)")
     return None
 
 

@@ -1,6 +1,6 @@
 """``edgekv quality``: the command (registered on :data:`edgekv.cli.main.app`) and its tables.
 
-Kept out of ``cli.py`` so that the quality command can evolve without touching the other commands.
+Kept in its own module, like every command (edgekv/cli/commands/), so that it can evolve without touching the others.
 """
 
 from __future__ import annotations

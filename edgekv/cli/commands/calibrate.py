@@ -12,6 +12,7 @@ import typer
 from edgekv.cli.flags import FA_OPT, JSON_OPT, PREDICT_REPACK_OPT, llama_bench_path, one_repack
 from edgekv.cli.options import make_console, parse_flash_attn, parse_type_list, print_json
 from edgekv.core.wire import to_wire
+from edgekv.edges.tinymodel import probe_model_path
 from edgekv.errors import UsageError
 from edgekv.orchestration.api import load_model
 
@@ -118,17 +119,17 @@ def calibrate(
 
 
 def _repack(asked: bool | None, llama_bench: str | None, con) -> bool:
-    """The --repack a calibration measures with: as asked, else llama.cpp's default unless the extra-buffer
-    preflight saw those kernels crash here (then 0, said; a calibration must not start a child known to crash)."""
-    if asked is not None:
-        return asked
-    from edgekv.orchestration.preflight import preflight
+    """The --repack a calibration measures with: the one repack choice (edgekv.orchestration.preflight.repack_choice:
+    as asked, else llama.cpp's default unless the extra-buffer preflight saw those kernels crash here; then 0, said:
+    a calibration must not start a child known to crash)."""
+    from edgekv.orchestration.preflight import repack_choice
 
-    pf = preflight("binary", llama_bench) if llama_bench else preflight()
-    if not pf.repack:
+    choice = repack_choice(None if asked is None else [asked], llama_bench, probe=asked is None)
+    pf = choice.preflight
+    if choice.fell_back and pf is not None:
         con.print(f"edgekv: {pf.crash_cause}: calibrating --repack 0, the setting that runs here ({pf.detail})",
                   highlight=False, markup=False)
-    return pf.repack
+    return choice.values[0]
 
 
 def _move_calibrations(export: Path | None, import_: Path | None, as_json: bool) -> None:
@@ -168,7 +169,6 @@ def _calibration_device(model: str | None, n_gpu_layers: int) -> str:
     or of edgekv's probe model); a usage error for a partial offload or a build with no GPU."""
     if n_gpu_layers == 0:
         return ""
-    from edgekv.edges.tinymodel import probe_model_path
     from edgekv.orchestration.speedpredict import dry_run_device, offload_device
 
     m = load_model(model or str(probe_model_path()))
