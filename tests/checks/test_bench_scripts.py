@@ -16,7 +16,7 @@ import pytest
 from bench import explain_corpus as EC
 from bench import harness as H
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 HARNESSES = ("speed_model", "memory_model", "quality_vs_perplexity", "bench_vs_llama_bench", "parallel_vs_batched_bench",
@@ -249,7 +249,7 @@ def test_refresh_plans_every_harness_and_each_step_parses(monkeypatch, capsys):
     """``python -m bench.refresh --list``: one step per harness in bench/, each a command its harness's own parser
     takes, about 30 minutes in all; nothing is run."""
     from bench import refresh
-    from tests.test_readme_commands import _harnesses, parse_python_module
+    from tests.checks.test_readme_commands import _harnesses, parse_python_module
 
     harnesses = set(_harnesses()) - {"refresh"}
     assert {s.harness for s in refresh.PLAN} == harnesses
@@ -281,7 +281,7 @@ def test_refresh_files_every_harness_under_one_class_and_reports_failures(monkey
 # -- bench/explain_corpus.py: the corpus summed per backend --------------------------------------------------------
 
 
-EC_LOGS = Path(__file__).parent / "data" / "logs"
+EC_LOGS = Path(__file__).parents[1] / "data" / "logs"
 
 
 def test_harness_row_and_table_from_a_real_log():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 TABLES = ("speed-model", "memory-model", "bench-vs-llama-bench", "serving", "quality-vs-perplexity")
 

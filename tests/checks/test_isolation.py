@@ -21,7 +21,7 @@ import pytest
 
 pytestmark = pytest.mark.slow      # each test runs an inner pytest session in a subprocess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 INNER = '''
 import os, subprocess, sys

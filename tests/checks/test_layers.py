@@ -26,7 +26,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "edgekv"
 
 BASE = {"edgekv.errors", "edgekv.version"}
@@ -134,7 +134,7 @@ def _allowed(src: str, dst: str) -> bool:
 
 def test_every_module_is_in_a_layer():
     unknown = sorted(m for m in MODULES if _layer(m) not in LAYERS and _layer(m) != "base")
-    assert not unknown, f"modules outside any layer (add them to a layer folder or to tests/test_layers.py): {unknown}"
+    assert not unknown, f"modules outside any layer (add them to a layer folder or to tests/checks/test_layers.py): {unknown}"
 
 
 def test_imports_go_down_the_layers():
@@ -355,7 +355,7 @@ def test_script_check_finds_each_kind_of_problem():
 # -- imports a reader can see: function-level ("lazy") imports -------------------------------------------------------
 #
 # A module's top says what it depends on.  A function-level import is allowed only for
-# - a heavy third-party module (what every command would otherwise pay at start-up: tests/test_startup.py measures it),
+# - a heavy third-party module (what every command would otherwise pay at start-up: tests/checks/test_startup.py measures it),
 # - a module only some platforms have,
 # - a command's implementation imported by the CLI's adapters when that command is dispatched, so `edgekv --help`
 #   and `predict` load no other command's code.
@@ -448,12 +448,12 @@ def test_no_new_lazy_import():
     more = {f: (n, LAZY_IMPORTS.get(f, 0)) for f, n in now.items() if n > LAZY_IMPORTS.get(f, 0)}
     fewer = {f: (now.get(f, 0), n) for f, n in LAZY_IMPORTS.items() if now.get(f, 0) < n}
     table = "LAZY_IMPORTS = {\n" + "".join(f"    {f!r}: {n},\n" for f, n in now.items()) + "}"
-    assert not more, ("a new import inside a function (put it at the module's top; tests/test_layers.py says which "
+    assert not more, ("a new import inside a function (put it at the module's top; tests/checks/test_layers.py says which "
                       "may stay lazy):\n" + "\n".join(
                           f"{f}: {n} (was {b}): " + ", ".join(f"{line}: {m}" for line, m in
                                                                _lazy_imports((ROOT / f).read_text(), f))
                           for f, (n, b) in more.items()))
-    assert not fewer, ("fewer lazy imports than recorded (good): lower LAZY_IMPORTS in tests/test_layers.py:\n"
+    assert not fewer, ("fewer lazy imports than recorded (good): lower LAZY_IMPORTS in tests/checks/test_layers.py:\n"
                        + "\n".join(f"{f}: {n} (recorded {b})" for f, (n, b) in fewer.items()) + "\n" + table)
 
 

@@ -1,4 +1,4 @@
-"""Limits that keep the package's shape, beside the function-length check of tests/test_layers.py.
+"""Limits that keep the package's shape, beside the function-length check of tests/checks/test_layers.py.
 
 - No module in edgekv/ has more than MAX_MODULE_LINES lines: a module does one job.
 - edgekv/ names no date, no particular machine and no bench/README: code and comments stay true on any machine
@@ -6,7 +6,7 @@
 - The fast tier (``-m "not slow"``) starts no llama.cpp child: tests/conftest.py's guard fails such a test, and the
   tests below check that the guard can fail.
 
-Read from the source (no import of edgekv needed), like tests/test_layers.py.
+Read from the source (no import of edgekv needed), like tests/checks/test_layers.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "edgekv"
 
 MAX_MODULE_LINES = 600

@@ -24,7 +24,7 @@ except ImportError:                     # pragma: no cover - older typer on clic
 
 from edgekv.cli.main import app, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 BENCH_LINE = "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/edgekv bench"
 TEST_LINE = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest -q"

@@ -3,7 +3,7 @@
 Measured on a 2-core VM while other work loaded it (load average about 7): `import edgekv.cli.main` took 0.4 to
 1.1 s (python -X importtime, cumulative) and `edgekv --help` 0.8 to 1.4 s of wall time.  The budgets below leave
 about three times that; the heavy modules the CLI's adapters import only for their command
-(tests/test_layers.py) are checked by name, which no machine's load can blur."""
+(tests/checks/test_layers.py) are checked by name, which no machine's load can blur."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.slow       # fresh interpreters in subprocesses
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IMPORT_BUDGET_S = 3.0
 HELP_BUDGET_S = 4.0
 # never loaded by `import edgekv.cli.main` (numpy is: gguf, which reads every header, needs it)

@@ -12,7 +12,7 @@ import pytest
 from bench import harness as H
 from tools import render_tables as RT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # the tables count commits to edgekv/ after their rows' code: that needs the history (a shallow clone has none)
 needs_history = pytest.mark.skipif(not RT.history(), reason="not a full git clone: the commit counts need the history")
 

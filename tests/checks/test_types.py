@@ -4,7 +4,7 @@ number of `Any` in the package.
 mypy runs with the configuration in pyproject.toml ([tool.mypy]). Its errors are counted per file and error code
 (line numbers move with every edit) against tests/data/mypy-baseline.json. A new error fails the test, naming it;
 fewer errors than recorded fail it too, so the baseline goes down with the fix. Rewrite it after a fix with
-`python -m tests.test_types` (it runs mypy and writes the file).  Most of the baseline (464 of the first 587) is the
+`python -m tests.checks.test_types` (it runs mypy and writes the file).  Most of the baseline (464 of the first 587) is the
 records' `doc(type, "description")` annotations, which mypy cannot read."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "edgekv"
 BASELINE = ROOT / "tests" / "data" / "mypy-baseline.json"
 # `Any` in edgekv/ as a name in the code (annotations included; imports, strings and comments not): it may only go
@@ -75,7 +75,7 @@ def test_mypy_finds_no_error_beyond_the_baseline(pytestconfig):
     new, fixed = ratchet_problems(error_counts(r.stdout), json.loads(BASELINE.read_text()))
     assert not new, "mypy: new errors (fix them):\n" + "\n".join(new) + "\n\n" + "\n".join(
         x for x in r.stdout.splitlines() if any(x.startswith(n.split(":")[0] + ":") for n in new))[:6000]
-    assert not fixed, ("mypy: fewer errors than the baseline; lower it (python -m tests.test_types):\n"
+    assert not fixed, ("mypy: fewer errors than the baseline; lower it (python -m tests.checks.test_types):\n"
                        + "\n".join(fixed))
 
 
@@ -103,7 +103,7 @@ def test_the_any_count_sees_every_spelling_and_nothing_else():
     assert any_count(src) == 3          # the string annotation, the comment, the import and the string do not count
 
 
-if __name__ == "__main__":          # python -m tests.test_types: rewrite the baseline from mypy's errors now
+if __name__ == "__main__":          # python -m tests.checks.test_types: rewrite the baseline from mypy's errors now
     result = run_mypy()
     BASELINE.write_text(json.dumps(error_counts(result.stdout), indent=1, sort_keys=True) + "\n")
     print(f"{BASELINE}: {sum(sum(c.values()) for c in error_counts(result.stdout).values())} errors")

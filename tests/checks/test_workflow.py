@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-WORKFLOW = Path(__file__).resolve().parent.parent / ".github" / "workflows" / "edgekv.yml"
+WORKFLOW = Path(__file__).resolve().parents[2] / ".github" / "workflows" / "edgekv.yml"
 
 
 def _tool(name: str) -> str:

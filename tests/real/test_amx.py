@@ -27,7 +27,7 @@ from edgekv.core.memmodel import (
 )
 from edgekv.orchestration.calibrate import cpu_features_from_system_info
 
-DATA = Path(__file__).parent / "data" / "amx"
+DATA = Path(__file__).parents[1] / "data" / "amx"
 AMX_ON = DATA / "amx-load-SmolLM2-135M-Instruct.Q4_1-amx-on.log"
 AMX_OFF = DATA / "amx-load-SmolLM2-135M-Instruct.Q4_1-amx-off.log"
 AMX_INFO = next(x.strip() for x in (DATA / "amx-crash.txt").read_text().splitlines() if x.startswith("CPU :"))
@@ -174,7 +174,7 @@ def test_a_get_rows_table_gets_no_extra_buffer_copy(tmp_path):
     from edgekv.orchestration.crosscheck import extra_buffer_check
     from tests.tiny.writer import write_gguf
 
-    spec = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["families"]["gemma4"]
+    spec = json.loads((Path(__file__).parents[1] / "tiny" / "specs.json").read_text())["families"]["gemma4"]
     tensors = [[n, ne, "q4_0" if len([d for d in ne if d > 1]) >= 2 and ne[0] % 32 == 0 else t]
                for n, ne, t in spec["tensors"]]
     assert any(n == "per_layer_token_embd.weight" and t == "q4_0" and ne[1] % 8 == 0 for n, ne, t in tensors)
@@ -315,7 +315,7 @@ def test_compare_pairs_records_from_before_the_setting_with_repack_1(tmp_path):
     from edgekv.output.compare import pair
     from edgekv.records import results as R
 
-    src = Path(__file__).parent / "data" / "smollm2-sweep.jsonl"
+    src = Path(__file__).parents[1] / "data" / "smollm2-sweep.jsonl"
     old = [json.loads(x) for x in src.read_text().splitlines()]
     assert all("repack" not in r["settings"] for r in old)
     new = [{**r, "settings": {**r["settings"], "repack": True}} for r in old]

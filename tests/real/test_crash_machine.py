@@ -3,7 +3,7 @@ with real children that really die: EDGEKV_EMULATE_EXTRA_BUFT_CRASH=1 makes a ch
 extra buffer types on kill itself with SIGSEGV on its first decode of 2 or more tokens, as such a machine does
 (edgekv.child.emulate).  Each test has its own EDGEKV_HOME: the emulated verdict is cached under its own key too.
 
-On a real AMX machine tests/test_amx.py's hardware tests run as well; these run on every CPU."""
+On a real AMX machine tests/real/test_amx.py's hardware tests run as well; these run on every CPU."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from edgekv.orchestration.api import load_model
 from edgekv.orchestration.sweep import SweepSpec, run_sweep
 
 TINY = {"n_prompt": 32, "n_gen": 8, "repetitions": 1, "n_threads": 2}
-AMX_LOG = Path(__file__).parent / "data" / "amx" / "amx-load-SmolLM2-135M-Instruct.Q4_1-amx-on.log"
+AMX_LOG = Path(__file__).parents[1] / "data" / "amx" / "amx-load-SmolLM2-135M-Instruct.Q4_1-amx-on.log"
 
 
 def _sweep_killing(smollm2_path, tmp_path, sig: int, phase: str, depth: int = 448):
@@ -160,7 +160,7 @@ def test_a_context_llama_cpp_refused_shows_no_kv_mismatch_mark():
     from edgekv.output.benchview import _summary_row
     from edgekv.records import results as R
 
-    src = Path(__file__).parent / "data" / "smollm2-sweep.jsonl"
+    src = Path(__file__).parents[1] / "data" / "smollm2-sweep.jsonl"
     raw = json.loads(src.read_text().splitlines()[0])
     raw.update(status="skipped", reason="llama.cpp refused the context: failed to allocate buffer")
     raw["llama_log"] = {**raw["llama_log"], "kv": [], "kv_mib": 0.0}

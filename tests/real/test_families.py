@@ -24,7 +24,7 @@ from tests.tiny.writer import write_spec
 
 pytestmark = pytest.mark.slow      # every test drives llama.cpp's dry run or the CLI on generated models
 
-SPECS = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["families"]
+SPECS = json.loads((Path(__file__).parents[1] / "tiny" / "specs.json").read_text())["families"]
 MODELLED = sorted(n for n, s in SPECS.items() if s["memory"] not in ("unsupported", "aborts"))
 # the caches llama.cpp builds from several objects (indexer, compressed, compressor state)
 SPECIAL = sorted(n for n, s in SPECS.items() if s["memory"] in ("dsa", "dsa_iswa", "msa", "hybrid_idx", "dsv4"))
@@ -77,7 +77,7 @@ def test_every_family_has_a_spec():
 
     hint = "regenerate tests/tiny/specs.json: python -m tests.tiny.discover"
     assert sorted(SPECS) == sorted(FAMILIES), hint
-    spec_version = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["llama_cpp_python"]
+    spec_version = json.loads((Path(__file__).parents[1] / "tiny" / "specs.json").read_text())["llama_cpp_python"]
     assert spec_version == version("llama-cpp-python"), hint
 
 

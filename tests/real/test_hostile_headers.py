@@ -19,7 +19,7 @@ from edgekv.edges.gguf_header import MAX_KEPT_STRING_BYTES, read_header_file
 from edgekv.errors import GGUFFormatError
 from tests.tiny.writer import write_spec
 
-SPEC = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["families"]["llama-gqa"]
+SPEC = json.loads((Path(__file__).parents[1] / "tiny" / "specs.json").read_text())["families"]["llama-gqa"]
 
 # header edits llama.cpp refuses (each checked below against the engine's refusal)
 BAD = {

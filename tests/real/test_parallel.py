@@ -49,7 +49,7 @@ def test_each_record_runs_its_sequences_at_once(npl_run):
         res = r["memory_residual"]
         assert abs(res["peak_rss_pct"]) <= 3 and abs(res["peak_rss_bytes"]) <= 8 * MIB, res
         # the suite measures no speed calibration here (EDGEKV_SPEED_CALIBRATE=cached): -npl's speed is predicted
-        # like any configuration's, and without a calibration the record says why not (tests/test_speed.py predicts it)
+        # like any configuration's, and without a calibration the record says why not (tests/unit/core/test_speed.py predicts it)
         assert r["prediction"]["speed"]["calibration_id"] is None and "EDGEKV_SPEED_CALIBRATE=cached" in \
             r["prediction"]["speed"]["error"]
         assert "-np" in r["llama_cpp_args"] and r["llama_cpp_args"][r["llama_cpp_args"].index("-np") + 1] == str(k)

@@ -32,7 +32,7 @@ from edgekv.errors import EngineError, UsageError
 from edgekv.orchestration.api import load_model
 from edgekv.orchestration.crosscheck import compare
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {"n_ctx": 1024, "n_parallel": 2, "type_k": "f16", "type_v": "f16", "flash_attn": "auto", "n_threads": 2,
             "n_gpu_layers": -1, "n_batch": 2048, "n_ubatch": 512, "kv_unified": False}
 N_PROMPT, N_GEN = 32, 8

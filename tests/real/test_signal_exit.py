@@ -1,6 +1,6 @@
 """Issue 68 point 6: SIGTERM while a command runs outside its own Ctrl-C handler (bench's calibration, before the
 sweep's loop) exits 143, not Ctrl-C's 130.  Real processes and real signals; the command that stands in for the
-calibration sleeps (no llama.cpp: the fast tier), the real calibration's case is tests/test_signals.py's."""
+calibration sleeps (no llama.cpp: the fast tier), the real calibration's case is tests/real/test_signals.py's."""
 
 from __future__ import annotations
 

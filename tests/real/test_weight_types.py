@@ -23,8 +23,8 @@ from edgekv.errors import GGUFFormatError
 from edgekv.orchestration.api import load_model
 from tests.tiny.writer import write_spec
 
-SPECS = json.loads((Path(__file__).parent / "tiny" / "specs.json").read_text())["families"]
-ROOT = Path(__file__).resolve().parents[1]
+SPECS = json.loads((Path(__file__).parents[1] / "tiny" / "specs.json").read_text())["families"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spec_with(type_name: str, pick=lambda name, ne: len(ne) == 2 and ne[0] % 128 == 0 and name != "token_embd.weight"):
@@ -156,7 +156,7 @@ def test_engine_on_a_header_without_tensor_table_says_what_is_missing(tmp_path, 
 
 def test_log_parser_keeps_buffers_of_unknown_kinds():
     """A cache class newer than edgekv announces a buffer the parser has no pattern for: its MiB are kept (parser
-    test over recorded-style text; the live path is tests/test_families.py)."""
+    test over recorded-style text; the live path is tests/real/test_families.py)."""
     from edgekv.core.llamalog import parse_memory_log
 
     log = parse_memory_log("llama_kv_cache:        CPU KV buffer size =    64.00 MiB\n"

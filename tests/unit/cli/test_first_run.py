@@ -21,7 +21,7 @@ from edgekv.output.compare import compare_records, parse_thresholds, render_mark
 from edgekv.output.inputs import load_any
 from edgekv.records import schema as S
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 FIXTURE = DATA / "smollm2-sweep.jsonl"
 THR = parse_thresholds(None)
 
@@ -200,7 +200,7 @@ def test_cost_model_tracks_the_reference_sweep():
     """The prior reproduces the wall time of the committed SmolLM2 sweep it was fitted to within 15 % in total."""
     from edgekv.records import results as R
 
-    recs = R.load_records(Path(__file__).parents[1] / "reports/smollm2-135m/sweep.jsonl")
+    recs = R.load_records(Path(__file__).parents[3] / "reports/smollm2-135m/sweep.jsonl")
     pred = sum(P.prior_seconds(r.settings, 98_362_432, 23_040) for r in recs)
     real = sum(r.timing.wall_s for r in recs)
     assert abs(pred - real) / real < 0.15

@@ -18,7 +18,7 @@ from edgekv.cli.main import main
 from edgekv.core.explain import ExplainError, explain_lines
 from edgekv.core.logconfig import parse_config, read_bounded
 
-LOGS = Path(__file__).parent / "data" / "logs"
+LOGS = Path(__file__).parents[2] / "data" / "logs"
 CORPUS = sorted(LOGS.glob("*.log"))
 GENERATED = sorted((LOGS / "generated").glob("*.log"))      # logs llama-cpp-python printed here, on top of the corpus
 KNOWN = json.loads((LOGS / "known-defects.json").read_text(encoding="utf-8"))   # log -> check -> issue-69 defect

@@ -18,7 +18,7 @@ from edgekv.core.breakdown import WRAP, check_table, last_exit_table, overhead, 
 from edgekv.core.explain import ExplainError, explain_lines
 from edgekv.core.logconfig import read_bounded
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 LOGS = DATA / "logs"
 CORPUS = sorted(LOGS.glob("*.log"))
 BREAKDOWNS = sorted((DATA / "breakdowns").glob("*.log"))

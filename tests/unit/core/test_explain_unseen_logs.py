@@ -9,7 +9,7 @@ from pathlib import Path
 from edgekv.core.explain import explain_lines
 from edgekv.core.logconfig import read_bounded
 
-LOGS = Path(__file__).parent / "data" / "logs"
+LOGS = Path(__file__).parents[2] / "data" / "logs"
 
 
 def explain_file(name: str, lines: list[str] | None = None) -> dict:

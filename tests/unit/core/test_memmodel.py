@@ -27,7 +27,7 @@ from edgekv.orchestration import calibrate
 from edgekv.orchestration.api import load_model
 from edgekv.records import results as R
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass
@@ -270,7 +270,7 @@ def test_budget_below_the_runtime(capsys, smollm2_path):
 @pytest.mark.slow
 def test_budget_metadata_only_says_it_is_capped(capsys, tmp_path):
     # issue 19 point 7: a metadata-only Qwen3-8B shape; the answer is the trained-context cap and says so
-    from tests.test_published_figures import _qwen3_8b_metadata
+    from tests.unit.core.test_published_figures import _qwen3_8b_metadata
     from tests.tiny.writer import write_gguf
 
     md = _qwen3_8b_metadata()

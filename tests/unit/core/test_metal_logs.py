@@ -20,7 +20,7 @@ from edgekv.core.devicemem import METAL_BEYOND_BUFFERS_MIB, metal_fit, working_s
 from edgekv.core.explain import explain_lines
 from edgekv.core.logconfig import parse_config, read_bounded
 
-LOGS = Path(__file__).parent / "data" / "logs"
+LOGS = Path(__file__).parents[2] / "data" / "logs"
 METAL = sorted(LOGS.glob("metal-*.log"))
 OOM = ("kIOGPUCommandBufferCallbackErrorOutOfMemory", "failed to allocate")
 MIB = 2**20

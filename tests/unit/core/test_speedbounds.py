@@ -10,7 +10,7 @@ from edgekv.core.speed import AttnLayer, Calibration, DroppedTerm, SpeedShape, W
 from edgekv.orchestration import speedcal as S
 from edgekv.orchestration.speedcal import store as ST
 from edgekv.orchestration.speedpredict import SpeedInputs, roofline_blame, speed_block
-from tests.test_speed import F16, _fake_results, _own_home, _quiet
+from tests.unit.core.test_speed import F16, _fake_results, _own_home, _quiet
 
 KEY = "f16/f16/fa=auto"
 

@@ -11,7 +11,7 @@ import pytest
 
 from edgekv.edges.safepath import UnsafePath, atomic_path, atomic_write
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_writes_whole_file_with_plain_permissions(tmp_path):

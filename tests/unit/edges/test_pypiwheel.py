@@ -13,7 +13,7 @@ from edgekv.edges.home import verified_sha256
 from edgekv.edges.registry import load_registry
 from edgekv.errors import SourceError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_edgekv_does_not_require_the_llm_plugin():

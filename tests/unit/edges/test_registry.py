@@ -144,7 +144,7 @@ def test_a_wheel_install_carries_the_registry(tmp_path):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     wheels, target = tmp_path / "wheels", tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(root)],
                    check=True, capture_output=True)

@@ -22,7 +22,7 @@ from edgekv.records import results as R
 from edgekv.records import schema as S
 from tools.record_replies import DEFAULT_FOLDER, record, tiny_specs, write_tiny_model
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 
 
 @pytest.fixture(scope="module")

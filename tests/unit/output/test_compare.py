@@ -22,7 +22,7 @@ from edgekv.output.inputs import load_any
 from edgekv.records import results as R
 from edgekv.records import schema as S
 
-FIXTURE = Path(__file__).parent / "data" / "smollm2-sweep.jsonl"
+FIXTURE = Path(__file__).parents[2] / "data" / "smollm2-sweep.jsonl"
 THR = parse_thresholds(None)
 
 
@@ -152,7 +152,7 @@ def test_quality_by_z_test(records):
     rec = stable(records)[0]
 
     def q(kld, err):
-        from tests.test_report import real_quality_block
+        from tests.unit.output.test_report import real_quality_block
 
         block = real_quality_block()
         block["quality"].update({"kld_mean": kld, "kld_mean_err": err})
@@ -272,8 +272,8 @@ def test_merge_keeps_every_row_and_reports_a_device_column(records, tmp_path, cl
 
 # -- inputs: every accepted file comes back as typed Records ------------------------------------------------
 
-DATA = Path(__file__).parent / "data"
-ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parents[2] / "data"
+ROOT = Path(__file__).resolve().parents[3]
 OLD_PREDICT = DATA / "predict-rows-old.json"     # the first rows of an earlier release's `edgekv predict --json --engine`
 
 

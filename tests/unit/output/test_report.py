@@ -3,7 +3,7 @@
 The fixture ``tests/data/smollm2-sweep.jsonl`` is a real ``edgekv bench`` run of SmolLM2-135M
 (512/1024/2048 x f16/q8_0/q4_0, -p 32 -n 16 -r 5) on a busy 2-core machine: its speed figures are noisy
 on purpose-free grounds, which the report must show (``!``) rather than hide.  Regenerate the golden
-files after an intended rendering change with ``EDGEKV_UPDATE_GOLDEN=1 pytest tests/test_report.py`` (never
+files after an intended rendering change with ``EDGEKV_UPDATE_GOLDEN=1 pytest tests/unit/output/test_report.py`` (never
 under CI: with ``CI`` set the switch fails the test instead of rewriting).
 """
 
@@ -28,8 +28,8 @@ from edgekv.output import report as REP
 from edgekv.output.envsection import gpu_text
 from edgekv.records import results as R
 
-DATA = Path(__file__).parent / "data"
-GOLDEN = Path(__file__).parent / "golden" / "smollm2-sweep"
+DATA = Path(__file__).parents[2] / "data"
+GOLDEN = Path(__file__).parents[2] / "golden" / "smollm2-sweep"
 FIXTURE = DATA / "smollm2-sweep.jsonl"
 
 
@@ -143,7 +143,7 @@ def test_figures_are_the_records_figures(written):
     assert js["columns"] == list(EX.COLUMNS)
 
 
-COMMITTED_SWEEP = Path(__file__).resolve().parent.parent / "reports" / "smollm2-135m"
+COMMITTED_SWEEP = Path(__file__).resolve().parents[3] / "reports" / "smollm2-135m"
 
 
 def _frame_value(v):
@@ -225,7 +225,7 @@ def test_nothing_unmeasured_is_shown_as_measured(tmp_path):
 
 def real_quality_block() -> dict:
     """A quality block a real sweep wrote (reports/smollm2-135m), the schema's one layout."""
-    sweep = Path(__file__).resolve().parent.parent / "reports" / "smollm2-135m" / "sweep.jsonl"
+    sweep = Path(__file__).resolve().parents[3] / "reports" / "smollm2-135m" / "sweep.jsonl"
     return next(r["quality"] for r in map(json.loads, sweep.read_text().splitlines()) if r.get("quality"))
 
 

@@ -12,7 +12,7 @@ from edgekv.output import benchview as BV
 from edgekv.records import results as R
 from edgekv.records.schema import SpeedPrediction, SpeedTestPrediction
 
-RUN = Path(__file__).parent / "data" / "v1" / "reports-smollm2-135m-sweep.jsonl"
+RUN = Path(__file__).parents[2] / "data" / "v1" / "reports-smollm2-135m-sweep.jsonl"
 
 
 def _test(test: str, ts: float) -> SpeedTestPrediction:

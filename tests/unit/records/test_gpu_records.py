@@ -16,7 +16,7 @@ from edgekv.output import benchview
 from edgekv.output import export as EX
 from edgekv.records.results import load_records
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data"
 RUNS = DATA / "cuda-h200"
 

@@ -14,7 +14,7 @@ from edgekv.errors import ResultsError
 from edgekv.records import results as R
 from edgekv.records import schema as S
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 # every committed results file (bench/results/ holds the harnesses' result rows, not records: bench/harness.py)
 COMMITTED = [ROOT / p for p in subprocess.run(["git", "ls-files", "*.jsonl", ":!bench/results"], cwd=ROOT,
                                               capture_output=True, text=True, check=True).stdout.split()]

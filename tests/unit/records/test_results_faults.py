@@ -18,7 +18,7 @@ import pytest
 from edgekv.errors import ResultsError
 from edgekv.records import results as R
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 BASE = ROOT / "tests" / "data" / "cuda-h100" / "smollm2-135m.jsonl"
 
 
