@@ -114,22 +114,17 @@ def test_the_watchdog_stops_a_configuration_when_memory_runs_out_and_the_sweep_g
     assert r["memory"]["peak_rss_bytes"] > 0                    # what was measured before is kept
 
 
-def test_predict_marks_what_does_not_fit_and_budget_auto_uses_the_memory_available(smollm2_path):
+def test_predict_marks_what_does_not_fit_and_budget_auto_uses_the_memory_available(smollm2_path, cli):
     import json
 
-    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-c", "1024,1048576", "-ctk",
-                        "f16", "--json"], capture_output=True, text=True, timeout=600)
+    r = cli("predict", smollm2_path, "-c", "1024,1048576", "-ctk", "f16", "--json")
     assert r.returncode == 0, r.stderr
     procs = [x["prediction"]["process"] for x in json.loads(r.stdout)]
     assert [p["fits"] for p in procs] == [True, False]
     assert procs[0]["available_bytes"] > 0 and procs[0]["available_source"] in ("MemAvailable", "cgroup limit")
-    import os
-
-    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-c", "1024,1048576", "-ctk",
-                        "f16"], capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    r = cli("predict", smollm2_path, "-c", "1024,1048576", "-ctk", "f16", env={"COLUMNS": "200"})
     out = " ".join(r.stdout.split())
     assert "does not fit here" in out and "does not fit this machine now (" in out and ": 1048576/f16" in out
-    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-ctk", "f16", "--budget",
-                        "auto", "-c", "1024"], capture_output=True, text=True, timeout=600)
+    r = cli("predict", smollm2_path, "-ctk", "f16", "--budget", "auto", "-c", "1024")
     assert r.returncode == 0, r.stderr
     assert "--budget auto: " in r.stderr and "available now (" in r.stderr

@@ -5,8 +5,6 @@ warns with the bytes present and expected; bench and quality refuse it in one li
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -20,17 +18,13 @@ def cut_smollm2(smollm2_path, tmp_path_factory):
     return p
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "edgekv.cli", *args], capture_output=True, text=True, timeout=600)
-
-
-def test_predict_names_the_missing_bytes_in_the_table_and_the_json(cut_smollm2):
-    r = _cli("predict", str(cut_smollm2), "-c", "1024", "-ctk", "f16", "--kv-only")
+def test_predict_names_the_missing_bytes_in_the_table_and_the_json(cli, cut_smollm2):
+    r = cli("predict", str(cut_smollm2), "-c", "1024", "-ctk", "f16", "--kv-only")
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())             # the table output wraps at the terminal width
     assert "only 5.0 MB of 98.4 MB present: tensor data missing" in out
     assert "the prediction uses the header only" in out
-    r = _cli("predict", str(cut_smollm2), "-c", "1024", "-ctk", "f16", "--kv-only", "--json")
+    r = cli("predict", str(cut_smollm2), "-c", "1024", "-ctk", "f16", "--kv-only", "--json")
     recs = json.loads(r.stdout)
     assert recs[0]["model"]["incomplete"].endswith("the prediction uses the header only")
 
@@ -39,16 +33,16 @@ def test_predict_names_the_missing_bytes_in_the_table_and_the_json(cut_smollm2):
     (["bench", "-c", "512", "-ctk", "f16", "-p", "8", "-n", "4", "-r", "1"], "edgekv bench needs the whole file"),
     (["quality", "-c", "256", "-ctk", "f16", "--chunks", "1"], "edgekv quality needs the whole file"),
 ])
-def test_runs_that_need_the_weights_refuse_it_in_one_line(cut_smollm2, args, what):
-    r = _cli(args[0], str(cut_smollm2), *args[1:])
+def test_runs_that_need_the_weights_refuse_it_in_one_line(cli, cut_smollm2, args, what):
+    r = cli(args[0], str(cut_smollm2), *args[1:])
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "only 5.0 MB of 98.4 MB present" in lines[0] and what in lines[0]
 
 
-def test_predict_engine_still_runs_on_it_and_warns(cut_smollm2):
-    r = _cli("predict", str(cut_smollm2), "-c", "512", "-ctk", "f16", "--engine", "--kv-only")
+def test_predict_engine_still_runs_on_it_and_warns(cli, cut_smollm2):
+    r = cli("predict", str(cut_smollm2), "-c", "512", "-ctk", "f16", "--engine", "--kv-only")
     assert r.returncode == 0, r.stderr
     assert "only 5.0 MB of 98.4 MB present" in " ".join(r.stdout.split())
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from edgekv.core.llamacmd import llama_cpp_args, shell_line
 
@@ -21,15 +19,13 @@ def test_the_arguments_follow_llama_cpps_flags():
     assert shell_line("llama-server", ["-m", "/a b/x.gguf"]) == "llama-server -m '/a b/x.gguf'"
 
 
-def test_predict_prints_it_with_v_and_carries_it_in_json(smollm2_path):
-    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-c", "2048", "-ctk", "q8_0",
-                        "--no-mmap", "--repack", "0", "-t", "2", "--json"], capture_output=True, text=True, timeout=300)
+def test_predict_prints_it_with_v_and_carries_it_in_json(smollm2_path, cli):
+    r = cli("predict", smollm2_path, "-c", "2048", "-ctk", "q8_0", "--no-mmap", "--repack", "0", "-t", "2", "--json")
     rec = json.loads(r.stdout)[0]
     args = rec["llama_cpp_args"]
     assert args[:2] == ["-m", str(smollm2_path)] and args[args.index("-c") + 1] == "2048"
     assert "-lm" in args and "-nr" in args and args[args.index("-t") + 1] == "2"
-    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-c", "2048", "-ctk", "q8_0",
-                        "--kv-only", "-v"], capture_output=True, text=True, timeout=300)
+    r = cli("predict", smollm2_path, "-c", "2048", "-ctk", "q8_0", "--kv-only", "-v")
     assert "llama.cpp: llama-server -m " in r.stdout and "-ctk q8_0 -ctv q8_0" in " ".join(r.stdout.split())
 
 

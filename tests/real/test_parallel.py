@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -88,13 +87,11 @@ def test_report_and_compare_carry_the_sequence_count(npl_run, tmp_path):
     (["-npl", "300"], "at most 256 sequences"),
     (["-npl", "0"], "-npl"),
 ])
-@pytest.mark.slow
-def test_flags_it_refuses(args, needle, tmp_path):
-    p = subprocess.run([sys.executable, "-m", "edgekv.cli", "bench", *args, "-o", str(tmp_path / "r.jsonl")],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 2, p.stderr
-    lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr
+def test_flags_it_refuses(cli, args, needle, tmp_path):
+    rc, _, err = cli("bench", *args, "-o", tmp_path / "r.jsonl")
+    assert rc == 2, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err
     assert not (tmp_path / "r.jsonl").exists()
 
 

@@ -109,10 +109,8 @@ def test_bench_summary_fits_the_terminal(records, width):
         assert f"{r['speed']['tg']['mean_ts']:.1f}" in out
 
 
-def test_predict_table_fits_80_columns(smollm2_path):
-    env = {**os.environ, "COLUMNS": "80"}
-    out = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "--engine", "-c", "2048"],
-                         capture_output=True, text=True, env=env, timeout=300).stdout
+def test_predict_table_fits_80_columns(smollm2_path, cli):
+    out = cli("predict", smollm2_path, "--engine", "-c", "2048", env={"COLUMNS": "80"}).stdout
     assert "…" not in out and max(len(x) for x in out.splitlines()) <= 80, out
     assert "45.00" in out and "✓" in out
 

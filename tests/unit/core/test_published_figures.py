@@ -9,8 +9,6 @@ n_ubatch 512).  The expected MiB are the published ones (``../shared/reference/a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -97,17 +95,15 @@ def test_gemma4_e4b_structure(headers):
     assert [lay.reuses for lay in m.shape.layers[24:]] == [22 if lay.is_swa else 23 for lay in m.shape.layers[24:]]
 
 
-@pytest.mark.slow
+@pytest.mark.slow                   # predict measures the runtime baseline in a llama.cpp child
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_published_figures_cli(name, headers):
+def test_published_figures_cli(cli, name, headers):
     figures = MODELS[name][1]
     ctxs = sorted({n for n, _ in figures})
     types = sorted({t for _, t in figures})
-    out = subprocess.run(
-        [sys.executable, "-m", "edgekv.cli", "predict", str(headers[name]), "-c", ",".join(map(str, ctxs)),
-         "-ctk", ",".join(types), "--json"],
-        capture_output=True, text=True, check=True, timeout=120)
-    formulas = [r["prediction"]["formula"] for r in json.loads(out.stdout)]      # kind-predict records
+    rc, out, err = cli("predict", headers[name], "-c", ",".join(map(str, ctxs)), "-ctk", ",".join(types), "--json")
+    assert rc == 0, err
+    formulas = [r["prediction"]["formula"] for r in json.loads(out)]      # kind-predict records
     got = {(f["n_ctx"], f["type_k"]): llama_mib(f["kv_bytes"]) for f in formulas}
     for key, want in figures.items():
         assert got[key] == want, key
