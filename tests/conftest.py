@@ -232,6 +232,22 @@ def gemma3_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_header() -> Path:
+    """SmolLM2's header without its weights or tokenizer (tests/headers.py): for a formula on its shape, fast."""
+    from tests.headers import SMOLLM2
+
+    return SMOLLM2
+
+
+@pytest.fixture(scope="session")
+def gemma3_header() -> Path:
+    """Gemma 3 270M's header without its weights or tokenizer (tests/headers.py)."""
+    from tests.headers import GEMMA3
+
+    return GEMMA3
+
+
+@pytest.fixture(scope="session")
 def llama_bench_exe() -> Path:
     """llama.cpp's own llama-bench, built once from the tree vendored in the installed llama-cpp-python's sdist
     (tools/llama_tools.py: pip download, cmake; about 4 minutes on 2 cores, reused afterwards)."""

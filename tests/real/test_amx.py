@@ -46,10 +46,10 @@ def test_recorded_logs_are_what_the_constants_say():
     assert extra_buffer_types(AMX_FEATURES, use_extra_bufts=False) == ()     # --repack 0 removes both
 
 
-def test_amx_buffer_formula_equals_llama_cpp_recorded_load(smollm2_path):
+def test_amx_buffer_formula_equals_llama_cpp_recorded_load(smollm2_header):
     from edgekv.edges.gguf_header import read_header_file
 
-    h = read_header_file(smollm2_path)
+    h = read_header_file(smollm2_header)
     on = parse_memory_log(AMX_ON.read_text()).model_buffers
     off = parse_memory_log(AMX_OFF.read_text()).model_buffers
     assert on == {"AMX": 95.34, "CPU_Mapped": 92.10} and off == {"CPU_Mapped": 92.10}

@@ -94,8 +94,8 @@ def test_engine_column_agrees(capsys, gemma3_path):
         assert e.weights_bytes == r.model.size_bytes and r.settings.n_seq_max == 2
 
 
-def test_kv_only_leaves_the_process_out_and_layers_go_in(capsys, smollm2_path):
-    (r,) = records(capsys, "predict", str(smollm2_path), "-c", "512", "-ctk", "f16", "--kv-only", "--layers")
+def test_kv_only_leaves_the_process_out_and_layers_go_in(capsys, smollm2_header):
+    (r,) = records(capsys, "predict", str(smollm2_header), "-c", "512", "-ctk", "f16", "--kv-only", "--layers")
     assert r.prediction.process is msgspec.UNSET and r.prediction.engine is msgspec.UNSET      # not asked: absent
     assert len(r.prediction.formula.layers) == 30 and r.prediction.formula.layers[0]["k_bytes"] > 0
 

@@ -270,8 +270,8 @@ def test_budget_below_the_runtime(capsys, smollm2_path):
 @pytest.mark.slow
 def test_budget_metadata_only_says_it_is_capped(capsys, tmp_path):
     # issue 19 point 7: a metadata-only Qwen3-8B shape; the answer is the trained-context cap and says so
-    from tests.unit.core.test_published_figures import _qwen3_8b_metadata
     from tests.tiny.writer import write_gguf
+    from tests.unit.core.test_published_figures import _qwen3_8b_metadata
 
     md = _qwen3_8b_metadata()
     path = tmp_path / "qwen3-8b-meta.gguf"
@@ -431,14 +431,14 @@ def test_workload_graphs_are_the_ubatches_the_run_computes(tmp_path):
     assert largest_compute([a, bad]) is bad and largest_compute([]) is None
 
 
-def test_llama_bench_depth_state_copy(smollm2_path, gemma3_path):
+def test_llama_bench_depth_state_copy(smollm2_header, gemma3_header):
     from edgekv.core.predict import predict
     from edgekv.orchestration.procpredict import state_seq_bytes
 
-    smol = load_model(str(smollm2_path)).shape
+    smol = load_model(str(smollm2_header)).shape
     # 30 layers x (K + V) x 3 heads x 64 x f16, per cell, plus 12 bytes of cell metadata
     assert state_seq_bytes(predict(smol, ContextParams(n_ctx=4096)), 3584) == 3584 * (30 * 2 * 192 * 2 + 12)
-    gem = load_model(str(gemma3_path)).shape
+    gem = load_model(str(gemma3_header)).shape
     pr = predict(gem, ContextParams(n_ctx=8192))
     swa = next(c for c in pr.caches if c.kind == "swa")
     full = next(c for c in pr.caches if c.kind == "full")
@@ -446,11 +446,11 @@ def test_llama_bench_depth_state_copy(smollm2_path, gemma3_path):
     assert state_seq_bytes(pr, 7680) == (7680 * (full.bytes // full.cells + 12) + swa.cells * (swa.bytes // swa.cells + 12))
 
 
-def test_device_weights_match_llama_cpp_cuda_buffer(smollm2_path):
+def test_device_weights_match_llama_cpp_cuda_buffer(smollm2_header):
     # the CUDA build's own figures for SmolLM2 -ngl 99 (tests/data/cuda-h100-smollm2.jsonl, recorded on an H100:
     # "CUDA0 model buffer size = 92.17 MiB", "CPU_Mapped model buffer size = 28.69 MiB"); the prediction is computed
     # here from the real model's tensor table
-    m = load_model(str(smollm2_path))
+    m = load_model(str(smollm2_header))
     rec = json.loads((ROOT / "tests/data/cuda-h100-smollm2.jsonl").read_text().splitlines()[0])
     bufs = rec["llama_log"]["model_buffers_mib"]
     p = predict_process(ProcessInputs(workload="bench", n_ubatch=512, n_batch=2048, n_seq_max=1, n_threads=2,
@@ -517,11 +517,11 @@ def test_binary_baseline_is_read_before_the_model(tmp_path):
     assert rss is None and "exited with code 3" in why
 
 
-def test_state_file_read_buffer(gemma3_path, smollm2_path):
+def test_state_file_read_buffer(gemma3_header, smollm2_header):
     from edgekv.core.predict import predict
     from edgekv.orchestration.procpredict import state_read_buffer_bytes
 
-    gem = load_model(str(gemma3_path)).shape
+    gem = load_model(str(gemma3_header)).shape
     # the largest single read: a full-attention layer's K rows for the 3584 saved cells (1 KV head x 256 x f16)
     assert state_read_buffer_bytes(predict(gem, ContextParams(n_ctx=4096)), 3584) == 3584 * 512
     assert state_read_buffer_bytes(predict(gem, ContextParams(n_ctx=4096, type_k="q8_0", type_v="q8_0")), 3584) == 3584 * 272

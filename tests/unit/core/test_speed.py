@@ -97,8 +97,8 @@ def _cal(**kw) -> Calibration:
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_path):
-    m = load_model(str(smollm2_path))
+def smol(smollm2_header):
+    m = load_model(str(smollm2_header))
     return m, speed_shape(m.shape, list(m.header.tensors), ["avx2"], True, {"ops_tg": 900, "ops_pp": 950})
 
 
@@ -270,8 +270,8 @@ def test_prefill_splits_ubatches_and_computes_the_head_once(smol):
     assert head * 512 == pytest.approx(out_bytes * 1e-10 + 49152 * 2e-8)       # one mat-vec: 49152 rows of q8_0
 
 
-def test_sliding_window_layers_stop_at_the_window(gemma3_path):
-    m = load_model(str(gemma3_path))
+def test_sliding_window_layers_stop_at_the_window(gemma3_header):
+    m = load_model(str(gemma3_header))
     sh = speed_shape(m.shape, list(m.header.tensors), ["avx2"], True, {"ops_tg": 500, "ops_pp": 520})
     swa = [a for a in sh.attn if a.window]
     assert swa and all(a.window == m.shape.n_swa for a in swa) and len(swa) < len(sh.attn)
@@ -1596,7 +1596,7 @@ def test_only_a_whole_offload_is_predicted_on_a_gpu():
     assert "-ngl 15 offloads part of the model's 30 layers" in why
 
 
-def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_path, headers):
+def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_header, headers):
     """body_geometry names the widths; the solvers recover a forward model's node cost at those widths and the
     cost of a logit; a GPU prediction uses them and refuses a model whose widths it has not measured."""
     from edgekv.core.speed import Calibration, MissingCalibration, body_geometry, kv_key, predict_tg
@@ -1604,7 +1604,7 @@ def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_path, headers):
 
     m, smol_sh = smol
     assert body_geometry(m.shape) == "e576f1536h9kv3d64l30"
-    assert body_geometry(load_model(str(gemma3_path)).shape) == "e640f2048h4kv1d256l18"
+    assert body_geometry(load_model(str(gemma3_header)).shape) == "e640f2048h4kv1d256l18"
     assert P.body_shape("e576f1536h9kv3d64l30")["n_layer"] == 30
     with pytest.raises(S.CalibrationError):
         P.body_shape("../x")
@@ -1660,13 +1660,13 @@ def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_path, headers):
         predict_tg(replace(model, body=""), gcal, 512, 32, "f16", "f16", "auto")
 
 
-def test_a_geometry_carries_the_hidden_size_its_calibration_model_is_built_with(gemma3_path):
+def test_a_geometry_carries_the_hidden_size_its_calibration_model_is_built_with(gemma3_header):
     """llama.cpp's per-row attention costs more per cell under a wider hidden size at the same heads
     (bench/attn_widths.py), so the calibration model has the model's own: named in the geometry where it is not
     n_head x head_k (Gemma 3 270M: 4 x 256 heads over 640), bounded, and validated before a file is named after it."""
     from edgekv.core.speed import GEOMETRY_MAX_EMBD, AttnLayer
 
-    m = load_model(str(gemma3_path))
+    m = load_model(str(gemma3_header))
     sh = speed_shape(m.shape, m.header.tensors, ["avx2"])
     assert {a.geometry for a in sh.attn} == {"h4kv1k256v256e640"}
     assert P.geometry_shape("h4kv1k256v256e640")["n_embd"] == 640

@@ -53,9 +53,9 @@ def test_header_only_file_reads_the_same(smollm2_path, tmp_path):
     assert cut.extra["available_bytes"] == full.header_bytes
 
 
-def test_stream_without_size(smollm2_path):
-    full = read_header_file(smollm2_path)
-    with open(smollm2_path, "rb") as f:
+def test_stream_without_size(smollm2_header):
+    full = read_header_file(smollm2_header)
+    with open(smollm2_header, "rb") as f:
         data = f.read(full.header_bytes)
 
     class Trickle(io.RawIOBase):
@@ -74,9 +74,9 @@ def test_stream_without_size(smollm2_path):
     assert h.tensors == full.tensors
 
 
-def test_cut_inside_header_says_where(smollm2_path, tmp_path):
-    full = read_header_file(smollm2_path)
-    p = _header_only_copy(smollm2_path, tmp_path / "cut.gguf", full.header_bytes - 10)
+def test_cut_inside_header_says_where(smollm2_header, tmp_path):
+    full = read_header_file(smollm2_header)
+    p = _header_only_copy(smollm2_header, tmp_path / "cut.gguf", full.header_bytes - 10)
     with pytest.raises(GGUFTruncatedError) as ei:
         read_header_file(p)
     assert str(p) in str(ei.value) and "cut short" in str(ei.value)

@@ -10,8 +10,6 @@ import pytest
 from edgekv.cli.main import main
 from edgekv.core.units import MIB
 
-pytestmark = pytest.mark.slow
-
 
 def run_json(capsys, *argv):
     assert main(list(argv) + ["--json"]) == 0
@@ -43,7 +41,7 @@ def test_a_mac_of_each_size(capsys, smollm2_path):
     (["--device", "metal", "--device-memory", "lots"], "--device-memory"),
     (["--device", "metal", "--device-memory", "8GiB", "--kv-only"], "--kv-only"),
 ])
-def test_device_flags_refused_in_one_line(capsys, smollm2_path, args, words):
-    assert main(["predict", str(smollm2_path), "-c", "1024", *args]) == 2
+def test_device_flags_refused_in_one_line(capsys, smollm2_header, args, words):
+    assert main(["predict", str(smollm2_header), "-c", "1024", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
