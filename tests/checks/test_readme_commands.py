@@ -29,8 +29,9 @@ README = ROOT / "README.md"
 BENCH_LINE = "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/edgekv bench"
 TEST_LINE = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest -q"
 # .ci/run's stages: README's pytest command with one marker expression each; "not slow" then "slow" are complements,
-# so their union is every test README's line runs, and the fast tier stops at its first failure.
-STAGES = ('-m "not slow" -x', "-m slow")
+# so their union is every test README's line runs, and the fast tier stops at its first failure; each prints what
+# took its time (docs/development.md, Test tiers).
+STAGES = ('-m "not slow" -x --durations=15', "-m slow --durations=30")
 
 
 def ci_problem(test_line: str, ci_text: str) -> str | None:
@@ -59,8 +60,8 @@ def test_the_two_commands_open_the_readme_and_ci_runs_the_second():
 
 @pytest.mark.parametrize("change", [
     lambda t: t.replace('-m "not slow" -x', '-m "not slow and not gpu" -x'),   # a tier nobody runs
-    lambda t: t.replace("\n.venv/bin/python -m pytest -q -m slow", ""),          # the slow stage dropped
-    lambda t: t.replace(" -x\n", "\n"),                                           # the fast tier does not stop
+    lambda t: t.replace("\n.venv/bin/python -m pytest -q -m slow --durations=30", ""),  # the slow stage dropped
+    lambda t: t.replace(" -x ", " "),                                             # the fast tier does not stop
     lambda t: t.replace("set -euo pipefail", "set -uo pipefail"),                # a failed stage passes
     lambda t: t.replace("pip install -q -e '.[test]'\n", "pip install -q -e .\n"),  # not README's install
 ], ids=["other-marker", "no-slow-stage", "no-x", "no-errexit", "other-install"])
