@@ -1,7 +1,7 @@
 """The heavy third-party modules, each imported on first use through its one accessor here.
 
-Every other import sits at its module's top (tests/test_layers.py).  These wait because loading them would cost
-every command its start-up (tests/test_startup.py checks by name that ``import edgekv.cli.main`` loads none of
+Every other import sits at its module's top (tests/checks/test_layers.py).  These wait because loading them would cost
+every command its start-up (tests/checks/test_startup.py checks by name that ``import edgekv.cli.main`` loads none of
 them), and llama_cpp for one more reason: a measured child loads it before numpy (edgekv.edges.process), and a
 parent never loads it at all.  numpy is not here: gguf, which reads every model's header, imports it anyway.
 """

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 # edgekv's home as the developer had it before pytest started (unset: edgekv's default, ~/.cache/edgekv): the
-# suite never reaches it (tests/test_isolation.py checks it): EDGEKV_HOME is scrubbed and HOME is the suite's own.
+# suite never reaches it (tests/checks/test_isolation.py checks it): EDGEKV_HOME is scrubbed and HOME is the suite's own.
 DEVELOPER_HOME = os.environ.get("EDGEKV_HOME")
 REAL_HOME = Path.home()
 # What is costly to build and the same in every test is shared: the extracted models (SmolLM2 from its pinned
@@ -43,7 +43,7 @@ def make_home(root: Path) -> Path:
 # one-line error into a traceback, HF_TOKEN or HF_ENDPOINT would change what the hub tests see); tests set what
 # they need with monkeypatch, which restores this scrubbed environment after each.  Kept: where the developer's own
 # llama.cpp tools are (tools/llama_tools.py), a choice of binaries, not of behaviour; and the suite's own switch to
-# rewrite the golden files (tests/test_report.py, refused under CI), which edgekv itself never reads.
+# rewrite the golden files (tests/unit/output/test_report.py, refused under CI), which edgekv itself never reads.
 _KEPT = ("EDGEKV_LLAMA_CPP_BIN", "EDGEKV_UPDATE_GOLDEN")
 for _name in [k for k in os.environ if k.startswith(("EDGEKV_", "HF_", "HUGGINGFACE_")) and k not in _KEPT]:
     del os.environ[_name]
@@ -65,7 +65,7 @@ for _conf in (REAL_HOME / ".config" / "pip" / "pip.conf", REAL_HOME / ".pip" / "
 os.environ["HOME"] = str(SUITE_HOME)
 DEFAULT_HOME = SUITE_HOME / ".cache" / "edgekv"
 # predict and bench use the speed calibration only when cached: the suite's homes would otherwise each spend a
-# minute calibrating (tests/test_speed.py calibrates for real, once, in the shared calibration folder)
+# minute calibrating (tests/unit/core/test_speed.py calibrates for real, once, in the shared calibration folder)
 os.environ["EDGEKV_SPEED_CALIBRATE"] = "cached"
 
 
@@ -80,7 +80,7 @@ def pytest_configure(config) -> None:
 
 def pytest_sessionfinish(session, exitstatus) -> None:
     """The whole run fails if anything was written into edgekv's default home, i.e. by code that ran without a
-    test's own EDGEKV_HOME (tests/test_isolation.py); it lies in the suite's HOME, which nothing else uses."""
+    test's own EDGEKV_HOME (tests/checks/test_isolation.py); it lies in the suite's HOME, which nothing else uses."""
     written = sorted(str(p.relative_to(DEFAULT_HOME)) for p in DEFAULT_HOME.rglob("*")) if DEFAULT_HOME.exists() else []
     if written:
         session.config.get_terminal_writer().line(
@@ -157,7 +157,7 @@ def test_processes(request, monkeypatch):
     """Every process a test starts is stopped when the test ends, passed or failed.  A test's own children start in
     a session (and process group) of their own, with SIGINT and SIGQUIT at their defaults (unless the test passes
     its own preexec_fn); at teardown their groups and descendants are killed (_stop).  And the fast tier's guard:
-    an unmarked test that starts a llama.cpp child fails, naming itself (tests/test_limits.py)."""
+    an unmarked test that starts a llama.cpp child fails, naming itself (tests/checks/test_limits.py)."""
     slow = request.node.get_closest_marker("slow") is not None
     started: list[subprocess.Popen] = []
 
@@ -229,6 +229,22 @@ def gemma3_path() -> Path:
     from edgekv.edges.sources import resolve_model
 
     return Path(resolve_model("gemma3-270m").path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_header() -> Path:
+    """SmolLM2's header without its weights or tokenizer (tests/headers.py): for a formula on its shape, fast."""
+    from tests.headers import SMOLLM2
+
+    return SMOLLM2
+
+
+@pytest.fixture(scope="session")
+def gemma3_header() -> Path:
+    """Gemma 3 270M's header without its weights or tokenizer (tests/headers.py)."""
+    from tests.headers import GEMMA3
+
+    return GEMMA3
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Names vulture (tests/test_lint.py) reports as unused that are used, each with where the use is.
+"""Names vulture (tests/checks/test_lint.py) reports as unused that are used, each with where the use is.
 
 Read by vulture only (as Python source); never imported."""
 # ruff: noqa
@@ -27,7 +27,7 @@ is_recurrent            # ModelShape.layers[i].is_recurrent
 # edgekv/records/schema.py: public names for notebooks and maintainers (not called inside edgekv)
 _.KINDS                 # the record kinds, documented beside Record.kind
 _.PROVENANCE            # which source each block's numbers come from (formula / llama.cpp / measured)
-_.write_schema_file     # regenerates results.schema.json; named by tests/test_records.py's failure message
+_.write_schema_file     # regenerates results.schema.json; named by tests/unit/records/test_records.py's failure message
 
 # edgekv/core/speed.py: SpeedTestPrediction fields, written into prediction.speed by msgspec
 _.bytes_per_token       # the bytes a decoded token reads (the roofline's denominator), in --json and records

@@ -15,7 +15,7 @@ Every request is logged and every body byte sent is counted, per path, so tests 
 of a model crossed the wire.  ``cut_after[sha256] = n`` drops the next whole-file download of a blob
 after ``n`` bytes, to exercise resuming.
 
-Hostile behaviour, for tests/test_hostile.py (everything still on 127.0.0.1 only):
+Hostile behaviour, for tests/real/test_hostile.py (everything still on 127.0.0.1 only):
 
 * ``/any/ANYTHING``           ``any_file`` with ranges, whatever the (URL-encoded) name says;
 * ``/drip/NAME``              a normal status line and headers, then the body one byte every ``drip_s``;

@@ -4,7 +4,7 @@ A tiny llama-architecture model (edgekv.edges.tinymodel.write_llama: zero weight
 for real, one fresh ``python -m edgekv.child.worker bench`` per case, with ``EDGEKV_RECORD_REPLIES`` naming the
 folder: each case's run (the parent's view of the child and the child's reply) lands in ``<config key>.json``.
 One case runs on a CPU whose extra-buffer kernels crash (edgekv.child.emulate), so that a real failure is
-recorded too.  tests/test_replay.py replays them, and its slow test records a fresh run and compares its shape
+recorded too.  tests/unit/orchestration/test_replay.py replays them, and its slow test records a fresh run and compares its shape
 with the stored one.
 
     .venv/bin/python tools/record_replies.py [FOLDER]        # default: tests/data/replies/tiny-llama

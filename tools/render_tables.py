@@ -18,7 +18,7 @@ as ``<!-- rendered-at: SHA -->``; the check recounts up to that same recorded co
 commits land and a re-render moves it).  Before writing, every row's derived fields are checked against its raw ones
 (a percentage against its measured and predicted values, a mean against its samples): a row edited by hand fails.
 
-tests/test_tables.py runs the check, so the docs cannot drift from the data.
+tests/checks/test_tables.py runs the check, so the docs cannot drift from the data.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ width that overflows never gets a context.  :func:`validate_shape` finds those c
 header alone, before any figure is given: the K and V caches' widths must be the widths of the
 model's own ``attn_k``/``attn_v`` projections, and every attention layer needs heads of a size.
 ``predict`` then answers ``invalid`` with the reason (checked against llama.cpp's dry run in
-tests/test_hostile_headers.py), never a number.
+tests/real/test_hostile_headers.py), never a number.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ load_mode=NONE`` in a loop, reading llama.cpp's error each time:
 When the model loads, it also creates contexts (FA auto/off, quantized cache, 2 sequences) so that
 graph reservation is known to work for the family.  Each family runs in its own child process
 (a GGML_ASSERT aborts the whole process).  The result is ``specs.json`` next to this file, which
-``tests/test_families.py`` turns back into GGUF files with ``writer.py``.
+``tests/real/test_families.py`` turns back into GGUF files with ``writer.py``.
 
 **Regenerate specs.json whenever llama-cpp-python is upgraded** (tensor names, shapes and required
 keys follow the vendored llama.cpp)::
@@ -649,7 +649,7 @@ def child(name: str, progress_path: str, seed_path: str | None = None) -> int:
             shape = load_model(path).shape
         for c in CONTEXT_CHECKS if family["memory"] != "aborts" else []:
             if shape is not None and predict(shape, ContextParams(**c)).aborts:
-                continue        # edgekv says llama.cpp aborts here (tests/test_families.py checks that)
+                continue        # edgekv says llama.cpp aborts here (tests/real/test_families.py checks that)
             with open(progress_path, "w") as f:
                 json.dump({"spec": spec, "step": "context", "context": c, "optional_absent": optional_absent}, f)
             r = runner.context(ContextParams(**c))

@@ -201,7 +201,7 @@ def edgekv(*args: str) -> str:
 def committed_speed(preds: str, committed: Path, header: Path | None = None) -> str:
     """``preds`` (predict --json) with each record's ``prediction.speed`` taken from the committed predictions.json
     (same context and cache types): the speed figures are one machine's (its calibration), everything else must be remade
-    identically anywhere, which is what tests/test_published_reports.py checks.  ``header``: each decode bound counted
+    identically anywhere, which is what tests/checks/test_published_reports.py checks.  ``header``: each decode bound counted
     again for that header (--roofline-only, tools/publish/recount.py), the predictions as they were made."""
     def key(r: dict) -> tuple:
         s = r["settings"]

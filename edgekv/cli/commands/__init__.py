@@ -2,5 +2,5 @@
 
 A command module parses and checks its flags, calls one function of the layers below and renders what it returns.
 It imports its command's implementation (edgekv.orchestration, edgekv.output, ...) inside the command function, so
-that ``edgekv --help`` and every other command load none of it (tests/test_layers.py, tests/test_startup.py).
+that ``edgekv --help`` and every other command load none of it (tests/checks/test_layers.py, tests/checks/test_startup.py).
 """

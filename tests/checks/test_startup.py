@@ -1,0 +1,65 @@
+"""Start-up: `edgekv --help` and importing the CLI stay quick, and load no heavy module.
+
+Measured on a 2-core VM while other work loaded it (load average about 7): `import edgekv.cli.main` took 0.4 to
+1.1 s (python -X importtime, cumulative) and `edgekv --help` 0.8 to 1.4 s of wall time.  The budgets below leave
+about three times that; the heavy modules the CLI's adapters import only for their command
+(tests/checks/test_layers.py) are checked by name, which no machine's load can blur."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow       # fresh interpreters in subprocesses
+
+ROOT = Path(__file__).resolve().parents[2]
+IMPORT_BUDGET_S = 3.0
+HELP_BUDGET_S = 4.0
+# never loaded by `import edgekv.cli.main` (numpy is: gguf, which reads every header, needs it)
+NOT_AT_STARTUP = {"llama_cpp", "pandas", "scipy", "matplotlib", "huggingface_hub", "httpx2"}
+
+
+def import_time_s(code: str, module: str) -> float:
+    """Cumulative import time of `module` while a fresh interpreter runs `code` (python -X importtime)."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = re.search(rf"^import time:\s+\d+ \|\s+(\d+) \| {re.escape(module)}$", r.stderr, re.M)
+    assert m, r.stderr[-2000:]
+    return int(m[1]) / 1e6
+
+
+def heavy_loaded(code: str) -> set[str]:
+    """Which of NOT_AT_STARTUP a fresh interpreter has loaded after running `code`."""
+    r = subprocess.run([sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sys.modules))"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return NOT_AT_STARTUP & {m.split(".")[0] for m in r.stdout.split()}
+
+
+def test_importing_the_cli_is_quick_and_light():
+    best = min(import_time_s("import edgekv.cli.main", "edgekv.cli.main") for _ in range(3))
+    assert best <= IMPORT_BUDGET_S, f"import edgekv.cli.main: {best:.2f} s, over the {IMPORT_BUDGET_S} s budget"
+    assert heavy_loaded("import edgekv.cli.main") == set()
+
+
+def test_help_is_quick():
+    walls = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "edgekv.cli", "--help"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        walls.append(time.monotonic() - t0)
+        assert r.returncode == 0 and "Usage: edgekv" in r.stdout, r.stderr[-2000:]
+    assert min(walls) <= HELP_BUDGET_S, f"edgekv --help: {min(walls):.2f} s at best, over {HELP_BUDGET_S} s"
+
+
+def test_the_startup_checks_see_a_heavy_import():
+    """Both checks can fail: importing llama_cpp at start-up is seen by name, and its time is counted."""
+    assert heavy_loaded("import edgekv.cli.main, llama_cpp") == {"llama_cpp"}
+    assert import_time_s("import edgekv.cli.main, llama_cpp", "llama_cpp") > 0

@@ -1,0 +1,55 @@
+"""The two real models' headers without their weights or tokenizer: what the formula reads, committed, so that a test
+of a formula on SmolLM2's or Gemma 3's shape needs neither model (the fast tier).
+
+A header keeps every metadata key but the tokenizer's arrays (their length becomes ``{arch}.vocab_size``) and the
+whole tensor table (names, shapes, types, offsets); the file ends where the tensor data would start.  It is written
+with gguf-py's own writer.  tests/real/test_shape_headers.py rewrites both from the real models and checks that
+they equal the committed files, byte for byte; ``python -m tests.headers`` rewrites them after a model changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HEADERS = Path(__file__).resolve().parent / "data" / "headers"
+SMOLLM2 = HEADERS / "SmolLM2-135M-Instruct.Q4_1-header.gguf"
+GEMMA3 = HEADERS / "gemma-3-270m-q4_k_m-header.gguf"
+# the arrays only a tokenizer reads (a few MB for a 262K vocabulary)
+TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                    "tokenizer.ggml.scores")
+
+
+def write_header(src: Path, out: Path) -> Path:
+    """``src``'s header, less the tokenizer's arrays, into ``out``."""
+    import gguf
+    import numpy as np
+
+    r = gguf.GGUFReader(src)
+    arch = r.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    w = gguf.GGUFWriter(out, arch)
+    n_vocab = None
+    for f in r.fields.values():
+        if f.name == gguf.Keys.General.ARCHITECTURE or f.name.startswith("GGUF."):
+            continue
+        if f.name in TOKENIZER_ARRAYS:
+            n_vocab = n_vocab or len(f.data)
+            continue
+        vtype = f.types[0]
+        w.add_key_value(f.name, f.contents(), vtype, sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    if n_vocab is not None and r.get_field(f"{arch}.vocab_size") is None:
+        w.add_uint32(f"{arch}.vocab_size", n_vocab)
+    for t in r.tensors:
+        w.add_tensor_info(t.name, [int(x) for x in reversed(t.shape)], np.dtype(np.float32), int(t.n_bytes),
+                          raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    return out
+
+
+if __name__ == "__main__":          # python -m tests.headers: rewrite both from the real models
+    from edgekv.edges.sources import resolve_model
+
+    write_header(Path(resolve_model("smollm2-135m").path), SMOLLM2)
+    write_header(Path(resolve_model("gemma3-270m").path), GEMMA3)
