@@ -24,7 +24,8 @@ from edgekv.cli.signals import interrupted_by, interrupted_code
 from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES
 from edgekv.core.diagnose import exit_status
 from edgekv.core.units import MIB, kv_label
-from edgekv.edges.load import BUSY_SHARE, Window, busy_note
+from edgekv.edges.environment import default_threads
+from edgekv.edges.load import BUSY_SHARE, Window, busy_note, threads_left
 from edgekv.errors import UsageError
 from edgekv.orchestration.api import load_model, registry_sweep_defaults
 from edgekv.orchestration.plan import FULL, QUICK, fmt_duration, model_contexts, plan_lines, quick_contexts
@@ -230,8 +231,9 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     else:
         ctxs = quick_contexts(m.shape.n_ctx_train)
     deps = parse_int_list(a.depths, "-d/--n-depth", minimum=0) if a.depths else None
+    threads, busy_hint = free_threads(a.threads)
     spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, flash_attn=fas, depths=deps, n_prompt=n_prompt,
-                     n_gen=n_gen, repetitions=repetitions, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers,
+                     n_gen=n_gen, repetitions=repetitions, n_threads=threads, n_gpu_layers=a.n_gpu_layers,
                      n_batch=a.batch_size, n_ubatch=a.ubatch_size, swa_full=a.swa_full, warmup=not a.no_warmup,
                      timeout_s=a.timeout,
                      engine=ENGINE_LLAMA_BENCH if a.llama_bench else ENGINE_SERVER if a.llama_server else ENGINE_PYTHON,
@@ -245,7 +247,20 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     if not a.full and not a.ctx_size and n_prompt == QUICK["n_prompt"] and n_gen == QUICK["n_gen"]:
         full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "
                      f"-r {FULL['repetitions']}) is 'edgekv bench --full'.")
-    return spec, ctxs, full_hint
+    return spec, ctxs, "\n".join(x for x in (busy_hint, full_hint) if x) or None
+
+
+def free_threads(asked: int | None) -> tuple[int | None, str | None]:
+    """(-t for the sweep, the line that says why it is not the default): the count asked for, else llama.cpp's
+    default less each core other work keeps busy now (edgekv.edges.load.threads_left); None: the default."""
+    if asked is not None:
+        return asked, None
+    n = default_threads()
+    t, used = threads_left(n)
+    if t >= n or used is None:
+        return None, None
+    return t, (f"-t {t}, not {n}: other work kept {used:.1f} of the {n} cores busy just now, and llama.cpp's threads "
+               "wait for each other after every step (-t sets the count).")
 
 
 def _check(a: BenchArgs, n_prompt: int, n_gen: int, repetitions: int) -> None:
