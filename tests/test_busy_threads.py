@@ -36,10 +36,12 @@ def test_threads_left_never_goes_below_one_and_keeps_more_cores(monkeypatch):
     assert load.threads_left(16)[0] == 13
 
 
-def test_the_sweep_runs_on_the_free_cores_and_says_why(monkeypatch):
+@pytest.mark.parametrize("unset", [None, 0])
+def test_the_sweep_runs_on_the_free_cores_and_says_why(monkeypatch, unset):
+    """-t 0 (the CLI's default) and no -t both mean llama.cpp's default count."""
     _others(monkeypatch, 1.0)
     monkeypatch.setattr(benchrun, "default_threads", lambda: 2)
-    t, why = benchrun.free_threads(None)
+    t, why = benchrun.free_threads(unset)
     assert t == 1
     assert why is not None and "-t 1, not 2" in why and "1.0 of the 2 cores" in why and "-t sets the count" in why
 
@@ -49,6 +51,7 @@ def test_a_quiet_machine_keeps_llama_cpps_default(monkeypatch):
     _others(monkeypatch, 0.05)
     monkeypatch.setattr(benchrun, "default_threads", lambda: 2)
     assert benchrun.free_threads(None) == (None, None)
+    assert benchrun.free_threads(0) == (0, None)
 
 
 def test_an_asked_thread_count_is_never_changed(monkeypatch):

@@ -251,14 +251,15 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
 
 
 def free_threads(asked: int | None) -> tuple[int | None, str | None]:
-    """(-t for the sweep, the line that says why it is not the default): the count asked for, else llama.cpp's
-    default less each core other work keeps busy now (edgekv.edges.load.threads_left); None: the default."""
-    if asked is not None:
+    """(-t for the sweep, the line that says why it is not the default): the count asked for, else (-t 0 or none)
+    llama.cpp's default less each core other work keeps busy now (edgekv.edges.load.threads_left); ``asked``: the
+    default."""
+    if asked:
         return asked, None
     n = default_threads()
     t, used = threads_left(n)
     if t >= n or used is None:
-        return None, None
+        return asked, None
     return t, (f"-t {t}, not {n}: other work kept {used:.1f} of the {n} cores busy just now, and llama.cpp's threads "
                "wait for each other after every step (-t sets the count).")
 
