@@ -45,8 +45,12 @@ def _args(**kw) -> BenchArgs:
     return BenchArgs(model=None, **{**defaults, **kw})
 
 
-def test_bench_spec_passes_the_flags_on_exactly():
+def test_bench_spec_passes_the_flags_on_exactly(monkeypatch):
+    from edgekv.cli import benchrun
     from edgekv.cli.benchrun import bench_spec
+
+    # a quiet machine: no other work takes a core (tests/test_busy_threads.py covers a busy one)
+    monkeypatch.setattr(benchrun, "threads_left", lambda n: (n, 0.0))
 
     spec, ctxs, hint = bench_spec(_args(ctx_size="512,1k", cache_type_k="f16,q8_0", cache_type_v="q8_0,q4_0",
                                         flash_attn="on,off", n_prompt=16, n_gen=4, threads=1, no_mmap=True,
