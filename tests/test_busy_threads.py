@@ -47,10 +47,10 @@ def test_the_sweep_runs_on_the_free_cores_and_says_why(monkeypatch, unset):
 
 
 def test_a_quiet_machine_keeps_llama_cpps_default(monkeypatch):
-    """The check can fail: with no other work the default stays (None: llama.cpp's own count), no line."""
+    """The check can fail: with no other work the default stays (0: llama.cpp's own count), no line."""
     _others(monkeypatch, 0.05)
     monkeypatch.setattr(benchrun, "default_threads", lambda: 2)
-    assert benchrun.free_threads(None) == (None, None)
+    assert benchrun.free_threads(None) == (0, None)
     assert benchrun.free_threads(0) == (0, None)
 
 

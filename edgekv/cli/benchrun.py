@@ -250,16 +250,16 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     return spec, ctxs, "\n".join(x for x in (busy_hint, full_hint) if x) or None
 
 
-def free_threads(asked: int | None) -> tuple[int | None, str | None]:
+def free_threads(asked: int | None) -> tuple[int, str | None]:
     """(-t for the sweep, the line that says why it is not the default): the count asked for, else (-t 0 or none)
-    llama.cpp's default less each core other work keeps busy now (edgekv.edges.load.threads_left); ``asked``: the
+    llama.cpp's default less each core other work keeps busy now (edgekv.edges.load.threads_left); 0: the
     default."""
     if asked:
         return asked, None
     n = default_threads()
     t, used = threads_left(n)
     if t >= n or used is None:
-        return asked, None
+        return 0, None
     return t, (f"-t {t}, not {n}: other work kept {used:.1f} of the {n} cores busy just now, and llama.cpp's threads "
                "wait for each other after every step (-t sets the count).")
 
