@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 from bench import harness as H
+from edgekv.edges.sources import resolve_model
 
 ROOT = H.ROOT
 NAME = "speed_model"
@@ -69,8 +70,6 @@ def drop_pages(model: str) -> None:
     """Drop the model file's pages from the page cache (posix_fadvise DONTNEED), so the next edgekv bench reads it
     afresh: a file the page cache has held for hours decoded 8-10 % slower than a fresh copy of the same bytes on
     the 2-vCPU VM, and as fast once dropped (docs/speed-experiments.md, the weights' values)."""
-    from edgekv.edges.sources import resolve_model
-
     fd = os.open(os.path.realpath(resolve_model(model).path), os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

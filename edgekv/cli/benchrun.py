@@ -25,7 +25,8 @@ from edgekv.cli.signals import interrupted_by, interrupted_code
 from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES
 from edgekv.core.diagnose import exit_status
 from edgekv.core.units import MIB, kv_label
-from edgekv.edges.load import BUSY_SHARE, Window, busy_note
+from edgekv.edges.environment import default_threads
+from edgekv.edges.load import BUSY_SHARE, Window, busy_note, threads_left
 from edgekv.errors import UsageError
 from edgekv.orchestration.api import load_model, registry_sweep_defaults
 from edgekv.orchestration.plan import FULL, QUICK, fmt_duration, model_contexts, plan_lines, quick_contexts
@@ -225,6 +226,9 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     else:
         ctxs = quick_contexts(m.shape.n_ctx_train)
     deps = parse_int_list(a.depths, "-d/--n-depth", minimum=0) if a.depths else None
+    threads, busy_hint = free_threads(st.n_threads)
+    if busy_hint:           # only then does the count differ from the one asked for (the record keeps the default)
+        st = msgspec.structs.replace(st, n_threads=threads)
     spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, settings=st, flash_attn=fas, depths=deps,
                      repack=parse_repack_list(a.repack),
                      n_parallel=parse_int_list(a.n_parallel, "-npl") if a.n_parallel else [1] if a.llama_server else None,
@@ -235,7 +239,21 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     if not a.full and not a.ctx_size and st.n_prompt == QUICK["n_prompt"] and st.n_gen == QUICK["n_gen"]:
         full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "
                      f"-r {FULL['repetitions']}) is 'edgekv bench --full'.")
-    return spec, ctxs, full_hint
+    return spec, ctxs, "\n".join(x for x in (busy_hint, full_hint) if x) or None
+
+
+def free_threads(asked: int | None) -> tuple[int, str | None]:
+    """(-t for the sweep, the line that says why it is not the default): the count asked for, else (-t 0 or none)
+    llama.cpp's default less each core other work keeps busy now (edgekv.edges.load.threads_left); 0: the
+    default."""
+    if asked:
+        return asked, None
+    n = default_threads()
+    t, used = threads_left(n)
+    if t >= n or used is None:
+        return 0, None
+    return t, (f"-t {t}, not {n}: other work kept {used:.1f} of the {n} cores busy just now, and llama.cpp's threads "
+               "wait for each other after every step (-t sets the count).")
 
 
 def _check(a: BenchArgs, st: Settings) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from edgekv.core.cachetypes import CACHE_TYPES
+from edgekv.core.kvcells import swa_decode_cells
 from edgekv.core.shape import SWA_STANDARD
 from edgekv.core.speedshape import AttnLayer, Calibration, SpeedShape, WeightGroup
 
@@ -165,8 +166,6 @@ def attn_units_tg(sh: SpeedShape, depth: float, n_threads: int, split: bool,
     ``ring`` a standard sliding-window layer counts the cells of its ring inside the window, as the threads split
     them (:func:`edgekv.core.kvcells.swa_decode_cells`), not min(depth, window) cells split evenly.  ``dense``: no
     flash attention, each layer over its whole padded view (:func:`dense_view`)."""
-    from edgekv.core.kvcells import swa_decode_cells
-
     out = 0.0
     for lay in sh.attn:
         if lay.window and ring is not None and ring.cells and sh.swa_type == SWA_STANDARD:

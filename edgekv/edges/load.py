@@ -62,6 +62,20 @@ class Window:
         return out
 
 
+def threads_left(n: int, window_s: float = 0.5) -> tuple[int, float | None]:
+    """(threads llama.cpp should run on, the cores other processes used over the last ``window_s``): ``n`` less each
+    core other work kept busy (a core busy more than half the window counts), at least 1.  llama.cpp's threads meet
+    at a barrier after every graph node, so one thread that shares its core with a busy process holds up all of them:
+    on two cores with one busy, two threads ran a configuration in about 9 minutes that one thread runs in under one.
+    (``n``, None) where the window was too short to tell."""
+    w = Window()
+    time.sleep(window_s)
+    used = w.close().get("others_cores")
+    if used is None:
+        return n, None
+    return max(1, n - int(used + 0.5)), used
+
+
 def _loadavg() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)

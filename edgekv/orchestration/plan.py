@@ -25,6 +25,9 @@ from typing import Any
 
 import msgspec
 
+from edgekv.core.predict import predict
+from edgekv.edges.load import LoadMonitor, record_busy
+from edgekv.records import results as R
 from edgekv.records import schema as S
 
 # -- defaults (issue 19: the first command answers in minutes) ------------------------------------------------
@@ -176,8 +179,6 @@ def settings_id(s: S.Settings) -> str:
 
 
 def kv_f16_per_token(model, params) -> int:
-    from edgekv.core.predict import predict
-
     p = predict(model.shape, replace(params, type_k="f16", type_v="f16"))
     return int((p.total_bytes or 0) / max(1, params.n_ctx))
 
@@ -186,9 +187,6 @@ def same_machine_history(output: Path, runs_dir: Path, model_sha: str | None, en
                          limit: int = 200) -> list[S.BenchRecord]:
     """Earlier bench records of this model file on this machine (same CPU, threads and engine versions), typed;
     each has a ``timing`` block with a wall time (an absent or None block counts as no wall time)."""
-    from edgekv.edges.load import record_busy
-    from edgekv.records import results as R
-
     if not isinstance(env, S.Environment):
         raise TypeError(f"same_machine_history: env is a typed Environment (edgekv.records.schema.environment), "
                         f"not {type(env).__name__}")
@@ -243,8 +241,6 @@ class SweepTracker:
 
     def case_started(self, settings: S.Settings) -> None:
         """Before a configuration: its estimate, and the load monitor started (it samples half a second first)."""
-        from edgekv.edges.load import LoadMonitor
-
         self.case_estimate = self.planner.estimate(settings)
         self.monitor = LoadMonitor()
         self.monitor.start()

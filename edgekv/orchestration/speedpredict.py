@@ -7,16 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edgekv.core.speed import (
-    Calibration,
-    MissingCalibration,
-    SpeedShape,
-    explain,
-    predict_pp,
-    predict_tg,
-    speed_shape,
-)
+from edgekv.core.predict import ContextParams
+from edgekv.core.speed import Calibration, MissingCalibration, SpeedShape, explain, predict_pp, predict_tg, run_nodes, speed_shape
 from edgekv.core.speedbounds import blamed_terms, drop_terms, roofline_miss
+from edgekv.edges.engine import EngineSession
+from edgekv.errors import EngineError
+from edgekv.orchestration.callock import LockTimeout, measuring
+from edgekv.orchestration.procpredict import gpu_device_of
+from edgekv.orchestration.speedcal import SPEED_CALIBRATE_ENV, CalibrationError, auto_measure, calibrate
 from edgekv.records.schema import Record, Settings, SpeedPrediction, SpeedResidual
 
 UNIFIED_NOT_PREDICTED = ("no speed prediction for -npl with --kv-unified: every token's attention runs over all "
@@ -44,7 +42,6 @@ def with_graph(sh: SpeedShape, graph: dict[str, int] | None) -> SpeedShape:
     """``sh`` with llama.cpp's graph size of one configuration (its own dry run: a quantized cache adds nodes)."""
     if not graph:
         return sh
-    from edgekv.core.speed import run_nodes
 
     tg, pp = run_nodes(graph)
     return replace(sh, nodes_tg=tg, nodes_pp=pp)
@@ -78,11 +75,6 @@ def main_weight_type(sh: SpeedShape) -> str | None:
 def dry_run_device(m, n_gpu_layers: int) -> str | None:
     """The GPU llama.cpp puts a model's buffers on with ``n_gpu_layers`` (one dry run: no weights read), None on a
     build without a GPU backend or when the dry run fails."""
-    from edgekv.core.predict import ContextParams
-    from edgekv.edges.engine import EngineSession
-    from edgekv.errors import EngineError
-    from edgekv.orchestration.procpredict import gpu_device_of
-
     if n_gpu_layers == 0:
         return None
     try:
@@ -204,9 +196,6 @@ def calibration_for(sh: SpeedShape, xs: list[SpeedInputs], cpu_features: list[st
     (``llama_bench``) the user's llama-bench; (None, why) when it cannot be had.  ``measure`` False: only what is
     cached (predict without --speed).  Measuring holds the calibration lock (another edgekv process measuring is
     waited for, ``on_wait`` said once) and stops at ``deadline`` (a ``time.monotonic()`` time)."""
-    from edgekv.orchestration.callock import LockTimeout, measuring
-    from edgekv.orchestration.speedcal import SPEED_CALIBRATE_ENV, CalibrationError, auto_measure, calibrate
-
     if not xs:
         return None, "nothing to predict"
     threads = {x.n_threads for x in xs}

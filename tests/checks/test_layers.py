@@ -378,16 +378,7 @@ COMMAND_MODULES = ("edgekv.orchestration.", "edgekv.output.", "edgekv.edges.", "
 # Modules whose lazy imports other changes are moving to the top right now (the CLI's adapters, the speed
 # calibration), counted as the code stands: a count may only go down, and the table goes when it reaches zero.
 # Nothing may be added to it: a new lazy import goes to its module's top, or into LAZY_ALLOWED with its reason.
-LAZY_PENDING: dict[str, int] = {
-    'edgekv/core/speedcost.py': 1,
-    'edgekv/orchestration/plan.py': 4,
-    'edgekv/orchestration/speedcal/orchestrate.py': 5,
-    'edgekv/orchestration/speedcal/plans.py': 7,
-    'edgekv/orchestration/speedcal/run.py': 3,
-    'edgekv/orchestration/speedcal/solve.py': 12,
-    'edgekv/orchestration/speedcal/store.py': 2,
-    'edgekv/orchestration/speedpredict.py': 7,
-}
+LAZY_PENDING: dict[str, int] = {}
 
 
 def _lazy_imports(source: str, where: str, allowed: dict[tuple[str, str], str] = LAZY_ALLOWED) -> list[tuple[int, str]]:

@@ -12,9 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+from gguf import GGMLQuantizationType
+
+from edgekv.core.memmodel import extra_buffer_of, extra_buffer_types
 from edgekv.core.probe import ProbeModel, ProbeResult, results_of
 from edgekv.core.speed import Calibration, kv_key, tiled_prompt_path, weight_key
 from edgekv.core.speedbounds import base_term, drop_terms, term_checks
+from edgekv.edges.environment import cpu_model, default_threads, nvidia_info
+from edgekv.edges.load import LoadMonitor, threads_left
+from edgekv.edges.tinymodel import drop_plan_models, sweep_speed_models
 from edgekv.orchestration.speedcal.errors import (
     CalibrationError,
     CalibrationTimeout,
@@ -23,7 +30,13 @@ from edgekv.orchestration.speedcal.errors import (
 )
 from edgekv.orchestration.speedcal.plans import DEFAULT_KV, attn_plan, base_plan, body_plan, weight_plan, weight_shape
 from edgekv.orchestration.speedcal.run import Bounded, Progress, Runner, runner_for
-from edgekv.orchestration.speedcal.solve import solve_base, solve_bodies, solve_pairs, solve_vocab, solve_weights
+from edgekv.orchestration.speedcal.solve import (
+    solve_base,
+    solve_bodies,
+    solve_pairs,
+    solve_vocab,
+    solve_weights,
+)
 from edgekv.orchestration.speedcal.store import (
     calibration_key,
     calibration_path,
@@ -76,6 +89,9 @@ class Job:
     progress: Progress | None
     run: Bounded
     interleave: bool
+    # the cores the untimed cache fills may use: the cores other work leaves free when the run starts (a fill on a
+    # core another process keeps busy holds every thread up at each step; edgekv.edges.load.threads_left)
+    fill_threads: int = 0
 
 
 def attn_needed(cal: Calibration, pairs: Iterable[tuple[str, str, str]], geometries: Iterable[str | None]) -> Pairs:
@@ -93,8 +109,6 @@ def attn_needed(cal: Calibration, pairs: Iterable[tuple[str, str, str]], geometr
 def types_needed(cal: Calibration, weight_types: Iterable[str], cpu_features: list[str], repack: bool) -> list[str]:
     """Weight types (ggml names) whose key, as the CPU backend would hold the calibration model's matrices (a GPU
     calibration: as the type itself), is not calibrated yet."""
-    from edgekv.core.memmodel import extra_buffer_of, extra_buffer_types
-
     out = []
     extra = extra_buffer_types(cpu_features, repack)
     for t in dict.fromkeys(x.lower() for x in weight_types):
@@ -124,7 +138,6 @@ class _Probe:
 
     @property
     def ggml_type(self) -> int:
-        from gguf import GGMLQuantizationType
 
         return int(GGMLQuantizationType[self.type_name.upper()])
 
@@ -141,7 +154,6 @@ def named(cal: Calibration | None, key: str, n_threads: int, runtime: str, devic
         cal = Calibration(id=key[:12] + time.strftime("-%Y%m%d%H%M%S-") + secrets.token_hex(2), n_threads=n_threads,
                           node_tg_s=0.0, node_pp_s=0.0, runtime=runtime, device=device)
     if not cal.machine:     # calibrations cached before the field existed name their machine too
-        from edgekv.edges.environment import cpu_model, nvidia_info
 
         cal.machine = f"{cpu_model()}, {n_threads} thread{'s' if n_threads != 1 else ''}"
         if device:
@@ -163,8 +175,6 @@ def measure_missing(cal: Calibration, want: Wanted, job: Job) -> list[ProbeResul
     pairs first, then the graph nodes (which subtract the f16 attention) and bandwidth, then the weight types, then
     (a GPU) the logits' copy and the node cost at each model's widths (which subtract Q8_0's weights).  Returns the
     probe's own timings (kept beside the coefficients, the evidence they were solved from)."""
-    from edgekv.edges.tinymodel import drop_plan_models, sweep_speed_models
-
     sweep_speed_models()        # what killed calibrations and older versions left in the speed folder
     ran: list[ProbeModel] = []      # every plan's models: their files (cut to headers) are deleted at the end
     try:
@@ -173,10 +183,21 @@ def measure_missing(cal: Calibration, want: Wanted, job: Job) -> list[ProbeResul
         drop_plan_models([m.file_entry() for m in ran])
 
 
+def fills_on(plan: list[ProbeModel], cores: int) -> list[ProbeModel]:
+    """The plan with its contexts' untimed fills on at most ``cores`` threads (never fewer than a context's timed
+    runs use; 0: as planned)."""
+    if cores <= 0:
+        return plan
+    return [msgspec.structs.replace(m, contexts=[
+        msgspec.structs.replace(c, fill_threads=max(c.n_threads, min(c.fill_threads, cores))) for c in m.contexts])
+        for m in plan]
+
+
 def _run_plan(job: Job, plan: list[ProbeModel], ran: list[ProbeModel], cal: Calibration, raw: list[ProbeResult],
               done: Wanted, keep: bool) -> list[ProbeResult]:
     """One plan's results; when it fails, CalibrationTimeout if the deadline passed, PartlyMeasured if what was
     measured before may be kept (``keep``), else the error."""
+    plan = fills_on(plan, job.fill_threads)
     ran += plan
     try:
         return results_of(job.run(plan, job.progress))
@@ -285,8 +306,6 @@ def _measure(cal: Calibration, want: Wanted, job: Job, allow_busy: bool, store: 
     disturbed a first attempt or "", the load).  A difference that came out as other work hides one (Disturbed) is
     measured once more from ``cal`` as it was, only when the machine was quiet during the first attempt (a moment's
     disturbance) and the deadline has not passed: under load there is one attempt, never a loop."""
-    from edgekv.edges.load import LoadMonitor
-
     again = ""
     for attempt in (1, 2):
         before = copy.deepcopy(cal)
@@ -402,7 +421,8 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     if run.expired():
         raise _keep_timeout(CalibrationTimeout("", ""), {}, store, budget)
     t0 = time.monotonic()
-    job = Job(n_threads, repack, feats, progress, run, interleave=llama_bench is None)
+    job = Job(n_threads, repack, feats, progress, run, interleave=llama_bench is None,
+              fill_threads=0 if device else threads_left(default_threads(), 0.3)[0])
     cal, raw, disturbed, load = _measure(cal, want, job, allow_busy, store, budget)
     cal, raw, bounds, load = _check_terms(cal, raw, load, lambda c, fresh: _measure(
         c, want_of(c, fresh), job, allow_busy, store, budget), job.run.expired)

@@ -11,6 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+from gguf import GGMLQuantizationType
+
+from edgekv.core.cachetypes import ggml_type_info
 from edgekv.core.probe import ProbeContext, ProbeModel, ProbeParams, ProbeStep
 from edgekv.core.speed import (
     GEOMETRY_MAX_EMBD,
@@ -19,8 +23,11 @@ from edgekv.core.speed import (
     TILED_SHALLOW_END,
     kv_key,
     row_loop_path,
+    split_kv_path,
     tiled_prompt_path,
 )
+from edgekv.edges.environment import default_threads, last_level_cache_bytes
+from edgekv.edges.tinymodel import plan_model
 from edgekv.orchestration.speedcal.errors import CalibrationError
 
 # 12 layers: enough K/V at depth that the cache is read the way a real model's is (a 2-layer model's cache sits in
@@ -113,9 +120,6 @@ def weight_shape(type_name: str, device: str = "", narrow: bool = False, stream:
     wide widths, for the streaming rate, or with ``narrow`` of STREAM_NARROW_WIDTHS, for its cost per row, or with
     ``big`` of STREAM_BIG_WIDTHS, large matrices); for a GPU (``device``) about DEVICE_WEIGHT_TARGET_BYTES of
     n_embd 4096, n_ff 16384 (heads of 128, which every flash-attention kernel has)."""
-    from gguf import GGMLQuantizationType
-
-    from edgekv.core.cachetypes import ggml_type_info
 
     qt = GGMLQuantizationType[type_name.upper()]
     _name, blk, size = ggml_type_info(int(qt))
@@ -138,8 +142,6 @@ def context(key: str, n_threads: int, steps: list[ProbeStep], n_ctx: int = 4096,
     """A calibration context; ``n_seq`` sequences each get their own KV stream of ``n_ctx`` cells.  Its untimed cache
     fills run on every core llama.cpp would use by default (``fill_threads``: a one-thread calibration would spend
     most of its time filling), its timed runs and their warm-ups on ``n_threads``."""
-    from edgekv.edges.environment import default_threads
-
     return ProbeContext(key=key, n_threads=n_threads, fill_threads=max(n_threads, default_threads()), steps=steps,
                         params=ProbeParams(n_ctx=n_ctx * n_seq, n_batch=n_batch, n_ubatch=n_batch, type_k=type_k,
                                            type_v=type_v, flash_attn=flash_attn, n_seq_max=n_seq))
@@ -184,8 +186,6 @@ def model(key: str, dims: dict[str, Any], contexts: list[ProbeContext], repack: 
           file: str | None = None, **more: Any) -> ProbeModel:
     """A plan entry: the calibration model of the shape ``dims`` (named ``file``, default ``key``) and its
     contexts."""
-    from edgekv.edges.tinymodel import plan_model
-
     m = plan_model(file or key, **dims)
     return ProbeModel(key=key, model_path=m["model_path"], write=m["write"], contexts=contexts, repack=repack,
                       n_gpu_layers=ngl, **more)
@@ -269,8 +269,6 @@ def evict_shape(geometry: str) -> dict[str, Any] | None:
     """The model a geometry's decode steps run on (the CPU): geometry_shape with an output head that evicts the
     last-level cache between tokens (evict_vocab) and a Q8_0 token embedding of the same rows, so that the file stays
     small; None where the geometry's own model reads enough to evict it (32 x 128 heads at a hidden size of 4096)."""
-    from edgekv.edges.environment import last_level_cache_bytes
-
     shape = geometry_shape(geometry)
     nv = evict_vocab(shape, last_level_cache_bytes())
     return {**shape, "n_vocab": nv, "embd_type": "Q8_0"} if nv > 256 else None
@@ -311,8 +309,6 @@ def in_order(steps: list[ProbeStep]) -> list[ProbeStep]:
     """Steps through llama-bench, which has one sequence: in order of depth (the child extends one fill from step to
     step), then each kind's shallowest again (dropping cells costs nothing): each difference is taken shallow, deep,
     shallow, so a machine that slows or speeds up steadily meanwhile does not bias it."""
-    import msgspec
-
     again = []
     for kind in ("tg", "pp", "ps", "pt"):
         mine = [st for st in steps if st.key.startswith(kind)]
@@ -346,8 +342,6 @@ def attn_plan(pairs: Iterable[tuple[str, str, str]], n_threads: int, repack: boo
     geometry's decode steps run on a model whose output head evicts the caches between tokens (evict_shape: model
     "attnv_" + geometry), its prompt steps on the geometry's own model (a prompt reads its cells once per ubatch;
     with that head the prompt's cost per cell came out further from a real model's)."""
-    from edgekv.core.speed import split_kv_path
-
     pairs = list(pairs)
     evicting = None if device or geometry is None else evict_shape(geometry)
     ctxs: list[ProbeContext] = []

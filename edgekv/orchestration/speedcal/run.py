@@ -7,7 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+import msgspec
+
 from edgekv.core.probe import ProbeModel, ProbeRequest, ProbeResult, reply_from, to_wire
+from edgekv.edges.process import run_child, worker_argv
+from edgekv.orchestration.lbprobe import ProbeError, run_probe
 from edgekv.orchestration.speedcal.errors import CalibrationError
 
 RUN_TIMEOUT_S = 600.0       # one plan's child at most (a calibration's longest plan takes a few minutes)
@@ -25,10 +29,6 @@ class Runner(Protocol):
 
 def child_runner(plan: list[ProbeModel], progress: Progress | None, timeout: float = RUN_TIMEOUT_S) -> list[ProbeResult]:
     """The plan measured by edgekv's own probe (``python -m edgekv.child.worker speed_probe``), in one child."""
-    import msgspec
-
-    from edgekv.edges.process import run_child, worker_argv
-
     def on_event(ev: dict) -> None:
         if progress and ev.get("event") == "progress":
             progress(str(ev.get("step")))
@@ -47,8 +47,6 @@ def child_runner(plan: list[ProbeModel], progress: Progress | None, timeout: flo
 
 def llama_bench_runner(llama_bench: str) -> Runner:
     """A runner that measures each plan through the user's llama-bench at ``llama_bench``."""
-    from edgekv.orchestration.lbprobe import ProbeError, run_probe
-
     def run(plan: list[ProbeModel], progress: Progress | None, timeout: float = NO_DEADLINE) -> list[ProbeResult]:
         try:
             return run_probe(llama_bench, plan, progress, timeout)

@@ -8,16 +8,30 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from edgekv.core.arch import shape_from_metadata
 from edgekv.core.probe import ProbeModel, ProbeResult, Results, by_step, median_s
 from edgekv.core.speed import (
     TILED_DEEP_DEPTHS,
+    AttnLayer,
     Calibration,
+    SpeedShape,
+    attn_units_tg,
+    dense_view,
     kv_key,
     prompt_attn_coef,
     prompt_node_s,
     row_loop_path,
+    run_nodes,
+    speed_shape,
+    split_kv_path,
+    tile_factor,
+    tile_ratio,
     tiled_prompt_path,
 )
+from edgekv.edges.bandwidth import read_bandwidth
+from edgekv.edges.gguf_header import read_header_file
 from edgekv.orchestration.speedcal.errors import CalibrationError, Disturbed
 from edgekv.orchestration.speedcal.plans import (
     BODY_PP_N,
@@ -77,8 +91,6 @@ def _ops(graph: dict[str, int] | None) -> dict[str, int]:
     """A calibration model's graph sizes as the speed model counts them: ``nodes_tg``/``nodes_pp`` are the nodes a
     backend runs (core.speed.run_nodes), from llama.cpp's scheduler listing (GGML_SCHED_DEBUG=2 at the probe's
     count context)."""
-    from edgekv.core.speed import run_nodes
-
     tg, pp = run_nodes(graph)
     if tg is None or pp is None:
         raise CalibrationError("llama.cpp did not list its graph's nodes (the scheduler's GGML_SCHED_DEBUG=2 listing "
@@ -101,10 +113,6 @@ def solve_vocab(results: Results, cal: Calibration) -> float:
 
 def probe_shape(model_path: str, graph: dict[str, int] | None, cpu_features: list[str], repack: bool):
     """The speed shape of one of the calibration's own models (its header as edgekv wrote it)."""
-    from edgekv.core.arch import shape_from_metadata
-    from edgekv.core.speed import speed_shape
-    from edgekv.edges.gguf_header import read_header_file
-
     _ops(graph)            # the nodes that run must have been listed: a shape without them would price no nodes
     header = read_header_file(model_path)
     shape = shape_from_metadata(header.metadata, model_path, header.value_types)
@@ -115,8 +123,6 @@ def solve_bodies(results: Results, plan: list[ProbeModel], cal: Calibration) -> 
     """Fill cal's node costs at each body probe's widths: its decode and prompt time less what the rest of the model
     predicts (the token or ubatch cost, its logits, its Q8_0 weights and output, its attention at depth 0), over its
     graph's nodes."""
-    from edgekv.core.speed import attn_units_tg
-
     f16 = kv_key("f16", "f16", "auto")
     for m in plan:
         r = by_step(results, m.key)
@@ -139,8 +145,6 @@ def solve_bodies(results: Results, plan: list[ProbeModel], cal: Calibration) -> 
 
 
 def attn_speed_shape(shape: dict[str, Any]):
-    from edgekv.core.speed import AttnLayer, SpeedShape
-
     hd = shape.get("head_dim") or shape["n_embd"] // shape["n_head"]
     return SpeedShape((), tuple(AttnLayer(shape["n_head"], hd, hd, None, shape["n_head_kv"])
                                 for _ in range(shape["n_layer"])), None, None)
@@ -185,8 +189,6 @@ def _prompt_cell_cost(r: dict[str, ProbeResult], step: str, depths: tuple[int, i
 def solve_attn(results: Results, key: str, n_threads: int = 1, device: str = "") -> tuple[float, float]:
     """(decode, prompt) seconds per head x (head_k + head_v) x cell for one K/V pair and geometry (``key``: its
     kv_key; decode: the cells the slowest thread reads, edgekv.core.speed.decode_cells)."""
-    from edgekv.core.speed import attn_units_tg, dense_view, split_kv_path
-
     geometry, shape, r = _attn_results(results, key)
     units = attn_units(shape)
     tk, tv, fa = key.split("/")[0], key.split("/")[1], key.split("fa=")[1].split("@")[0]
@@ -222,8 +224,6 @@ def solve_tile_share(results: Results, key: str, n_threads: int, deep: bool = Fa
     short tiles costs more a row and cell than one of full tiles.  ``deep``: the deep model's steps at
     TILED_DEEP_DEPTHS ("td" beside
     "pd")."""
-    from edgekv.core.speed import tile_ratio
-
     geometry, shape, r = _attn_results(results, key)
     a = attn_steps(geometry, True)
     long_n, depths, steps = a.pp_n, a.pp_depths, ("pp", "pt")
@@ -403,8 +403,6 @@ def _solve_matmul(key: str, wide: tuple[int, int, float], narrow: tuple[int, int
 def _decode_rest(r: dict[str, ProbeResult], sh, cal: Calibration) -> float:
     """A weight model's decode time per token (of the tokens its step timed) less what is not its matrices: the
     graph's nodes, the token's own cost and the f16 attention at the decode's mean depth."""
-    from edgekv.core.speed import attn_units_tg
-
     f16 = kv_key("f16", "f16", "auto")
     n_tokens = int(r["tg"].n)
     return median_s(r["tg"].ns) / n_tokens - sh.nodes_tg * cal.node_tg_s - cal.token_tg_s \
@@ -448,7 +446,6 @@ def _fit_bytes_rows(key: str, pts: list[tuple[int, int, float]]) -> tuple[float,
     """(seconds per byte, seconds per row) fitted by least squares to models' (bytes, rows, seconds), each weighed
     by its own time (relative residuals); a row cost the noise makes negative is zero (the first model's time
     over its bytes, as _solve_bytes_rows)."""
-    import numpy as np
 
     a = np.array([[b / t, r / t] for b, r, t in pts], dtype=np.float64)
     (per_byte, row), *_ = np.linalg.lstsq(a, np.ones(len(pts)), rcond=None)
@@ -494,8 +491,6 @@ def solve_pairs(results: Results, attn: dict[str | None, list[tuple[str, str, st
                 n_threads: int) -> None:
     """Fill cal's attention coefficients for each geometry's K/V pairs in ``attn`` (on the CPU, a tiled pair's
     coefficients per row of full tiles, each step's own tiles taken out)."""
-    from edgekv.core.speed import tile_factor
-
     dev = cal.device
     for g, ps in attn.items():
         for p in ps:
@@ -519,8 +514,6 @@ def solve_pairs(results: Results, attn: dict[str | None, list[tuple[str, str, st
 def solve_base(results: Results, cal: Calibration, n_threads: int) -> None:
     """Fill cal's graph-node, token and ubatch costs (less the f16 attention already in ``cal``) and, on the CPU,
     the machine's read bandwidth (measured now, edgekv.edges.bandwidth)."""
-    from edgekv.edges.bandwidth import read_bandwidth
-
     f16, dev = kv_key("f16", "f16", "auto"), cal.device
     (cal.node_tg_s, cal.node_pp_s, cal.token_tg_s, cal.ubatch_pp_s,
      short) = solve_nodes(results, cal.attn_tg_s.get(f16, 0.0), cal.attn_pp_s.get(f16, 0.0),

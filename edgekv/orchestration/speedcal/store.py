@@ -16,7 +16,8 @@ from typing import Any
 
 from edgekv.core.probe import by_step, median_s, readable_results, to_wire
 from edgekv.core.speed import SPEED_MODEL_VERSION, Calibration
-from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path, write_json
+from edgekv.edges.tinymodel import drop_plan_models
+from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, gpu_identity, store_path, write_json
 from edgekv.orchestration.speedcal.errors import SPEED_CALIBRATE_ENV, CalibrationError
 from edgekv.orchestration.speedcal.plans import wide_model
 
@@ -44,7 +45,6 @@ def calibration_key(n_threads: int, repack: bool, llama_bench: str | None = None
     base = fingerprint("llama-bench", llama_bench) if llama_bench else fingerprint("python")
     fp = {**base, "speed": CAL_VERSION, "model": SPEED_MODEL_VERSION, "threads": n_threads, "repack": repack}
     if device:      # a GPU calibration: also the cards and their driver (a new card or driver re-measures)
-        from edgekv.orchestration.calibrate import gpu_identity
 
         fp.update({"device": device, **gpu_identity()})
     return fingerprint_key(fp), fp
@@ -145,7 +145,6 @@ def check_drift(raw: list[Any], weight_type: str, n_threads: int, repack: bool, 
     then = [r for r in readable_results(raw) if r.model == name and r.step == "tg" and r.ns]
     if not then:
         return None
-    from edgekv.edges.tinymodel import drop_plan_models
 
     plan = [wide_model(weight_type, n_threads, repack, device, decode_only=True)]   # no 384 MB model written
     try:

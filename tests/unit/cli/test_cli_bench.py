@@ -50,6 +50,8 @@ def _args(monkeypatch, *argv: str) -> benchrun.BenchArgs:
 
 
 def test_bench_spec_passes_the_flags_on_exactly(monkeypatch):
+    # a quiet machine: no other work takes a core (tests/unit/cli/test_busy_threads.py covers a busy one)
+    monkeypatch.setattr(benchrun, "threads_left", lambda n: (n, 0.0))
     spec, ctxs, hint = benchrun.bench_spec(_args(monkeypatch, "-c", "512,1k", "-ctk", "f16,q8_0", "-ctv", "q8_0,q4_0",
                                                  "-fa", "on,off", "-p", "16", "-n", "4", "-t", "1", "--no-mmap",
                                                  "--quality", "--chunks", "2"))

@@ -180,7 +180,6 @@ def test_without_flash_attention_a_token_pays_the_whole_padded_view(smol):
 
 
 def test_the_attention_calibration_evicts_the_cpu_caches_between_tokens(monkeypatch, headers):
-    from edgekv.edges import environment
 
     # a token reads EVICT_FACTOR x the last-level cache: the model's own Q8_0 matrices (34 bytes per 32 values),
     # then a head of n_embd columns for the rest
@@ -196,7 +195,7 @@ def test_the_attention_calibration_evicts_the_cpu_caches_between_tokens(monkeypa
     assert P.evict_shape("h32kv8k128v128") is None
     assert [m.key for m in P.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h32kv8k128v128")] == [
         "attn_h32kv8k128v128"]
-    monkeypatch.setattr(environment, "last_level_cache_bytes", lambda: 16 << 20)
+    monkeypatch.setattr(P, "last_level_cache_bytes", lambda: 16 << 20)
     shape = P.evict_shape("h9kv3k64v64")
     assert shape["n_vocab"] == P.evict_vocab(g, 16 << 20) and shape["embd_type"] == "Q8_0"
     assert {k: v for k, v in shape.items() if k not in ("n_vocab", "embd_type")} == P.geometry_shape("h9kv3k64v64")

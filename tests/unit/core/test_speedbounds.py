@@ -140,7 +140,7 @@ X = SpeedInputs(2, 512, 32, 1536, 2048, 512, "f16", "f16", "auto")
 
 def _calibration_for(monkeypatch, cals: list[Calibration]):
     """speedpredict.calibration_for over a calibrate that hands out ``cals`` in turn (recording its ``forget``)."""
-    from edgekv.orchestration import speedcal
+    from edgekv.orchestration import speedpredict
     from edgekv.orchestration.speedpredict import calibration_for
 
     asked: list = []
@@ -150,7 +150,7 @@ def _calibration_for(monkeypatch, cals: list[Calibration]):
         return S.SpeedCalibration(cals[min(len(asked), len(cals)) - 1], True, "measured")
 
     monkeypatch.setenv("EDGEKV_SPEED_CALIBRATE", "auto")
-    monkeypatch.setattr(speedcal, "calibrate", calibrate)
+    monkeypatch.setattr(speedpredict, "calibrate", calibrate)
     cal, note = calibration_for(SHAPE, [X], ["avx2"])
     return cal, note, asked
 
