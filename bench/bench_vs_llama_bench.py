@@ -37,14 +37,14 @@ import time
 from pathlib import Path
 
 from bench import harness as H
+from edgekv.calibration.preflight import preflight
 from edgekv.core.stats import summarize, welch
-from edgekv.edges.environment import cpu_model
-from edgekv.edges.process import run_child
-from edgekv.orchestration.api import load_model
-from edgekv.orchestration.preflight import preflight
-from edgekv.orchestration.sweep import default_depth, run_sweep
-from edgekv.orchestration.sweepspec import sweep_spec
+from edgekv.machine.environment import cpu_model
+from edgekv.prediction.api import load_model
 from edgekv.records.schema import encode
+from edgekv.runtime.process import run_child
+from edgekv.sweep.run import default_depth, run_sweep
+from edgekv.sweep.spec import sweep_spec
 from tools.llama_tools import llama_bench_env, llama_cpp_python_version, tool
 
 NAME = "bench_vs_llama_bench"
@@ -169,7 +169,7 @@ def main() -> None:
     H.add_common(ap)
     args = ap.parse_args()
 
-    from edgekv.edges.environment import collect
+    from edgekv.machine.environment import collect
 
     m = load_model(args.model)
     exe = tool("llama-bench")

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 from bench import harness as H
-from edgekv.edges.load import record_busy
-from edgekv.orchestration.plan import eta_accuracy, fmt_duration
+from edgekv.machine.load import record_busy
 from edgekv.records import results as R
+from edgekv.sweep.plan import eta_accuracy, fmt_duration
 
 NAME = "first_run"
 KEY = ("command", "busy")

@@ -9,7 +9,7 @@ line, one line a configuration, each carrying
 * ``machine``: the machine class (below);
 * ``commit`` and ``dirty``: the edgekv code that measured it: the record's own ``environment.edgekv_commit`` /
   ``edgekv_dirty`` where the row comes from an ``edgekv bench`` record, else the harness's
-  (``edgekv.edges.codeid.code_identity()``) when it measures.  None where unknown: a row converted from results
+  (``edgekv.machine.codeid.code_identity()``) when it measures.  None where unknown: a row converted from results
   committed before rows carried the measuring code has ``commit`` None, ``stored_commit`` (the commit that stored
   it: the code that measured it is no newer) and ``converted_from``;
 * ``time_utc``: when it was measured (its record's time), else when the row was written;
@@ -118,7 +118,7 @@ def _arch(machine: str | None) -> str:
 
 
 def machine_class(env: dict[str, Any]) -> str:
-    """The machine class of an edgekv record's ``environment`` (or of ``edgekv.edges.environment.collect()``).
+    """The machine class of an edgekv record's ``environment`` (or of ``edgekv.machine.environment.collect()``).
 
     The ISA comes from ``env["cpu_flags"]``; a record without them gets this machine's flags when it was made on
     this host (its ``machine_id``), else the class cannot be named: SystemExit asking for ``--machine``."""
@@ -141,7 +141,7 @@ def _this_host() -> str:
 
 def this_machine() -> str:
     """This machine's class (asks llama.cpp which backend and devices it runs on: imports llama_cpp)."""
-    from edgekv.edges.environment import collect
+    from edgekv.machine.environment import collect
 
     env = collect()
     env["cpu_flags"] = _cpuinfo_flags() or ""
@@ -176,7 +176,7 @@ def add_common(ap) -> None:
 
 def identity() -> dict[str, Any]:
     """The code identity a row carries: ``{"commit": ..., "dirty": ...}``."""
-    from edgekv.edges.codeid import code_identity
+    from edgekv.machine.codeid import code_identity
 
     ci = code_identity()
     return {"commit": ci.commit, "dirty": ci.dirty}

@@ -52,7 +52,7 @@ VARIANTS = {
 SETTINGS = {"base": "defaults", "ub256": "-ub 256", "t1": "-t 1", "nommap": "--no-mmap (-lm none)",
             "llamabench": "--llama-bench", "large": "defaults", "repack0": "--repack 0", "faoff": "-fa off",
             "nglall": "-ngl all"}
-# Issue 27 point 6: zero-weight models (sparse files, edgekv.edges.tinymodel.write_sparse) of the two shapes the issue
+# Issue 27 point 6: zero-weight models (sparse files, edgekv.sources.tinymodel.write_sparse) of the two shapes the issue
 # names: a llama with Q4_0 matrices (re-laid by CPU_REPACK on AVX2) and a Q8_0 token embedding tied as the output,
 # and a qwen2 shape with Q8_0 weights and an untied output.  (arch, n_embd, n_ff, n_vocab, n_layer, n_head, n_head_kv,
 # matrix type, embedding type, tied)
@@ -78,7 +78,7 @@ def synthetic(name: str) -> str:
     from gguf import GGMLQuantizationType as Q
     from gguf import GGUFWriter
 
-    from edgekv.edges.tinymodel import write_sparse
+    from edgekv.sources.tinymodel import write_sparse
 
     arch, e, f, v, n_layer, h, kv, mat, emb, tied = SYNTHETIC[name]
     path = H.BUILD / "synthetic" / f"{name}.gguf"

@@ -34,11 +34,11 @@ from pathlib import Path
 
 from bench import harness as H
 from edgekv.core.stats import summarize, welch
-from edgekv.edges.environment import cpu_model
-from edgekv.orchestration.api import load_model
-from edgekv.orchestration.sweep import run_sweep
-from edgekv.orchestration.sweepspec import sweep_spec
+from edgekv.machine.environment import cpu_model
+from edgekv.prediction.api import load_model
 from edgekv.records.schema import encode
+from edgekv.sweep.run import run_sweep
+from edgekv.sweep.spec import sweep_spec
 from tools.llama_tools import llama_cpp_python_version, run_batched_bench, tool
 
 NAME = "parallel_vs_batched_bench"
@@ -67,7 +67,7 @@ def ratio(ek: list[float], bb: list[float]) -> dict:
 
 
 def measure(args) -> tuple[list[dict], list[float]]:
-    from edgekv.edges.environment import collect
+    from edgekv.machine.environment import collect
 
     exe, env, rows, load1 = tool("llama-batched-bench"), collect(), [], []
     for name in args.models.split(","):

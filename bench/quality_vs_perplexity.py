@@ -6,8 +6,8 @@ For each context size, on the same model, corpus file, context, chunk count, bat
 1. ``llama-perplexity`` plain runs, one per cache type: PPL (``Final estimate``) and its decode speed;
 2. ``llama-perplexity --kl-divergence-base FILE`` with f16/f16, then ``--kl-divergence`` per cache
    type: llama's KLD statistics (its base is stored as 16-bit scaled log-probabilities);
-3. ``edgekv.orchestration.quality.measure`` (timed): the same configurations side by side in one process;
-4. ``edgekv.orchestration.quality.measure(..., emulate_llama=True)``: the same pass, also reproducing llama's
+3. ``edgekv.quality.run.measure`` (timed): the same configurations side by side in one process;
+4. ``edgekv.quality.run.measure(..., emulate_llama=True)``: the same pass, also reproducing llama's
    16-bit base arithmetic on the same logits.
 
 Checks: PPL within 0.01 % of llama-perplexity's; the emulated statistics equal llama's to its
@@ -44,12 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness as H
+from edgekv.calibration.preflight import preflight
 from edgekv.core.wire import to_wire
-from edgekv.edges.corpus import resolve_corpus
-from edgekv.edges.sources import resolve_model
-from edgekv.orchestration.preflight import preflight
-from edgekv.orchestration.quality import measure, plan
+from edgekv.quality.run import measure, plan
 from edgekv.records.schema import encode_block
+from edgekv.sources.corpus import resolve_corpus
+from edgekv.sources.resolve import resolve_model
 from tools.llama_tools import llama_cpp_python_version, tool
 
 NAME = "quality_vs_perplexity"

@@ -33,11 +33,11 @@ import tempfile
 from pathlib import Path
 
 from bench import harness as H
-from edgekv.edges.environment import cpu_model
-from edgekv.orchestration.api import load_model
-from edgekv.orchestration.sweep import ENGINE_SERVER, run_sweep
-from edgekv.orchestration.sweepspec import sweep_spec
+from edgekv.machine.environment import cpu_model
+from edgekv.prediction.api import load_model
 from edgekv.records.schema import encode
+from edgekv.sweep.run import ENGINE_SERVER, run_sweep
+from edgekv.sweep.spec import sweep_spec
 from tools.llama_tools import llama_cpp_python_version, tool
 
 NAME = "serving_accuracy"
@@ -60,7 +60,7 @@ def one(m, args, npl: int, server: str | None, env) -> dict:
 
 
 def measure(args) -> tuple[list[dict], list[float]]:
-    from edgekv.edges.environment import collect
+    from edgekv.machine.environment import collect
 
     server, env, rows, load1 = args.llama_server or str(tool("llama-server")), collect(), [], []
     for name in args.models.split(","):

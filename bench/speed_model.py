@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 from bench import harness as H
-from edgekv.edges.sources import resolve_model
+from edgekv.sources.resolve import resolve_model
 
 ROOT = H.ROOT
 NAME = "speed_model"

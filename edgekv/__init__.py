@@ -10,8 +10,8 @@ from __future__ import annotations
 from edgekv.core.formula import formula_block  # noqa: E402
 from edgekv.core.predict import ContextParams, KVPrediction  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
-from edgekv.orchestration.api import LoadedModel, load_model  # noqa: E402
-from edgekv.orchestration.api import predict as _predict_model  # noqa: E402
+from edgekv.prediction.api import LoadedModel, load_model  # noqa: E402
+from edgekv.prediction.api import predict as _predict_model  # noqa: E402
 from edgekv.records.frame import load_results, results_frame  # noqa: E402
 from edgekv.version import __version__  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 Every other import sits at its module's top (tests/checks/test_layers.py).  These wait because loading them would cost
 every command its start-up (tests/checks/test_startup.py checks by name that ``import edgekv.cli.main`` loads none of
-them), and llama_cpp for one more reason: a measured child loads it before numpy (edgekv.edges.process), and a
+them), and llama_cpp for one more reason: a measured child loads it before numpy (edgekv.runtime.process), and a
 parent never loads it at all.  numpy is not here: gguf, which reads every model's header, imports it anyway.
 """
 
@@ -12,7 +12,7 @@ from types import ModuleType
 
 
 def llama_cpp() -> ModuleType:
-    """llama-cpp-python: llama.cpp in this process (the children that run it, edgekv.child and edgekv.edges.engine).
+    """llama-cpp-python: llama.cpp in this process (the children that run it, edgekv.child and edgekv.runtime.engine).
     An ImportError here is the child's to report: a missing or broken llama-cpp-python."""
     import llama_cpp
 

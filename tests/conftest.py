@@ -219,14 +219,14 @@ def cli(capsys, monkeypatch):
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    from edgekv.edges.sources import resolve_model
+    from edgekv.sources.resolve import resolve_model
 
     return Path(resolve_model("smollm2-135m").path)
 
 
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
-    from edgekv.edges.sources import resolve_model
+    from edgekv.sources.resolve import resolve_model
 
     return Path(resolve_model("gemma3-270m").path)
 

@@ -49,7 +49,7 @@ def write_header(src: Path, out: Path) -> Path:
 
 
 if __name__ == "__main__":          # python -m tests.headers: rewrite both from the real models
-    from edgekv.edges.sources import resolve_model
+    from edgekv.sources.resolve import resolve_model
 
     write_header(Path(resolve_model("smollm2-135m").path), SMOLLM2)
     write_header(Path(resolve_model("gemma3-270m").path), GEMMA3)

@@ -12,7 +12,7 @@ def preflight_model_params():
     independent reference runs on such a machine too."""
     import llama_cpp.llama_cpp as C
 
-    from edgekv.orchestration.preflight import preflight
+    from edgekv.calibration.preflight import preflight
 
     repack = preflight().repack
     orig = C.llama_model_default_params

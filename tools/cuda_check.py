@@ -45,7 +45,7 @@ def prepare() -> None:
     """Cut each installed real model after its tensor-info table (header + alignment padding)."""
     from gguf import GGUFReader
 
-    from edgekv.edges.sources import resolve_model
+    from edgekv.sources.resolve import resolve_model
 
     PATHS["models"].mkdir(parents=True, exist_ok=True)
     sizes = {}
@@ -75,7 +75,7 @@ def standins(dst: Path) -> dict[str, str]:
 
 RUNTIME_PROBE = """
 import json, sys
-from edgekv.edges.process import run_child, worker_argv
+from edgekv.runtime.process import run_child, worker_argv
 res = run_child(worker_argv("device_runtime"), {"model_path": sys.argv[1], "n_ubatch": int(sys.argv[2]),
                                                 "n_ctx": 1024}, timeout=50)
 print(json.dumps({"ok": res.ok, "result": res.result, "reason": None if res.ok else res.failure_reason()}))
@@ -87,7 +87,7 @@ import os, sys
 os.environ["GGML_SCHED_DEBUG"] = "2"
 import llama_cpp as L
 from edgekv.core.predict import ContextParams
-from edgekv.edges.engine import LogCapture, context_params, model_params
+from edgekv.runtime.engine import LogCapture, context_params, model_params
 cap = LogCapture()
 cap.install()
 L.llama_backend_init()
@@ -99,7 +99,7 @@ print("\\n".join(f"{lvl}\\t{t}" for lvl, t in cap.take()))
 
 
 def _probe_model() -> str:
-    from edgekv.edges.tinymodel import write_probe_model
+    from edgekv.sources.tinymodel import write_probe_model
 
     p = PATHS["work"] / "standin" / "probe.gguf"
     p.parent.mkdir(parents=True, exist_ok=True)

@@ -33,8 +33,8 @@ from pathlib import Path
 from edgekv.core.arch import shape_from_metadata
 from edgekv.core.predict import ContextParams, predict
 from edgekv.core.shapecheck import validate_shape
-from edgekv.edges.gguf_header import read_header, read_header_file
 from edgekv.errors import EdgekvError
+from edgekv.sources.gguf_header import read_header, read_header_file
 from tools.gguf_writer import write_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def seeds() -> list[bytes]:
             with open(p, "rb") as f:
                 out.append(f.read(end))
     try:
-        from edgekv.edges.sources import resolve_model
+        from edgekv.sources.resolve import resolve_model
 
         path = resolve_model("smollm2-135m").path
         with open(path, "rb") as f:

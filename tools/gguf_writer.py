@@ -23,8 +23,8 @@ from typing import Any
 
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
-from edgekv.edges.tinymodel import tensor_nbytes as _tensor_nbytes
-from edgekv.edges.tinymodel import write_sparse, write_table
+from edgekv.sources.tinymodel import tensor_nbytes as _tensor_nbytes
+from edgekv.sources.tinymodel import write_sparse, write_table
 
 SCALAR_TYPES = {
     "uint8": GGUFValueType.UINT8, "int8": GGUFValueType.INT8,

@@ -83,7 +83,7 @@ def tool_env(exe: Path) -> dict[str, str]:
 def write_section(path: Path, begin: str, end: str, section: str) -> None:
     """Replace the text between ``begin`` and ``end`` markers in ``path`` (or append the section), atomically.
     ``section`` includes both markers."""
-    from edgekv.edges.safepath import atomic_write
+    from edgekv.sources.safepath import atomic_write
 
     text = path.read_text() if path.exists() else "# edgekv benchmarks\n"
     if begin in text and end in text:
@@ -115,7 +115,7 @@ def llama_bench_env(exe, libs: str) -> dict:
 
 def batched_bench_argv(exe: Path, model_path: str, args, t: str, npl: int) -> list[str]:
     """llama-batched-bench on the settings of ``args`` (c, b, ub, p, n, r, fa, t): ``-npl N`` repeated ``r`` times."""
-    from edgekv.orchestration.preflight import preflight
+    from edgekv.calibration.preflight import preflight
 
     argv = [str(exe), "-m", model_path, "-c", str(args.c), "-b", str(args.b), "-ub", str(args.ub),
             "-npp", str(args.p), "-ntg", str(args.n), "-npl", ",".join([str(npl)] * args.r), "-ctk", t, "-ctv", t,
@@ -131,7 +131,7 @@ def parse_jsonl(stdout: str) -> list[dict]:
 
 def run_batched_bench(exe: Path, model_path: str, args, t: str, npl: int) -> dict:
     """One llama-batched-bench run: its prefill and decode tokens/s, one sample per repetition."""
-    from edgekv.edges.process import run_child
+    from edgekv.runtime.process import run_child
 
     res = run_child(batched_bench_argv(exe, model_path, args, t, npl), stdin_data=b"", capture_output=True,
                     env=llama_bench_env(exe, args.libs), timeout=3600)

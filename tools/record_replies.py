@@ -1,10 +1,10 @@
 """Record the bench child's runs that the fast tests replay (tests/data/replies/tiny-llama/).
 
-A tiny llama-architecture model (edgekv.edges.tinymodel.write_llama: zero weights, a few hundred KiB) is measured
+A tiny llama-architecture model (edgekv.sources.tinymodel.write_llama: zero weights, a few hundred KiB) is measured
 for real, one fresh ``python -m edgekv.child.worker bench`` per case, with ``EDGEKV_RECORD_REPLIES`` naming the
 folder: each case's run (the parent's view of the child and the child's reply) lands in ``<config key>.json``.
 One case runs on a CPU whose extra-buffer kernels crash (edgekv.child.emulate), so that a real failure is
-recorded too.  tests/unit/orchestration/test_replay.py replays them, and its slow test records a fresh run and compares its shape
+recorded too.  tests/unit/sweep/test_replay.py replays them, and its slow test records a fresh run and compares its shape
 with the stored one.
 
     .venv/bin/python tools/record_replies.py [FOLDER]        # default: tests/data/replies/tiny-llama
@@ -31,7 +31,7 @@ WORKLOAD = {"depths": [32], "n_prompt": 16, "n_gen": 4, "repetitions": 2, "n_thr
 
 def write_tiny_model(path: Path) -> Path:
     """The tiny model the recordings were made with."""
-    from edgekv.edges.tinymodel import write_llama
+    from edgekv.sources.tinymodel import write_llama
 
     write_llama(path, **TINY_SHAPE, name="edgekv replay model")
     return path
@@ -39,8 +39,8 @@ def write_tiny_model(path: Path) -> Path:
 
 def tiny_specs(model_path: Path) -> Iterator[tuple[object, bool]]:
     """The recorded sweeps' specs, each with whether it runs on the emulated crashing CPU."""
-    from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.sweepspec import sweep_spec
+    from edgekv.prediction.api import load_model
+    from edgekv.sweep.spec import sweep_spec
 
     m = load_model(str(model_path))
     for contexts, pairs, crash in CASES:
@@ -65,17 +65,17 @@ def _env(name: str, value: str | None) -> Iterator[None]:
 
 def record(model_path: Path, folder: Path) -> list[str]:
     """Every recorded case run for real with its run written to ``folder``; the records' statuses."""
-    from edgekv.edges.childside import EMULATE_CRASH_ENV
-    from edgekv.edges.environment import collect
-    from edgekv.orchestration.listener import QuietListener
-    from edgekv.orchestration.runners import RECORD_ENV, CaseContext, PythonRunner
-    from edgekv.orchestration.sweep import expand, model_block
+    from edgekv.machine.environment import collect
     from edgekv.records.schema import environment
+    from edgekv.runtime.childside import EMULATE_CRASH_ENV
+    from edgekv.sweep.listener import QuietListener
+    from edgekv.sweep.run import expand, model_block
+    from edgekv.sweep.runners import RECORD_ENV, CaseContext, PythonRunner
 
     env = environment(collect())
     statuses = []
     for spec, crash in tiny_specs(model_path):
-        sha = None      # the replay files are named by the settings alone (edgekv.orchestration.runners.replay_key)
+        sha = None      # the replay files are named by the settings alone (edgekv.sweep.runners.replay_key)
         cx = CaseContext(spec, env, model_block(spec.model, sha), None,
                          QuietListener())
         with _env(RECORD_ENV, str(folder)), _env(EMULATE_CRASH_ENV, "1" if crash else None):

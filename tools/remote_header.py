@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from edgekv.edges.home import verified_sha256
-from edgekv.edges.sources import resolve_model
+from edgekv.sources.home import verified_sha256
+from edgekv.sources.resolve import resolve_model
 from tools.hubserver import FakeHub
 from tools.llama_tools import write_section
 

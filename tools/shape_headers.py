@@ -9,7 +9,7 @@ tensor llama.cpp asks for with the shape it expects.  Tensor types are then chos
 (``retype``): the types decide the weights figure only, never a cache.
 
 The header is what gets committed (a few hundred KB: no tensor data, no tokenizer); ``edgekv predict
---engine`` turns it into a sparse stand-in of the full size for llama.cpp (``edgekv.edges.engine.loadable_path``).
+--engine`` turns it into a sparse stand-in of the full size for llama.cpp (``edgekv.runtime.engine.loadable_path``).
 """
 
 from __future__ import annotations

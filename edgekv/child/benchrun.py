@@ -44,8 +44,8 @@ from edgekv.core.benchwire import (
     to_wire,
 )
 from edgekv.core.llamalog import LlamaMemoryLog, parse_memory_log
-from edgekv.edges.childside import EventWriter
-from edgekv.edges.engine import LogCapture, context_params, model_params
+from edgekv.runtime.childside import EventWriter
+from edgekv.runtime.engine import LogCapture, context_params, model_params
 
 
 def finish_ok(run: _BenchRun, ctx, model, samples: BenchSamples, restore: str, snapshot_bytes: int | None,

@@ -14,7 +14,7 @@ import os
 import signal
 
 from edgekv import heavy
-from edgekv.edges.childside import EMULATE_CRASH_ENV
+from edgekv.runtime.childside import EMULATE_CRASH_ENV
 
 
 def install() -> None:

@@ -17,7 +17,7 @@ After each ``llama_decode`` of one batch in every context, the logits still sit 
 output buffer; :class:`edgekv.core.klstats.Accumulator` reads them in place (zero-copy views) and keeps
 per-token scalars only.  Peak memory is therefore the model, the caches, and one batch's logits per
 context: ``(1 + n_configs) * outputs_per_batch * n_vocab * 4`` bytes, independent of corpus length
-(``-b`` lowers it).  This module and :mod:`edgekv.edges.engine`/:mod:`edgekv.child.worker` import ``llama_cpp``.
+(``-b`` lowers it).  This module and :mod:`edgekv.runtime.engine`/:mod:`edgekv.child.worker` import ``llama_cpp``.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ from edgekv.core.qualitywire import (
     request_from,
     to_wire,
 )
-from edgekv.edges.childside import EventWriter
-from edgekv.edges.corpus import text_for_tokenizer
-from edgekv.edges.engine import LOG_LEVEL_ERROR, LogCapture, context_params, model_params
+from edgekv.runtime.childside import EventWriter
+from edgekv.runtime.engine import LOG_LEVEL_ERROR, LogCapture, context_params, model_params
+from edgekv.sources.corpus import text_for_tokenizer
 
 RE_ROT = re.compile(r"attn_rot_([kv]) = (\d)")
 

@@ -1,5 +1,5 @@
 """Child side of the speed calibration (``python -m edgekv.child.worker speed_probe``): the plan of
-edgekv.orchestration.speedcal (a :class:`edgekv.core.probe.ProbeRequest`) timed through llama-cpp-python, one
+edgekv.calibration.speedcal (a :class:`edgekv.core.probe.ProbeRequest`) timed through llama-cpp-python, one
 :class:`edgekv.core.probe.ProbeResult` per step and depth reported in a :class:`edgekv.core.probe.ProbeReply`."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from edgekv.child.workload import SEED
 from edgekv.core.llamalog import parse_graph_line
 from edgekv.core.predict import ContextParams
 from edgekv.core.probe import ProbeModel, ProbeReply, ProbeResult, ProbeStep, request_from, to_wire
-from edgekv.edges.childside import EventWriter
-from edgekv.edges.engine import LogCapture, context_params, model_params
-from edgekv.edges.tinymodel import plan_model_file
+from edgekv.runtime.childside import EventWriter
+from edgekv.runtime.engine import LogCapture, context_params, model_params
+from edgekv.sources.tinymodel import plan_model_file
 
 
 def _listed_graph(L, cap, model, params) -> dict[str, int] | None:
@@ -37,7 +37,7 @@ def _listed_graph(L, cap, model, params) -> dict[str, int] | None:
 
 
 def speed_probe(payload: dict, ev: EventWriter) -> None:
-    """The speed calibration's measurements (edgekv.orchestration.speedcal): for each model, each context, each
+    """The speed calibration's measurements (edgekv.calibration.speedcal): for each model, each context, each
     step, the KV cache filled to a depth and then ``reps`` timed runs of a prompt of ``n`` tokens ("pp") or of
     ``n`` generated tokens ("tg"), back at that depth before each.  Steps in order of depth share the fill: a
     deeper step adds only the cells between the two depths (half the prompt work of refilling from zero).

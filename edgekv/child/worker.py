@@ -1,4 +1,4 @@
-"""Code that runs inside a child process started by :mod:`edgekv.edges.process`.
+"""Code that runs inside a child process started by :mod:`edgekv.runtime.process`.
 
 ``python -m edgekv.child.worker SUBCOMMAND`` reads a JSON payload on stdin and reports on the event pipe.
 """
@@ -16,8 +16,8 @@ from edgekv.child.emulate import install
 from edgekv.child.speedprobe import speed_probe
 from edgekv.child.workload import baseline, device_runtime, env_info, extra_buffers, preflight
 from edgekv.core.predict import ContextParams
-from edgekv.edges.childside import EventWriter
-from edgekv.edges.engine import DryRunner
+from edgekv.runtime.childside import EventWriter
+from edgekv.runtime.engine import DryRunner
 
 
 def _engine(_payload: dict, ev: EventWriter) -> None:

@@ -16,10 +16,10 @@ from edgekv import heavy
 from edgekv.core.benchwire import Checkpoint
 from edgekv.core.llamalog import parse_memory_log
 from edgekv.core.predict import ContextParams
-from edgekv.edges.childside import EventWriter
-from edgekv.edges.engine import LogCapture, context_params, model_params
-from edgekv.edges.environment import nvml_process_probe
-from edgekv.edges.sampler import macos_footprint
+from edgekv.machine.environment import nvml_process_probe
+from edgekv.runtime.childside import EventWriter
+from edgekv.runtime.engine import LogCapture, context_params, model_params
+from edgekv.runtime.sampler import macos_footprint
 
 SEED = 1234     # the random tokens' seed: every measured run and probe feeds the same tokens
 
@@ -162,7 +162,7 @@ def baseline(_payload: dict, ev: EventWriter) -> None:
 
 
 def preflight(payload: dict, ev: EventWriter) -> None:
-    """The extra-buffer preflight (edgekv.orchestration.preflight): load the probe model with the CPU backend's
+    """The extra-buffer preflight (edgekv.calibration.preflight): load the probe model with the CPU backend's
     extra buffer types on, then decode a batch of 2 and a batch of 32 tokens.  Each step is announced first
     (``phase`` events), so a parent that sees this process die knows which step killed it."""
     L = heavy.llama_cpp()

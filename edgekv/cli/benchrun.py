@@ -1,10 +1,10 @@
 """What ``edgekv bench`` says while it runs: the plan first, then one plain line per finished configuration
 (key figures, elapsed and remaining time, a busy-machine mark), with rich's progress bar on a terminal.
 
-It listens to :func:`edgekv.orchestration.sweep.run_sweep`'s events and prints; the sweep itself attaches each
-record's ``load`` (other processes' CPU share before and during the configuration, edgekv.edges.load) and ``plan``
+It listens to :func:`edgekv.sweep.run.run_sweep`'s events and prints; the sweep itself attaches each
+record's ``load`` (other processes' CPU share before and during the configuration, edgekv.machine.load) and ``plan``
 (the estimate made for this configuration, the remaining-time estimate after it, the sweep's elapsed time) blocks
-(edgekv.orchestration.plan.SweepTracker), so the ETA's accuracy can be checked afterwards from the results file
+(edgekv.sweep.plan.SweepTracker), so the ETA's accuracy can be checked afterwards from the results file
 alone (bench/first_run.py), whoever ran the sweep.
 """
 
@@ -25,22 +25,22 @@ from edgekv.cli.signals import interrupted_by, interrupted_code
 from edgekv.core.cachetypes import DEFAULT_SWEEP_TYPES
 from edgekv.core.diagnose import exit_status
 from edgekv.core.units import MIB, kv_label
-from edgekv.edges.environment import default_threads
-from edgekv.edges.load import BUSY_SHARE, Window, busy_note, threads_left
 from edgekv.errors import UsageError
-from edgekv.orchestration.api import load_model, registry_sweep_defaults
-from edgekv.orchestration.plan import FULL, QUICK, fmt_duration, model_contexts, plan_lines, quick_contexts
-from edgekv.orchestration.sweep import run_sweep
-from edgekv.orchestration.sweepspec import SweepSpec
+from edgekv.machine.environment import default_threads
+from edgekv.machine.load import BUSY_SHARE, Window, busy_note, threads_left
 from edgekv.output.benchview import Progress, case_label, case_work, render_summary
 from edgekv.output.inputs import compared_kv
+from edgekv.prediction.api import load_model, registry_sweep_defaults
 from edgekv.records.results import latest
 from edgekv.records.schema import Record, Settings, Speed, encode, encode_block
+from edgekv.sweep.plan import FULL, QUICK, fmt_duration, model_contexts, plan_lines, quick_contexts
+from edgekv.sweep.run import run_sweep
+from edgekv.sweep.spec import SweepSpec
 
 if TYPE_CHECKING:
-    from edgekv.orchestration.listener import CaseDone, SweepPlan
-    from edgekv.orchestration.sweep import SweepResult
-    from edgekv.orchestration.sweepspec import Case
+    from edgekv.sweep.listener import CaseDone, SweepPlan
+    from edgekv.sweep.run import SweepResult
+    from edgekv.sweep.spec import Case
 
 
 def _rate(speed: Speed | None, test: str) -> str | None:
@@ -112,7 +112,7 @@ class BenchMonitor:
         else:
             self.out.print(line, highlight=False, markup=False, soft_wrap=True)
 
-    # the sweep's listener (edgekv.orchestration.listener.SweepListener)
+    # the sweep's listener (edgekv.sweep.listener.SweepListener)
     def on_note(self, message: str) -> None:
         """One line each, e.g. the repair of a results file's last line."""
         self.prog.p.console.print(f"edgekv: {message}", markup=False, highlight=False)
@@ -143,7 +143,7 @@ class BenchMonitor:
         self.prog.done()
 
     def _start(self, plan: SweepPlan) -> None:
-        """The plan's lines: the sweep's tracker (edgekv.orchestration.plan.SweepTracker) holds the estimate."""
+        """The plan's lines: the sweep's tracker (edgekv.sweep.plan.SweepTracker) holds the estimate."""
         if plan.existing or plan.retry:
             again = f"; {plan.retry} failed earlier, measured again (--no-retry keeps them)" if plan.retry else ""
             self.prog.p.console.print(f"Resuming {plan.output}: {plan.existing} of {plan.total} "
@@ -244,7 +244,7 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
 
 def free_threads(asked: int | None) -> tuple[int, str | None]:
     """(-t for the sweep, the line that says why it is not the default): the count asked for, else (-t 0 or none)
-    llama.cpp's default less each core other work keeps busy now (edgekv.edges.load.threads_left); 0: the
+    llama.cpp's default less each core other work keeps busy now (edgekv.machine.load.threads_left); 0: the
     default."""
     if asked:
         return asked, None

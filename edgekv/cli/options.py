@@ -18,7 +18,7 @@ from edgekv.core.cachetypes import cache_type
 from edgekv.errors import UsageError
 
 if TYPE_CHECKING:
-    from edgekv.orchestration.api import LoadedModel
+    from edgekv.prediction.api import LoadedModel
 
 _SIZE_UNITS = {
     "": 1, "b": 1,

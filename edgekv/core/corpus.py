@@ -1,4 +1,4 @@
-"""The text a quality pass scores: the file (:class:`CorpusFile`, resolved by edgekv.edges.corpus) and, once the
+"""The text a quality pass scores: the file (:class:`CorpusFile`, resolved by edgekv.sources.corpus) and, once the
 child has tokenised it, the record's ``corpus`` block (:class:`Corpus`, the same fields and its tokens).  Pure: the
 types only."""
 

@@ -1,7 +1,7 @@
 """Whole-process memory of a llama.cpp process: the peak it reaches, as named parts.
 
-Pure: no llama.cpp, no processes, no I/O.  The edges (:mod:`edgekv.orchestration.procpredict`) gather the inputs --
-the runtime baseline (measured once per environment, :mod:`edgekv.orchestration.calibrate`), llama.cpp's own dry
+Pure: no llama.cpp, no processes, no I/O.  The edges (:mod:`edgekv.prediction.wholeprocess`) gather the inputs --
+the runtime baseline (measured once per environment, :mod:`edgekv.calibration.baseline`), llama.cpp's own dry
 run (compute buffers reserved for the *workload's* graph through ``n_outputs_max``, and the host
 memory the dry-run process grew by while llama.cpp read the header and built its tensors), the GGUF
 tensor table and the cache formula -- and this module adds them up by llama.cpp's rules.  Where each weight goes
@@ -377,7 +377,7 @@ def predict_process(x: ProcessInputs) -> ProcessPrediction:
 
 
 def gpu_runtime_parts(x: ProcessInputs) -> list[ProcessPart]:
-    """The GPU backend's own memory beside llama.cpp's buffers (edgekv.orchestration.calibrate.device_runtime,
+    """The GPU backend's own memory beside llama.cpp's buffers (edgekv.calibration.baseline.device_runtime,
     measured once per environment on the probe model): on the device the CUDA context, cuBLAS's workspace,
     ggml-cuda's pool (ggml/src/ggml-cuda/ggml-cuda.cu ggml_cuda_pool_vmm: grown in steps, never returned), loaded
     kernels and CUDA graphs; on the host the driver's and the libraries' own memory once they run."""

@@ -1,11 +1,11 @@
 """The speed calibration's probe protocol: the plan edgekv asks a probe to time and the rows it gets back.
 
-Shared by the side that plans and solves (edgekv.orchestration.speedcal), the in-process probe that runs a plan
+Shared by the side that plans and solves (edgekv.calibration.speedcal), the in-process probe that runs a plan
 inside a child (edgekv.child.speedprobe) and the probe through the user's own llama-bench
-(edgekv.orchestration.lbprobe).  The plan crosses to the child as JSON on its stdin and the rows come back as JSON
+(edgekv.calibration.lbprobe).  The plan crosses to the child as JSON on its stdin and the rows come back as JSON
 on its event pipe: :func:`to_wire` and the ``*_from`` functions encode and decode them with msgspec, strictly.
 
-A plan is a list of :class:`ProbeModel`: a calibration model (a file edgekv writes, edgekv.edges.tinymodel), each
+A plan is a list of :class:`ProbeModel`: a calibration model (a file edgekv writes, edgekv.sources.tinymodel), each
 with contexts (:class:`ProbeContext`: the llama.cpp context parameters and thread counts), each with steps
 (:class:`ProbeStep`: a prompt of ``n`` tokens, "pp", or ``n`` generated tokens, "tg", timed ``reps`` times from a
 cache filled to ``depth``).  Every timed step comes back as one :class:`ProbeResult` per depth.
@@ -60,7 +60,7 @@ class ProbeContext(msgspec.Struct, kw_only=True):
 
 
 class ProbeModel(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A calibration model and its contexts.  ``model_path`` and ``write`` are edgekv.edges.tinymodel.plan_model's
+    """A calibration model and its contexts.  ``model_path`` and ``write`` are edgekv.sources.tinymodel.plan_model's
     (the file and what to write there; the probe recomputes the path from ``write``, so a plan never chooses one);
     ``type``, ``shape`` and ``body`` name what a weight or body model stands for."""
 
@@ -75,7 +75,7 @@ class ProbeModel(msgspec.Struct, kw_only=True, omit_defaults=True):
     body: str = ""
 
     def file_entry(self) -> dict[str, Any]:
-        """The fields edgekv.edges.tinymodel's plan functions read (plan_model_file, drop_plan_models)."""
+        """The fields edgekv.sources.tinymodel's plan functions read (plan_model_file, drop_plan_models)."""
         return {"model_path": self.model_path, "write": self.write}
 
 

@@ -1,5 +1,5 @@
 """The quality pass's protocol: what edgekv asks the quality child (edgekv.child.quality_child) to evaluate and
-what it replies, shared by the child and the parent (edgekv.orchestration.quality), as edgekv.core.benchwire is for
+what it replies, shared by the child and the parent (edgekv.quality.run), as edgekv.core.benchwire is for
 a measured run.  The request crosses as JSON on the child's stdin and the reply comes back on its event pipe; both
 are decoded strictly where they arrive (msgspec.ValidationError when a payload is not one)."""
 

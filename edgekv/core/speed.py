@@ -1,5 +1,5 @@
 """The speed model: llama.cpp's prefill and decode tokens/s predicted from the model's header, its settings and a
-calibration of this machine (:mod:`edgekv.orchestration.speedcal`).  Pure: no I/O, no llama.cpp.
+calibration of this machine (:mod:`edgekv.calibration.speedcal`).  Pure: no I/O, no llama.cpp.
 
 One token of decode (a one-token graph) costs
 

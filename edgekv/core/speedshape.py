@@ -76,7 +76,7 @@ class AttnLayer:
         the calibration model has the model's own (at most GEOMETRY_MAX_EMBD), so that its projections are the
         model's.  The width does not move the attention's cost per cell once the model's weights are of a trained
         model's size at that width (weights of one size at every width made the wider model's scores spread so far
-        that its softmax underflowed, edgekv.edges.tinymodel; docs/calibration-history.md, CAL_VERSION 17)."""
+        that its softmax underflowed, edgekv.sources.tinymodel; docs/calibration-history.md, CAL_VERSION 17)."""
         g = f"h{self.n_head}kv{self.n_head_kv}k{self.head_k}v{self.head_v}"
         e = min(self.n_embd, GEOMETRY_MAX_EMBD)
         return g + (f"e{e}" if e and e % 32 == 0 and e != self.n_head * self.head_k else "")
@@ -179,7 +179,7 @@ NODE_PP_TOKENS = (32, 512)
 
 @dataclass
 class Calibration:
-    """This machine's coefficients (seconds), measured by edgekv.orchestration.speedcal."""
+    """This machine's coefficients (seconds), measured by edgekv.calibration.speedcal."""
 
     id: str
     n_threads: int

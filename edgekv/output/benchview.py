@@ -12,7 +12,7 @@ from rich.table import Table
 from edgekv.core.llamalog import off_device_text
 from edgekv.core.predict import llama_mib
 from edgekv.core.units import MIB, kv_label
-from edgekv.edges.load import record_busy
+from edgekv.machine.load import record_busy
 from edgekv.output.inputs import compared_kv, speed_of
 from edgekv.records import results as R
 from edgekv.records import schema as S
@@ -346,7 +346,7 @@ def _summary_legend(con, narrow: bool, with_gpu: bool, with_quality: bool, busy_
                   "--json for depth, llama.cpp's figure and anonymous memory)")
     if busy_rows:
         con.print("[yellow]busy N%: other processes used N% of the CPUs before or during that configuration "
-                  "(edgekv.edges.load); its speeds describe a shared machine, not this one: rerun on a quiet machine.[/]")
+                  "(edgekv.machine.load); its speeds describe a shared machine, not this one: rerun on a quiet machine.[/]")
     if unstable:
         con.print("[yellow]! marks results whose standard deviation is at least 10% of the mean: the machine was busy "
                   "or the run too short; rerun with more repetitions (-r) on a quiet machine.[/]")

@@ -53,8 +53,8 @@ import msgspec
 
 from edgekv.core.stats import summarize, welch, z_test
 from edgekv.core.units import MIB, kv_label
-from edgekv.edges.load import record_busy
 from edgekv.errors import EnvironmentMismatch, UsageError
+from edgekv.machine.load import record_busy
 from edgekv.output.commits import commits_in, newest_other, select
 from edgekv.output.export import sort_key
 from edgekv.output.inputs import load_any, speed_of

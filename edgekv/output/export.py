@@ -56,7 +56,7 @@ EXPORT: tuple[tuple[str, str, int | None], ...] = (
     ("ppl_delta_pct", "ppl_delta_pct", 3), ("kld_mean", "kld_mean", 6), ("kld_mean_err", "kld_mean_err", 6),
     ("kld_p99", "kld_p99", 6), ("same_top_rate", "same_top_rate", 5), ("time_utc", "time_utc", None),
 )
-# issue 19: other processes' share of the CPUs (edgekv.edges.load); only in results.json rows of records that have it
+# issue 19: other processes' share of the CPUs (edgekv.machine.load); only in results.json rows of records that have it
 EXPORT_LOAD: tuple[tuple[str, str, int | None], ...] = (
     ("machine_busy", "machine_busy", None), ("others_cpu_share_pct", "others_cpu_share_pct", 1))
 # issue 26: the speed model's prediction; results.csv gains these columns only when a record holds one, so reports of

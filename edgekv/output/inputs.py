@@ -7,7 +7,7 @@ file's content (never from its name):
 * a JSON list of records (``edgekv quality --json``, ``edgekv predict --json``), or such a list under
   ``"predictions"`` (``edgekv predict --budget --json``, beside its budget): each upgraded and decoded strictly
   like a line of a results file,
-* llama-bench ``-o json`` / ``-o jsonl`` output (:func:`edgekv.orchestration.llamabench.load_llama_bench_file`:
+* llama-bench ``-o json`` / ``-o jsonl`` output (:func:`edgekv.sweep.llamabench.load_llama_bench_file`:
   records of kind ``llama-bench``, speed only, no memory),
 * the prediction rows an older ``edgekv predict --json`` printed (a JSON list of rows with
   ``source == "formula"``, or ``{"predictions": [...]}``): records of kind ``predict``
@@ -29,10 +29,10 @@ from typing import Any
 import msgspec
 
 from edgekv.errors import ResultsError
-from edgekv.orchestration.llamabench import load_llama_bench_file
 from edgekv.records import results as R
 from edgekv.records import schema as S
 from edgekv.records.frame import machine_label, unset_none
+from edgekv.sweep.llamabench import load_llama_bench_file
 
 KIND_BENCH = "bench"
 KIND_LLAMA_BENCH = "llama-bench"

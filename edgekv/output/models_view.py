@@ -7,8 +7,8 @@ from typing import Any
 
 from rich.table import Table
 
-from edgekv.edges.registry import ModelEntry, Registry
-from edgekv.edges.sources import PullResult, entry_status
+from edgekv.sources.registry import ModelEntry, Registry
+from edgekv.sources.resolve import PullResult, entry_status
 
 
 def _size(n: int | None) -> str:

@@ -36,7 +36,6 @@ from typing import Any
 
 from edgekv.core import units
 from edgekv.core.units import MIB
-from edgekv.edges.safepath import atomic_write
 from edgekv.errors import ResultsError, UsageError
 from edgekv.output import memreport, parallelreport, speedreport
 from edgekv.output import plots as P
@@ -56,6 +55,7 @@ from edgekv.output.render import (
 )
 from edgekv.records.frame import unset_none as _v
 from edgekv.records.schema import Record
+from edgekv.sources.safepath import atomic_write
 
 # -- formatting ---------------------------------------------------------------------------------------
 

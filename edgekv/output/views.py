@@ -1,7 +1,7 @@
 """Terminal views for ``inspect`` and ``predict``: JSON-ready dicts and rich tables.
 
 Measures and computes nothing: ``predict``'s rows, dry runs and notes come from
-:mod:`edgekv.orchestration.predictrows`; every figure is labelled with where it comes from (formula, engine).
+:mod:`edgekv.prediction.rows`; every figure is labelled with where it comes from (formula, engine).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from edgekv.core.predict import STATUS_OK, STATUS_UNSUPPORTED, ContextParams, KV
 from edgekv.core.shape import MEMORY_DSV4, MEMORY_HYBRID, MEMORY_HYBRID_IDX, MEMORY_HYBRID_ISWA, MEMORY_RECURRENT, ModelShape
 from edgekv.core.speed import NODE_PP_TOKENS
 from edgekv.core.units import MIB, kv_label
-from edgekv.orchestration.api import LoadedModel
-from edgekv.orchestration.budget import BudgetRow
-from edgekv.orchestration.predictrows import PredictOutcome
 from edgekv.output.benchview import speed_marks_legend
+from edgekv.prediction.api import LoadedModel
+from edgekv.prediction.budget import BudgetRow
+from edgekv.prediction.rows import PredictOutcome
 from edgekv.records.schema import Process, Record
 
 MEMORY_DESCRIPTION = {
@@ -268,7 +268,7 @@ def _predict_cells(rec: Record, shape: ModelShape, has_rec: bool, engine: bool,
 
 
 def render_predict(con, m: LoadedModel, base: ContextParams, out: PredictOutcome, engine: bool) -> None:
-    """The predict table and its footnotes, from the records :func:`edgekv.orchestration.predictrows.run_predict`
+    """The predict table and its footnotes, from the records :func:`edgekv.prediction.rows.run_predict`
     computed."""
     shape, recs = m.shape, out.records
     has_rec = _has_state(shape)

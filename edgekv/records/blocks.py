@@ -131,7 +131,7 @@ class Model(Block, kw_only=True):
 # -- prediction ---------------------------------------------------------------------------------------
 
 class CacheLine(Block, kw_only=True):
-    """One cache as llama.cpp's log prints it (provenance: llama.cpp; :func:`edgekv.orchestration.crosscheck.engine_lines`)."""
+    """One cache as llama.cpp's log prints it (provenance: llama.cpp; :func:`edgekv.prediction.crosscheck.engine_lines`)."""
 
     kind: doc(str, "kv | recurrent | state")
     role: doc(Union[str, None, UnsetType], "role in a hybrid/iSWA cache (full, swa) or None") = UNSET
@@ -212,7 +212,7 @@ class SpeedAdjustment(Block, kw_only=True):
 
 
 class SpeedPrediction(Block, kw_only=True):
-    """The speed model's prediction (issue 26; edgekv.core.speed, edgekv.orchestration.speedcal)."""
+    """The speed model's prediction (issue 26; edgekv.core.speed, edgekv.calibration.speedcal)."""
 
     pp: doc(Union[SpeedTestPrediction, None, UnsetType], "prompt processing") = UNSET
     tg: doc(Union[SpeedTestPrediction, None, UnsetType], "generation") = UNSET
@@ -260,7 +260,7 @@ class Nvidia(Block, kw_only=True):
 
 class ExtraBuffersPreflight(Block, kw_only=True):
     """Whether llama.cpp's extra CPU buffer kernels (AMX, CPU_REPACK) run on this machine
-    (:mod:`edgekv.orchestration.preflight`; measured by a probe process)."""
+    (:mod:`edgekv.calibration.preflight`; measured by a probe process)."""
 
     runs: doc(Union[bool, None], "the probe decoded with them (False: it died; None: it could not tell)")
     detail: doc(str, "what the probe did")
@@ -268,7 +268,7 @@ class ExtraBuffersPreflight(Block, kw_only=True):
 
 
 class Environment(Block, kw_only=True):
-    """The reproducibility fingerprint of the machine and the llama.cpp build (:mod:`edgekv.edges.environment`).
+    """The reproducibility fingerprint of the machine and the llama.cpp build (:mod:`edgekv.machine.environment`).
 
     Every key edgekv writes is typed here; what a platform exposes beyond them goes into ``extra`` (named by the
     producer, never guessed).  Absent keys were not collected: a ``predict`` record has none, an imported
@@ -320,7 +320,7 @@ ENVIRONMENT_KEYS = frozenset(Environment.__struct_fields__) - {"extra"}
 
 
 def environment(d: dict[str, Any] | None) -> Environment:
-    """A collected environment (a plain dict, :func:`edgekv.edges.environment.collect`) as the typed block: the
+    """A collected environment (a plain dict, :func:`edgekv.machine.environment.collect`) as the typed block: the
     known keys typed, anything else under ``extra``."""
     d = dict(d or {})
     extra = {k: d.pop(k) for k in list(d) if k not in ENVIRONMENT_KEYS}

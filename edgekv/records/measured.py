@@ -186,7 +186,7 @@ class SpeedResidual(Block, kw_only=True):
 
 
 class LoadWindow(Block, kw_only=True):
-    """Other processes' CPU over a time window (provenance: measured; :mod:`edgekv.edges.load`)."""
+    """Other processes' CPU over a time window (provenance: measured; :mod:`edgekv.machine.load`)."""
 
     wall_s: doc(Union[float, UnsetType], "window length") = UNSET
     others_cpu_s: doc(Union[float, UnsetType], "CPU seconds used by other processes") = UNSET

@@ -55,9 +55,9 @@ from typing import Any
 from msgspec import UNSET
 
 from edgekv.core.stats import summarize
-from edgekv.edges.safepath import atomic_write
 from edgekv.errors import ResultsError
 from edgekv.records.schema import SCHEMA_VERSION, Environment, Record, decode, encode
+from edgekv.sources.safepath import atomic_write
 
 
 def _v1_to_v2(r: dict[str, Any]) -> dict[str, Any]:

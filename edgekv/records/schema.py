@@ -336,7 +336,7 @@ def process_block(p: ProcessPrediction) -> Process:
 
 
 def model_block(m: Any, sha: str | None) -> Model:
-    """The one builder of the ``model`` block, from a loaded model (:class:`edgekv.orchestration.api.LoadedModel`)."""
+    """The one builder of the ``model`` block, from a loaded model (:class:`edgekv.prediction.api.LoadedModel`)."""
 
     sh = m.shape
     attn = [lay for lay in sh.layers if lay.attn_cache]

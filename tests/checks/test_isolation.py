@@ -25,13 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 INNER = '''
 import os, subprocess, sys
-from edgekv.edges.sources import edgekv_home, verified_sha256
+from edgekv.sources.resolve import edgekv_home, verified_sha256
 
 def test_writes_state():
     (edgekv_home() / "runs").mkdir(parents=True, exist_ok=True)
     (edgekv_home() / "runs" / "x.jsonl").write_text("{}\\n")
     verified_sha256(__file__)                       # a sha256 stamp under the home
-    subprocess.run([sys.executable, "-c", "from edgekv.edges.sources import edgekv_home; "
+    subprocess.run([sys.executable, "-c", "from edgekv.sources.resolve import edgekv_home; "
                     "edgekv_home().mkdir(parents=True, exist_ok=True); (edgekv_home() / 'child').write_text('1')"],
                    check=True)
 '''
@@ -40,7 +40,7 @@ def test_writes_state():
 # a test that drops its own home and writes through edgekv's default (~/.cache/edgekv): the session guard in conftest
 # fails the run, and the write lands in the suite's HOME, not the developer's
 INNER_BAD = '''
-from edgekv.edges.sources import edgekv_home
+from edgekv.sources.resolve import edgekv_home
 
 def test_writes_into_the_default_home(monkeypatch):
     monkeypatch.delenv("EDGEKV_HOME")
@@ -123,7 +123,7 @@ def test_the_suite_has_its_own_home(tmp_path, with_conftest):
 def test_each_test_has_its_own_home(edgekv_home):
     import conftest
 
-    from edgekv.edges.sources import edgekv_home as home_now
+    from edgekv.sources.resolve import edgekv_home as home_now
 
     assert home_now() == edgekv_home
     assert conftest.DEVELOPER_HOME is None or Path(conftest.DEVELOPER_HOME).resolve() not in [edgekv_home.resolve(),
@@ -133,7 +133,7 @@ def test_each_test_has_its_own_home(edgekv_home):
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_state_does_not_leak_between_tests(n):
-    from edgekv.edges.sources import edgekv_home
+    from edgekv.sources.resolve import edgekv_home
 
     marker = edgekv_home() / "runs" / "leak"
     assert not marker.exists()

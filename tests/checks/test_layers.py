@@ -5,19 +5,21 @@ Layers, lowest first; a module may import its own layer and the layers its rule 
     errors, version,     the exceptions, the version string and the heavy third-party modules' accessors:
     heavy                import nothing from edgekv
     core                 pure: stdlib, gguf constants, numpy; no I/O modules, no llama_cpp, no processes, no CLI
-    edges                core, edges: each module owns one outside thing (file, network, llama.cpp, processes)
-    child                core, edges, child: code run inside a measured child; never orchestration
-    records              core, edges.safepath: the results schema and store
-    orchestration        core, edges, records, orchestration
-    output               core, records, orchestration, output, and edges that start nothing (never
-                         edges.engine / edges.process: presentation starts no dry runs and no processes)
+    sources, runtime,    core and these three ("the edges"): each module owns one outside thing: model bytes and
+    machine              paths (sources), llama.cpp and processes (runtime), readings of this machine (machine)
+    child                core, the edges, child: code run inside a measured child; never a use case
+    records              core, sources.safepath: the results schema and store
+    prediction, sweep,   core, the edges, records and these four ("the use cases"): what one command computes
+    calibration, quality
+    output               core, records, the use cases, output, and edges that start nothing (never
+                         runtime.engine / runtime.process: presentation starts no dry runs and no processes)
     cli                  anything
     edgekv (__init__)    the public facade: anything but the CLI; only the CLI may import the facade itself
 
 Function-level ("lazy") imports count like module-level ones, and so do imports under ``if TYPE_CHECKING:``:
 never executed, but a type the core names from edges, or two modules that name each other's types, tie them together
 all the same.  No module imports another's private (``_name``) names.  A small AST test rather than
-import-linter: the rules above have per-module exceptions (records may use edges.safepath only, output may not
+import-linter: the rules above have per-module exceptions (records may use sources.safepath only, output may not
 use two edges modules) and the same walk also finds cycles through lazy imports and measures function lengths,
 which import-linter does not.
 """
@@ -31,19 +33,21 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "edgekv"
 
 BASE = {"edgekv.errors", "edgekv.version", "edgekv.heavy"}
+EDGES = {"sources", "runtime", "machine"}
+USE_CASES = {"prediction", "sweep", "calibration", "quality"}
 LAYERS = {
     "core": {"core"},
-    "edges": {"core", "edges"},
-    "child": {"core", "edges", "child"},
+    **{e: {"core"} | EDGES for e in EDGES},
+    "child": {"core", "child"} | EDGES,
     "records": {"core", "records"},
-    "orchestration": {"core", "edges", "records", "orchestration"},
-    "output": {"core", "edges", "records", "orchestration", "output"},
-    "cli": {"core", "edges", "child", "records", "orchestration", "output", "cli", "facade"},
-    "facade": {"core", "edges", "child", "records", "orchestration", "output"},
+    **{u: {"core", "records"} | EDGES | USE_CASES for u in USE_CASES},
+    "output": {"core", "records", "output"} | EDGES | USE_CASES,
+    "cli": {"core", "child", "records", "output", "cli", "facade"} | EDGES | USE_CASES,
+    "facade": {"core", "child", "records", "output"} | EDGES | USE_CASES,
 }
 # modules of an allowed layer that a layer may still not import, and single modules allowed across layers
-FORBIDDEN = {"output": {"edgekv.edges.engine", "edgekv.edges.process"}}
-ALSO_ALLOWED = {"records": {"edgekv.edges.safepath"}}
+FORBIDDEN = {"output": {"edgekv.runtime.engine", "edgekv.runtime.process"}}
+ALSO_ALLOWED = {"records": {"edgekv.sources.safepath"}}
 # (importer, imported) pairs that break a rule today, each with the change that removes it.  The test fails
 # when a pair is no longer needed, so that the exception goes with it.
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
@@ -344,12 +348,12 @@ def test_tests_do_not_import_bench():
 
 def test_script_check_finds_each_kind_of_problem():
     """The check above can fail: each kind of problem in a snippet is found."""
-    src = ("import sys\nfrom edgekv.orchestration import speedcal as sc\nfrom edgekv.orchestration.api import _checked_shape\n"
+    src = ("import sys\nfrom edgekv.calibration import speedcal as sc\nfrom edgekv.prediction.api import _checked_shape\n"
            "from tests.tiny.writer import write_spec\nsys.path.insert(0, 'x')\nsc._ctx(1)\nsc.public(2)\n"
            "from edgekv import __version__\n")
     found = _script_problems(src, "s.py")
     assert [x.split(": ", 1)[1] for x in found] == [
-        "edgekv.orchestration.api._checked_shape: a private name", "imports from tests.tiny.writer (the test suite)",
+        "edgekv.prediction.api._checked_shape: a private name", "imports from tests.tiny.writer (the test suite)",
         "sys.path.insert(...)", "sc._ctx: a private name"]
 
 
@@ -369,12 +373,13 @@ HEAVY_ACCESSORS = "edgekv/heavy.py"
 LAZY_PLATFORM = {"fcntl", "msvcrt", "resource", "termios", "pynvml"}
 # (file, imported module) -> why it waits for its function
 LAZY_ALLOWED: dict[tuple[str, str], str] = {
-    ("edgekv/edges/corpus.py", "pydoc_data.topics"):
+    ("edgekv/sources/corpus.py", "pydoc_data.topics"):
         "the built-in corpus's text, about 0.7 MB of strings: loaded only when that corpus is built",
 }
 MAX_LAZY_ALLOWED = 10
 CLI_ADAPTERS = ("edgekv/cli/main.py", "edgekv/cli/commands/")     # the app, and one module per command
-COMMAND_MODULES = ("edgekv.orchestration.", "edgekv.output.", "edgekv.edges.", "edgekv.child.", "edgekv.cli.benchrun")
+COMMAND_MODULES = ("edgekv.prediction.", "edgekv.sweep.", "edgekv.calibration.", "edgekv.quality.", "edgekv.output.",
+                   "edgekv.sources.", "edgekv.runtime.", "edgekv.machine.", "edgekv.child.", "edgekv.cli.benchrun")
 # Modules whose lazy imports other changes are moving to the top right now (the CLI's adapters, the speed
 # calibration), counted as the code stands: a count may only go down, and the table goes when it reaches zero.
 # Nothing may be added to it: a new lazy import goes to its module's top, or into LAZY_ALLOWED with its reason.
@@ -442,13 +447,13 @@ def test_the_lazy_import_check_allows_only_the_named_kinds():
     """The check can fail: an edgekv module, a sibling, a standard-library module and a heavy module outside its
     accessor, imported in a function, are each found; a platform's module and an allowed import are not."""
     src = ("import os\n\ndef f():\n    import json\n    import pandas as pd\n    from edgekv.core import units\n"
-           "    from . import sibling\n    import fcntl\n    from edgekv.orchestration.api import load_model\n"
+           "    from . import sibling\n    import fcntl\n    from edgekv.prediction.api import load_model\n"
            "    from pydoc_data.topics import topics\n")
     assert _lazy_imports(src, "edgekv/output/x.py") == [(4, "json"), (5, "pandas"), (6, "edgekv.core"),
-                                                        (7, "edgekv.output"), (9, "edgekv.orchestration.api"),
+                                                        (7, "edgekv.output"), (9, "edgekv.prediction.api"),
                                                         (10, "pydoc_data.topics")]
     # the reason is the file's own: the same import elsewhere is found
-    assert (10, "pydoc_data.topics") not in _lazy_imports(src, "edgekv/edges/corpus.py")
+    assert (10, "pydoc_data.topics") not in _lazy_imports(src, "edgekv/sources/corpus.py")
     # a heavy module waits in its accessor only
     assert (5, "pandas") not in _lazy_imports(src, HEAVY_ACCESSORS)
     # in a CLI adapter, a command's implementation may wait for its command; the core, a sibling and the rest may not

@@ -128,7 +128,7 @@ def test_the_patterns_leave_features_and_numbers_alone(text):
 
 _GUARDED = '''
 import subprocess, sys
-from edgekv.edges.process import run_child, worker_argv
+from edgekv.runtime.process import run_child, worker_argv
 
 def test_unmarked_worker():
     run_child(worker_argv("env"), {}, timeout=30)

@@ -116,7 +116,7 @@ def test_long_context_report_is_consistent_and_agrees_with_llama_cpp():
     what the script renders from predictions.json, and the formula on the committed headers still gives every
     committed figure (regenerating the dry runs takes minutes: tools/publish/long_context_report.py)."""
     from edgekv.core.predict import ContextParams, predict
-    from edgekv.orchestration.api import load_model
+    from edgekv.prediction.api import load_model
 
     mod = _load("long_context_report")
     recs = mod.load(LONG / "predictions.json")           # kind-predict records, strictly decoded

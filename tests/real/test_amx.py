@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from edgekv.calibration.baseline import cpu_features_from_system_info
 from edgekv.core.llamalog import parse_memory_log
 from edgekv.core.memmodel import (
     BUFT_AMX,
@@ -25,7 +26,6 @@ from edgekv.core.memmodel import (
     extra_buffer_bytes,
     extra_buffer_types,
 )
-from edgekv.orchestration.calibrate import cpu_features_from_system_info
 
 DATA = Path(__file__).parents[1] / "data" / "amx"
 AMX_ON = DATA / "amx-load-SmolLM2-135M-Instruct.Q4_1-amx-on.log"
@@ -47,7 +47,7 @@ def test_recorded_logs_are_what_the_constants_say():
 
 
 def test_amx_buffer_formula_equals_llama_cpp_recorded_load(smollm2_header):
-    from edgekv.edges.gguf_header import read_header_file
+    from edgekv.sources.gguf_header import read_header_file
 
     h = read_header_file(smollm2_header)
     on = parse_memory_log(AMX_ON.read_text()).model_buffers
@@ -95,10 +95,10 @@ def test_whole_process_reproduces_the_recorded_amx_and_plain_peaks(smollm2_path)
     ±3 % of the peak measured there, with the AMX copy and without it (--repack 0)."""
     import copy
 
+    from edgekv.calibration.baseline import runtime_baseline
     from edgekv.core.predict import ContextParams
-    from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
+    from edgekv.prediction.api import load_model
+    from edgekv.prediction.wholeprocess import ProcessSettings, predict_processes
 
     m = load_model(str(smollm2_path))
     base = copy.copy(runtime_baseline())
@@ -147,9 +147,9 @@ def test_extra_buffers_formula_equals_a_real_load_here(tmp_path, tied, repack):
     """Formula beside llama.cpp's own ``model buffer size`` lines of a real load on this machine (CPU_REPACK on an
     AVX2 or NEON build; AMX where the CPU has it), with a tied Q4_0 output (llama.cpp re-lays the duplicate too:
     ``repack tensor token_embd.weight``) and without, with --repack 1 and 0."""
-    from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.crosscheck import extra_buffer_check, extra_buffer_line
+    from edgekv.calibration.baseline import runtime_baseline
+    from edgekv.prediction.api import load_model
+    from edgekv.prediction.crosscheck import extra_buffer_check, extra_buffer_line
 
     m = load_model(str(_write_tiny(tmp_path / "tiny.gguf", tied)))
     feats = runtime_baseline().cpu_features
@@ -169,9 +169,9 @@ def test_a_get_rows_table_gets_no_extra_buffer_copy(tmp_path):
     CPU_REPACK even when it is Q4_0 of a repackable shape (tests/tiny's gemma4 family, every matrix retyped Q4_0)."""
     import json
 
-    from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.crosscheck import extra_buffer_check
+    from edgekv.calibration.baseline import runtime_baseline
+    from edgekv.prediction.api import load_model
+    from edgekv.prediction.crosscheck import extra_buffer_check
     from tests.tiny.writer import write_gguf
 
     spec = json.loads((Path(__file__).parents[1] / "tiny" / "specs.json").read_text())["families"]["gemma4"]
@@ -192,7 +192,7 @@ def test_predict_engine_shows_llama_cpps_extra_buffer_figure(gemma3_path):
                         "--engine", "--repack", "1"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if "extra buffers" in x)
-    from edgekv.orchestration.calibrate import runtime_baseline
+    from edgekv.calibration.baseline import runtime_baseline
 
     feats = runtime_baseline().cpu_features
     if "amx_int8" in feats:        # AMX first: Gemma 3's Q4_K matrices go to the AMX buffer (ggml-cpu.cpp)
@@ -205,7 +205,7 @@ def test_predict_engine_shows_llama_cpps_extra_buffer_figure(gemma3_path):
 
 @pytest.mark.slow
 def test_preflight_runs_here_and_is_cached():
-    from edgekv.orchestration.preflight import preflight
+    from edgekv.calibration.preflight import preflight
 
     first = preflight(refresh=True)        # the suite shares one calibration folder: probe again here
     assert first.remeasured and first.runs in (True, False), first.detail
@@ -216,7 +216,7 @@ def test_preflight_runs_here_and_is_cached():
 
 
 def test_preflight_verdict_of_a_crash_names_the_upstream_issue():
-    from edgekv.orchestration.preflight import verdict
+    from edgekv.calibration.preflight import verdict
 
     pf = verdict(False, signal.SIGSEGV, "batch2", {"AMX": 0.66, "CPU_Mapped": 0.5}, None)
     assert pf.runs is False and not pf.repack
@@ -241,8 +241,8 @@ def test_info_shows_the_preflight():
 
 @pytest.mark.slow
 def test_on_amx_hardware_the_probe_uses_the_amx_buffer():
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.preflight import preflight
+    from edgekv.calibration.baseline import runtime_baseline
+    from edgekv.calibration.preflight import preflight
 
     if "amx_int8" not in runtime_baseline().cpu_features:       # llama.cpp's own system info, read by a child
         pytest.skip("needs a CPU whose llama.cpp build has AMX_INT8")
@@ -259,7 +259,7 @@ TINY = {"n_prompt": 32, "n_gen": 8, "repetitions": 1, "n_threads": 2}
 def test_bench_falls_back_to_repack_0_when_the_preflight_saw_a_crash(smollm2_path, tmp_path, monkeypatch, capsys):
     """On a machine whose AMX kernels crash (the preflight's verdict stands in for that CPU here), bench says so
     before its plan and measures with --repack 0: on the first screen, in every record and in the report."""
-    import edgekv.orchestration.preflight as P
+    import edgekv.calibration.preflight as P
     from edgekv.cli.main import main
     from edgekv.output.inputs import load_many
     from edgekv.output.report import write_report
@@ -288,12 +288,12 @@ def test_bench_falls_back_to_repack_0_when_the_preflight_saw_a_crash(smollm2_pat
 
 
 def test_repack_sweeps_like_flash_attn_and_is_a_key_setting(smollm2_path, tmp_path):
-    from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.llamabench import argv_for
-    from edgekv.orchestration.preflight import preflight
-    from edgekv.orchestration.sweep import run_sweep
-    from edgekv.orchestration.sweepspec import sweep_spec
+    from edgekv.calibration.preflight import preflight
+    from edgekv.prediction.api import load_model
     from edgekv.records import results as R
+    from edgekv.sweep.llamabench import argv_for
+    from edgekv.sweep.run import run_sweep
+    from edgekv.sweep.spec import sweep_spec
 
     m = load_model(str(smollm2_path))
     spec = sweep_spec(model=m, contexts=[512], pairs=[("q4_0", "q4_0")], depths=[64], repack=[True, False], **TINY)
@@ -328,7 +328,7 @@ def test_compare_pairs_records_from_before_the_setting_with_repack_1(tmp_path):
 
 
 def test_predict_says_when_the_default_would_crash_here(smollm2_path, monkeypatch, capsys):
-    import edgekv.orchestration.preflight as P
+    import edgekv.calibration.preflight as P
     from edgekv.cli.main import main
 
     crashed = P.verdict(False, signal.SIGSEGV, "batch2", {"AMX": 0.66}, None)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from edgekv.core.predict import MIB
-from edgekv.orchestration.api import load_model
-from edgekv.orchestration.sweep import run_sweep
-from edgekv.orchestration.sweepspec import sweep_spec
+from edgekv.prediction.api import load_model
 from edgekv.records import results as R
 from edgekv.records.frame import frame_rows
+from edgekv.sweep.run import run_sweep
+from edgekv.sweep.spec import sweep_spec
 
 TINY = {"n_prompt": 32, "n_gen": 8, "repetitions": 2, "n_threads": 2}
 
@@ -115,7 +115,7 @@ def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
     schema; a cache type llama-bench does not accept is a skip, not a crash.  The speed beside each measurement
     is predicted from a calibration measured through that same binary ('edgekv calibrate --llama-bench'), cached
     apart from llama-cpp-python's."""
-    from edgekv.orchestration.preflight import preflight
+    from edgekv.calibration.preflight import preflight
 
     # calibrate and bench follow that binary's own preflight when --repack is not given (its AMX kernels may crash)
     rp_on = preflight("binary", str(llama_bench_exe)).repack
@@ -132,7 +132,7 @@ def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
     # the tiled kernel deep in the cache, through the same binary (-d 4096,8192,4096 on a one-layer model)
     assert set(c["attn_pp_deep_s"]) == {k for k in c["attn_tg_s"] if k.startswith("f16/f16/") and "@" in k}
     assert c["attn_pp_deep_s"] and all(v > 0 for v in c["attn_pp_deep_s"].values())
-    from edgekv.orchestration.speedcal import cached
+    from edgekv.calibration.speedcal import cached
 
     assert cached(2, rp_on, str(llama_bench_exe)).id == c["id"]
     py = cached(2, rp_on)                                # llama-cpp-python's calibration is another one
@@ -177,7 +177,7 @@ def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
     assert recs[("f16",)]["memory"]["peak_rss_bytes"] > recs[("q4_0",)]["memory"]["peak_rss_bytes"]
     # predict --llama-bench: the speed from the same binary's calibration (cached above, not measured again), the
     # process over that binary's own runtime baseline
-    from edgekv.orchestration.sweepplan import binary_baseline
+    from edgekv.sweep.predictions import binary_baseline
 
     p = subprocess.run([sys.executable, "-m", "edgekv.cli", "predict", str(smollm2_path), "-c", "1024", "-ctk", "f16,q4_0",
                         "--llama-bench", str(llama_bench_exe), "-t", "2", "--json"],

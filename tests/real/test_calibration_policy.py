@@ -53,8 +53,8 @@ def test_predict_speed_measures_within_its_deadline(tmp_path, smollm2_path):
 
 
 def test_a_second_process_waits_for_the_first_and_gives_up_at_its_deadline(tmp_path, smollm2_path, monkeypatch):
-    from edgekv.orchestration.callock import measuring
-    from edgekv.orchestration.speedpredict import SPEED_LOCK
+    from edgekv.calibration.lock import measuring
+    from edgekv.prediction.speed import SPEED_LOCK
 
     monkeypatch.setenv("EDGEKV_HOME", str(tmp_path))
     with measuring(SPEED_LOCK):             # "another edgekv process" measuring this machine's speed

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from edgekv.edges.childside import EMULATE_CRASH_ENV
+from edgekv.runtime.childside import EMULATE_CRASH_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def _cli(home, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 def test_the_preflight_sees_the_crash_and_names_the_buffer_it_died_with(tmp_path, monkeypatch):
-    from edgekv.orchestration.preflight import preflight
+    from edgekv.calibration.preflight import preflight
 
     monkeypatch.setenv("EDGEKV_HOME", str(tmp_path))
     monkeypatch.setenv(EMULATE_CRASH_ENV, "1")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from edgekv.core.diagnose import diagnose, exit_status
-from edgekv.orchestration.api import load_model
-from edgekv.orchestration.sweep import run_sweep
-from edgekv.orchestration.sweepspec import sweep_spec
+from edgekv.prediction.api import load_model
+from edgekv.sweep.run import run_sweep
+from edgekv.sweep.spec import sweep_spec
 
 TINY = {"n_prompt": 32, "n_gen": 8, "repetitions": 1, "n_threads": 2}
 AMX_LOG = Path(__file__).parents[1] / "data" / "amx" / "amx-load-SmolLM2-135M-Instruct.Q4_1-amx-on.log"
@@ -70,7 +70,7 @@ def test_the_recorded_amx_crash_is_recognised():
 
 
 def test_oom_kills_are_read_from_the_kernels_counters(tmp_path):
-    from edgekv.edges.sampler import oom_kill_count
+    from edgekv.runtime.sampler import oom_kill_count
 
     proc, cg = tmp_path / "proc", tmp_path / "cg"
     (proc / "self").mkdir(parents=True)
@@ -132,7 +132,7 @@ def test_quality_exits_1_when_nothing_was_measured(smollm2_path, capsys):
 def test_readers_take_the_newest_record_per_configuration(tmp_path):
     """Issue 27 point 8: a rerun appends a retried configuration's new record after the failed one (history stays in
     the file) and readers take the newest per configuration.  The sweep's retry itself is proven on replayed runs
-    (tests/unit/orchestration/test_replay.py)."""
+    (tests/unit/sweep/test_replay.py)."""
     import json
 
     from edgekv.output.inputs import load_any

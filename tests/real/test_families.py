@@ -17,10 +17,10 @@ import pytest
 
 from edgekv.core.formula import formula_block
 from edgekv.core.predict import STATUS_OK, ContextParams, predict
-from edgekv.edges.engine import EngineSession
 from edgekv.errors import EngineError, MetadataError
-from edgekv.orchestration.api import load_model
-from edgekv.orchestration.crosscheck import compare
+from edgekv.prediction.api import load_model
+from edgekv.prediction.crosscheck import compare
+from edgekv.runtime.engine import EngineSession
 from tests.tiny.writer import write_spec
 
 pytestmark = pytest.mark.slow      # every test drives llama.cpp's dry run or the CLI on generated models
@@ -297,7 +297,7 @@ def test_a_cache_kind_edgekv_does_not_know_shows_llama_cpp_figures(family_dir, c
     assert e["ok"] and e["match"] is None and e["total_caches_from"] == "llama.cpp"
     # llama.cpp's two cache lines (main + indexer), as it printed them; the formula's bytes for the real rule
     monkeypatch.undo()
-    from edgekv.orchestration.api import load_model
+    from edgekv.prediction.api import load_model
 
     real = predict(load_model(str(path)).shape, ContextParams(n_ctx=8192))
     assert [c["role"] for c in e["caches"]] == ["main", "indexer"]

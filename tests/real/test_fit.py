@@ -8,7 +8,7 @@ import sys
 import time
 
 from edgekv.core.fit import MIB, fits, margin, unfit_reason
-from edgekv.edges.machine_memory import Available, available_memory
+from edgekv.machine.memory import Available, available_memory
 
 
 def _fake(tmp_path, meminfo_kb: int, cgroup: str | None, files: dict[str, str]):
@@ -66,7 +66,7 @@ def test_bench_skips_what_will_not_fit_and_exits_1_within_seconds(smollm2_path, 
 
 
 def test_a_low_reading_skips_and_force_runs_it(smollm2_path, tmp_path, monkeypatch, capsys):
-    import edgekv.edges.machine_memory as MM
+    import edgekv.machine.memory as MM
     from edgekv.cli.main import main
 
     # above the watchdog's 256 MiB floor, below the predicted peak + 256 MiB margin
@@ -81,10 +81,10 @@ def test_the_watchdog_stops_a_configuration_when_memory_runs_out_and_the_sweep_g
                                                                                        monkeypatch):
     """Point 3: the machine's available memory falls below the floor while a configuration runs (a fake reading:
     this test must not endanger the machine): the child is stopped, the record says why, the next one runs."""
-    import edgekv.edges.machine_memory as MM
-    from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.sweep import run_sweep
-    from edgekv.orchestration.sweepspec import sweep_spec
+    import edgekv.machine.memory as MM
+    from edgekv.prediction.api import load_model
+    from edgekv.sweep.run import run_sweep
+    from edgekv.sweep.spec import sweep_spec
 
     real = MM.available_memory
     state = {"case": -1, "fill": False, "fired": False}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from edgekv.edges.gguf_header import MAX_KEPT_STRING_BYTES, read_header_file
 from edgekv.errors import GGUFFormatError
+from edgekv.sources.gguf_header import MAX_KEPT_STRING_BYTES, read_header_file
 from tests.tiny.writer import write_spec
 
 SPEC = json.loads((Path(__file__).parents[1] / "tiny" / "specs.json").read_text())["families"]["llama-gqa"]
@@ -110,7 +110,7 @@ def test_absurd_declarations_are_refused_before_walking(tmp_path, name, data, wo
 _RSS_CHILD = """
 import resource, sys
 from edgekv.errors import GGUFFormatError
-from edgekv.edges.gguf_header import read_header_file
+from edgekv.sources.gguf_header import read_header_file
 try:
     read_header_file(sys.argv[1])
     print("read", end=" ")
@@ -131,7 +131,7 @@ def test_many_large_strings_are_bounded_in_memory(tmp_path):
             f.write(_s(f"k{i}".encode()) + struct.pack("<IQ", 8, size))
             f.seek(size, 1)     # a hole: the string's bytes
         f.write(b"\0")
-    baseline = subprocess.run([sys.executable, "-c", "import resource, edgekv.edges.gguf_header; "
+    baseline = subprocess.run([sys.executable, "-c", "import resource, edgekv.sources.gguf_header; "
                                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
                               capture_output=True, text=True, check=True)
     r = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(p)], capture_output=True, text=True, timeout=120)

@@ -48,7 +48,7 @@ def test_predict_engine_still_runs_on_it_and_warns(cli, cut_smollm2):
 
 
 def test_complete_files_and_remote_header_caches_say_nothing(smollm2_path, cut_smollm2):
-    from edgekv.orchestration.api import load_model
+    from edgekv.prediction.api import load_model
 
     assert load_model(str(smollm2_path)).incomplete is None
     m = load_model(str(cut_smollm2))

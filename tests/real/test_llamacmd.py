@@ -30,9 +30,9 @@ def test_predict_prints_it_with_v_and_carries_it_in_json(smollm2_path, cli):
 
 
 def test_every_bench_record_carries_it(smollm2_path, tmp_path):
-    from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.sweep import run_sweep
-    from edgekv.orchestration.sweepspec import sweep_spec
+    from edgekv.prediction.api import load_model
+    from edgekv.sweep.run import run_sweep
+    from edgekv.sweep.spec import sweep_spec
 
     m = load_model(str(smollm2_path))
     spec = sweep_spec(model=m, contexts=[512], pairs=[("q4_0", "q4_0")], depths=[64], n_prompt=16, n_gen=4,

@@ -10,10 +10,10 @@ import subprocess
 import pytest
 
 from edgekv.core.predict import MIB, ContextParams, predict
-from edgekv.orchestration.api import load_model
-from edgekv.orchestration.sweep import run_sweep
-from edgekv.orchestration.sweepspec import sweep_spec
+from edgekv.prediction.api import load_model
 from edgekv.records import results as R
+from edgekv.sweep.run import run_sweep
+from edgekv.sweep.spec import sweep_spec
 
 TINY = {"n_prompt": 32, "n_gen": 8, "repetitions": 2, "n_threads": 2}
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from edgekv.cli.main import main
-from edgekv.edges.corpus import resolve_corpus
-from edgekv.orchestration.quality import measure
+from edgekv.quality.run import measure
 from edgekv.records import results as R
+from edgekv.sources.corpus import resolve_corpus
 
 N_CTX = 128
 CHUNKS = 4
@@ -230,7 +230,7 @@ def _pass_with(monkeypatch, rows: list[dict]):
     from types import SimpleNamespace
 
     from edgekv.core.corpus import CorpusFile
-    from edgekv.orchestration import quality as Q
+    from edgekv.quality import run as Q
 
     res = SimpleNamespace(events=[], ok=True, peak_rss_bytes=2**20, kernel_maxrss_bytes=None,
                           result={"rows": rows, "n_tokens": 5000, "add_bos": False, "n_vocab": 49152,
@@ -292,10 +292,10 @@ def test_sweep_provider_returns_typed_quality(monkeypatch):
 
     from edgekv.core.predict import ContextParams
     from edgekv.errors import RunFailed
-    from edgekv.orchestration import quality as Q
-    from edgekv.orchestration.listener import QuietListener
-    from edgekv.orchestration.sweepspec import bench_settings, quality_settings
+    from edgekv.quality import run as Q
     from edgekv.records import schema as S
+    from edgekv.sweep.listener import QuietListener
+    from edgekv.sweep.spec import bench_settings, quality_settings
 
     calls = []
 

@@ -7,10 +7,10 @@ import itertools
 import pytest
 
 from edgekv.core.predict import STATUS_OK, ContextParams, predict
-from edgekv.edges.engine import EngineSession
 from edgekv.errors import EngineError
-from edgekv.orchestration.api import load_model
-from edgekv.orchestration.crosscheck import compare
+from edgekv.prediction.api import load_model
+from edgekv.prediction.crosscheck import compare
+from edgekv.runtime.engine import EngineSession
 
 pytestmark = pytest.mark.slow      # the two real models through llama.cpp (fixtures taken by name)
 

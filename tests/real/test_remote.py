@@ -17,11 +17,11 @@ from conftest import GEMMA_FILE, GEMMA_REPO, SMOL_FILE, SMOL_REPO, SPLIT_REPO
 
 from edgekv.cli.main import main
 from edgekv.core.predict import ContextParams, predict
-from edgekv.edges.engine import EngineSession
-from edgekv.edges.remote import FIRST_RANGE_BYTES
 from edgekv.errors import SourceError, UsageError
-from edgekv.orchestration.api import load_model
-from edgekv.orchestration.crosscheck import compare, engine_lines
+from edgekv.prediction.api import load_model
+from edgekv.prediction.crosscheck import compare, engine_lines
+from edgekv.runtime.engine import EngineSession
+from edgekv.sources.remote import FIRST_RANGE_BYTES
 
 MODELS = {
     "smollm2": (SMOL_REPO, SMOL_FILE, "smollm2_path"),
@@ -264,9 +264,9 @@ license = "apache-2.0"
 
 
 def test_pull_downloads_verifies_and_resumes(remote, smollm2_path, tmp_path, monkeypatch, capsys):
-    from edgekv.edges.home import verified_sha256
-    from edgekv.edges.registry import load_registry
-    from edgekv.edges.sources import resolve_model
+    from edgekv.sources.home import verified_sha256
+    from edgekv.sources.registry import load_registry
+    from edgekv.sources.resolve import resolve_model
 
     sha = verified_sha256(smollm2_path)
     _registry(tmp_path, monkeypatch, sha, remote.smol_commit)
@@ -312,7 +312,7 @@ def test_pull_offline_says_what_is_missing(remote, smollm2_path, tmp_path, monke
 
 
 def test_registry_name_reads_the_header_when_weights_are_not_local(remote, smollm2_path, tmp_path, monkeypatch):
-    from edgekv.edges.home import verified_sha256
+    from edgekv.sources.home import verified_sha256
 
     _registry(tmp_path, monkeypatch, verified_sha256(smollm2_path), remote.smol_commit)
     m = load_model("smol")

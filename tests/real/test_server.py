@@ -1,4 +1,4 @@
-"""edgekv.edges.server against the real llama-server (built from the vendored tree) on the real SmolLM2 model."""
+"""edgekv.runtime.server against the real llama-server (built from the vendored tree) on the real SmolLM2 model."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ import pytest
 
 from edgekv.core.llamalog import parse_memory_log
 from edgekv.core.predict import ContextParams, llama_mib, predict
-from edgekv.edges.engine import EngineResult
-from edgekv.edges.server import (
+from edgekv.errors import EngineError, UsageError
+from edgekv.prediction.api import load_model
+from edgekv.prediction.crosscheck import compare
+from edgekv.runtime.engine import EngineResult
+from edgekv.runtime.server import (
     AllRequestsFailed,
     ServerProcess,
     check_local,
@@ -28,9 +31,6 @@ from edgekv.edges.server import (
     server_argv,
     server_flags,
 )
-from edgekv.errors import EngineError, UsageError
-from edgekv.orchestration.api import load_model
-from edgekv.orchestration.crosscheck import compare
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {"n_ctx": 1024, "n_parallel": 2, "type_k": "f16", "type_v": "f16", "flash_attn": "auto", "n_threads": 2,
@@ -72,8 +72,8 @@ def _gone(pid: int, within_s: float) -> bool:
 def running() -> dict:
     """SETTINGS for a server that decodes: with the CPU backend's extra buffers only where their kernels run here (the
     server's warm-up already decodes a batch of two; on a CPU whose AMX kernels crash it would die there, see
-    ../shared/reference/amx.md): edgekv bench decides the same way (edgekv.orchestration.preflight)."""
-    from edgekv.orchestration.preflight import preflight
+    ../shared/reference/amx.md): edgekv bench decides the same way (edgekv.calibration.preflight)."""
+    from edgekv.calibration.preflight import preflight
 
     return {**SETTINGS, "repack": preflight().repack}
 
@@ -201,7 +201,7 @@ def test_an_exception_inside_the_with_stops_the_server(llama_server_exe, smollm2
 
 
 def test_a_server_deaf_to_sigterm_is_killed(monkeypatch, llama_server_exe, smollm2_path, running):
-    import edgekv.edges.server as server_mod
+    import edgekv.runtime.server as server_mod
 
     monkeypatch.setattr(server_mod, "STOP_GRACE_S", 0.5)
     with ServerProcess(llama_server_exe, smollm2_path, running, env=_env(llama_server_exe)) as srv:
@@ -213,7 +213,7 @@ def test_a_server_deaf_to_sigterm_is_killed(monkeypatch, llama_server_exe, smoll
 def test_a_port_taken_meanwhile_is_retried(monkeypatch, llama_server_exe, smollm2_path, running):
     import socket
 
-    import edgekv.edges.server as server_mod
+    import edgekv.runtime.server as server_mod
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -230,7 +230,7 @@ def test_a_port_taken_meanwhile_is_retried(monkeypatch, llama_server_exe, smollm
 def test_the_server_dies_with_a_killed_edgekv(llama_server_exe, smollm2_path, running):
     script = textwrap.dedent("""
         import sys, time
-        from edgekv.edges.server import ServerProcess
+        from edgekv.runtime.server import ServerProcess
         from edgekv.core.llamalog import parse_memory_log
         srv = ServerProcess(sys.argv[1], sys.argv[2], {"n_ctx": 256, "n_parallel": 1, "type_k": "f16", "type_v": "f16",
                             "flash_attn": "auto", "n_threads": 1, "n_batch": 256, "n_ubatch": 256, "kv_unified": False,

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from edgekv.core.predict import MIB, ContextParams, predict
-from edgekv.orchestration.api import load_model
+from edgekv.prediction.api import load_model
 from tests.procs import default_signals
 
 ARGS = ["-c", "1024", "-p", "32", "-n", "8", "-r", "2", "-t", "2", "-ctk", "f16"]
@@ -148,8 +148,8 @@ def test_ctrl_c_stops_the_server(llama_server_exe, smollm2_path, tmp_path):
 def test_decode_of_all_requests_counts_only_the_time_all_of_them_decode():
     """The server prefills a late request between decode steps: the aggregate decode is taken from the last request's
     first token to the first request's last one, counting every request's tokens in that window."""
-    from edgekv.edges.server import RequestResult
-    from edgekv.orchestration.serving import all_decoding_rate
+    from edgekv.runtime.server import RequestResult
+    from edgekv.sweep.serving import all_decoding_rate
 
     def req(arrivals):
         return RequestResult(index=0, ok=True, reason=None, n_prompt=4, n_tokens=arrivals[-1][1], n_chunks=len(arrivals),

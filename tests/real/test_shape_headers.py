@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgekv.orchestration.api import load_model
+from edgekv.prediction.api import load_model
 from tests.headers import GEMMA3, SMOLLM2, TOKENIZER_ARRAYS, write_header
 
 

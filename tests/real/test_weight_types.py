@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from edgekv.core.predict import ContextParams
-from edgekv.edges.engine import EngineSession
 from edgekv.errors import GGUFFormatError
-from edgekv.orchestration.api import load_model
+from edgekv.prediction.api import load_model
+from edgekv.runtime.engine import EngineSession
 from tests.tiny.writer import write_spec
 
 SPECS = json.loads((Path(__file__).parents[1] / "tiny" / "specs.json").read_text())["families"]
@@ -49,7 +49,7 @@ def _patch_type(path: Path, tensor: str, new_type: int) -> None:
 
 def _llama_cpp_loads(path: Path) -> bool:
     """Does the vendored llama.cpp itself accept the file's tensor table (dry run, in a child process)?"""
-    code = ("import sys; from edgekv.edges.engine import DryRunner; r = DryRunner().load(sys.argv[1]); "
+    code = ("import sys; from edgekv.runtime.engine import DryRunner; r = DryRunner().load(sys.argv[1]); "
             "print('LOADED' if r['ok'] else 'REFUSED: ' + str(r.get('error')))")
     r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT)
     return "LOADED" in r.stdout

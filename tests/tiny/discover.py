@@ -604,7 +604,7 @@ CONTEXT_CHECKS = [
 
 def child(name: str, progress_path: str, seed_path: str | None = None) -> int:
     from edgekv.core.predict import ContextParams
-    from edgekv.edges.engine import DryRunner, model_params
+    from edgekv.runtime.engine import DryRunner, model_params
     from tests.tiny.writer import write_spec
 
     family = FAMILIES[name]
@@ -644,7 +644,7 @@ def child(name: str, progress_path: str, seed_path: str | None = None) -> int:
         shape = None
         if family["memory"] not in ("aborts", "unsupported"):
             from edgekv.core.predict import predict
-            from edgekv.orchestration.api import load_model
+            from edgekv.prediction.api import load_model
 
             shape = load_model(path).shape
         for c in CONTEXT_CHECKS if family["memory"] != "aborts" else []:

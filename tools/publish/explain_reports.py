@@ -28,24 +28,24 @@ import time
 from pathlib import Path
 
 from edgekv import __version__
+from edgekv.calibration.baseline import runtime_baseline
 from edgekv.core.memmodel import WORKLOAD_BENCH
 from edgekv.core.predict import ContextParams
 from edgekv.core.shape import MEMORY_KV
-from edgekv.edges.engine import EngineSession
-from edgekv.edges.home import verified_sha256
-from edgekv.orchestration.api import load_model
-from edgekv.orchestration.calibrate import runtime_baseline
-from edgekv.orchestration.procpredict import ProcessSettings, predict_processes
-from edgekv.orchestration.speedpredict import (
+from edgekv.prediction.api import load_model
+from edgekv.prediction.speed import (
     SpeedInputs,
     calibration_for,
     model_speed_shape,
     speed_block,
     with_graph,
 )
-from edgekv.orchestration.sweeprecord import attach_process, attach_speed
+from edgekv.prediction.wholeprocess import ProcessSettings, predict_processes
 from edgekv.records import results as R
 from edgekv.records import schema as S
+from edgekv.runtime.engine import EngineSession
+from edgekv.sources.home import verified_sha256
+from edgekv.sweep.record import attach_process, attach_speed
 from tools.publish.recount import recount
 
 ROOT = Path(__file__).resolve().parents[2]

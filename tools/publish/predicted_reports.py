@@ -218,9 +218,9 @@ def committed_speed(preds: str, committed: Path, header: Path | None = None) -> 
 
 def _recount(speed: dict, header: Path) -> None:
     """Each committed decode bound in ``speed`` ((n_ctx, K, V) -> prediction.speed) counted again for ``header``."""
-    from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.speedpredict import model_speed_shape
+    from edgekv.calibration.baseline import runtime_baseline
+    from edgekv.prediction.api import load_model
+    from edgekv.prediction.speed import model_speed_shape
     from tools.publish.recount import recount
 
     m = load_model(str(header))

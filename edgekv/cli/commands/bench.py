@@ -33,7 +33,7 @@ from edgekv.cli.flags import (
     UNIFIED_OPT,
 )
 from edgekv.cli.options import make_console, pick_model, print_json
-from edgekv.orchestration.sweepspec import bench_settings, engine_for, quality_settings
+from edgekv.sweep.spec import bench_settings, engine_for, quality_settings
 
 DEPTHS_OPT = typer.Option(None, "-d", "--n-depth", show_default=False,
                           help="KV depths to test at (default: context minus max(-p, -n)).")

@@ -12,9 +12,9 @@ import typer
 from edgekv.cli.flags import FA_OPT, JSON_OPT, PREDICT_REPACK_OPT, llama_bench_path, one_repack
 from edgekv.cli.options import make_console, parse_flash_attn, parse_type_list, print_json
 from edgekv.core.wire import to_wire
-from edgekv.edges.tinymodel import probe_model_path
 from edgekv.errors import UsageError
-from edgekv.orchestration.api import load_model
+from edgekv.prediction.api import load_model
+from edgekv.sources.tinymodel import probe_model_path
 
 CALIBRATE_TIMEOUT_OPT = typer.Option(600.0, "--calibration-timeout", metavar="SECONDS",
                                      help="Stop measuring after this long (nothing half-measured is cached).")
@@ -45,7 +45,7 @@ def info(
 
     The extra buffer types (AMX, CPU_REPACK) and whether their kernels run here (the preflight), each measured
     once per environment and cached."""
-    from edgekv.orchestration.machine import machine_info
+    from edgekv.calibration.info import machine_info
     from edgekv.output.views import render_info
 
     llama_bench_path(llama_bench)      # checked: an executable file
@@ -75,12 +75,12 @@ def calibrate(
     per environment, thread count and --repack; predict and bench use them)."""
     if export is not None or import_ is not None:
         return _move_calibrations(export, import_, as_json)
-    from edgekv.edges.environment import default_threads
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.callock import LockTimeout, measuring
-    from edgekv.orchestration.speedcal import CalibrationError
-    from edgekv.orchestration.speedcal import calibrate as run_calibration
-    from edgekv.orchestration.speedpredict import SPEED_LOCK
+    from edgekv.calibration.baseline import runtime_baseline
+    from edgekv.calibration.lock import LockTimeout, measuring
+    from edgekv.calibration.speedcal import CalibrationError
+    from edgekv.calibration.speedcal import calibrate as run_calibration
+    from edgekv.machine.environment import default_threads
+    from edgekv.prediction.speed import SPEED_LOCK
 
     if threads < 0:
         raise UsageError("-t/--threads must be 0 (physical cores) or more")
@@ -119,10 +119,10 @@ def calibrate(
 
 
 def _repack(asked: bool | None, llama_bench: str | None, con) -> bool:
-    """The --repack a calibration measures with: the one repack choice (edgekv.orchestration.preflight.repack_choice:
+    """The --repack a calibration measures with: the one repack choice (edgekv.calibration.preflight.repack_choice:
     as asked, else llama.cpp's default unless the extra-buffer preflight saw those kernels crash here; then 0, said:
     a calibration must not start a child known to crash)."""
-    from edgekv.orchestration.preflight import repack_choice
+    from edgekv.calibration.preflight import repack_choice
 
     choice = repack_choice(None if asked is None else [asked], llama_bench, probe=asked is None)
     pf = choice.preflight
@@ -136,7 +136,7 @@ def _move_calibrations(export: Path | None, import_: Path | None, as_json: bool)
     """calibrate --export FILE / --import FILE: the calibration cache in one file, for a CI job to keep."""
     if export is not None and import_ is not None:
         raise UsageError("--export and --import: give one of them")
-    from edgekv.orchestration.speedcal import CalibrationError, export_calibrations, import_calibrations
+    from edgekv.calibration.speedcal import CalibrationError, export_calibrations, import_calibrations
 
     try:
         n = export_calibrations(export) if export is not None else import_calibrations(import_)
@@ -158,7 +158,7 @@ def _calibration_targets(model: str | None, feats: list[str], repack: bool, devi
     the generic attention model alone."""
     if not model:
         return [], [None], []
-    from edgekv.orchestration.speedpredict import model_speed_shape, weight_types
+    from edgekv.prediction.speed import model_speed_shape, weight_types
 
     sh = model_speed_shape(load_model(model), feats, repack, None, device)
     return weight_types(sh), sorted({lay.geometry for lay in sh.attn}), [sh.body] if device and sh.body else []
@@ -169,7 +169,7 @@ def _calibration_device(model: str | None, n_gpu_layers: int) -> str:
     or of edgekv's probe model); a usage error for a partial offload or a build with no GPU."""
     if n_gpu_layers == 0:
         return ""
-    from edgekv.orchestration.speedpredict import dry_run_device, offload_device
+    from edgekv.prediction.speed import dry_run_device, offload_device
 
     m = load_model(model or str(probe_model_path()))
     device, why = offload_device(n_gpu_layers, m.shape.n_layer, dry_run_device(m, n_gpu_layers))

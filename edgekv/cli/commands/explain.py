@@ -18,7 +18,7 @@ from edgekv.core.explainschema import report
 from edgekv.core.logconfig import read_bounded
 from edgekv.core.predict import ContextParams
 from edgekv.errors import UsageError
-from edgekv.orchestration.api import load_model
+from edgekv.prediction.api import load_model
 
 LOG_ARG = typer.Argument(..., metavar="LOG", show_default=False,
                          help="A llama.cpp log (llama-cli, llama-server, llama-bench -v, llama-cpp-python verbose=True); "
@@ -86,7 +86,7 @@ def _read(log: str):
 
 def _engine_compute(m, result: dict) -> None:
     """llama.cpp's dry run of the log's context on the CPU backend, beside the compute buffers the log printed."""
-    from edgekv.edges.engine import EngineSession
+    from edgekv.runtime.engine import EngineSession
 
     params = result["kv"].get("params")
     if params is None:

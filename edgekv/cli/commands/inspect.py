@@ -6,7 +6,7 @@ from typing import Optional
 
 from edgekv.cli.flags import JSON_OPT, MODEL_ARG, MODEL_OPT
 from edgekv.cli.options import make_console, model_notes, pick_model, print_json
-from edgekv.orchestration.api import load_model
+from edgekv.prediction.api import load_model
 
 
 def inspect(

@@ -7,10 +7,10 @@ import typer
 
 from edgekv.cli.flags import JSON_OPT
 from edgekv.cli.options import make_console, print_json
-from edgekv.edges.registry import load_registry
-from edgekv.edges.sources import pull_model
 from edgekv.errors import ModelNotFound
 from edgekv.output.models_view import list_dicts, pull_dict, render_list, render_pull, render_show, show_dict
+from edgekv.sources.registry import load_registry
+from edgekv.sources.resolve import pull_model
 
 models_app = typer.Typer(no_args_is_help=True, help="The models.toml registry: list, show, pull.")
 

@@ -54,11 +54,11 @@ from edgekv.cli.options import (
 from edgekv.core.fit import size
 from edgekv.core.memmodel import WORKLOADS
 from edgekv.core.predict import ContextParams
-from edgekv.edges.machine_memory import available_memory
 from edgekv.errors import UsageError
-from edgekv.orchestration.api import load_model, registry_sweep_defaults
-from edgekv.orchestration.plan import model_contexts
-from edgekv.orchestration.procpredict import ProcessSettings
+from edgekv.machine.memory import available_memory
+from edgekv.prediction.api import load_model, registry_sweep_defaults
+from edgekv.prediction.wholeprocess import ProcessSettings
+from edgekv.sweep.plan import model_contexts
 
 
 def predict(
@@ -94,7 +94,7 @@ def predict(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Exact KV-cache bytes from the GGUF header, the whole llama.cpp process's peak memory, its speed here."""
-    from edgekv.orchestration.predictrows import run_predict
+    from edgekv.prediction.rows import run_predict
 
     speed_flags, lb = _speed_flags(depth, min_tg, budget, kv_only, calibration_timeout), llama_bench_path(llama_bench)
     spec_name = pick_model(model, model_opt)
@@ -162,7 +162,7 @@ def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[
                      budget: Optional[str], workload: str, threads: int, no_mmap: bool, n_gpu_layers: int,
                      repack: Optional[str] = None):
     """predict's flags checked (one line naming the flag when one is wrong) and turned into a PredictRequest."""
-    from edgekv.orchestration.predictrows import PredictRequest
+    from edgekv.prediction.rows import PredictRequest
 
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
                        parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
@@ -186,7 +186,7 @@ def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[
 
 
 def _budget_bytes(budget: str) -> int:
-    """--budget SIZE, or ``auto``: the memory available now (edgekv.edges.machine_memory; said on stderr)."""
+    """--budget SIZE, or ``auto``: the memory available now (edgekv.machine.memory; said on stderr)."""
     if budget.strip().lower() != "auto":
         return parse_size(budget, "--budget")
     avail = available_memory()

@@ -58,7 +58,7 @@ def quality(
 
     llama-perplexity's method without its logits file: each chunk runs in the f16 and the candidate contexts side by side.
     """
-    from edgekv.orchestration.quality import QualityConfig, measure, quality_records, resolve_repack
+    from edgekv.quality.run import QualityConfig, measure, quality_records, resolve_repack
 
     ctxs = parse_int_list(ctx_size, "-c/--ctx-size", minimum=2)
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
@@ -143,7 +143,7 @@ class _Progress:
             return
         if self.bar is None:
             return
-        from edgekv.orchestration.quality import plan
+        from edgekv.quality.run import plan
 
         if ev.get("event") == "tokens":
             total = sum(plan(int(ev["n_tokens"]), n, self.n_batch, self.chunks)["n_chunk"] for n in self.ctxs)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from edgekv.calibration.speedcal.orchestrate import fills_on
 from edgekv.cli import benchrun
 from edgekv.core.probe import ProbeContext, ProbeModel, ProbeParams
-from edgekv.edges import load
-from edgekv.orchestration.speedcal.orchestrate import fills_on
+from edgekv.machine import load
 
 
 def _others(monkeypatch, cores: float, window_s: float = 0.5) -> None:

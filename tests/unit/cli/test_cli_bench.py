@@ -1,5 +1,5 @@
 """`edgekv bench` is a thin adapter: its flags become, by name, the Settings every configuration shares
-(orchestration.sweepspec.bench_settings) and cli.benchrun.BenchArgs (the grid's lists and how to run)."""
+(sweep.spec.bench_settings) and cli.benchrun.BenchArgs (the grid's lists and how to run)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from msgspec import UNSET
 from edgekv.cli import benchrun
 from edgekv.cli.commands.bench import bench
 from edgekv.cli.main import main
-from edgekv.orchestration.sweepspec import SweepSpec, quality_settings, sweep_spec
+from edgekv.sweep.spec import SweepSpec, quality_settings, sweep_spec
 
 FLAGS = set(inspect.signature(bench).parameters) - {"model", "model_opt", "as_json"}
 

@@ -16,10 +16,10 @@ import pytest
 
 from edgekv.cli.main import main
 from edgekv.core.stats import summarize
-from edgekv.orchestration import plan as P
 from edgekv.output.compare import compare_records, parse_thresholds, render_markdown
 from edgekv.output.inputs import load_any
 from edgekv.records import schema as S
+from edgekv.sweep import plan as P
 
 DATA = Path(__file__).parents[2] / "data"
 FIXTURE = DATA / "smollm2-sweep.jsonl"
@@ -33,7 +33,7 @@ def records():
 
 
 def load_block(busy: bool, share: float) -> dict:
-    """A ``load`` block of the shape edgekv.edges.load.LoadMonitor.stop writes (its windows left empty: test data)."""
+    """A ``load`` block of the shape edgekv.machine.load.LoadMonitor.stop writes (its windows left empty: test data)."""
     return {"cpus": 2, "before": {}, "during": {}, "threshold_share": 0.1, "busy": busy, "others_share_max": share}
 
 
@@ -70,7 +70,7 @@ def test_ctx_typo_is_refused_with_the_right_flag(capsys):
 # -- point 7: one rule for default contexts -------------------------------------------------------------------
 
 def test_predict_default_contexts_are_the_models_and_within_its_trained_context(capsys, smollm2_path):
-    from edgekv.orchestration.api import load_model, registry_sweep_defaults
+    from edgekv.prediction.api import load_model, registry_sweep_defaults
 
     assert main(["predict", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -157,7 +157,7 @@ def test_compare_refuses_significance_on_busy_rows_unless_forced(records):
 
 @pytest.mark.slow
 def test_load_monitor_sees_a_busy_loop(tmp_path):
-    from edgekv.edges.load import LoadMonitor
+    from edgekv.machine.load import LoadMonitor
 
     m = LoadMonitor(before_s=0.2)
     m.start()
@@ -179,7 +179,7 @@ def test_load_monitor_sees_a_busy_loop(tmp_path):
 def test_a_window_too_short_for_the_os_clock_has_no_share(monkeypatch):
     """A configuration llama.cpp refuses at once closes its window within milliseconds, where one 10 ms tick of the
     OS's CPU time read as several cores: such a window has no share and does not make the record busy."""
-    from edgekv.edges import load
+    from edgekv.machine import load
 
     ticks = iter([100.0, 100.01])
     monkeypatch.setattr(load, "_busy_cpu_s", lambda: next(ticks))
@@ -248,7 +248,7 @@ def test_same_machine_history_reads_typed_records(tmp_path):
 
 
 def test_case_done_attaches_typed_load_and_plan_blocks():
-    """The tracker sets ``load`` (edgekv.edges.load's dict, converted) and ``plan`` as the schema's blocks; they encode
+    """The tracker sets ``load`` (edgekv.machine.load's dict, converted) and ``plan`` as the schema's blocks; they encode
     to the keys, values and order the dicts had."""
     class Monitor:
         def stop(self) -> dict:

@@ -85,7 +85,7 @@ def test_predict_device_metal_counts_the_mapping_once():
     """predict --device metal: the weights are "weights (mmap)" once; this CPU's unmapping after load is not a Mac's."""
     from types import SimpleNamespace as NS
 
-    from edgekv.orchestration.devicefit import metal_rows
+    from edgekv.prediction.devicefit import metal_rows
 
     parts = [NS(name="weights (mmap)", bytes=1000), NS(name="weights (mmap) unmapped after loading", bytes=-900),
              NS(name="weights (CPU_REPACK copy)", bytes=900), NS(name="KV cache", bytes=100),

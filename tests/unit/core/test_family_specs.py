@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgekv.errors import MetadataError
-from edgekv.orchestration.api import load_model
+from edgekv.prediction.api import load_model
 from tests.tiny.writer import write_spec
 
 SPECS = json.loads((Path(__file__).parents[2] / "tiny" / "specs.json").read_text())["families"]

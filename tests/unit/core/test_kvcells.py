@@ -23,7 +23,7 @@ os.environ["LLAMA_KV_CACHE_DEBUG"] = "2"
 import llama_cpp as L
 from edgekv.child.tokens import TokenRunner as _Runner
 from edgekv.core.predict import ContextParams
-from edgekv.edges.engine import LogCapture, context_params, model_params
+from edgekv.runtime.engine import LogCapture, context_params, model_params
 
 path, cases, repack = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
 cap = LogCapture()
@@ -117,7 +117,7 @@ def test_attn_units_count_the_ring_for_standard_windows_only():
 def test_the_ring_is_llama_cpps(gemma3_path: Path):
     """The positions of every cell of Gemma 3's sliding-window cache after prompts that wrap the ring (ubatches of 512
     and of 256 tokens: 1024 and 768 cells) and a few decoded tokens are llama.cpp's own."""
-    from edgekv.orchestration.preflight import preflight
+    from edgekv.calibration.preflight import preflight
 
     cases = [(1600, 512, 3, False), (1600, 512, 3, True), (2048, 512, 2, True), (1000, 256, 5, False),
              (1000, 256, 5, True)]

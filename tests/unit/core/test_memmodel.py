@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from edgekv.calibration import baseline as calibrate
 from edgekv.cli.main import main
 from edgekv.core.memmodel import (
     SRC_CALIBRATION,
@@ -23,8 +24,7 @@ from edgekv.core.memmodel import (
     workload_outputs,
 )
 from edgekv.core.predict import MIB, ContextParams
-from edgekv.orchestration import calibrate
-from edgekv.orchestration.api import load_model
+from edgekv.prediction.api import load_model
 from edgekv.records import results as R
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -154,7 +154,7 @@ def test_gpu_runtime_is_a_part_on_each_side():
 
 
 def test_device_runtime_from_probe_readings():
-    from edgekv.orchestration.calibrate import device_runtime_from_probe
+    from edgekv.calibration.baseline import device_runtime_from_probe
 
     res = {"readings": {"init": {"rss": 100 * MIB, "process_nvml": None},
                         "decode": {"rss": 260 * MIB, "process_nvml": 700 * MIB}},
@@ -293,8 +293,8 @@ def test_unknown_workload_is_one_line(capsys):
 # -- measured: a real run against its prediction ---------------------------------------------------------
 
 def test_bench_record_carries_prediction_and_residual(tmp_path, smollm2_path):
-    from edgekv.orchestration.sweep import run_sweep
-    from edgekv.orchestration.sweepspec import sweep_spec
+    from edgekv.sweep.run import run_sweep
+    from edgekv.sweep.spec import sweep_spec
 
     m = load_model(str(smollm2_path))
     spec = sweep_spec(model=m, contexts=[1024], pairs=[("q8_0", "q8_0")], n_prompt=512, n_gen=8, repetitions=1,
@@ -314,8 +314,8 @@ def test_bench_without_flash_attention_counts_the_scores_work_buffer(tmp_path, s
     """-fa off over 1536 cells of depth filled in ubatches of 512: the work buffer grows to the scores converted for
     V (1536 x 512 x 9 heads in f16, 13.5 MiB; the weights' activations need 0.9), measured within 3 % and 8 MiB as
     the flash-attention runs are (it was 15.6 MiB under at depth 2048 before it was modelled)."""
-    from edgekv.orchestration.sweep import run_sweep
-    from edgekv.orchestration.sweepspec import sweep_spec
+    from edgekv.sweep.run import run_sweep
+    from edgekv.sweep.spec import sweep_spec
 
     m = load_model(str(smollm2_path))
     spec = sweep_spec(model=m, contexts=[2048], pairs=[("f16", "f16")], n_prompt=64, n_gen=4, repetitions=1,
@@ -329,8 +329,8 @@ def test_bench_without_flash_attention_counts_the_scores_work_buffer(tmp_path, s
 
 
 def test_bench_no_mmap_is_anonymous(tmp_path, smollm2_path):
-    from edgekv.orchestration.sweep import run_sweep
-    from edgekv.orchestration.sweepspec import sweep_spec
+    from edgekv.sweep.run import run_sweep
+    from edgekv.sweep.spec import sweep_spec
 
     m = load_model(str(smollm2_path))
     spec = sweep_spec(model=m, contexts=[1024], pairs=[("f16", "f16")], n_prompt=512, n_gen=8, repetitions=1,
@@ -378,7 +378,7 @@ def test_v2_record_with_process_roundtrips(tmp_path):
 
 def _shape(tmp_path):
     """The shape of a small llama header (no llama.cpp: the cache formula only)."""
-    from edgekv.edges.tinymodel import write_llama
+    from edgekv.sources.tinymodel import write_llama
 
     path = tmp_path / "shape.gguf"
     if not path.exists():
@@ -389,7 +389,7 @@ def _shape(tmp_path):
 def test_context_params_untouched(tmp_path):
     # the workload graph is a separate dry run: the configuration itself is what the user asked for
     from edgekv.core.predict import predict
-    from edgekv.orchestration.procpredict import ProcessSettings, workload_graphs
+    from edgekv.prediction.wholeprocess import ProcessSettings, workload_graphs
 
     c = ContextParams(n_ctx=4096)
     pred = predict(_shape(tmp_path), c)
@@ -406,7 +406,7 @@ def test_workload_graphs_are_the_ubatches_the_run_computes(tmp_path):
     tokens over 1536 cells (src/llama-kv-cache.cpp get_n_kv: the cells a ubatch attends over end at its last
     position, padded to 256); at -ub 512 and depth 1536 the fill's last full ubatch does reach every cell."""
     from edgekv.core.predict import predict
-    from edgekv.orchestration.procpredict import ProcessSettings, largest_compute, workload_graphs
+    from edgekv.prediction.wholeprocess import ProcessSettings, largest_compute, workload_graphs
 
     st = ProcessSettings(n_prompt=64, n_gen=16, n_depth=1472)
     c = ContextParams(n_ctx=1536, n_ubatch=256)
@@ -436,7 +436,7 @@ def test_workload_graphs_are_the_ubatches_the_run_computes(tmp_path):
 
 def test_llama_bench_depth_state_copy(smollm2_header, gemma3_header):
     from edgekv.core.predict import predict
-    from edgekv.orchestration.procpredict import state_seq_bytes
+    from edgekv.prediction.wholeprocess import state_seq_bytes
 
     smol = load_model(str(smollm2_header)).shape
     # 30 layers x (K + V) x 3 heads x 64 x f16, per cell, plus 12 bytes of cell metadata
@@ -467,8 +467,8 @@ def test_device_weights_match_llama_cpp_cuda_buffer(smollm2_header):
 def test_llama_bench_process_predicted(llama_bench_exe, smollm2_path, tmp_path, monkeypatch):
     """--llama-bench: the prediction is made over the binary's own baseline (measured once, cached) and counts the
     depth state llama-bench keeps in memory; the measured peak of its two processes lands within the target."""
-    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, run_sweep
-    from edgekv.orchestration.sweepspec import sweep_spec
+    from edgekv.sweep.run import ENGINE_LLAMA_BENCH, run_sweep
+    from edgekv.sweep.spec import sweep_spec
 
     monkeypatch.setenv("EDGEKV_HOME", str(tmp_path / "home"))
     m = load_model(str(smollm2_path))
@@ -512,7 +512,7 @@ def test_binary_baseline_is_read_before_the_model(tmp_path):
     # any program that opens its "model": it waits on the FIFO, its RSS is read there, then it is let go
     import sys
 
-    from edgekv.edges.process import rss_before_model
+    from edgekv.runtime.process import rss_before_model
 
     rss, why = rss_before_model(lambda model: [sys.executable, "-S", "-c", "import sys; open(sys.argv[1]).read()", model])
     assert rss is not None, why
@@ -523,7 +523,7 @@ def test_binary_baseline_is_read_before_the_model(tmp_path):
 
 def test_state_file_read_buffer(gemma3_header, smollm2_header):
     from edgekv.core.predict import predict
-    from edgekv.orchestration.procpredict import state_read_buffer_bytes
+    from edgekv.prediction.wholeprocess import state_read_buffer_bytes
 
     gem = load_model(str(gemma3_header)).shape
     # the largest single read: a full-attention layer's K rows for the 3584 saved cells (1 KV head x 256 x f16)
@@ -540,10 +540,10 @@ def test_a_repacked_tail_is_unmapped_before_the_context(engine, request, tmp_pat
     (llama-model-loader.cpp unmap_fragment): a Q4_K output.weight at the end of the file is repacked, so its 18 MiB
     of file pages are read while loading and gone before the context exists.  The predicted peak is the process
     after that (a context larger than those pages) and lands within the target where counting the pages misses."""
-    from edgekv.edges.tinymodel import write_llama
-    from edgekv.orchestration.preflight import preflight
-    from edgekv.orchestration.sweep import ENGINE_LLAMA_BENCH, run_sweep
-    from edgekv.orchestration.sweepspec import sweep_spec
+    from edgekv.calibration.preflight import preflight
+    from edgekv.sources.tinymodel import write_llama
+    from edgekv.sweep.run import ENGINE_LLAMA_BENCH, run_sweep
+    from edgekv.sweep.spec import sweep_spec
 
     if "avx2" not in calibrate.runtime_baseline().cpu_features or not preflight().repack:
         pytest.skip("needs llama.cpp's CPU_REPACK of Q4_K (an AVX2 build whose extra buffers run here)")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from edgekv.core.predict import ContextParams, llama_mib, predict
-from edgekv.orchestration.api import load_model
+from edgekv.prediction.api import load_model
 from tests.tiny.writer import write_gguf
 
 

@@ -1,4 +1,4 @@
-"""The speed model (edgekv.core.speed), its calibration (edgekv.orchestration.speedcal) and where they show:
+"""The speed model (edgekv.core.speed), its calibration (edgekv.calibration.speedcal) and where they show:
 predict's columns and --json, bench's records and lines, edgekv calibrate.
 
 The calibration runs for real once per suite (the calibration folder is shared by the suite's homes); how close
@@ -17,6 +17,12 @@ from pathlib import Path
 import pytest
 from msgspec.structs import replace as with_
 
+from edgekv.calibration import speedcal as S
+from edgekv.calibration.baseline import write_json
+from edgekv.calibration.speedcal import orchestrate as O
+from edgekv.calibration.speedcal import plans as P
+from edgekv.calibration.speedcal import solve as V
+from edgekv.calibration.speedcal import store as ST
 from edgekv.cli.main import main
 from edgekv.core.llamalog import parse_graph_line, parse_memory_log
 from edgekv.core.probe import ProbeResult, median_s
@@ -32,15 +38,9 @@ from edgekv.core.speed import (
     ubatches,
 )
 from edgekv.core.wire import to_wire
-from edgekv.edges.home import edgekv_home
-from edgekv.edges.tinymodel import drop_plan_models, plan_headers
-from edgekv.orchestration import speedcal as S
-from edgekv.orchestration.api import load_model
-from edgekv.orchestration.calibrate import write_json
-from edgekv.orchestration.speedcal import orchestrate as O
-from edgekv.orchestration.speedcal import plans as P
-from edgekv.orchestration.speedcal import solve as V
-from edgekv.orchestration.speedcal import store as ST
+from edgekv.prediction.api import load_model
+from edgekv.sources.home import edgekv_home
+from edgekv.sources.tinymodel import drop_plan_models, plan_headers
 
 # -- llama.cpp's graph line (llama-context.cpp:754) -------------------------------------------------------------
 
@@ -199,7 +199,7 @@ def test_the_attention_calibration_evicts_the_cpu_caches_between_tokens(monkeypa
     shape = P.evict_shape("h9kv3k64v64")
     assert shape["n_vocab"] == P.evict_vocab(g, 16 << 20) and shape["embd_type"] == "Q8_0"
     assert {k: v for k, v in shape.items() if k not in ("n_vocab", "embd_type")} == P.geometry_shape("h9kv3k64v64")
-    from edgekv.edges.gguf_header import read_header_file
+    from edgekv.sources.gguf_header import read_header_file
 
     def head(m):
         return next(t for t in read_header_file(m.model_path).tensors if t.name == "output.weight").n_bytes
@@ -239,7 +239,7 @@ def test_the_attention_calibration_evicts_the_cpu_caches_between_tokens(monkeypa
 
 
 def test_the_last_level_cache_is_the_os_s_figure(tmp_path, monkeypatch):
-    from edgekv.edges import environment
+    from edgekv.machine import environment
 
     for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"),
                                              (3, "Unified", "32768K")]):
@@ -734,7 +734,7 @@ def _own_home(monkeypatch, tmp_path) -> None:
 
 def _quiet(monkeypatch, busy: bool = False) -> None:
     """The LoadMonitor sees a quiet machine (or, ``busy``, other work on 60 % of the CPUs)."""
-    from edgekv.edges import load as L
+    from edgekv.machine import load as L
 
     monkeypatch.setattr(L.LoadMonitor, "start", lambda self: None)
     monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": busy, "others_share_max": 0.6 if busy else 0.0})
@@ -796,7 +796,7 @@ def test_a_busy_calibration_is_refused_and_not_cached(monkeypatch, tmp_path):
     assert S.cached(2, True).notes == sc.cal.notes
     # a prediction made with it says so in its record
     from edgekv.core.speed import SpeedShape
-    from edgekv.orchestration.speedpredict import SpeedInputs, speed_block
+    from edgekv.prediction.speed import SpeedInputs, speed_block
 
     blk = speed_block(SpeedShape((), (), None, None), sc.cal, SpeedInputs(2, 0, 0, 0, 2048, 512, "f16", "f16", "auto"))
     assert blk.calibration_busy is True
@@ -969,7 +969,7 @@ def test_one_thread_times_half_the_tokens_a_decode_run_and_fills_on_every_core()
     takes about twice as long a token, so a run lasts as long), its attention decode and deep prompt steps about half
     the runs (one thread's spread less), its prompts unchanged, a GPU's unchanged; every context fills its caches on
     the cores llama.cpp uses by default."""
-    from edgekv.edges.environment import default_threads
+    from edgekv.machine.environment import default_threads
 
     assert (P.run_tokens(P.TG_N, 2), P.run_tokens(P.TG_N, 1), P.run_tokens(P.TG_N, 1, "CUDA0")) == \
         (P.TG_N, P.TG_N // 2, P.TG_N)
@@ -998,7 +998,7 @@ def test_one_thread_times_half_the_tokens_a_decode_run_and_fills_on_every_core()
 def test_a_one_thread_calibration_fills_on_more_threads_and_times_on_one_through_llama_cpp():
     """Through llama.cpp: a -t 1 attention step's fill runs on the default thread count (llama.cpp holds it while
     filling) and its timed runs on one, and the difference of its two depths still measures a cost per cell."""
-    from edgekv.edges.environment import default_threads
+    from edgekv.machine.environment import default_threads
 
     (m,) = P.attn_plan([("q8_0", "q8_0", "auto")], 1, _repack(), interleave=True)
     (c,) = m.contexts
@@ -1209,10 +1209,10 @@ def test_a_disturbed_calibration_never_yields_a_free_graph_or_free_weights():
 
 
 def test_llama_bench_probe_runs_each_shallow_deep_shallow_group_as_one_process_and_checks_what_came_back():
-    """The calibration plan through the user's llama-bench (edgekv.orchestration.lbprobe): a context's steps that
+    """The calibration plan through the user's llama-bench (edgekv.calibration.lbprobe): a context's steps that
     share a test, token count and repetitions are one llama-bench run over their depths in the plan's order; its
     JSON lines must be the tests asked for, or the calibration stops with the reason (never a misread figure)."""
-    from edgekv.orchestration.lbprobe import ProbeError, group_argv, parse_group, step_groups
+    from edgekv.calibration.lbprobe import ProbeError, group_argv, parse_group, step_groups
 
     (m,) = P.attn_plan([("q8_0", "q8_0", "auto")], 2, False)
     ctx = m.contexts[0]
@@ -1251,7 +1251,7 @@ def test_the_probe_protocol_is_typed_both_ways():
         reply_from({"ok": True, "results": [{"step": "tg", "ns": ["fast"]}]})
     assert results_of([{"model": "w", "step": "tg", "ns": [1, 2]}]) == [ProbeResult(model="w", step="tg", ns=[1, 2])]
     # the llama-bench probe's lines are decoded as strictly
-    from edgekv.orchestration.lbprobe import ProbeError, parse_group
+    from edgekv.calibration.lbprobe import ProbeError, parse_group
 
     (m,) = P.attn_plan([("q8_0", "q8_0", "auto")], 2, False)
     group = [st for st in m.contexts[0].steps if st.test == "tg"]
@@ -1268,7 +1268,7 @@ def test_calibrations_export_to_one_bundle_and_import_under_names_edgekv_gives_t
     key, fp = ST.calibration_key(2, True)
     ST.write_cache(ST.calibration_path(2, True), key, fp, _cal(id="exported"),
                    [ProbeResult(model="w_q8_0", step="tg", ns=[5])])
-    from edgekv.orchestration.calibrate import fingerprint, fingerprint_key, store_path
+    from edgekv.calibration.baseline import fingerprint, fingerprint_key, store_path
 
     base_fp = fingerprint("python")
     write_json(store_path("python"), {"key": fingerprint_key(base_fp), "fingerprint": base_fp, "bytes": 123})
@@ -1311,7 +1311,7 @@ def test_calibrations_export_to_one_bundle_and_import_under_names_edgekv_gives_t
 def _repack() -> bool:
     """The --repack setting that runs here: llama.cpp's default unless its AMX kernels crash on this CPU
     (the preflight; ../shared/reference/amx.md), so the calibration's prompt batches do not die there."""
-    from edgekv.orchestration.preflight import preflight
+    from edgekv.calibration.preflight import preflight
 
     return preflight().repack
 
@@ -1321,9 +1321,9 @@ RP = ["--repack", "1"]
 
 @pytest.fixture(scope="module")
 def real_cal(smollm2_path):
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.speedcal import calibrate
-    from edgekv.orchestration.speedpredict import model_speed_shape, weight_types
+    from edgekv.calibration.baseline import runtime_baseline
+    from edgekv.calibration.speedcal import calibrate
+    from edgekv.prediction.speed import model_speed_shape, weight_types
 
     RP[1] = "1" if _repack() else "0"
     feats = runtime_baseline().cpu_features
@@ -1368,7 +1368,7 @@ SPEED_PEAK = [0]
 
 
 def test_real_calibration_is_positive_and_cached(real_cal):
-    from edgekv.orchestration.speedcal import cached
+    from edgekv.calibration.speedcal import cached
 
     cal = real_cal
     assert cal.node_tg_s > 0 and cal.node_pp_s > 0 and cal.bandwidth_bytes_s > 1e8
@@ -1428,7 +1428,7 @@ def test_predict_takes_each_pair_s_graph_from_the_memory_dry_run(real_cal, smoll
     """The speed model's node count per K/V pair comes from the whole-process prediction's own dry run: one llama.cpp
     session for the whole table (a second one for the graphs alone took 1.2 s of a 5 s predict), and the count is
     the same at every context (llama.cpp's graph does not grow with n_ctx)."""
-    from edgekv.edges import engine as E
+    from edgekv.runtime import engine as E
 
     opened = []
     enter = E.EngineSession.__enter__
@@ -1527,8 +1527,8 @@ def test_sequences_decoding_together_are_predicted(real_cal, smollm2_path, tmp_p
     # the step's weights are the calibration's 2-column mat-mul, shared by both sequences (whether that beats two
     # mat-vecs is the machine's answer, measured, not assumed here)
     m = load_model(str(smollm2_path))
-    from edgekv.orchestration.calibrate import runtime_baseline
-    from edgekv.orchestration.speedpredict import model_speed_shape
+    from edgekv.calibration.baseline import runtime_baseline
+    from edgekv.prediction.speed import model_speed_shape
 
     sh = model_speed_shape(m, runtime_baseline().cpu_features, RP[1] == "1", {"ops_tg": 1, "ops_pp": 1})
     for g in sh.groups:
@@ -1586,7 +1586,7 @@ def test_a_gpu_calibration_is_its_own_with_every_layer_offloaded(monkeypatch):
 
 
 def test_only_a_whole_offload_is_predicted_on_a_gpu():
-    from edgekv.orchestration.speedpredict import offload_device
+    from edgekv.prediction.speed import offload_device
 
     assert offload_device(-1, 30, None) == ("", None)            # a build without a GPU: llama.cpp runs on the CPU
     assert offload_device(0, 30, "CUDA0") == ("", None)
@@ -1600,7 +1600,7 @@ def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_header, headers)
     """body_geometry names the widths; the solvers recover a forward model's node cost at those widths and the
     cost of a logit; a GPU prediction uses them and refuses a model whose widths it has not measured."""
     from edgekv.core.speed import Calibration, MissingCalibration, body_geometry, kv_key, predict_tg
-    from edgekv.orchestration.api import load_model
+    from edgekv.prediction.api import load_model
 
     m, smol_sh = smol
     assert body_geometry(m.shape) == "e576f1536h9kv3d64l30"
@@ -1617,7 +1617,7 @@ def test_a_gpu_prices_a_node_at_the_model_s_widths(smol, gemma3_header, headers)
     headers(plan)
     from edgekv.core.arch import shape_from_metadata
     from edgekv.core.speed import attn_units_tg, speed_shape
-    from edgekv.edges.gguf_header import read_header_file
+    from edgekv.sources.gguf_header import read_header_file
 
     h = read_header_file(plan[0].model_path)
     sh = speed_shape(shape_from_metadata(h.metadata, plan[0].model_path, h.value_types), list(h.tensors), [], False,
@@ -1689,7 +1689,7 @@ def test_a_geometry_carries_the_hidden_size_its_calibration_model_is_built_with(
 PARTIAL_CHILD = """
 import json, os, sys
 os.environ["EDGEKV_HOME"] = sys.argv[1]
-from edgekv.orchestration.speedcal import CalibrationError, cached, calibrate
+from edgekv.calibration.speedcal import CalibrationError, cached, calibrate
 repack = sys.argv[2] == "1"
 out = {}
 try:

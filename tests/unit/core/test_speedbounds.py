@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from edgekv.calibration import speedcal as S
+from edgekv.calibration.speedcal import store as ST
 from edgekv.core import speedbounds as B
 from edgekv.core.speed import AttnLayer, Calibration, DroppedTerm, SpeedShape, WeightGroup
-from edgekv.orchestration import speedcal as S
-from edgekv.orchestration.speedcal import store as ST
-from edgekv.orchestration.speedpredict import SpeedInputs, roofline_blame, speed_block
+from edgekv.prediction.speed import SpeedInputs, roofline_blame, speed_block
 from tests.unit.core.test_speed import F16, _fake_results, _own_home, _quiet
 
 KEY = "f16/f16/fa=auto"
@@ -140,8 +140,8 @@ X = SpeedInputs(2, 512, 32, 1536, 2048, 512, "f16", "f16", "auto")
 
 def _calibration_for(monkeypatch, cals: list[Calibration]):
     """speedpredict.calibration_for over a calibrate that hands out ``cals`` in turn (recording its ``forget``)."""
-    from edgekv.orchestration import speedpredict
-    from edgekv.orchestration.speedpredict import calibration_for
+    from edgekv.prediction import speed as speedpredict
+    from edgekv.prediction.speed import calibration_for
 
     asked: list = []
 

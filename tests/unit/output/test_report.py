@@ -244,7 +244,7 @@ def test_quality_table_and_plot_when_quality_blocks_exist(tmp_path):
     recs = [r for r in R.load(FIXTURE) if r["settings"]["n_ctx"] == 1024]
     q = {"f16": (0.0, 10.0), "q8_0": (0.002, 10.01), "q4_0": (0.03, 10.4)}
     recs = [_with_quality(r, q[r["settings"]["type_k"]][0], q[r["settings"]["type_k"]][1], 10.0) for r in recs]
-    unavailable = {**recs[0]["quality"], "status": "unavailable", "error": "edgekv.orchestration.quality is not installed",
+    unavailable = {**recs[0]["quality"], "status": "unavailable", "error": "edgekv.quality.run is not installed",
                    "quality": None, "pass": None}
     recs.append({**copy.deepcopy(recs[0]), "quality": unavailable})
     recs[-1]["settings"] = {**recs[-1]["settings"], "n_ctx": 2048}
@@ -253,7 +253,7 @@ def test_quality_table_and_plot_when_quality_blocks_exist(tmp_path):
     md = (out / "README.md").read_text()
     assert "### Quality, measured" in md
     assert "| 1024 | q4_0 | 10.4000 ± 0.0500 | +4.00% | 0.030000 ± 0.001500 |" in md
-    assert "quality unavailable: edgekv.orchestration.quality is not installed" in md
+    assert "quality unavailable: edgekv.quality.run is not installed" in md
     assert any(f.endswith("kld.png") for f in res["files"])
 
 

@@ -107,7 +107,7 @@ def _probe(name: str) -> dict:
 def test_cuda_graph_host_memory_per_node_from_two_probes():
     # the runtime probe's RSS from the first to the 16th single-token decode (ggml-cuda's CUDA graphs), recorded on
     # the H200: the probe model (37 nodes) and SmolLM2 (936 nodes) give a per-node cost that predicts Gemma 3 (727)
-    from edgekv.orchestration.calibrate import graph_cost_per_node, graph_growth
+    from edgekv.calibration.baseline import graph_cost_per_node, graph_growth
 
     per_node = graph_cost_per_node(_probe("probe"), _probe("smollm2-135m"))
     assert 4000 < per_node < 6500

@@ -116,7 +116,7 @@ def test_bench_refuses_a_results_file_of_another_model(tmp_path):
 
 
 def test_force_accepts_another_model():
-    from edgekv.orchestration.sweep import check_resumable
+    from edgekv.sweep.run import check_resumable
 
     recs = R.load_records(ROOT / "tests" / "data" / "smollm2-sweep.jsonl")
     env = recs[0].environment
@@ -204,9 +204,9 @@ def test_one_engine_serialiser_matches_what_predict_prints(smollm2_path, gemma3_
     """crosscheck.engine_block, the one serialiser of llama.cpp's dry run that sweep and predict --engine both call, on real
     llama.cpp dry runs: the formula matches, and only predict's call (with the weights) adds the process total."""
     from edgekv.core.predict import ContextParams, predict
-    from edgekv.edges.engine import EngineSession
-    from edgekv.orchestration.api import load_model
-    from edgekv.orchestration.crosscheck import engine_block
+    from edgekv.prediction.api import load_model
+    from edgekv.prediction.crosscheck import engine_block
+    from edgekv.runtime.engine import EngineSession
 
     for path in (smollm2_path, gemma3_path):
         m = load_model(str(path))
@@ -303,8 +303,8 @@ def test_a_v4_record_upgrades_to_v5_and_a_far_miss_block_round_trips():
 def test_the_collected_environment_carries_this_checkouts_commit():
     """edgekv's own code identity goes into every collected environment (bench, quality): the checkout's HEAD and
     whether edgekv/ has local changes, typed in the record's environment."""
-    from edgekv.edges.codeid import code_identity
-    from edgekv.edges.environment import host_side
+    from edgekv.machine.codeid import code_identity
+    from edgekv.machine.environment import host_side
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     env = S.environment(host_side())

@@ -1,1 +1,0 @@
-"""orchestration: sweeps, quality runs, budgets; builds records, renders nothing."""
