@@ -1,5 +1,5 @@
 """Feeding tokens to a llama.cpp context inside a child: the prompt and generation loops that the measured run
-(edgekv.child.benchrun) and the speed probe (edgekv.child.speedprobe) share."""
+(edgekv.child.bench_child) and the speed probe (edgekv.child.speedprobe) share."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Callable
 
 from edgekv.child import quality_child
-from edgekv.child.benchrun import bench
+from edgekv.child.bench_child import bench
 from edgekv.child.emulate import install
 from edgekv.child.speedprobe import speed_probe
 from edgekv.child.workload import baseline, device_runtime, env_info, extra_buffers, preflight

@@ -1,5 +1,5 @@
 """Child side of the small probes (``python -m edgekv.child.worker env|baseline|preflight|device_runtime|
-extra_buffers``) and the memory readings they share with the measured run (edgekv.child.benchrun) and the speed
+extra_buffers``) and the memory readings they share with the measured run (edgekv.child.bench_child) and the speed
 probe (edgekv.child.speedprobe)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ SEED = 1234     # the random tokens' seed: every measured run and probe feeds th
 
 def process_memory() -> Checkpoint:
     """This process's resident and anonymous memory now (psutil, /proc/self/smaps_rollup); the accelerators' memory
-    is the caller's to read (edgekv.child.benchrun)."""
+    is the caller's to read (edgekv.child.bench_child)."""
     rss = psutil.Process().memory_info().rss
     anon = None
     if sys.platform.startswith("linux"):

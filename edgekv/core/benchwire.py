@@ -1,7 +1,7 @@
 """The measured run's protocol: what edgekv asks a bench child to run and what the child replies.
 
 Shared by the sweep (edgekv.sweep.run, which sends a :class:`BenchRequest` and builds a record from the
-:class:`BenchReply`), the child (edgekv.child.benchrun, which reads the request and builds the reply, never a
+:class:`BenchReply`), the child (edgekv.child.bench_child, which reads the request and builds the reply, never a
 dict) and the replay runner of the tests (edgekv.sweep.runners, which reads recorded replies).  The
 request crosses to the child as JSON on its stdin and the reply comes back as JSON on its event pipe:
 :func:`to_wire` encodes, :func:`request_from` and :func:`reply_from` decode strictly (msgspec.ValidationError when
