@@ -203,6 +203,10 @@ def check_quality_flags(quality: bool, corpus: str | None, chunks: int | None) -
         raise UsageError("--chunks must be at least 1")
 
 
+# the default -r 5 stops at 3 repetitions of a test that agree within 3 % (a -r you give always runs in full)
+MIN_REPETITIONS = 3
+
+
 def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     """The sweep the flags ask for (registry defaults, --full, checks), its contexts, and the hint naming the full
     sweep when the quick default runs."""
@@ -234,7 +238,8 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
                      n_parallel=parse_int_list(a.n_parallel, "-npl") if a.n_parallel else [1] if a.llama_server else None,
                      timeout_s=a.timeout, llama_bench=a.llama_bench, llama_server=a.llama_server,
                      retry_failed=not a.no_retry, force_fit=a.force, predict_speed=not a.no_speed_model,
-                     calibration_timeout_s=a.calibration_timeout)
+                     calibration_timeout_s=a.calibration_timeout,
+                     min_repetitions=MIN_REPETITIONS if a.settings.repetitions is None else 0)
     full_hint = None
     if not a.full and not a.ctx_size and st.n_prompt == QUICK["n_prompt"] and st.n_gen == QUICK["n_gen"]:
         full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "

@@ -35,6 +35,18 @@ class BenchWorkload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     repack: bool = True
     no_mmap: bool = False
     n_parallel: int | None = None
+    # the default -r only: stop after this many repetitions once they agree within TIGHT_SPREAD (0: run them all)
+    min_repetitions: int = 0
+
+
+# timed repetitions whose slowest is within 3 % of the fastest have told what more of them would (the default -r)
+TIGHT_SPREAD = 0.03
+
+
+def tight(ns: list[int], least: int) -> bool:
+    """Whether the repetitions timed so far (``ns``, nanoseconds) are enough: at least ``least`` (0: never
+    enough) and the slowest within TIGHT_SPREAD of the fastest."""
+    return 0 < least <= len(ns) and max(ns) <= min(ns) * (1 + TIGHT_SPREAD)
 
 
 class BenchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

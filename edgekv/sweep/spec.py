@@ -70,6 +70,8 @@ class SweepSpec:
     force_fit: bool = False                  # --force: run configurations predicted not to fit the memory available
     predict_speed: bool = True               # the speed model's prediction in every record (calibrating when needed)
     calibration_timeout_s: float = 180.0     # --calibration-timeout: past it, no speed predictions (said)
+    # with the default -r: each test stops after this many repetitions once they agree (core.benchwire.tight); 0: -r
+    min_repetitions: int = 0
 
     @property
     def engine(self) -> str:

@@ -66,6 +66,10 @@ def test_bench_spec_passes_the_flags_on_exactly(monkeypatch):
     assert (spec.settings.n_prompt, spec.settings.n_gen, spec.settings.repetitions) == (128, 32, 5)
     assert spec.settings.no_mmap is UNSET and spec.settings.quality is None
     assert hint == "The full sweep (2048, 4096, 8192; -p 512 -n 128 -r 5) is 'edgekv bench --full'."
+    # the default -r may stop at 3 agreeing repetitions (core.benchwire.tight); a -r given runs in full, and the
+    # bench child's request carries which
+    assert spec.min_repetitions == 3
+    assert benchrun.bench_spec(_args(monkeypatch, "-r", "5"))[0].min_repetitions == 0
 
 
 @pytest.mark.parametrize(("argv", "line"), [
