@@ -203,7 +203,7 @@ def check_quality_flags(quality: bool, corpus: str | None, chunks: int | None) -
         raise UsageError("--chunks must be at least 1")
 
 
-# the default -r 5 stops at 3 repetitions of a test that agree within 3 % (a -r you give always runs in full)
+# the default -r 5 may stop after 3 repetitions of a test that agree (core.benchwire.tight; a -r given runs in full)
 MIN_REPETITIONS = 3
 
 

@@ -13,6 +13,8 @@ is assigned from ``checkpoints.after_load.rss``: renaming one side is an error, 
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from edgekv.core.llamalog import LlamaMemoryLog
@@ -35,18 +37,27 @@ class BenchWorkload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     repack: bool = True
     no_mmap: bool = False
     n_parallel: int | None = None
-    # the default -r only: stop after this many repetitions once they agree within TIGHT_SPREAD (0: run them all)
+    # the default -r only: stop after this many repetitions once they agree (tight(); 0: run them all)
     min_repetitions: int = 0
 
 
-# timed repetitions whose slowest is within 3 % of the fastest have told what more of them would (the default -r)
-TIGHT_SPREAD = 0.03
+# the default -r stops early once the mean's 95 % interval (Student t on the logarithm, as the records compute it:
+# core.stats.summarize) is within TIGHT_HALF_WIDTH of it; t's 97.5 % quantile by degrees of freedom
+# (scipy.stats.t.ppf(0.975, df), written out: the bench child imports no scipy)
+TIGHT_HALF_WIDTH = 0.05
+T975 = {2: 4.302653, 3: 3.182446, 4: 2.776445, 5: 2.570582, 6: 2.446912, 7: 2.364624, 8: 2.306004, 9: 2.262157}
 
 
 def tight(ns: list[int], least: int) -> bool:
-    """Whether the repetitions timed so far (``ns``, nanoseconds) are enough: at least ``least`` (0: never
-    enough) and the slowest within TIGHT_SPREAD of the fastest."""
-    return 0 < least <= len(ns) and max(ns) <= min(ns) * (1 + TIGHT_SPREAD)
+    """Whether the repetitions timed so far (``ns``, nanoseconds) are enough: at least ``least`` of them (0: never
+    enough) and their mean's 95 % interval within TIGHT_HALF_WIDTH."""
+    n = len(ns)
+    if not 0 < least <= n or n - 1 not in T975:
+        return False
+    logs = [math.log(x) for x in ns]
+    mean = sum(logs) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in logs) / (n - 1))
+    return T975[n - 1] * sd / math.sqrt(n) <= math.log1p(TIGHT_HALF_WIDTH)
 
 
 class BenchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
