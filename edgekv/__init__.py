@@ -2,13 +2,16 @@
 
 >>> import edgekv
 >>> p = edgekv.predict("model.gguf", n_ctx=32768, type_k="q4_0")   # doctest: +SKIP
->>> p.kv_bytes, edgekv.formula_block(p).caches                      # doctest: +SKIP
+>>> p.kv_bytes, p.to_dict()["caches"]                                # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from edgekv.core.formula import formula_block  # noqa: E402
-from edgekv.core.predict import ContextParams, KVPrediction  # noqa: E402
+from edgekv.core.predict import (  # noqa: E402
+           ContextParams,
+           KVPrediction,
+           formula_block,  # noqa: E402
+)
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.prediction.api import LoadedModel, load_model  # noqa: E402
 from edgekv.prediction.api import predict as _predict_model  # noqa: E402

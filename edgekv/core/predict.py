@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import msgspec
+from msgspec import UNSET
+
 from edgekv.core.cachetypes import CacheType, cache_type
+from edgekv.core.formula import Formula, FormulaCache
 from edgekv.core.shape import (
     MEMORY_DSA,
     MEMORY_DSA_ISWA,
@@ -167,6 +171,11 @@ class KVPrediction:
     caches: list[CachePrediction] = field(default_factory=list)
     layers: list[LayerPrediction] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    def to_dict(self, with_layers: bool = False) -> dict[str, object]:
+        """The prediction as JSON data, the results record's ``prediction.formula`` (:func:`formula_block`):
+        the Python API's (``import edgekv``) plain view; edgekv itself embeds the typed block."""
+        return msgspec.to_builtins(formula_block(self, with_layers))
 
     @property
     def k_bytes(self) -> int:
@@ -536,3 +545,36 @@ def max_context_for_budget(shape: ModelShape, budget_bytes: int, fixed_bytes: in
         return pr.status == STATUS_OK and fixed_bytes + pr.total_bytes <= budget_bytes
 
     return largest_fitting(fits, step, upper or max(shape.n_ctx_train * 4, 1 << 20))
+
+
+# -- the record's prediction.formula ------------------------------------------------------------------------------
+
+def cache_block(c: CachePrediction) -> FormulaCache:
+    """One cache: recurrent state adds its R and S bytes; a DeepSeek-V4 compressor state gives its rows, width,
+    rollback snapshots and bytes (f32) in place of cells."""
+    state = c.kind == "dsv4_state"
+    recurrent = c.kind == "recurrent"
+    return FormulaCache(
+        kind=c.kind, cells=UNSET if state else c.cells, n_stream=c.n_stream, layers=len(c.layers),
+        layer_ids=list(c.layers), type_k="f32" if state else c.type_k, type_v="f32" if state else c.type_v,
+        k_bytes=c.k_bytes, v_bytes=c.v_bytes, bytes=c.bytes,
+        r_bytes=c.r_bytes if recurrent else UNSET, s_bytes=c.s_bytes if recurrent else UNSET,
+        name=c.name if state and c.name is not None else UNSET, state_rows=c.cells if state else UNSET,
+        width=c.width if state else UNSET, rs_seq=c.rs_seq if state else UNSET, state_bytes=c.state_bytes if state else UNSET)
+
+
+def formula_block(pred: KVPrediction, with_layers: bool = False, saving_vs_f16: Any = UNSET) -> Formula:
+    """``prediction.formula``: the asked settings, what llama.cpp resolves them to, the status and the bytes
+    (None unless ok); ``with_layers``: the per-layer breakdown (``predict --layers``)."""
+    p, ok = pred.params, pred.status == STATUS_OK
+    return Formula(
+        n_ctx=p.n_ctx, n_ctx_padded=pred.n_ctx_padded, n_ctx_seq=pred.n_ctx_seq, type_k=p.type_k, type_v=p.type_v,
+        flash_attn=p.flash_attn, flash_attn_effective=pred.flash_attn_effective, swa_full=p.swa_full,
+        n_seq_max=p.n_seq_max, kv_unified=p.kv_unified, n_batch=pred.n_batch, n_ubatch=pred.n_ubatch,
+        status=pred.status, reason=pred.reason, aborts=pred.aborts, memory=pred.memory,
+        kv_bytes=pred.kv_bytes if ok else None, k_bytes=pred.k_bytes if ok else None,
+        v_bytes=pred.v_bytes if ok else None, recurrent_bytes=pred.recurrent_bytes if ok else None,
+        state_bytes=pred.state_bytes if ok else None, total_bytes=pred.total_bytes if ok else None,
+        caches=[cache_block(c) for c in pred.caches] if ok else [],
+        notes=list(pred.notes) if pred.notes else UNSET,
+        layers=[asdict(x) for x in pred.layers] if with_layers else UNSET, saving_vs_f16=saving_vs_f16)

@@ -22,9 +22,8 @@ from msgspec import UNSET
 from edgekv.calibration.baseline import runtime_baseline
 from edgekv.calibration.preflight import repack_choice
 from edgekv.core.fit import fits, size
-from edgekv.core.formula import formula_block
 from edgekv.core.llamacmd import llama_cpp_args, shell_line
-from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, predict
+from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction, formula_block, predict
 from edgekv.core.speed import MissingCalibration, predict_tg
 from edgekv.errors import EngineError
 from edgekv.machine import memory as machine_memory  # read as machine_memory.available_memory: a test can stand in for it

@@ -12,10 +12,9 @@ from msgspec import UNSET
 
 from edgekv.core.benchwire import REPLY_FAILED, REPLY_OK, BenchReply, BenchSamples, Checkpoint, Samples, reply_from
 from edgekv.core.diagnose import Diagnosis, diagnose
-from edgekv.core.formula import formula_block
 from edgekv.core.llamacmd import llama_cpp_args
 from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, device_mib
-from edgekv.core.predict import STATUS_OK, KVPrediction
+from edgekv.core.predict import STATUS_OK, KVPrediction, formula_block
 from edgekv.core.units import MIB
 from edgekv.prediction.crosscheck import compare, engine_block, engine_lines
 from edgekv.prediction.speed import residual

@@ -172,3 +172,7 @@ def test_python_api_matches_cli(smollm2_path):
     p = edgekv.predict(str(smollm2_path), n_ctx=32768, type_k="q8_0")
     d = edgekv.formula_block(p)
     assert d.type_v == "q8_0" and d.kv_bytes == 30 * 2 * (192 // 32 * 34) * 32768
+    # the plain view the Python API has always had: the same block as JSON data
+    plain = p.to_dict()
+    assert plain["kv_bytes"] == d.kv_bytes and plain["caches"][0]["type_k"] == "q8_0"
+    assert plain == msgspec.to_builtins(d)
