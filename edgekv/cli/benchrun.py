@@ -34,7 +34,7 @@ from edgekv.prediction.api import load_model, registry_sweep_defaults
 from edgekv.records.results import latest
 from edgekv.records.schema import Record, Settings, Speed, encode, encode_block
 from edgekv.sweep.plan import FULL, QUICK, fmt_duration, model_contexts, plan_lines, quick_contexts
-from edgekv.sweep.run import run_sweep
+from edgekv.sweep.run import check_depths, run_sweep
 from edgekv.sweep.spec import SweepSpec
 
 if TYPE_CHECKING:
@@ -221,20 +221,26 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     defaults = FULL if a.full else QUICK
     st = msgspec.structs.replace(a.settings, **{k: v for k, v in defaults.items() if getattr(a.settings, k) is None})
     _check(a, st)
+    # every flag is read before the model is: a bad one costs no download
+    given_ctxs = parse_int_list(a.ctx_size, "-c/--ctx-size") if a.ctx_size else None
+    deps = parse_int_list(a.depths, "-d/--n-depth", minimum=0) if a.depths else None
+    repack = parse_repack_list(a.repack)
+    if given_ctxs and deps is not None and not a.n_parallel:
+        for c in given_ctxs:
+            check_depths(c, deps, st.n_prompt or 0, st.n_gen or 0)
     m = load_model(a.model)
     full_ctxs = model_contexts(m.shape.n_ctx_train, reg_defaults.contexts if reg_defaults else None)
-    if a.ctx_size:
-        ctxs = parse_int_list(a.ctx_size, "-c/--ctx-size")
+    if given_ctxs:
+        ctxs = given_ctxs
     elif a.full:
         ctxs = full_ctxs
     else:
         ctxs = quick_contexts(m.shape.n_ctx_train)
-    deps = parse_int_list(a.depths, "-d/--n-depth", minimum=0) if a.depths else None
     threads, busy_hint = free_threads(st.n_threads)
     if busy_hint:           # only then does the count differ from the one asked for (the record keeps the default)
         st = msgspec.structs.replace(st, n_threads=threads)
     spec = SweepSpec(model=m, contexts=ctxs, pairs=pairs, settings=st, flash_attn=fas, depths=deps,
-                     repack=parse_repack_list(a.repack),
+                     repack=repack,
                      n_parallel=parse_int_list(a.n_parallel, "-npl") if a.n_parallel else [1] if a.llama_server else None,
                      timeout_s=a.timeout, llama_bench=a.llama_bench, llama_server=a.llama_server,
                      retry_failed=not a.no_retry, force_fit=a.force, predict_speed=not a.no_speed_model,

@@ -71,12 +71,17 @@ def _depths(spec: SweepSpec, n_ctx: int, npl: int | None) -> list[int]:
                              "raise -c or lower -npl, -p or -n")
         return [0]
     depths = spec.depths if spec.depths is not None else [default_depth(n_ctx, n_prompt, n_gen)]
+    check_depths(n_ctx, depths, n_prompt, n_gen)
+    return depths
+
+
+def check_depths(n_ctx: int, depths: list[int], n_prompt: int, n_gen: int) -> None:
+    """One line naming the flags when a depth and a test's tokens do not fit in the context."""
     for d in depths:
         if d + max(n_prompt, n_gen) > n_ctx:
             raise UsageError(
                 f"-d {d} with -p {n_prompt} -n {n_gen} does not fit in -c {n_ctx}: "
                 "depth + tokens per test must not exceed the context")
-    return depths
 
 
 def expand(spec: SweepSpec, model_sha: str | None) -> list[Case]:
