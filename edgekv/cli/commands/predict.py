@@ -99,10 +99,13 @@ def predict(
     speed_flags, lb = _speed_flags(depth, min_tg, budget, kv_only, calibration_timeout), llama_bench_path(llama_bench)
     spec_name = pick_model(model, model_opt)
     _check_process_flags(workload, threads)
+    # every flag is read before the model is: a bad one costs no download and stays one line
+    given = parse_int_list(ctx_size, "-c/--ctx-size") if ctx_size else None
+    flags = _read_flags(cache_type_k, cache_type_v, flash_attn, parallel, ubatch_size, batch_size, n_rs_seq, budget)
     m = load_model(spec_name)
-    ctxs = _predict_contexts(ctx_size, spec_name, m)
-    req = _predict_request(ctxs, cache_type_k, cache_type_v, flash_attn, swa_full, parallel, kv_unified, ubatch_size,
-                           batch_size, n_rs_seq, budget, workload, threads, no_mmap, n_gpu_layers, repack)
+    ctxs = given or _predict_contexts(None, spec_name, m)
+    req = _predict_request(ctxs, flags, swa_full, parallel, kv_unified, ubatch_size, batch_size, n_rs_seq, workload,
+                           threads, no_mmap, n_gpu_layers, repack)
     req.engine, req.kv_only, req.verbose = engine, kv_only, verbose
     req.measure_speed, req.calibration_timeout_s = speed, calibration_timeout
     (req.depth, req.min_tg), req.llama_bench = speed_flags, lb
@@ -157,13 +160,10 @@ def _check_process_flags(workload: str, threads: int) -> None:
         raise UsageError("-t/--threads must be at least 0")
 
 
-def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[str], flash_attn: str, swa_full: bool,
-                     parallel: int, kv_unified: bool, ubatch_size: int, batch_size: int, n_rs_seq: int,
-                     budget: Optional[str], workload: str, threads: int, no_mmap: bool, n_gpu_layers: int,
-                     repack: Optional[str] = None):
-    """predict's flags checked (one line naming the flag when one is wrong) and turned into a PredictRequest."""
-    from edgekv.prediction.rows import PredictRequest
-
+def _read_flags(cache_type_k: str, cache_type_v: Optional[str], flash_attn: str, parallel: int, ubatch_size: int,
+                batch_size: int, n_rs_seq: int, budget: Optional[str]) -> tuple[list[tuple[str, str]], str, Optional[int]]:
+    """predict's flags that need no model, checked (one line naming the flag when one is wrong): the K/V pairs, -fa
+    and the --budget bytes."""
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
                        parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
     fa = parse_flash_attn(flash_attn)
@@ -173,12 +173,20 @@ def _predict_request(ctxs: list[int], cache_type_k: str, cache_type_v: Optional[
         raise UsageError("-ub and -b must be at least 1")
     if n_rs_seq < 0:
         raise UsageError("--n-rs-seq must not be negative")
-    budget_bytes = _budget_bytes(budget) if budget else None
+    return pairs, fa, _budget_bytes(budget) if budget else None
+
+
+def _predict_request(ctxs: list[int], flags: tuple[list[tuple[str, str]], str, Optional[int]], swa_full: bool,
+                     parallel: int, kv_unified: bool, ubatch_size: int, batch_size: int, n_rs_seq: int,
+                     workload: str, threads: int, no_mmap: bool, n_gpu_layers: int, repack: Optional[str] = None):
+    """predict's checked flags (:func:`_read_flags`) and contexts as a PredictRequest."""
+    from edgekv.prediction.rows import PredictRequest
+
+    pairs, fa, budget_bytes = flags
     base = ContextParams(n_ctx=ctxs[0], type_k=pairs[0][0], type_v=pairs[0][1], flash_attn=fa, swa_full=swa_full,
                          n_seq_max=parallel, kv_unified=kv_unified, n_batch=batch_size, n_ubatch=ubatch_size,
                          n_rs_seq=n_rs_seq)
     configs = [replace(base, n_ctx=n, type_k=k, type_v=v) for n in ctxs for k, v in pairs]
-    _check_process_flags(workload, threads)
     process = ProcessSettings(workload=workload, n_threads=threads, use_mmap=not no_mmap, n_gpu_layers=n_gpu_layers,
                               use_extra_bufts=one_repack(repack) is not False)
     return PredictRequest(base=base, configs=configs, pairs=pairs, n_gpu_layers=n_gpu_layers, process=process,
