@@ -34,7 +34,7 @@ from edgekv.prediction.api import load_model, registry_sweep_defaults
 from edgekv.records.results import latest
 from edgekv.records.schema import Record, Settings, Speed, encode, encode_block
 from edgekv.sweep.plan import FULL, QUICK, fmt_duration, model_contexts, plan_lines, quick_contexts
-from edgekv.sweep.run import check_depths, run_sweep
+from edgekv.sweep.run import check_depths, check_parallel, run_sweep
 from edgekv.sweep.spec import SweepSpec
 
 if TYPE_CHECKING:
@@ -225,8 +225,11 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
     given_ctxs = parse_int_list(a.ctx_size, "-c/--ctx-size") if a.ctx_size else None
     deps = parse_int_list(a.depths, "-d/--n-depth", minimum=0) if a.depths else None
     repack = parse_repack_list(a.repack)
-    if given_ctxs and deps is not None and not a.n_parallel:
-        for c in given_ctxs:
+    npls = parse_int_list(a.n_parallel, "-npl") if a.n_parallel else None
+    for c in given_ctxs or []:
+        for k in npls or []:
+            check_parallel(c, k, st.n_prompt or 0, st.n_gen or 0)
+        if deps is not None and not npls:
             check_depths(c, deps, st.n_prompt or 0, st.n_gen or 0)
     m = load_model(a.model)
     full_ctxs = model_contexts(m.shape.n_ctx_train, reg_defaults.contexts if reg_defaults else None)

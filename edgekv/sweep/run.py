@@ -65,14 +65,19 @@ def _depths(spec: SweepSpec, n_ctx: int, npl: int | None) -> list[int]:
     """The depths one context is measured at, checked against it (one line naming the flags when they do not fit)."""
     n_prompt, n_gen = spec.settings.n_prompt or 0, spec.settings.n_gen or 0
     if npl is not None:            # llama-batched-bench: every test starts from an empty cache, N sequences in -c cells
-        need = npl * (n_prompt + n_gen)
-        if need > n_ctx:
-            raise UsageError(f"-npl {npl} with -p {n_prompt} -n {n_gen} needs {need} cells, more than -c {n_ctx}: "
-                             "raise -c or lower -npl, -p or -n")
+        check_parallel(n_ctx, npl, n_prompt, n_gen)
         return [0]
     depths = spec.depths if spec.depths is not None else [default_depth(n_ctx, n_prompt, n_gen)]
     check_depths(n_ctx, depths, n_prompt, n_gen)
     return depths
+
+
+def check_parallel(n_ctx: int, npl: int, n_prompt: int, n_gen: int) -> None:
+    """One line naming the flags when -npl sequences of -p and -n tokens do not fit in the context."""
+    need = npl * (n_prompt + n_gen)
+    if need > n_ctx:
+        raise UsageError(f"-npl {npl} with -p {n_prompt} -n {n_gen} needs {need} cells, more than -c {n_ctx}: "
+                         "raise -c or lower -npl, -p or -n")
 
 
 def check_depths(n_ctx: int, depths: list[int], n_prompt: int, n_gen: int) -> None:
