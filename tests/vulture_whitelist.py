@@ -33,3 +33,8 @@ _.write_schema_file     # regenerates results.schema.json; named by tests/unit/r
 _.bytes_per_token       # the bytes a decoded token reads (the roofline's denominator), in --json and records
 # wire fields of the bench child's typed reply (core/benchwire.py): set by the child, decoded strictly by the parent
 n_params                # ModelFacts.n_params: llama_model_n_params, reported beside size_bytes
+
+# called by name through edgekv.child.worker.SUBCOMMANDS (importlib)
+speed_probe  # edgekv/child/speedprobe.py
+env_info  # edgekv/child/workload.py
+engine  # edgekv/child/dryrun_child.py

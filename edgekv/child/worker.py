@@ -5,47 +5,25 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import traceback
 from collections.abc import Callable
 
-from edgekv.child import quality_child
-from edgekv.child.bench_child import bench
 from edgekv.child.emulate import install
-from edgekv.child.speedprobe import speed_probe
-from edgekv.child.workload import baseline, device_runtime, env_info, extra_buffers, preflight
-from edgekv.core.predict import ContextParams
 from edgekv.runtime.childside import EventWriter
-from edgekv.runtime.engine import DryRunner
 
-
-def _engine(_payload: dict, ev: EventWriter) -> None:
-    """A dry-run session: requests arrive one JSON object per line on stdin."""
-    runner = DryRunner()
-    try:
-        for raw in sys.stdin.buffer:
-            req = json.loads(raw)
-            op = req.get("op")
-            if op == "quit":
-                break
-            if op == "load":
-                ev.emit("response", data=runner.load(req["model_path"], req.get("n_gpu_layers", -1),
-                                                     bool(req.get("use_extra_bufts", True))))
-            elif op == "contexts":
-                keep = bool(req.get("keep_log"))
-                nom = int(req.get("n_outputs_max") or 0)
-                results = [runner.context(ContextParams(**c), keep, nom) for c in req["configs"]]
-                ev.emit("response", data={"results": results})
-            else:
-                ev.emit("error", error=f"unknown op {op!r}")
-    finally:
-        runner.close()
-
-
-SUBCOMMANDS: dict[str, Callable[[dict, EventWriter], None]] = {
-    "engine": _engine, "bench": bench, "env": env_info, "quality": quality_child.run, "baseline": baseline,
-    "preflight": preflight, "extra_buffers": extra_buffers, "speed_probe": speed_probe, "device_runtime": device_runtime}
+# subcommand -> (module, function).  Only the subcommand's own module is imported: a child holds what its job needs,
+# so the runtime baseline (the "baseline" child) is what a llama.cpp process holds before its model, not every
+# child's code at once (importing them all added the quality child's corpus, registry and wheel readers to each)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "engine": ("edgekv.child.dryrun_child", "engine"), "bench": ("edgekv.child.bench_child", "bench"),
+    "env": ("edgekv.child.workload", "env_info"), "quality": ("edgekv.child.quality_child", "run"),
+    "baseline": ("edgekv.child.workload", "baseline"), "preflight": ("edgekv.child.workload", "preflight"),
+    "extra_buffers": ("edgekv.child.workload", "extra_buffers"),
+    "speed_probe": ("edgekv.child.speedprobe", "speed_probe"),
+    "device_runtime": ("edgekv.child.workload", "device_runtime")}
 STREAMING = {"engine"}   # these read requests from stdin themselves
 
 
@@ -58,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     install()       # a testing aid, off unless EDGEKV_EMULATE_EXTRA_BUFT_CRASH=1 (edgekv.child.emulate)
     ev = EventWriter()
     payload = {} if argv[0] in STREAMING else json.loads(sys.stdin.buffer.read() or b"{}")
+    module, name = SUBCOMMANDS[argv[0]]
+    run: Callable[[dict, EventWriter], None] = getattr(importlib.import_module(module), name)
     try:
-        SUBCOMMANDS[argv[0]](payload, ev)
+        run(payload, ev)
     except Exception as e:  # reported to the parent, which decides what to show
         ev.emit("error", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
         print(traceback.format_exc(), file=sys.stderr)

@@ -16,7 +16,6 @@ from edgekv import heavy
 from edgekv.core.benchwire import Checkpoint
 from edgekv.core.llamalog import parse_memory_log
 from edgekv.core.predict import ContextParams
-from edgekv.machine.environment import nvml_process_probe
 from edgekv.runtime.childside import EventWriter
 from edgekv.runtime.engine import LogCapture, context_params, model_params
 from edgekv.runtime.sampler import macos_footprint
@@ -205,6 +204,8 @@ def preflight(payload: dict, ev: EventWriter) -> None:
 
 def _nvml_self() -> int | None:
     """GPU memory this process holds (NVML, every GPU), or None without NVML."""
+    from edgekv.machine.environment import nvml_process_probe  # LAZY_ALLOWED: device_runtime's alone
+
     probe = nvml_process_probe()
     return probe(os.getpid()) if probe else None
 
