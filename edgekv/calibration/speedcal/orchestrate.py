@@ -39,6 +39,7 @@ from edgekv.calibration.speedcal.store import (
     still_holds,
     write_cache,
 )
+from edgekv.calibration.speedcal.windows import decode_window, settle_three, settle_two
 from edgekv.core.memmodel import extra_buffer_of, extra_buffer_types
 from edgekv.core.probe import ProbeModel, ProbeResult, results_of
 from edgekv.core.speed import Calibration, kv_key, tiled_prompt_path, weight_key
@@ -92,6 +93,7 @@ class Job:
     # the cores the untimed cache fills may use: the cores other work leaves free when the run starts (a fill on a
     # core another process keeps busy holds every thread up at each step; edgekv.machine.load.threads_left)
     fill_threads: int = 0
+    said: list[str] = field(default_factory=list)     # what the calibration's note adds (a third window's terms)
 
 
 def attn_needed(cal: Calibration, pairs: Iterable[tuple[str, str, str]], geometries: Iterable[str | None]) -> Pairs:
@@ -213,12 +215,20 @@ def _run_plan(job: Job, plan: list[ProbeModel], ran: list[ProbeModel], cal: Cali
 def _measure_plans(cal: Calibration, want: Wanted, job: Job, ran: list[ProbeModel]) -> list[ProbeResult]:
     dev, raw, base, done = cal.device, [], [], Wanted()
     if want.new or want.attn:
-        plan = base_plan(job.n_threads, job.repack, dev) if want.new else []
-        for g, ps in want.attn.items():
-            plan += attn_plan(ps, job.n_threads, job.repack, g, dev, interleave=job.interleave)
+        # each pair's decode steps in two windows, the graph nodes between them (edgekv.calibration.speedcal.windows)
+        plan = [m for g, ps in want.attn.items()
+                for m in attn_plan(ps, job.n_threads, job.repack, g, dev, interleave=job.interleave)]
+        plan += base_plan(job.n_threads, job.repack, dev) if want.new else []
+        plan += decode_window(want.attn, job.n_threads, job.repack, dev, job.interleave, 2)
         base = _run_plan(job, plan, ran, cal, raw, done, keep=False)
         raw += base
         solve_pairs(base, want.attn, cal, job.n_threads)
+        if split := settle_two(base, want.attn, cal, job.n_threads):
+            third = _run_plan(job, decode_window(split, job.n_threads, job.repack, dev, job.interleave, 3), ran, cal,
+                              raw, done, keep=False)
+            raw += third
+            job.said.append("decode timed a third time where two windows disagreed: "
+                            + "; ".join(settle_three(base, third, split, cal, job.n_threads)))
         if want.new:
             solve_base(base, cal, job.n_threads)
         done = Wanted(want.new, want.attn)
@@ -308,7 +318,7 @@ def _measure(cal: Calibration, want: Wanted, job: Job, allow_busy: bool, store: 
     disturbance) and the deadline has not passed: under load there is one attempt, never a loop."""
     again = ""
     for attempt in (1, 2):
-        before = copy.deepcopy(cal)
+        before, said = copy.deepcopy(cal), len(job.said)
         mon = LoadMonitor(before_s=0.3)
         mon.start()
         try:
@@ -319,6 +329,7 @@ def _measure(cal: Calibration, want: Wanted, job: Job, allow_busy: bool, store: 
             if attempt == 2 or load.get("busy") or job.run.expired():
                 raise
             cal, again = before, f" (the first try was disturbed: the speed calibration {e.what}; measured again)"
+            del job.said[said:]
         except PartlyMeasured as e:
             raise _keep_partial(e, mon.stop(), store, want) from None
         except CalibrationTimeout as e:
@@ -427,6 +438,7 @@ def calibrate(n_threads: int, repack: bool = True, weight_types: Iterable[str] =
     cal, raw, bounds, load = _check_terms(cal, raw, load, lambda c, fresh: _measure(
         c, want_of(c, fresh), job, allow_busy, store, budget), job.run.expired)
     measured = f"measured {want.words(device)} in {time.monotonic() - t0:.0f} s{disturbed}{bounds}"
+    measured += "".join(f"; {x}" for x in job.said)
     measured += _check_load(cal, load, allow_busy)
     try:
         write_cache(store.path, key, fp, cal, raw)

@@ -190,21 +190,31 @@ def solve_attn(results: Results, key: str, n_threads: int = 1, device: str = "")
     """(decode, prompt) seconds per head x (head_k + head_v) x cell for one K/V pair and geometry (``key``: its
     kv_key; decode: the cells the slowest thread reads, edgekv.core.speed.decode_cells)."""
     geometry, shape, r = _attn_results(results, key)
-    units = attn_units(shape)
+    tk, tv, fa = key.split("/")[0], key.split("/")[1], key.split("fa=")[1].split("@")[0]
+    a = attn_steps(geometry, split_kv_path(tk, tv, fa, device), device, row_loop_path(tk, tv, fa, device))
+    tg = solve_attn_tg(results, key, n_threads, device)
+    pp = _prompt_cell_cost(r, "pp", a.pp_depths, int(r[f"pp{a.pp_depths[1]}"].n), attn_units(shape))
+    if pp <= 0:
+        raise Disturbed(f"of {key} measured no cost for a deeper cache")
+    return tg, pp
+
+
+def solve_attn_tg(results: Results, key: str, n_threads: int = 1, device: str = "") -> float:
+    """Decode seconds per head x (head_k + head_v) x cell the slowest thread reads for one K/V pair and geometry
+    (solve_attn's first half: the plan's "tg" steps alone)."""
+    geometry, shape, r = _attn_results(results, key)
     tk, tv, fa = key.split("/")[0], key.split("/")[1], key.split("fa=")[1].split("@")[0]
     sh, split = attn_speed_shape(shape), split_kv_path(tk, tv, fa, device)
-    a = attn_steps(geometry, split, device, row_loop_path(tk, tv, fa, device))
-    d0, d1 = a.tg_depths
+    d0, d1 = attn_steps(geometry, split, device, row_loop_path(tk, tv, fa, device)).tg_depths
     dense = dense_view(fa)
     n = int(r[f"tg{d1}"].n)      # the step's own tokens a run (EVICT_TG_N on an evicting model)
     du = (attn_units_tg(sh, d1 + n / 2, n_threads, split, dense=dense)
           - attn_units_tg(sh, d0 + n / 2, n_threads, split, dense=dense))
     tg = difference_s(r, f"tg{d1}", f"tg{d0}") / n / du
-    pp = _prompt_cell_cost(r, "pp", a.pp_depths, int(r[f"pp{a.pp_depths[1]}"].n), units)
-    if tg <= 0 or pp <= 0:
+    if tg <= 0:
         # deeper attention cannot be free: other work on the machine hid its cost; never cache a zero
         raise Disturbed(f"of {key} measured no cost for a deeper cache")
-    return tg, pp
+    return tg
 
 
 def solve_attn_rows(results: Results, key: str, device: str = "") -> float:
