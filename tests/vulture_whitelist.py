@@ -38,3 +38,6 @@ n_params                # ModelFacts.n_params: llama_model_n_params, reported be
 speed_probe  # edgekv/child/speedprobe.py
 env_info  # edgekv/child/workload.py
 engine  # edgekv/child/dryrun_child.py
+
+# written into the environment block's device_details (edgekv.machine.environment.collect, to_wire)
+_.memory_free  # edgekv/core/childwire.py GgmlDevice

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekv.core.childwire import DeviceRuntimeRequest, to_wire
 from edgekv.core.llamalog import is_host_buffer
 from edgekv.core.units import mib_to_bytes
 from edgekv.machine.environment import cpu_model, nvidia_info, package_version
@@ -276,9 +277,9 @@ def device_runtime(gpu: str, flash_attn: bool = True, type_k: str = "f16", type_
         pass
 
     def probe(model: Path) -> Any:
-        return run_child(worker_argv("device_runtime"), {"model_path": str(model), "n_ubatch": 512, "n_ctx": 1024,
-                                                         "flash_attn": "on" if flash_attn else "off",
-                                                         "type_k": type_k, "type_v": type_v}, timeout=120.0)
+        req = DeviceRuntimeRequest(model_path=str(model), n_ubatch=512, n_ctx=1024, type_k=type_k, type_v=type_v,
+                                   flash_attn="on" if flash_attn else "off")
+        return run_child(worker_argv("device_runtime"), to_wire(req), timeout=120.0)
 
     res = probe(probe_model_path())
     if not res.ok or not (res.result or {}).get("ok"):

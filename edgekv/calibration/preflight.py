@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from edgekv.calibration.baseline import fingerprint, fingerprint_key, store_path, write_json
+from edgekv.core.childwire import PreflightRequest, to_wire
 from edgekv.core.llamalog import parse_memory_log
 from edgekv.runtime.childside import EMULATE_CRASH_ENV
 from edgekv.runtime.process import run_child, worker_argv
@@ -90,7 +91,8 @@ def _cache_path(runtime: str, binary: str | None):
 
 
 def _probe_python() -> Preflight:
-    res = run_child(worker_argv("preflight"), {"model_path": str(probe_model_path())}, timeout=120.0)
+    res = run_child(worker_argv("preflight"), to_wire(PreflightRequest(model_path=str(probe_model_path()))),
+                    timeout=120.0)
     r = res.result or {}
     step = next((e.get("phase") for e in reversed(res.events) if e.get("event") == "phase"), None)
     if res.timed_out:

@@ -1,12 +1,15 @@
 """The dry-run session child (``python -m edgekv.child.worker engine``): llama.cpp's own answer for each
-configuration the parent sends, one JSON request per line on stdin (edgekv.runtime.engine.EngineSession)."""
+configuration the parent sends, one JSON request per line on stdin (edgekv.runtime.engine.EngineSession), each an
+edgekv.core.childwire request decoded strictly on arrival."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from edgekv.core.predict import ContextParams
+import msgspec
+
+from edgekv.core.childwire import EngineContexts, EngineLoad, EngineQuit, engine_request_from
 from edgekv.runtime.childside import EventWriter
 from edgekv.runtime.engine import DryRunner
 
@@ -16,19 +19,17 @@ def engine(_payload: dict, ev: EventWriter) -> None:
     runner = DryRunner()
     try:
         for raw in sys.stdin.buffer:
-            req = json.loads(raw)
-            op = req.get("op")
-            if op == "quit":
+            try:
+                req = engine_request_from(json.loads(raw))
+            except (ValueError, msgspec.ValidationError) as e:
+                ev.emit("error", error=f"not a dry-run request: {e}")
+                continue
+            if isinstance(req, EngineQuit):
                 break
-            if op == "load":
-                ev.emit("response", data=runner.load(req["model_path"], req.get("n_gpu_layers", -1),
-                                                     bool(req.get("use_extra_bufts", True))))
-            elif op == "contexts":
-                keep = bool(req.get("keep_log"))
-                nom = int(req.get("n_outputs_max") or 0)
-                results = [runner.context(ContextParams(**c), keep, nom) for c in req["configs"]]
+            if isinstance(req, EngineLoad):
+                ev.emit("response", data=runner.load(req.model_path, req.n_gpu_layers, req.use_extra_bufts))
+            elif isinstance(req, EngineContexts):
+                results = [runner.context(c, req.keep_log, req.n_outputs_max) for c in req.configs]
                 ev.emit("response", data={"results": results})
-            else:
-                ev.emit("error", error=f"unknown op {op!r}")
     finally:
         runner.close()

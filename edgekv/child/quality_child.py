@@ -34,7 +34,7 @@ import numpy as np
 
 from edgekv import heavy
 from edgekv.core.klstats import Accumulator, plan
-from edgekv.core.llamalog import RE_CTX_PARAM, RE_FA_RESOLVED
+from edgekv.core.llamalog import RE_FA_RESOLVED, context_param
 from edgekv.core.predict import ContextParams
 from edgekv.core.qualitywire import (
     QualityCase,
@@ -124,9 +124,9 @@ class _ContextInfo:
 def _flash_attn(line: str) -> str | None:
     """'on' or 'off' from a context's log line: its ``flash_attn = enabled|disabled``, or the line that resolves
     ``auto`` (edgekv.core.llamalog's readings of both)."""
-    m = RE_CTX_PARAM.search(line)
-    if m and m["key"] == "flash_attn" and m["val"] in ("enabled", "disabled"):
-        return "on" if m["val"] == "enabled" else "off"
+    param = context_param(line)
+    if param in (("flash_attn", "enabled"), ("flash_attn", "disabled")):
+        return "on" if param == ("flash_attn", "enabled") else "off"
     m = RE_FA_RESOLVED.search(line)
     return None if m is None else "on" if m["state"] == "enabled" else "off"
 

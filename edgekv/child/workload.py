@@ -14,6 +14,14 @@ import psutil
 
 from edgekv import heavy
 from edgekv.core.benchwire import Checkpoint
+from edgekv.core.childwire import (
+    EnvInfo,
+    GgmlDevice,
+    device_runtime_request_from,
+    extra_buffers_request_from,
+    preflight_request_from,
+    to_wire,
+)
 from edgekv.core.llamalog import parse_memory_log
 from edgekv.core.predict import ContextParams
 from edgekv.runtime.childside import EventWriter
@@ -100,13 +108,13 @@ class DeviceMemory:
 
 # -- ggml device registry (not bound by llama-cpp-python; a few functions through ctypes) ------------
 
-def ggml_devices() -> dict[str, Any]:
+def ggml_devices() -> EnvInfo:
     llama_cpp = heavy.llama_cpp()
 
     libdir = os.path.join(os.path.dirname(llama_cpp.__file__ or ""), "lib")
     cands = [p for pat in ("libggml.so", "libggml.dylib", "ggml.dll") for p in glob.glob(os.path.join(libdir, pat))]
     if not cands:
-        return {"backends": None, "devices": None}
+        return EnvInfo()
     lib = ctypes.CDLL(cands[0])
     lib.ggml_backend_reg_count.restype = ctypes.c_size_t
     lib.ggml_backend_reg_get.restype = ctypes.c_void_p
@@ -132,10 +140,11 @@ def ggml_devices() -> dict[str, Any]:
         d = lib.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
-        devs.append({"name": lib.ggml_backend_dev_name(d).decode(), "description": lib.ggml_backend_dev_description(d).decode(),
-                     "type": types.get(lib.ggml_backend_dev_type(d), "?"), "memory_total": total.value,
-                     "memory_free": free.value})
-    return {"backends": backends, "devices": devs}
+        devs.append(GgmlDevice(name=lib.ggml_backend_dev_name(d).decode(),
+                               description=lib.ggml_backend_dev_description(d).decode(),
+                               type=types.get(lib.ggml_backend_dev_type(d), "?"), memory_total=total.value,
+                               memory_free=free.value))
+    return EnvInfo(backends=backends, devices=devs)
 
 
 def env_info(_payload: dict, ev: EventWriter) -> None:
@@ -143,9 +152,9 @@ def env_info(_payload: dict, ev: EventWriter) -> None:
 
     llama_cpp.llama_backend_init()
     info = ggml_devices()
-    info["system_info"] = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
-    info["supports_gpu_offload"] = bool(llama_cpp.llama_supports_gpu_offload())
-    ev.result(info)
+    info.system_info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+    info.supports_gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
+    ev.result(to_wire(info))
 
 
 def baseline(_payload: dict, ev: EventWriter) -> None:
@@ -163,7 +172,9 @@ def baseline(_payload: dict, ev: EventWriter) -> None:
 def preflight(payload: dict, ev: EventWriter) -> None:
     """The extra-buffer preflight (edgekv.calibration.preflight): load the probe model with the CPU backend's
     extra buffer types on, then decode a batch of 2 and a batch of 32 tokens.  Each step is announced first
-    (``phase`` events), so a parent that sees this process die knows which step killed it."""
+    (``phase`` events), so a parent that sees this process die knows which step killed it.  The payload is a
+    :class:`~edgekv.core.childwire.PreflightRequest` (msgspec.ValidationError when it is not one)."""
+    req = preflight_request_from(payload)
     L = heavy.llama_cpp()
 
     cap = LogCapture()
@@ -171,7 +182,7 @@ def preflight(payload: dict, ev: EventWriter) -> None:
     L.llama_backend_init()
     system_info = L.llama_print_system_info().decode("utf-8", "replace").strip()
     ev.emit("phase", phase="load")
-    model = L.llama_model_load_from_file(payload["model_path"].encode(), model_params(0, dry=False, use_extra_bufts=True))
+    model = L.llama_model_load_from_file(req.model_path.encode(), model_params(0, dry=False, use_extra_bufts=True))
     buffers = parse_memory_log([x for _, x in cap.take()]).model_buffers
     ev.emit("buffers", buffers=buffers)     # before any decode: a parent that sees this process die still knows them
     if not model:
@@ -181,7 +192,7 @@ def preflight(payload: dict, ev: EventWriter) -> None:
 
     ev.emit("phase", phase="context")
     ctx = L.llama_init_from_model(model, context_params(ContextParams(n_ctx=64, n_batch=32, n_ubatch=32),
-                                                         n_threads=int(payload.get("n_threads") or 0) or None))
+                                                         n_threads=req.n_threads or None))
     if not ctx:
         ev.result({"ok": False, "step": "context", "reason": "llama.cpp could not create the probe's context",
                    "buffers": buffers, "system_info": system_info})
@@ -215,7 +226,9 @@ def device_runtime(payload: dict, ev: EventWriter) -> None:
     ``ggml_backend_dev_memory``, device-wide) and this process's own (NVML) after the backend is initialised, after
     the model is loaded with every layer offloaded, after the context, after a prompt batch of ``n_ubatch`` tokens,
     after the first single-token decode and after ``n_decode`` of them; with llama.cpp's buffer lines, so that the
-    runtime's share is the reading less the buffers."""
+    runtime's share is the reading less the buffers.  The payload is a
+    :class:`~edgekv.core.childwire.DeviceRuntimeRequest` (msgspec.ValidationError when it is not one)."""
+    req = device_runtime_request_from(payload)
     L = heavy.llama_cpp()
 
     cap = LogCapture()
@@ -228,15 +241,14 @@ def device_runtime(payload: dict, ev: EventWriter) -> None:
         readings[step] = {"device_used": dm.used(), "process_nvml": _nvml_self(), "rss": process_memory().rss}
 
     read("init")
-    model = L.llama_model_load_from_file(payload["model_path"].encode(), model_params(-1, dry=False))
+    model = L.llama_model_load_from_file(req.model_path.encode(), model_params(-1, dry=False))
     if not model:
         ev.result({"ok": False, "step": "load", "readings": readings})
         return
     read("load")
-    n_ub = int(payload.get("n_ubatch") or 512)
-    cp = ContextParams(n_ctx=int(payload.get("n_ctx") or 1024), n_batch=n_ub, n_ubatch=n_ub,
-                       type_k=payload.get("type_k") or "f16", type_v=payload.get("type_v") or payload.get("type_k") or "f16",
-                       flash_attn=payload.get("flash_attn") or "auto")
+    n_ub = req.n_ubatch
+    cp = ContextParams(n_ctx=req.n_ctx, n_batch=n_ub, n_ubatch=n_ub, type_k=req.type_k, type_v=req.type_v or req.type_k,
+                       flash_attn=req.flash_attn)
     ctx = L.llama_init_from_model(model, context_params(cp))
     if not ctx:
         ev.result({"ok": False, "step": "context", "readings": readings})
@@ -249,7 +261,7 @@ def device_runtime(payload: dict, ev: EventWriter) -> None:
     read("prompt")
     # single-token decodes as a generation makes them: ggml-cuda captures the one-token graph as a CUDA graph once
     # it has seen it repeat, which holds memory of its own
-    for i in range(int(payload.get("n_decode") or 16)):
+    for i in range(req.n_decode):
         one = (L.llama_token * 1)((i * 13 + 1) % n_vocab)
         rc = rc or L.llama_decode(ctx, L.llama_batch_get_one(one, 1))
         L.llama_synchronize(ctx)
@@ -266,14 +278,16 @@ def device_runtime(payload: dict, ev: EventWriter) -> None:
 def extra_buffers(payload: dict, ev: EventWriter) -> None:
     """llama.cpp's own sizes of the CPU backend's extra buffers (AMX, CPU_REPACK) for a model: a real load (the
     dry run allocates no weights, so its model buffer lines say 0.00), its ``load_tensors: ... model buffer size``
-    lines, and nothing else (no context)."""
+    lines, and nothing else (no context).  The payload is a :class:`~edgekv.core.childwire.ExtraBuffersRequest`
+    (msgspec.ValidationError when it is not one)."""
+    req = extra_buffers_request_from(payload)
     L = heavy.llama_cpp()
 
     cap = LogCapture()
     cap.install()
     L.llama_backend_init()
-    model = L.llama_model_load_from_file(payload["model_path"].encode(),
-                                         model_params(0, dry=False, use_extra_bufts=bool(payload.get("repack", True))))
+    model = L.llama_model_load_from_file(req.model_path.encode(),
+                                         model_params(0, dry=False, use_extra_bufts=req.repack))
     lines = [x for _, x in cap.take()]
     ev.result({"ok": bool(model), "buffers": parse_memory_log(lines).model_buffers})
     if model:

@@ -63,14 +63,23 @@ RE_OUTPUT = re.compile(r"(?:llama_context|llama_init_from_model|llama_new_contex
 # (some builds print the same table from print_backend_buffers_info, a helper load_tensors calls)
 RE_MODEL_BUFFER = re.compile(r"(?:(?:llm_)?load_tensors|print_backend_buffers_info): +(?P<dev>\S+) model buffer size = "
                              r"+(?P<mib>[\d.]+) MiB")
-# src/llama-context.cpp:306-318 "%s: n_ctx                 = %u"
+# src/llama-context.cpp:306-318 "%s: n_ctx                 = %u": a context parameter, the one reading of the line
+# (edgekv.core.logconfig and the quality child read it through context_param).  Older builds printed it from
+# llama_init_from_model / llama_new_context_with_model, and n_ctx_per_seq where later ones print n_ctx_seq.
 RE_CTX_PARAM = re.compile(
-    r"llama_context: (?P<key>n_seq_max|n_ctx|n_ctx_seq|n_batch|n_ubatch|causal_attn|flash_attn|kv_unified|n_rs_seq)"
-    r" +=\s+(?P<val>\S+)")
+    r"(?:llama_context|llama_init_from_model|llama_new_context_with_model): "
+    r"(?P<key>n_seq_max|n_ctx|n_ctx_seq|n_ctx_per_seq|n_batch|n_ubatch|causal_attn|flash_attn|kv_unified|swa_full|"
+    r"offload_kqv|n_rs_seq) +=\s+(?P<val>\S+)")
 # src/llama-kv-cache.cpp:159
 RE_V_PAD = re.compile(r"padding V cache to (?P<width>\d+)")
 # src/llama-context.cpp:550-554 "%s: %s not supported, set to disabled" / "%s: %s enabled"
 RE_FA_RESOLVED = re.compile(r"Flash Attention (?P<state>enabled|not supported, set to disabled)")
+
+
+def context_param(line: str) -> tuple[str, str] | None:
+    """(name, value) of a context-parameter line (``llama_context: n_ctx = 4096``), or None for any other line."""
+    m = RE_CTX_PARAM.search(line)
+    return (m["key"], m["val"]) if m else None
 RE_FA_FORCED = re.compile(r"enabling flash_attn since it is required for quantized V cache")
 # any other "<func>: <dev> <what> buffer size = X MiB" line: a buffer of a kind this parser does not know (a cache
 # class newer than edgekv), so that its bytes are never silently dropped
@@ -221,9 +230,9 @@ def parse_memory_log(text: str | list[str]) -> LlamaMemoryLog:
                 _add(target, m["dev"], m["mib"])
                 break
         else:
-            m = RE_CTX_PARAM.search(line)
-            if m:
-                out.context[m["key"]] = m["val"]
+            param = context_param(line)
+            if param:
+                out.context[param[0]] = param[1]
                 continue
             m = RE_V_PAD.search(line)
             if m:

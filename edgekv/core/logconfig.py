@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from edgekv.core.llamalog import RE_GPU_OFFLOAD, decimal_points
+from edgekv.core.llamalog import RE_GPU_OFFLOAD, context_param, decimal_points
 
 MAX_LINE = 4096             # characters kept of one line; the rest of a longer line is skipped unread
 MAX_BYTES = 256 * 2**20     # bytes read from one log
@@ -97,9 +97,6 @@ RE_PYVER = re.compile(r"llama[-_]cpp[-_]python[ =:v]*(?P<v>\d+\.\d+\.\d+)|llama_
 RE_KV = re.compile(r"llama_model_loader: - kv +\d+: +(?P<key>\S+) +(?P<type>arr\[\w+, *\d+\]|\w+) += (?P<val>.*)$")
 RE_TYPE_COUNT = re.compile(r"llama_model_loader: - type +(?P<t>\w+): +(?P<n>\d+) tensors")
 RE_PRINT_INFO = re.compile(r"(?:print_info|llm_load_print_meta): (?P<key>[\w .]+?) += (?P<val>.*)$")
-RE_CTX = re.compile(r"(?:llama_context|llama_init_from_model|llama_new_context_with_model): "
-                    r"(?P<key>n_seq_max|n_ctx|n_ctx_seq|n_ctx_per_seq|n_batch|n_ubatch|causal_attn|flash_attn|"
-                    r"kv_unified|swa_full|offload_kqv) +=\s+(?P<val>\S+)")
 # oldest:     llama_kv_cache_init: kv_size = 512, offload = 1, type_k = 'f16', type_v = 'f16', n_layer = 12
 # later:      llama_kv_cache_unified: kv_size = 4096, type_k = 'f16', type_v = 'f16', n_layer = 36, ...
 RE_KV_INIT = re.compile(r"kv_size = (?P<cells>\d+),(?: offload = \d+,)? type_k = '(?P<tk>\w+)', type_v = '(?P<tv>\w+)', "
@@ -291,9 +288,9 @@ def parse_config(lines: list[str]) -> LogConfig:
                 continue
         if _meta_line(cfg, line) or _device_line(cfg, line):
             continue
-        m = RE_CTX.search(line)
-        if m:
-            cfg.context.setdefault(m["key"], m["val"])
+        param = context_param(line)
+        if param:
+            cfg.context.setdefault(*param)
             continue
         m = RE_KV_INIT.search(line)
         if m and cfg.kv_init is None:

@@ -113,8 +113,9 @@ class ContextParams:
 MAIN_KINDS = ("full", "swa", "dsv4_raw_full", "dsv4_window")
 
 
-@dataclass
-class CachePrediction:
+class CachePrediction(msgspec.Struct, frozen=True):
+    """One cache object llama.cpp creates (a frozen msgspec Struct, as :class:`KVPrediction`)."""
+
     kind: str                     # see above
     cells: int                    # cells per stream (rows per sequence for recurrent state)
     n_stream: int
@@ -130,7 +131,7 @@ class CachePrediction:
     name: str | None = None       # dsv4_state: csa | hca | lid
     width: int = 0                # dsv4_state: n_embd_state
     rs_seq: int = 0               # dsv4_state: rollback snapshots per stream
-    per_layer: list[tuple[int, int, int, int, int]] = field(default_factory=list, repr=False)
+    per_layer: list[tuple[int, int, int, int, int]] = []
 
     @property
     def bytes(self) -> int:
@@ -152,8 +153,10 @@ class LayerPrediction:
     other: dict[str, int] = field(default_factory=dict)   # bytes in the other caches (indexer, compressed, state)
 
 
-@dataclass
-class KVPrediction:
+class KVPrediction(msgspec.Struct, frozen=True, kw_only=True):
+    """llama.cpp's cache allocation for one model and context, as :func:`predict` derives it (a frozen msgspec
+    Struct: ``msgspec.structs.replace`` derives another)."""
+
     status: str
     reason: str | None
     params: ContextParams
@@ -168,9 +171,9 @@ class KVPrediction:
     v_trans: bool                 # V stored transposed: flash attention explicitly off at cache creation
     flash_attn_effective: str     # after llama_init_from_model's own changes (Grok off, quantized V on)
     aborts: bool = False          # llama.cpp would abort the process (not just refuse) with these settings
-    caches: list[CachePrediction] = field(default_factory=list)
-    layers: list[LayerPrediction] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    caches: list[CachePrediction] = []
+    layers: list[LayerPrediction] = []
+    notes: list[str] = []
 
     def to_dict(self, with_layers: bool = False) -> dict[str, object]:
         """The prediction as JSON data, the results record's ``prediction.formula`` (:func:`formula_block`):
@@ -295,31 +298,29 @@ def predict(shape: ModelShape, params: ContextParams | None = None, **overrides:
     v_trans = fa == "off"
 
     n_ctx, n_ctx_seq, n_stream, n_batch, n_ubatch = resolve_context(shape, p)
+    notes = notes + list(shape.notes)
     pred = KVPrediction(
         status=STATUS_OK, reason=None, params=p, arch=shape.arch, memory=shape.memory, n_ctx=p.n_ctx,
         n_ctx_padded=n_ctx, n_ctx_seq=n_ctx_seq, n_stream=n_stream, n_batch=n_batch, n_ubatch=n_ubatch,
-        v_trans=v_trans, flash_attn_effective=fa, notes=notes + list(shape.notes),
+        v_trans=v_trans, flash_attn_effective=fa, notes=list(notes),
     )
 
     if shape.memory == MEMORY_UNSUPPORTED:
-        pred.status, pred.reason = STATUS_UNSUPPORTED, f"{shape.arch}: {shape.unsupported_reason}; measure it instead"
-        return pred
+        return msgspec.structs.replace(pred, status=STATUS_UNSUPPORTED,
+                                       reason=f"{shape.arch}: {shape.unsupported_reason}; measure it instead")
     refusal = shape.invalid_reason or _refusal(shape, p, tk, tv, fa, n_ctx, n_batch, n_ubatch)
     if refusal:
-        pred.status, pred.reason = STATUS_INVALID, refusal
-        pred.aborts = refusal.startswith("llama.cpp aborts")
-        return pred
+        return msgspec.structs.replace(pred, status=STATUS_INVALID, reason=refusal,
+                                       aborts=refusal.startswith("llama.cpp aborts"))
     if shape.memory == MEMORY_NONE:
         return pred
 
     # -- attention caches ----------------------------------------------------------------------------
     try:
-        caches, layer_preds = _attention_caches(shape, p, tk, tv, v_trans, n_ctx_seq, n_stream, n_ubatch, pred)
+        caches, layer_preds = _attention_caches(shape, p, tk, tv, v_trans, n_ctx_seq, n_stream, n_ubatch, notes)
     except ValueError as e:
-        pred.status = STATUS_INVALID
-        pred.reason = f"llama.cpp aborts: {e} (ggml asserts when creating the cache tensor)"
-        pred.aborts = True
-        return pred
+        return msgspec.structs.replace(pred, status=STATUS_INVALID, aborts=True,
+                                       reason=f"llama.cpp aborts: {e} (ggml asserts when creating the cache tensor)")
 
     # -- recurrent state -----------------------------------------------------------------------------
     if shape.memory in (MEMORY_RECURRENT, MEMORY_HYBRID, MEMORY_HYBRID_ISWA, MEMORY_HYBRID_IDX):
@@ -331,9 +332,7 @@ def predict(shape: ModelShape, params: ContextParams | None = None, **overrides:
     if shape.memory == MEMORY_DSV4:
         caches += _dsv4_states(shape, p, layer_preds)
 
-    pred.caches = caches
-    pred.layers = layer_preds
-    return pred
+    return msgspec.structs.replace(pred, caches=caches, layers=layer_preds, notes=notes)
 
 
 def _recurrent_cache(shape: ModelShape, p: ContextParams, layer_preds: list[LayerPrediction]) -> CachePrediction:
@@ -342,18 +341,19 @@ def _recurrent_cache(shape: ModelShape, p: ContextParams, layer_preds: list[Laye
     mem_size = max(1, p.n_seq_max)
     n_rs_seq = p.n_rs_seq if shape.supports_rs_rollback else 0
     rows = mem_size * (1 + n_rs_seq)
-    rec = CachePrediction("recurrent", mem_size, 1, [], "f32", "f32")   # llama.cpp prints mem_size as cells
+    layers, r_bytes, s_bytes = [], 0, 0
     for lp, lay in zip(layer_preds, shape.layers):
         if lay.recr_state:
             rb = 4 * shape.n_embd_r * rows
             sb = 4 * shape.n_embd_s * rows
-            rec.layers.append(lay.index)
-            rec.r_bytes += rb
-            rec.s_bytes += sb
+            layers.append(lay.index)
+            r_bytes += rb
+            s_bytes += sb
             lp.r_bytes, lp.s_bytes = rb, sb
             if lp.cache is None:
                 lp.cache, lp.cells = "recurrent", mem_size
-    return rec
+    # llama.cpp prints mem_size as cells
+    return CachePrediction("recurrent", mem_size, 1, layers, "f32", "f32", r_bytes=r_bytes, s_bytes=s_bytes)
 
 
 # DeepSeek-V4 compression ratios (src/llama-kv-cache-dsv4.cpp:16-17)
@@ -378,18 +378,17 @@ def _kv_object(kind: str, role: str | None, cells: int, n_stream: int, tk: Cache
                entries: list[tuple[int, int, int]], has_v: bool) -> CachePrediction:
     """One llama_kv_cache: per layer a K tensor [k_w, cells, n_stream] and, unless K-only (MLA), a V tensor
     (src/llama-kv-cache.cpp:165-234).  ``entries`` are (layer, K width, V width as allocated)."""
-    c = CachePrediction(kind, cells, n_stream, [], tk.name, tv.name, role=role)
+    per_layer = []
     for il, k_w, v_w in entries:
         try:
             kb = tk.row_bytes(k_w) * cells * n_stream
             vb = tv.row_bytes(v_w) * cells * n_stream if has_v else 0
         except ValueError as e:
             raise ValueError(f"layer {il} ({kind} cache): {e}") from None
-        c.layers.append(il)
-        c.k_bytes += kb
-        c.v_bytes += vb
-        c.per_layer.append((il, k_w, v_w, kb, vb))
-    return c
+        per_layer.append((il, k_w, v_w, kb, vb))
+    return CachePrediction(kind, cells, n_stream, [x[0] for x in per_layer], tk.name, tv.name,
+                           k_bytes=sum(x[3] for x in per_layer), v_bytes=sum(x[4] for x in per_layer), role=role,
+                           per_layer=per_layer)
 
 
 def _dsv4_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, cells_full: int, n_ubatch: int,
@@ -464,7 +463,7 @@ def _assign_layers(caches: list[CachePrediction], layer_preds: list[LayerPredict
 
 
 def _attention_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType, v_trans: bool,
-                      n_ctx_seq: int, n_stream: int, n_ubatch: int, pred: KVPrediction):
+                      n_ctx_seq: int, n_stream: int, n_ubatch: int, notes: list[str]):
     """The llama_kv_cache objects create_memory() builds for this memory type (unified, SWA pair, hybrid), in the
     order llama.cpp creates (and logs) them, and the per-layer breakdown."""
     mem = shape.memory
@@ -484,7 +483,7 @@ def _attention_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: Ca
         caches = _kv_caches(shape, p, tk, tv, n_ctx_seq, n_stream, n_ubatch, has_v, entries)
     _assign_layers(caches, layer_preds)
     if v_trans and shape.v_width_variable and has_v and any(c.layers for c in caches if c.kind in ('full', 'swa')):
-        pred.notes.append(
+        notes.append(
             f"flash attention is off and V widths differ across layers: llama.cpp pads every V row to {v_max}")
     return caches, layer_preds
 
@@ -502,15 +501,14 @@ def _dsv4_states(shape: ModelShape, p: ContextParams, layer_preds: list[LayerPre
     for name, ratio, rows, width in (("csa", DSV4_CSA_RATIO, 2 * DSV4_CSA_RATIO, 2 * head_k0),
                                      ("hca", DSV4_HCA_RATIO, DSV4_HCA_RATIO, head_k0),
                                      ("lid", DSV4_CSA_RATIO, 2 * DSV4_CSA_RATIO, 2 * shape.indexer_head_k)):
-        c = CachePrediction("dsv4_state", rows, ns, [], "f32", "f32", role=name, name=name, width=width,
-                            rs_seq=n_rs_seq)
         per = 2 * 4 * width * rows * planes
+        layers = []
         for lay, lp in zip(shape.layers, layer_preds):
             if lay.index < shape.n_layer and lay.compress_ratio == ratio:
-                c.layers.append(lay.index)
-                c.state_bytes += per
+                layers.append(lay.index)
                 lp.other["dsv4_state"] = lp.other.get("dsv4_state", 0) + per
-        out.append(c)
+        out.append(CachePrediction("dsv4_state", rows, ns, layers, "f32", "f32", state_bytes=per * len(layers),
+                                   role=name, name=name, width=width, rs_seq=n_rs_seq))
     return out
 
 

@@ -5,7 +5,9 @@ Built from GGUF metadata by :mod:`edgekv.core.arch`; consumed by :mod:`edgekv.co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import msgspec
 
 # How llama.cpp's create_memory() builds the model's memory (src/llama-model.cpp).
 MEMORY_KV = "kv"                    # one llama_kv_cache
@@ -70,8 +72,9 @@ class LayerShape:
         return "none"
 
 
-@dataclass(frozen=True)
-class ModelShape:
+class ModelShape(msgspec.Struct, frozen=True, kw_only=True):
+    """A model's cache-deciding facts (a frozen msgspec Struct: ``msgspec.structs.replace`` derives another)."""
+
     arch: str
     name: str
     n_layer_all: int         # {arch}.block_count (plus any layer llama.cpp adds, e.g. a router)
@@ -92,7 +95,7 @@ class ModelShape:
     layers: tuple[LayerShape, ...]
     unsupported_reason: str | None = None
     invalid_reason: str | None = None   # why llama.cpp would refuse to load it (edgekv.core.shapecheck)
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
     indexer_head_k: int = 0  # {arch}.attention.indexer.key_length
     indexer_kpool: int = 0   # glm5-next: {arch}.attention.indexer.kpool (key, gate and pooled value cached)
 

@@ -4,8 +4,10 @@ layers, its graph's nodes) and this machine's calibration coefficients (:class:`
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from edgekv.core.cachetypes import ggml_type_name
 from edgekv.core.memmodel import (
@@ -177,9 +179,9 @@ def run_nodes(graph: dict[str, int] | None) -> tuple[int | None, int | None]:
 NODE_PP_TOKENS = (32, 512)
 
 
-@dataclass
-class Calibration:
-    """This machine's coefficients (seconds), measured by edgekv.calibration.speedcal."""
+class Calibration(msgspec.Struct):
+    """This machine's coefficients (seconds), measured by edgekv.calibration.speedcal (a msgspec Struct, not frozen:
+    the solver fills it in)."""
 
     id: str
     n_threads: int
@@ -196,52 +198,52 @@ class Calibration:
     ubatch_pp_s: float = 0.0
     # a GPU calibration: the cost of a graph node at a model's own widths (body_geometry -> seconds), decode and
     # prompt ubatch, and of returning one logit to the host per decoded token
-    node_tg_body_s: dict[str, float] = field(default_factory=dict)
-    node_pp_body_s: dict[str, float] = field(default_factory=dict)
+    node_tg_body_s: dict[str, float] = {}
+    node_pp_body_s: dict[str, float] = {}
     vocab_tg_s: float = 0.0
-    matvec_s_per_byte: dict[str, float] = field(default_factory=dict)
+    matvec_s_per_byte: dict[str, float] = {}
     # per weight type, the CPU mat-vec's cost per row beyond its bytes (ggml-cpu computes one dot product per row and
     # hands rows out in chunks of 64: a narrow model's many short rows cost more per byte than a wide one's); empty
     # on a GPU, whose node cost is measured at the model's own widths instead
-    matvec_s_per_row: dict[str, float] = field(default_factory=dict)
+    matvec_s_per_row: dict[str, float] = {}
     # per weight type, the mat-vec's time per byte and per row on models far larger than the CPU's caches (the CPU):
     # a token's matrices take at least their bytes and rows at these costs (the weights come from memory); the cost
     # per row while streaming is not the 48 MB models' (a narrow and a wide 384 MB model; CAL_VERSION 10)
-    matvec_stream_s_per_byte: dict[str, float] = field(default_factory=dict)
-    matvec_stream_s_per_row: dict[str, float] = field(default_factory=dict)
-    matmul_s_per_byte: dict[str, float] = field(default_factory=dict)   # per ubatch: the weights streamed once
-    matmul_s_per_flop: dict[str, float] = field(default_factory=dict)
+    matvec_stream_s_per_byte: dict[str, float] = {}
+    matvec_stream_s_per_row: dict[str, float] = {}
+    matmul_s_per_byte: dict[str, float] = {}   # per ubatch: the weights streamed once
+    matmul_s_per_flop: dict[str, float] = {}
     # per weight type, the CPU mat-mat's cost per dot product (a row times a column) beyond its FLOPs: ggml-cpu's
     # mat-mat is the mat-vec's dot product per row and column, so short rows cost more per FLOP; from the narrow
     # weight model's prompts beside the wide one's (empty on a GPU, and before CAL_VERSION 9)
-    matmul_s_per_dot: dict[str, float] = field(default_factory=dict)
+    matmul_s_per_dot: dict[str, float] = {}
     # per weight type, a ubatch of a few columns (str(n) -> seconds per byte of the matrices): llama.cpp's mat-mul
     # with 2 or 4 columns (-npl sequences decoding together, a short last ubatch) is neither a mat-vec nor the
     # mat-mat the prompt coefficients describe
-    matcols_s_per_byte: dict[str, dict[str, float]] = field(default_factory=dict)
+    matcols_s_per_byte: dict[str, dict[str, float]] = {}
     # the same ubatch's cost per row (its n dot products, one per column) beyond its bytes (the CPU): a narrow
     # model's short rows cost more per byte at a few columns too; from the narrow weight model's few-column prompts
     # beside the wide one's (CAL_VERSION 14; empty on a GPU)
-    matcols_s_per_row: dict[str, dict[str, float]] = field(default_factory=dict)
-    attn_tg_s: dict[str, float] = field(default_factory=dict)   # per head x (head_k + head_v) x cell, decode
-    attn_pp_s: dict[str, float] = field(default_factory=dict)   # the same, per prompt token
+    matcols_s_per_row: dict[str, dict[str, float]] = {}
+    attn_tg_s: dict[str, float] = {}   # per head x (head_k + head_v) x cell, decode
+    attn_pp_s: dict[str, float] = {}   # the same, per prompt token
     # the same, a prompt ubatch of fewer than FA_TILE_Q tokens over an F16/F32 cache on the CPU: llama.cpp's
     # per-query-row loop, not the tiled kernel attn_pp_s measures (CAL_VERSION 12); every other pair runs that
     # loop at any ubatch size, so attn_pp_s is its cost already
-    attn_pp_rows_s: dict[str, float] = field(default_factory=dict)
+    attn_pp_rows_s: dict[str, float] = {}
     # the same, the tiled kernel's cost per cell deep in the cache (TILED_DEEP_DEPTHS), where on some CPUs it is
     # dearer than over the first cells attn_pp_s measures (which cache it falls out of is not shown); F16/F32 pairs
     # on the CPU (CAL_VERSION 13)
-    attn_pp_deep_s: dict[str, float] = field(default_factory=dict)
+    attn_pp_deep_s: dict[str, float] = {}
     # the share of the tiled kernel's cost that a query tile pays whatever rows it holds (tile_factor): from a prompt
     # of PT_N tokens (short tiles) beside ATTN_PP_N's on the same depths; attn_pp_s and attn_pp_deep_s are then the
     # cost per row of full tiles; F16/F32 pairs on the CPU (CAL_VERSION 19; 0 = every row alike, as before)
-    attn_pp_tile_share: dict[str, float] = field(default_factory=dict)
+    attn_pp_tile_share: dict[str, float] = {}
     # the same deep in the cache (the deep model's PT_N-token prompts beside its DEEP_PP_N ones), which attn_pp_deep_s
     # is then per row of full tiles of; where absent, the shallow share
-    attn_pp_tile_share_deep: dict[str, float] = field(default_factory=dict)
+    attn_pp_tile_share_deep: dict[str, float] = {}
     bandwidth_bytes_s: float | None = None
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = []
     machine: str = ""                                           # the CPU and thread count it was measured on
     runtime: str = "llama-cpp-python"                           # the llama.cpp it was measured through
     # the ggml device every layer ran on ("CUDA0", "Metal", ...; "" = the CPU backend): a GPU calibration is its own,
@@ -249,7 +251,7 @@ class Calibration:
     device: str = ""
     # terms outside their physical bounds twice (edgekv.core.speedbounds: term -> why): left out of the
     # coefficients, and every prediction that needs one is withheld with the reason until a run measures it again
-    dropped: dict[str, str] = field(default_factory=dict)
+    dropped: dict[str, str] = {}
 
     @property
     def busy(self) -> bool:
@@ -258,4 +260,4 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        return cls(**{k: v for k, v in d.items() if k in cls.__struct_fields__})

@@ -17,8 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 
+from edgekv.core.childwire import EnvInfo, env_info_from, to_wire
 from edgekv.machine import memory as machine_memory  # read as machine_memory.available_memory: a test can stand in for it
 from edgekv.machine.codeid import code_identity
 from edgekv.runtime.process import run_child, worker_argv
@@ -147,25 +149,29 @@ def host_side(argv: list[str] | None = None) -> dict[str, Any]:
     return env
 
 
-def llama_side(timeout: float = 120.0) -> dict[str, Any]:
-    """Backends, devices and system info of the llama.cpp build in use (in a child process)."""
+def llama_side(timeout: float = 120.0) -> tuple[EnvInfo, str | None]:
+    """Backends, devices and system info of the llama.cpp build in use (in a child process), and why they are
+    missing where they are."""
     res = run_child(worker_argv("env"), {}, timeout=timeout)
     if not res.ok:
-        return {"backends": None, "devices": None, "error": res.failure_reason()}
-    return res.result or {}
+        return EnvInfo(), res.failure_reason()
+    try:
+        return env_info_from(res.result or {}), None
+    except msgspec.ValidationError as e:
+        return EnvInfo(), f"the env child's reply is not one: {e}"
 
 
 def collect(argv: list[str] | None = None, with_llama: bool = True) -> dict[str, Any]:
     env = host_side(argv)
     if with_llama:
-        ls = llama_side()
-        env["backends"] = ls.get("backends")
-        env["devices"] = [d.get("description") or d.get("name") for d in (ls.get("devices") or [])] or None
-        env["device_details"] = ls.get("devices")
-        env["system_info"] = ls.get("system_info")
-        env["gpu_offload"] = ls.get("supports_gpu_offload")
-        if ls.get("error"):
-            env["llama_error"] = ls["error"]
+        ls, error = llama_side()
+        env["backends"] = ls.backends
+        env["devices"] = [d.description or d.name for d in (ls.devices or [])] or None
+        env["device_details"] = to_wire(ls.devices)
+        env["system_info"] = ls.system_info
+        env["gpu_offload"] = ls.supports_gpu_offload
+        if error:
+            env["llama_error"] = error
     env["nvidia"] = nvidia_info()
 
     avail = machine_memory.available_memory()           # at the start of the run; bench reads it again before each configuration

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 from rich.table import Table
 
@@ -86,7 +87,7 @@ def inspect_dict(m: LoadedModel) -> dict[str, Any]:
 
 def shape_dict(s: ModelShape) -> dict[str, Any]:
     """``edgekv info --json``'s shape: every field, each layer with its role and widths, and the trunk's n_layer."""
-    d = asdict(s)
+    d = msgspec.structs.asdict(s)
     d["layers"] = [dict(asdict(lay), role=lay.role, k_width=lay.k_width, v_width=lay.v_width) for lay in s.layers]
     d["n_layer"] = s.n_layer
     d["notes"] = list(s.notes)

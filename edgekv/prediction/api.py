@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from dataclasses import replace as _replace
 from typing import Any
+
+import msgspec
 
 from edgekv.core.arch import shape_from_metadata
 from edgekv.core.predict import STATUS_OK, ContextParams, KVPrediction
@@ -69,7 +70,7 @@ def _size(n: int) -> str:
 def _checked_shape(shape: ModelShape, header) -> ModelShape:
     """The shape with ``invalid_reason`` set when llama.cpp would refuse the file (edgekv.core.shapecheck)."""
     why = validate_shape(shape, {t.name: t.shape for t in header.tensors} if header is not None else None)
-    return _replace(shape, invalid_reason=why) if why else shape
+    return msgspec.structs.replace(shape, invalid_reason=why) if why else shape
 
 
 def load_model(spec: str | None) -> LoadedModel:

@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 
+from edgekv.core.childwire import ExtraBuffersRequest, to_wire
 from edgekv.core.memmodel import extra_buffer_bytes
 from edgekv.core.predict import STATUS_OK, STATUS_UNSUPPORTED, KVPrediction, llama_mib
 from edgekv.core.units import MIB
@@ -160,7 +161,8 @@ def extra_buffer_check(m, cpu_features: list[str], use_extra_bufts: bool = True,
                        f"{avail / MIB:.0f} MiB available")
         return out
     with loadable_path(m.ref.path, m.header) as (path, _sparse):
-        res = run_child(worker_argv("extra_buffers"), {"model_path": path, "repack": use_extra_bufts}, timeout=timeout)
+        res = run_child(worker_argv("extra_buffers"),
+                        to_wire(ExtraBuffersRequest(model_path=path, repack=use_extra_bufts)), timeout=timeout)
     r = res.result or {}
     if not res.ok or not r.get("ok"):
         out["note"] = f"llama.cpp's figure not read: {res.failure_reason() or 'the load failed'}"

@@ -26,6 +26,7 @@ import psutil
 
 from edgekv import heavy
 from edgekv.core.cachetypes import cache_type
+from edgekv.core.childwire import EngineContexts, EngineLoad, to_wire
 from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, parse_memory_log
 from edgekv.core.predict import ContextParams
 from edgekv.core.units import mib_to_bytes
@@ -316,8 +317,8 @@ class EngineSession:
         try:
             path, self.sparse = self._stack.enter_context(loadable_path(self.model_path, self.header))
             self._child = self._stack.enter_context(ChildSession(worker_argv("engine")))
-            info = self._child.request({"op": "load", "model_path": path, "n_gpu_layers": self.n_gpu_layers,
-                                        "use_extra_bufts": self.use_extra_bufts},
+            info = self._child.request(to_wire(EngineLoad(model_path=path, n_gpu_layers=self.n_gpu_layers,
+                                                          use_extra_bufts=self.use_extra_bufts)),
                                        timeout=self.timeout)
         except ChildDied as e:
             self._stack.close()
@@ -349,8 +350,8 @@ class EngineSession:
         outputs per ubatch (a workload's graph) instead of llama.cpp's default n_batch."""
         assert self._child is not None, "use EngineSession as a context manager"
         try:
-            data = self._child.request({"op": "contexts", "configs": [asdict(c) for c in configs],
-                                        "keep_log": keep_log, "n_outputs_max": n_outputs_max},
+            data = self._child.request(to_wire(EngineContexts(configs=list(configs), keep_log=keep_log,
+                                                              n_outputs_max=n_outputs_max)),
                                        timeout=self.timeout)
         except ChildDied as e:
             raise EngineError(f"{self.model_path}: llama.cpp dry run failed: {e}") from None
