@@ -171,7 +171,7 @@ def _check_line(line: Any, c: CachePrediction | None) -> dict[str, Any]:
     return row
 
 
-def _judge(row: dict[str, Any], note: str = "", more: list[str] | None = None) -> dict[str, Any]:
+def _judge(row: dict[str, object], note: str = "", more: list[str] | None = None) -> dict[str, object]:
     """``row`` with ``match`` and, where the printed MiB (all, K, V) differ from the predicted or ``more`` names
     something else that differs, ``why``: the fields that differ, then ``note`` in parentheses."""
     diffs = [k for k in ("mib", "k_mib", "v_mib") if row[f"printed_{k}"] != row[f"predicted_{k}"]] + (more or [])

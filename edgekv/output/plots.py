@@ -48,7 +48,7 @@ def new_figure(ncols: int):
 
 
 def stacked_bars(labels: list[str], stacks: list[list[tuple[str, float]]], colors: dict[str, str],
-                 after: Callable[[Any, int, int, float], None]):
+                 after: Callable[[object, int, int, float], None]):
     """A figure of one horizontal bar a row (top to bottom), its (part, width) stacks in order, each part in its
     colour and named once in the legend (on the top bar); ``after(ax, i, y, end)`` draws what row ``i`` adds past the
     end of its parts.  Returns (plt, fig, ax) for the caller's axis labels and legend."""

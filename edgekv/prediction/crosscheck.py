@@ -82,8 +82,8 @@ def compare(pred: KVPrediction, res: EngineResult) -> list[str]:
     return diffs
 
 
-def _compare_kind(exp: list[dict[str, Any]], got: list[dict[str, Any]], kind: str, what: str,
-                  label: Callable[[int, dict[str, Any]], str]) -> list[str]:
+def _compare_kind(exp: list[dict], got: list[dict], kind: str, what: str,
+                  label: Callable[[int, dict], str]) -> list[str]:
     """The differences between the formula's and llama.cpp's cache lines of one ``kind``: their count, then each
     line's fields in order (``label`` names the i-th line)."""
     exp_k, got_k = [x for x in exp if x["kind"] == kind], [x for x in got if x["kind"] == kind]
