@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -39,13 +37,12 @@ from pathlib import Path
 from bench import harness as H
 from edgekv.calibration.preflight import preflight
 from edgekv.core.stats import summarize, welch
-from edgekv.machine.environment import cpu_model
 from edgekv.prediction.api import load_model
 from edgekv.records.schema import encode
 from edgekv.runtime.process import run_child
 from edgekv.sweep.run import default_depth, run_sweep
 from edgekv.sweep.spec import sweep_spec
-from tools.llama_tools import llama_bench_env, llama_cpp_python_version, tool
+from tools.llama_tools import llama_bench_env, tool
 
 NAME = "bench_vs_llama_bench"
 KEY = ("model", "n_ctx", "type", "p", "n", "t")
@@ -157,15 +154,10 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("-c", default="2048,4096")
     ap.add_argument("-ctk", default="f16,q8_0,q4_0")
-    ap.add_argument("-p", type=int, default=512)
-    ap.add_argument("-n", type=int, default=128)
-    ap.add_argument("-r", type=int, default=5)
-    ap.add_argument("-t", type=int, default=os.cpu_count() or 2)
     ap.add_argument("-fa", default="auto")
-    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--libs", choices=("python", "own"), default="python",
                     help="llama-bench on llama-cpp-python's own shared libraries (default) or on those built beside it")
-    ap.add_argument("--out", help="also write the whole run as one JSON document here")
+    H.add_timing(ap, p=512, n=128, r=5)
     H.add_common(ap)
     args = ap.parse_args()
 
@@ -217,28 +209,18 @@ def main() -> None:
     sweep_wall = sum(r["walls_s"]["sweep"] for r in rows)
     harness = sum(r["walls_s"]["harness"] for r in rows)
 
-    def geo(xs: list[float]) -> float:
-        return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
     summary = {
-        "pp_ratio_geomean": geo([r["pp"]["ratio"] for r in rows]),
-        "tg_ratio_geomean": geo([r["tg"]["ratio"] for r in rows]),
-        "pp_round_median_geomean": geo([r["pp"]["round_ratio_median"] for r in rows]),
-        "tg_round_median_geomean": geo([r["tg"]["round_ratio_median"] for r in rows]),
+        "pp_ratio_geomean": H.geomean([r["pp"]["ratio"] for r in rows]),
+        "tg_ratio_geomean": H.geomean([r["tg"]["ratio"] for r in rows]),
+        "pp_round_median_geomean": H.geomean([r["pp"]["round_ratio_median"] for r in rows]),
+        "tg_round_median_geomean": H.geomean([r["tg"]["round_ratio_median"] for r in rows]),
         "pp_ratio_min": min(r["pp"]["ratio"] for r in rows),
         "tg_ratio_min": min(r["tg"]["ratio"] for r in rows),
         "harness_share_of_case_wall": harness / case_wall,
         "harness_share_of_sweep_wall": (harness + sweep_wall - case_wall) / sweep_wall,
     }
-    out = {"machine": {"cpu": cpu_model(), "cores_logical": os.cpu_count(), "os": platform.platform()},
-           "command": H.command_line(), "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-           "llama_cpp_python": llama_cpp_python_version(), "load1": load1, "rows": rows, "summary": summary}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(markdown(out))
     keyed = [{"model": args.model, "p": args.p, "n": args.n, "t": args.t, **r} for r in rows]
-    print(f"written: {H.save_run(NAME, args.machine or H.this_machine(), out, keyed, KEY, args.results)}")
+    H.finish_run(NAME, args, rows, load1, summary, markdown, keyed, KEY)
 
 
 def render(by_machine: dict[str, list[dict]]) -> str:

@@ -38,13 +38,14 @@ neighbours).  ``RENAMED`` maps the classes rows were filed under before the ISA 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
 import socket
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,17 @@ def add_common(ap) -> None:
                     "class of the records read)")
 
 
+def add_timing(ap, *, p: int, n: int, r: int) -> None:
+    """The llama-bench flags the speed harnesses share (-p, -n, -r, -t: every CPU by default), their --rounds and
+    --out (the whole run as one JSON document)."""
+    ap.add_argument("-p", type=int, default=p)
+    ap.add_argument("-n", type=int, default=n)
+    ap.add_argument("-r", type=int, default=r)
+    ap.add_argument("-t", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", help="also write the whole run as one JSON document here")
+
+
 def identity() -> dict[str, Any]:
     """The code identity a row carries: ``{"commit": ..., "dirty": ...}``."""
     from edgekv.machine.codeid import code_identity
@@ -262,6 +274,29 @@ def save_run(harness: str, machine: str, out: dict[str, Any], rows: Iterable[dic
     if out.get("load1"):
         run["load1"] = [min(out["load1"]), max(out["load1"])]
     return save(harness, machine, [{**r, "run": run} for r in rows], key, root, stamp)
+
+
+def geomean(xs: Sequence[float]) -> float:
+    """The geometric mean of positive ratios."""
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def finish_run(harness: str, args: Any, rows: list[dict], load1: list[float], summary: dict[str, Any],
+               markdown: Callable[[dict[str, Any]], str], keyed: Iterable[dict], key: Sequence[str]) -> None:
+    """The end of a speed harness's run (flags of :func:`add_timing` and :func:`add_common`): the run as one document
+    (machine, command, settings, llama-cpp-python version, load averages, rows, summary) written to --out, printed
+    as ``markdown(out)``, and its rows (``keyed``) saved under the machine class."""
+    from edgekv.machine.environment import cpu_model
+    from tools.llama_tools import llama_cpp_python_version
+
+    out = {"machine": {"cpu": cpu_model(), "cores_logical": os.cpu_count(), "os": platform.platform()},
+           "command": command_line(), "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+           "llama_cpp_python": llama_cpp_python_version(), "load1": load1, "rows": rows, "summary": summary}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(markdown(out))
+    print(f"written: {save_run(harness, args.machine or this_machine(), out, keyed, key, args.results)}")
 
 
 def command_line() -> str:

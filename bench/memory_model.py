@@ -52,7 +52,7 @@ VARIANTS = {
 SETTINGS = {"base": "defaults", "ub256": "-ub 256", "t1": "-t 1", "nommap": "--no-mmap (-lm none)",
             "llamabench": "--llama-bench", "large": "defaults", "repack0": "--repack 0", "faoff": "-fa off",
             "nglall": "-ngl all"}
-# Issue 27 point 6: zero-weight models (sparse files, edgekv.sources.tinymodel.write_sparse) of the two shapes the issue
+# Issue 27 point 6: zero-weight models (sparse files, edgekv.sources.tinymodel.write_llama) of the two shapes the issue
 # names: a llama with Q4_0 matrices (re-laid by CPU_REPACK on AVX2) and a Q8_0 token embedding tied as the output,
 # and a qwen2 shape with Q8_0 weights and an untied output.  (arch, n_embd, n_ff, n_vocab, n_layer, n_head, n_head_kv,
 # matrix type, embedding type, tied)
@@ -75,43 +75,16 @@ def edgekv() -> list[str]:
 
 def synthetic(name: str) -> str:
     """Write (once) the zero-weight GGUF of a SYNTHETIC shape under bench/.build/ (ignored by git); its path."""
-    from gguf import GGMLQuantizationType as Q
-    from gguf import GGUFWriter
-
-    from edgekv.sources.tinymodel import write_sparse
+    from edgekv.sources.tinymodel import write_llama
 
     arch, e, f, v, n_layer, h, kv, mat, emb, tied = SYNTHETIC[name]
     path = H.BUILD / "synthetic" / f"{name}.gguf"
     if path.exists():
         return str(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    w = GGUFWriter(path, arch, use_temp_file=False)
-    w.add_block_count(n_layer)
-    w.add_context_length(8192)
-    w.add_embedding_length(e)
-    w.add_feed_forward_length(f)
-    w.add_head_count(h)
-    w.add_head_count_kv(kv)
-    w.add_rope_dimension_count(e // h)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_vocab_size(v)
-    w.add_tokenizer_model("none")
-    hd, t = e // h, []
-    t.append(("token_embd.weight", (e, v), Q[emb]))
-    for i in range(n_layer):
-        b = f"blk.{i}."
-        t += [(b + "attn_norm.weight", (e,), Q.F32), (b + "ffn_norm.weight", (e,), Q.F32),
-              (b + "attn_q.weight", (e, e), Q[mat]), (b + "attn_k.weight", (e, kv * hd), Q[mat]),
-              (b + "attn_v.weight", (e, kv * hd), Q[mat]), (b + "attn_output.weight", (e, e), Q[mat]),
-              (b + "ffn_gate.weight", (e, f), Q[mat]), (b + "ffn_up.weight", (e, f), Q[mat]),
-              (b + "ffn_down.weight", (f, e), Q[mat])]
-        if arch == "qwen2":
-            t += [(b + "attn_q.bias", (e,), Q.F32), (b + "attn_k.bias", (kv * hd,), Q.F32),
-                  (b + "attn_v.bias", (kv * hd,), Q.F32)]
-    t.append(("output_norm.weight", (e,), Q.F32))
-    if not tied:
-        t.append(("output.weight", (e, v), Q[emb]))
-    write_sparse(w, path, t)
+    write_llama(path, n_embd=e, n_ff=f, n_layer=n_layer, n_head=h, n_head_kv=kv, mat_type=mat, n_vocab=v,
+                out_type=emb, embd_type=emb, name=f"edgekv synthetic {name}", arch=arch, tied=tied,
+                n_ctx_train=8192, rms_eps=1e-6)
     return str(path)
 
 

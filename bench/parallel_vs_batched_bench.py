@@ -25,21 +25,17 @@ Run it on a quiet machine: on 2 shared cores the noise is larger than the effect
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import platform
 import tempfile
 from pathlib import Path
 
 from bench import harness as H
 from edgekv.core.stats import summarize, welch
-from edgekv.machine.environment import cpu_model
 from edgekv.prediction.api import load_model
 from edgekv.records.schema import encode
 from edgekv.sweep.run import run_sweep
 from edgekv.sweep.spec import sweep_spec
-from tools.llama_tools import llama_cpp_python_version, run_batched_bench, tool
+from tools.llama_tools import run_batched_bench, tool
 
 NAME = "parallel_vs_batched_bench"
 KEY = ("model", "type", "npl", "c", "p", "n", "t")
@@ -160,35 +156,20 @@ def main() -> None:
     ap.add_argument("-ctk", default="f16,q8_0")
     ap.add_argument("-npl", default="1,2,4")
     ap.add_argument("-c", type=int, default=4096)
-    ap.add_argument("-p", type=int, default=128)
-    ap.add_argument("-n", type=int, default=32)
-    ap.add_argument("-r", type=int, default=3)
-    ap.add_argument("-t", type=int, default=os.cpu_count() or 2)
     ap.add_argument("-b", type=int, default=2048)
     ap.add_argument("-ub", type=int, default=512)
     ap.add_argument("-fa", default="auto")
-    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--libs", choices=("python", "own"), default="python")
-    ap.add_argument("--out", help="also write the whole run as one JSON document here")
+    H.add_timing(ap, p=128, n=32, r=3)
     H.add_common(ap)
     args = ap.parse_args()
     rows, load1 = measure(args)
-
-    def geo(xs: list[float]) -> float:
-        return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-    summary = {"pp_geomean": geo([r["pp"]["ratio"] for r in rows]), "tg_geomean": geo([r["tg"]["ratio"] for r in rows]),
+    summary = {"pp_geomean": H.geomean([r["pp"]["ratio"] for r in rows]),
+               "tg_geomean": H.geomean([r["tg"]["ratio"] for r in rows]),
                "pp_min": min(r["pp"]["ratio"] for r in rows), "tg_min": min(r["tg"]["ratio"] for r in rows),
                "kv_all_match": all(r["kv_matches_formula"] for r in rows)}
-    out = {"machine": {"cpu": cpu_model(), "cores_logical": os.cpu_count(), "os": platform.platform()},
-           "command": H.command_line(), "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-           "llama_cpp_python": llama_cpp_python_version(), "load1": load1, "rows": rows, "summary": summary}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(markdown(out))
     keyed = [{**r, "c": args.c, "p": args.p, "n": args.n, "t": args.t} for r in rows]
-    print(f"written: {H.save_run(NAME, args.machine or H.this_machine(), out, keyed, KEY, args.results)}")
+    H.finish_run(NAME, args, rows, load1, summary, markdown, keyed, KEY)
 
 
 if __name__ == "__main__":

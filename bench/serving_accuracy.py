@@ -25,20 +25,16 @@ Run it on a quiet machine: the speed comparison is noise-bound on 2 shared cores
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import platform
 import tempfile
 from pathlib import Path
 
 from bench import harness as H
-from edgekv.machine.environment import cpu_model
 from edgekv.prediction.api import load_model
 from edgekv.records.schema import encode
 from edgekv.sweep.run import ENGINE_SERVER, run_sweep
 from edgekv.sweep.spec import sweep_spec
-from tools.llama_tools import llama_cpp_python_version, tool
+from tools.llama_tools import tool
 
 NAME = "serving_accuracy"
 KEY = ("model", "np", "c", "p", "n", "t", "ctk")
@@ -125,30 +121,18 @@ def main() -> None:
     ap.add_argument("--np", default="1,4")
     ap.add_argument("-ctk", default="f16")
     ap.add_argument("-c", type=int, default=4096)
-    ap.add_argument("-p", type=int, default=128)
-    ap.add_argument("-n", type=int, default=64)
-    ap.add_argument("-r", type=int, default=3)
-    ap.add_argument("-t", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--llama-server", help="a llama-server binary (default: built from the vendored tree)")
-    ap.add_argument("--out", help="also write the whole run as one JSON document here")
+    H.add_timing(ap, p=128, n=64, r=3)
     H.add_common(ap)
     args = ap.parse_args()
     rows, load1 = measure(args)
     worst = max(rows, key=lambda r: abs(r["residual_pct"] or 0))
     ratios = [r["tg_ratio"] for r in rows]
     summary = {"worst_residual_pct": worst["residual_pct"], "worst_residual_mib": worst["residual_mib"],
-               "tg_ratio_geomean": math.exp(sum(math.log(x) for x in ratios) / len(ratios)),
+               "tg_ratio_geomean": H.geomean(ratios),
                "tg_ratio_min": min(ratios), "tg_ratio_max": max(ratios), "kv_all_match": all(r["kv_match"] for r in rows)}
-    out = {"machine": {"cpu": cpu_model(), "cores_logical": os.cpu_count(), "os": platform.platform()},
-           "command": H.command_line(), "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-           "llama_cpp_python": llama_cpp_python_version(), "load1": load1, "rows": rows, "summary": summary}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(markdown(out))
     keyed = [{**r, "c": args.c, "p": args.p, "n": args.n, "t": args.t, "ctk": args.ctk} for r in rows]
-    print(f"written: {H.save_run(NAME, args.machine or H.this_machine(), out, keyed, KEY, args.results)}")
+    H.finish_run(NAME, args, rows, load1, summary, markdown, keyed, KEY)
 
 
 def render(by_machine: dict[str, list[dict]]) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -20,7 +20,6 @@ CTX_OPT = typer.Option(None, "-c", "--ctx-size", show_default=False,
 CTK_OPT = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
                        help="K cache types (f32,f16,bf16,q8_0,q4_0,q4_1,iq4_nl,q5_0,q5_1).")
 CTV_OPT = typer.Option(None, "-ctv", "--cache-type-v", help="V cache types; default: follow -ctk pairwise.", show_default=False)
-FA_OPT = typer.Option("auto", "-fa", "--flash-attn", help="Flash attention: on, off or auto.")
 SWA_FULL_OPT = typer.Option(False, "--swa-full", help="Full-size SWA cache (llama.cpp's --swa-full).")
 NP_OPT = typer.Option(1, "-np", "--parallel", help="Number of sequences (n_seq_max).")
 UNIFIED_OPT = typer.Option(False, "--kv-unified", help="One KV buffer shared by all sequences.")
@@ -39,7 +38,6 @@ NPL_OPT = typer.Option(None, "-npl", show_default=False,
 UB_OPT = typer.Option(512, "-ub", "--ubatch-size", help="Physical batch size.")
 B_OPT = typer.Option(2048, "-b", "--batch-size", help="Logical batch size.")
 NGL_OPT = typer.Option(-1, "-ngl", "--n-gpu-layers", help="Layers on the GPU for the engine dry run (-1: all).")
-JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
 MIN_TG_OPT = typer.Option(None, "--min-tg", show_default=False,
                           help="With --budget: the largest context that fits and decodes at least this many tokens/s "
                                "at full depth (predicted on this machine).")
@@ -49,11 +47,6 @@ PREDICT_LLAMA_BENCH_OPT = typer.Option(None, "--llama-bench", show_default=False
                                        help="Predict for your own llama-bench binary: its speed from a calibration "
                                             "measured through it (as 'edgekv bench --llama-bench' does), the process "
                                             "over its own runtime baseline.")
-PREDICT_REPACK_OPT = typer.Option(None, "--repack", show_default=False,
-                                  help="llama-bench's --repack 0|1: with the CPU backend's AMX / CPU_REPACK weight "
-                                       "copies (1) or without them (0, llama.cpp's -nr). Default: 1, llama.cpp's "
-                                       "default, unless edgekv's preflight saw those kernels crash on this CPU (then "
-                                       "0, said in the notes).")
 FORCE_OPT = typer.Option(False, "--force", help="Append to a results file from another environment or model, and run "
                                                 "configurations predicted not to fit the memory available.")
 NO_RETRY_OPT = typer.Option(False, "--no-retry", help="On resume, keep configurations that failed earlier instead of "
@@ -90,6 +83,18 @@ BENCH_NO_MMAP_OPT = typer.Option(False, "--no-mmap", help="Read the weights into
     "(llama.cpp's `-lm none`; --no-mmap in older builds).")
 QUALITY_FLAG_OPT = typer.Option(False, "--quality", help="Add perplexity and KL divergence vs f16 to each result "
     "(edgekv quality's pass, through llama-cpp-python).")
+
+
+# The options predict, calibrate and the reading commands share, as typed aliases: ``as_json: AsJson = False``.
+# (typer reads an option's default from the parameter when the option is declared in ``Annotated``.)
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+FlashAttn = Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto.")]
+Threads = Annotated[int, typer.Option("-t", "--threads", help="CPU threads (0: physical cores, llama.cpp's default).")]
+OneRepack = Annotated[Optional[str], typer.Option(
+    "--repack", show_default=False,
+    help="llama-bench's --repack 0|1: with the CPU backend's AMX / CPU_REPACK weight copies (1) or without them (0, "
+         "llama.cpp's -nr). Default: 1, llama.cpp's default, unless edgekv's preflight saw those kernels crash on "
+         "this CPU (then 0, said in the notes).")]
 
 
 def llama_bench_path(path: Optional[str]) -> Optional[str]:

@@ -164,15 +164,20 @@ def _check_line(line: Any, c: CachePrediction | None) -> dict[str, Any]:
     kb, vb = k1 * rows, v1 * rows
     row.update({"predicted_mib": llama_mib(kb + vb), "predicted_k_mib": llama_mib(kb), "predicted_v_mib": llama_mib(vb),
                 "predicted_cells": c.cells, "predicted_layers": len(c.layers), "bytes": kb + vb})
-    diffs = [k for k in ("mib", "k_mib", "v_mib") if row[f"printed_{k}"] != row[f"predicted_{k}"]]
-    if len(c.layers) != line.layers:
-        diffs.append("layers")
-    row["match"] = not diffs
-    if diffs:
-        row["why"] = "differs in " + ", ".join(diffs)
+    _judge(row, more=["layers"] if len(c.layers) != line.layers else [])
     if c.cells != line.cells:
         row["cells_note"] = (f"edgekv's rule gives {c.cells} cells at this context; the log has {line.cells} "
                              "(bytes compared at the log's cell count)")
+    return row
+
+
+def _judge(row: dict[str, object], note: str = "", more: list[str] | None = None) -> dict[str, object]:
+    """``row`` with ``match`` and, where the printed MiB (all, K, V) differ from the predicted or ``more`` names
+    something else that differs, ``why``: the fields that differ, then ``note`` in parentheses."""
+    diffs = [k for k in ("mib", "k_mib", "v_mib") if row[f"printed_{k}"] != row[f"predicted_{k}"]] + (more or [])
+    row["match"] = not diffs
+    if diffs:
+        row["why"] = "differs in " + ", ".join(diffs) + (f" ({note})" if note else "")
     return row
 
 
@@ -190,11 +195,7 @@ def _uniform(cfg: LogConfig, row: dict[str, Any]) -> dict[str, Any]:
         return {**row, "match": False, "why": "cache type or width not known"}
     row.update({"predicted_mib": llama_mib(kb + vb), "predicted_k_mib": llama_mib(kb), "predicted_v_mib": llama_mib(vb),
                 "bytes": kb + vb, "method": "print_info widths (this build's cache rules differ from edgekv's)"})
-    diffs = [k for k in ("mib", "k_mib", "v_mib") if row[f"printed_{k}"] != row[f"predicted_{k}"]]
-    row["match"] = not diffs
-    if diffs:
-        row["why"] = "differs in " + ", ".join(diffs) + " (recomputed from print_info's widths)"
-    return row
+    return _judge(row, "recomputed from print_info's widths")
 
 
 def _check_recurrent(pred: KVPrediction, mem: LlamaMemoryLog) -> list[dict[str, Any]]:
@@ -206,11 +207,7 @@ def _check_recurrent(pred: KVPrediction, mem: LlamaMemoryLog) -> list[dict[str, 
                "printed_mib": line.mib, "printed_k_mib": line.r_mib, "printed_v_mib": line.s_mib,
                "predicted_mib": llama_mib(c.bytes), "predicted_k_mib": llama_mib(c.r_bytes),
                "predicted_v_mib": llama_mib(c.s_bytes), "bytes": c.bytes}
-        diffs = [k for k in ("mib", "k_mib", "v_mib") if row[f"printed_{k}"] != row[f"predicted_{k}"]]
-        row["match"] = not diffs
-        if diffs:
-            row["why"] = "differs in " + ", ".join(diffs) + " (R and S)"
-        out.append(row)
+        out.append(_judge(row, "R and S"))
     return out
 
 
@@ -236,11 +233,7 @@ def _check_kv_self(cfg: LogConfig, mem: LlamaMemoryLog, pred: KVPrediction) -> l
                "printed_mib": s["mib"], "printed_k_mib": s["k_mib"], "printed_v_mib": s["v_mib"],
                "predicted_mib": llama_mib(kb + vb), "predicted_k_mib": llama_mib(kb), "predicted_v_mib": llama_mib(vb),
                "bytes": kb + vb}
-        diffs = [k for k in ("mib", "k_mib", "v_mib") if row[f"printed_{k}"] != row[f"predicted_{k}"]]
-        row["match"] = not diffs
-        if diffs:
-            row["why"] = "differs in " + ", ".join(diffs) + " (one cache over every layer, as these builds allocate)"
-        out.append(row)
+        out.append(_judge(row, "one cache over every layer, as these builds allocate"))
     return out
 
 

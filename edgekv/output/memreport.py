@@ -14,7 +14,7 @@ import msgspec
 
 from edgekv.core.memmodel import STACK_ORDER, stacked
 from edgekv.core.units import MIB, kv_label
-from edgekv.output.plots import new_figure, png_bytes
+from edgekv.output.plots import measured_tick, png_bytes, stacked_bars
 from edgekv.records.frame import unset_none as _v
 from edgekv.records.schema import Process, Record
 
@@ -89,24 +89,16 @@ def plot(recs: list[Record]) -> bytes | None:
     if not rows:
         return None
 
-    plt, fig, axes = new_figure(1)
-    ax = axes[0]
-    fig.set_size_inches(8.0, 0.32 * len(rows) + 1.6)
-    ys = list(range(len(rows)))[::-1]
-    for y, x in zip(ys, rows):
-        left = 0.0
-        for k in STACK_ORDER:
-            w = x["stack"][k] / MIB
-            ax.barh(y, w, left=left, color=COLORS[k], edgecolor="none", label=k if y == ys[0] else None)
-            left += w
+    def after(ax, i: int, y: int, left: float) -> None:
+        x = rows[i]
         gap = (x["measured"] - x["predicted"]) / MIB
         if gap > 0:
             ax.barh(y, gap, left=left, color=COLORS["unexplained"], edgecolor="black", hatch="///", linewidth=0.5,
-                    label="unexplained" if y == ys[0] else None)
-        ax.plot([x["measured"] / MIB], [y], marker="|", color="black", markersize=14, markeredgewidth=2,
-                label="measured peak" if y == ys[0] else None)
-    ax.set_yticks(ys)
-    ax.set_yticklabels([x["label"] for x in rows], fontsize=7)
+                    label="unexplained" if i == 0 else None)
+        measured_tick(ax, x["measured"] / MIB, y, "measured peak" if i == 0 else None)
+
+    plt, fig, ax = stacked_bars([x["label"] for x in rows], [[(k, x["stack"][k] / MIB) for k in STACK_ORDER] for x in rows],
+                                COLORS, after)
     ax.set_xlabel("MiB (host, resident)")
     ax.set_title("Explained memory: predicted parts vs measured peak RSS")
     top = max(max(x["measured"], x["predicted"]) for x in rows) / MIB

@@ -13,6 +13,7 @@ same matplotlib.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from typing import Any
 
 from edgekv import heavy
@@ -44,6 +45,31 @@ def new_figure(ncols: int):
                          "path.simplify": False})
     fig, axes = plt.subplots(1, ncols, figsize=(5.2 * ncols, 3.8), dpi=100, squeeze=False)
     return plt, fig, axes[0]
+
+
+def stacked_bars(labels: list[str], stacks: list[list[tuple[str, float]]], colors: dict[str, str],
+                 after: Callable[[object, int, int, float], None]):
+    """A figure of one horizontal bar a row (top to bottom), its (part, width) stacks in order, each part in its
+    colour and named once in the legend (on the top bar); ``after(ax, i, y, end)`` draws what row ``i`` adds past the
+    end of its parts.  Returns (plt, fig, ax) for the caller's axis labels and legend."""
+    plt, fig, axes = new_figure(1)
+    ax = axes[0]
+    fig.set_size_inches(8.0, 0.32 * len(labels) + 1.6)
+    ys = list(range(len(labels)))[::-1]
+    for i, (y, parts) in enumerate(zip(ys, stacks)):
+        left = 0.0
+        for k, w in parts:
+            ax.barh(y, w, left=left, color=colors[k], edgecolor="none", label=k if i == 0 else None)
+            left += w
+        after(ax, i, y, left)
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels, fontsize=7)
+    return plt, fig, ax
+
+
+def measured_tick(ax, x: float, y: int, label: str | None) -> None:
+    """The measured value of a stacked bar's row: a black tick."""
+    ax.plot([x], [y], marker="|", color="black", markersize=14, markeredgewidth=2, label=label)
 
 
 def png_bytes(plt, fig) -> bytes:

@@ -13,7 +13,7 @@ from typing import Any
 
 from edgekv.core.units import kv_label
 from edgekv.output.inputs import KIND_PREDICT, speed_of
-from edgekv.output.plots import new_figure, png_bytes
+from edgekv.output.plots import measured_tick, new_figure, png_bytes, stacked_bars
 from edgekv.records.frame import unset_none as _v
 from edgekv.records.schema import Record
 
@@ -107,22 +107,13 @@ def plots(recs: list[Record]) -> list[tuple[str, str, bytes]]:
     if not rs:
         return []
 
+    def after(ax, i: int, y: int, _left: float) -> None:
+        if rs[i]["tg_measured"]:
+            measured_tick(ax, 1000 / rs[i]["tg_measured"], y, "measured" if i == 0 else None)
+
     out = []
-    plt, fig, axes = new_figure(1)
-    ax = axes[0]
-    fig.set_size_inches(8.0, 0.32 * len(rs) + 1.6)
-    ys = list(range(len(rs)))[::-1]
-    for y, x in zip(ys, rs):
-        left = 0.0
-        for k in PART_ORDER:
-            w = 1000 * x["tg_parts"].get(k, 0.0)
-            ax.barh(y, w, left=left, color=COLORS[k], edgecolor="none", label=k if y == ys[0] else None)
-            left += w
-        if x["tg_measured"]:
-            ax.plot([1000 / x["tg_measured"]], [y], marker="|", color="black", markersize=14, markeredgewidth=2,
-                    label="measured" if y == ys[0] else None)
-    ax.set_yticks(ys)
-    ax.set_yticklabels([x["label"] for x in rs], fontsize=7)
+    plt, fig, ax = stacked_bars([x["label"] for x in rs],
+                                [[(k, 1000 * x["tg_parts"].get(k, 0.0)) for k in PART_ORDER] for x in rs], COLORS, after)
     ax.set_xlabel("ms per decoded token")
     ax.set_title("Explained decode: predicted parts vs measured time per token")
     ax.legend(fontsize=7, loc="lower right", framealpha=0.95)

@@ -9,6 +9,7 @@ agreement over a grid that includes large contexts pins the bytes exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -70,38 +71,26 @@ def compare(pred: KVPrediction, res: EngineResult) -> list[str]:
         return diffs
     if not pred_ok:
         return diffs
-    if res.n_ctx is not None and res.n_ctx != pred.n_ctx_padded:
-        diffs.append(f"n_ctx: engine {res.n_ctx}, formula {pred.n_ctx_padded}")
-    if res.n_ctx_seq is not None and res.n_ctx_seq != pred.n_ctx_seq:
-        diffs.append(f"n_ctx_seq: engine {res.n_ctx_seq}, formula {pred.n_ctx_seq}")
-    if res.n_ubatch is not None and res.n_ubatch != pred.n_ubatch:
-        diffs.append(f"n_ubatch: engine {res.n_ubatch}, formula {pred.n_ubatch}")
-    exp, got = expected_lines(pred), engine_lines(res)
+    for name, got, want in (("n_ctx", res.n_ctx, pred.n_ctx_padded), ("n_ctx_seq", res.n_ctx_seq, pred.n_ctx_seq),
+                            ("n_ubatch", res.n_ubatch, pred.n_ubatch)):
+        if got is not None and got != want:
+            diffs.append(f"{name}: engine {got}, formula {want}")
+    exp, got_lines = expected_lines(pred), engine_lines(res)
     # the recurrent line is printed in a position that depends on the memory type: compare by kind
-    exp_kv = [x for x in exp if x["kind"] == "kv"]
-    got_kv = [x for x in got if x["kind"] == "kv"]
-    exp_rs = [x for x in exp if x["kind"] == "recurrent"]
-    got_rs = [x for x in got if x["kind"] == "recurrent"]
-    if len(exp_kv) != len(got_kv):
-        diffs.append(f"KV cache objects: engine {len(got_kv)}, formula {len(exp_kv)}")
-    for i, (e, g) in enumerate(zip(exp_kv, got_kv)):
-        for k in e:
-            if e[k] != g.get(k):
-                diffs.append(f"KV cache {i} ({e.get('role') or 'kv'}) {k}: engine {g.get(k)}, formula {e[k]}")
-    exp_st = [x for x in exp if x["kind"] == "state"]
-    got_st = [x for x in got if x["kind"] == "state"]
-    if len(exp_st) != len(got_st):
-        diffs.append(f"compressor state objects: engine {len(got_st)}, formula {len(exp_st)}")
-    for e, g in zip(exp_st, got_st):
-        for k in e:
-            if e[k] != g.get(k):
-                diffs.append(f"{e['role']} compressor state {k}: engine {g.get(k)}, formula {e[k]}")
-    if len(exp_rs) != len(got_rs):
-        diffs.append(f"recurrent state objects: engine {len(got_rs)}, formula {len(exp_rs)}")
-    for e, g in zip(exp_rs, got_rs):
-        for k in e:
-            if e[k] != g.get(k):
-                diffs.append(f"recurrent state {k}: engine {g.get(k)}, formula {e[k]}")
+    diffs += _compare_kind(exp, got_lines, "kv", "KV cache", lambda i, e: f"KV cache {i} ({e.get('role') or 'kv'})")
+    diffs += _compare_kind(exp, got_lines, "state", "compressor state", lambda i, e: f"{e['role']} compressor state")
+    diffs += _compare_kind(exp, got_lines, "recurrent", "recurrent state", lambda i, e: "recurrent state")
+    return diffs
+
+
+def _compare_kind(exp: list[dict], got: list[dict], kind: str, what: str,
+                  label: Callable[[int, dict], str]) -> list[str]:
+    """The differences between the formula's and llama.cpp's cache lines of one ``kind``: their count, then each
+    line's fields in order (``label`` names the i-th line)."""
+    exp_k, got_k = [x for x in exp if x["kind"] == kind], [x for x in got if x["kind"] == kind]
+    diffs = [] if len(exp_k) == len(got_k) else [f"{what} objects: engine {len(got_k)}, formula {len(exp_k)}"]
+    for i, (e, g) in enumerate(zip(exp_k, got_k)):
+        diffs += [f"{label(i, e)} {k}: engine {g.get(k)}, formula {e[k]}" for k in e if e[k] != g.get(k)]
     return diffs
 
 

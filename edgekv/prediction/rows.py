@@ -35,9 +35,8 @@ from edgekv.prediction.devicefit import metal_lines, metal_rows
 from edgekv.prediction.speed import (
     SpeedInputs,
     calibration_for,
-    model_speed_shape,
     offload_device,
-    speed_block,
+    predict_speeds,
     swa_cells_of,
     with_graph,
 )
@@ -278,13 +277,13 @@ def _speeds(out: PredictOutcome, m: LoadedModel, req: PredictRequest,
                               req.base.n_ubatch, f.type_k, f.type_v, req.base.flash_attn, p.use_extra_bufts,
                               device=device, swa_cells=swa_cells_of(f)))
     feats = runtime_baseline().cpu_features
-    base = model_speed_shape(m, feats, p.use_extra_bufts, next(iter(graphs.values())), device)
-    shapes = {pair: with_graph(base, g) for pair, g in graphs.items()}
-    cal, note = _calibration(out, base, xs, feats, req)
-    for r, x in zip(ok, xs):
-        r.prediction.speed = speed_block(shapes.get((x.type_k, x.type_v), base), cal, x, note)
+    base, cal, _note, blocks = predict_speeds(m, feats, p.use_extra_bufts, device, next(iter(graphs.values())),
+                                              [(x, graphs.get((x.type_k, x.type_v))) for x in xs],
+                                              lambda sh, ys: _calibration(out, sh, ys, feats, req))
+    for r, block in zip(ok, blocks):
+        r.prediction.speed = block
     if cal is not None:
-        out.speed_model = (shapes, cal, threads)
+        out.speed_model = ({pair: with_graph(base, g) for pair, g in graphs.items()}, cal, threads)
 
 
 def _calibration(out: PredictOutcome, sh: Any, xs: list[Any], feats: list[str], req: PredictRequest) -> tuple[Any, str]:

@@ -4,6 +4,7 @@ the ``prediction.speed`` block a record carries."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -151,6 +152,19 @@ def speed_block(sh: SpeedShape, cal: Calibration | None, x: SpeedInputs, why_non
         return out
     except MissingCalibration as e:
         return SpeedPrediction(calibration_id=cal.id, error=str(e))
+
+
+def predict_speeds(m, cpu_features: list[str], repack: bool, device: str, graph: dict[str, int] | None,
+                   runs: list[tuple[SpeedInputs, dict[str, int] | None]],
+                   calibration: Callable[[SpeedShape, list[SpeedInputs]], tuple[Calibration | None, str]],
+                   ) -> tuple[SpeedShape, Calibration | None, str, list[SpeedPrediction]]:
+    """The speed model over configurations of one thread count, --repack and device, for predict and the sweep:
+    (the model's speed shape with llama.cpp's graph size ``graph``; this machine's calibration for them and its note,
+    from ``calibration``; each run's ``prediction.speed``).  A run's own graph size, when it has one, replaces
+    ``graph`` (a quantized cache adds nodes: SmolLM2 936 with f16, 1296 with q8_0)."""
+    sh = model_speed_shape(m, cpu_features, repack, graph, device)
+    cal, note = calibration(sh, [x for x, _ in runs])
+    return sh, cal, note, [speed_block(with_graph(sh, g), cal, x, note) for x, g in runs]
 
 
 def roofline_blame(sh: SpeedShape, cal: Calibration, xs: list[SpeedInputs]) -> dict[str, str]:

@@ -290,17 +290,19 @@ SPEED_MODELS_VERSION = 3      # 2: values like a trained model's (fill_values), 
 
 def write_llama(path: str | os.PathLike, *, n_embd: int, n_ff: int, n_layer: int, n_head: int, n_head_kv: int,
                 mat_type: str, n_vocab: int = 256, head_dim: int | None = None, out_type: str | None = None,
-                name: str = "edgekv speed calibration", values: bool = False, embd_type: str = "F32") -> int:
+                name: str = "edgekv speed calibration", values: bool = False, embd_type: str = "F32",
+                arch: str = "llama", tied: bool = False, n_ctx_train: int = 32768, rms_eps: float = 1e-5) -> int:
     """A llama-architecture GGUF of zero weights in a sparse file (``values``: weights like a trained model's,
     fill_values; the speed calibration's models): ``n_layer`` blocks whose seven matrices are ``mat_type``, F32
     norms, a token embedding (``embd_type``, default F32) and a separate output matrix (``out_type``, default
-    ``mat_type``).  Returns the file size."""
+    ``mat_type``; none when ``tied``: llama.cpp then reads the embedding).  ``arch`` "qwen2": the same blocks with
+    F32 Q/K/V biases.  Returns the file size."""
     Q = GGMLQuantizationType
     hd = head_dim or n_embd // n_head
-    w = GGUFWriter(path, "llama", use_temp_file=False)
+    w = GGUFWriter(path, arch, use_temp_file=False)
     w.add_name(name)
     w.add_block_count(n_layer)
-    w.add_context_length(32768)
+    w.add_context_length(n_ctx_train)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
@@ -308,21 +310,26 @@ def write_llama(path: str | os.PathLike, *, n_embd: int, n_ff: int, n_layer: int
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_rope_dimension_count(hd)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_layer_norm_rms_eps(rms_eps)
     w.add_vocab_size(n_vocab)
     w.add_tokenizer_model("none")
-    m = Q[mat_type]
+    m, kv = Q[mat_type], n_head_kv * hd
     t: list[tuple[str, tuple[int, ...], Any]] = [("token_embd.weight", (n_embd, n_vocab), Q[embd_type])]
     if n_head * hd % 32 or n_embd % 32:
         raise ValueError(f"n_embd {n_embd} and n_head x head_dim {n_head * hd} must be multiples of 32")
     for i in range(n_layer):
         b = f"blk.{i}."
         t += [(b + "attn_norm.weight", (n_embd,), Q.F32), (b + "ffn_norm.weight", (n_embd,), Q.F32),
-              (b + "attn_q.weight", (n_embd, n_head * hd), m), (b + "attn_k.weight", (n_embd, n_head_kv * hd), m),
-              (b + "attn_v.weight", (n_embd, n_head_kv * hd), m), (b + "attn_output.weight", (n_head * hd, n_embd), m),
+              (b + "attn_q.weight", (n_embd, n_head * hd), m), (b + "attn_k.weight", (n_embd, kv), m),
+              (b + "attn_v.weight", (n_embd, kv), m), (b + "attn_output.weight", (n_head * hd, n_embd), m),
               (b + "ffn_gate.weight", (n_embd, n_ff), m), (b + "ffn_up.weight", (n_embd, n_ff), m),
               (b + "ffn_down.weight", (n_ff, n_embd), m)]
-    t += [("output_norm.weight", (n_embd,), Q.F32), ("output.weight", (n_embd, n_vocab), Q[out_type or mat_type])]
+        if arch == "qwen2":
+            t += [(b + "attn_q.bias", (n_head * hd,), Q.F32), (b + "attn_k.bias", (kv,), Q.F32),
+                  (b + "attn_v.bias", (kv,), Q.F32)]
+    t.append(("output_norm.weight", (n_embd,), Q.F32))
+    if not tied:
+        t.append(("output.weight", (n_embd, n_vocab), Q[out_type or mat_type]))
     return write_sparse(w, path, t, values, weight_rms(n_embd))
 
 

@@ -18,11 +18,9 @@ from edgekv.machine import memory as machine_memory  # read as machine_memory.av
 from edgekv.prediction.speed import (
     SpeedInputs,
     calibration_for,
-    model_speed_shape,
     offload_device,
-    speed_block,
+    predict_speeds,
     swa_cells_of,
-    with_graph,
 )
 from edgekv.prediction.wholeprocess import ProcessSettings, gpu_device_of, predict_processes
 from edgekv.records.frame import unset_none
@@ -158,22 +156,20 @@ def speed_predictions(spec: SweepSpec, todo: list[Case], engine_results: dict[st
         groups.setdefault((x.n_threads, x.repack), []).append(c)
     deadline = time.monotonic() + spec.calibration_timeout_s      # one deadline for every group's calibration
     for (_threads, repack), cases in groups.items():
-        sh = model_speed_shape(spec.model, feats, repack, graph, device)
-        xs = [replace(SpeedInputs.from_settings(c.settings), device=device, swa_cells=swa_cells_of(c.prediction))
-              for c in cases]
+        runs = [(replace(SpeedInputs.from_settings(c.settings), device=device, swa_cells=swa_cells_of(c.prediction)),
+                 own[c.key].log.graph if _has_graph(own.get(c.key)) else None) for c in cases]
         # a --llama-bench sweep is predicted from a calibration measured through that binary (its build's kernels)
-        cal, note = calibration_for(sh, xs, feats, progress=_progress(spec, say, deadline), allow_busy=True,
-                                    llama_bench=spec.llama_bench, deadline=deadline,
-                                    on_wait=lambda: say.on_note("another edgekv process is measuring this machine's "
-                                                                "speed: waiting for its result"))
+        _sh, cal, note, blocks = predict_speeds(
+            spec.model, feats, repack, device, graph, runs,
+            lambda sh, xs: calibration_for(sh, xs, feats, progress=_progress(spec, say, deadline), allow_busy=True,
+                                           llama_bench=spec.llama_bench, deadline=deadline,
+                                           on_wait=lambda: say.on_note("another edgekv process is measuring this "
+                                                                       "machine's speed: waiting for its result")))
         if note:
             say.on_note(f"speed calibration: {note}" if cal is not None else
                         f"no speed predictions: {note}; measuring without them (--no-speed-model skips the "
                         "calibration)")
-        for c, x in zip(cases, xs):
-            # each configuration's own graph size (a quantized cache adds nodes: SmolLM2 936 with f16, 1296 with q8_0)
-            sh_c = with_graph(sh, own[c.key].log.graph if _has_graph(own.get(c.key)) else None)
-            out[c.key] = speed_block(sh_c, cal, x, note if cal is None else None)
+        out.update(zip((c.key for c in cases), blocks))
     return out
 
 

@@ -19,7 +19,6 @@ from edgekv.cli.flags import (
     CAL_TIMEOUT_OPT,
     CTV_OPT,
     FORCE_OPT,
-    JSON_OPT,
     LLAMA_SERVER_OPT,
     MODEL_ARG,
     MODEL_OPT,
@@ -31,6 +30,7 @@ from edgekv.cli.flags import (
     SWA_FULL_OPT,
     UB_OPT,
     UNIFIED_OPT,
+    AsJson,
 )
 from edgekv.cli.options import make_console, pick_model, print_json
 from edgekv.sweep.spec import bench_settings, engine_for, quality_settings
@@ -88,7 +88,7 @@ def bench(
     kv_unified: bool = UNIFIED_OPT,
     no_speed_model: bool = NO_SPEED_MODEL_OPT,
     calibration_timeout: float = CAL_TIMEOUT_OPT,
-    as_json: bool = JSON_OPT,
+    as_json: AsJson = False,
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
     from edgekv.cli.benchrun import BenchArgs, bench_command, check_quality_flags

@@ -5,41 +5,47 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
-from edgekv.cli.flags import FA_OPT, JSON_OPT, PREDICT_REPACK_OPT, llama_bench_path, one_repack
+from edgekv.cli.flags import AsJson, FlashAttn, OneRepack, Threads, llama_bench_path, one_repack
 from edgekv.cli.options import make_console, parse_flash_attn, parse_type_list, print_json
 from edgekv.core.wire import to_wire
 from edgekv.errors import UsageError
 from edgekv.prediction.api import load_model
 from edgekv.sources.tinymodel import probe_model_path
 
-CALIBRATE_TIMEOUT_OPT = typer.Option(600.0, "--calibration-timeout", metavar="SECONDS",
-                                     help="Stop measuring after this long (nothing half-measured is cached).")
-EXPORT_OPT = typer.Option(None, "--export", metavar="FILE", show_default=False,
-                          help="Write every calibration cached here to FILE (for a CI cache) and measure nothing.")
-IMPORT_OPT = typer.Option(None, "--import", metavar="FILE", show_default=False,
-                          help="Read calibrations from a FILE written by --export into this machine's cache.")
-THREADS_OPT = typer.Option(0, "-t", "--threads", help="CPU threads (0: physical cores, llama.cpp's default).")
-CAL_CTK_OPT = typer.Option("f16,q8_0,q5_0,q4_0", "-ctk", "--cache-type-k",
-                           help="K/V cache types to calibrate (comma-separated; V follows K).")
-ALLOW_BUSY_OPT = typer.Option(False, "--allow-busy", help="Keep a calibration taken while other work used the CPUs "
-                                                          "(marked busy) instead of refusing it.")
-CAL_LLAMA_BENCH_OPT = typer.Option(None, "--llama-bench", show_default=False,
-                                   help="Measure through your own llama-bench binary (what 'edgekv bench --llama-bench' "
-                                        "predicts from) instead of llama-cpp-python.")
-CAL_NGL_OPT = typer.Option(0, "-ngl", "--n-gpu-layers",
-                           help="0: the CPU; -1: every layer on the GPU (the calibration that predict and bench use when "
-                                "they offload every layer).")
+# calibrate's own options, typed as predict's shared ones are (edgekv.cli.flags)
+CalTimeout = Annotated[float, typer.Option("--calibration-timeout", metavar="SECONDS",
+                                           help="Stop measuring after this long (nothing half-measured is cached).")]
+ExportFile = Annotated[Optional[Path], typer.Option(
+    "--export", metavar="FILE", show_default=False,
+    help="Write every calibration cached here to FILE (for a CI cache) and measure nothing.")]
+ImportFile = Annotated[Optional[Path], typer.Option(
+    "--import", metavar="FILE", show_default=False,
+    help="Read calibrations from a FILE written by --export into this machine's cache.")]
+CalTypes = Annotated[str, typer.Option("-ctk", "--cache-type-k",
+                                       help="K/V cache types to calibrate (comma-separated; V follows K).")]
+AllowBusy = Annotated[bool, typer.Option("--allow-busy", help="Keep a calibration taken while other work used the CPUs "
+                                                              "(marked busy) instead of refusing it.")]
+CalLlamaBench = Annotated[Optional[str], typer.Option(
+    "--llama-bench", show_default=False,
+    help="Measure through your own llama-bench binary (what 'edgekv bench --llama-bench' predicts from) instead of "
+         "llama-cpp-python.")]
+CalGpuLayers = Annotated[int, typer.Option(
+    "-ngl", "--n-gpu-layers",
+    help="0: the CPU; -1: every layer on the GPU (the calibration that predict and bench use when they offload every "
+         "layer).")]
+CalModel = Annotated[Optional[str], typer.Argument(show_default=False,
+                                                   help="Also calibrate the weight types this model uses (path or name).")]
 
 
 def info(
     llama_bench: Optional[str] = typer.Option(None, "--llama-bench", show_default=False,
                                               help="Also run the preflight on your own llama-bench binary."),
     refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of reading the cached calibration."),
-    as_json: bool = JSON_OPT,
+    as_json: AsJson = False,
 ) -> None:
     """This machine as llama.cpp sees it: CPU features, extra buffer types, runtime baseline, preflight.
 
@@ -57,19 +63,18 @@ def info(
 
 
 def calibrate(
-    model: Optional[str] = typer.Argument(None, show_default=False,
-                                          help="Also calibrate the weight types this model uses (path or name)."),
-    threads: int = THREADS_OPT,
-    cache_type_k: str = CAL_CTK_OPT,
-    flash_attn: str = FA_OPT,
-    repack: Optional[str] = PREDICT_REPACK_OPT,
-    allow_busy: bool = ALLOW_BUSY_OPT,
-    llama_bench: Optional[str] = CAL_LLAMA_BENCH_OPT,
-    n_gpu_layers: int = CAL_NGL_OPT,
-    timeout: float = CALIBRATE_TIMEOUT_OPT,
-    export: Optional[Path] = EXPORT_OPT,
-    import_: Optional[Path] = IMPORT_OPT,
-    as_json: bool = JSON_OPT,
+    model: CalModel = None,
+    threads: Threads = 0,
+    cache_type_k: CalTypes = "f16,q8_0,q5_0,q4_0",
+    flash_attn: FlashAttn = "auto",
+    repack: OneRepack = None,
+    allow_busy: AllowBusy = False,
+    llama_bench: CalLlamaBench = None,
+    n_gpu_layers: CalGpuLayers = 0,
+    timeout: CalTimeout = 600.0,
+    export: ExportFile = None,
+    import_: ImportFile = None,
+    as_json: AsJson = False,
 ) -> None:
     """Measure this machine's speed coefficients for the speed model (how long it takes: docs/speed-model.md; cached
     per environment, thread count and --repack; predict and bench use them)."""

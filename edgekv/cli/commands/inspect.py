@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from edgekv.cli.flags import JSON_OPT, MODEL_ARG, MODEL_OPT
+from edgekv.cli.flags import MODEL_ARG, MODEL_OPT, AsJson
 from edgekv.cli.options import make_console, model_notes, pick_model, print_json
 from edgekv.prediction.api import load_model
 
@@ -12,7 +12,7 @@ from edgekv.prediction.api import load_model
 def inspect(
     model: Optional[str] = MODEL_ARG,
     model_opt: Optional[str] = MODEL_OPT,
-    as_json: bool = JSON_OPT,
+    as_json: AsJson = False,
 ) -> None:
     """Architecture, layers, heads, head dims, SWA/shared/MLA/recurrent layers, weights by type."""
     from edgekv.output.views import inspect_dict, render_inspect

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from edgekv.cli.flags import JSON_OPT
+from edgekv.cli.flags import AsJson
 from edgekv.cli.options import make_console, print_json
 from edgekv.errors import ModelNotFound
 from edgekv.output.models_view import list_dicts, pull_dict, render_list, render_pull, render_show, show_dict
@@ -16,7 +16,7 @@ models_app = typer.Typer(no_args_is_help=True, help="The models.toml registry: l
 
 
 @models_app.command("list")
-def models_list(as_json: bool = JSON_OPT) -> None:
+def models_list(as_json: AsJson = False) -> None:
     """Every models.toml entry, and whether it is here (package, download, cached header) or remote."""
     reg = load_registry()
     if as_json:
@@ -26,7 +26,7 @@ def models_list(as_json: bool = JSON_OPT) -> None:
 
 
 @models_app.command("show")
-def models_show(name: str = typer.Argument(..., help="A models.toml name."), as_json: bool = JSON_OPT) -> None:
+def models_show(name: str = typer.Argument(..., help="A models.toml name."), as_json: AsJson = False) -> None:
     """One entry: Hugging Face coordinates, pinned revision and sha256, sources, sweep defaults."""
     reg = load_registry()
     e = reg.get(name)
@@ -43,7 +43,7 @@ def models_pull(
     name: str = typer.Argument(..., help="A models.toml name, or hf://OWNER/REPO/FILE.gguf[@REV]."),
     allow_unverified: bool = typer.Option(False, "--allow-unverified",
                                           help="Download even when models.toml has no sha256 for it."),
-    as_json: bool = JSON_OPT,
+    as_json: AsJson = False,
 ) -> None:
     """Download a model through huggingface-hub (its cache, resumable) and verify its sha256.
 
