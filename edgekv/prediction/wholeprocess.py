@@ -57,7 +57,9 @@ class ProcessSettings:
     n_parallel: int | None = None
     server_slots: int = 0              # llama-server: slots in use at once (its -np); 0: not a server
     keeps_depth_state: bool = False    # llama-bench: the filled cache's state stays in memory
-    restores_state_file: bool = False  # edgekv bench on sliding-window/recurrent caches: restore from a state file
+    # edgekv bench on sliding-window/recurrent caches: the repetitions restore the depth from a state file (the
+    # fill itself still runs in the measured process, before the snapshot)
+    restores_state_file: bool = False
 
 
 STATE_CELL_META_BYTES = 12   # per saved cell: llama_pos + n_seq_id + one seq_id (src/llama-kv-cache.cpp state_write_meta)
@@ -101,9 +103,12 @@ def state_seq_bytes(pred: KVPrediction, n_tokens: int) -> int:
 
 
 def workload_spans(pred: KVPrediction, settings: ProcessSettings) -> list[tuple[int, int]]:
-    """(first position, tokens) of the ubatches the workload computes: a run of known size fills its depth (unless
-    the cache is restored from a state file), then its prompt at that depth, then one token at a time (-npl: the
-    sequences' prompts in one batch, then a token of each); a long session, a full ubatch at the end of the context."""
+    """(first position, tokens) of the ubatches the workload computes: a run of known size fills its depth, then its
+    prompt at that depth, then one token at a time (-npl: the sequences' prompts in one batch, then a token of each);
+    a long session, a full ubatch at the end of the context.  The fill is part of the run even where the repetitions
+    restore the depth from a state file: edgekv bench fills in the measured process and only then saves the state,
+    so a prompt shorter than a ubatch does not bound the graph (Gemma 3 270M at -c 2048 -p 128: the fill's ubatches
+    of 512 touch 20.8 MiB of the compute buffer, the prompt's 5.1 MiB)."""
     def pieces(start: int, n: int) -> list[tuple[int, int]]:
         out = []
         for u in ubatches(n, pred.n_batch, pred.n_ubatch):
@@ -117,8 +122,7 @@ def workload_spans(pred: KVPrediction, settings: ProcessSettings) -> list[tuple[
     if settings.n_parallel:
         k = settings.n_parallel
         return pieces(0, k * p) + ([(k * (p + n - 1), k)] if n else [])
-    spans = [] if settings.restores_state_file else pieces(0, d)
-    return spans + pieces(d, p) + ([(d + p + n - 1, 1)] if n else [])
+    return pieces(0, d) + pieces(d, p) + ([(d + p + n - 1, 1)] if n else [])
 
 
 def kq_work(shape, pred: KVPrediction, settings: ProcessSettings, n_layer: int, n_gpu_layers_eff: int) -> int:

@@ -434,6 +434,21 @@ def test_workload_graphs_are_the_ubatches_the_run_computes(tmp_path):
     assert largest_compute([a, bad]) is bad and largest_compute([]) is None
 
 
+def test_restored_depth_still_fills_in_the_measured_process(tmp_path):
+    """Issue 68: edgekv bench fills the depth in the measured process before it saves the sliding-window state to a
+    file, so a restored depth keeps the fill's full ubatches among the graphs (Gemma -c 2048 -p 128: 512 tokens, not
+    the prompt's 128); the restore adds only its read buffer."""
+    from edgekv.core.predict import predict
+    from edgekv.prediction.wholeprocess import ProcessSettings, workload_graphs, workload_spans
+
+    c = ContextParams(n_ctx=2048, n_ubatch=512)
+    pred = predict(_shape(tmp_path), c)
+    kept, restored = (ProcessSettings(n_prompt=128, n_gen=4, n_depth=1920, restores_state_file=r) for r in (False, True))
+    assert workload_spans(pred, restored) == workload_spans(pred, kept)
+    assert workload_spans(pred, restored)[:4] == [(0, 512), (512, 512), (1024, 512), (1536, 384)]
+    assert [(x.n_ubatch, x.n_ctx) for x in workload_graphs(c, restored, pred)] == [(384, 2048), (512, 1536)]
+
+
 def test_llama_bench_depth_state_copy(smollm2_header, gemma3_header):
     from edgekv.core.predict import predict
     from edgekv.prediction.wholeprocess import state_seq_bytes
