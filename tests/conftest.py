@@ -218,6 +218,22 @@ def cli(capsys, monkeypatch):
     return run
 
 
+@pytest.fixture
+def recorded_preflight(tmp_path, monkeypatch) -> Path:
+    """For a command that must refuse before it measures: the repack preflight (a llama.cpp child that bench and
+    predict run first) answers the verdict it once gave on an AVX2 machine, in a home of the test's own (its
+    calibration folder not the shared one, which keeps real verdicts only).  The verdict itself is proved by
+    tests/real/test_crash_machine.py."""
+    from edgekv.calibration import preflight
+
+    home = tmp_path / "recorded-home"
+    home.mkdir()
+    monkeypatch.setenv("EDGEKV_HOME", str(home))
+    monkeypatch.setattr(preflight, "_probe_python", lambda: preflight.Preflight(
+        True, "the probe decoded batches of 2 and 32 tokens with CPU_REPACK 0.42 MiB (recorded)", {"CPU_REPACK": 0.42}))
+    return home
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     from edgekv.sources.resolve import resolve_model
