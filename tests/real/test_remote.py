@@ -41,15 +41,17 @@ def _same_header(a, b) -> None:
     assert (a.file_size, a.data_offset, a.weights_bytes) == (b.file_size, b.data_offset, b.weights_bytes)
 
 
-@pytest.mark.parametrize("which", MODELS)
-def test_hf_reads_only_the_header(which, remote, sparse_models):
+@pytest.mark.parametrize("which", [*MODELS, pytest.param("gemma3-real", marks=pytest.mark.slow)])
+def test_hf_reads_only_the_header(which, request):
+    """From the header-only stand-ins; and from Gemma 3's real file, whose header (its 262K-token vocabulary) is
+    longer than the first range (slow: the real models)."""
+    if which == "gemma3-real":
+        remote, local = request.getfixturevalue("real_remote"), request.getfixturevalue("gemma3_path")
+        which = "gemma3"
+    else:
+        remote, local = request.getfixturevalue("remote"), request.getfixturevalue("sparse_models")[which]
     repo, file, _ = MODELS[which]
-    _reads_only_the_header(remote, repo, file, sparse_models[which])
-
-
-def test_hf_reads_only_the_real_gemma_header(real_remote, gemma3_path):
-    """Gemma 3's real header (its 262K-token vocabulary) is longer than the first range: read in two."""
-    _reads_only_the_header(real_remote, GEMMA_REPO, GEMMA_FILE, gemma3_path)
+    _reads_only_the_header(remote, repo, file, local)
 
 
 def _reads_only_the_header(remote, repo, file, path) -> None:
