@@ -1,13 +1,16 @@
-"""Hostile sources: a local server (tests/hubserver.py, 127.0.0.1 only) playing an attacker.
+"""Hostile sources: a local server (tools/hubserver.py, 127.0.0.1 only) playing an attacker.
 
 Every case runs the ``edgekv`` command (in this process, through the CLI's ``main``, with the case's environment
 and working directory; the deadline cases in a child process, where a hung read cannot outlive the test) and
 asserts its exit code, that it printed exactly one line on stderr (no traceback, no 'internal error'), that its
 wall time is bounded (deadlines set small through ``--fetch-timeout``, never by sleeping long), and that no file
 appeared anywhere in the temporary directory outside the two cache roots (the whole tree is compared before and
-after; a victim file stands where the attacks aim).  A case that reads a model predicts its KV cache only
-(``--kv-only``): the process's memory needs the runtime's calibration, a llama.cpp child, and is not what is tested.  The hub serves SmolLM2's header-only stand-in (the committed
-header with a hole of the weights' size, tests/headers.py): every case reads a header or fails before the weights.
+after; a victim file stands where the attacks aim).
+
+The hub serves SmolLM2's header-only stand-in (the committed header with a hole of the weights' size,
+tests/headers.py): every case reads a header or fails before the weights.  A case that reads a model predicts its
+KV cache only (``--kv-only``): the process's memory needs the runtime's calibration, a llama.cpp child, and is not
+what is tested here.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import tracemalloc
 import gguf
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgekv.errors import EdgekvError, GGUFFormatError, GGUFTruncatedError, ModelNotFound
@@ -150,7 +150,6 @@ _SEED_CACHE: dict[str, bytes] = {}
 def _seed(n_vocab: int = 2048) -> bytes:
     if "s" not in _SEED_CACHE:
         import tempfile
-
         from pathlib import Path
 
         from tests.headers import SMOLLM2, sparse_model
