@@ -359,7 +359,8 @@ def _sparse_sha256(config, path: Path) -> str:
     Gemma 3's 250 MB takes a second)."""
     from tools.hubserver import file_sha256
 
-    head = path.read_bytes()[:1 << 16].rstrip(b"\0")
+    with open(path, "rb") as f:
+        head = f.read(1 << 16).rstrip(b"\0")
     key = f"edgekv/sparse-sha256/{hashlib.sha256(head).hexdigest()}-{path.stat().st_size}"
     cache = getattr(config, "cache", None)
     sha = cache.get(key, None) if cache is not None else None
