@@ -371,11 +371,19 @@ def _sparse_sha256(config, path: Path) -> str:
     return sha
 
 
+TINY_REPO = "edgekv-test/tiny-llama-GGUF"
+TINY_FILE = "tiny-llama.gguf"
+
+
 @pytest.fixture(scope="session")
-def header_hub(sparse_models, pytestconfig):
-    """The local hub serving the header-only stand-ins of SmolLM2 and Gemma 3 (no split repository)."""
+def header_hub(sparse_models, pytestconfig, tmp_path_factory):
+    """The local hub serving the header-only stand-ins of SmolLM2 and Gemma 3 (no split repository), and a whole
+    tiny model (tools/record_replies.py) for what downloads a file."""
+    from tools.record_replies import write_tiny_model
+
     h = _start_hub(sparse_models["smollm2"], sparse_models["gemma3"],
                    shas={p: _sparse_sha256(pytestconfig, p) for p in sparse_models.values()})
+    h.tiny_commit = h.add_repo(TINY_REPO, {TINY_FILE: write_tiny_model(tmp_path_factory.mktemp("tiny") / TINY_FILE)})
     yield h
     h.stop()
 

@@ -16,7 +16,7 @@ import sys
 from dataclasses import asdict
 
 import pytest
-from conftest import GEMMA_FILE, GEMMA_REPO, SMOL_FILE, SMOL_REPO, SPLIT_REPO
+from conftest import GEMMA_FILE, GEMMA_REPO, SMOL_FILE, SMOL_REPO, SPLIT_REPO, TINY_FILE, TINY_REPO
 
 from edgekv.cli.main import main
 from edgekv.core.predict import ContextParams, predict
@@ -266,12 +266,12 @@ def test_unreachable_network_falls_back_to_the_cache(remote, monkeypatch, capsys
 
 # -- models pull -----------------------------------------------------------------------------------------
 
-def _registry(tmp_path, monkeypatch, sha: str, revision: str) -> None:
+def _registry(tmp_path, monkeypatch, sha: str, revision: str, repo: str = SMOL_REPO, file: str = SMOL_FILE) -> None:
     p = tmp_path / "models.toml"
     p.write_text(f"""schema_version = 1
 [models.smol]
-hf_repo = "{SMOL_REPO}"
-file = "{SMOL_FILE}"
+hf_repo = "{repo}"
+file = "{file}"
 revision = "{revision}"
 sha256 = "{sha}"
 description = "SmolLM2 from the local hub"
@@ -309,10 +309,12 @@ def test_pull_downloads_verifies_and_resumes(real_remote, smollm2_path, tmp_path
 
 
 def test_pull_refuses_a_wrong_or_unknown_sha256(remote, tmp_path, monkeypatch, capsys):
-    _registry(tmp_path, monkeypatch, "0" * 64, "unknown")
+    """On a whole tiny model: the download is the point, not its size."""
+    tiny = {"repo": TINY_REPO, "file": TINY_FILE}
+    _registry(tmp_path, monkeypatch, "0" * 64, "unknown", **tiny)
     err = _one_line_error(capsys, ["models", "pull", "smol"])
     assert f"is not models.toml's {'0' * 64} for 'smol'" in err
-    _registry(tmp_path, monkeypatch, "unknown", "unknown")
+    _registry(tmp_path, monkeypatch, "unknown", "unknown", **tiny)
     err = _one_line_error(capsys, ["models", "pull", "smol"])
     assert 'sha256 = "unknown"' in err and "--allow-unverified" in err
     assert main(["models", "pull", "smol", "--allow-unverified", "--json"]) == 0
