@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -217,6 +218,22 @@ def cli(capsys, monkeypatch):
     return run
 
 
+@pytest.fixture
+def recorded_preflight(tmp_path, monkeypatch) -> Path:
+    """For a command that must refuse before it measures: the repack preflight (a llama.cpp child that bench and
+    predict run first) answers the verdict it once gave on an AVX2 machine, in a home of the test's own (its
+    calibration folder not the shared one, which keeps real verdicts only).  The verdict itself is proved by
+    tests/real/test_crash_machine.py."""
+    from edgekv.calibration import preflight
+
+    home = tmp_path / "recorded-home"
+    home.mkdir()
+    monkeypatch.setenv("EDGEKV_HOME", str(home))
+    monkeypatch.setattr(preflight, "_probe_python", lambda: preflight.Preflight(
+        True, "the probe decoded batches of 2 and 32 tokens with CPU_REPACK 0.42 MiB (recorded)", {"CPU_REPACK": 0.42}))
+    return home
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     from edgekv.sources.resolve import resolve_model
@@ -300,29 +317,95 @@ GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 SPLIT_REPO = "edgekv-test/SmolLM2-split-GGUF"
 
 
-@pytest.fixture(scope="session")
-def hub(smollm2_path, gemma3_path, smollm2_split):
-    """The local hub + CDN + plain file server, serving the real models (see tools/hubserver.py)."""
+def _start_hub(smol: Path, gemma: Path, split: list[Path] | None = None, shas: dict[Path, str] | None = None):
+    """The local hub + CDN + plain file server (tools/hubserver.py) serving SmolLM2 and Gemma 3 from these files
+    (``shas``: their sha256 where already known)."""
     from tools.hubserver import FakeHub
 
+    shas = shas or {}
     h = FakeHub().start()
-    h.smol_commit = h.add_repo(SMOL_REPO, {SMOL_FILE: smollm2_path})
-    h.gemma_commit = h.add_repo(GEMMA_REPO, {GEMMA_FILE: gemma3_path})
-    h.split_commit = h.add_repo(SPLIT_REPO, {f"Q4_1/{p.name}": p for p in smollm2_split})
-    h.add_plain(SMOL_FILE, smollm2_path)
+    h.smol_commit = h.add_repo(SMOL_REPO, {SMOL_FILE: smol}, shas={SMOL_FILE: shas.get(smol, "")})
+    h.gemma_commit = h.add_repo(GEMMA_REPO, {GEMMA_FILE: gemma}, shas={GEMMA_FILE: shas.get(gemma, "")})
+    if split:
+        h.split_commit = h.add_repo(SPLIT_REPO, {f"Q4_1/{p.name}": p for p in split})
+    h.add_plain(SMOL_FILE, smol)
     h.add_plain("readme.txt", Path(__file__))
+    for srv in (h.hub_server, h.cdn_server):   # a client that hangs up mid-answer is what the hostile tests do:
+        srv.handle_error = lambda request, address: None    # no traceback on the test's captured stderr
+    return h
+
+
+@pytest.fixture(scope="session")
+def hub(smollm2_path, gemma3_path, smollm2_split):
+    """The local hub serving the real models (and SmolLM2 split in three): for what reads their weights or
+    tokenizer (a download, an engine dry run) and proves the header-only stand-ins below true."""
+    h = _start_hub(smollm2_path, gemma3_path, smollm2_split)
     yield h
     h.stop()
 
 
-@pytest.fixture
-def remote(hub, tmp_path, monkeypatch):
-    """Point edgekv at the local hub, with empty edgekv and Hugging Face caches; returns the hub."""
+@pytest.fixture(scope="session")
+def sparse_models(tmp_path_factory) -> dict[str, Path]:
+    """SmolLM2 and Gemma 3 as files of their real size holding only their committed headers (tests/headers.py):
+    what a header read over HTTP, a path rule or an error message needs, without the models (the fast tier)."""
+    from tests.headers import GEMMA3, SMOLLM2, sparse_model
+
+    d = tmp_path_factory.mktemp("sparse-models")
+    return {"smollm2": sparse_model(SMOLLM2, d / SMOL_FILE), "gemma3": sparse_model(GEMMA3, d / GEMMA_FILE)}
+
+
+def _sparse_sha256(config, path: Path) -> str:
+    """A stand-in's sha256, kept in pytest's cache by the sha256 of its header and its size (hashing the hole of
+    Gemma 3's 250 MB takes a second)."""
+    from tools.hubserver import file_sha256
+
+    with open(path, "rb") as f:
+        head = f.read(1 << 16).rstrip(b"\0")
+    key = f"edgekv/sparse-sha256/{hashlib.sha256(head).hexdigest()}-{path.stat().st_size}"
+    cache = getattr(config, "cache", None)
+    sha = cache.get(key, None) if cache is not None else None
+    if sha is None:
+        sha = file_sha256(path)
+        if cache is not None:
+            cache.set(key, sha)
+    return sha
+
+
+TINY_REPO = "edgekv-test/tiny-llama-GGUF"
+TINY_FILE = "tiny-llama.gguf"
+
+
+@pytest.fixture(scope="session")
+def header_hub(sparse_models, pytestconfig, tmp_path_factory):
+    """The local hub serving the header-only stand-ins of SmolLM2 and Gemma 3 (no split repository), and a whole
+    tiny model (tools/record_replies.py) for what downloads a file."""
+    from tools.record_replies import write_tiny_model
+
+    h = _start_hub(sparse_models["smollm2"], sparse_models["gemma3"],
+                   shas={p: _sparse_sha256(pytestconfig, p) for p in sparse_models.values()})
+    h.tiny_commit = h.add_repo(TINY_REPO, {TINY_FILE: write_tiny_model(tmp_path_factory.mktemp("tiny") / TINY_FILE)})
+    yield h
+    h.stop()
+
+
+def _point_at(h, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("EDGEKV_HOME", str(tmp_path / "edgekv-home"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    hub.reset()
-    yield hub
-    hub.fail_with = None
-    hub.cut_after.clear()
+    h.reset()
+    yield h
+    h.fail_with = None
+    h.cut_after.clear()
+
+
+@pytest.fixture
+def remote(header_hub, tmp_path, monkeypatch):
+    """Point edgekv at the local hub of header-only stand-ins, with empty edgekv and Hugging Face caches."""
+    yield from _point_at(header_hub, tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def real_remote(hub, tmp_path, monkeypatch):
+    """Point edgekv at the local hub of the real models, with empty edgekv and Hugging Face caches."""
+    yield from _point_at(hub, tmp_path, monkeypatch)

@@ -48,6 +48,18 @@ def write_header(src: Path, out: Path) -> Path:
     return out
 
 
+def sparse_model(header: Path, out: Path) -> Path:
+    """A stand-in for the whole model: ``header`` (one of the committed headers) extended with a hole to the size
+    its tensor table implies, so that a server serves it, ranges and all, like the real file, and a header read
+    over HTTP sees the same bytes and size (the weights are zeros; the tokenizer's arrays are not there)."""
+    from edgekv.sources.gguf_header import read_header_file
+
+    out.write_bytes(header.read_bytes())
+    with open(out, "r+b") as f:
+        f.truncate(read_header_file(header).file_size)
+    return out
+
+
 if __name__ == "__main__":          # python -m tests.headers: rewrite both from the real models
     from edgekv.sources.resolve import resolve_model
 

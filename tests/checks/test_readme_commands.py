@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import runpy
 import shlex
 import subprocess
 import sys
@@ -268,19 +269,44 @@ def test_each_shown_command_parses(page, argv, monkeypatch, capsys):
         assert (ROOT / argv[1]).is_file(), f"{page}: {argv[1]} does not exist"
 
 
-@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")     # runpy, a module imported before
+@pytest.mark.parametrize("fresh", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["in-process", "subprocess"])
 @pytest.mark.parametrize("module", [f"bench.{h}" for h in _harnesses()] + ["tools.render_tables"])
-def test_each_harness_help_runs_as_shown(module):
-    """``python -m bench.NAME --help`` from the repository root, as docs/development.md shows it (a subprocess)."""
-    p = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and "usage:" in p.stdout, p.stderr[-2000:]
+def test_each_harness_help_runs_as_shown(module, fresh, monkeypatch, capsys):
+    """``python -m bench.NAME --help`` from the repository root, as docs/development.md shows it: run as ``__main__``
+    in this process, and in a fresh interpreter (a subprocess, slow)."""
+    if fresh:
+        p = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0 and "usage:" in p.stdout, p.stderr[-2000:]
+        return
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", [module, "--help"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    out = capsys.readouterr()
+    assert e.value.code in (0, None) and "usage:" in out.out, out.err[-2000:]
 
 
-@pytest.mark.slow
-def test_the_short_commands_run_for_real():
-    """The cheap ones run as shown: the refresh plan and the tables' check."""
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")     # runpy, a module imported before
+@pytest.mark.parametrize("fresh", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["in-process", "subprocess"])
+def test_the_short_commands_run_for_real(fresh, monkeypatch, capsys):
+    """The cheap ones run as shown: the refresh plan and the tables' check, as ``__main__`` in this process, and in a
+    fresh interpreter (a subprocess, slow)."""
     from tools.render_tables import history
 
     for args in (["bench.refresh", "--list"], *([["tools.render_tables", "--check"]] if history() else [])):
-        p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, (args, p.stdout[-1000:], p.stderr[-2000:])
+        if fresh:
+            p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+            assert p.returncode == 0, (args, p.stdout[-1000:], p.stderr[-2000:])
+            continue
+        with monkeypatch.context() as m:
+            m.chdir(ROOT)
+            m.setattr(sys, "argv", list(args))
+            try:
+                runpy.run_module(args[0], run_name="__main__", alter_sys=True)
+                code = 0
+            except SystemExit as e:
+                code = e.code
+        out = capsys.readouterr()
+        assert code in (0, None), (args, out.out[-1000:], out.err[-2000:])

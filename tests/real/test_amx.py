@@ -327,7 +327,8 @@ def test_compare_pairs_records_from_before_the_setting_with_repack_1(tmp_path):
     assert not pairs and only_b and only_c
 
 
-def test_predict_says_when_the_default_would_crash_here(smollm2_path, monkeypatch, capsys):
+def test_predict_says_when_the_default_would_crash_here(smollm2_header, monkeypatch, capsys):
+    smollm2_path = smollm2_header
     import edgekv.calibration.preflight as P
     from edgekv.cli.main import main
 

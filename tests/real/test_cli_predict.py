@@ -55,11 +55,11 @@ def test_predict_default_model_json_contract(capsys, smollm2_path):
     assert by[(4096, "q4_0")].saving_vs_f16 == pytest.approx(32 / 9, rel=1e-3)
 
 
-@pytest.mark.slow
-def test_ctv_follows_ctk_pairwise_and_single_value(capsys):
-    recs = records(capsys, "predict", "-c", "512", "-ctk", "q8_0,q4_0", "-ctv", "f16")
+def test_ctv_follows_ctk_pairwise_and_single_value(capsys, smollm2_header):
+    recs = records(capsys, "predict", str(smollm2_header), "-c", "512", "-ctk", "q8_0,q4_0", "-ctv", "f16", "--kv-only")
     assert [(r.settings.type_k, r.settings.type_v) for r in recs] == [("q8_0", "f16"), ("q4_0", "f16")]
-    recs = records(capsys, "predict", "-c", "512", "-ctk", "q8_0,q4_0", "-ctv", "q8_0,q4_0")
+    recs = records(capsys, "predict", str(smollm2_header), "-c", "512", "-ctk", "q8_0,q4_0", "-ctv", "q8_0,q4_0",
+                   "--kv-only")
     assert [(r.prediction.formula.type_k, r.prediction.formula.type_v) for r in recs] == [("q8_0", "q8_0"),
                                                                                           ("q4_0", "q4_0")]
 
@@ -74,12 +74,13 @@ def test_invalid_combination_is_reported_not_crashed(capsys):
     assert r.prediction.process is None                            # never a partial sum
 
 
-def test_swa_model_shows_two_caches(capsys, gemma3_path):
-    caches = records(capsys, "predict", str(gemma3_path), "-c", "4096", "-ctk", "f16")[0].prediction.formula.caches
+def test_swa_model_shows_two_caches(capsys, gemma3_header):
+    caches = records(capsys, "predict", str(gemma3_header), "-c", "4096", "-ctk", "f16",
+                     "--kv-only")[0].prediction.formula.caches
     assert [c.kind for c in caches] == ["full", "swa"]
     assert [c.layers for c in caches] == [3, 15]
     assert caches[1].cells == 1024      # PAD256(min(4096, 512 + 512))
-    swa_full = records(capsys, "predict", str(gemma3_path), "-c", "4096", "-ctk", "f16", "--swa-full")
+    swa_full = records(capsys, "predict", str(gemma3_header), "-c", "4096", "-ctk", "f16", "--swa-full", "--kv-only")
     assert swa_full[0].prediction.formula.caches[1].cells == 4096
     assert swa_full[0].settings.swa_full is True
 
@@ -121,7 +122,8 @@ def test_budget_finds_largest_context(capsys, smollm2_path, tmp_path):
     assert "f16" in (tmp_path / "rep" / "README.md").read_text()
 
 
-def test_inspect_json(capsys, gemma3_path):
+def test_inspect_json(capsys, sparse_models):
+    gemma3_path = sparse_models["gemma3"]          # the committed header at the real file's size
     d = run_json(capsys, "inspect", str(gemma3_path))
     assert d["shape"]["arch"] == "gemma3" and d["shape"]["memory"] == "iswa"
     assert d["layer_roles"]["full"] == [5, 11, 17]
@@ -130,8 +132,9 @@ def test_inspect_json(capsys, gemma3_path):
     assert d["gguf"]["file_size"] == os.path.getsize(gemma3_path)
 
 
-def test_tables_render(capsys, gemma3_path):
-    assert main(["predict", str(gemma3_path), "-c", "32768", "-ctk", "f16", "--layers"]) == 0
+def test_tables_render(capsys, gemma3_header):
+    gemma3_path = gemma3_header
+    assert main(["predict", str(gemma3_path), "-c", "32768", "-ctk", "f16", "--layers", "--kv-only"]) == 0
     out = capsys.readouterr().out
     assert "111.00" in out and "Per layer" in out
     assert "Llama() defaults" in out and "576.00" in out     # swa_full + FA off would cost this
@@ -166,10 +169,10 @@ def test_debug_env_shows_traceback():
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 
-def test_python_api_matches_cli(smollm2_path):
+def test_python_api_matches_cli(smollm2_header):
     import edgekv
 
-    p = edgekv.predict(str(smollm2_path), n_ctx=32768, type_k="q8_0")
+    p = edgekv.predict(str(smollm2_header), n_ctx=32768, type_k="q8_0")
     d = edgekv.formula_block(p)
     assert d.type_v == "q8_0" and d.kv_bytes == 30 * 2 * (192 // 32 * 34) * 32768
     # the plain view the Python API has always had: the same block as JSON data

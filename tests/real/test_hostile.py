@@ -1,10 +1,16 @@
-"""Hostile sources: a local server (tests/hubserver.py, 127.0.0.1 only) playing an attacker.
+"""Hostile sources: a local server (tools/hubserver.py, 127.0.0.1 only) playing an attacker.
 
-Every case runs the real ``edgekv`` command in a child process and asserts its exit code, that it
-printed exactly one line on stderr (no traceback, no 'internal error'), that its wall time is
-bounded (deadlines set small through ``--fetch-timeout``, never by sleeping long), and that no file
-appeared anywhere in the temporary directory outside the two cache roots (the whole tree is
-compared before and after; a victim file stands where the attacks aim).
+Every case runs the ``edgekv`` command (in this process, through the CLI's ``main``, with the case's environment
+and working directory; the deadline cases in a child process, where a hung read cannot outlive the test) and
+asserts its exit code, that it printed exactly one line on stderr (no traceback, no 'internal error'), that its
+wall time is bounded (deadlines set small through ``--fetch-timeout``, never by sleeping long), and that no file
+appeared anywhere in the temporary directory outside the two cache roots (the whole tree is compared before and
+after; a victim file stands where the attacks aim).
+
+The hub serves SmolLM2's header-only stand-in (the committed header with a hole of the weights' size,
+tests/headers.py): every case reads a header or fails before the weights.  A case that reads a model predicts its
+KV cache only (``--kv-only``): the process's memory needs the runtime's calibration, a llama.cpp child, and is not
+what is tested here.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from urllib.parse import quote
 
 import pytest
 from conftest import SMOL_FILE, SMOL_REPO
+
+from edgekv.cli.main import main
 
 CACHES = ("edgekv-home", "hf-cache")
 
@@ -40,9 +48,10 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
 class Sandbox:
     """A temporary directory with the two cache roots, a victim file, and the local hub's address."""
 
-    def __init__(self, root: Path, hub):
+    def __init__(self, root: Path, hub, monkeypatch, capsys):
         self.root = root
         self.hub = hub
+        self.monkeypatch, self.capsys = monkeypatch, capsys
         self.victim = root / "victim" / "home" / "user"
         self.victim.mkdir(parents=True)
         (self.victim / ".profile").write_text("# the user's own file\n")
@@ -60,18 +69,35 @@ class Sandbox:
         env.update(extra)
         return env
 
-    def run(self, *args: str, timeout: float = 90, **extra: str) -> tuple[int, str, str, float]:
+    def run(self, *args: str, process: bool = False, **extra: str) -> tuple[int, str, str, float]:
+        """``edgekv ARGS`` with the environment ``extra`` adds: in this process, or in a child (``process``)."""
         before = _snapshot(self.root)
         t0 = time.monotonic()
-        p = subprocess.run([sys.executable, "-m", "edgekv.cli", *args], capture_output=True, text=True,
-                           env=self.env(**extra), timeout=timeout, cwd=self.root)
+        if process:
+            p = subprocess.run([sys.executable, "-m", "edgekv.cli", *args], capture_output=True, text=True,
+                               env=self.env(**extra), timeout=90, cwd=self.root)
+            rc, out, err = p.returncode, p.stdout, p.stderr
+        else:
+            rc, out, err = self._main(list(args), self.env(**extra))
         wall = time.monotonic() - t0
         after = _snapshot(self.root)
         changed = [k for k, v in after.items() if before.get(k) != v]
         outside = [k for k in changed if k.split(os.sep, 1)[0] not in CACHES]
         assert not outside, f"edgekv wrote outside its caches: {outside}"
         assert (self.victim / ".profile").read_text() == "# the user's own file\n"
-        return p.returncode, p.stdout, p.stderr, wall
+        return rc, out, err, wall
+
+    def _main(self, argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        with self.monkeypatch.context() as m:
+            m.chdir(self.root)
+            for k in set(os.environ) - set(env):
+                m.delenv(k)
+            for k, v in env.items():
+                m.setenv(k, v)
+            rc = main(argv)
+        out, err = self.capsys.readouterr()
+        return rc, out, err
 
 
 def one_line_error(rc: int, err: str, *needles: str, code: int = 1) -> str:
@@ -87,13 +113,15 @@ def one_line_error(rc: int, err: str, *needles: str, code: int = 1) -> str:
 
 
 @pytest.fixture
-def box(hub, tmp_path, smollm2_path):
+def box(header_hub, sparse_models, tmp_path, monkeypatch, capsys):
+    hub = header_hub
     hub.reset()
-    hub.any_file = smollm2_path
+    hub.any_file = sparse_models["smollm2"]
     hub.drip_s = 0.5
-    yield Sandbox(tmp_path, hub)
+    yield Sandbox(tmp_path, hub, monkeypatch, capsys)
     hub.commit_override = None
     hub.drip_head = False
+    hub.any_file = None
 
 
 # -- 1. containment --------------------------------------------------------------------------------
@@ -101,7 +129,7 @@ def box(hub, tmp_path, smollm2_path):
 def test_url_with_encoded_absolute_path_stays_in_the_cache(box):
     target = box.victim / ".profile"
     url = f"{box.hub.endpoint}/any/{quote(str(target), safe='')}"
-    rc, out, err, _ = box.run("predict", url, "-c", "512", "-ctk", "f16", "--json")
+    rc, out, err, _ = box.run("predict", url, "-c", "512", "-ctk", "f16", "--kv-only", "--json")
     assert rc == 0, err            # a valid model: predicted, its header cached under a hashed name
     assert json.loads(out)[0]["status"] == "ok"
     cached = list((box.root / "edgekv-home" / "headers" / "url").glob("*/*"))
@@ -112,7 +140,7 @@ def test_url_with_encoded_absolute_path_stays_in_the_cache(box):
 def test_url_with_encoded_dotdot_segments_stays_in_the_cache(box, depth):
     rel = "../" * depth + str(box.victim.relative_to("/")) + "/x.gguf"
     url = f"{box.hub.endpoint}/any/{quote(rel, safe='')}"
-    rc, out, err, _ = box.run("predict", url, "-c", "512", "-ctk", "f16", "--json")
+    rc, out, err, _ = box.run("predict", url, "-c", "512", "-ctk", "f16", "--kv-only", "--json")
     assert rc == 0, err
     assert not (box.victim / "x.gguf").exists()
 
@@ -136,7 +164,7 @@ def test_hf_spec_with_unsafe_parts_is_refused(box, spec, needle):
 
 
 def test_url_with_an_over_long_file_name_uses_a_fixed_name(box):
-    rc, out, err, _ = box.run("predict", f"{box.hub.endpoint}/any/{'x' * 400}.gguf", "-c", "512", "-ctk", "f16")
+    rc, out, err, _ = box.run("predict", f"{box.hub.endpoint}/any/{'x' * 400}.gguf", "-c", "512", "-ctk", "f16", "--kv-only")
     assert rc == 0, err
     assert [p.name for p in (box.root / "edgekv-home" / "headers" / "url").glob("*/*.gguf")] == ["model.gguf"]
 
@@ -197,27 +225,32 @@ def test_offline_read_through_a_crafted_name_is_refused(box, tmp_path):
 
 
 # -- 2. deadlines, redirects, encodings ------------------------------------------------------------
+# The deadline cases wait out their deadline (3 s each) in a child process: slow by their nature.
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ["drip", "driphead", "stall"])
 def test_dripping_url_server_hits_the_deadline(box, route):
     url = f"{box.hub.endpoint}/{route}/{SMOL_FILE}"
-    rc, out, err, wall = box.run("--fetch-timeout", "3", "predict", url, "-c", "512")
+    rc, out, err, wall = box.run("--fetch-timeout", "3", "predict", url, "-c", "512", process=True)
     one_line_error(rc, err, "giving up" if route != "stall" else "")
     assert wall < 45       # the deadline is 3 s; generous for a busy 2-core machine (start-up included)
 
 
+@pytest.mark.slow
 def test_dripping_hub_head_hits_the_deadline(box):
     box.hub.drip_head = True
     rc, out, err, wall = box.run("predict", f"hf://{SMOL_REPO}/{SMOL_FILE}", "-c", "512",
-                                 EDGEKV_FETCH_TIMEOUT="3")
+                                 EDGEKV_FETCH_TIMEOUT="3", process=True)
     one_line_error(rc, err, "giving up")
     assert wall < 45
 
 
+@pytest.mark.slow
 def test_dripping_cdn_body_hits_the_deadline(box):
     box.hub.drip_cdn = True
     try:
-        rc, out, err, wall = box.run("--fetch-timeout", "3", "predict", f"hf://{SMOL_REPO}/{SMOL_FILE}", "-c", "512")
+        rc, out, err, wall = box.run("--fetch-timeout", "3", "predict", f"hf://{SMOL_REPO}/{SMOL_FILE}", "-c", "512",
+                                     process=True)
     finally:
         box.hub.drip_cdn = False
     one_line_error(rc, err, "giving up", "in 3 s")
@@ -246,11 +279,12 @@ def test_protocol_lies_are_one_line(box, route, needles):
     assert wall < 60
 
 
-def test_content_range_with_unknown_total_is_handled(box, smollm2_path):
+def test_content_range_with_unknown_total_is_handled(box, sparse_models):
+    smollm2_path = sparse_models["smollm2"]
     rc, out, err, _ = box.run("predict", f"{box.hub.endpoint}/badcr/star/{SMOL_FILE}", "-c", "512", "-ctk", "f16",
-                              "--json")
+                              "--kv-only", "--json")
     assert rc == 0, err
-    rc2, out2, err2, _ = box.run("predict", str(smollm2_path), "-c", "512", "-ctk", "f16", "--json")
+    rc2, out2, err2, _ = box.run("predict", str(smollm2_path), "-c", "512", "-ctk", "f16", "--kv-only", "--json")
     got, want = json.loads(out)[0]["prediction"]["formula"], json.loads(out2)[0]["prediction"]["formula"]
     assert got["total_bytes"] == want["total_bytes"] and got["status"] == want["status"] == "ok"
 
@@ -258,5 +292,5 @@ def test_content_range_with_unknown_total_is_handled(box, smollm2_path):
 @pytest.mark.parametrize("commit", ["../../../victim/home/user", "0" * 39 + "/"])
 def test_models_pull_with_a_hostile_commit_header_writes_nothing_outside(box, commit):
     box.hub.commit_override = commit
-    rc, out, err, wall = box.run("models", "pull", f"hf://{SMOL_REPO}/{SMOL_FILE}", timeout=300)
+    rc, out, err, wall = box.run("models", "pull", f"hf://{SMOL_REPO}/{SMOL_FILE}")
     one_line_error(rc, err, "X-Repo-Commit")

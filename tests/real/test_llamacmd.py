@@ -19,8 +19,10 @@ def test_the_arguments_follow_llama_cpps_flags():
     assert shell_line("llama-server", ["-m", "/a b/x.gguf"]) == "llama-server -m '/a b/x.gguf'"
 
 
-def test_predict_prints_it_with_v_and_carries_it_in_json(smollm2_path, cli):
-    r = cli("predict", smollm2_path, "-c", "2048", "-ctk", "q8_0", "--no-mmap", "--repack", "0", "-t", "2", "--json")
+def test_predict_prints_it_with_v_and_carries_it_in_json(smollm2_header, cli):
+    smollm2_path = smollm2_header
+    r = cli("predict", smollm2_path, "-c", "2048", "-ctk", "q8_0", "--no-mmap", "--repack", "0", "-t", "2", "--kv-only",
+            "--json")
     rec = json.loads(r.stdout)[0]
     args = rec["llama_cpp_args"]
     assert args[:2] == ["-m", str(smollm2_path)] and args[args.index("-c") + 1] == "2048"

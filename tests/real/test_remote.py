@@ -1,7 +1,10 @@
 """Header-only reading over real HTTP (127.0.0.1): hf://, https URLs, split GGUFs, offline, errors.
 
-The server (tests/hubserver.py) serves the two real models the way the Hugging Face hub and its CDN
-do; it counts every body byte it sends, so the tests assert how much of a model crossed the wire.
+The server (tools/hubserver.py) serves the models the way the Hugging Face hub and its CDN do; it counts every
+body byte it sends, so the tests assert how much of a model crossed the wire.  What reads only the header, or
+fails before the weights, is served the header-only stand-ins of the two models (``remote``, fast: the committed
+headers with a hole of the weights' size); downloads, engine dry runs, split files and a real header larger than
+the first range are served the real models (``real_remote``, slow).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import sys
 from dataclasses import asdict
 
 import pytest
-from conftest import GEMMA_FILE, GEMMA_REPO, SMOL_FILE, SMOL_REPO, SPLIT_REPO
+from conftest import GEMMA_FILE, GEMMA_REPO, SMOL_FILE, SMOL_REPO, SPLIT_REPO, TINY_FILE, TINY_REPO
 
 from edgekv.cli.main import main
 from edgekv.core.predict import ContextParams, predict
@@ -38,10 +41,21 @@ def _same_header(a, b) -> None:
     assert (a.file_size, a.data_offset, a.weights_bytes) == (b.file_size, b.data_offset, b.weights_bytes)
 
 
-@pytest.mark.parametrize("which", MODELS)
-def test_hf_reads_only_the_header(which, remote, request):
-    repo, file, fixture = MODELS[which]
-    local = load_model(str(request.getfixturevalue(fixture)))
+@pytest.mark.parametrize("which", [*MODELS, pytest.param("gemma3-real", marks=pytest.mark.slow)])
+def test_hf_reads_only_the_header(which, request):
+    """From the header-only stand-ins; and from Gemma 3's real file, whose header (its 262K-token vocabulary) is
+    longer than the first range (slow: the real models)."""
+    if which == "gemma3-real":
+        remote, local = request.getfixturevalue("real_remote"), request.getfixturevalue("gemma3_path")
+        which = "gemma3"
+    else:
+        remote, local = request.getfixturevalue("remote"), request.getfixturevalue("sparse_models")[which]
+    repo, file, _ = MODELS[which]
+    _reads_only_the_header(remote, repo, file, local)
+
+
+def _reads_only_the_header(remote, repo, file, path) -> None:
+    local = load_model(str(path))
     m = load_model(f"hf://{repo}/{file}")
     assert m.ref.source == "hf" and not m.ref.complete
     _same_header(m.header, local.header)
@@ -67,7 +81,8 @@ def test_hf_reads_only_the_header(which, remote, request):
 
 
 @pytest.mark.parametrize("which", MODELS)
-def test_engine_dry_run_from_the_remote_header_equals_the_full_file(which, remote, request):
+def test_engine_dry_run_from_the_remote_header_equals_the_full_file(which, real_remote, request):
+    remote = real_remote
     repo, file, fixture = MODELS[which]
     local = load_model(str(request.getfixturevalue(fixture)))
     m = load_model(f"hf://{repo}/{file}")
@@ -103,7 +118,8 @@ def _rows(out: str) -> list[dict]:
     return rows
 
 
-def test_cli_predict_hf_equals_the_local_file(remote, smollm2_path, tmp_path):
+def test_cli_predict_hf_equals_the_local_file(real_remote, smollm2_path, tmp_path):
+    remote = real_remote
     """`edgekv predict hf://...` as a real command against the local hub: same rows as the local file."""
     env = {**os.environ, "EDGEKV_HOME": str(tmp_path / "edgekv-home"), "HF_ENDPOINT": remote.endpoint}
     cmd = [sys.executable, "-m", "edgekv.cli", "predict"]
@@ -118,7 +134,7 @@ def test_cli_predict_hf_equals_the_local_file(remote, smollm2_path, tmp_path):
     assert remote.bytes_sent("/cdn/") == 2 * 1024 * 1024
 
 
-def test_cli_predict_and_inspect_hf_gemma_in_process(remote, gemma3_path, capsys):
+def test_cli_predict_and_inspect_hf_gemma_in_process(real_remote, gemma3_path, capsys):
     assert main(["predict", f"hf://{GEMMA_REPO}/{GEMMA_FILE}"] + PREDICT_ARGS) == 0
     hf = capsys.readouterr()
     assert "read the header over HTTP" in hf.err
@@ -129,9 +145,9 @@ def test_cli_predict_and_inspect_hf_gemma_in_process(remote, gemma3_path, capsys
     assert d["source"] == "hf" and d["gguf"]["file_size"] == gemma3_path.stat().st_size
 
 
-def test_plain_url_reads_only_the_header(remote, smollm2_path):
+def test_plain_url_reads_only_the_header(remote, sparse_models):
     url = f"{remote.endpoint}/files/{SMOL_FILE}"
-    local = load_model(str(smollm2_path))
+    local = load_model(str(sparse_models["smollm2"]))
     m = load_model(url)
     assert m.ref.source == "url" and not m.ref.complete
     _same_header(m.header, local.header)
@@ -194,7 +210,8 @@ def test_split_gguf_reads_as_one_model(smollm2_split, smollm2_path, capsys):
         load_model(str(smollm2_split[1]))
 
 
-def test_remote_split_gguf_header_only_and_engine(remote, smollm2_split, smollm2_path):
+def test_remote_split_gguf_header_only_and_engine(real_remote, smollm2_split, smollm2_path):
+    remote = real_remote
     first = smollm2_split[0].name
     m = load_model(f"hf://{SPLIT_REPO}/Q4_1/{first}")
     assert not m.ref.complete and len(m.ref.shards) == 3 and m.ref.fetch["files"] == 3
@@ -249,12 +266,12 @@ def test_unreachable_network_falls_back_to_the_cache(remote, monkeypatch, capsys
 
 # -- models pull -----------------------------------------------------------------------------------------
 
-def _registry(tmp_path, monkeypatch, sha: str, revision: str) -> None:
+def _registry(tmp_path, monkeypatch, sha: str, revision: str, repo: str = SMOL_REPO, file: str = SMOL_FILE) -> None:
     p = tmp_path / "models.toml"
     p.write_text(f"""schema_version = 1
 [models.smol]
-hf_repo = "{SMOL_REPO}"
-file = "{SMOL_FILE}"
+hf_repo = "{repo}"
+file = "{file}"
 revision = "{revision}"
 sha256 = "{sha}"
 description = "SmolLM2 from the local hub"
@@ -263,7 +280,8 @@ license = "apache-2.0"
     monkeypatch.setenv("EDGEKV_MODELS", str(p))
 
 
-def test_pull_downloads_verifies_and_resumes(remote, smollm2_path, tmp_path, monkeypatch, capsys):
+def test_pull_downloads_verifies_and_resumes(real_remote, smollm2_path, tmp_path, monkeypatch, capsys):
+    remote = real_remote
     from edgekv.sources.home import verified_sha256
     from edgekv.sources.registry import load_registry
     from edgekv.sources.resolve import resolve_model
@@ -290,11 +308,13 @@ def test_pull_downloads_verifies_and_resumes(remote, smollm2_path, tmp_path, mon
     assert load_registry().get("smol").pinned
 
 
-def test_pull_refuses_a_wrong_or_unknown_sha256(remote, smollm2_path, tmp_path, monkeypatch, capsys):
-    _registry(tmp_path, monkeypatch, "0" * 64, "unknown")
+def test_pull_refuses_a_wrong_or_unknown_sha256(remote, tmp_path, monkeypatch, capsys):
+    """On a whole tiny model: the download is the point, not its size."""
+    tiny = {"repo": TINY_REPO, "file": TINY_FILE}
+    _registry(tmp_path, monkeypatch, "0" * 64, "unknown", **tiny)
     err = _one_line_error(capsys, ["models", "pull", "smol"])
     assert f"is not models.toml's {'0' * 64} for 'smol'" in err
-    _registry(tmp_path, monkeypatch, "unknown", "unknown")
+    _registry(tmp_path, monkeypatch, "unknown", "unknown", **tiny)
     err = _one_line_error(capsys, ["models", "pull", "smol"])
     assert 'sha256 = "unknown"' in err and "--allow-unverified" in err
     assert main(["models", "pull", "smol", "--allow-unverified", "--json"]) == 0
@@ -303,7 +323,7 @@ def test_pull_refuses_a_wrong_or_unknown_sha256(remote, smollm2_path, tmp_path, 
     assert any("not in models.toml" in n for n in r["notes"]) and any("not pinned" in n for n in r["notes"])
 
 
-def test_pull_offline_says_what_is_missing(remote, smollm2_path, tmp_path, monkeypatch, capsys):
+def test_pull_offline_says_what_is_missing(remote, tmp_path, monkeypatch, capsys):
     _registry(tmp_path, monkeypatch, "1" * 64, remote.smol_commit)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     err = _one_line_error(capsys, ["models", "pull", "smol"])
@@ -311,10 +331,10 @@ def test_pull_offline_says_what_is_missing(remote, smollm2_path, tmp_path, monke
     assert remote.requests() == []
 
 
-def test_registry_name_reads_the_header_when_weights_are_not_local(remote, smollm2_path, tmp_path, monkeypatch):
+def test_registry_name_reads_the_header_when_weights_are_not_local(remote, sparse_models, tmp_path, monkeypatch):
     from edgekv.sources.home import verified_sha256
 
-    _registry(tmp_path, monkeypatch, verified_sha256(smollm2_path), remote.smol_commit)
+    _registry(tmp_path, monkeypatch, verified_sha256(sparse_models["smollm2"]), remote.smol_commit)
     m = load_model("smol")
     assert m.ref.source == "hf" and not m.ref.complete and m.ref.name == "smol"
     assert remote.bytes_sent("/cdn/") == FIRST_RANGE_BYTES
@@ -331,7 +351,7 @@ def test_modelref_is_plain_data(remote):
     assert d["origin"].startswith(f"hf://{SMOL_REPO}/{SMOL_FILE}@") and d["fetch"]["requests"] == 1
 
 
-def test_hub_resolve_urls_are_read_as_hf(remote, smollm2_path, capsys):
+def test_hub_resolve_urls_are_read_as_hf(remote, capsys):
     """A Hugging Face /resolve/ URL gets the hub's treatment (commit, LFS sha256), not a plain URL's."""
     url = f"{remote.endpoint}/{SMOL_REPO}/resolve/main/{SMOL_FILE}"
     m = load_model(url)

@@ -257,9 +257,9 @@ def test_quality_table_and_plot_when_quality_blocks_exist(tmp_path):
     assert any(f.endswith("kld.png") for f in res["files"])
 
 
-def test_predict_json_and_llama_bench_inputs(tmp_path, smollm2_path, cli):
+def test_predict_json_and_llama_bench_inputs(tmp_path, smollm2_header, cli):
     preds = tmp_path / "p.json"
-    r = cli("predict", smollm2_path, "-c", "4096,16384", "--json")
+    r = cli("predict", smollm2_header, "-c", "4096,16384", "--kv-only", "--json")
     assert r.returncode == 0, r.stderr
     preds.write_text(r.stdout)
     out = tmp_path / "pred"

@@ -2,8 +2,9 @@
 unwritable paths, concurrent writers, and a resumed bench that must never drop a complete record.
 
 The parser cases load the recorded SmolLM2 results in tests/data (recorded output may test a
-parser) through the in-process `cli` fixture; the bench cases that measure run real llama.cpp on SmolLM2-135M in
-`python -m edgekv.cli` processes (two of them at once is the point).
+parser) through the in-process `cli` fixture, and so do the bench cases that must refuse before measuring (the
+repack preflight's verdict recorded: tests/conftest.py recorded_preflight); the bench cases that measure run real
+llama.cpp on SmolLM2-135M in `python -m edgekv.cli` processes (two of them at once is the point).
 """
 
 from __future__ import annotations
@@ -159,15 +160,17 @@ def test_second_writer_refuses_while_the_first_holds_the_lock(tmp_path):
     assert not p.exists()         # nothing written: no empty file left behind
 
 
-@pytest.mark.slow                   # bench's preflight starts a llama.cpp child before it refuses
+# bench's repack preflight (a llama.cpp child) answers a recorded verdict: the refusal comes before any measuring,
+# of SmolLM2's header-only stand-in of the real size (a real run would fail on its zero weights, never reached)
 @pytest.mark.parametrize("make,needle", [
     (lambda t: t, "is a directory"),
     (lambda t: (t / "afile").write_text("x") and t / "afile" / "r.jsonl", "cannot create its folder"),
 ])
-def test_unwritable_output_is_refused_before_measuring(cli, tmp_path, make, needle):
+def test_unwritable_output_is_refused_before_measuring(cli, tmp_path, make, needle, recorded_preflight, sparse_models):
     out = make(tmp_path)
     t0 = time.monotonic()
-    rc, _, err = cli("bench", "-c", "512", "-ctk", "f16", "-p", "16", "-n", "4", "-r", "1", "-t", "1", "-o", str(out))
+    rc, _, err = cli("bench", sparse_models["smollm2"], "-c", "512", "-ctk", "f16", "-p", "16", "-n", "4", "-r", "1",
+                     "-t", "1", "-o", str(out))
     one_error(rc, err, needle)
     assert time.monotonic() - t0 < 60      # no configuration was measured (a measured one takes longer)
 
@@ -222,11 +225,11 @@ def test_resume_keeps_a_record_without_its_newline_and_two_benches_never_share_a
     assert recs[0] == R.load(base)[0]
 
 
-@pytest.mark.slow                   # bench's preflight starts a llama.cpp child before it refuses
 @pytest.mark.parametrize("case", ["garbage", "newer", "nullsettings"])
-def test_resumed_bench_refuses_an_unusable_line_before_measuring(cli, damaged, case):
+def test_resumed_bench_refuses_an_unusable_line_before_measuring(cli, damaged, case, recorded_preflight, sparse_models):
     path, line, why = damaged[case]
     before = path.read_bytes()
-    rc, _, err = cli("bench", "-c", "512", "-ctk", "f16", "-p", "16", "-n", "4", "-r", "1", "-t", "1", "-o", str(path))
+    rc, _, err = cli("bench", sparse_models["smollm2"], "-c", "512", "-ctk", "f16", "-p", "16", "-n", "4", "-r", "1",
+                     "-t", "1", "-o", str(path))
     one_error(rc, err, f"{path}:{line}:", why)
     assert path.read_bytes() == before
