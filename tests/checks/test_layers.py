@@ -27,6 +27,7 @@ which import-linter does not.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,16 +91,22 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return out
 
 
-def _import_nodes(mod: str):
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for every check of this file (the checks only read it)."""
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+@functools.cache
+def _import_nodes(mod: str) -> tuple[tuple[ast.Import | ast.ImportFrom, str, str], ...]:
     """(ImportFrom/Import node, the package relative imports start from, 'module'|'lazy'|'typing')."""
     path = MODULES[mod]
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    tree = _tree(path)
     typing_only = _type_checking_nodes(tree)
     top = {id(n) for n in tree.body}
     pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node, pkg, "typing" if id(node) in typing_only else "module" if id(node) in top else "lazy"
+    return tuple((node, pkg, "typing" if id(node) in typing_only else "module" if id(node) in top else "lazy")
+                 for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 def _base(node: ast.ImportFrom, pkg: str) -> str:
@@ -109,7 +116,8 @@ def _base(node: ast.ImportFrom, pkg: str) -> str:
     return base
 
 
-def _imports(mod: str) -> list[tuple[str, int, str]]:
+@functools.cache
+def _imports(mod: str) -> tuple[tuple[str, int, str], ...]:
     """(imported module or top-level name, line, 'module'|'lazy'|'typing') for every import in ``mod``."""
     out = []
     for node, pkg, where in _import_nodes(mod):
@@ -119,7 +127,7 @@ def _imports(mod: str) -> list[tuple[str, int, str]]:
             base = _base(node, pkg)
             names = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES]
             out.extend((n, node.lineno, where) for n in names or [base])
-    return out
+    return tuple(out)
 
 
 def _edges() -> list[tuple[str, str, int, str]]:

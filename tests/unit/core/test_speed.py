@@ -733,11 +733,16 @@ def _own_home(monkeypatch, tmp_path) -> None:
 
 
 def _quiet(monkeypatch, busy: bool = False) -> None:
-    """The LoadMonitor sees a quiet machine (or, ``busy``, other work on 60 % of the CPUs)."""
+    """The LoadMonitor sees a quiet machine (or, ``busy``, other work on 60 % of the CPUs), no other work keeps a core
+    busy when the fills start, and the read bandwidth is a figure, not a measurement: a fake calibration times
+    nothing of the machine (each would cost about a second)."""
+    from edgekv.calibration.speedcal import orchestrate, solve
     from edgekv.machine import load as L
 
     monkeypatch.setattr(L.LoadMonitor, "start", lambda self: None)
     monkeypatch.setattr(L.LoadMonitor, "stop", lambda self: {"busy": busy, "others_share_max": 0.6 if busy else 0.0})
+    monkeypatch.setattr(orchestrate, "threads_left", lambda n, window_s=0.5: (n, 0.0))
+    monkeypatch.setattr(solve, "read_bandwidth", lambda n_threads: 20e9)
 
 
 def test_two_processes_calibrating_keep_each_others_coefficients(monkeypatch, tmp_path):
