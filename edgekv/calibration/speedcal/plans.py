@@ -101,7 +101,9 @@ BODY_PP_N = 512
 # the last-level cache.  On the CPU a geometry's decode steps therefore run on a copy of its model whose output head
 # is EVICT_FACTOR x that cache (the OS's figure, edgekv.machine.environment.last_level_cache_bytes; EVICT_DEFAULT_BYTES
 # where it gives none, at most EVICT_MAX_BYTES), read once a token after the last layer
-EVICT_TG_REPS = 9         # the head's read from memory spreads each run more than the other steps' five
+# the head's read from memory spreads each run more than the other steps' five; six in each of the two windows
+# (edgekv.calibration.speedcal.windows), twelve in all where one window of nine was taken before
+EVICT_TG_REPS = 6
 # each evicting run is EVICT_TG_N tokens, not TG_N: most of a run is the head's read, which the difference of two
 # depths takes out, so the difference spreads the same with half the tokens in half the time
 EVICT_TG_N = 16

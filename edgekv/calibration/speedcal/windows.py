@@ -37,9 +37,13 @@ def window_key(model: str, window: int) -> str:
 def decode_window(attn: Pairs, n_threads: int, repack: bool, device: str, interleave: bool,
                   window: int) -> list[ProbeModel]:
     """The decode steps of attn_plan for every geometry's pairs, again, the pairs in reverse order (each pair's
-    windows then lie further apart), keyed window_key(model, ``window``)."""
+    windows then lie further apart), keyed window_key(model, ``window``).  Not the generic model's (no geometry):
+    its decode term only takes the node and weight models' own attention out of theirs, a few cells deep, and no
+    prediction reads it."""
     out = []
     for g, ps in attn.items():
+        if g is None:
+            continue
         for m in attn_plan(list(reversed(ps)), n_threads, repack, g, device, interleave=interleave):
             ctxs = [msgspec.structs.replace(c, steps=[s for s in c.steps if s.test == "tg"]) for c in m.contexts]
             ctxs = [c for c in ctxs if c.steps]
@@ -73,7 +77,7 @@ def settle_two(results: Results, attn: Pairs, cal: Calibration, n_threads: int) 
     second = window_results(results, 2)
     out: Pairs = {}
     for g, ps in attn.items():
-        for p in ps:
+        for p in ps if g is not None else ():
             k = kv_key(*p, g)
             a, b = cal.attn_tg_s[k], _term(second, k, n_threads, cal.device)
             if agree(a, b) and b is not None:

@@ -23,12 +23,11 @@ def test_a_window_is_the_decode_steps_again_under_keys_of_its_own():
     assert m.model_path == v.model_path         # the same file: no second model is written
     assert [c.key.split("/")[0] for c in m.contexts] == ["q4_0", "q8_0"]    # the pairs in reverse order
     assert {s.test for c in m.contexts for s in c.steps} == {"tg"}
-    # the generic model (no geometry) holds its decode and prompt steps in one context: only the decode is repeated
-    (g,) = decode_window({None: [("f16", "f16", "auto")]}, 2, True, "", True, 2)
-    assert g.key == "attn.w2" and {s.test for c in g.contexts for s in c.steps} == {"tg"}
+    # the generic model (no geometry) has no second window: no prediction reads its decode term
+    assert decode_window({None: [("f16", "f16", "auto")]}, 2, True, "", True, 2) == []
     # through llama-bench (steps in order of depth, then the shallowest again) likewise
-    (lb,) = decode_window({None: [("q8_0", "q8_0", "auto")]}, 2, True, "", False, 3)
-    assert lb.key == "attn.w3" and [s.key for s in lb.contexts[0].steps] == ["tg128", "tg1152", "tg128b"]
+    (lb,) = decode_window({G: [("q8_0", "q8_0", "auto")]}, 2, True, "", False, 3)
+    assert lb.key == "attnv_h9kv3k64v64.w3" and [s.key for s in lb.contexts[0].steps] == ["tg128", "tg1152", "tg128b"]
 
 
 def _windows(slow: dict[tuple[str, int], float], calls: list):
