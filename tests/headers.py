@@ -22,22 +22,33 @@ TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer
 def write_header(src: Path, out: Path) -> Path:
     """``src``'s header, less the tokenizer's arrays, into ``out``."""
     import gguf
-    import numpy as np
 
     r = gguf.GGUFReader(src)
     arch = r.get_field(gguf.Keys.General.ARCHITECTURE).contents()
-    w = gguf.GGUFWriter(out, arch)
-    n_vocab = None
+    n_vocab = next((len(f.data) for f in r.fields.values() if f.name in TOKENIZER_ARRAYS), None)
+
+    def vocab_size(w) -> None:
+        if n_vocab is not None and r.get_field(f"{arch}.vocab_size") is None:
+            w.add_uint32(f"{arch}.vocab_size", n_vocab)
+
+    return rewrite_header(r, out, vocab_size)
+
+
+def rewrite_header(r, out: Path | str, more=None) -> Path | str:
+    """The header of the GGUFReader ``r`` written to ``out`` by gguf-py's writer: every key but the tokenizer's
+    arrays, then what ``more(writer)`` adds, then the whole tensor table; the file ends where the tensor data would
+    start."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(out, r.get_field(gguf.Keys.General.ARCHITECTURE).contents())
     for f in r.fields.values():
-        if f.name == gguf.Keys.General.ARCHITECTURE or f.name.startswith("GGUF."):
-            continue
-        if f.name in TOKENIZER_ARRAYS:
-            n_vocab = n_vocab or len(f.data)
+        if f.name == gguf.Keys.General.ARCHITECTURE or f.name.startswith("GGUF.") or f.name in TOKENIZER_ARRAYS:
             continue
         vtype = f.types[0]
         w.add_key_value(f.name, f.contents(), vtype, sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
-    if n_vocab is not None and r.get_field(f"{arch}.vocab_size") is None:
-        w.add_uint32(f"{arch}.vocab_size", n_vocab)
+    if more is not None:
+        more(w)
     for t in r.tensors:
         w.add_tensor_info(t.name, [int(x) for x in reversed(t.shape)], np.dtype(np.float32), int(t.n_bytes),
                           raw_dtype=t.tensor_type)

@@ -152,29 +152,18 @@ def _seed(n_vocab: int = 2048) -> bytes:
         import tempfile
         from pathlib import Path
 
-        from tests.headers import SMOLLM2, sparse_model
+        from tests.headers import SMOLLM2, rewrite_header, sparse_model
 
         with tempfile.TemporaryDirectory() as d:
             r = gguf.GGUFReader(sparse_model(SMOLLM2, Path(d) / "smollm2.gguf"))    # gguf-py maps the tensor data
             out = os.path.join(d, "seed.gguf")
-            w = gguf.GGUFWriter(out, r.get_field(gguf.Keys.General.ARCHITECTURE).contents())
-            for f in r.fields.values():
-                if f.name == gguf.Keys.General.ARCHITECTURE or f.name.startswith("GGUF."):
-                    continue
-                vtype = f.types[0]
-                w.add_key_value(f.name, f.contents(), vtype,
-                                sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
-            w.add_token_list([f"tok{i}" for i in range(n_vocab)])
-            w.add_token_types([1] * n_vocab)
-            w.add_token_scores([float(-i) for i in range(n_vocab)])
-            w.add_token_merges([f"t o{i}" for i in range(n_vocab // 2)])
-            for t in r.tensors:
-                w.add_tensor_info(t.name, [int(x) for x in reversed(t.shape)], np.dtype(np.float32), int(t.n_bytes),
-                                  raw_dtype=t.tensor_type)
-            w.write_header_to_file()
-            w.write_kv_data_to_file()
-            w.write_ti_data_to_file()
-            w.close()
+            def tokenizer(w) -> None:
+                w.add_token_list([f"tok{i}" for i in range(n_vocab)])
+                w.add_token_types([1] * n_vocab)
+                w.add_token_scores([float(-i) for i in range(n_vocab)])
+                w.add_token_merges([f"t o{i}" for i in range(n_vocab // 2)])
+
+            rewrite_header(r, out, tokenizer)
             h = read_header_file(out)
             assert len(h.metadata["tokenizer.ggml.tokens"]) == n_vocab and len(h.tensors) == len(r.tensors)
             with open(out, "rb") as f:
