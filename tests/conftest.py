@@ -43,9 +43,9 @@ def make_home(root: Path) -> Path:
 # Nothing of the developer's edgekv or huggingface-hub settings reaches a test (EDGEKV_DEBUG=1 would turn every
 # one-line error into a traceback, HF_TOKEN or HF_ENDPOINT would change what the hub tests see); tests set what
 # they need with monkeypatch, which restores this scrubbed environment after each.  Kept: where the developer's own
-# llama.cpp tools are (tools/llama_tools.py), a choice of binaries, not of behaviour; and the suite's own switch to
+# llama.cpp tools are or are built (tools/llama_tools.py), a choice of binaries, not of behaviour; and the suite's own switch to
 # rewrite the golden files (tests/unit/output/test_report.py, refused under CI), which edgekv itself never reads.
-_KEPT = ("EDGEKV_LLAMA_CPP_BIN", "EDGEKV_UPDATE_GOLDEN")
+_KEPT = ("EDGEKV_LLAMA_CPP_BIN", "EDGEKV_TOOLS_CACHE", "EDGEKV_UPDATE_GOLDEN")
 for _name in [k for k in os.environ if k.startswith(("EDGEKV_", "HF_", "HUGGINGFACE_")) and k not in _KEPT]:
     del os.environ[_name]
 # Never the developer's home, even while test modules are imported (before pytest_configure, for edgekv imported
@@ -60,6 +60,8 @@ os.environ["HF_HOME"] = str(SESSION_DIR / "hf-home")
 SUITE_HOME = SESSION_DIR / "home"
 SUITE_HOME.mkdir()
 os.environ.setdefault("PIP_CACHE_DIR", str(REAL_HOME / ".cache" / "pip"))
+# likewise the llama.cpp tools' build, kept per machine like pip's cached wheel of the same source
+os.environ.setdefault("EDGEKV_TOOLS_CACHE", str(Path(os.environ.get("XDG_CACHE_HOME") or REAL_HOME / ".cache") / "edgekv-tools"))
 for _conf in (REAL_HOME / ".config" / "pip" / "pip.conf", REAL_HOME / ".pip" / "pip.conf"):
     if _conf.is_file() and "PIP_CONFIG_FILE" not in os.environ:
         os.environ["PIP_CONFIG_FILE"] = str(_conf)

@@ -2,14 +2,20 @@
 
 llama-cpp-python vendors llama.cpp; comparing edgekv with llama-bench or llama-perplexity is only
 fair when both come from the same source.  This downloads the llama-cpp-python sdist that matches
-the installed version (``pip download --no-binary``), unpacks it under ``bench/.build/`` (ignored
-by git) and builds the requested targets with CMake/Ninja, exactly as
-../shared/reference/llamacpp-memory.md §8 describes.  An existing build can be used instead:
-``EDGEKV_LLAMA_CPP_BIN=/path/to/build/bin``.
+the installed version (``pip download --no-binary``), unpacks it and builds the requested targets with
+CMake/Ninja, exactly as ../shared/reference/llamacpp-memory.md §8 describes.
+
+The tree and its build live in the user's cache (``$XDG_CACHE_HOME/edgekv-tools``, ``~/.cache`` by default, beside
+and never inside edgekv's own home;
+``EDGEKV_TOOLS_CACHE`` names another folder), one folder per llama-cpp-python version, CPU and compiler: like pip's
+cached wheel of the same source, a build (about 7 minutes on two cores) is reused by every later checkout on the same
+machine, and a build for another CPU (GGML_NATIVE: ``-march=native``) is never run on this one.  An existing build
+can be used instead: ``EDGEKV_LLAMA_CPP_BIN=/path/to/build/bin``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -20,7 +26,32 @@ import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILD_ROOT = ROOT / "bench" / ".build"        # ignored by git; shared with the harnesses' own build outputs
+
+
+def tools_cache() -> Path:
+    """The folder that holds the vendored trees and their builds (module docstring)."""
+    env = os.environ.get("EDGEKV_TOOLS_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgekv-tools"
+
+
+def build_key() -> str:
+    """What a native build depends on besides its source: the CPU's model and flags, and the C++ compiler's
+    version (a short hash of them)."""
+    h = hashlib.sha256()
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        h.update("\n".join(sorted({x for x in info.splitlines() if x.startswith(("model name", "flags"))})).encode())
+    except OSError:
+        import platform
+
+        h.update(platform.processor().encode() + platform.machine().encode())
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or ""
+    if cxx:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
+        h.update(out.encode())
+    return h.hexdigest()[:12]
 
 
 def llama_cpp_python_version() -> str:
@@ -34,18 +65,23 @@ def _run(cmd: list[str], cwd: Path | None = None) -> None:
 
 def source_tree(version: str | None = None) -> Path:
     version = version or llama_cpp_python_version()
-    root = BUILD_ROOT / f"llama_cpp_python-{version}"
-    tree = root / "vendor" / "llama.cpp"
+    top = tools_cache() / f"{version}-{build_key()}"
+    tree = top / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
     if tree.is_dir():
         return tree
-    BUILD_ROOT.mkdir(parents=True, exist_ok=True)
-    dl = BUILD_ROOT / "sdist"
+    top.mkdir(parents=True, exist_ok=True)
+    dl = top / "sdist"
     dl.mkdir(exist_ok=True)
     _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
           f"llama-cpp-python=={version}", "-d", str(dl)])
     sdist = next(dl.glob(f"llama_cpp_python-{version}.tar.gz"))
+    # unpacked beside, then renamed: a build interrupted while unpacking leaves no half tree that looks whole
+    part = top / "unpacking"
+    shutil.rmtree(part, ignore_errors=True)
     with tarfile.open(sdist) as tf:
-        tf.extractall(BUILD_ROOT, filter="data") if sys.version_info >= (3, 12) else tf.extractall(BUILD_ROOT)  # noqa: S202
+        tf.extractall(part, filter="data") if sys.version_info >= (3, 12) else tf.extractall(part)  # noqa: S202
+    (part / f"llama_cpp_python-{version}").rename(top / f"llama_cpp_python-{version}")
+    shutil.rmtree(part, ignore_errors=True)
     return tree
 
 

@@ -40,8 +40,8 @@ from edgekv.core.benchwire import (
     Effective,
     ModelFacts,
     Samples,
+    enough,
     request_from,
-    tight,
     to_wire,
 )
 from edgekv.core.llamalog import LlamaMemoryLog, parse_memory_log
@@ -335,7 +335,7 @@ def _bench_timed_test(run: _BenchRun, runner: TokenRunner, ctx, mem, test: str, 
             runner.run_gen(toks, pos0)
         ns.append(time.perf_counter_ns() - t0)
         ev.emit("mem", **self_memory())
-        if tight(ns, run.w.min_repetitions):
+        if enough(ns, run.w.min_repetitions, run.w.rep_budget_s, time.perf_counter() - t_test):
             break
     if test == "pp":
         run.timing.pp_s = time.perf_counter() - t_test

@@ -203,8 +203,12 @@ def check_quality_flags(quality: bool, corpus: str | None, chunks: int | None) -
         raise UsageError("--chunks must be at least 1")
 
 
-# the default -r 5 may stop after 3 repetitions of a test that agree (core.benchwire.tight; a -r given runs in full)
+# the default -r 5 may stop after 3 repetitions of a test that agree (core.benchwire.tight), or of a test that has
+# run REP_BUDGET_S seconds by then (core.benchwire.enough: the quick sweep's long prompts deep in a quantized cache,
+# 1.7 to 4.5 s a repetition on 2 AVX2 cores, whose fourth and fifth repetitions took 21 of its 234 s); a -r given
+# runs in full
 MIN_REPETITIONS = 3
+REP_BUDGET_S = 5.0
 
 
 def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
@@ -248,7 +252,8 @@ def bench_spec(a: BenchArgs) -> tuple[SweepSpec, list[int], str | None]:
                      timeout_s=a.timeout, llama_bench=a.llama_bench, llama_server=a.llama_server,
                      retry_failed=not a.no_retry, force_fit=a.force, predict_speed=not a.no_speed_model,
                      calibration_timeout_s=a.calibration_timeout,
-                     min_repetitions=MIN_REPETITIONS if a.settings.repetitions is None else 0)
+                     min_repetitions=MIN_REPETITIONS if a.settings.repetitions is None else 0,
+                     rep_budget_s=REP_BUDGET_S if a.settings.repetitions is None else 0.0)
     full_hint = None
     if not a.full and not a.ctx_size and st.n_prompt == QUICK["n_prompt"] and st.n_gen == QUICK["n_gen"]:
         full_hint = (f"The full sweep ({', '.join(str(c) for c in full_ctxs)}; -p {FULL['n_prompt']} -n {FULL['n_gen']} "

@@ -37,8 +37,10 @@ class BenchWorkload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     repack: bool = True
     no_mmap: bool = False
     n_parallel: int | None = None
-    # the default -r only: stop after this many repetitions once they agree (tight(); 0: run them all)
+    # the default -r only: stop after this many repetitions once they agree (tight(); 0: run them all), or once the
+    # test has run rep_budget_s seconds (enough(); 0: no budget)
     min_repetitions: int = 0
+    rep_budget_s: float = 0.0
 
 
 # the default -r stops early once the mean's 95 % interval (Student t on the logarithm, as the records compute it:
@@ -58,6 +60,22 @@ def tight(ns: list[int], least: int) -> bool:
     mean = sum(logs) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in logs) / (n - 1))
     return T975[n - 1] * sd / math.sqrt(n) <= math.log1p(TIGHT_HALF_WIDTH)
+
+
+def enough(ns: list[int], least: int, budget_s: float, elapsed_s: float) -> bool:
+    """Whether a test stops after the repetitions timed so far (``ns``): they agree (tight), or there are at least
+    ``least`` of them and the test has run ``budget_s`` seconds (``elapsed_s``; 0: no budget).  A long test's
+    interval is then its minimum's, wider where they spread: the records' intervals say so."""
+    over = budget_s > 0 and 0 < least <= len(ns) and elapsed_s >= budget_s
+    return over or tight(ns, least)
+
+
+def expected_reps(reps: int, per_rep_s: float, least: int, budget_s: float) -> int:
+    """The repetitions a test of ``reps`` runs at most when each takes ``per_rep_s`` (enough's budget; the
+    interval may stop it sooner): what the sweep's time plan counts."""
+    if not (least > 0 and budget_s > 0 and per_rep_s > 0):
+        return reps
+    return min(reps, max(least, math.ceil(budget_s / per_rep_s - 1e-9)))
 
 
 class BenchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

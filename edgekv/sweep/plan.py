@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from edgekv.core.benchwire import expected_reps
 from edgekv.core.predict import predict
 from edgekv.machine.load import LoadMonitor, record_busy
 from edgekv.records import results as R
@@ -103,11 +104,13 @@ def prior_seconds(settings: S.Settings, weights_bytes: int, kv_f16_per_token: in
     return t
 
 
-def speed_seconds(settings: S.Settings, speed: S.SpeedPrediction | None) -> float | None:
+def speed_seconds(settings: S.Settings, speed: S.SpeedPrediction | None, least: int = 0,
+                  budget_s: float = 0.0) -> float | None:
     """Predicted wall seconds of one bench configuration from the speed model's prediction for it
     (``prediction.speed``: pp and tg at the configuration's depth, with the attention part of each), or None when
     there is none.  The fill (depth tokens from an empty cache) costs the prompt's non-attention time per token plus
-    its attention part scaled to the fill's mean depth (attention is linear in the depth)."""
+    its attention part scaled to the fill's mean depth (attention is linear in the depth).  ``least`` and
+    ``budget_s``: each test's repetitions stop at the budget past the least (core.benchwire.expected_reps)."""
     if not speed or speed.error:
         return None
     p, n, d, r = settings.n_prompt, settings.n_gen, settings.n_depth, settings.repetitions
@@ -126,7 +129,10 @@ def speed_seconds(settings: S.Settings, speed: S.SpeedPrediction | None) -> floa
         t += (p * per_token(pp, p / 2) if p else 0.0) + (per_token(tg, 0) if n else 0.0)
     if d:
         t += d * per_token(pp, d / 2)
-    t += r * ((p * pp.s_per_token if p else 0.0) + (n * tg.s_per_token if n else 0.0))
+    if p:
+        t += expected_reps(r, p * pp.s_per_token, least, budget_s) * p * pp.s_per_token
+    if n:
+        t += expected_reps(r, n * tg.s_per_token, least, budget_s) * n * tg.s_per_token
     return t
 
 
@@ -147,9 +153,12 @@ class Planner:
     # the speed model's prediction per configuration (json of its settings -> prediction.speed): when there is
     # one, it is the cost model; the reference prior only stands in where the speed model predicted nothing
     speeds: dict[str, S.SpeedPrediction] = field(default_factory=dict)
+    # the repetitions' stopping rule (SweepSpec.min_repetitions, rep_budget_s): what speed_seconds counts
+    least: int = 0
+    budget_s: float = 0.0
 
     def prior(self, s: S.Settings) -> float:
-        t = speed_seconds(s, self.speeds.get(settings_id(s)))
+        t = speed_seconds(s, self.speeds.get(settings_id(s)), self.least, self.budget_s)
         return t if t is not None else prior_seconds(s, self.weights_bytes, self.kv_f16_per_token)
 
     def learn(self, settings: S.Settings, wall_s: float) -> None:
@@ -220,8 +229,9 @@ class SweepTracker:
     ``plan`` and ``load`` blocks.  The CLI only prints what it holds."""
 
     def __init__(self, model, params, cases: list, speeds: dict[str, S.SpeedPrediction], output: Path, runs_dir: Path,
-                 model_sha: str | None, env: S.Environment) -> None:
-        self.planner = Planner(model.weights_bytes, kv_f16_per_token(model, params) if cases else 0)
+                 model_sha: str | None, env: S.Environment, least: int = 0, budget_s: float = 0.0) -> None:
+        self.planner = Planner(model.weights_bytes, kv_f16_per_token(model, params) if cases else 0, least=least,
+                               budget_s=budget_s)
         self.planner.speeds = {settings_id(c.settings): speeds[c.key] for c in cases if speeds.get(c.key)}
         modelled = bool(cases) and all(speed_seconds(c.settings, speeds.get(c.key)) is not None for c in cases)
         hist = same_machine_history(output, runs_dir, model_sha, env)

@@ -222,7 +222,7 @@ def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set
     speeds.update({k: SpeedPrediction(calibration_id=None, error="not predicted: predicted not to fit the memory "
                                                                   "available") for k in unfit if k not in speeds})
     tracker = SweepTracker(spec.model, todo[0].params if todo else None, todo, speeds, output, edgekv_home() / "runs",
-                           sha, env)
+                           sha, env, spec.min_repetitions, spec.rep_budget_s)
     say.on_plan(SweepPlan(total=len(cases), todo=todo, output=str(output), existing=len(cases) - len(todo), env=env,
                           model_sha256=sha, retry=sum(1 for c in todo if c.key in retry), unfit=unfit, speeds=speeds,
                           tracker=tracker, repack=list(spec.repack or [True])))

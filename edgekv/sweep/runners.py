@@ -78,7 +78,8 @@ def bench_request(spec: SweepSpec, case: Case) -> BenchRequest:
     """The bench child's request for a case: the model file, the context parameters, the workload, and how the
     cache goes back to its depth (truncated where llama.cpp can remove tokens exactly, else a snapshot)."""
     m = spec.model
-    work = msgspec.structs.replace(case.settings.workload(), min_repetitions=spec.min_repetitions)
+    work = msgspec.structs.replace(case.settings.workload(), min_repetitions=spec.min_repetitions,
+                                   rep_budget_s=spec.rep_budget_s)
     return BenchRequest(model_path=os.path.abspath(m.ref.path), params=case.params, workload=work,
                         restore="truncate" if m.shape.memory == MEMORY_KV else "snapshot")
 

@@ -70,8 +70,10 @@ class SweepSpec:
     force_fit: bool = False                  # --force: run configurations predicted not to fit the memory available
     predict_speed: bool = True               # the speed model's prediction in every record (calibrating when needed)
     calibration_timeout_s: float = 180.0     # --calibration-timeout: past it, no speed predictions (said)
-    # with the default -r: each test stops after this many repetitions once they agree (core.benchwire.tight); 0: -r
+    # with the default -r: each test stops after this many repetitions once they agree (core.benchwire.tight), or
+    # once it has run rep_budget_s seconds (core.benchwire.enough); 0: -r in full
     min_repetitions: int = 0
+    rep_budget_s: float = 0.0
 
     @property
     def engine(self) -> str:

@@ -24,7 +24,7 @@ def _plan(monkeypatch, unfit_keys: set[str]):
     monkeypatch.setattr(sweep, "speed_predictions", speeds)
     monkeypatch.setattr(sweep, "SweepTracker", lambda *a, **k: None)
     events: list[tuple[str, dict]] = []
-    spec = SimpleNamespace(engine="python", predict_speed=True, model=None, repack=None)
+    spec = SimpleNamespace(engine="python", predict_speed=True, model=None, repack=None, min_repetitions=0, rep_budget_s=0.0)
     todo = [SimpleNamespace(key=k, params=None) for k in ("a", "b", "c")]
     say = sweep.listener_of(None, lambda k, d: events.append((k, d)))
     _, _, out, _ = sweep._plan_sweep(spec, todo, todo, set(), None, None, say, None)
