@@ -138,8 +138,10 @@ class CachePrediction(msgspec.Struct, frozen=True):
         return self.k_bytes + self.v_bytes + self.r_bytes + self.s_bytes + self.state_bytes
 
 
-@dataclass
-class LayerPrediction:
+class LayerPrediction(msgspec.Struct, frozen=True):
+    """One layer's share of the caches (``predict --layers``): its main cache, cells, row widths and bytes there;
+    ``other``: its bytes in the other caches (indexer, compressed, state)."""
+
     index: int
     role: str
     cache: str | None
@@ -150,7 +152,27 @@ class LayerPrediction:
     v_bytes: int
     r_bytes: int
     s_bytes: int
-    other: dict[str, int] = field(default_factory=dict)   # bytes in the other caches (indexer, compressed, state)
+    other: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+@dataclass
+class _LayerDraft:
+    """A LayerPrediction while the caches are assigned to layers (filled in place, then frozen)."""
+
+    index: int
+    role: str
+    cache: str | None = None
+    cells: int = 0
+    k_width: int = 0
+    v_width: int = 0
+    k_bytes: int = 0
+    v_bytes: int = 0
+    r_bytes: int = 0
+    s_bytes: int = 0
+    other: dict[str, int] = field(default_factory=dict)
+
+    def frozen(self) -> LayerPrediction:
+        return LayerPrediction(**asdict(self))
 
 
 class KVPrediction(msgspec.Struct, frozen=True, kw_only=True):
@@ -332,10 +354,10 @@ def predict(shape: ModelShape, params: ContextParams | None = None, **overrides:
     if shape.memory == MEMORY_DSV4:
         caches += _dsv4_states(shape, p, layer_preds)
 
-    return msgspec.structs.replace(pred, caches=caches, layers=layer_preds, notes=notes)
+    return msgspec.structs.replace(pred, caches=caches, layers=[lp.frozen() for lp in layer_preds], notes=notes)
 
 
-def _recurrent_cache(shape: ModelShape, p: ContextParams, layer_preds: list[LayerPrediction]) -> CachePrediction:
+def _recurrent_cache(shape: ModelShape, p: ContextParams, layer_preds: list[_LayerDraft]) -> CachePrediction:
     """The recurrent state (llama_memory_recurrent): an f32 r and s row per sequence (and rollback snapshot) on each
     recurrent layer; fills those layers' r/s bytes in ``layer_preds``."""
     mem_size = max(1, p.n_seq_max)
@@ -450,7 +472,7 @@ def _kv_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: CacheType
     return caches
 
 
-def _assign_layers(caches: list[CachePrediction], layer_preds: list[LayerPrediction]) -> None:
+def _assign_layers(caches: list[CachePrediction], layer_preds: list[_LayerDraft]) -> None:
     """Per layer: the first main-kind cache that holds it is its cache; the other caches' bytes go to ``other``."""
     by_layer = {lp.index: lp for lp in layer_preds}
     for c in caches:
@@ -467,7 +489,7 @@ def _attention_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: Ca
     """The llama_kv_cache objects create_memory() builds for this memory type (unified, SWA pair, hybrid), in the
     order llama.cpp creates (and logs) them, and the per-layer breakdown."""
     mem = shape.memory
-    layer_preds = [LayerPrediction(lay.index, lay.role, None, 0, lay.k_width, 0, 0, 0, 0, 0) for lay in shape.layers]
+    layer_preds = [_LayerDraft(lay.index, lay.role, k_width=lay.k_width) for lay in shape.layers]
     if mem in (MEMORY_RECURRENT, MEMORY_NONE):
         return [], layer_preds
     has_v = not shape.is_mla
@@ -488,7 +510,7 @@ def _attention_caches(shape: ModelShape, p: ContextParams, tk: CacheType, tv: Ca
     return caches, layer_preds
 
 
-def _dsv4_states(shape: ModelShape, p: ContextParams, layer_preds: list[LayerPrediction]) -> list[CachePrediction]:
+def _dsv4_states(shape: ModelShape, p: ContextParams, layer_preds: list[_LayerDraft]) -> list[CachePrediction]:
     """llama_dsv4_comp_state x 3 (src/llama-kv-cache-dsv4.cpp:893-1000, created at 1313-1329): for each trunk layer
     (il < n_layer()) of its ratio, an f32 kv and an f32 score tensor of [n_embd_state, state_size,
     n_stream * (1 + n_rs_seq)], one stream per sequence.  The logged size is the buffer size; every tensor is a
@@ -575,4 +597,4 @@ def formula_block(pred: KVPrediction, with_layers: bool = False, saving_vs_f16: 
         state_bytes=pred.state_bytes if ok else None, total_bytes=pred.total_bytes if ok else None,
         caches=[cache_block(c) for c in pred.caches] if ok else [],
         notes=list(pred.notes) if pred.notes else UNSET,
-        layers=[asdict(x) for x in pred.layers] if with_layers else UNSET, saving_vs_f16=saving_vs_f16)
+        layers=[msgspec.structs.asdict(x) for x in pred.layers] if with_layers else UNSET, saving_vs_f16=saving_vs_f16)
