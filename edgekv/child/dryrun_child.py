@@ -1,6 +1,7 @@
 """The dry-run session child (``python -m edgekv.child.worker engine``): llama.cpp's own answer for each
 configuration the parent sends, one JSON request per line on stdin (edgekv.runtime.engine.EngineSession), each an
-edgekv.core.childwire request decoded strictly on arrival."""
+edgekv.core.childwire request decoded strictly on arrival, each reply a typed one (EngineLoaded,
+EngineContextsReply)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 import msgspec
 
-from edgekv.core.childwire import EngineContexts, EngineLoad, EngineQuit, engine_request_from
+from edgekv.core.childwire import EngineContexts, EngineContextsReply, EngineLoad, EngineQuit, engine_request_from
 from edgekv.runtime.childside import EventWriter
 from edgekv.runtime.engine import DryRunner
 
@@ -27,9 +28,10 @@ def engine(_payload: dict, ev: EventWriter) -> None:
             if isinstance(req, EngineQuit):
                 break
             if isinstance(req, EngineLoad):
-                ev.emit("response", data=runner.load(req.model_path, req.n_gpu_layers, req.use_extra_bufts))
+                loaded = runner.load(req.model_path, req.n_gpu_layers, req.use_extra_bufts)
+                ev.emit("response", data=msgspec.to_builtins(loaded))
             elif isinstance(req, EngineContexts):
                 results = [runner.context(c, req.keep_log, req.n_outputs_max) for c in req.configs]
-                ev.emit("response", data={"results": results})
+                ev.emit("response", data=msgspec.to_builtins(EngineContextsReply(results=results)))
     finally:
         runner.close()

@@ -1,5 +1,6 @@
 """The small children's protocols: what edgekv asks the dry-run session and the probes
-(``python -m edgekv.child.worker engine|env|preflight|device_runtime|extra_buffers``) and what ``env`` replies.
+(``python -m edgekv.child.worker engine|env|preflight|device_runtime|extra_buffers``) and what the dry-run session
+and ``env`` reply.
 
 Shared by the parent sides (edgekv.runtime.engine's EngineSession, edgekv.machine.environment,
 edgekv.calibration.preflight and .baseline, edgekv.prediction.crosscheck) and the child (edgekv.child.dryrun_child,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
+from edgekv.core.llamalog import LlamaMemoryLog
 from edgekv.core.predict import ContextParams
 from edgekv.core.wire import decoder
 from edgekv.core.wire import to_wire as to_wire
@@ -48,6 +50,45 @@ def engine_request_from(payload: object) -> EngineRequest:
     """A dry-run session's request, told by its ``op`` (msgspec.ValidationError when it is not one)."""
     req: EngineRequest = msgspec.convert(payload, EngineRequest)
     return req
+
+
+class EngineLoaded(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The dry-run session's reply to EngineLoad: llama.cpp's model size, parameters, model buffers (MiB by buffer)
+    and offloaded layers, and what the process grew by while it loaded; ``ok`` False: why, and llama.cpp's error
+    lines."""
+
+    ok: bool
+    error: str | None = None
+    errors: list[str] = []
+    model_size_bytes: int | None = None
+    n_params: int | None = None
+    model_buffers_mib: dict[str, float] = {}
+    gpu_layers: tuple[int, int] | None = None
+    host_growth_load_bytes: int | None = None
+
+
+class EngineContext(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """llama.cpp's answer for one context of EngineContexts: its memory lines parsed, the sizes it chose, the
+    first context's host growth less its output buffer (the session's figure), why it failed, its raw lines
+    (``keep_log``)."""
+
+    ok: bool
+    log: LlamaMemoryLog
+    n_outputs_max: int = 0
+    host_growth_context_less_output_bytes: int | None = None
+    n_ctx: int | None = None
+    n_ctx_seq: int | None = None
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    n_seq_max: int | None = None
+    error: str | None = None
+    raw_log: list[str] | None = None
+
+
+class EngineContextsReply(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The dry-run session's reply to EngineContexts: one EngineContext per configuration, in order."""
+
+    results: list[EngineContext]
 
 
 class PreflightRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -97,6 +138,8 @@ class EnvInfo(msgspec.Struct, kw_only=True):
     supports_gpu_offload: bool | None = None
 
 
+engine_loaded_from = decoder(EngineLoaded)
+engine_contexts_from = decoder(EngineContextsReply)
 preflight_request_from = decoder(PreflightRequest)
 device_runtime_request_from = decoder(DeviceRuntimeRequest)
 extra_buffers_request_from = decoder(ExtraBuffersRequest)

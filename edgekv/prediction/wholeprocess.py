@@ -17,6 +17,7 @@ from typing import Any
 
 from edgekv.calibration.baseline import device_runtime, host_structures, runtime_baseline
 from edgekv.core.cachetypes import cache_type
+from edgekv.core.childwire import EngineLoaded
 from edgekv.core.memmodel import (
     GLIBC_MMAP_THRESHOLD_MAX,
     WORKLOAD_BENCH,
@@ -206,11 +207,11 @@ def kv_split(pred: KVPrediction, n_layer: int, n_gpu_layers_eff: int) -> tuple[i
 
 
 def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: ProcessSettings, baseline,
-                 eng_workload=None, eng_default=None, load_info: dict[str, Any] | None = None) -> ProcessInputs:
-    """ProcessInputs for one configuration from what the edges produced (any of them may be missing)."""
+                 eng_workload=None, eng_default=None, load_info: EngineLoaded | None = None) -> ProcessInputs:
+    """ProcessInputs for one configuration from what the edges produced (any of them may be missing; ``load_info``:
+    the dry-run session's load)."""
     shape = m.shape
-    load_info = load_info or {}
-    gpu_layers = load_info.get("gpu_layers")
+    gpu_layers = load_info.gpu_layers if load_info is not None else None
     n_layer = shape.n_layer_all - getattr(shape, "n_layer_nextn", 0) if hasattr(shape, "n_layer_nextn") else shape.n_layer_all
     cw = _mib_dict_to_bytes(eng_workload.log.compute_buffers) if eng_workload is not None and eng_workload.ok else None
     compute_note = "" if cw is not None else (f"llama.cpp's dry run of the workload's graph failed: {eng_workload.error}"
@@ -224,7 +225,7 @@ def build_inputs(m, params: ContextParams, pred: KVPrediction, settings: Process
     src = eng_workload if eng_workload is not None else eng_default
     # the dry-run session's first context's growth less that context's own output buffer (its rows follow its -np):
     # cached and reused for every configuration of this model, whatever its -np
-    measured = {"load": load_info.get("host_growth_load_bytes"),
+    measured = {"load": load_info.host_growth_load_bytes if load_info is not None else None,
                 "context_less_output": getattr(src, "host_growth_context_less_output_bytes", None) if src else None}
     hs = host_structures(m.header, measured, settings.n_gpu_layers) if measured["load"] is not None else measured
     g_load, g_ctx = hs.get("load"), hs.get("context_less_output")
@@ -278,7 +279,7 @@ def predict_processes(m, configs: list[ContextParams], settings: ProcessSettings
                                 use_extra_bufts=settings.use_extra_bufts).__enter__()
     try:
         out: list[ProcessPrediction | None] = [None] * len(configs)
-        load_info = dict(getattr(session, "model_info", {}) or {})
+        load_info = getattr(session, "model_info", None)
         for i, c in runnable:
             n_out, _ = workload_outputs(settings.workload, preds[i].n_batch, preds[i].n_ubatch, c.n_seq_max)
             ew = largest_compute(session.run(workload_graphs(c, settings, preds[i]), n_outputs_max=n_out))

@@ -19,15 +19,23 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
 from edgekv import heavy
 from edgekv.core.cachetypes import cache_type
-from edgekv.core.childwire import EngineContexts, EngineLoad, to_wire
-from edgekv.core.llamalog import KVCacheLine, LlamaMemoryLog, parse_memory_log
+from edgekv.core.childwire import (
+    EngineContext,
+    EngineContexts,
+    EngineLoad,
+    EngineLoaded,
+    engine_contexts_from,
+    engine_loaded_from,
+    to_wire,
+)
+from edgekv.core.llamalog import LlamaMemoryLog, parse_memory_log
 from edgekv.core.predict import ContextParams
 from edgekv.core.units import mib_to_bytes
 from edgekv.errors import EngineError
@@ -146,7 +154,7 @@ class DryRunner:
         self.model = None
         self.host_growth: dict[str, int | None] = {}
 
-    def load(self, model_path: str, n_gpu_layers: int = -1, use_extra_bufts: bool = True) -> dict[str, Any]:
+    def load(self, model_path: str, n_gpu_layers: int = -1, use_extra_bufts: bool = True) -> EngineLoaded:
         lc = self.llama_cpp
         self.cap.take()
         rss0 = _rss_now()
@@ -159,25 +167,20 @@ class DryRunner:
             errs = _errors(lines)
             # "llama_model_load: error loading model: <why>" says why; the last line only says that it failed
             why = next((e for e in errs if "error loading model" in e), errs[-1] if errs else None)
-            return {"ok": False, "error": why or "llama.cpp could not load the model", "errors": errs}
+            return EngineLoaded(ok=False, error=why or "llama.cpp could not load the model", errors=errs)
         log = parse_memory_log([t for _, t in lines])
         # the contexts' reserve graphs then list every node a backend runs and where (ggml-backend.cpp:1018, 1878;
         # read when a context creates its scheduler): an op a device cannot run falls back to the CPU without a word
         # otherwise, and the speed model prices the nodes that run, not the views (llamalog.graph_ops).  A dry run
         # computes nothing, so the listing costs only its lines.
         os.environ["GGML_SCHED_DEBUG"] = "2"
-        return {
-            "ok": True,
-            "model_size_bytes": int(lc.llama_model_size(self.model)),
-            "n_params": int(lc.llama_model_n_params(self.model)),
-            "model_buffers_mib": log.model_buffers,
-            "gpu_layers": log.gpu_layers,
-            # what this process grew by while llama.cpp read the header and built its tensors (nothing of the
-            # weights is read in a dry run): vocabulary, tensor metadata, code pages -- the same in a real load
-            "host_growth_load_bytes": self.host_growth["load"],
-        }
+        # host_growth_load_bytes: what this process grew by while llama.cpp read the header and built its tensors
+        # (nothing of the weights is read in a dry run): vocabulary, tensor metadata, code pages -- as in a real load
+        return EngineLoaded(ok=True, model_size_bytes=int(lc.llama_model_size(self.model)),
+                            n_params=int(lc.llama_model_n_params(self.model)), model_buffers_mib=log.model_buffers,
+                            gpu_layers=log.gpu_layers, host_growth_load_bytes=self.host_growth["load"])
 
-    def context(self, p: ContextParams, keep_log: bool = False, n_outputs_max: int = 0) -> dict[str, Any]:
+    def context(self, p: ContextParams, keep_log: bool = False, n_outputs_max: int = 0) -> EngineContext:
         lc = self.llama_cpp
         self.cap.take()
         rss0 = _rss_now()
@@ -185,7 +188,7 @@ class DryRunner:
         rss1 = _rss_now()
         lines = self.cap.take()
         log = parse_memory_log([t for _, t in lines])
-        r: dict[str, Any] = {"ok": bool(ctx), "log": asdict(log), "n_outputs_max": n_outputs_max}
+        r = EngineContext(ok=bool(ctx), log=log, n_outputs_max=n_outputs_max)
         if ctx and "context" not in self.host_growth and rss0 is not None and rss1 is not None:
             # the first context's host structures (freed contexts leave their pages to malloc, so later
             # contexts would show less): recorded once per session
@@ -194,20 +197,18 @@ class DryRunner:
             # figure holds for a context of any -np
             out = mib_to_bytes(sum(log.output_buffers.values()))
             self.host_growth["context_less_output"] = rss1 - rss0 - out
-        r["host_growth_context_less_output_bytes"] = self.host_growth.get("context_less_output")
+        r.host_growth_context_less_output_bytes = self.host_growth.get("context_less_output")
         if ctx:
-            r["n_ctx"] = int(lc.llama_n_ctx(ctx))
-            r["n_ctx_seq"] = int(lc.llama_n_ctx_seq(ctx)) if hasattr(lc, "llama_n_ctx_seq") else None
-            r["n_batch"] = int(lc.llama_n_batch(ctx))
-            r["n_ubatch"] = int(lc.llama_n_ubatch(ctx))
-            r["n_seq_max"] = int(lc.llama_n_seq_max(ctx))
+            r.n_ctx, r.n_batch = int(lc.llama_n_ctx(ctx)), int(lc.llama_n_batch(ctx))
+            r.n_ctx_seq = int(lc.llama_n_ctx_seq(ctx)) if hasattr(lc, "llama_n_ctx_seq") else None
+            r.n_ubatch, r.n_seq_max = int(lc.llama_n_ubatch(ctx)), int(lc.llama_n_seq_max(ctx))
             lc.llama_free(ctx)
             self.cap.take()
         else:
             errs = _errors(lines)
-            r["error"] = errs[-1] if errs else "llama_init_from_model returned NULL"
+            r.error = errs[-1] if errs else "llama_init_from_model returned NULL"
         if keep_log:
-            r["raw_log"] = [t for lvl, t in lines if lvl >= 2]
+            r.raw_log = [t for lvl, t in lines if lvl >= 2]
         return r
 
     def close(self) -> None:
@@ -275,18 +276,11 @@ def loadable_path(path: str, header: GGUFHeader | None = None) -> Iterator[tuple
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _engine_result(c: ContextParams, r: dict[str, Any]) -> EngineResult:
-    raw = dict(r["log"])
-    caches = [KVCacheLine(**x) for x in raw.pop("caches")]
-    log = LlamaMemoryLog(**raw)
-    log.caches = caches
-    res = EngineResult(params=c, ok=r["ok"], error=r.get("error"), log=log, n_ctx=r.get("n_ctx"),
-                       n_ctx_seq=r.get("n_ctx_seq"), n_batch=r.get("n_batch"), n_ubatch=r.get("n_ubatch"),
-                       n_seq_max=r.get("n_seq_max"), n_outputs_max=int(r.get("n_outputs_max") or 0),
-                       host_growth_context_less_output_bytes=r.get("host_growth_context_less_output_bytes"))
-    if "raw_log" in r:
-        res.raw_log = r["raw_log"]
-    return res
+def _engine_result(c: ContextParams, r: EngineContext) -> EngineResult:
+    return EngineResult(params=c, ok=r.ok, error=r.error, log=r.log, n_ctx=r.n_ctx, n_ctx_seq=r.n_ctx_seq,
+                        n_batch=r.n_batch, n_ubatch=r.n_ubatch, n_seq_max=r.n_seq_max, raw_log=r.raw_log,
+                        n_outputs_max=r.n_outputs_max,
+                        host_growth_context_less_output_bytes=r.host_growth_context_less_output_bytes)
 
 
 class EngineSession:
@@ -317,16 +311,16 @@ class EngineSession:
         try:
             path, self.sparse = self._stack.enter_context(loadable_path(self.model_path, self.header))
             self._child = self._stack.enter_context(ChildSession(worker_argv("engine")))
-            info = self._child.request(to_wire(EngineLoad(model_path=path, n_gpu_layers=self.n_gpu_layers,
-                                                          use_extra_bufts=self.use_extra_bufts)),
-                                       timeout=self.timeout)
+            info = engine_loaded_from(self._child.request(to_wire(EngineLoad(
+                model_path=path, n_gpu_layers=self.n_gpu_layers, use_extra_bufts=self.use_extra_bufts)),
+                timeout=self.timeout))
         except ChildDied as e:
             self._stack.close()
             raise EngineError(f"{self.model_path}: llama.cpp dry run failed: {e}") from None
         except BaseException:
             self._stack.close()
             raise
-        if not info.get("ok"):
+        if not info.ok:
             self._stack.close()
             hint = ""
             header = self.header or read_header_file(self.model_path)
@@ -336,12 +330,12 @@ class EngineSession:
                 hint = ("; the file has no tensor table (metadata only), and llama.cpp needs every tensor the "
                         "architecture declares even for a dry run: write the header with its tensor table "
                         "(tools/shape_headers.py does) or use the real file's header")
-            if "tokenizer merges" in str(info.get("error")):
+            if "tokenizer merges" in str(info.error):
                 hint += ("; a BPE tokenizer model ('gpt2') needs its token list and merges, so a header without a "
                          "vocabulary should say tokenizer.ggml.model = 'none' (llama.cpp then sizes the embeddings from "
                          "{arch}.vocab_size)")
-            raise EngineError(f"{self.model_path}: llama.cpp refused to load it: {info.get('error')}{hint}")
-        self.model_size_bytes = info.get("model_size_bytes")
+            raise EngineError(f"{self.model_path}: llama.cpp refused to load it: {info.error}{hint}")
+        self.model_size_bytes = info.model_size_bytes
         self.model_info = info
         return self
 
@@ -350,12 +344,11 @@ class EngineSession:
         outputs per ubatch (a workload's graph) instead of llama.cpp's default n_batch."""
         assert self._child is not None, "use EngineSession as a context manager"
         try:
-            data = self._child.request(to_wire(EngineContexts(configs=list(configs), keep_log=keep_log,
-                                                              n_outputs_max=n_outputs_max)),
-                                       timeout=self.timeout)
+            data = engine_contexts_from(self._child.request(to_wire(EngineContexts(
+                configs=list(configs), keep_log=keep_log, n_outputs_max=n_outputs_max)), timeout=self.timeout))
         except ChildDied as e:
             raise EngineError(f"{self.model_path}: llama.cpp dry run failed: {e}") from None
-        out = [_engine_result(c, r) for c, r in zip(configs, data["results"])]
+        out = [_engine_result(c, r) for c, r in zip(configs, data.results)]
         if self.graph is None:          # llama.cpp's graph size (the speed model's node count), from the first context
             self.graph = next((r.log.graph for r in out if r.ok and r.log.graph), None)
         if not n_outputs_max:

@@ -114,7 +114,8 @@ def speed_seconds(settings: S.Settings, speed: S.SpeedPrediction | None, least: 
     if not speed or speed.error:
         return None
     p, n, d, r = settings.n_prompt, settings.n_gen, settings.n_depth, settings.repetitions
-    pp, tg = speed.pp or None, speed.tg or None
+    pp = speed.pp if isinstance(speed.pp, S.SpeedTestPrediction) else None
+    tg = speed.tg if isinstance(speed.tg, S.SpeedTestPrediction) else None
     if (p and not pp) or (n and not tg) or (d and not pp):
         return None
 
@@ -126,12 +127,12 @@ def speed_seconds(settings: S.Settings, speed: S.SpeedPrediction | None, least: 
 
     t = _OVERHEAD_S
     if settings.warmup:
-        t += (p * per_token(pp, p / 2) if p else 0.0) + (per_token(tg, 0) if n else 0.0)
-    if d:
+        t += (p * per_token(pp, p / 2) if p and pp else 0.0) + (per_token(tg, 0) if n and tg else 0.0)
+    if d and pp:
         t += d * per_token(pp, d / 2)
-    if p:
+    if p and pp:
         t += expected_reps(r, p * pp.s_per_token, least, budget_s) * p * pp.s_per_token
-    if n:
+    if n and tg:
         t += expected_reps(r, n * tg.s_per_token, least, budget_s) * n * tg.s_per_token
     return t
 

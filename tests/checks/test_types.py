@@ -24,7 +24,7 @@ PKG = ROOT / "edgekv"
 BASELINE = ROOT / "tests" / "data" / "mypy-baseline.json"
 # `Any` in edgekv/ as a name in the code (annotations included; imports, strings and comments not): it may only go
 # down.  When it does, lower the number here in the same change.
-ANY_COUNT = 581
+ANY_COUNT = 576
 
 _ERROR = re.compile(r"^(?P<path>[^:\s]+\.py):\d+(?::\d+)?: error: .*\[(?P<code>[a-z-]+)\]\s*$")
 

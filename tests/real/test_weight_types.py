@@ -50,7 +50,7 @@ def _patch_type(path: Path, tensor: str, new_type: int) -> None:
 def _llama_cpp_loads(path: Path) -> bool:
     """Does the vendored llama.cpp itself accept the file's tensor table (dry run, in a child process)?"""
     code = ("import sys; from edgekv.runtime.engine import DryRunner; r = DryRunner().load(sys.argv[1]); "
-            "print('LOADED' if r['ok'] else 'REFUSED: ' + str(r.get('error')))")
+            "print('LOADED' if r.ok else 'REFUSED: ' + str(r.error))")
     r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT)
     return "LOADED" in r.stdout
 

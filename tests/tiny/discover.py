@@ -655,8 +655,8 @@ def child(name: str, progress_path: str, seed_path: str | None = None) -> int:
             r = runner.context(ContextParams(**c))
             # others may be refused (grok: quantized V, FA forced off); a cache edgekv does not model may
             # be refused outright (a draft model without its target)
-            if not r["ok"] and c is CONTEXT_CHECKS[0] and family["memory"] != "unsupported":
-                print(json.dumps({"ok": False, "stage": "context", "error": r.get("error"), "context": c}))
+            if not r.ok and c is CONTEXT_CHECKS[0] and family["memory"] != "unsupported":
+                print(json.dumps({"ok": False, "stage": "context", "error": r.error, "context": c}))
                 return 1
         runner.close()
     with open(progress_path, "w") as f:
