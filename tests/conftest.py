@@ -48,6 +48,10 @@ def make_home(root: Path) -> Path:
 _KEPT = ("EDGEKV_LLAMA_CPP_BIN", "EDGEKV_TOOLS_CACHE", "EDGEKV_UPDATE_GOLDEN")
 for _name in [k for k in os.environ if k.startswith(("EDGEKV_", "HF_", "HUGGINGFACE_")) and k not in _KEPT]:
     del os.environ[_name]
+# and no terminal size: the tables wrap at edgekv's own width for output that is not a terminal, whether the suite
+# runs in a narrow terminal or in pytest-xdist's workers (which set COLUMNS=80)
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 # Never the developer's home, even while test modules are imported (before pytest_configure, for edgekv imported
 # by a plugin); huggingface-hub's state (its cache, token, telemetry files) likewise: it reads HF_HOME when first
 # imported.

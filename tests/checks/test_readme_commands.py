@@ -30,9 +30,10 @@ README = ROOT / "README.md"
 BENCH_LINE = "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/edgekv bench"
 TEST_LINE = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest -q"
 # .ci/run's stages: README's pytest command with one marker expression each; "not slow" then "slow" are complements,
-# so their union is every test README's line runs, and the fast tier stops at its first failure; each prints what
-# took its time (docs/development.md, Test tiers).
-STAGES = ('-m "not slow" -x --durations=15', "-m slow --durations=30")
+# so their union is every test README's line runs, and the fast tier stops at its first failure, on two workers
+# (pytest-xdist: its tests run no llama.cpp, so they may share the cores); each prints what took its time
+# (docs/development.md, Test tiers).
+STAGES = ('-m "not slow" -x -n 2 --durations=15', "-m slow --durations=30")
 
 
 def ci_problem(test_line: str, ci_text: str) -> str | None:
