@@ -3,8 +3,10 @@
 the remaining-time estimate after each configuration came to what the sweep really took (target: within ±25 %
 after the first configuration).
 
-It runs the command as a user would (stdout piped, as in CI), times it, records the load average before and after
-and the busy-machine marks edgekv stored in each record, then reads the plan blocks of the records.
+It runs the command as a user would (stdout piped, as in CI) in a fresh edgekv home, so the time is a first run's:
+the model's fetch, the speed calibration and the sweep (``--home`` reuses a home, and its calibration, instead).
+It times it, records the load average before and after and the busy-machine marks edgekv stored in each record,
+then reads the plan blocks of the records.
 
     python -m bench.first_run
     python -m bench.first_run --full
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,9 +44,14 @@ def _load() -> list[float]:
 def run(args) -> dict:
     out = Path(tempfile.mkdtemp(prefix="edgekv-first-run-")) / "run.jsonl"
     cmd = H.edgekv_argv() + ["bench", "-o", str(out)] + (["--full"] if args.full else []) + args.extra
+    home = args.home or tempfile.mkdtemp(prefix="edgekv-first-run-home-")
     before = _load()
     t = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "EDGEKV_HOME": home})
+    finally:
+        if not args.home:
+            shutil.rmtree(home, ignore_errors=True)
     wall = time.monotonic() - t
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
@@ -105,6 +113,8 @@ def main() -> None:
                     "of running (an earlier run's -o)")
     ap.add_argument("--wall", type=float, help="with --results-of: the wall time the run took")
     ap.add_argument("--out", help="also write the whole run as one JSON document here")
+    ap.add_argument("--home", help="run in this edgekv home (its calibration and models reused: not a first run); "
+                                   "default: a fresh one, deleted afterwards")
     ap.add_argument("extra", nargs="*", help="more edgekv bench arguments (after --)")
     H.add_common(ap)
     args = ap.parse_args()

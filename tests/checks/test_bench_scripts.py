@@ -326,3 +326,27 @@ def _explain_log(path):
 
     with open(path, "rb") as f:
         return explain_lines(path.name, read_bounded(f).lines)
+
+
+def test_the_first_run_harness_times_a_fresh_home(monkeypatch, tmp_path):
+    """bench.first_run times a first run: edgekv bench in an edgekv home of its own (no calibration, no model
+    cached), deleted afterwards; --home reuses the one it names."""
+    import argparse
+    import os
+
+    from bench import first_run
+
+    seen = []
+
+    def fake_run(cmd, **kw):
+        home = kw["env"]["EDGEKV_HOME"]
+        seen.append((home, os.listdir(home)))
+        return argparse.Namespace(returncode=0, stdout="", stderr="")
+
+    monkeypatch.setattr(first_run.subprocess, "run", fake_run)
+    monkeypatch.setenv("EDGEKV_HOME", str(tmp_path / "developer"))
+    first_run.run(argparse.Namespace(full=False, extra=[], home=None))
+    (home, listed), = seen
+    assert home != str(tmp_path / "developer") and listed == [] and not os.path.exists(home)
+    first_run.run(argparse.Namespace(full=False, extra=[], home=str(tmp_path)))
+    assert seen[1][0] == str(tmp_path) and tmp_path.is_dir()
