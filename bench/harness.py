@@ -194,6 +194,14 @@ def identity() -> dict[str, Any]:
     return {"commit": ci.commit, "dirty": ci.dirty}
 
 
+def records_dir(base: Path, machine: str) -> Path:
+    """Where a harness keeps (and resumes) the raw records of this machine class and this code:
+    ``base/<class>/<commit>`` (``-dirty`` for a changed tree).  A run resumes only its own code's records, so a
+    refresh after a commit measures every configuration again; earlier code's records stay beside it."""
+    ci = identity()
+    return Path(base) / machine / f"{(ci['commit'] or 'unknown')[:12]}{'-dirty' if ci['dirty'] else ''}"
+
+
 def results_file(harness: str, machine: str, root: Path = RESULTS) -> Path:
     return Path(root) / harness / f"{machine}.jsonl"
 

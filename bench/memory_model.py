@@ -6,7 +6,7 @@ at three contexts, and then variants at one context: ``-ub 256``, ``-t 1``, ``--
 ``-lm none``) and ``--llama-bench`` (llama.cpp's own llama-bench built from the vendored tree; its
 baseline is that binary's own).  Every
 record carries the prediction made *before* the run (``prediction.process``, workload ``bench``) and
-the residual (measured - predicted).  The raw records go to bench/.build/memory_model/<machine-class>/ (ignored by
+the residual (measured - predicted).  The raw records go to bench/.build/memory_model/<machine-class>/<commit>/ (ignored by
 git); one row a configuration goes to bench/results/memory_model/<machine-class>.jsonl (bench/harness.py), from which
 tools/render_tables.py renders the docs' ``memory-model`` table.
 
@@ -189,10 +189,11 @@ def main() -> int:
     ap.add_argument("--table-only", action="store_true", help="no measuring: the rows from the records in --out")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--out", type=Path, help="the records' folder (default bench/.build/memory_model/<class>)")
+    ap.add_argument("--out", type=Path, help="the records' folder (default bench/.build/memory_model/<class>/<commit>: "
+                                             "a run resumes its own code's records only)")
     H.add_common(ap)
     a = ap.parse_args()
-    out = a.out or OUT / (a.machine or H.this_machine())
+    out = a.out or H.records_dir(OUT, a.machine or H.this_machine())
     out.mkdir(parents=True, exist_ok=True)
     if not a.table_only:
         for model in a.models.split(","):

@@ -5,7 +5,7 @@ over f16/q8_0/q5_0/q4_0 at several depths, then variants (``-t 1``, ``-ub 256``,
 ``-fa off``, whose attention runs over the whole padded view).  Every record
 carries the speed prediction made *before* the run (``prediction.speed``, with this machine's calibration) and the
 residual (``speed_residual``: measured - predicted, % of predicted).  The raw records go to
-bench/.build/speed_model/<machine-class>/ (resumed, ignored by git); one row a configuration goes to
+bench/.build/speed_model/<machine-class>/<commit>/ (resumed for the same code, ignored by git); one row a configuration goes to
 bench/results/speed_model/<machine-class>.jsonl (bench/harness.py), from which tools/render_tables.py renders the
 docs' ``speed-model`` table.
 
@@ -261,7 +261,8 @@ def main() -> int:
     ap.add_argument("--depths", default="512,2048,4096,8192")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--out", type=Path, help="the records' folder (resumed; default bench/.build/speed_model/<class>)")
+    ap.add_argument("--out", type=Path, help="the records' folder (resumed; default bench/.build/speed_model/<class>/"
+                                             "<commit>: a run resumes its own code's records only)")
     ap.add_argument("--previous", type=Path, help="an earlier round's records folder, shown beside this round's")
     ap.add_argument("--fresh-pages", action="store_true", help="drop the model file's pages from the page cache before "
                     "each edgekv bench, so every run reads it afresh (as the calibration's models are)")
@@ -283,7 +284,7 @@ def main() -> int:
     if a.off_table:
         variants = list(OFF_TABLE)
     if a.out is None:
-        a.out = (OFF_OUT if a.off_table else OUT) / (a.machine or H.this_machine())
+        a.out = H.records_dir(OFF_OUT if a.off_table else OUT, a.machine or H.this_machine())
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.table_only:
         for model in a.models.split(","):

@@ -350,3 +350,18 @@ def test_the_first_run_harness_times_a_fresh_home(monkeypatch, tmp_path):
     assert home != str(tmp_path / "developer") and listed == [] and not os.path.exists(home)
     first_run.run(argparse.Namespace(full=False, extra=[], home=str(tmp_path)))
     assert seen[1][0] == str(tmp_path) and tmp_path.is_dir()
+
+
+def test_a_harness_resumes_only_its_own_codes_records(monkeypatch, tmp_path):
+    """The speed and memory harnesses keep their raw records per code commit: a refresh after a commit measures
+    every configuration again instead of resuming rows an earlier edgekv measured."""
+    from bench import harness as H
+
+    ids = iter([{"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": False},
+                {"commit": "b" * 40, "dirty": True}])
+    monkeypatch.setattr(H, "identity", lambda: next(ids))
+    dirs = [H.records_dir(tmp_path, "x86-avx2-epyc-2cpu") for _ in range(3)]
+    assert [d.name for d in dirs] == ["a" * 12, "b" * 12, "b" * 12 + "-dirty"]
+    assert all(d.parent == tmp_path / "x86-avx2-epyc-2cpu" for d in dirs)
+    for mod in ("speed_model", "memory_model"):
+        assert "H.records_dir(" in (H.ROOT / "bench" / f"{mod}.py").read_text(), mod
