@@ -6,6 +6,9 @@ Read by vulture only (as Python source); never imported."""
 
 # typer commands and the app callback: registered by decorators, called by typer
 _root
+
+# the package's lazy attributes (PEP 562): Python calls a module's __getattr__ (edgekv/__init__.py)
+__getattr__
 models_list
 models_show
 models_pull
