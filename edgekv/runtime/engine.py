@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import psutil
 
 from edgekv import heavy
@@ -277,10 +278,8 @@ def loadable_path(path: str, header: GGUFHeader | None = None) -> Iterator[tuple
 
 
 def _engine_result(c: ContextParams, r: EngineContext) -> EngineResult:
-    return EngineResult(params=c, ok=r.ok, error=r.error, log=r.log, n_ctx=r.n_ctx, n_ctx_seq=r.n_ctx_seq,
-                        n_batch=r.n_batch, n_ubatch=r.n_ubatch, n_seq_max=r.n_seq_max, raw_log=r.raw_log,
-                        n_outputs_max=r.n_outputs_max,
-                        host_growth_context_less_output_bytes=r.host_growth_context_less_output_bytes)
+    """The child's answer for ``c`` (its fields are EngineResult's own) beside the configuration asked."""
+    return EngineResult(params=c, **msgspec.structs.asdict(r))
 
 
 class EngineSession:
