@@ -28,7 +28,7 @@ def engine(_payload: dict, ev: EventWriter) -> None:
             if isinstance(req, EngineQuit):
                 break
             if isinstance(req, EngineLoad):
-                loaded = runner.load(req.model_path, req.n_gpu_layers, req.use_extra_bufts)
+                loaded = runner.load(req.model_path, req.n_gpu_layers, req.use_extra_bufts, req.graph_listing)
                 ev.emit("response", data=msgspec.to_builtins(loaded))
             elif isinstance(req, EngineContexts):
                 results = [runner.context(c, req.keep_log, req.n_outputs_max) for c in req.configs]

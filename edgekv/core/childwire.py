@@ -29,6 +29,7 @@ class EngineLoad(_Op, tag="load"):
     model_path: str
     n_gpu_layers: int = -1
     use_extra_bufts: bool = True
+    graph_listing: bool = True       # the scheduler's node listing (speed and op placement); off: memory only
 
 
 class EngineContexts(_Op, tag="contexts"):
@@ -67,7 +68,7 @@ class EngineLoaded(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     host_growth_load_bytes: int | None = None
 
 
-class EngineContext(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class EngineContext(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """llama.cpp's answer for one context of EngineContexts: its memory lines parsed, the sizes it chose, the
     first context's host growth less its output buffer (the session's figure), why it failed, its raw lines
     (``keep_log``)."""

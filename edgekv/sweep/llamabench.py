@@ -105,7 +105,7 @@ def _test_contexts(spec, case, test: str, stderr: str) -> list[S.LlamaBenchConte
         n_ctx = int(log.context.get("n_ctx", 0) or 0)
         pred = predict(spec.model.shape, replace(case.params, n_ctx=n_ctx, swa_full=False, n_seq_max=1,
                                                  kv_unified=False))
-        res = EngineResult(case.params, True, None, log)
+        res = EngineResult(case.params, ok=True, log=log)
         diffs = compare(pred, res)
         contexts.append(S.LlamaBenchContext(
             test=test, n_ctx=n_ctx, kv=_cache_lines(res), kv_mib=round(log.kv_mib_total, 2),

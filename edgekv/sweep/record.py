@@ -105,7 +105,7 @@ def _measured_blocks(rec: S.BenchRecord, case: Case, res: BenchReply, wall_s: fl
     if ctx_log is not None:
         load_log = res.load_log
         rec.llama_log = S.LlamaLog(
-            kv=cache_lines(EngineResult(case.params, True, None, ctx_log)),
+            kv=cache_lines(EngineResult(case.params, ok=True, log=ctx_log)),
             kv_mib=round(ctx_log.kv_mib_total, 2), recurrent_mib=round(ctx_log.recurrent_mib_total, 2),
             kv_buffers_mib=ctx_log.kv_buffers, rs_buffers_mib=ctx_log.rs_buffers, compute_mib=ctx_log.compute_buffers,
             output_mib=ctx_log.output_buffers, model_buffers_mib=load_log.model_buffers if load_log else None,
@@ -181,7 +181,7 @@ def differences(case: Case, rec: S.BenchRecord) -> S.Differences:
     if pred.status != STATUS_OK:
         return d
     # llama.cpp's own cache lines in the measured run vs the formula, field by field
-    eng = EngineResult(case.params, True, None, LlamaMemoryLog(caches=[_line(x) for x in log.kv]))
+    eng = EngineResult(case.params, ok=True, log=LlamaMemoryLog(caches=[_line(x) for x in log.kv]))
     diffs = compare(pred, eng)
     d.llama_kv_matches_formula = not diffs
     if diffs:

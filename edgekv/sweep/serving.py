@@ -108,7 +108,7 @@ def speed_and_serving(levels: list[Any], s: S.Settings, exe: str, ready_s: float
 def _log_blocks(case, text: str) -> tuple[S.LlamaLog, S.Effective, S.Differences]:
     """(``llama_log``, ``effective``, ``differences``) from the server's log: its KV lines beside the formula."""
     log = parse_memory_log(text.splitlines())
-    eng = EngineResult(case.params, True, None, log)
+    eng = EngineResult(case.params, ok=True, log=log)
     diffs = compare(case.prediction, eng) if log.caches else ["no llama_kv_cache line in the server's log"]
     llama_log = S.LlamaLog(kv=msgspec.convert(engine_lines(eng), list[S.CacheLine], strict=True),
                            kv_mib=round(log.kv_mib_total, 2), recurrent_mib=round(log.recurrent_mib_total, 2),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
+import msgspec
 import pytest
 
 from edgekv.core.predict import STATUS_OK, ContextParams, predict
@@ -35,7 +37,8 @@ def test_formula_equals_engine_on_real_models(fixture, request):
     m = load_model(str(path))
     preds = [predict(m.shape, c) for c in GRID]
     runnable = [(c, p) for c, p in zip(GRID, preds) if not p.aborts]
-    with EngineSession(str(path), header=m.header) as eng:
+    # memory only: the scheduler's node listing (speed's) off makes each context about 3.5 times quicker
+    with EngineSession(str(path), header=m.header, graph_listing=False) as eng:
         results = eng.run([c for c, _ in runnable])
         assert eng.model_size_bytes == m.header.weights_bytes
     n_ok = 0
@@ -44,6 +47,24 @@ def test_formula_equals_engine_on_real_models(fixture, request):
         n_ok += p.status == STATUS_OK
     # the grid includes refusals (quantized V with FA off) and successes
     assert 0 < n_ok < len(runnable)
+
+
+def test_the_graph_listing_changes_no_memory_figure(smollm2_path):
+    """graph_listing=False leaves every memory line as it was; only the scheduler's node listing goes."""
+    m = load_model(str(smollm2_path))
+    cs = [ContextParams(n_ctx=4096, type_k="q8_0", type_v="q8_0", flash_attn="on"), ContextParams(n_ctx=1000)]
+    got = {}
+    for listing in (True, False):
+        with EngineSession(str(smollm2_path), header=m.header, graph_listing=listing) as eng:
+            got[listing] = eng.run(cs)
+    for on, off in zip(got[True], got[False]):
+        assert on.ok and "ops_tg" in on.log.graph and "ops_tg" not in off.log.graph   # the listing was on, then off
+        assert {k: v for k, v in on.log.graph.items() if not k.startswith("ops_")} == off.log.graph
+        assert dataclasses.replace(on.log, graph=None, placement=None) == dataclasses.replace(off.log, graph=None,
+                                                                                              placement=None)
+        # the process's own growth is the one figure apart: the listing's captured lines are this process's memory
+        assert msgspec.structs.replace(on, log=off.log, host_growth_context_less_output_bytes=None) == \
+            msgspec.structs.replace(off, host_growth_context_less_output_bytes=None)
 
 
 def test_predicted_aborts_really_abort(smollm2_path):

@@ -147,7 +147,7 @@ def test_log_holds_the_predicted_kv_cache(server, smollm2_path):
     assert (log.caches[0].cells, log.caches[0].seqs, log.caches[0].streams) == (512, 2, 2)
     assert log.context["n_ctx"] == "1024" and log.context["kv_unified"] == "false"
     assert log.compute_buffers and log.kv_buffers
-    assert compare(pred, EngineResult(params, True, None, log)) == []
+    assert compare(pred, EngineResult(params, ok=True, log=log)) == []
 
 
 def test_a_request_deadline_fails_the_request_not_the_run(server):
