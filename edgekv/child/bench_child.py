@@ -37,6 +37,7 @@ from edgekv.core.benchwire import (
     Checkpoint,
     Checkpoints,
     ChildTiming,
+    DepthSeed,
     Effective,
     ModelFacts,
     Samples,
@@ -270,20 +271,39 @@ def _bench_warmup(run: _BenchRun, runner: TokenRunner, mem) -> None:
     timing.warmup_s = time.perf_counter() - t
 
 
-def _bench_fill(run: _BenchRun, runner: TokenRunner, d: int) -> None:
-    """The depth fill, timed: ``d`` tokens in ``n_batch`` chunks with progress after each; then the memory
-    checkpoint after it."""
+def _seed_depth(run: _BenchRun, ctx, mem, seed: DepthSeed | None) -> int:
+    """The first tokens of the depth restored from an earlier configuration's state (``seed.load``): how many, or 0
+    when there is none or it does not restore exactly (the fill then does the whole depth)."""
+    if seed is None or not seed.load or not 0 < seed.tokens < run.w.n_depth:
+        return 0
+    L = run.L
+    run.ev.emit("phase", phase="restore")        # the harness's own phase: the peak leaves it out
+    n_tok = ctypes.c_size_t(0)
+    ok = L.llama_state_seq_load_file(ctx, seed.load.encode(), 0, (L.llama_token * 1)(), 1, ctypes.byref(n_tok)) != 0
+    if ok and int(L.llama_memory_seq_pos_max(mem, 0)) + 1 == seed.tokens:
+        return seed.tokens
+    L.llama_memory_clear(mem, True)
+    return 0
+
+
+def _bench_fill(run: _BenchRun, runner: TokenRunner, d: int, start: int = 0) -> None:
+    """The depth fill, timed: from ``start`` tokens (restored) to ``d`` in ``n_batch`` chunks with progress after
+    each; then the memory checkpoint after it."""
     ev, timing = run.ev, run.timing
     t = time.perf_counter()
-    if d > 0:
-        chunks = runner.prompt_chunks(d)
-        done = 0
-        ev.emit("phase", phase="fill", done=0, total=d)
+    if d > start:
+        chunks = runner.prompt_chunks(d - start)
+        done = start
+        ev.emit("phase", phase="fill", done=done, total=d)
         for arr, k in chunks:
             runner.run_prompt([(arr, k)])
             done += k
             ev.emit("progress", phase="fill", done=done, total=d)
     timing.fill_s = time.perf_counter() - t
+    timing.fill_from = start or None
+    held = int(run.L.llama_memory_seq_pos_max(run.L.llama_get_memory(runner.ctx), 0)) + 1
+    if d > 0 and held != d:
+        raise RuntimeError(f"the cache holds {held} tokens after the fill, not the depth {d}")
     run.checkpoints.after_fill = run.reading()
 
 
@@ -344,26 +364,36 @@ def _bench_timed_test(run: _BenchRun, runner: TokenRunner, ctx, mem, test: str, 
     return Samples.of(count, ns)
 
 
-def _bench_repetitions(run: _BenchRun, restore: str, model, ctx, runner: TokenRunner, mem) -> None:
-    """llama-bench's workload from a cache of ``n_depth`` tokens: the warm-up, the depth fill, the state snapshot
-    where the depth comes back from one, then each test's timed repetitions; the result, failed or ok."""
+def _bench_repetitions(run: _BenchRun, restore: str, model, ctx, runner: TokenRunner, mem,
+                       seed: DepthSeed | None = None) -> None:
+    """llama-bench's workload from a cache of ``n_depth`` tokens: the warm-up, the depth fill (from the ``seed``'s
+    state where there is one, which then receives this depth's), the state snapshot where the depth comes back from
+    one, then each test's timed repetitions; the result, failed or ok."""
     L, ev, w = run.L, run.ev, run.w
     p, n, d = w.n_prompt, w.n_gen, w.n_depth
     samples = BenchSamples()
     snapshot_bytes = None
     state_path: str | None = None
+    kept: str | None = None
     try:
         if w.warmup:
             _bench_warmup(run, runner, mem)
         L.llama_memory_clear(mem, True)
-        _bench_fill(run, runner, d)
+        _bench_fill(run, runner, d, _seed_depth(run, ctx, mem, seed))
+        if d > 0 and seed is not None and seed.save:
+            ev.emit("phase", phase="snapshot")
+            try:
+                _save_depth_state(L, ctx, seed.save)
+                kept = seed.save
+            except RuntimeError:        # a later configuration then fills its whole depth
+                kept = None
         if d > 0 and restore == "snapshot":
             # The depth state goes to a file, not to memory: an in-memory copy is as large as the cache and
             # would sit in the measured RSS for the rest of the run.  Saving and restoring pass through one
             # layer's rows at a time; those two phases are the only ones the peak leaves out.
             ev.emit("phase", phase="snapshot")
-            state_path = os.path.join(tempfile.mkdtemp(prefix="edgekv-state-"), "depth.state")
-            snapshot_bytes = _save_depth_state(L, ctx, state_path)
+            state_path = kept or os.path.join(tempfile.mkdtemp(prefix="edgekv-state-"), "depth.state")
+            snapshot_bytes = os.path.getsize(kept) if kept else _save_depth_state(L, ctx, state_path)
         if p > 0:
             samples.pp = _bench_timed_test(run, runner, ctx, mem, "pp", p, state_path)
         if n > 0:
@@ -373,7 +403,7 @@ def _bench_repetitions(run: _BenchRun, restore: str, model, ctx, runner: TokenRu
         return
     finally:
         runner.close()
-        if state_path is not None:
+        if state_path is not None and state_path != kept:
             shutil.rmtree(os.path.dirname(state_path), ignore_errors=True)
     finish_ok(run, ctx, model, samples, restore if d > 0 else "clear", snapshot_bytes, runner)
 
@@ -404,4 +434,4 @@ def bench(payload: Any, ev: EventWriter) -> None:
     mem = L.llama_get_memory(ctx)
     if req.workload.n_parallel:
         return _batched_run(run, ctx, model, runner)
-    _bench_repetitions(run, req.restore, model, ctx, runner, mem)
+    _bench_repetitions(run, req.restore, model, ctx, runner, mem, req.seed)

@@ -78,14 +78,25 @@ def expected_reps(reps: int, per_rep_s: float, least: int, budget_s: float) -> i
     return min(reps, max(least, math.ceil(budget_s / per_rep_s - 1e-9)))
 
 
+class DepthSeed(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A depth state handed from one configuration to a deeper one of the same cache (edgekv.sweep.seeds): ``load``,
+    restored before the fill, holds the first ``tokens`` of the depth (the fill adds the rest); ``save`` receives this
+    run's state at its depth for a later configuration.  Both are files the sweep made under edgekv's home."""
+
+    load: str | None = None
+    tokens: int = 0
+    save: str | None = None
+
+
 class BenchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """One measured run: the model file, llama.cpp's context parameters, the workload and how the cache goes back to
-    its depth between repetitions (``snapshot`` or ``truncate``)."""
+    """One measured run: the model file, llama.cpp's context parameters, the workload, how the cache goes back to
+    its depth between repetitions (``snapshot`` or ``truncate``) and the depth state it starts from or leaves."""
 
     model_path: str
     params: ContextParams
     workload: BenchWorkload
     restore: str = "snapshot"
+    seed: DepthSeed | None = None
 
 
 class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -116,6 +127,7 @@ class ChildTiming(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unkno
     context_s: float | None = None
     warmup_s: float | None = None
     fill_s: float | None = None
+    fill_from: int | None = None         # tokens of the depth restored from an earlier configuration's state
     pp_s: float | None = None
     tg_s: float | None = None
     child_total_s: float | None = None

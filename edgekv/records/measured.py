@@ -141,6 +141,8 @@ class Timing(Block, kw_only=True):
     context_s: doc(Union[float, UnsetType], "context creation") = UNSET
     warmup_s: doc(Union[float, UnsetType], "warm-up run") = UNSET
     fill_s: doc(Union[float, UnsetType], "fill to depth") = UNSET
+    fill_from: doc(Union[int, UnsetType], "the fill's first tokens, restored from an earlier configuration's fill of "
+                   "the same cache (fill_s is the rest's)") = UNSET
     pp_s: doc(Union[float, UnsetType], "timed prompt processing") = UNSET
     tg_s: doc(Union[float, UnsetType], "timed generation") = UNSET
     snapshot_s: doc(Union[float, UnsetType], "harness: saving the depth state") = UNSET

@@ -89,8 +89,9 @@ def _tokens_cost(n: int, start_depth: int, a: float, b: float) -> float:
     return n * (a + b * (start_depth + n / 2) / 1000)
 
 
-def prior_seconds(settings: S.Settings, weights_bytes: int, kv_f16_per_token: int) -> float:
-    """Predicted wall seconds of one bench configuration (before calibration)."""
+def prior_seconds(settings: S.Settings, weights_bytes: int, kv_f16_per_token: int, fill_from: int = 0) -> float:
+    """Predicted wall seconds of one bench configuration (before calibration); its fill starts from ``fill_from``
+    tokens restored."""
     pa, pb, ta, tb = _coef(settings.type_k, settings.type_v)
     ws = max(weights_bytes, 1) / _REF_WEIGHTS
     ks = max(kv_f16_per_token, 1) / _REF_KV_PER_TOKEN
@@ -99,18 +100,19 @@ def prior_seconds(settings: S.Settings, weights_bytes: int, kv_f16_per_token: in
     t = _OVERHEAD_S * max(1.0, ws ** 0.5)
     if settings.warmup:
         t += _tokens_cost(p + 1, 0, pa, pb) if p else _tokens_cost(1, 0, ta, tb)
-    t += _FILL_FACTOR * _tokens_cost(d, 0, pa, pb)
+    t += _FILL_FACTOR * _tokens_cost(max(0, d - fill_from), min(fill_from, d), pa, pb)
     t += r * (_tokens_cost(p, d, pa, pb) + _tokens_cost(n, d, ta, tb))
     return t
 
 
 def speed_seconds(settings: S.Settings, speed: S.SpeedPrediction | None, least: int = 0,
-                  budget_s: float = 0.0) -> float | None:
+                  budget_s: float = 0.0, fill_from: int = 0) -> float | None:
     """Predicted wall seconds of one bench configuration from the speed model's prediction for it
     (``prediction.speed``: pp and tg at the configuration's depth, with the attention part of each), or None when
     there is none.  The fill (depth tokens from an empty cache) costs the prompt's non-attention time per token plus
-    its attention part scaled to the fill's mean depth (attention is linear in the depth).  ``least`` and
-    ``budget_s``: each test's repetitions stop at the budget past the least (core.benchwire.expected_reps)."""
+    its attention part scaled to the fill's mean depth (attention is linear in the depth); one that starts from
+    ``fill_from`` tokens restored fills only the rest.  ``least`` and ``budget_s``: each test's repetitions stop at
+    the budget past the least (core.benchwire.expected_reps)."""
     if not speed or speed.error:
         return None
     p, n, d, r = settings.n_prompt, settings.n_gen, settings.n_depth, settings.repetitions
@@ -128,8 +130,8 @@ def speed_seconds(settings: S.Settings, speed: S.SpeedPrediction | None, least: 
     t = _OVERHEAD_S
     if settings.warmup:
         t += (p * per_token(pp, p / 2) if p and pp else 0.0) + (per_token(tg, 0) if n and tg else 0.0)
-    if d and pp:
-        t += d * per_token(pp, d / 2)
+    if d > fill_from and pp:
+        t += (d - fill_from) * per_token(pp, (d + fill_from) / 2)
     if p and pp:
         t += expected_reps(r, p * pp.s_per_token, least, budget_s) * p * pp.s_per_token
     if n and tg:
@@ -157,10 +159,13 @@ class Planner:
     # the repetitions' stopping rule (SweepSpec.min_repetitions, rep_budget_s): what speed_seconds counts
     least: int = 0
     budget_s: float = 0.0
+    # the tokens a configuration's fill starts from (edgekv.sweep.seeds), by settings_id: the rest is filled
+    seeded: dict[str, int] = field(default_factory=dict)
 
     def prior(self, s: S.Settings) -> float:
-        t = speed_seconds(s, self.speeds.get(settings_id(s)), self.least, self.budget_s)
-        return t if t is not None else prior_seconds(s, self.weights_bytes, self.kv_f16_per_token)
+        start = self.seeded.get(settings_id(s), 0)
+        t = speed_seconds(s, self.speeds.get(settings_id(s)), self.least, self.budget_s, start)
+        return t if t is not None else prior_seconds(s, self.weights_bytes, self.kv_f16_per_token, start)
 
     def learn(self, settings: S.Settings, wall_s: float) -> None:
         if wall_s and wall_s > 0:
@@ -230,10 +235,13 @@ class SweepTracker:
     ``plan`` and ``load`` blocks.  The CLI only prints what it holds."""
 
     def __init__(self, model, params, cases: list, speeds: dict[str, S.SpeedPrediction], output: Path, runs_dir: Path,
-                 model_sha: str | None, env: S.Environment, least: int = 0, budget_s: float = 0.0) -> None:
+                 model_sha: str | None, env: S.Environment, least: int = 0, budget_s: float = 0.0,
+                 seeded: dict[str, int] | None = None) -> None:
         self.planner = Planner(model.weights_bytes, kv_f16_per_token(model, params) if cases else 0, least=least,
                                budget_s=budget_s)
         self.planner.speeds = {settings_id(c.settings): speeds[c.key] for c in cases if speeds.get(c.key)}
+        seeded = seeded or {}
+        self.planner.seeded = {settings_id(c.settings): seeded[c.key] for c in cases if seeded.get(c.key)}
         modelled = bool(cases) and all(speed_seconds(c.settings, speeds.get(c.key)) is not None for c in cases)
         hist = same_machine_history(output, runs_dir, model_sha, env)
         for r in hist:

@@ -95,8 +95,9 @@ def _timing_block(res: BenchReply, wall_s: float) -> S.Timing:
     v = lambda x: UNSET if x is None else x       # noqa: E731 - a phase the run did not reach: absent
     llama_s = t.llama_s()
     return S.Timing(import_s=v(t.import_s), load_s=v(t.load_s), context_s=v(t.context_s), warmup_s=v(t.warmup_s),
-                    fill_s=v(t.fill_s), pp_s=v(t.pp_s), tg_s=v(t.tg_s), child_total_s=v(t.child_total_s),
-                    timed_s=v(t.timed_s), wall_s=wall_s, llama_s=llama_s, harness_s=max(0.0, wall_s - llama_s))
+                    fill_s=v(t.fill_s), fill_from=v(t.fill_from), pp_s=v(t.pp_s), tg_s=v(t.tg_s),
+                    child_total_s=v(t.child_total_s), timed_s=v(t.timed_s), wall_s=wall_s, llama_s=llama_s,
+                    harness_s=max(0.0, wall_s - llama_s))
 
 
 def _measured_blocks(rec: S.BenchRecord, case: Case, res: BenchReply, wall_s: float) -> None:

@@ -50,6 +50,7 @@ from edgekv.sweep.plan import SweepTracker
 from edgekv.sweep.predictions import dry_runs, fit_check, process_predictions, speed_predictions
 from edgekv.sweep.record import attach_process, attach_speed, build_record
 from edgekv.sweep.runners import CaseContext, CaseRunner, runner_for
+from edgekv.sweep.seeds import DepthSeeds, plan_seeds, seeded_depths
 from edgekv.sweep.spec import ENGINE_LLAMA_BENCH, Case, SweepSpec
 from edgekv.sweep.spec import ENGINE_PYTHON as ENGINE_PYTHON  # re-exported: callers build a SweepSpec from here
 from edgekv.sweep.spec import ENGINE_SERVER as ENGINE_SERVER  # re-exported, likewise
@@ -206,8 +207,9 @@ def _sweep_environment(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsW
 
 
 def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set[str], env: Environment,
-                sha: str | None, say: SweepListener,
-                output: Path) -> tuple[dict[str, EngineResult], dict[str, Any], dict[str, Any], SweepTracker]:
+                sha: str | None, say: SweepListener, output: Path,
+                seeded: dict[str, int] | None = None,
+                ) -> tuple[dict[str, EngineResult], dict[str, Any], dict[str, Any], SweepTracker]:
     """The plan phase, said to the listener (``on_plan``): llama.cpp's dry runs, the whole-process and speed predictions,
     what will not fit, and the time plan.  Returns the dry runs, the process predictions and the speed predictions
     by case key, and the tracker that attaches ``load`` and ``plan`` to each record."""
@@ -222,7 +224,7 @@ def _plan_sweep(spec: SweepSpec, cases: list[Case], todo: list[Case], retry: set
     speeds.update({k: SpeedPrediction(calibration_id=None, error="not predicted: predicted not to fit the memory "
                                                                   "available") for k in unfit if k not in speeds})
     tracker = SweepTracker(spec.model, todo[0].params if todo else None, todo, speeds, output, edgekv_home() / "runs",
-                           sha, env, spec.min_repetitions, spec.rep_budget_s)
+                           sha, env, spec.min_repetitions, spec.rep_budget_s, seeded)
     say.on_plan(SweepPlan(total=len(cases), todo=todo, output=str(output), existing=len(cases) - len(todo), env=env,
                           model_sha256=sha, retry=sum(1 for c in todo if c.key in retry), unfit=unfit, speeds=speeds,
                           tracker=tracker, repack=list(spec.repack or [True])))
@@ -255,10 +257,12 @@ def _run_locked(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsWriter, 
     existing = writer.existing
     done_keys, retry = resume_keys(existing, spec.retry_failed)
     todo = [c for c in cases if c.key not in done_keys]
-    engine_results, processes, speeds, tracker = _plan_sweep(spec, cases, todo, retry, env, sha, say, output)
+    seeds = DepthSeeds(plan_seeds(spec, todo) if getattr(runner, "seeds_depth", False) else {})
+    engine_results, processes, speeds, tracker = _plan_sweep(spec, cases, todo, retry, env, sha, say, output,
+                                                             seeded_depths(seeds.plans))
 
     model = model_block(spec.model, sha)
-    cx = CaseContext(spec, env, model, nvml_process_probe(), say)
+    cx = CaseContext(spec, env, model, nvml_process_probe(), say, seeds)
     records: list[Record] = []
     interrupted = False
     quality = None
@@ -286,5 +290,6 @@ def _run_locked(spec: SweepSpec, choice: RepackChoice, writer: R.ResultsWriter, 
         interrupted = True
     finally:
         tracker.close()
+        seeds.close()
     return SweepResult(output, existing + records, len(cases) - len(todo), time.perf_counter() - t0, interrupted,
                        new=len(records))

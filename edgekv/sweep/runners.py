@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from edgekv.core.benchwire import BenchRequest, to_wire
+from edgekv.core.benchwire import BenchRequest, DepthSeed, to_wire
 from edgekv.core.shape import MEMORY_KV
 from edgekv.errors import UsageError
 from edgekv.machine.memory import memory_watchdog
@@ -34,6 +34,7 @@ from edgekv.runtime.process import ChildResult, run_child, worker_argv
 from edgekv.sweep.listener import SweepListener
 from edgekv.sweep.llamabench import run_llama_bench_case
 from edgekv.sweep.record import build_record, child_outcome, decode_reply
+from edgekv.sweep.seeds import DepthSeeds
 from edgekv.sweep.serving import run_server_case
 from edgekv.sweep.spec import ENGINE_LLAMA_BENCH, ENGINE_PYTHON, ENGINE_SERVER, Case, SweepSpec
 
@@ -50,6 +51,7 @@ class CaseContext:
     model: S.Model
     gpu_probe: Any
     say: SweepListener
+    seeds: DepthSeeds | None = None      # the depth states handed between its cases (edgekv.sweep.seeds)
 
 
 class CaseRunner(Protocol):
@@ -74,14 +76,15 @@ def replay_key(case: Case) -> str:
     return R.config_key(None, S.encode_block(case.settings))
 
 
-def bench_request(spec: SweepSpec, case: Case) -> BenchRequest:
-    """The bench child's request for a case: the model file, the context parameters, the workload, and how the
-    cache goes back to its depth (truncated where llama.cpp can remove tokens exactly, else a snapshot)."""
+def bench_request(spec: SweepSpec, case: Case, seed: DepthSeed | None = None) -> BenchRequest:
+    """The bench child's request for a case: the model file, the context parameters, the workload, how the
+    cache goes back to its depth (truncated where llama.cpp can remove tokens exactly, else a snapshot) and the
+    depth state it starts from or leaves (``seed``)."""
     m = spec.model
     work = msgspec.structs.replace(case.settings.workload(), min_repetitions=spec.min_repetitions,
                                    rep_budget_s=spec.rep_budget_s)
     return BenchRequest(model_path=os.path.abspath(m.ref.path), params=case.params, workload=work,
-                        restore="truncate" if m.shape.memory == MEMORY_KV else "snapshot")
+                        restore="truncate" if m.shape.memory == MEMORY_KV else "snapshot", seed=seed)
 
 
 def record_from_child(cx: CaseContext, case: Case, eng: EngineResult | None, child: ChildResult,
@@ -107,17 +110,24 @@ def _save_run(directory: str, case: Case, child: ChildResult) -> None:
 
 
 class PythonRunner:
-    """One fresh ``python -m edgekv.child.worker bench`` per case, its memory sampled by the parent."""
+    """One fresh ``python -m edgekv.child.worker bench`` per case, its memory sampled by the parent; a deeper case
+    starts from the depth state a shallower one of the same cache left (``cx.seeds``)."""
+
+    seeds_depth = True          # the sweep plans depth states for this runner (edgekv.sweep.seeds)
 
     def run(self, cx: CaseContext, case: Case, eng: EngineResult | None) -> S.BenchRecord:
         t = time.perf_counter()
-        child = run_child(worker_argv("bench"), to_wire(bench_request(cx.spec, case)), timeout=cx.spec.timeout_s,
+        seed = cx.seeds.request(case) if cx.seeds is not None else None
+        child = run_child(worker_argv("bench"), to_wire(bench_request(cx.spec, case, seed)), timeout=cx.spec.timeout_s,
                           sample_memory=True, gpu_probe=cx.gpu_probe, on_event=cx.say.on_child,
                           watchdog=memory_watchdog)
         wall = time.perf_counter() - t
         if os.environ.get(RECORD_ENV):
             _save_run(os.environ[RECORD_ENV], case, child)
-        return record_from_child(cx, case, eng, child, wall)
+        rec = record_from_child(cx, case, eng, child, wall)
+        if cx.seeds is not None:
+            cx.seeds.done(case, rec.status == "ok")
+        return rec
 
 
 class ReplayRunner:

@@ -297,3 +297,52 @@ def test_results_file_from_the_future_is_refused(tmp_path):
     with pytest.raises(R.ResultsError, match="newer edgekv"):
         R.load(p)
     assert Path(p).exists()
+
+
+def _bench_child(model: Path, depth: int, seed) -> tuple:
+    """One bench child of SmolLM2 at ``depth`` (a 16-token prompt, 4 generated, one repetition) with ``seed``: its
+    reply and the phases it announced."""
+    from edgekv.core.benchwire import BenchRequest, BenchWorkload, reply_from, to_wire
+    from edgekv.core.predict import ContextParams
+    from edgekv.runtime.process import run_child, worker_argv
+
+    work = BenchWorkload(n_threads=2, n_gpu_layers=0, n_prompt=16, n_gen=4, n_depth=depth, repetitions=1,
+                         warmup=False)
+    req = BenchRequest(model_path=str(model), params=ContextParams(n_ctx=512, type_k="q8_0", type_v="q8_0"),
+                       workload=work, restore="truncate", seed=seed)
+    phases: list[str] = []
+    child = run_child(worker_argv("bench"), to_wire(req), timeout=300, sample_memory=True,
+                      on_event=lambda e: phases.append(e["phase"]) if e.get("event") == "phase" else None)
+    return reply_from(child.result), phases
+
+
+def test_a_deeper_fill_starts_from_the_state_a_shallower_one_saved(smollm2_path, tmp_path):
+    """edgekv.sweep.seeds through the real child: a run saves its state at depth 150, a run at depth 400 restores
+    those 150 tokens and fills the other 250 (the cache then holds exactly 400, or the child fails); a state that
+    does not restore is a whole fill, not a failure."""
+    from edgekv.core.benchwire import DepthSeed
+
+    state = tmp_path / "150.state"
+    first, _ = _bench_child(smollm2_path, 150, DepthSeed(save=str(state)))
+    assert first.status == "ok" and first.timing.fill_from is None and state.stat().st_size > 150 * 30 * 64
+    second, phases = _bench_child(smollm2_path, 400, DepthSeed(load=str(state), tokens=150))
+    assert second.status == "ok", second.reason
+    assert second.timing.fill_from == 150 and phases.index("restore") < phases.index("fill")
+    (tmp_path / "bad.state").write_bytes(b"not a llama.cpp state")
+    third, _ = _bench_child(smollm2_path, 400, DepthSeed(load=str(tmp_path / "bad.state"), tokens=150))
+    assert third.status == "ok" and third.timing.fill_from is None
+
+
+def test_a_sweep_hands_each_cache_its_depth(smollm2_path, tmp_path, monkeypatch):
+    """A sweep of two contexts: each 512-cell configuration starts from the 256 one's depth of the same cache types
+    (its record says fill_from), the cache equals llama.cpp's, and the sweep's state folder is gone at the end."""
+    monkeypatch.setenv("EDGEKV_HOME", str(tmp_path / "home"))
+    m = load_model(str(smollm2_path))
+    spec = sweep_spec(model=m, contexts=[256, 512], pairs=[("q4_0", "q4_0")], **TINY)
+    res = run_sweep(spec, output=tmp_path / "s.jsonl")
+    recs = by(res.lines, "n_ctx", "type_k")
+    for (n_ctx, t), r in recs.items():
+        assert r["status"] == "ok" and r["differences"]["llama_kv_matches_formula"], r.get("reason")
+        assert r["timing"].get("fill_from") == (recs[(256, t)]["settings"]["n_depth"] if n_ctx == 512 else None)
+    assert recs[(512, "q4_0")]["settings"]["n_depth"] == 480
+    assert not list((tmp_path / "home" / "tmp").iterdir())
