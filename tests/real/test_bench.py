@@ -139,15 +139,15 @@ def test_users_own_llama_bench(llama_bench_exe, smollm2_path, tmp_path):
     assert py is None or py.id != c["id"]
     out = tmp_path / "lb.jsonl"
     r = subprocess.run([sys.executable, "-m", "edgekv.cli", "bench", str(smollm2_path), "--llama-bench", str(llama_bench_exe),
-                        "-c", "2048", "-d", "992", "-ctk", "f16,q4_0,f32", "-p", "32", "-n", "8", "-r", "2", "-t", "2",
+                        "-c", "1024", "-d", "480", "-ctk", "f16,q4_0,f32", "-p", "32", "-n", "8", "-r", "2", "-t", "2",
                         "-o", str(out), "--json"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    # llama-bench has no -c: its prompt test's context is depth + prompt (1024 cells), and the lines say so
-    assert r.stderr.count("KV 22.50 MiB at llama-bench's n_ctx 1024 (= llama.cpp)") == 1, r.stderr[-2000:]
-    assert r.stderr.count("KV 6.33 MiB at llama-bench's n_ctx 1024 (= llama.cpp)") == 1, r.stderr[-2000:]
+    # llama-bench has no -c: its prompt test's context is depth + prompt (512 cells), and the lines say so
+    assert r.stderr.count("KV 11.25 MiB at llama-bench's n_ctx 512 (= llama.cpp)") == 1, r.stderr[-2000:]
+    assert r.stderr.count("KV 3.16 MiB at llama-bench's n_ctx 512 (= llama.cpp)") == 1, r.stderr[-2000:]
     rows = {x["type_k"]: x for x in frame_rows(R.latest(R.load_records(out)))}
-    assert rows["f16"]["n_ctx"] == 2048 and rows["f16"]["n_ctx_llamacpp"] == 1024
-    assert rows["f16"]["kv_mib_formula"] == 45.0 and rows["f16"]["kv_mib_llamacpp"] == 22.5
+    assert rows["f16"]["n_ctx"] == 1024 and rows["f16"]["n_ctx_llamacpp"] == 512
+    assert rows["f16"]["kv_mib_formula"] == 22.5 and rows["f16"]["kv_mib_llamacpp"] == 11.25
     recs = by(R.load(out), "type_k")
     assert recs[("f32",)]["status"] == "skipped" and "llama-bench does not accept" in recs[("f32",)]["reason"]
     for t in ("f16", "q4_0"):
