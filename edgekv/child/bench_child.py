@@ -278,15 +278,13 @@ def _seed_depth(run: _BenchRun, ctx, mem, seed: DepthSeed | None) -> int:
         return 0
     L = run.L
     run.ev.emit("phase", phase="restore")        # the harness's own phase: the peak leaves it out
-    n_tok = ctypes.c_size_t(0)
-    ok = L.llama_state_seq_load_file(ctx, seed.load.encode(), 0, (L.llama_token * 1)(), 1, ctypes.byref(n_tok)) != 0
-    if ok and int(L.llama_memory_seq_pos_max(mem, 0)) + 1 == seed.tokens:
+    if _load_depth_state(L, ctx, seed.load) and int(L.llama_memory_seq_pos_max(mem, 0)) + 1 == seed.tokens:
         return seed.tokens
     L.llama_memory_clear(mem, True)
     return 0
 
 
-def _bench_fill(run: _BenchRun, runner: TokenRunner, d: int, start: int = 0) -> None:
+def _bench_fill(run: _BenchRun, runner: TokenRunner, mem, d: int, start: int = 0) -> None:
     """The depth fill, timed: from ``start`` tokens (restored) to ``d`` in ``n_batch`` chunks with progress after
     each; then the memory checkpoint after it."""
     ev, timing = run.ev, run.timing
@@ -301,7 +299,7 @@ def _bench_fill(run: _BenchRun, runner: TokenRunner, d: int, start: int = 0) -> 
             ev.emit("progress", phase="fill", done=done, total=d)
     timing.fill_s = time.perf_counter() - t
     timing.fill_from = start or None
-    held = int(run.L.llama_memory_seq_pos_max(run.L.llama_get_memory(runner.ctx), 0)) + 1
+    held = int(run.L.llama_memory_seq_pos_max(mem, 0)) + 1
     if d > 0 and held != d:
         raise RuntimeError(f"the cache holds {held} tokens after the fill, not the depth {d}")
     run.checkpoints.after_fill = run.reading()
@@ -315,6 +313,12 @@ def _save_depth_state(L, ctx, state_path: str) -> int:
     return os.path.getsize(state_path)
 
 
+def _load_depth_state(L, ctx, state_path: str) -> bool:
+    """Sequence 0's state restored from ``state_path`` (a file _save_depth_state wrote); whether llama.cpp read it."""
+    n_tok = ctypes.c_size_t(0)
+    return L.llama_state_seq_load_file(ctx, state_path.encode(), 0, (L.llama_token * 1)(), 1, ctypes.byref(n_tok)) != 0
+
+
 def _back_to_depth(L, ctx, mem, d: int, state_path: str | None) -> None:
     """The cache back to exactly ``d`` tokens: cleared at depth 0, else the snapshot restored where there is one,
     else the tokens after the depth removed."""
@@ -322,9 +326,7 @@ def _back_to_depth(L, ctx, mem, d: int, state_path: str | None) -> None:
         L.llama_memory_clear(mem, True)
     elif state_path is not None:
         L.llama_memory_clear(mem, False)
-        n_tok = ctypes.c_size_t(0)
-        if L.llama_state_seq_load_file(ctx, state_path.encode(), 0, (L.llama_token * 1)(), 1,
-                                       ctypes.byref(n_tok)) == 0:
+        if not _load_depth_state(L, ctx, state_path):
             raise RuntimeError(f"llama.cpp could not restore the depth state from {state_path}")
     elif not L.llama_memory_seq_rm(mem, 0, d, -1):
         raise RuntimeError("llama.cpp could not remove the tokens added after the depth fill")
@@ -379,7 +381,7 @@ def _bench_repetitions(run: _BenchRun, restore: str, model, ctx, runner: TokenRu
         if w.warmup:
             _bench_warmup(run, runner, mem)
         L.llama_memory_clear(mem, True)
-        _bench_fill(run, runner, d, _seed_depth(run, ctx, mem, seed))
+        _bench_fill(run, runner, mem, d, _seed_depth(run, ctx, mem, seed))
         if d > 0 and seed is not None and seed.save:
             ev.emit("phase", phase="snapshot")
             try:

@@ -54,20 +54,19 @@ def plan_seeds(spec: SweepSpec, todo: list[Case]) -> dict[str, SeedPlan]:
     """Each case's part, by case key: a case starts from the deepest earlier case of the same cache whose depth is
     below its own (and whose state is not too large to save)."""
     donors: dict[str, tuple[str, int]] = {}
+    keys = [seed_key(spec, c) for c in todo]
     for i, case in enumerate(todo):
-        key = seed_key(spec, case)
-        if key is None:
+        if keys[i] is None:
             continue
         per_token = case.prediction.kv_bytes / max(1, case.settings.n_ctx)
-        earlier = [c for c in todo[:i] if seed_key(spec, c) == key and c.settings.n_depth < case.settings.n_depth
+        earlier = [c for c, k in zip(todo[:i], keys) if k == keys[i] and c.settings.n_depth < case.settings.n_depth
                    and per_token * c.settings.n_depth <= MAX_STATE_BYTES]
         if earlier:
             best = max(earlier, key=lambda c: c.settings.n_depth)
             donors[case.key] = (best.key, best.settings.n_depth)
     givers = {k for k, _ in donors.values()}
-    keys = set(donors) | givers
     return {k: SeedPlan(donor=donors[k][0] if k in donors else None, tokens=donors[k][1] if k in donors else 0,
-                        save=k in givers) for k in keys}
+                        save=k in givers) for k in set(donors) | givers}
 
 
 def seeded_depths(plans: dict[str, SeedPlan]) -> dict[str, int]:
