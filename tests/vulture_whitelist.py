@@ -6,6 +6,8 @@ Read by vulture only (as Python source); never imported."""
 
 # typer commands and the app callback: registered by decorators, called by typer
 _root
+# the commands' functions, imported by name from edgekv.cli.main.COMMANDS when dispatched
+merge
 
 # the package's lazy attributes (PEP 562): Python calls a module's __getattr__ (edgekv/__init__.py)
 __getattr__

@@ -1,35 +1,102 @@
 """The ``edgekv`` command: the typer app, its root options and the entry point.
 
 Each command lives in its own module of edgekv/cli/commands/ (a thin adapter from llama.cpp-style flags to edgekv's
-functions) and is registered here by name, in the order ``edgekv --help`` lists them.  Every command has ``--json``.
+functions), listed here by name in :data:`COMMANDS` and imported when it is dispatched.  Every command has ``--json``.
 Errors edgekv raises on purpose become one line on stderr and exit 2 (usage) or 1 (failure); ``EDGEKV_DEBUG=1``
 shows tracebacks instead.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import re
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
-from edgekv.cli.commands.bench import bench
-from edgekv.cli.commands.calibrate import calibrate, info
-from edgekv.cli.commands.compare import compare
-from edgekv.cli.commands.explain import explain
-from edgekv.cli.commands.inspect import inspect
-from edgekv.cli.commands.merge import merge
-from edgekv.cli.commands.models import models_app
-from edgekv.cli.commands.predict import predict
-from edgekv.cli.commands.quality import quality
-from edgekv.cli.commands.report import report
 from edgekv.cli.signals import handled, interrupted_by, interrupted_code, signalled, signalled_code
 from edgekv.errors import EdgekvError, UsageError
 from edgekv.version import __version__
 
+if TYPE_CHECKING:
+    from typer.core import _click as click  # the click typer's groups are written against (typer vendors it)
+
+# The commands, in the order of `edgekv --help` (README's command table is checked against it): name -> (module of
+# edgekv/cli/commands/, its typer function or sub-app, the first paragraph of its help).  A command's module is
+# imported when the command is dispatched, so `edgekv --help` and each command load only their own code; the
+# summaries are what the help lists without importing them (tests/checks/test_startup.py checks them against the
+# commands' own help).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "inspect": ("inspect", "inspect",
+                "Architecture, layers, heads, head dims, SWA/shared/MLA/recurrent layers, weights by type."),
+    "predict": ("predict", "predict",
+                "Exact KV-cache bytes from the GGUF header, the whole llama.cpp process's peak memory, its speed here."),
+    "bench": ("bench", "bench",
+              "Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."),
+    "info": ("calibrate", "info",
+             "This machine as llama.cpp sees it: CPU features, extra buffer types, runtime baseline, preflight."),
+    "calibrate": ("calibrate", "calibrate",
+                  "Measure this machine's speed coefficients for the speed model; predict and bench use them."),
+    "report": ("report", "report",
+               "Write README.md, results.csv, results.json, PNG plots and a self-contained report.html."),
+    "compare": ("compare", "compare",
+                "Pair configurations, test every metric, print Markdown; exit 1 on a significant regression."),
+    "merge": ("merge", "merge", "Several machines' results into one file: every row kept, each with its machine."),
+    "quality": ("quality", "quality",
+                "Perplexity and KL divergence of quantized KV caches against the f16 KV cache (same model, same "
+                "tokens)."),
+    "explain": ("explain", "explain",
+                "What a llama.cpp log's memory is made of, edgekv's prediction of each buffer beside it, and why so "
+                "much."),
+    "models": ("models", "models_app", "The models.toml registry: list, show, pull."),
+}
+
+
+@functools.cache
+def command(name: str) -> click.Command:
+    """The click command of one of edgekv's COMMANDS, its module imported now (the one lazy import of edgekv's
+    commands: tests/checks/test_layers.py)."""
+    module, attr, _ = COMMANDS[name]
+    obj = getattr(importlib.import_module(f"edgekv.cli.commands.{module}"), attr)
+    if isinstance(obj, typer.Typer):            # a group of its own (models)
+        cmd = typer.main.get_command(obj)
+    else:
+        one = typer.Typer(add_completion=False)
+        one.command(name=name)(obj)
+        cmd = typer.main.get_command(one)
+    cmd.name = name
+    return cmd
+
+
+class _Commands(TyperGroup):
+    """edgekv's command group: COMMANDS, each loaded when dispatched, then any command registered on the app."""
+
+    _listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*COMMANDS, *(n for n in super().list_commands(ctx) if n not in COMMANDS)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        if self._listing:       # `edgekv --help`: the summary, without importing the command's module
+            return TyperCommand(cmd_name, help=COMMANDS[cmd_name][2])
+        return command(cmd_name)
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+
 app = typer.Typer(
+    cls=_Commands,
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=True,
@@ -53,20 +120,6 @@ def _root(
     if version:
         typer.echo(f"edgekv {__version__}")
         raise typer.Exit(0)
-
-
-# the commands, in the order of `edgekv --help` (README's command table is checked against it)
-app.command(name="inspect")(inspect)
-app.command(name="predict")(predict)
-app.command(name="bench")(bench)
-app.command(name="info")(info)
-app.command(name="calibrate")(calibrate)
-app.command(name="report")(report)
-app.command(name="compare")(compare)
-app.command(name="merge")(merge)
-app.add_typer(models_app, name="models")
-app.command(name="quality")(quality)
-app.command(name="explain")(explain)
 
 
 # -- entry point --------------------------------------------------------------------------------------

@@ -373,9 +373,10 @@ def test_script_check_finds_each_kind_of_problem():
 #   start-up: tests/checks/test_startup.py checks by name that `import edgekv.cli.main` loads none of them; numpy is not
 #   one: gguf, which reads every header, loads it anyway),
 # - a module only some platforms have,
-# - a command's implementation, imported by the CLI adapter that dispatches to it (edgekv/cli/main.py and one module
-#   per command in edgekv/cli/commands/), so that `edgekv --help` and every other command load none of it,
 # - and the few imports LAZY_ALLOWED names, each with its reason (at most MAX_LAZY_ALLOWED of them).
+# A command's module (edgekv/cli/commands/, which imports its implementation at its top) is imported when the command
+# is dispatched, by edgekv.cli.main.command (importlib, from its COMMANDS table), so that `edgekv --help` and every other
+# command load none of it (tests/checks/test_startup.py checks that by name).
 LAZY_HEAVY = {"llama_cpp", "pandas", "scipy", "matplotlib", "huggingface_hub", "httpx2"}
 HEAVY_ACCESSORS = "edgekv/heavy.py"
 LAZY_PLATFORM = {"fcntl", "msvcrt", "resource", "termios", "pynvml"}
@@ -388,9 +389,6 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
         "into every measured child, the runtime baseline's included (+1 MiB)",
 }
 MAX_LAZY_ALLOWED = 10
-CLI_ADAPTERS = ("edgekv/cli/main.py", "edgekv/cli/commands/")     # the app, and one module per command
-COMMAND_MODULES = ("edgekv.prediction.", "edgekv.sweep.", "edgekv.calibration.", "edgekv.quality.", "edgekv.output.",
-                   "edgekv.sources.", "edgekv.runtime.", "edgekv.machine.", "edgekv.child.", "edgekv.cli.benchrun")
 # Modules whose lazy imports other changes are moving to the top right now (the CLI's adapters, the speed
 # calibration), counted as the code stands: a count may only go down, and the table goes when it reaches zero.
 # Nothing may be added to it: a new lazy import goes to its module's top, or into LAZY_ALLOWED with its reason.
@@ -412,8 +410,7 @@ def _lazy_imports(source: str, where: str, allowed: dict[tuple[str, str], str] =
                 for name in names:
                     top = name.split(".")[0]
                     heavy = top in LAZY_HEAVY and where == HEAVY_ACCESSORS
-                    command = where.startswith(CLI_ADAPTERS) and (name + ".").startswith(COMMAND_MODULES)
-                    if not heavy and not command and top not in LAZY_PLATFORM and (where, name) not in allowed:
+                    if not heavy and top not in LAZY_PLATFORM and (where, name) not in allowed:
                         out.append((ch.lineno, name))
             walk(ch, in_function or isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
@@ -467,12 +464,9 @@ def test_the_lazy_import_check_allows_only_the_named_kinds():
     assert (10, "pydoc_data.topics") not in _lazy_imports(src, "edgekv/sources/corpus.py")
     # a heavy module waits in its accessor only
     assert (5, "pandas") not in _lazy_imports(src, HEAVY_ACCESSORS)
-    # in a CLI adapter, a command's implementation may wait for its command; the core, a sibling and the rest may not
-    assert _lazy_imports(src, "edgekv/cli/main.py") == [(4, "json"), (5, "pandas"), (6, "edgekv.core"),
-                                                        (7, "edgekv.cli"), (10, "pydoc_data.topics")]
-    assert _lazy_imports(src, "edgekv/cli/commands/bench.py") == [(4, "json"), (5, "pandas"), (6, "edgekv.core"),
-                                                                  (7, "edgekv.cli.commands"), (10, "pydoc_data.topics")]
-    assert len(_lazy_imports(src, "edgekv/cli/benchrun.py")) == 6      # not an adapter: its imports go at the top
+    # the CLI has no exception: its command modules are imported by edgekv.cli.main.command, and import at the top
+    assert len(_lazy_imports(src, "edgekv/cli/main.py")) == 6
+    assert len(_lazy_imports(src, "edgekv/cli/commands/bench.py")) == 6
 
 
 def test_each_heavy_module_has_one_accessor():

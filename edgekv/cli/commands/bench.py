@@ -1,4 +1,4 @@
-"""``edgekv bench``: measured sweeps beside the predictions (registered on :data:`edgekv.cli.main.app`).
+"""``edgekv bench``: measured sweeps beside the predictions (listed in :data:`edgekv.cli.main.COMMANDS`).
 
 The flags become the :class:`~edgekv.records.schema.Settings` every configuration shares, by name, and the grid and
 run options beside them (edgekv.cli.benchrun.BenchArgs); edgekv.cli.benchrun plans, runs and shows the sweep.
@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 from msgspec import UNSET
 
+from edgekv.cli.benchrun import BenchArgs, bench_command, check_quality_flags
 from edgekv.cli.flags import (
     B_OPT,
     BENCH_CTK_OPT,
@@ -91,8 +92,6 @@ def bench(
     as_json: AsJson = False,
 ) -> None:
     """Measure memory and speed across cache types x contexts, each in a fresh process, beside the prediction."""
-    from edgekv.cli.benchrun import BenchArgs, bench_command, check_quality_flags
-
     name = pick_model(model, model_opt)
     check_quality_flags(quality, corpus, chunks)
     settings = bench_settings(  # what every configuration shares, by name; the grid below sets the rest per case

@@ -1,5 +1,5 @@
 """``edgekv info`` and ``edgekv calibrate``: this machine as llama.cpp sees it, and its speed calibration
-(registered on :data:`edgekv.cli.main.app`)."""
+(listed in :data:`edgekv.cli.main.COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,20 @@ from typing import Annotated, Optional
 
 import typer
 
+from edgekv.calibration.baseline import runtime_baseline
+from edgekv.calibration.info import machine_info
+from edgekv.calibration.lock import LockTimeout, measuring
+from edgekv.calibration.preflight import repack_choice
+from edgekv.calibration.speedcal import CalibrationError, export_calibrations, import_calibrations
+from edgekv.calibration.speedcal import calibrate as run_calibration
 from edgekv.cli.flags import AsJson, FlashAttn, OneRepack, Threads, llama_bench_path, one_repack
 from edgekv.cli.options import make_console, parse_flash_attn, parse_type_list, print_json
 from edgekv.core.wire import to_wire
 from edgekv.errors import UsageError
+from edgekv.machine.environment import default_threads
+from edgekv.output.views import render_calibration, render_info
 from edgekv.prediction.api import load_model
+from edgekv.prediction.speed import SPEED_LOCK, dry_run_device, model_speed_shape, offload_device, weight_types
 from edgekv.sources.tinymodel import probe_model_path
 
 # calibrate's own options, typed as predict's shared ones are (edgekv.cli.flags)
@@ -51,9 +60,6 @@ def info(
 
     The extra buffer types (AMX, CPU_REPACK) and whether their kernels run here (the preflight), each measured
     once per environment and cached."""
-    from edgekv.calibration.info import machine_info
-    from edgekv.output.views import render_info
-
     llama_bench_path(llama_bench)      # checked: an executable file
     res = machine_info(llama_bench, refresh)
     if as_json:
@@ -76,17 +82,11 @@ def calibrate(
     import_: ImportFile = None,
     as_json: AsJson = False,
 ) -> None:
-    """Measure this machine's speed coefficients for the speed model (how long it takes: docs/speed-model.md; cached
-    per environment, thread count and --repack; predict and bench use them)."""
+    """Measure this machine's speed coefficients for the speed model; predict and bench use them.
+
+    Cached per environment, thread count and --repack. How long it takes: docs/speed-model.md."""
     if export is not None or import_ is not None:
         return _move_calibrations(export, import_, as_json)
-    from edgekv.calibration.baseline import runtime_baseline
-    from edgekv.calibration.lock import LockTimeout, measuring
-    from edgekv.calibration.speedcal import CalibrationError
-    from edgekv.calibration.speedcal import calibrate as run_calibration
-    from edgekv.machine.environment import default_threads
-    from edgekv.prediction.speed import SPEED_LOCK
-
     if threads < 0:
         raise UsageError("-t/--threads must be 0 (physical cores) or more")
     if timeout <= 0:
@@ -118,7 +118,6 @@ def calibrate(
     if as_json:
         print_json(to_wire(sc.cal))
         return
-    from edgekv.output.views import render_calibration
 
     render_calibration(make_console(), sc)
 
@@ -127,8 +126,6 @@ def _repack(asked: bool | None, llama_bench: str | None, con) -> bool:
     """The --repack a calibration measures with: the one repack choice (edgekv.calibration.preflight.repack_choice:
     as asked, else llama.cpp's default unless the extra-buffer preflight saw those kernels crash here; then 0, said:
     a calibration must not start a child known to crash)."""
-    from edgekv.calibration.preflight import repack_choice
-
     choice = repack_choice(None if asked is None else [asked], llama_bench, probe=asked is None)
     pf = choice.preflight
     if choice.fell_back and pf is not None:
@@ -141,8 +138,6 @@ def _move_calibrations(export: Path | None, import_: Path | None, as_json: bool)
     """calibrate --export FILE / --import FILE: the calibration cache in one file, for a CI job to keep."""
     if export is not None and import_ is not None:
         raise UsageError("--export and --import: give one of them")
-    from edgekv.calibration.speedcal import CalibrationError, export_calibrations, import_calibrations
-
     try:
         n = export_calibrations(export) if export is not None else import_calibrations(import_)
     except CalibrationError as e:
@@ -163,7 +158,6 @@ def _calibration_targets(model: str | None, feats: list[str], repack: bool, devi
     the generic attention model alone."""
     if not model:
         return [], [None], []
-    from edgekv.prediction.speed import model_speed_shape, weight_types
 
     sh = model_speed_shape(load_model(model), feats, repack, None, device)
     return weight_types(sh), sorted({lay.geometry for lay in sh.attn}), [sh.body] if device and sh.body else []
@@ -174,7 +168,6 @@ def _calibration_device(model: str | None, n_gpu_layers: int) -> str:
     or of edgekv's probe model); a usage error for a partial offload or a build with no GPU."""
     if n_gpu_layers == 0:
         return ""
-    from edgekv.prediction.speed import dry_run_device, offload_device
 
     m = load_model(model or str(probe_model_path()))
     device, why = offload_device(n_gpu_layers, m.shape.n_layer, dry_run_device(m, n_gpu_layers))

@@ -1,5 +1,5 @@
-"""``edgekv compare``: two sets of results, metric by metric, with a test each (registered on
-:data:`edgekv.cli.main.app`)."""
+"""``edgekv compare``: two sets of results, metric by metric, with a test each (listed in
+:data:`edgekv.cli.main.COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from typing import Optional
 import typer
 
 from edgekv.cli.options import print_json, warn_lines
+from edgekv.output.compare import compare as compare_results
+from edgekv.output.compare import render_markdown
+from edgekv.output.inputs import drain_notes
 
 
 def compare(
@@ -29,10 +32,6 @@ def compare(
                                                  "newest other commit in it)."),
 ) -> None:
     """Pair configurations, test every metric, print Markdown; exit 1 on a significant regression."""
-    from edgekv.output.compare import compare as compare_results
-    from edgekv.output.compare import render_markdown
-    from edgekv.output.inputs import drain_notes
-
     res = compare_results(base, cand, thresholds=threshold, force=force, alpha=alpha, baseline=baseline,
                           candidate=candidate)
     warn_lines(drain_notes())

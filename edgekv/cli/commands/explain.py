@@ -1,4 +1,4 @@
-"""``edgekv explain LOG``: the command (registered on :data:`edgekv.cli.main.app`).
+"""``edgekv explain LOG``: the command (listed in :data:`edgekv.cli.main.COMMANDS`).
 
 Reads a llama.cpp log (a file, or ``-`` for stdin) within fixed bounds, explains its memory
 (:mod:`edgekv.core.explain`) and prints it (:mod:`edgekv.output.explainview`).
@@ -18,7 +18,9 @@ from edgekv.core.explainschema import report
 from edgekv.core.logconfig import read_bounded
 from edgekv.core.predict import ContextParams
 from edgekv.errors import UsageError
+from edgekv.output.explainview import render_explain, to_json
 from edgekv.prediction.api import load_model
+from edgekv.runtime.engine import EngineSession
 
 LOG_ARG = typer.Argument(..., metavar="LOG", show_default=False,
                          help="A llama.cpp log (llama-cli, llama-server, llama-bench -v, llama-cpp-python verbose=True); "
@@ -43,8 +45,6 @@ def explain(
 
     Exit 0 when the log was explained (disagreements are shown, not failed on, unless --check), 1 when it cannot
     be explained or --check found a disagreement, 2 on a usage error."""
-    from edgekv.output.explainview import render_explain, to_json
-
     bounded, name = _read(log)
     if engine and not model_opt:
         raise UsageError("--engine needs the model: pass -m MODEL (path, URL or hf://)")
@@ -86,8 +86,6 @@ def _read(log: str):
 
 def _engine_compute(m, result: dict) -> None:
     """llama.cpp's dry run of the log's context on the CPU backend, beside the compute buffers the log printed."""
-    from edgekv.runtime.engine import EngineSession
-
     params = result["kv"].get("params")
     if params is None:
         raise UsageError("--engine: the log does not state the context (n_ctx, cache types) to dry-run")

@@ -1,4 +1,4 @@
-"""``edgekv inspect``: the model's architecture as llama.cpp reads it (registered on :data:`edgekv.cli.main.app`)."""
+"""``edgekv inspect``: the model's architecture as llama.cpp reads it (listed in :data:`edgekv.cli.main.COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Optional
 
 from edgekv.cli.flags import MODEL_ARG, MODEL_OPT, AsJson
 from edgekv.cli.options import make_console, model_notes, pick_model, print_json
+from edgekv.output.views import inspect_dict, render_inspect
 from edgekv.prediction.api import load_model
 
 
@@ -15,8 +16,6 @@ def inspect(
     as_json: AsJson = False,
 ) -> None:
     """Architecture, layers, heads, head dims, SWA/shared/MLA/recurrent layers, weights by type."""
-    from edgekv.output.views import inspect_dict, render_inspect
-
     m = load_model(pick_model(model, model_opt))
     model_notes(m)
     if as_json:

@@ -1,10 +1,11 @@
-"""``edgekv merge``: several machines' results into one file (registered on :data:`edgekv.cli.main.app`)."""
+"""``edgekv merge``: several machines' results into one file (listed in :data:`edgekv.cli.main.COMMANDS`)."""
 
 from __future__ import annotations
 
 import typer
 
 from edgekv.cli.options import make_console, print_json, warn_lines
+from edgekv.output.inputs import drain_notes, merge_files
 from edgekv.records.frame import device_label
 
 
@@ -15,8 +16,6 @@ def merge(
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
     """Several machines' results into one file: every row kept, each with its machine."""
-    from edgekv.output.inputs import drain_notes, merge_files
-
     recs = merge_files(inputs, output)
     warn_lines(drain_notes())
     devices: dict[str, int] = {}

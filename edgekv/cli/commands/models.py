@@ -1,5 +1,5 @@
-"""``edgekv models list|show|pull``: the models.toml registry (the ``models`` group, added to
-:data:`edgekv.cli.main.app`)."""
+"""``edgekv models list|show|pull``: the models.toml registry (the ``models`` group, listed in
+:data:`edgekv.cli.main.COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from edgekv.output.models_view import list_dicts, pull_dict, render_list, render
 from edgekv.sources.registry import load_registry
 from edgekv.sources.resolve import pull_model
 
-models_app = typer.Typer(no_args_is_help=True, help="The models.toml registry: list, show, pull.")
+models_app = typer.Typer(no_args_is_help=True, add_completion=False, help="The models.toml registry: list, show, pull.")
 
 
 @models_app.command("list")

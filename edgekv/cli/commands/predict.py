@@ -1,5 +1,5 @@
-"""``edgekv predict``: exact KV bytes, the process's peak memory and its speed, predicted (registered on
-:data:`edgekv.cli.main.app`)."""
+"""``edgekv predict``: exact KV bytes, the process's peak memory and its speed, predicted (listed in
+:data:`edgekv.cli.main.COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,9 @@ from edgekv.core.memmodel import WORKLOADS
 from edgekv.core.predict import ContextParams
 from edgekv.errors import UsageError
 from edgekv.machine.memory import available_memory
+from edgekv.output.views import render_budget, render_predict
 from edgekv.prediction.api import load_model, registry_sweep_defaults
+from edgekv.prediction.rows import PredictRequest, run_predict
 from edgekv.prediction.wholeprocess import ProcessSettings
 from edgekv.sweep.plan import model_contexts
 
@@ -95,8 +97,6 @@ def predict(
     as_json: AsJson = False,
 ) -> None:
     """Exact KV-cache bytes from the GGUF header, the whole llama.cpp process's peak memory, its speed here."""
-    from edgekv.prediction.rows import run_predict
-
     speed_flags, lb = _speed_flags(depth, min_tg, budget, kv_only, calibration_timeout), llama_bench_path(llama_bench)
     spec_name = pick_model(model, model_opt)
     _check_process_flags(workload, threads)
@@ -124,7 +124,6 @@ def predict(
 
 
 def _show_predict(m, req, out, engine: bool) -> None:
-    from edgekv.output.views import render_budget, render_predict
 
     con = make_console()
     render_predict(con, m, req.base, out, engine=engine)
@@ -181,8 +180,6 @@ def _predict_request(ctxs: list[int], flags: tuple[list[tuple[str, str]], str, O
                      parallel: int, kv_unified: bool, ubatch_size: int, batch_size: int, n_rs_seq: int,
                      workload: str, threads: int, no_mmap: bool, n_gpu_layers: int, repack: Optional[str] = None):
     """predict's checked flags (:func:`_read_flags`) and contexts as a PredictRequest."""
-    from edgekv.prediction.rows import PredictRequest
-
     pairs, fa, budget_bytes = flags
     base = ContextParams(n_ctx=ctxs[0], type_k=pairs[0][0], type_v=pairs[0][1], flash_attn=fa, swa_full=swa_full,
                          n_seq_max=parallel, kv_unified=kv_unified, n_batch=batch_size, n_ubatch=ubatch_size,

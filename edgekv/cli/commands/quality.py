@@ -1,4 +1,4 @@
-"""``edgekv quality``: the command (registered on :data:`edgekv.cli.main.app`) and its tables.
+"""``edgekv quality``: the command (listed in :data:`edgekv.cli.main.COMMANDS`) and its tables.
 
 Kept in its own module, like every command (edgekv/cli/commands/), so that it can evolve without touching the others.
 """
@@ -18,6 +18,7 @@ from edgekv.cli.options import make_console, pair_types, parse_fa_list, parse_in
 from edgekv.core.diagnose import exit_status
 from edgekv.core.units import kv_label
 from edgekv.errors import UsageError
+from edgekv.quality.run import QualityConfig, measure, plan, quality_records, resolve_repack
 from edgekv.records.schema import encode
 
 if TYPE_CHECKING:
@@ -58,8 +59,6 @@ def quality(
 
     llama-perplexity's method without its logits file: each chunk runs in the f16 and the candidate contexts side by side.
     """
-    from edgekv.quality.run import QualityConfig, measure, quality_records, resolve_repack
-
     ctxs = parse_int_list(ctx_size, "-c/--ctx-size", minimum=2)
     pairs = pair_types(parse_type_list(cache_type_k, "-ctk"),
                        parse_type_list(cache_type_v, "-ctv") if cache_type_v else None)
@@ -143,7 +142,6 @@ class _Progress:
             return
         if self.bar is None:
             return
-        from edgekv.quality.run import plan
 
         if ev.get("event") == "tokens":
             total = sum(plan(int(ev["n_tokens"]), n, self.n_batch, self.chunks)["n_chunk"] for n in self.ctxs)

@@ -1,4 +1,4 @@
-"""``edgekv report``: results files into a report folder (registered on :data:`edgekv.cli.main.app`)."""
+"""``edgekv report``: results files into a report folder (listed in :data:`edgekv.cli.main.COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import typer
 
 from edgekv.cli.options import make_console, print_json, warn_lines
 from edgekv.errors import ResultsError, UsageError
+from edgekv.output.inputs import load_many
+from edgekv.output.report import write_report
 
 
 def report(
@@ -23,9 +25,6 @@ def report(
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
     """Write README.md, results.csv, results.json, PNG plots and a self-contained report.html."""
-    from edgekv.output.inputs import load_many
-    from edgekv.output.report import write_report
-
     if note is not None and note.startswith("@"):
         try:
             note = Path(note[1:]).read_text(encoding="utf-8")

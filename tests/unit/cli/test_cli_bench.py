@@ -11,6 +11,7 @@ import pytest
 from msgspec import UNSET
 
 from edgekv.cli import benchrun
+from edgekv.cli.commands import bench as bench_command
 from edgekv.cli.commands.bench import bench
 from edgekv.cli.main import main
 from edgekv.sweep.spec import SweepSpec, quality_settings, sweep_spec
@@ -44,7 +45,7 @@ def test_model_given_twice_is_refused_before_anything_runs(capsys):
 def _args(monkeypatch, *argv: str) -> benchrun.BenchArgs:
     """The BenchArgs ``edgekv bench ARGV`` hands to cli.benchrun (nothing measured)."""
     got = []
-    monkeypatch.setattr(benchrun, "bench_command", lambda a, *rest: got.append(a) or 0)
+    monkeypatch.setattr(bench_command, "bench_command", lambda a, *rest: got.append(a) or 0)
     assert main(["bench", *argv]) == 0
     return got[0]
 
