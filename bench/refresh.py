@@ -1,5 +1,6 @@
 """Refresh this machine class's rows in bench/results/: every accuracy harness, one after the other, at settings that
-fit in about 30 minutes on a quiet 2-core machine, each filing its rows under the same machine class.
+take about 77 minutes on the slowest 2-core class measured (an AVX2-only EPYC: memory_model 24, speed_model 32), each
+filing its rows under the same machine class.
 
     python -m bench.refresh --list          # print the plan (the commands and their estimated minutes); run nothing
     python -m bench.refresh                 # run it, then: python -m tools.render_tables
@@ -26,18 +27,18 @@ from bench import harness as H
 class Step(NamedTuple):
     harness: str
     args: tuple[str, ...]
-    minutes: int          # estimated on a quiet 2-core machine, from the walls earlier runs recorded
+    minutes: int          # what it took on the slowest class measured: a quiet 2-core AVX2 EPYC (x86-avx2-epyc-2cpu)
 
 
 PLAN: tuple[Step, ...] = (
     # memory_model without "large" (SmolLM2 q4_0 at -c 8192 fills its context for 10 minutes) and, since it records
-    # bytes, without the speed calibration each variant paid: 26.6 min with both on an AVX2 EPYC
-    Step("memory_model", ("--variants", "base,ub256,t1,nommap,llamabench,repack0,faoff"), 8),
-    Step("speed_model", ("--models", "smollm2-135m", "--depths", "512,4096"), 9),
+    # bytes, without the speed calibration each variant paid (26.6 min with both): 24.2 min without them
+    Step("memory_model", ("--variants", "base,ub256,t1,nommap,llamabench,repack0,faoff"), 24),
+    Step("speed_model", ("--models", "smollm2-135m", "--depths", "512,4096"), 32),
     Step("bench_vs_llama_bench", ("-c", "2048", "-ctk", "f16,q4_0", "-r", "3", "--rounds", "1"), 4),   # 6.5 min at 2 rounds
     Step("parallel_vs_batched_bench", ("--models", "smollm2-135m", "-ctk", "f16", "--rounds", "2"), 2),
-    Step("serving_accuracy", ("--models", "smollm2-135m", "--rounds", "2"), 3),
-    Step("quality_vs_perplexity", ("-c", "512", "--chunks", "8", "-ctk", "f16,q8_0,q4_0", "-t", "2"), 3),
+    Step("serving_accuracy", ("--models", "smollm2-135m", "--rounds", "2"), 2),
+    Step("quality_vs_perplexity", ("-c", "512", "--chunks", "8", "-ctk", "f16,q8_0,q4_0", "-t", "2"), 7),
     Step("first_run", (), 5),
     Step("explain_corpus", (), 1),        # parses the logs of tests/data/logs: no model run
 )
@@ -67,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--only: unknown harness {', '.join(unknown)}; known: {', '.join(s.harness for s in PLAN)}")
         steps = tuple(s for s in PLAN if s.harness in names)
     machine = a.machine or (None if a.list else H.this_machine())
-    print(f"refresh: {len(steps)} harnesses, about {sum(s.minutes for s in steps)} minutes on a quiet 2-core machine"
-          + (f"; rows filed under {machine}" if machine else ""))
+    print(f"refresh: {len(steps)} harnesses, about {sum(s.minutes for s in steps)} minutes on a quiet 2-core AVX2 machine "
+          "(faster CPUs take less)" + (f"; rows filed under {machine}" if machine else ""))
     for s in steps:
         print(f"  ~{s.minutes:>2} min  {_shown(command(s, machine))}")
     if a.list:
