@@ -247,13 +247,17 @@ def test_bench_is_a_small_tool_set():
 
 def test_refresh_plans_every_harness_and_each_step_parses(monkeypatch, capsys):
     """``python -m bench.refresh --list``: one step per harness in bench/, each a command its harness's own parser
-    takes, about 30 minutes in all; nothing is run."""
+    takes, with the minutes it took on the slowest class measured (a quiet 2-core AVX2 EPYC), which the docs state;
+    nothing is run."""
     from bench import refresh
     from tests.checks.test_readme_commands import _harnesses, parse_python_module
 
     harnesses = set(_harnesses()) - {"refresh"}
     assert {s.harness for s in refresh.PLAN} == harnesses
-    assert 20 <= sum(s.minutes for s in refresh.PLAN) <= 35
+    total = sum(s.minutes for s in refresh.PLAN)
+    assert all(s.minutes >= 1 for s in refresh.PLAN)
+    for doc in ("bench/README.md", "docs/development.md", "bench/refresh.py"):
+        assert f"about {total} minutes" in " ".join((ROOT / doc).read_text(encoding="utf-8").split()), doc
     monkeypatch.setattr(refresh.subprocess, "call", lambda *a, **k: pytest.fail("--list ran a harness"))
     assert refresh.main(["--list"]) == 0
     out = capsys.readouterr().out
