@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # The commands, in the order of `edgekv --help` (README's command table is checked against it): name -> (module of
 # edgekv/cli/commands/, its typer function or sub-app, the first paragraph of its help).  A command's module is
 # imported when the command is dispatched, so `edgekv --help` and each command load only their own code; the
-# summaries are what the help lists without importing them (tests/checks/test_startup.py checks them against the
+# summaries are what the help lists without importing them (tests/unit/cli/test_commands.py checks them against the
 # commands' own help).
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "inspect": ("inspect", "inspect",
