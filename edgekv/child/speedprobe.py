@@ -102,10 +102,11 @@ def _probe_steps(L, runner: TokenRunner, mem, steps: list[ProbeStep], where: str
     """One calibration context's steps: each step's timed runs in nanoseconds (warm-up runs dropped)."""
     out = []
     cur = 0     # cells [0, cur) hold the last step's fill: a deeper step extends it instead of refilling
-    for st in steps:
-        ev.emit("progress", phase="calibrate", step=f"{where}/{st.key}")
+    for group in _turns(steps):
+        st = group[0]
+        ev.emit("progress", phase="calibrate", step=f"{where}/{'+'.join(g.key for g in group)}")
         if st.depths:          # sequences at several depths, their runs taken in turn
-            out += _probe_interleaved(L, runner, mem, st, where)
+            out += _probe_interleaved(L, runner, mem, group, where)
             cur = L.llama_memory_seq_pos_max(mem, 0) + 1
             continue
         d = st.depth
@@ -146,31 +147,49 @@ def _timed_runs(L, runner: TokenRunner, mem, st: ProbeStep, where: str) -> list[
     return ns
 
 
-def _probe_interleaved(L, runner: TokenRunner, mem, st: ProbeStep, where: str) -> list[ProbeResult]:
-    """One calibration step at several depths at once: sequence i (its own KV stream: the context has a stream per
-    sequence) filled to ``depths[i]``, then the runs taken in turn (shallow, deep, shallow, deep, ...), each from
-    exactly its depth.  A machine that slows down for seconds at a time slows both depths alike, where timing all
-    runs at one depth and then all at the other puts the slow stretch into the difference."""
-    depths, n, gen = list(st.depths or []), st.n, st.test == "tg"
+def _turns(steps: list[ProbeStep]) -> list[list[ProbeStep]]:
+    """The steps in the groups they are taken in: consecutive steps with the same non-empty ``turn`` and the same
+    depths, warm-up and reps form one group (ProbeStep.turn); every other step is a group of its own."""
+    out: list[list[ProbeStep]] = []
+    for st in steps:
+        last = out[-1][0] if out else None
+        if (last is not None and st.turn and st.turn == last.turn and st.depths and st.depths == last.depths
+                and (st.warmup, st.reps) == (last.warmup, last.reps)):
+            out[-1].append(st)
+        else:
+            out.append([st])
+    return out
+
+
+def _probe_interleaved(L, runner: TokenRunner, mem, group: list[ProbeStep], where: str) -> list[ProbeResult]:
+    """Steps of the same depths at once: sequence i (its own KV stream: the context has a stream per sequence)
+    filled to ``depths[i]``, then the runs taken in turn (each step shallow, deep, then the next step, ...; then
+    again), each from exactly its depth.  A machine that slows down for seconds at a time slows both depths, and
+    every step of the group, alike, where timing all runs at one depth and then all at the other puts the slow
+    stretch into the difference."""
+    first = group[0]
+    depths = list(first.depths or [])
     for s, d in enumerate(depths):
         have = L.llama_memory_seq_pos_max(mem, s) + 1
         if have > d and not L.llama_memory_seq_rm(mem, s, d, -1):
-            raise RuntimeError(f"llama.cpp could not shorten sequence {s} to {d} cells before {where}/{st.key}")
+            raise RuntimeError(f"llama.cpp could not shorten sequence {s} to {d} cells before {where}/{first.key}")
         if have < d:
             with runner.filling():
                 decode_timed(L, runner.ctx, seq_tokens(L, runner, s, have, d - have, False), "filling the cache")
-    ns: list[list[int]] = [[] for _ in depths]
-    for _ in range(st.warmup + st.reps):
-        for s, d in enumerate(depths):
-            L.llama_memory_seq_rm(mem, s, d, -1)
-            if L.llama_memory_seq_pos_max(mem, s) != d - 1:
-                raise RuntimeError(f"the calibration cache holds {L.llama_memory_seq_pos_max(mem, s) + 1} cells of "
-                                   f"sequence {s}, not {d}, before {where}/{st.key}")
-            work = seq_tokens(L, runner, s, d, n, gen)
-            ns[s].append(decode_timed(L, runner.ctx, work, "generating" if gen else "processing a prompt"))
+    ns: list[list[list[int]]] = [[[] for _ in depths] for _ in group]
+    for _ in range(first.warmup + first.reps):
+        for g, st in enumerate(group):
+            gen = st.test == "tg"
+            for s, d in enumerate(depths):
+                L.llama_memory_seq_rm(mem, s, d, -1)
+                if L.llama_memory_seq_pos_max(mem, s) != d - 1:
+                    raise RuntimeError(f"the calibration cache holds {L.llama_memory_seq_pos_max(mem, s) + 1} cells "
+                                       f"of sequence {s}, not {d}, before {where}/{st.key}")
+                work = seq_tokens(L, runner, s, d, st.n, gen)
+                ns[g][s].append(decode_timed(L, runner.ctx, work, "generating" if gen else "processing a prompt"))
     # in_turn: run i of each depth was taken one after the other, so the solver may pair them (solve.difference_s)
-    return [ProbeResult(step=f"{st.key}{d}", test=st.test, depth=d, n=n, ns=ns[s][st.warmup:], in_turn=True,
-                        **_threads(L, runner)) for s, d in enumerate(depths)]
+    return [ProbeResult(step=f"{st.key}{d}", test=st.test, depth=d, n=st.n, ns=ns[g][s][st.warmup:], in_turn=True,
+                        **_threads(L, runner)) for g, st in enumerate(group) for s, d in enumerate(depths)]
 
 
 def _threads(L, runner: TokenRunner) -> dict[str, int | None]:

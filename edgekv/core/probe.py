@@ -26,7 +26,10 @@ from edgekv.core.wire import to_wire as to_wire
 class ProbeStep(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One timed step: ``reps`` runs (after ``warmup`` untimed ones) of a ``test`` of ``n`` tokens from a cache of
     ``depth`` cells; ``depths``: the in-process probe's sequences at those depths, their runs taken in turn (the
-    results are named ``key`` + depth)."""
+    results are named ``key`` + depth).  ``turn``: consecutive steps of a context with the same one (and the same
+    depths, warm-up and reps) are taken in turn with each other too, run i of each step at each depth before run
+    i + 1 of any, so a stretch in which the machine runs slower or faster falls on all of them alike (a ratio of
+    two steps, speedcal.solve.solve_tile_share, then keeps its meaning)."""
 
     key: str
     test: str                       # "pp" (a prompt) or "tg" (generated tokens)
@@ -35,6 +38,7 @@ class ProbeStep(msgspec.Struct, kw_only=True, omit_defaults=True):
     depth: int = 0
     warmup: int = 1
     depths: list[int] | None = None
+    turn: str = ""
 
 
 class ProbeParams(msgspec.Struct, kw_only=True):

@@ -59,6 +59,10 @@ ROW_LOOP_TG_START = 128
 # a prompt of one and a half query tiles a head: every head's second tile is short (more so where llama.cpp's chunks
 # cut it), beside ATTN_PP_N's on the same depths the tiled kernel's cost per tile separates from its cost per row
 PT_N = 96
+# runs of each of a pair's prompt steps (edgekv's own probe).  The tile share is the ratio of the long and the
+# short-tile prompt's differences, which a slower stretch of the machine starting between the two steps moved by a
+# third: they are taken in one turn, five runs each rather than three (docs/calibration-history.md, version 22)
+PP_TURN_REPS = 5
 # a geometry's model: six layers, fewer where six would do more attention work per cell than six of WIDE_LAYER_UNITS:
 # its decode steps cannot shrink below a 256-cell difference (attn_steps), so more work a cell is more time, not more
 # signal
@@ -150,9 +154,9 @@ def context(key: str, n_threads: int, steps: list[ProbeStep], n_ctx: int = 4096,
 
 
 def step(key: str, test: str, depth: int, n: int, reps: int, warmup: int = 1,
-         depths: list[int] | None = None) -> ProbeStep:
+         depths: list[int] | None = None, turn: str = "") -> ProbeStep:
     """A timed step (:class:`edgekv.core.probe.ProbeStep`)."""
-    return ProbeStep(key=key, test=test, depth=depth, n=n, reps=reps, warmup=warmup, depths=depths)
+    return ProbeStep(key=key, test=test, depth=depth, n=n, reps=reps, warmup=warmup, depths=depths, turn=turn)
 
 
 def one_cpu_thread(n_threads: int, device: str) -> bool:
@@ -330,7 +334,12 @@ def _pair_steps(tk: str, tv: str, fa: str, a: AttnSteps, n_threads: int, device:
     prompts = [("pp", a.pp_n, True), ("ps", PP_ROWS_N, tiled), ("pt", PT_N, tiled and not device)]
     if interleave:
         tg = [step("tg", "tg", 0, n_tg, reps, depths=list(a.tg_depths))]
-        pp = [step(k, "pp", 0, n, 3, depths=list(a.pp_depths)) for k, n, on in prompts if on]
+        # the long and the short-tile prompt in one turn (PP_TURN_REPS): the tile share is their ratio
+        # (solve_tile_share); the short-row prompt after them, on its own
+        turn = tiled and not device
+        pp = [step(k, "pp", 0, n, attn_reps(PP_TURN_REPS, n_threads) if turn and k != "ps" else 3,
+                   depths=list(a.pp_depths), turn="pp" if turn and k != "ps" else "")
+              for k, n, on in sorted(prompts, key=lambda p: p[0] == "ps") if on]
     else:
         tg = [step(f"tg{d}", "tg", d, n_tg, reps) for d in a.tg_depths]
         pp = [step(f"{k}{d}", "pp", d, n, 3) for k, n, on in prompts if on for d in a.pp_depths]
@@ -379,7 +388,7 @@ def deep_plan(pairs: list[tuple[str, str, str]], n_threads: int, repack: bool, g
     ctxs = []
     for tk, tv, fa in pairs:
         if interleave:
-            steps = [step(k, "pp", 0, n, reps, depths=[d0, d1]) for k, n in kinds]
+            steps = [step(k, "pp", 0, n, reps, depths=[d0, d1], turn="pd") for k, n in kinds]
         else:
             steps = [step(f"{k}{d}", "pp", d, n, reps) for d in (d0, d1) for k, n in kinds]
             steps += [step(f"{k}{d0}b", "pp", d0, n, reps) for k, n in kinds]

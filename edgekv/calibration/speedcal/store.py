@@ -23,7 +23,7 @@ from edgekv.sources.tinymodel import drop_plan_models
 
 # The calibration's own version: what it measures and how it solves it (docs/calibration-history.md, each version's
 # change).  A calibration cached by another version is measured again.
-CAL_VERSION = 21
+CAL_VERSION = 22
 # a cached calibration is checked against the machine as it is now: the decode of its own weight model of the model's
 # main weight type, timed again (a second or two); when that takes DRIFT_LIMIT more or less time than it did, the
 # machine has changed under it (a virtual machine's host can) and everything is measured again

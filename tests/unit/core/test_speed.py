@@ -35,6 +35,7 @@ from edgekv.core.speed import (
     predict_pp,
     predict_tg,
     speed_shape,
+    tile_ratio,
     ubatches,
 )
 from edgekv.core.wire import to_wire
@@ -210,7 +211,7 @@ def test_the_attention_calibration_evicts_the_cpu_caches_between_tokens(monkeypa
     by = {m.key: m for m in plan}
     assert head(by["attnv_h9kv3k64v64"]) + own >= P.EVICT_FACTOR * (16 << 20) > head(by["attn_h9kv3k64v64"]) + own
     assert [(st.key, st.n) for st in by["attnv_h9kv3k64v64"].contexts[0].steps] == [("tg", P.EVICT_TG_N)]
-    assert [st.key for st in by["attn_h9kv3k64v64"].contexts[0].steps] == ["pp", "ps", "pt"]
+    assert [st.key for st in by["attn_h9kv3k64v64"].contexts[0].steps] == ["pp", "pt", "ps"]
     # a quantized pair (the per-row loop): decode steps from ROW_LOOP_TG_START, short prompts on the geometry's model
     q8 = {m.key: m for m in P.attn_plan([("q8_0", "q8_0", "auto")], 2, True, "h9kv3k64v64", interleave=True)}
     assert [(st.key, st.depths, st.n) for st in q8["attnv_h9kv3k64v64"].contexts[0].steps] == [
@@ -993,8 +994,11 @@ def test_one_thread_times_half_the_tokens_a_decode_run_and_fills_on_every_core()
             {(P.run_tokens(P.EVICT_TG_N, threads), P.attn_reps(P.EVICT_TG_REPS, threads))}
         assert {st.reps for c in by["attnd_h9kv3k64v64"].contexts for st in c.steps} == \
             {P.attn_reps(P.DEEP_REPS, threads)}
-        # the geometry's prompts keep their three runs at either count
-        assert {st.reps for c in by["attn_h9kv3k64v64"].contexts for st in c.steps} == {3}
+        # the geometry's prompts keep their three runs at either count, but for an f16 cache's long and short-tile
+        # prompts, taken in one turn (PP_TURN_REPS, about half on one thread)
+        assert {(c.key.split("/")[0], st.key, st.reps) for c in by["attn_h9kv3k64v64"].contexts for st in c.steps} == {
+            ("q4_0", "pp", 3), ("f16", "ps", 3), ("f16", "pp", P.attn_reps(P.PP_TURN_REPS, threads)),
+            ("f16", "pt", P.attn_reps(P.PP_TURN_REPS, threads))}
         assert all(c.n_threads == threads and c.fill_threads == max(threads, default_threads())
                    for m in plan + attn for c in m.contexts)
 
@@ -1021,29 +1025,37 @@ def test_a_one_thread_calibration_fills_on_more_threads_and_times_on_one_through
 def test_an_f16_cache_short_prompt_is_timed_through_llama_cpp_and_costs_more_per_cell():
     """An f16 cache's interleaved plan has a short prompt (PP_ROWS_N, under llama.cpp's 64-row tile) over the
     long prompt's depths; through llama.cpp its deeper runs take longer, and its cost per cell is above the long
-    prompt's (the per-row loop against the tiled kernel, ggml-cpu/ops.cpp).  So is a prompt of PT_N tokens, whose
-    heads' second query tiles are a half (the tiled kernel packs K/V and multiplies a whole tile whatever rows it
-    holds): the share of its cost per tile comes out above zero."""
+    prompt's (the per-row loop against the tiled kernel, ggml-cpu/ops.cpp: several times, whatever the machine's
+    noise).  A prompt of PT_N tokens, whose heads' second query tiles are a half, is taken in one turn with the long
+    one; its deeper runs take longer too, and the share of cost per tile solved from the two is the formula's over
+    those very runs.  Whether that share is above zero is a 10 to 30 % effect that a 2-core VM's noise can hide
+    (plans.PP_TURN_REPS): a benchmark's question, not this test's."""
 
     (m,) = P.attn_plan([("f16", "f16", "auto")], 2, _repack(), interleave=True)
     (c,) = m.contexts
     c.steps = [st for st in c.steps if st.test == "pp"]       # the decode steps are the other test's
-    assert [(st.key, st.n, st.depths) for st in c.steps] == [("pp", P.ATTN_PP_N, list(P.ATTN_PP_DEPTHS)),
-                                                                         ("ps", P.PP_ROWS_N, list(P.ATTN_PP_DEPTHS)),
-                                                                         ("pt", P.PT_N, list(P.ATTN_PP_DEPTHS))]
-    for st in c.steps:
-        st.reps = 3
+    assert [(st.key, st.n, st.depths, st.turn) for st in c.steps] == [
+        ("pp", P.ATTN_PP_N, list(P.ATTN_PP_DEPTHS), "pp"), ("pt", P.PT_N, list(P.ATTN_PP_DEPTHS), "pp"),
+        ("ps", P.PP_ROWS_N, list(P.ATTN_PP_DEPTHS), "")]
     res = {r.step: r for r in S.child_runner([m], None)}
     p0, p1 = P.ATTN_PP_DEPTHS
     assert median_s(res[f"ps{p1}"].ns) > median_s(res[f"ps{p0}"].ns)
     key = kv_key("f16", "f16", "auto")
-    r = res[f"pp{p1}"], res[f"pp{p0}"]
-    pp = (median_s(r[0].ns) - median_s(r[1].ns)) / P.ATTN_PP_N / P.attn_units(P.ATTN_SHAPE) / (p1 - p0)
+    units = P.attn_units(P.ATTN_SHAPE)
+
+    def cost(step: str, n: int) -> float:      # the median of the paired differences, per token, unit and cell
+        a, b = res[f"{step}{p0}"], res[f"{step}{p1}"]
+        assert a.in_turn and b.in_turn and len(a.ns) == len(b.ns) == P.PP_TURN_REPS
+        return statistics.median(y - x for x, y in zip(a.ns, b.ns)) / 1e9 / n / units / (p1 - p0)
+
+    pp, short = cost("pp", P.ATTN_PP_N), cost("pt", P.PT_N)
     rows = V.solve_attn_rows(list(res.values()), key)
-    assert rows > pp > 0, (rows, pp)
-    r = res[f"pt{p1}"], res[f"pt{p0}"]
-    short = (median_s(r[0].ns) - median_s(r[1].ns)) / P.PT_N / P.attn_units(P.ATTN_SHAPE) / (p1 - p0)
-    assert 0 < V.solve_tile_share(list(res.values()), key, 2) <= 1, (short, pp)
+    assert rows > pp > 0 and short > 0, (rows, pp, short)
+    q = short / pp
+    r_long, r_short = tile_ratio(P.ATTN_PP_N, 8, 2), tile_ratio(P.PT_N, 8, 2)
+    assert (r_long, r_short) == (1.0, 4 / 3)     # each head's 96 rows: a full tile and a half one
+    want = min(1.0, max(0.0, (q - 1) / ((r_short - 1) - q * (r_long - 1))))
+    assert V.solve_tile_share(list(res.values()), key, 2) == pytest.approx(want, abs=1e-9), q
 
 
 def test_the_drift_sentinel_times_the_real_decode(real_cal, tmp_path):
