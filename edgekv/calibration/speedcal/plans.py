@@ -336,10 +336,10 @@ def _pair_steps(tk: str, tv: str, fa: str, a: AttnSteps, n_threads: int, device:
         tg = [step("tg", "tg", 0, n_tg, reps, depths=list(a.tg_depths))]
         # the long and the short-tile prompt in one turn (PP_TURN_REPS): the tile share is their ratio
         # (solve_tile_share); the short-row prompt after them, on its own
-        turn = tiled and not device
-        pp = [step(k, "pp", 0, n, attn_reps(PP_TURN_REPS, n_threads) if turn and k != "ps" else 3,
-                   depths=list(a.pp_depths), turn="pp" if turn and k != "ps" else "")
-              for k, n, on in sorted(prompts, key=lambda p: p[0] == "ps") if on]
+        joint = {"pp", "pt"} if tiled and not device else set()
+        pp = [step(k, "pp", 0, n, attn_reps(PP_TURN_REPS, n_threads) if k in joint else 3,
+                   depths=list(a.pp_depths), turn="pp" if k in joint else "")
+              for k, n, on in (prompts[0], prompts[2], prompts[1]) if on]
     else:
         tg = [step(f"tg{d}", "tg", d, n_tg, reps) for d in a.tg_depths]
         pp = [step(f"{k}{d}", "pp", d, n, 3) for k, n, on in prompts if on for d in a.pp_depths]
